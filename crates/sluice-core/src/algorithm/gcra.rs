@@ -1,0 +1,109 @@
+//! GCRA, the generic cell rate algorithm.
+//!
+//! One unit is emitted every `T = per / limit` milliseconds. The state is the
+//! theoretical arrival time `TAT` of the next unit; a request of `cost` units
+//! at `now` moves it to `max(TAT, now) + cost·T` and is admitted when that is
+//! no further than `burst·T` ahead of `now`. So a fresh key admits `burst`
+//! units at once and then `limit` per `per`.
+//!
+//! `T` is rarely a whole number of milliseconds (3 per second is 333.3…ms),
+//! so `TAT` is kept exactly as `ms + frac/limit` with `0 ≤ frac < limit`.
+//! Comparisons multiply through by `limit`: `(TAT − now)·limit ≤ burst·per`.
+//! With `burst·per < 2^52` (checked when the rule is built) every value stays
+//! exact, in Rust and in Lua alike.
+
+use super::{Outcome, ceil_div};
+use crate::rule::Rule;
+
+/// The theoretical arrival time, `ms + frac / limit` milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tat {
+    /// Whole milliseconds.
+    pub ms: u64,
+    /// Fraction of a millisecond, in units of `1/limit`.
+    pub frac: u64,
+}
+
+/// Decides a request; `Some(new TAT)` when admitted.
+pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Tat>) {
+    let limit = rule.limit();
+    let per = rule.period_ms();
+    // A TAT written under another limit may carry a fraction ≥ limit.
+    let tat = Tat {
+        ms: tat.ms.saturating_add(tat.frac / limit),
+        frac: tat.frac % limit,
+    };
+    let base = if tat.ms > now || (tat.ms == now && tat.frac > 0) {
+        tat
+    } else {
+        Tat { ms: now, frac: 0 }
+    };
+    // Distances ahead of `now`, in units of 1/limit ms.
+    let ahead = |t: Tat| (t.ms - now).saturating_mul(limit).saturating_add(t.frac);
+    let capacity = rule.burst() * per;
+    let total = base.frac + cost * per;
+    let next = Tat {
+        ms: base.ms.saturating_add(total / limit),
+        frac: total % limit,
+    };
+    let next_ahead = ahead(next);
+    if next_ahead <= capacity {
+        let remaining = (capacity - next_ahead) / per;
+        (
+            Outcome::allowed(remaining, ceil_div(next_ahead, limit)),
+            Some(next),
+        )
+    } else {
+        let base_ahead = ahead(base);
+        let remaining = capacity.saturating_sub(base_ahead) / per;
+        let retry = ceil_div(next_ahead - capacity, limit);
+        (
+            Outcome::denied(remaining, ceil_div(base_ahead, limit), retry),
+            None,
+        )
+    }
+}
+
+/// A TAT in the past is a full bucket.
+pub fn idle_at(_rule: &Rule, tat: Tat) -> u64 {
+    tat.ms + u64::from(tat.frac > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::testing::{Run, rule};
+    use crate::rule::Algorithm;
+
+    #[test]
+    fn fresh_key_admits_burst_then_one_per_interval() {
+        let r = rule(Algorithm::Gcra, 3, 1_000, Some(3));
+        let mut run = Run::new(r);
+        assert!(run.at(0, 1).allowed);
+        assert!(run.at(0, 1).allowed);
+        let third = run.at(0, 1);
+        assert!(third.allowed);
+        assert_eq!(third.remaining, 0);
+        let fourth = run.at(0, 1);
+        assert!(!fourth.allowed);
+        // T = 333.33…ms, so the next unit is free at 333.33…ms: rounded up.
+        assert_eq!(fourth.retry_after_ms, 334);
+        assert!(!run.at(333, 1).allowed);
+        assert!(run.at(334, 1).allowed);
+    }
+
+    #[test]
+    fn cost_consumes_several_emission_intervals() {
+        let r = rule(Algorithm::Gcra, 10, 1_000, Some(10));
+        let mut run = Run::new(r);
+        let o = run.at(5_000, 7);
+        assert!(o.allowed);
+        assert_eq!(o.remaining, 3);
+        assert_eq!(o.reset_after_ms, 700);
+        let denied = run.at(5_000, 4);
+        assert!(!denied.allowed);
+        assert_eq!(denied.remaining, 3);
+        assert_eq!(denied.retry_after_ms, 100);
+        assert!(run.at(5_100, 4).allowed);
+    }
+}

@@ -1,0 +1,177 @@
+//! The algorithms as pure state transitions.
+//!
+//! `Rule::decide(state, now, cost)` reads a state and answers with an
+//! [`Outcome`] and the [`Step`] that admitting the request would take;
+//! `Rule::commit` applies the step. Deciding and committing are separate so
+//! that a store can decide every rule of a request first and commit all of
+//! them or none: a denied request consumes nothing.
+//!
+//! Time is passed in as whole milliseconds; nothing here reads a clock. The
+//! Redis scripts in `sluice-store` implement the same arithmetic and a
+//! differential test holds them to identical answers.
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+use crate::rule::{Algorithm, Rule};
+
+/// What one rule says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Whether the rule admits the request.
+    pub allowed: bool,
+    /// Units that could still be consumed right now: after this request when
+    /// it is admitted, before it when it is denied. Never negative.
+    pub remaining: u64,
+    /// Milliseconds until the rule is back to its full capacity.
+    pub reset_after_ms: u64,
+    /// When denied: milliseconds until this request would pass if nothing
+    /// else consumed meanwhile, rounded up (never early). 0 when admitted.
+    pub retry_after_ms: u64,
+}
+
+impl Outcome {
+    fn allowed(remaining: u64, reset_after_ms: u64) -> Outcome {
+        Outcome {
+            allowed: true,
+            remaining,
+            reset_after_ms,
+            retry_after_ms: 0,
+        }
+    }
+
+    fn denied(remaining: u64, reset_after_ms: u64, retry_after_ms: u64) -> Outcome {
+        Outcome {
+            allowed: false,
+            remaining,
+            reset_after_ms,
+            retry_after_ms: retry_after_ms.max(1),
+        }
+    }
+}
+
+/// The stored state of one rule for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Nothing stored yet: the rule is at full capacity.
+    Fresh,
+    /// `gcra`.
+    Gcra(gcra::Tat),
+    /// `token_bucket`.
+    TokenBucket(token_bucket::Bucket),
+    /// `fixed_window`.
+    FixedWindow(fixed_window::Window),
+    /// `sliding_window`.
+    SlidingWindow(sliding_window::Windows),
+    /// `sliding_log` (boxed: it is the only large state).
+    SlidingLog(Box<sliding_log::Log>),
+}
+
+/// What admitting a request changes; apply it with [`Rule::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to write (the request was denied).
+    Keep,
+    /// Replace the state by this one.
+    Replace(State),
+    /// Expire the log's oldest entries and append one.
+    Log(sliding_log::Append),
+}
+
+impl Rule {
+    /// Decides one request of `cost` units at `now` against `state`.
+    ///
+    /// A state written by another algorithm (after a configuration change)
+    /// is read as fresh. Callers check [`Rule::capacity`] first: a cost above
+    /// it can never pass and is reported as such, not decided here.
+    pub fn decide(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
+        debug_assert!(cost >= 1 && cost <= self.capacity());
+        match (self.algorithm(), state) {
+            (Algorithm::Gcra, State::Gcra(tat)) => {
+                wrap(gcra::decide(self, *tat, now, cost), State::Gcra)
+            }
+            (Algorithm::Gcra, _) => wrap(
+                gcra::decide(self, gcra::Tat::default(), now, cost),
+                State::Gcra,
+            ),
+            (Algorithm::TokenBucket, State::TokenBucket(b)) => wrap(
+                token_bucket::decide(self, Some(*b), now, cost),
+                State::TokenBucket,
+            ),
+            (Algorithm::TokenBucket, _) => wrap(
+                token_bucket::decide(self, None, now, cost),
+                State::TokenBucket,
+            ),
+            (Algorithm::FixedWindow, State::FixedWindow(w)) => wrap(
+                fixed_window::decide(self, *w, now, cost),
+                State::FixedWindow,
+            ),
+            (Algorithm::FixedWindow, _) => wrap(
+                fixed_window::decide(self, fixed_window::Window::default(), now, cost),
+                State::FixedWindow,
+            ),
+            (Algorithm::SlidingWindow, State::SlidingWindow(w)) => wrap(
+                sliding_window::decide(self, *w, now, cost),
+                State::SlidingWindow,
+            ),
+            (Algorithm::SlidingWindow, _) => wrap(
+                sliding_window::decide(self, sliding_window::Windows::default(), now, cost),
+                State::SlidingWindow,
+            ),
+            (Algorithm::SlidingLog, State::SlidingLog(log)) => {
+                let (outcome, append) = sliding_log::decide(self, log, now, cost);
+                (outcome, append.map_or(Step::Keep, Step::Log))
+            }
+            (Algorithm::SlidingLog, _) => {
+                let (outcome, append) =
+                    sliding_log::decide(self, &sliding_log::Log::default(), now, cost);
+                (outcome, append.map_or(Step::Keep, Step::Log))
+            }
+        }
+    }
+
+    /// Applies the step that [`Rule::decide`] returned for `state`.
+    pub fn commit(&self, state: &mut State, step: Step) {
+        match step {
+            Step::Keep => {}
+            Step::Replace(next) => *state = next,
+            Step::Log(append) => match state {
+                State::SlidingLog(log) => log.apply(append),
+                _ => {
+                    let mut log = Box::<sliding_log::Log>::default();
+                    log.apply(append);
+                    *state = State::SlidingLog(log);
+                }
+            },
+        }
+    }
+
+    /// The moment (ms) from which `state` is indistinguishable from a fresh
+    /// one, so a store may forget it. Expiry times (Redis TTLs, the memory
+    /// sweeper) derive from this.
+    pub fn idle_at(&self, state: &State) -> u64 {
+        match state {
+            State::Fresh => 0,
+            State::Gcra(tat) => gcra::idle_at(self, *tat),
+            State::TokenBucket(b) => token_bucket::idle_at(self, *b),
+            State::FixedWindow(w) => fixed_window::idle_at(self, *w),
+            State::SlidingWindow(w) => sliding_window::idle_at(self, *w),
+            State::SlidingLog(log) => sliding_log::idle_at(self, log),
+        }
+    }
+}
+
+fn wrap<S>((outcome, next): (Outcome, Option<S>), into: fn(S) -> State) -> (Outcome, Step) {
+    (outcome, next.map_or(Step::Keep, |s| Step::Replace(into(s))))
+}
+
+/// `⌈a / b⌉` for `b > 0`.
+pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
+    a / b + u64::from(a % b != 0)
+}
+
+#[cfg(test)]
+pub(crate) mod testing;

@@ -1,0 +1,141 @@
+//! Sliding log: every admitted unit is remembered for `per`.
+//!
+//! Exact over every span of `per`: a unit admitted at `t` counts until
+//! `t + per`. Memory is O(limit), so `limit` is capped at
+//! [`SLIDING_LOG_MAX_LIMIT`](crate::rule::SLIDING_LOG_MAX_LIMIT).
+//!
+//! In memory, units admitted in the same millisecond share one entry with a
+//! count; in Redis each unit is its own sorted-set member. Both count the
+//! same units, so both decide the same.
+
+use std::collections::VecDeque;
+
+use super::Outcome;
+use crate::rule::Rule;
+
+/// Admitted units, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Log {
+    entries: VecDeque<(u64, u64)>,
+    total: u64,
+}
+
+/// What admitting a request does to the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Append {
+    expired: usize,
+    at_ms: u64,
+    units: u64,
+}
+
+impl Log {
+    /// Entries as `(admitted at, units)`, oldest first.
+    pub fn entries(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.entries.iter().copied()
+    }
+
+    /// Units in the log, expired or not.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Builds a log from entries, oldest first (for stores that keep it
+    /// elsewhere).
+    pub fn from_entries(entries: impl IntoIterator<Item = (u64, u64)>) -> Log {
+        let entries: VecDeque<_> = entries.into_iter().collect();
+        let total = entries.iter().map(|(_, n)| n).sum();
+        Log { entries, total }
+    }
+
+    pub(super) fn apply(&mut self, append: Append) {
+        for (_, units) in self.entries.drain(..append.expired) {
+            self.total -= units;
+        }
+        match self.entries.back_mut() {
+            Some((at, units)) if *at == append.at_ms => *units += append.units,
+            _ => self.entries.push_back((append.at_ms, append.units)),
+        }
+        self.total += append.units;
+    }
+}
+
+/// Decides a request; `Some(append)` when admitted.
+pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<Append>) {
+    let per = rule.period_ms();
+    let limit = rule.limit();
+    // A unit admitted at `t` is live while `t + per > now`.
+    let expired = log
+        .entries
+        .iter()
+        .take_while(|(at, _)| at + per <= now)
+        .count();
+    let expired_units: u64 = log.entries.iter().take(expired).map(|(_, n)| n).sum();
+    let live = log.total - expired_units;
+    if live + cost <= limit {
+        let append = Append {
+            expired,
+            at_ms: now.max(log.entries.back().map_or(0, |(at, _)| *at)),
+            units: cost,
+        };
+        let reset = append.at_ms + per - now;
+        (Outcome::allowed(limit - live - cost, reset), Some(append))
+    } else {
+        // The request passes once `live + cost − limit` of the oldest units
+        // have expired.
+        let must_expire = live + cost - limit;
+        let mut seen = 0;
+        let mut retry = per;
+        for (at, units) in log.entries.iter().skip(expired) {
+            seen += units;
+            if seen >= must_expire {
+                retry = at + per - now;
+                break;
+            }
+        }
+        let newest = log.entries.back().map_or(now, |(at, _)| *at);
+        let reset = (newest + per).saturating_sub(now);
+        (
+            Outcome::denied(limit.saturating_sub(live), reset, retry),
+            None,
+        )
+    }
+}
+
+/// Every unit expired.
+pub fn idle_at(rule: &Rule, log: &Log) -> u64 {
+    log.entries
+        .back()
+        .map_or(0, |(at, _)| at + rule.period_ms())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::algorithm::testing::{Run, rule};
+    use crate::rule::Algorithm;
+
+    #[test]
+    fn units_expire_one_period_after_admission() {
+        let mut run = Run::new(rule(Algorithm::SlidingLog, 5, 1_000, None));
+        assert!(run.at(100, 2).allowed);
+        assert!(run.at(400, 3).allowed);
+        let denied = run.at(900, 2);
+        assert!(!denied.allowed);
+        // Two units must expire: both from 100ms, free at 1100ms.
+        assert_eq!(denied.retry_after_ms, 200);
+        assert!(!run.at(1_099, 1).allowed);
+        let after = run.at(1_100, 2);
+        assert!(after.allowed);
+        assert_eq!(after.remaining, 0);
+    }
+
+    #[test]
+    fn same_millisecond_admissions_share_an_entry() {
+        let mut run = Run::new(rule(Algorithm::SlidingLog, 10, 1_000, None));
+        run.at(5, 1);
+        run.at(5, 2);
+        let crate::algorithm::State::SlidingLog(log) = run.state() else {
+            panic!("expected a log")
+        };
+        assert_eq!(log.entries().collect::<Vec<_>>(), vec![(5, 3)]);
+    }
+}

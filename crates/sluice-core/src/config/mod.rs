@@ -1,0 +1,256 @@
+//! The configuration: one YAML file, parsed, validated and typed.
+//!
+//! [`Config::from_yaml`] either returns a complete, valid configuration or
+//! every problem it found, each with `file:line:column`, what is wrong and
+//! what is allowed. Nothing downstream re-validates: a [`Config`] is ready to
+//! be compiled into a [`Policy`](crate::policy::Policy).
+
+mod error;
+mod raw;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use error::{ConfigError, ConfigErrors};
+
+use crate::rule::Rule;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Listening addresses and the forward-auth header names.
+    pub server: ServerConfig,
+    /// Where state lives and what to do when it cannot be reached.
+    pub storage: StorageConfig,
+    /// Key derivation: prefix and pepper sources.
+    pub keys: KeysConfig,
+    /// Plans, tenants and global valves.
+    pub limits: Limits,
+}
+
+/// `server:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// HTTP API, forward-auth, health and metrics.
+    pub http: SocketAddr,
+    /// Envoy Rate Limit Service (gRPC).
+    pub grpc: SocketAddr,
+    /// Which request headers `/v1/forward-auth` reads.
+    pub forward_auth: ForwardAuthConfig,
+}
+
+/// `server.forward_auth:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardAuthConfig {
+    /// Header carrying the tenant (default `X-Tenant`).
+    pub tenant_header: String,
+    /// Header carrying the subject, if any.
+    pub subject_header: Option<String>,
+    /// Header carrying the cost, if any (default cost 1).
+    pub cost_header: Option<String>,
+}
+
+/// `storage.backend`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// In-process state (the default).
+    Memory,
+    /// One Redis node.
+    Redis {
+        /// `redis://`, `rediss://` or `unix://` URL, credentials included.
+        url: String,
+    },
+    /// Redis Cluster, from seed nodes.
+    RedisCluster {
+        /// Seed node URLs.
+        nodes: Vec<String>,
+    },
+}
+
+impl Backend {
+    /// The name used in the configuration.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Redis { .. } => "redis",
+            Backend::RedisCluster { .. } => "redis-cluster",
+        }
+    }
+}
+
+/// What a decision does when the store fails or times out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Enforce each limit in process, divided among live instances.
+    Local,
+    /// Admit.
+    Allow,
+    /// Deny with reason `store_unavailable`.
+    Deny,
+}
+
+impl OnError {
+    /// The name used in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnError::Local => "local",
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+        }
+    }
+}
+
+/// `storage:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageConfig {
+    /// Which store.
+    pub backend: Backend,
+    /// Budget for one store call, in milliseconds.
+    pub timeout_ms: u64,
+    /// Default failure policy (plans may override it).
+    pub on_error: OnError,
+    /// Memory store: most keys held at once.
+    pub max_entries: u64,
+    /// Memory store: how often idle keys are dropped, in milliseconds.
+    pub sweep_interval_ms: u64,
+}
+
+/// Where a secret is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// An environment variable's name.
+    Env(String),
+    /// A file's path.
+    File(PathBuf),
+}
+
+/// `keys:`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeysConfig {
+    /// Prefix of every Redis key.
+    pub prefix: String,
+    /// The pepper keys are derived under.
+    pub pepper: Option<SecretSource>,
+    /// The pepper being rotated away from.
+    pub previous_pepper: Option<SecretSource>,
+}
+
+/// Plans, tenants and global valves: everything a decision looks up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// The plan of tenants not listed under `tenants`.
+    pub default_plan: String,
+    /// Fraction of a rule's capacity used from which a decision is
+    /// `near_limit`.
+    pub near_limit: f64,
+    /// Plans by name.
+    pub plans: Vec<PlanSpec>,
+    /// Tenants with an explicit plan or shard count.
+    pub tenants: Vec<TenantSpec>,
+    /// Per-route valves across all tenants.
+    pub global: Vec<RouteRules>,
+}
+
+/// One plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSpec {
+    /// The plan's name.
+    pub name: String,
+    /// One budget for the tenant across all routes.
+    pub tenant: Vec<NamedRule>,
+    /// Per tenant per route.
+    pub routes: Vec<RouteRules>,
+    /// Per subject per route.
+    pub subject: Vec<RouteRules>,
+    /// Failure policy for this plan, overriding `storage.on_error`.
+    pub on_error: Option<OnError>,
+}
+
+/// A tenant listed by id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    /// The tenant id.
+    pub id: String,
+    /// Its plan.
+    pub plan: String,
+    /// How many slots its keys are spread over (1 = not split).
+    pub shards: u16,
+}
+
+/// Rules that apply to the routes matching a pattern.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteRules {
+    /// Which routes.
+    pub pattern: RoutePattern,
+    /// The rules.
+    pub rules: Vec<NamedRule>,
+}
+
+/// A route pattern: `POST /v1/invoices` (exact), `GET /v1/users/*`
+/// (prefix) or `*` (every route).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RoutePattern {
+    /// Matches this route only.
+    Exact(String),
+    /// Matches routes starting with this text; `""` matches every route.
+    Prefix(String),
+}
+
+impl RoutePattern {
+    /// The pattern as written in the configuration.
+    pub fn source(&self) -> String {
+        match self {
+            RoutePattern::Exact(route) => route.clone(),
+            RoutePattern::Prefix(prefix) => format!("{prefix}*"),
+        }
+    }
+
+    /// Whether `route` matches.
+    pub fn matches(&self, route: &str) -> bool {
+        match self {
+            RoutePattern::Exact(exact) => exact == route,
+            RoutePattern::Prefix(prefix) => route.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+/// A rule with the name that headers and denial reasons show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedRule {
+    /// The policy name.
+    pub name: String,
+    /// The rule.
+    pub rule: Rule,
+}
+
+/// Defaults, shared with the documentation.
+pub mod defaults {
+    /// `server.http`.
+    pub const HTTP: &str = "127.0.0.1:8080";
+    /// `server.grpc`.
+    pub const GRPC: &str = "127.0.0.1:8081";
+    /// `server.forward_auth.tenant_header`.
+    pub const TENANT_HEADER: &str = "X-Tenant";
+    /// `storage.timeout`.
+    pub const TIMEOUT_MS: u64 = 50;
+    /// `storage.max_entries`.
+    pub const MAX_ENTRIES: u64 = 1_000_000;
+    /// `storage.sweep_interval`.
+    pub const SWEEP_INTERVAL_MS: u64 = 10_000;
+    /// `keys.prefix`.
+    pub const PREFIX: &str = "sl";
+    /// `near_limit`.
+    pub const NEAR_LIMIT: f64 = 0.8;
+}
+
+impl Config {
+    /// Parses and validates a configuration. `origin` names the file in
+    /// error messages.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+        validate::load(text, origin)
+    }
+}
+
+#[cfg(test)]
+mod tests;

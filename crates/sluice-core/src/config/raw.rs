@@ -1,0 +1,90 @@
+//! The configuration file as YAML says it, before validation.
+//!
+//! Every field the validator may complain about is `Spanned`, so that its
+//! error can point at `file:line:column`. Unknown fields are errors: a typo
+//! must not silently leave a limit unenforced.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+pub(crate) type S<T> = Spanned<T>;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub server: Option<RawServer>,
+    pub storage: Option<RawStorage>,
+    pub keys: Option<RawKeys>,
+    pub default_plan: Option<S<String>>,
+    pub near_limit: Option<S<f64>>,
+    pub plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
+    pub tenants: Option<BTreeMap<String, S<RawTenant>>>,
+    pub global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub http: Option<S<String>>,
+    pub grpc: Option<S<String>>,
+    pub forward_auth: Option<RawForwardAuth>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawForwardAuth {
+    pub tenant_header: Option<S<String>>,
+    pub subject_header: Option<S<String>>,
+    pub cost_header: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStorage {
+    pub backend: Option<S<String>>,
+    pub url: Option<S<String>>,
+    pub nodes: Option<S<Vec<S<String>>>>,
+    pub timeout: Option<S<String>>,
+    pub on_error: Option<S<String>>,
+    pub max_entries: Option<S<i64>>,
+    pub sweep_interval: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKeys {
+    pub prefix: Option<S<String>>,
+    pub pepper_env: Option<S<String>>,
+    pub pepper_file: Option<S<String>>,
+    pub previous_pepper_env: Option<S<String>>,
+    pub previous_pepper_file: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPlan {
+    pub tenant: Option<Vec<S<RawRule>>>,
+    pub routes: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    pub subject: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    pub on_error: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTenant {
+    pub plan: Option<S<String>>,
+    pub shards: Option<S<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRule {
+    pub name: Option<S<String>>,
+    pub algorithm: Option<S<String>>,
+    pub limit: Option<S<i64>>,
+    pub per: Option<S<String>>,
+    pub burst: Option<S<i64>>,
+    pub aligned: Option<S<bool>>,
+}

@@ -1,0 +1,230 @@
+use super::*;
+use crate::rule::Algorithm;
+
+const GOOD: &str = r#"
+server:
+  http: 127.0.0.1:9090
+storage:
+  backend: memory
+  timeout: 20ms
+default_plan: free
+plans:
+  free:
+    tenant:
+      - { algorithm: gcra, limit: 100, per: 1m }
+    routes:
+      "POST /v1/invoices":
+        - { algorithm: sliding_log, limit: 5, per: 1s }
+      "*":
+        - { algorithm: token_bucket, limit: 20, per: 1s, burst: 50 }
+  pro:
+    tenant:
+      - { algorithm: token_bucket, limit: 100, per: 1s, burst: 500 }
+    subject:
+      "*":
+        - { algorithm: gcra, limit: 10, per: 1s }
+tenants:
+  acme-corp: { plan: pro }
+  globex: { plan: pro, shards: 16 }
+global:
+  "POST /v1/invoices":
+    - { algorithm: gcra, limit: 10000, per: 1s }
+"#;
+
+/// The errors of a bad file, as `line:column: message`.
+fn errors(yaml: &str) -> Vec<String> {
+    Config::from_yaml(yaml, "bad.yaml")
+        .expect_err("config should be refused")
+        .iter()
+        .map(|e| {
+            assert_eq!(e.origin, "bad.yaml");
+            format!("{}:{}: {}", e.line, e.column, e.message)
+        })
+        .collect()
+}
+
+fn single_error(yaml: &str) -> String {
+    let all = errors(yaml);
+    assert_eq!(all.len(), 1, "expected one error, got {all:#?}");
+    all.into_iter().next().unwrap()
+}
+
+#[test]
+fn parses_the_spec_example() {
+    let config = Config::from_yaml(GOOD, "good.yaml").unwrap();
+    assert_eq!(config.server.http.to_string(), "127.0.0.1:9090");
+    assert_eq!(config.server.grpc.to_string(), defaults::GRPC);
+    assert_eq!(config.storage.timeout_ms, 20);
+    assert_eq!(config.storage.on_error, OnError::Local);
+    assert_eq!(config.limits.default_plan, "free");
+    assert_eq!(config.limits.plans.len(), 2);
+    let free = &config.limits.plans[0];
+    assert_eq!(free.name, "free");
+    assert_eq!(free.tenant[0].name, "tenant-0");
+    assert_eq!(free.tenant[0].rule.algorithm(), Algorithm::Gcra);
+    assert_eq!(free.tenant[0].rule.period_ms(), 60_000);
+    let globex = config
+        .limits
+        .tenants
+        .iter()
+        .find(|t| t.id == "globex")
+        .unwrap();
+    assert_eq!(globex.shards, 16);
+    assert_eq!(config.limits.global[0].rules[0].name, "global-0");
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let text = include_str!("../../../../examples/sluice.yaml");
+    Config::from_yaml(text, "examples/sluice.yaml").unwrap();
+}
+
+#[test]
+fn unknown_algorithm_lists_the_allowed_ones() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant:\n      - { algorithm: leaky, limit: 1, per: 1s }\n",
+    );
+    assert!(e.starts_with("5:22: unknown `algorithm` `leaky`"), "{e}");
+    assert!(
+        e.contains("gcra, token_bucket, sliding_log, sliding_window, fixed_window"),
+        "{e}"
+    );
+}
+
+#[test]
+fn burst_on_a_window_algorithm_is_refused_at_the_burst() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant:\n      - { algorithm: fixed_window, limit: 1, per: 1s, burst: 5 }\n",
+    );
+    assert!(e.starts_with("5:62:"), "{e}");
+    assert!(e.contains("only for gcra and token_bucket"), "{e}");
+}
+
+#[test]
+fn zero_limit_and_bad_duration_are_each_reported() {
+    let all = errors(
+        "default_plan: p\nplans:\n  p:\n    tenant:\n      - { limit: 0, per: 1s }\n      - { limit: 5, per: 1 sec }\n",
+    );
+    assert_eq!(all.len(), 2, "{all:#?}");
+    assert!(
+        all[0].starts_with("5:18:") && all[0].contains("`limit` must be a whole number from 1"),
+        "{}",
+        all[0]
+    );
+    assert!(
+        all[1].starts_with("6:26:") && all[1].contains("`per`: `1 sec` is not a duration"),
+        "{}",
+        all[1]
+    );
+}
+
+#[test]
+fn unknown_plans_name_the_defined_ones() {
+    let all = errors(
+        "default_plan: gold\nplans:\n  free:\n    tenant: [{ limit: 1, per: 1s }]\ntenants:\n  acme: { plan: platinum }\n",
+    );
+    assert_eq!(all.len(), 2, "{all:#?}");
+    assert!(
+        all[0].starts_with("1:15:") && all[0].contains("unknown plan `gold`; defined plans: free")
+    );
+    assert!(
+        all[1].starts_with("6:17:") && all[1].contains("tenant `acme` has unknown plan `platinum`")
+    );
+}
+
+#[test]
+fn missing_default_plan_is_an_error() {
+    let e = single_error("plans:\n  free:\n    tenant: [{ limit: 1, per: 1s }]\n");
+    assert!(e.contains("`default_plan` is missing"), "{e}");
+}
+
+#[test]
+fn sliding_log_above_its_cap_points_to_sliding_window() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant:\n      - { algorithm: sliding_log, limit: 50000, per: 1m }\n",
+    );
+    assert!(
+        e.contains("capped at 10000") && e.contains("use sliding_window"),
+        "{e}"
+    );
+}
+
+#[test]
+fn duplicate_keys_are_errors() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 1, per: 1s }]\n  p:\n    tenant: [{ limit: 2, per: 1s }]\n",
+    );
+    assert!(e.starts_with("5:"), "{e}");
+    assert!(e.to_lowercase().contains("duplicate"), "{e}");
+}
+
+#[test]
+fn malformed_yaml_has_a_location() {
+    let e = single_error("default_plan: p\nplans: [\n");
+    assert!(!e.starts_with("0:"), "{e}");
+}
+
+#[test]
+fn unknown_fields_are_errors() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 1, per: 1s, brust: 4 }]\n",
+    );
+    assert!(e.contains("brust"), "{e}");
+}
+
+#[test]
+fn display_is_file_line_column() {
+    let err = Config::from_yaml(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: -1, per: 1s }]\n",
+        "x.yaml",
+    )
+    .unwrap_err();
+    assert!(err.to_string().starts_with("x.yaml:4:23: `limit`"), "{err}");
+}
+
+#[test]
+fn storage_and_keys_are_validated() {
+    let all = errors(
+        "storage:\n  backend: redis\n  timeout: 1h\n  on_error: maybe\nkeys:\n  prefix: 'no spaces'\n  pepper_env: A\n  pepper_file: /x\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    let text = all.join("\n");
+    assert!(text.contains("needs `storage.url`"), "{text}");
+    assert!(
+        text.contains("`storage.timeout` must be from 1ms to 10s"),
+        "{text}"
+    );
+    assert!(text.contains("allowed: local, allow, deny"), "{text}");
+    assert!(text.contains("`keys.prefix`"), "{text}");
+    assert!(
+        text.contains("either `keys.pepper_env` or `keys.pepper_file`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn redis_url_errors_never_echo_the_url() {
+    let e = single_error(
+        "storage:\n  backend: redis\n  url: http://user:hunter2@host\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    assert!(!e.contains("hunter2"), "{e}");
+    assert!(e.contains("redis://"), "{e}");
+}
+
+#[test]
+fn star_only_ends_a_pattern() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    routes:\n      \"GET /*/x\": [{ limit: 1, per: 1s }]\n",
+    );
+    assert!(e.contains("`*` may only end a pattern"), "{e}");
+}
+
+#[test]
+fn names_must_tell_scopes_apart() {
+    let e = single_error(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ name: x, limit: 1, per: 1s }]\n    routes:\n      \"*\": [{ name: x, limit: 1, per: 1s }]\n",
+    );
+    assert!(
+        e.contains("`x` is used by both tenant and route rules"),
+        "{e}"
+    );
+}

@@ -1,0 +1,674 @@
+//! From raw YAML to a typed [`Config`], collecting every error on the way.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde_saphyr::{Location, Options};
+
+use super::raw::{RawConfig, RawKeys, RawPlan, RawRule, RawServer, RawStorage, S};
+use super::{
+    Backend, Config, ConfigError, ConfigErrors, ForwardAuthConfig, KeysConfig, Limits, NamedRule,
+    OnError, PlanSpec, RoutePattern, RouteRules, SecretSource, ServerConfig, StorageConfig,
+    TenantSpec, defaults,
+};
+use crate::duration::{HumanDuration, parse_duration_ms};
+use crate::rule::{Algorithm, Rule};
+
+use crate::request::{MAX_ROUTE_BYTES, MAX_TENANT_BYTES};
+
+/// Most shards a tenant may be split over.
+const MAX_SHARDS: i64 = 1024;
+const MAX_NAME_BYTES: usize = 64;
+const MAX_TIMEOUT_MS: u64 = 10_000;
+
+pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+    let mut v = Validator {
+        origin,
+        errors: Vec::new(),
+    };
+    let raw: RawConfig = if text.trim().is_empty() {
+        RawConfig::default()
+    } else {
+        match serde_saphyr::from_str_with_options(text, Options::default()) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let location = e.location().unwrap_or(Location::UNKNOWN);
+                let message = yaml_message(&e);
+                v.push(location, message);
+                return Err(ConfigErrors(v.errors));
+            }
+        }
+    };
+    let config = v.config(raw);
+    if v.errors.is_empty() {
+        Ok(config)
+    } else {
+        v.errors.sort_by_key(|e| (e.line, e.column));
+        Err(ConfigErrors(v.errors))
+    }
+}
+
+/// serde-saphyr's message without its source snippet or position (we print
+/// the position ourselves, as `file:line:column`).
+fn yaml_message(error: &serde_saphyr::Error) -> String {
+    let text = error.without_snippet().to_string();
+    let first = text.lines().next().unwrap_or("invalid YAML").trim();
+    let trimmed = match first.rfind(" at line ") {
+        Some(at) => &first[..at],
+        None => first,
+    };
+    trimmed.to_owned()
+}
+
+struct Validator<'a> {
+    origin: &'a str,
+    errors: Vec<ConfigError>,
+}
+
+/// The start of the file, for problems with no better place.
+const TOP: Location = Location::UNKNOWN;
+
+impl Validator<'_> {
+    fn push(&mut self, at: Location, message: impl Into<String>) {
+        let (line, column) = if at == Location::UNKNOWN {
+            (1, 1)
+        } else {
+            (at.line(), at.column())
+        };
+        self.errors.push(ConfigError {
+            origin: self.origin.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
+
+    fn config(&mut self, raw: RawConfig) -> Config {
+        let server = self.server(raw.server.unwrap_or_default());
+        let storage = self.storage(raw.storage.unwrap_or_default());
+        let keys = self.keys(raw.keys.unwrap_or_default());
+        let limits = self.limits(
+            raw.default_plan,
+            raw.near_limit,
+            raw.plans,
+            raw.tenants,
+            raw.global,
+        );
+        Config {
+            server,
+            storage,
+            keys,
+            limits,
+        }
+    }
+
+    fn server(&mut self, raw: RawServer) -> ServerConfig {
+        let forward = raw.forward_auth.unwrap_or_default();
+        let tenant_header = match forward.tenant_header {
+            Some(h) => self.header_name(&h, "server.forward_auth.tenant_header"),
+            None => defaults::TENANT_HEADER.to_owned(),
+        };
+        let subject_header = forward
+            .subject_header
+            .map(|h| self.header_name(&h, "server.forward_auth.subject_header"));
+        let cost_header = forward
+            .cost_header
+            .map(|h| self.header_name(&h, "server.forward_auth.cost_header"));
+        ServerConfig {
+            http: self.address(raw.http, "server.http", defaults::HTTP),
+            grpc: self.address(raw.grpc, "server.grpc", defaults::GRPC),
+            forward_auth: ForwardAuthConfig {
+                tenant_header,
+                subject_header,
+                cost_header,
+            },
+        }
+    }
+
+    fn address(&mut self, raw: Option<S<String>>, field: &str, default: &str) -> SocketAddr {
+        let fallback: SocketAddr = default.parse().expect("default addresses parse");
+        let Some(raw) = raw else { return fallback };
+        raw.value.parse().unwrap_or_else(|_| {
+            self.push(
+                raw.referenced,
+                format!(
+                    "`{field}` must be an IP address and port such as {default}, got `{}`",
+                    raw.value
+                ),
+            );
+            fallback
+        })
+    }
+
+    fn header_name(&mut self, raw: &S<String>, field: &str) -> String {
+        let ok = !raw.value.is_empty()
+            && raw.value.len() <= 128
+            && raw
+                .value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !ok {
+            self.push(
+                raw.referenced,
+                format!(
+                    "`{field}` must be an HTTP header name (letters, digits, `-`), got `{}`",
+                    raw.value
+                ),
+            );
+        }
+        raw.value.clone()
+    }
+
+    fn storage(&mut self, raw: RawStorage) -> StorageConfig {
+        let backend_name = raw.backend.as_ref().map_or("memory", |b| b.value.as_str());
+        let backend_at = raw.backend.as_ref().map_or(TOP, |b| b.referenced);
+        let backend = match backend_name {
+            "memory" => Backend::Memory,
+            "redis" => {
+                match &raw.url {
+                    Some(url) => {
+                        self.redis_url(url, "storage.url");
+                        Backend::Redis {
+                            url: url.value.clone(),
+                        }
+                    }
+                    None => {
+                        self.push(backend_at, "`storage.backend: redis` needs `storage.url`, e.g. redis://127.0.0.1:6379");
+                        Backend::Memory
+                    }
+                }
+            }
+            "redis-cluster" => match &raw.nodes {
+                Some(nodes) if !nodes.value.is_empty() => {
+                    for node in &nodes.value {
+                        self.redis_url(node, "storage.nodes");
+                    }
+                    Backend::RedisCluster {
+                        nodes: nodes.value.iter().map(|n| n.value.clone()).collect(),
+                    }
+                }
+                _ => {
+                    self.push(
+                        backend_at,
+                        "`storage.backend: redis-cluster` needs `storage.nodes`, a list of seed URLs such as [redis://127.0.0.1:7000]",
+                    );
+                    Backend::Memory
+                }
+            },
+            other => {
+                self.push(
+                    backend_at,
+                    format!(
+                        "unknown `storage.backend` `{other}`; allowed: memory, redis, redis-cluster"
+                    ),
+                );
+                Backend::Memory
+            }
+        };
+        if let Some(url) = raw.url.as_ref().filter(|_| backend_name != "redis") {
+            self.push(url.referenced, "`storage.url` is only for `backend: redis`");
+        }
+        if let Some(nodes) = raw
+            .nodes
+            .as_ref()
+            .filter(|_| backend_name != "redis-cluster")
+        {
+            self.push(
+                nodes.referenced,
+                "`storage.nodes` is only for `backend: redis-cluster`",
+            );
+        }
+        let timeout_ms = self.duration_in(
+            raw.timeout.as_ref(),
+            "storage.timeout",
+            defaults::TIMEOUT_MS,
+            1..=MAX_TIMEOUT_MS,
+        );
+        let sweep_interval_ms = self.duration_in(
+            raw.sweep_interval.as_ref(),
+            "storage.sweep_interval",
+            defaults::SWEEP_INTERVAL_MS,
+            100..=3_600_000,
+        );
+        let on_error = raw
+            .on_error
+            .as_ref()
+            .map_or(OnError::Local, |o| self.on_error(o, "storage.on_error"));
+        let max_entries = match raw.max_entries {
+            None => defaults::MAX_ENTRIES,
+            Some(m) if (1_000..=1_000_000_000).contains(&m.value) => m.value as u64,
+            Some(m) => {
+                self.push(
+                    m.referenced,
+                    format!(
+                        "`storage.max_entries` must be from 1000 to 1000000000, got {}",
+                        m.value
+                    ),
+                );
+                defaults::MAX_ENTRIES
+            }
+        };
+        StorageConfig {
+            backend,
+            timeout_ms,
+            on_error,
+            max_entries,
+            sweep_interval_ms,
+        }
+    }
+
+    fn redis_url(&mut self, url: &S<String>, field: &str) {
+        let ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
+            .iter()
+            .any(|scheme| url.value.starts_with(scheme) && url.value.len() > scheme.len());
+        if !ok {
+            // Never echo the URL: it may carry a password.
+            self.push(
+                url.referenced,
+                format!("`{field}` must be a redis://, rediss:// or unix:// URL"),
+            );
+        }
+    }
+
+    fn on_error(&mut self, raw: &S<String>, field: &str) -> OnError {
+        match raw.value.as_str() {
+            "local" => OnError::Local,
+            "allow" => OnError::Allow,
+            "deny" => OnError::Deny,
+            other => {
+                self.push(
+                    raw.referenced,
+                    format!("unknown `{field}` `{other}`; allowed: local, allow, deny"),
+                );
+                OnError::Local
+            }
+        }
+    }
+
+    fn duration_in(
+        &mut self,
+        raw: Option<&S<String>>,
+        field: &str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> u64 {
+        let Some(raw) = raw else { return default };
+        match parse_duration_ms(&raw.value) {
+            Ok(ms) if range.contains(&ms) => ms,
+            Ok(ms) => {
+                self.push(
+                    raw.referenced,
+                    format!(
+                        "`{field}` must be from {} to {}, got {}",
+                        HumanDuration(*range.start()),
+                        HumanDuration(*range.end()),
+                        HumanDuration(ms)
+                    ),
+                );
+                default
+            }
+            Err(e) => {
+                self.push(raw.referenced, format!("`{field}`: {e}"));
+                default
+            }
+        }
+    }
+
+    fn keys(&mut self, raw: RawKeys) -> KeysConfig {
+        let prefix = match raw.prefix {
+            None => defaults::PREFIX.to_owned(),
+            Some(p) => {
+                let ok = (1..=32).contains(&p.value.len())
+                    && p.value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if !ok {
+                    self.push(
+                        p.referenced,
+                        format!(
+                            "`keys.prefix` must be 1 to 32 letters, digits, `_` or `-`, got `{}`",
+                            p.value
+                        ),
+                    );
+                }
+                p.value
+            }
+        };
+        let pepper = self.secret(raw.pepper_env, raw.pepper_file, "keys.pepper");
+        let previous_pepper = self.secret(
+            raw.previous_pepper_env,
+            raw.previous_pepper_file,
+            "keys.previous_pepper",
+        );
+        KeysConfig {
+            prefix,
+            pepper,
+            previous_pepper,
+        }
+    }
+
+    fn secret(
+        &mut self,
+        env: Option<S<String>>,
+        file: Option<S<String>>,
+        field: &str,
+    ) -> Option<SecretSource> {
+        match (env, file) {
+            (Some(_), Some(file)) => {
+                self.push(
+                    file.referenced,
+                    format!("set either `{field}_env` or `{field}_file`, not both"),
+                );
+                None
+            }
+            (Some(env), None) if env.value.is_empty() => {
+                self.push(
+                    env.referenced,
+                    format!("`{field}_env` must name an environment variable"),
+                );
+                None
+            }
+            (Some(env), None) => Some(SecretSource::Env(env.value)),
+            (None, Some(file)) if file.value.is_empty() => {
+                self.push(file.referenced, format!("`{field}_file` must be a path"));
+                None
+            }
+            (None, Some(file)) => Some(SecretSource::File(PathBuf::from(file.value))),
+            (None, None) => None,
+        }
+    }
+
+    fn limits(
+        &mut self,
+        default_plan: Option<S<String>>,
+        near_limit: Option<S<f64>>,
+        plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
+        tenants: Option<BTreeMap<String, S<super::raw::RawTenant>>>,
+        global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    ) -> Limits {
+        let near_limit = match near_limit {
+            None => defaults::NEAR_LIMIT,
+            Some(n) if n.value > 0.0 && n.value <= 1.0 => n.value,
+            Some(n) => {
+                self.push(
+                    n.referenced,
+                    format!(
+                        "`near_limit` must be a fraction above 0 and at most 1 (e.g. 0.8), got {}",
+                        n.value
+                    ),
+                );
+                defaults::NEAR_LIMIT
+            }
+        };
+        let global_rules = self.route_table(global.unwrap_or_default(), "global");
+        let global_names: Vec<String> = global_rules
+            .iter()
+            .flat_map(|r| r.rules.iter().map(|n| n.name.clone()))
+            .collect();
+
+        let plans_at = plans.as_ref().map_or(TOP, |p| p.referenced);
+        let mut specs = Vec::new();
+        for (name, plan) in plans.map(|p| p.value).unwrap_or_default() {
+            if name.is_empty() || name.len() > MAX_NAME_BYTES {
+                self.push(
+                    plan.referenced,
+                    format!("plan names must be 1 to {MAX_NAME_BYTES} bytes"),
+                );
+            }
+            specs.push(self.plan(name, plan, &global_names));
+        }
+        if specs.is_empty() {
+            self.push(plans_at, "`plans` must define at least one plan");
+        }
+        let plan_list = || {
+            specs
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let default_plan = match default_plan {
+            None => {
+                self.push(TOP, "`default_plan` is missing: name the plan that tenants not listed under `tenants` get");
+                String::new()
+            }
+            Some(d) => {
+                if !specs.is_empty() && !specs.iter().any(|p| p.name == d.value) {
+                    let list = plan_list();
+                    self.push(
+                        d.referenced,
+                        format!(
+                            "`default_plan` names unknown plan `{}`; defined plans: {list}",
+                            d.value
+                        ),
+                    );
+                }
+                d.value
+            }
+        };
+        let mut tenant_specs = Vec::new();
+        for (id, tenant) in tenants.unwrap_or_default() {
+            if id.is_empty() || id.len() > MAX_TENANT_BYTES {
+                self.push(
+                    tenant.referenced,
+                    format!("tenant ids must be 1 to {MAX_TENANT_BYTES} bytes"),
+                );
+            }
+            let plan = match &tenant.value.plan {
+                Some(p) => {
+                    if !specs.iter().any(|s| s.name == p.value) {
+                        let list = plan_list();
+                        self.push(
+                            p.referenced,
+                            format!(
+                                "tenant `{id}` has unknown plan `{}`; defined plans: {list}",
+                                p.value
+                            ),
+                        );
+                    }
+                    p.value.clone()
+                }
+                None => default_plan.clone(),
+            };
+            let shards = match &tenant.value.shards {
+                None => 1,
+                Some(s) if (1..=MAX_SHARDS).contains(&s.value) => s.value as u16,
+                Some(s) => {
+                    self.push(
+                        s.referenced,
+                        format!("`shards` must be from 1 to {MAX_SHARDS}, got {}", s.value),
+                    );
+                    1
+                }
+            };
+            tenant_specs.push(TenantSpec { id, plan, shards });
+        }
+        Limits {
+            default_plan,
+            near_limit,
+            plans: specs,
+            tenants: tenant_specs,
+            global: global_rules,
+        }
+    }
+
+    fn plan(&mut self, name: String, plan: S<RawPlan>, global_names: &[String]) -> PlanSpec {
+        let at = plan.referenced;
+        let raw = plan.value;
+        let tenant = self.rules(raw.tenant.unwrap_or_default(), "tenant");
+        let routes = self.route_table(raw.routes.unwrap_or_default(), "route");
+        let subject = self.route_table(raw.subject.unwrap_or_default(), "subject");
+        let on_error = raw.on_error.as_ref().map(|o| self.on_error(o, "on_error"));
+
+        // A name must say which rule denied: it may not be shared by two
+        // scopes that can apply to the same request.
+        let mut owner: HashMap<&str, &str> = HashMap::new();
+        let groups = [
+            ("tenant", tenant.iter().collect::<Vec<_>>()),
+            ("route", routes.iter().flat_map(|r| &r.rules).collect()),
+            ("subject", subject.iter().flat_map(|r| &r.rules).collect()),
+        ];
+        for name in global_names {
+            owner.insert(name, "global");
+        }
+        let mut clashes = Vec::new();
+        for (scope, rules) in &groups {
+            let mut seen_here: Vec<&str> = Vec::new();
+            for rule in rules {
+                if seen_here.contains(&rule.name.as_str()) {
+                    continue;
+                }
+                seen_here.push(&rule.name);
+                if let Some(other) = owner.insert(&rule.name, scope) {
+                    clashes.push(format!(
+                        "plan `{name}`: policy name `{}` is used by both {other} and {scope} rules; names must tell scopes apart",
+                        rule.name
+                    ));
+                }
+            }
+        }
+        for clash in clashes {
+            self.push(at, clash);
+        }
+        PlanSpec {
+            name,
+            tenant,
+            routes,
+            subject,
+            on_error,
+        }
+    }
+
+    fn route_table(
+        &mut self,
+        table: BTreeMap<String, S<Vec<S<RawRule>>>>,
+        scope: &str,
+    ) -> Vec<RouteRules> {
+        table
+            .into_iter()
+            .map(|(pattern, rules)| {
+                let at = rules.referenced;
+                let pattern = self.pattern(&pattern, at);
+                RouteRules {
+                    pattern,
+                    rules: self.rules(rules.value, scope),
+                }
+            })
+            .collect()
+    }
+
+    fn pattern(&mut self, text: &str, at: Location) -> RoutePattern {
+        if text.is_empty() || text.len() > MAX_ROUTE_BYTES {
+            self.push(
+                at,
+                format!("route patterns must be 1 to {MAX_ROUTE_BYTES} bytes"),
+            );
+        }
+        match text.find('*') {
+            None => RoutePattern::Exact(text.to_owned()),
+            Some(star) if star + 1 == text.len() => RoutePattern::Prefix(text[..star].to_owned()),
+            Some(_) => {
+                self.push(
+                    at,
+                    format!("route pattern `{text}`: `*` may only end a pattern (`GET /v1/users/*`) or stand alone (`*`)"),
+                );
+                RoutePattern::Exact(text.to_owned())
+            }
+        }
+    }
+
+    fn rules(&mut self, raw: Vec<S<RawRule>>, scope: &str) -> Vec<NamedRule> {
+        let mut out: Vec<NamedRule> = Vec::with_capacity(raw.len());
+        for (index, rule) in raw.into_iter().enumerate() {
+            let at = rule.referenced;
+            let name = match &rule.value.name {
+                Some(n) => {
+                    let ok = !n.value.is_empty()
+                        && n.value.len() <= MAX_NAME_BYTES
+                        && n.value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+                    if !ok {
+                        self.push(
+                            n.referenced,
+                            format!("`name` must be 1 to {MAX_NAME_BYTES} letters, digits, `_`, `-` or `.`, got `{}`", n.value),
+                        );
+                    }
+                    if out.iter().any(|r| r.name == n.value) {
+                        self.push(
+                            n.referenced,
+                            format!("`name` `{}` is used twice in this list", n.value),
+                        );
+                    }
+                    n.value.clone()
+                }
+                None => format!("{scope}-{index}"),
+            };
+            if let Some(rule) = self.rule(rule.value, at) {
+                out.push(NamedRule { name, rule });
+            }
+        }
+        out
+    }
+
+    fn rule(&mut self, raw: RawRule, at: Location) -> Option<Rule> {
+        let algorithm = match &raw.algorithm {
+            None => Algorithm::Gcra,
+            Some(a) => match Algorithm::from_name(&a.value) {
+                Some(algorithm) => algorithm,
+                None => {
+                    let allowed: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                    self.push(
+                        a.referenced,
+                        format!(
+                            "unknown `algorithm` `{}`; allowed: {}",
+                            a.value,
+                            allowed.join(", ")
+                        ),
+                    );
+                    return None;
+                }
+            },
+        };
+        let Some(limit) = &raw.limit else {
+            self.push(at, "rule needs `limit`, the number of units per `per`");
+            return None;
+        };
+        let Some(per) = &raw.per else {
+            self.push(at, "rule needs `per`, a duration such as 1s, 1m or 1h");
+            return None;
+        };
+        let per_ms = match parse_duration_ms(&per.value) {
+            Ok(ms) => ms,
+            Err(e) => {
+                self.push(per.referenced, format!("`per`: {e}"));
+                return None;
+            }
+        };
+        let aligned = raw.aligned.as_ref().is_some_and(|a| a.value);
+        match Rule::new(
+            algorithm,
+            limit.value.into(),
+            per_ms,
+            raw.burst.as_ref().map(|b| b.value.into()),
+            aligned,
+        ) {
+            Ok(rule) => Some(rule),
+            Err(e) => {
+                use crate::rule::RuleError as E;
+                let place = match e {
+                    E::Limit(_) | E::SlidingLogTooLarge(_) => limit.referenced,
+                    E::TooLarge { field: "limit", .. } => limit.referenced,
+                    E::Period(_) => per.referenced,
+                    E::Burst(_) | E::BurstNotAllowed(_) | E::TooLarge { .. } => {
+                        raw.burst.as_ref().map_or(at, |b| b.referenced)
+                    }
+                    E::AlignedNotAllowed(..) => raw.aligned.as_ref().map_or(at, |a| a.referenced),
+                };
+                self.push(place, e.to_string());
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! One decision from the outcomes of every applicable rule.
+//!
+//! A request passes only if every rule passes; stores commit all rules or
+//! none, so a denial consumes nothing. This module only summarises: which
+//! rule the answer is about, why, and how long to wait.
+
+use smallvec::SmallVec;
+
+use crate::algorithm::Outcome;
+use crate::policy::BoundRule;
+
+/// Per-rule outcomes, in the order of the rules they answer.
+pub type Outcomes = SmallVec<[Outcome; 8]>;
+
+/// Why a request was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A tenant-scope rule.
+    TenantLimit,
+    /// A route-scope rule.
+    RouteLimit,
+    /// A subject-scope rule.
+    SubjectLimit,
+    /// A global valve.
+    GlobalCapacity,
+    /// The cost is above a rule's capacity: it can never pass.
+    CostExceedsCapacity,
+    /// The store failed and the failure policy is `deny`.
+    StoreUnavailable,
+}
+
+impl Reason {
+    /// The name used in JSON answers and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TenantLimit => "tenant_limit",
+            Reason::RouteLimit => "route_limit",
+            Reason::SubjectLimit => "subject_limit",
+            Reason::GlobalCapacity => "global_capacity",
+            Reason::CostExceedsCapacity => "cost_exceeds_capacity",
+            Reason::StoreUnavailable => "store_unavailable",
+        }
+    }
+}
+
+/// A decision about one request.
+#[derive(Debug, Clone)]
+pub struct Decision<'p> {
+    /// Whether the request may proceed.
+    pub allowed: bool,
+    /// Why not, when denied.
+    pub reason: Option<Reason>,
+    /// The rule the summary fields describe: the one that denied (the
+    /// longest wait when several did), or the closest to its limit.
+    pub policy: Option<&'p BoundRule>,
+    /// Units left under [`policy`](Self::policy).
+    pub remaining: u64,
+    /// Milliseconds until [`policy`](Self::policy) is back to full capacity.
+    pub reset_after_ms: u64,
+    /// When denied: milliseconds until the request would pass (rounded up);
+    /// `None` when allowed or when it can never pass.
+    pub retry_after_ms: Option<u64>,
+    /// Some rule is at or past the soft-limit threshold.
+    pub near_limit: bool,
+    /// Every applicable rule.
+    pub rules: &'p [BoundRule],
+    /// Their outcomes, one per rule; empty when the store was not asked.
+    pub outcomes: Outcomes,
+}
+
+impl<'p> Decision<'p> {
+    /// Admits a request no rule applies to.
+    pub fn unlimited() -> Decision<'static> {
+        Decision {
+            allowed: true,
+            reason: None,
+            policy: None,
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: None,
+            near_limit: false,
+            rules: &[],
+            outcomes: Outcomes::new(),
+        }
+    }
+
+    /// The decision for a request whose `cost` is above some rule's capacity,
+    /// or `None` when every rule can hold it. Checked before the store is
+    /// asked: such a request can never pass, so waiting would be a lie.
+    pub fn cost_exceeds_capacity(rules: &'p [BoundRule], cost: u64) -> Option<Decision<'p>> {
+        let rule = rules.iter().find(|r| cost > r.rule().capacity())?;
+        Some(Decision {
+            allowed: false,
+            reason: Some(Reason::CostExceedsCapacity),
+            policy: Some(rule),
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: None,
+            near_limit: false,
+            rules,
+            outcomes: Outcomes::new(),
+        })
+    }
+
+    /// A decision made without the store (failure policy `allow` or `deny`).
+    pub fn without_store(rules: &'p [BoundRule], allowed: bool) -> Decision<'p> {
+        Decision {
+            allowed,
+            reason: (!allowed).then_some(Reason::StoreUnavailable),
+            policy: None,
+            remaining: 0,
+            reset_after_ms: 0,
+            retry_after_ms: None,
+            near_limit: false,
+            rules,
+            outcomes: Outcomes::new(),
+        }
+    }
+
+    /// Combines one outcome per rule.
+    pub fn from_outcomes(rules: &'p [BoundRule], outcomes: Outcomes) -> Decision<'p> {
+        debug_assert_eq!(rules.len(), outcomes.len());
+        if rules.is_empty() {
+            return Decision::unlimited();
+        }
+        let allowed = outcomes.iter().all(|o| o.allowed);
+        let pairs = || rules.iter().zip(outcomes.iter());
+        let (rule, outcome) = if allowed {
+            // The rule with the smallest share of its capacity left.
+            pairs()
+                .min_by(|(ra, a), (rb, b)| {
+                    let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
+                    let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
+                    left_a.cmp(&left_b)
+                })
+                .expect("at least one rule")
+        } else {
+            // Of the rules that denied, the one that makes the caller wait
+            // longest: only then does every rule pass. First one on ties.
+            pairs()
+                .filter(|(_, o)| !o.allowed)
+                .fold(None::<(&BoundRule, &Outcome)>, |best, (r, o)| match best {
+                    Some((_, b)) if b.retry_after_ms >= o.retry_after_ms => best,
+                    _ => Some((r, o)),
+                })
+                .expect("a rule denied")
+        };
+        let near_limit = pairs().any(|(r, o)| r.is_near(o.remaining));
+        Decision {
+            allowed,
+            reason: (!allowed).then(|| rule.scope().reason()),
+            policy: Some(rule),
+            remaining: outcome.remaining,
+            reset_after_ms: outcome.reset_after_ms,
+            retry_after_ms: (!allowed).then_some(outcome.retry_after_ms),
+            near_limit: near_limit || !allowed,
+            rules,
+            outcomes,
+        }
+    }
+
+    /// The capacity of [`policy`](Self::policy), if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.policy.map(|r| r.rule().capacity())
+    }
+
+    /// Names of the rules that denied (for problem details).
+    pub fn violated_policies(&self) -> impl Iterator<Item = &str> {
+        let from_outcomes = self
+            .rules
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, o)| !o.allowed)
+            .map(|(r, _)| r.name());
+        let without_outcomes = self
+            .policy
+            .filter(|_| self.outcomes.is_empty() && !self.allowed)
+            .map(BoundRule::name);
+        from_outcomes.chain(without_outcomes)
+    }
+}

@@ -1,0 +1,183 @@
+//! The `RateLimit-Policy` and `RateLimit` fields of
+//! draft-ietf-httpapi-ratelimit-headers-10, and `Retry-After`.
+//!
+//! Both fields are Structured Field Lists of Items whose value is the policy
+//! name as an sf-string:
+//!
+//! ```text
+//! RateLimit-Policy: "burst";q=50;w=1, "hourly";q=20000;w=3600
+//! RateLimit: "burst";r=12;t=1, "hourly";r=19873;t=3600
+//! ```
+//!
+//! `q` is the rule's capacity (its `burst` for gcra and token_bucket, else
+//! its `limit`) and `w` its `per` in seconds, rounded up. `r` is what is
+//! left and `t` the seconds until the policy is back to full, rounded up.
+//! Policy names are restricted by the configuration to characters that need
+//! no escaping inside an sf-string.
+
+use std::fmt::Write;
+
+use crate::decision::Decision;
+use crate::rule::Rule;
+
+/// One `RateLimit-Policy` item, computed once per rule when the policy is
+/// compiled.
+pub fn policy_item(name: &str, rule: &Rule) -> String {
+    format!(
+        "\"{name}\";q={};w={}",
+        rule.capacity(),
+        seconds_rounded_up(rule.period_ms()).max(1)
+    )
+}
+
+/// Writes the `RateLimit` field value for a decision into `out`; nothing
+/// when the decision has no per-rule outcomes.
+pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
+    for (i, (rule, outcome)) in decision.rules.iter().zip(&decision.outcomes).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(
+            out,
+            "\"{}\";r={};t={}",
+            rule.name(),
+            outcome.remaining,
+            seconds_rounded_up(outcome.reset_after_ms)
+        );
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up so that a client that waits
+/// exactly that long is never early; at least 1.
+pub fn retry_after_seconds(retry_after_ms: u64) -> u64 {
+    seconds_rounded_up(retry_after_ms).max(1)
+}
+
+fn seconds_rounded_up(ms: u64) -> u64 {
+    ms.div_ceil(1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Outcome;
+    use crate::config::Config;
+    use crate::decision::Outcomes;
+    use crate::policy::Policy;
+    use sfv::{BareItem, FieldType, ListEntry, Parser};
+
+    fn policy() -> Policy {
+        let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: burst, limit: 20, per: 1s, burst: 50 }]
+    routes:
+      "*": [{ name: hourly, algorithm: sliding_window, limit: 20000, per: 1h },
+            { algorithm: fixed_window, limit: 3, per: 500ms }]
+"#;
+        Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits)
+    }
+
+    /// Parses a field as an sf-list and returns (name, params) per item.
+    fn parse(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+        let list = Parser::new(value)
+            .parse::<sfv::List>()
+            .expect("valid sf-list");
+        list.into_iter()
+            .map(|entry| match entry {
+                ListEntry::Item(item) => {
+                    let BareItem::String(name) = item.bare_item else {
+                        panic!("policy name must be an sf-string")
+                    };
+                    let params = item
+                        .params
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.as_str().to_owned(),
+                                v.as_integer().expect("integer").into(),
+                            )
+                        })
+                        .collect();
+                    (name.as_str().to_owned(), params)
+                }
+                ListEntry::InnerList(_) => panic!("no inner lists"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn policy_field_is_a_valid_structured_list() {
+        let p = policy();
+        let a = p.applicable("t", "GET /x", false);
+        let items = parse(a.policy_header);
+        assert_eq!(
+            items,
+            vec![
+                ("burst".into(), vec![("q".into(), 50), ("w".into(), 1)]),
+                (
+                    "hourly".into(),
+                    vec![("q".into(), 20000), ("w".into(), 3600)]
+                ),
+                ("route-1".into(), vec![("q".into(), 3), ("w".into(), 1)]),
+            ]
+        );
+        // And it round-trips through sfv's serializer unchanged.
+        let list = Parser::new(a.policy_header).parse::<sfv::List>().unwrap();
+        assert_eq!(
+            list.serialize().unwrap().replace(", ", ","),
+            a.policy_header.replace(", ", ",")
+        );
+    }
+
+    #[test]
+    fn ratelimit_field_reports_remaining_and_reset_rounded_up() {
+        let p = policy();
+        let a = p.applicable("t", "GET /x", false);
+        let outcomes: Outcomes = [
+            Outcome {
+                allowed: true,
+                remaining: 49,
+                reset_after_ms: 50,
+                retry_after_ms: 0,
+            },
+            Outcome {
+                allowed: true,
+                remaining: 19_999,
+                reset_after_ms: 7_200_000,
+                retry_after_ms: 0,
+            },
+            Outcome {
+                allowed: true,
+                remaining: 2,
+                reset_after_ms: 1_001,
+                retry_after_ms: 0,
+            },
+        ]
+        .into_iter()
+        .collect();
+        let decision = Decision::from_outcomes(a.rules, outcomes);
+        let mut field = String::new();
+        write_ratelimit(&decision, &mut field);
+        assert_eq!(
+            parse(&field),
+            vec![
+                ("burst".into(), vec![("r".into(), 49), ("t".into(), 1)]),
+                (
+                    "hourly".into(),
+                    vec![("r".into(), 19_999), ("t".into(), 7_200)]
+                ),
+                ("route-1".into(), vec![("r".into(), 2), ("t".into(), 2)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn retry_after_never_rounds_down() {
+        assert_eq!(retry_after_seconds(1), 1);
+        assert_eq!(retry_after_seconds(1_000), 1);
+        assert_eq!(retry_after_seconds(1_001), 2);
+        assert_eq!(retry_after_seconds(0), 1);
+    }
+}

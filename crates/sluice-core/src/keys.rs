@@ -1,0 +1,211 @@
+//! Opaque storage keys, derived with HMAC-SHA256 under a server-side pepper.
+//!
+//! A key reads `PREFIX:{T}:K`:
+//!
+//! - `T`, the hash tag, is 128 bits of `HMAC(pepper, "T" ‖ shard ‖ tenant)`
+//!   (or of `"G" ‖ shard ‖ rule identity` for a global valve). All of a
+//!   tenant's keys in one shard share it, so Redis Cluster puts them in one
+//!   slot and one script can touch them all.
+//! - `K` is 128 bits of `HMAC(pepper, "K" ‖ T ‖ rule identity ‖ subject)`.
+//!   It depends on the tenant too, so two tenants' keys for the same rule
+//!   look unrelated: the keyspace does not even show who shares a plan.
+//!
+//! Without the pepper nobody can tell which tenant, route, subject or plan a
+//! key belongs to, nor test a guess. Variable-length inputs are
+//! length-prefixed so that no two inputs collide by concatenation.
+
+use std::fmt;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::policy::BoundRule;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The server-side secret keys are derived under. Never printed.
+#[derive(Clone)]
+pub struct Pepper(Box<[u8]>);
+
+/// Why a pepper was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the pepper must be at least {min} bytes (got {got}); generate one with `openssl rand -hex 32`",
+    min = Pepper::MIN_BYTES
+)]
+pub struct PepperError {
+    got: usize,
+}
+
+impl Pepper {
+    /// The shortest pepper accepted, in bytes after hex decoding.
+    pub const MIN_BYTES: usize = 32;
+
+    /// Reads a pepper from the contents of an environment variable or file.
+    /// Surrounding whitespace is ignored; text of only hex digits (even
+    /// length) is decoded, anything else is used as raw bytes.
+    pub fn parse(secret: &[u8]) -> Result<Pepper, PepperError> {
+        let trimmed = secret.trim_ascii();
+        let bytes = decode_hex(trimmed).unwrap_or_else(|| trimmed.to_vec());
+        if bytes.len() < Pepper::MIN_BYTES {
+            return Err(PepperError { got: bytes.len() });
+        }
+        Ok(Pepper(bytes.into()))
+    }
+}
+
+impl fmt::Debug for Pepper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pepper(<redacted>)")
+    }
+}
+
+fn decode_hex(text: &[u8]) -> Option<Vec<u8>> {
+    if text.is_empty() || text.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    text.chunks(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect()
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// A hash tag: 128 bits as 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tag([u8; 32]);
+
+impl Tag {
+    fn from_mac(mac: HmacSha256) -> Tag {
+        let digest = mac.finalize().into_bytes();
+        let mut hex = [0u8; 32];
+        for (i, byte) in digest[..16].iter().enumerate() {
+            hex[2 * i] = HEX[usize::from(byte >> 4)];
+            hex[2 * i + 1] = HEX[usize::from(byte & 0xf)];
+        }
+        Tag(hex)
+    }
+
+    /// The tag's text.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex is ASCII")
+    }
+}
+
+impl fmt::Debug for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Derives keys under one pepper and prefix.
+#[derive(Clone)]
+pub struct Keyer {
+    prefix: Box<str>,
+    mac: HmacSha256,
+}
+
+impl fmt::Debug for Keyer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keyer")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keyer {
+    /// A keyer for `prefix` (e.g. `sl`) and `pepper`.
+    pub fn new(prefix: &str, pepper: &Pepper) -> Keyer {
+        let mac = HmacSha256::new_from_slice(&pepper.0).expect("HMAC takes keys of any length");
+        Keyer {
+            prefix: prefix.into(),
+            mac,
+        }
+    }
+
+    /// The prefix every key starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The tag of a tenant's keys in `shard`.
+    pub fn tenant_tag(&self, tenant: &str, shard: u16) -> Tag {
+        let mut mac = self.mac.clone();
+        mac.update(b"T");
+        mac.update(&shard.to_be_bytes());
+        mac.update(tenant.as_bytes());
+        Tag::from_mac(mac)
+    }
+
+    /// The tag of a global valve's keys in `shard`.
+    pub fn global_tag(&self, rule: &BoundRule, shard: u16) -> Tag {
+        let mut mac = self.mac.clone();
+        mac.update(b"G");
+        mac.update(&shard.to_be_bytes());
+        mac.update(rule.identity());
+        Tag::from_mac(mac)
+    }
+
+    /// The full key of `rule`'s bucket under `tag`, for `subject` when the
+    /// rule is per subject.
+    pub fn key(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"K");
+        mac.update(&tag.0);
+        mac.update(&(rule.identity().len() as u32).to_be_bytes());
+        mac.update(rule.identity());
+        if let Some(subject) = subject {
+            mac.update(b"S");
+            mac.update(subject.as_bytes());
+        }
+        let k = Tag::from_mac(mac);
+        let mut key = String::with_capacity(self.prefix.len() + 70);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(tag.as_str());
+        key.push_str("}:");
+        key.push_str(k.as_str());
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::policy::Policy;
+
+    fn pepper(byte: u8) -> Pepper {
+        Pepper::parse(&[byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn pepper_accepts_hex_or_raw_and_refuses_short() {
+        let hex = "ab".repeat(32);
+        assert!(Pepper::parse(hex.as_bytes()).is_ok());
+        assert!(Pepper::parse(format!("{hex}\n").as_bytes()).is_ok());
+        // 40 hex digits decode to 20 bytes: too short.
+        let err = Pepper::parse("ab".repeat(20).as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("openssl rand -hex 32"));
+        assert!(Pepper::parse(b"too short").is_err());
+        assert_eq!(format!("{:?}", pepper(7)), "Pepper(<redacted>)");
+    }
+
+    #[test]
+    fn keys_are_opaque_stable_and_depend_on_the_pepper() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rule = &policy.applicable("acme", "GET /", false).rules[0];
+        let a = Keyer::new("sl", &pepper(1));
+        let b = Keyer::new("sl", &pepper(2));
+        let key = a.key(&a.tenant_tag("acme", 0), rule, None);
+        assert_eq!(key, a.key(&a.tenant_tag("acme", 0), rule, None));
+        assert_ne!(key, b.key(&b.tenant_tag("acme", 0), rule, None));
+        assert_ne!(key, a.key(&a.tenant_tag("acme", 1), rule, None));
+        assert_ne!(key, a.key(&a.tenant_tag("acme", 0), rule, Some("u1")));
+        assert!(key.starts_with("sl:{"));
+        assert_eq!(key.len(), "sl:{".len() + 32 + "}:".len() + 32);
+        assert!(!key.contains("acme"));
+    }
+}

@@ -1,0 +1,36 @@
+//! The pure core of sluice: what a limit is and how a decision is made.
+//!
+//! Nothing here performs I/O or reads a clock; time is always passed in.
+//!
+//! - [`duration`]: `500ms`, `1s`, `1m`… as milliseconds.
+//! - [`rule`]: an algorithm with its validated parameters.
+//! - [`algorithm`]: each algorithm as a pure state transition.
+//! - [`config`]: the YAML configuration, parsed and validated with
+//!   `file:line:column` errors.
+//! - [`request`]: a request's bounds, checked once at the edge.
+//! - [`policy`]: the configuration compiled into a lookup structure: which
+//!   rules apply to a tenant, route and subject.
+//! - [`decision`]: per-rule outcomes combined into one all-or-nothing
+//!   decision with its reason.
+//! - [`headers`]: the IETF `RateLimit` and `RateLimit-Policy` fields.
+//! - [`keys`]: opaque storage keys derived with HMAC-SHA256.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod algorithm;
+pub mod config;
+pub mod decision;
+pub mod duration;
+pub mod headers;
+pub mod keys;
+pub mod policy;
+pub mod request;
+pub mod rule;
+
+pub use algorithm::{Outcome, State, Step};
+pub use config::Config;
+pub use decision::{Decision, Reason};
+pub use policy::{BoundRule, Policy, Scope};
+pub use request::{Request, RequestError};
+pub use rule::{Algorithm, Rule};

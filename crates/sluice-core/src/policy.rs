@@ -1,0 +1,493 @@
+//! The configuration compiled into a lookup structure.
+//!
+//! For each plan, every route pattern that appears anywhere (plan routes,
+//! subject rules, global valves) gets a *cell*: the complete, ordered list of
+//! rules that apply to a request whose most specific matching pattern is that
+//! one. A request then costs one tenant lookup, one exact route lookup (or a
+//! scan of prefix patterns, longest first) and no allocation.
+//!
+//! Why one union of patterns is enough: if a route's most specific match in
+//! the union is `p`, then its most specific match in any one table is that
+//! table's most specific pattern covering `p` — for prefixes, every table
+//! prefix that matches the route and is no longer than `p` is a prefix of
+//! `p`. So the per-table answers can be computed once per union pattern.
+
+use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
+use sha2::{Digest, Sha256};
+
+use crate::config::{Limits, NamedRule, OnError, RoutePattern, RouteRules};
+use crate::decision::Reason;
+use crate::headers;
+use crate::rule::Rule;
+
+/// The scope a rule applies in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// One budget per tenant across its routes.
+    Tenant,
+    /// Per tenant per route pattern.
+    Route,
+    /// Per subject within tenant and route pattern.
+    Subject,
+    /// Per route pattern across all tenants.
+    Global,
+}
+
+impl Scope {
+    /// The scope's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Tenant => "tenant",
+            Scope::Route => "route",
+            Scope::Subject => "subject",
+            Scope::Global => "global",
+        }
+    }
+
+    /// The denial reason this scope gives.
+    pub fn reason(self) -> Reason {
+        match self {
+            Scope::Tenant => Reason::TenantLimit,
+            Scope::Route => Reason::RouteLimit,
+            Scope::Subject => Reason::SubjectLimit,
+            Scope::Global => Reason::GlobalCapacity,
+        }
+    }
+}
+
+/// A rule bound to its place in the policy: its name, scope and stable
+/// identity, plus what the hot path would otherwise compute per request.
+#[derive(Debug, Clone)]
+pub struct BoundRule {
+    name: Box<str>,
+    scope: Scope,
+    pattern: Box<str>,
+    rule: Rule,
+    identity: Box<[u8]>,
+    uid: u64,
+    policy_item: Box<str>,
+    near_at_remaining: u64,
+}
+
+impl BoundRule {
+    fn new(scope: Scope, pattern: &str, named: &NamedRule, near_limit: f64) -> BoundRule {
+        let rule = named.rule;
+        // The identity names the bucket across reloads and restarts: same
+        // scope, pattern, name and algorithm → same state. Parameters are
+        // left out so that raising a limit keeps the budget already used.
+        let mut identity = Vec::with_capacity(64);
+        for part in [scope.name(), pattern, &named.name, rule.algorithm().name()] {
+            identity.extend_from_slice(part.as_bytes());
+            identity.push(0x1f);
+        }
+        let digest = Sha256::digest(&identity);
+        let uid = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+        let capacity = rule.capacity();
+        let used_at_near = ((capacity as f64) * near_limit).ceil() as u64;
+        BoundRule {
+            name: named.name.as_str().into(),
+            scope,
+            pattern: pattern.into(),
+            rule,
+            identity: identity.into(),
+            uid,
+            policy_item: headers::policy_item(&named.name, &rule).into(),
+            near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
+        }
+    }
+
+    /// The policy name shown in headers and denials.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The route pattern the rule was configured under (`""` for tenant
+    /// rules).
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The algorithm and its parameters.
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
+    /// storage keys are derived from them.
+    pub fn identity(&self) -> &[u8] {
+        &self.identity
+    }
+
+    /// A 64-bit digest of [`identity`](Self::identity).
+    pub fn uid(&self) -> u64 {
+        self.uid
+    }
+
+    /// This rule's `RateLimit-Policy` item.
+    pub fn policy_item(&self) -> &str {
+        &self.policy_item
+    }
+
+    /// Whether `remaining` units left put the rule at or past the
+    /// `near_limit` threshold.
+    pub fn is_near(&self, remaining: u64) -> bool {
+        remaining <= self.near_at_remaining
+    }
+}
+
+/// The rules of one (plan, route pattern) pair: subject rules last, so the
+/// rules of a request without a subject are a prefix.
+#[derive(Debug)]
+struct Cell {
+    rules: Box<[BoundRule]>,
+    without_subject: usize,
+    policy_header: [Box<str>; 2],
+}
+
+impl Cell {
+    fn new(rules: Vec<BoundRule>, without_subject: usize) -> Cell {
+        let header = |rules: &[BoundRule]| -> Box<str> {
+            rules
+                .iter()
+                .map(BoundRule::policy_item)
+                .collect::<Vec<_>>()
+                .join(", ")
+                .into()
+        };
+        let policy_header = [header(&rules[..without_subject]), header(&rules)];
+        Cell {
+            rules: rules.into(),
+            without_subject,
+            policy_header,
+        }
+    }
+}
+
+/// One plan compiled.
+#[derive(Debug)]
+pub struct Plan {
+    name: Box<str>,
+    on_error: Option<OnError>,
+    exact: HashMap<Box<str>, usize, RandomState>,
+    /// Longest first.
+    prefixes: Box<[(Box<str>, usize)]>,
+    fallback: usize,
+    cells: Box<[Cell]>,
+}
+
+impl Plan {
+    fn compile(spec: &crate::config::PlanSpec, global: &[RouteRules], near_limit: f64) -> Plan {
+        let mut patterns: Vec<&RoutePattern> = spec
+            .routes
+            .iter()
+            .chain(&spec.subject)
+            .chain(global)
+            .map(|r| &r.pattern)
+            .collect();
+        patterns.sort();
+        patterns.dedup();
+
+        let tenant: Vec<BoundRule> = spec
+            .tenant
+            .iter()
+            .map(|r| BoundRule::new(Scope::Tenant, "", r, near_limit))
+            .collect();
+        let cell_for = |covering: Option<&RoutePattern>| -> Cell {
+            let mut rules = tenant.clone();
+            let add = |rules: &mut Vec<BoundRule>, scope: Scope, table: &[RouteRules]| {
+                if let Some(best) = covering.and_then(|p| most_specific(table, p)) {
+                    let source = best.pattern.source();
+                    rules.extend(
+                        best.rules
+                            .iter()
+                            .map(|r| BoundRule::new(scope, &source, r, near_limit)),
+                    );
+                }
+            };
+            add(&mut rules, Scope::Route, &spec.routes);
+            add(&mut rules, Scope::Global, global);
+            let without_subject = rules.len();
+            add(&mut rules, Scope::Subject, &spec.subject);
+            Cell::new(rules, without_subject)
+        };
+
+        let mut cells = Vec::with_capacity(patterns.len() + 1);
+        let mut exact = HashMap::with_hasher(RandomState::default());
+        let mut prefixes = Vec::new();
+        for pattern in patterns {
+            let index = cells.len();
+            cells.push(cell_for(Some(pattern)));
+            match pattern {
+                RoutePattern::Exact(route) => {
+                    exact.insert(route.as_str().into(), index);
+                }
+                RoutePattern::Prefix(prefix) => {
+                    prefixes.push((Box::<str>::from(prefix.as_str()), index))
+                }
+            }
+        }
+        prefixes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+        let fallback = cells.len();
+        cells.push(cell_for(None));
+        Plan {
+            name: spec.name.as_str().into(),
+            on_error: spec.on_error,
+            exact,
+            prefixes: prefixes.into(),
+            fallback,
+            cells: cells.into(),
+        }
+    }
+
+    /// The plan's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The plan's failure policy, when it overrides the storage default.
+    pub fn on_error(&self) -> Option<OnError> {
+        self.on_error
+    }
+
+    fn cell(&self, route: &str) -> &Cell {
+        let index = match self.exact.get(route) {
+            Some(&index) => index,
+            None => self
+                .prefixes
+                .iter()
+                .find(|(prefix, _)| route.starts_with(&**prefix))
+                .map_or(self.fallback, |(_, index)| *index),
+        };
+        &self.cells[index]
+    }
+}
+
+/// The pattern of `table` that best covers `pattern`: for an exact route,
+/// the same route or else the longest prefix of it; for a prefix, the
+/// longest prefix of that prefix.
+fn most_specific<'t>(table: &'t [RouteRules], pattern: &RoutePattern) -> Option<&'t RouteRules> {
+    if matches!(pattern, RoutePattern::Exact(_))
+        && let Some(same) = table.iter().find(|r| r.pattern == *pattern)
+    {
+        return Some(same);
+    }
+    let text = match pattern {
+        RoutePattern::Exact(route) => route.as_str(),
+        RoutePattern::Prefix(prefix) => prefix.as_str(),
+    };
+    table
+        .iter()
+        .filter_map(|r| match &r.pattern {
+            RoutePattern::Prefix(prefix) if text.starts_with(prefix.as_str()) => {
+                Some((prefix.len(), r))
+            }
+            _ => None,
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, r)| r)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TenantEntry {
+    plan: usize,
+    shards: u16,
+}
+
+/// Everything a decision looks up, compiled from [`Limits`].
+#[derive(Debug)]
+pub struct Policy {
+    plans: Box<[Plan]>,
+    default_plan: usize,
+    tenants: HashMap<Box<str>, TenantEntry, RandomState>,
+    near_limit: f64,
+}
+
+/// The rules that apply to one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Applicable<'p> {
+    /// The tenant's plan.
+    pub plan: &'p Plan,
+    /// How many shards the tenant's keys are spread over.
+    pub shards: u16,
+    /// Every rule to check, in scope order (tenant, route, global, subject).
+    pub rules: &'p [BoundRule],
+    /// The `RateLimit-Policy` field value for these rules (empty when none).
+    pub policy_header: &'p str,
+}
+
+impl Policy {
+    /// Compiles validated limits.
+    pub fn compile(limits: &Limits) -> Policy {
+        let plans: Vec<Plan> = limits
+            .plans
+            .iter()
+            .map(|spec| Plan::compile(spec, &limits.global, limits.near_limit))
+            .collect();
+        let index_of = |name: &str| plans.iter().position(|p| &*p.name == name).unwrap_or(0);
+        let default_plan = index_of(&limits.default_plan);
+        let mut tenants = HashMap::with_hasher(RandomState::default());
+        for tenant in &limits.tenants {
+            tenants.insert(
+                tenant.id.as_str().into(),
+                TenantEntry {
+                    plan: index_of(&tenant.plan),
+                    shards: tenant.shards,
+                },
+            );
+        }
+        Policy {
+            plans: plans.into(),
+            default_plan,
+            tenants,
+            near_limit: limits.near_limit,
+        }
+    }
+
+    /// The rules for a request. `with_subject` says whether the request
+    /// names a subject (subject rules apply only then).
+    pub fn applicable(&self, tenant: &str, route: &str, with_subject: bool) -> Applicable<'_> {
+        let entry = self.tenants.get(tenant).copied().unwrap_or(TenantEntry {
+            plan: self.default_plan,
+            shards: 1,
+        });
+        let plan = &self.plans[entry.plan];
+        let cell = plan.cell(route);
+        let (rules, policy_header) = if with_subject {
+            (&cell.rules[..], &cell.policy_header[1])
+        } else {
+            (&cell.rules[..cell.without_subject], &cell.policy_header[0])
+        };
+        Applicable {
+            plan,
+            shards: entry.shards,
+            rules,
+            policy_header,
+        }
+    }
+
+    /// Compiled plans.
+    pub fn plans(&self) -> &[Plan] {
+        &self.plans
+    }
+
+    /// The `near_limit` fraction.
+    pub fn near_limit(&self) -> f64 {
+        self.near_limit
+    }
+
+    /// Every distinct rule of the policy (for tooling such as `inspect`).
+    pub fn all_rules(&self) -> impl Iterator<Item = &BoundRule> {
+        self.plans
+            .iter()
+            .flat_map(|p| p.cells.iter().flat_map(|c| c.rules.iter()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn policy(yaml: &str) -> Policy {
+        Policy::compile(&Config::from_yaml(yaml, "test.yaml").unwrap().limits)
+    }
+
+    fn names(a: &Applicable<'_>) -> Vec<String> {
+        a.rules
+            .iter()
+            .map(|r| format!("{}:{}", r.scope().name(), r.name()))
+            .collect()
+    }
+
+    const YAML: &str = r#"
+default_plan: free
+plans:
+  free:
+    tenant: [{ limit: 100, per: 1m }]
+    routes:
+      "POST /v1/invoices": [{ algorithm: sliding_log, limit: 5, per: 1s }]
+      "GET /v1/users/*": [{ name: users, limit: 50, per: 1s }]
+      "*": [{ name: other, algorithm: token_bucket, limit: 20, per: 1s, burst: 50 }]
+    subject:
+      "*": [{ name: per-user, limit: 10, per: 1s }]
+  pro:
+    tenant: [{ limit: 1000, per: 1m }]
+tenants:
+  acme: { plan: pro }
+global:
+  "POST /v1/invoices": [{ name: invoices-valve, limit: 10000, per: 1s }]
+  "GET /v1/users/admin*": [{ name: admin-valve, limit: 5, per: 1s }]
+"#;
+
+    #[test]
+    fn most_specific_pattern_wins_in_every_table() {
+        let p = policy(YAML);
+        let invoices = p.applicable("t1", "POST /v1/invoices", true);
+        assert_eq!(
+            names(&invoices),
+            [
+                "tenant:tenant-0",
+                "route:route-0",
+                "global:invoices-valve",
+                "subject:per-user"
+            ]
+        );
+        assert_eq!(invoices.plan.name(), "free");
+        let users = p.applicable("t1", "GET /v1/users/42", false);
+        assert_eq!(names(&users), ["tenant:tenant-0", "route:users"]);
+        let admin = p.applicable("t1", "GET /v1/users/admin/7", false);
+        assert_eq!(
+            names(&admin),
+            ["tenant:tenant-0", "route:users", "global:admin-valve"]
+        );
+        let other = p.applicable("t1", "DELETE /v1/things", false);
+        assert_eq!(names(&other), ["tenant:tenant-0", "route:other"]);
+    }
+
+    #[test]
+    fn listed_tenants_get_their_plan_and_others_the_default() {
+        let p = policy(YAML);
+        let acme = p.applicable("acme", "DELETE /v1/things", true);
+        assert_eq!(acme.plan.name(), "pro");
+        assert_eq!(names(&acme), ["tenant:tenant-0"]);
+        let acme_invoices = p.applicable("acme", "POST /v1/invoices", false);
+        assert_eq!(
+            names(&acme_invoices),
+            ["tenant:tenant-0", "global:invoices-valve"]
+        );
+    }
+
+    #[test]
+    fn identities_are_stable_and_distinct() {
+        let a = policy(YAML);
+        let b = policy(YAML);
+        let ra = a.applicable("x", "POST /v1/invoices", true).rules;
+        let rb = b.applicable("y", "POST /v1/invoices", true).rules;
+        for (x, y) in ra.iter().zip(rb) {
+            assert_eq!(x.uid(), y.uid());
+        }
+        let mut uids: Vec<u64> = a.all_rules().map(BoundRule::uid).collect();
+        uids.sort();
+        uids.dedup();
+        // tenant-0 of free, tenant-0 of pro (same identity: same bucket
+        // across plans), route-0, users, other, per-user, two valves.
+        assert_eq!(uids.len(), 7);
+    }
+
+    #[test]
+    fn policy_header_lists_the_applicable_rules() {
+        let p = policy(YAML);
+        let a = p.applicable("t", "POST /v1/invoices", false);
+        assert_eq!(
+            a.policy_header,
+            r#""tenant-0";q=100;w=60, "route-0";q=5;w=1, "invoices-valve";q=10000;w=1"#
+        );
+    }
+}

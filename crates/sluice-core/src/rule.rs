@@ -1,0 +1,262 @@
+//! A rule: one algorithm with its parameters, validated once.
+//!
+//! Every rule counts `limit` units per `period_ms`. Time is whole
+//! milliseconds and all arithmetic is on integers: the products
+//! `limit × period_ms` and `burst × period_ms` are kept below 2^52 so that the
+//! same arithmetic is exact in Redis Lua, whose numbers are doubles. That is
+//! what lets the Lua scripts and this crate give bit-identical answers.
+
+use std::fmt;
+
+use crate::duration::HumanDuration;
+
+/// The largest `limit` (and `burst`) a rule may have.
+pub const MAX_LIMIT: u64 = 1_000_000_000;
+/// The longest `per` a rule may have: 366 days.
+pub const MAX_PERIOD_MS: u64 = 366 * 86_400_000;
+/// The bound on `limit × per` and `burst × per` (in units × milliseconds) that
+/// keeps every intermediate value exact in a double.
+pub const MAX_SCALED: u64 = 1 << 52;
+/// `sliding_log` keeps one entry per admitted unit, so its memory is
+/// O(limit); above this limit use `sliding_window`.
+pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
+
+/// The rate-limiting algorithms sluice implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Generic cell rate algorithm: one timestamp, exact, `limit` per `per`
+    /// with up to `burst` at once.
+    Gcra,
+    /// Token bucket: `burst` tokens, refilled at `limit` per `per`; exact.
+    TokenBucket,
+    /// One entry per admitted unit in the last `per`; exact, O(limit) memory.
+    SlidingLog,
+    /// Two fixed windows, the previous one weighted; approximate, O(1).
+    SlidingWindow,
+    /// One counter per window; exact per window.
+    FixedWindow,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order the documentation lists them.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ];
+
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Gcra => "gcra",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    /// Looks an algorithm up by its configuration name.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether the algorithm has a burst capacity distinct from its limit.
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::Gcra | Algorithm::TokenBucket)
+    }
+
+    /// Whether a denied decision of this algorithm can never over-admit.
+    pub fn is_exact(self) -> bool {
+        !matches!(self, Algorithm::SlidingWindow)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A validated rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rule {
+    algorithm: Algorithm,
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+    aligned: bool,
+}
+
+/// Why a rule's parameters were refused; each names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// `limit` outside 1..=MAX_LIMIT.
+    #[error("`limit` must be a whole number from 1 to {MAX_LIMIT}, got {0}")]
+    Limit(i128),
+    /// `per` outside 1ms..=366d.
+    #[error("`per` must be from 1ms to 366d, got {}", HumanDuration(*.0))]
+    Period(u64),
+    /// `burst` outside 1..=MAX_LIMIT.
+    #[error("`burst` must be a whole number from 1 to {MAX_LIMIT}, got {0}")]
+    Burst(i128),
+    /// `burst` on an algorithm that has none.
+    #[error("`burst` is only for gcra and token_bucket; {0} allows exactly `limit` per window")]
+    BurstNotAllowed(Algorithm),
+    /// `aligned` on an algorithm other than fixed_window.
+    #[error("`aligned` is only for fixed_window ({0} windows are {1})")]
+    AlignedNotAllowed(Algorithm, &'static str),
+    /// `limit × per` or `burst × per` too large to compute exactly.
+    #[error(
+        "`{field}` × `per` is too large ({value} × {per_ms}ms > 2^52): lower `{field}` or `per`, e.g. {smaller} per {per}",
+        per = HumanDuration(*per_ms),
+        smaller = MAX_SCALED / per_ms
+    )]
+    TooLarge {
+        /// `limit` or `burst`.
+        field: &'static str,
+        /// The field's value.
+        value: u64,
+        /// The rule's period.
+        per_ms: u64,
+    },
+    /// `sliding_log` above its memory cap.
+    #[error(
+        "sliding_log keeps one entry per admitted unit, so `limit` is capped at {SLIDING_LOG_MAX_LIMIT} (got {0}); use sliding_window for larger limits"
+    )]
+    SlidingLogTooLarge(u64),
+}
+
+impl Rule {
+    /// Builds a rule, checking every parameter. `burst` defaults to `limit`.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: i128,
+        period_ms: u64,
+        burst: Option<i128>,
+        aligned: bool,
+    ) -> Result<Rule, RuleError> {
+        let limit = u64::try_from(limit)
+            .ok()
+            .filter(|l| (1..=MAX_LIMIT).contains(l))
+            .ok_or(RuleError::Limit(limit))?;
+        if !(1..=MAX_PERIOD_MS).contains(&period_ms) {
+            return Err(RuleError::Period(period_ms));
+        }
+        let burst = match burst {
+            None => limit,
+            Some(_) if !algorithm.has_burst() => return Err(RuleError::BurstNotAllowed(algorithm)),
+            Some(b) => u64::try_from(b)
+                .ok()
+                .filter(|b| (1..=MAX_LIMIT).contains(b))
+                .ok_or(RuleError::Burst(b))?,
+        };
+        if aligned && algorithm != Algorithm::FixedWindow {
+            let how = if algorithm == Algorithm::SlidingWindow {
+                "always aligned"
+            } else {
+                "not windows"
+            };
+            return Err(RuleError::AlignedNotAllowed(algorithm, how));
+        }
+        for (field, value) in [("limit", limit), ("burst", burst)] {
+            if value.saturating_mul(period_ms) > MAX_SCALED {
+                return Err(RuleError::TooLarge {
+                    field,
+                    value,
+                    per_ms: period_ms,
+                });
+            }
+        }
+        if algorithm == Algorithm::SlidingLog && limit > SLIDING_LOG_MAX_LIMIT {
+            return Err(RuleError::SlidingLogTooLarge(limit));
+        }
+        Ok(Rule {
+            algorithm,
+            limit,
+            period_ms,
+            burst,
+            aligned,
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Units per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period in milliseconds.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// The burst (equal to `limit` for algorithms without one).
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Whether a fixed window is aligned to the Unix epoch (calendar windows).
+    pub fn aligned(&self) -> bool {
+        self.aligned
+    }
+
+    /// The most units one decision can ever consume: `burst` for gcra and
+    /// token_bucket, `limit` for the window algorithms. A request costing more
+    /// can never pass.
+    pub fn capacity(&self) -> u64 {
+        if self.algorithm.has_burst() {
+            self.burst
+        } else {
+            self.limit
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_defaults_to_limit() {
+        let rule = Rule::new(Algorithm::Gcra, 20, 1_000, None, false).unwrap();
+        assert_eq!(rule.burst(), 20);
+        assert_eq!(rule.capacity(), 20);
+        let rule = Rule::new(Algorithm::TokenBucket, 20, 1_000, Some(50), false).unwrap();
+        assert_eq!(rule.capacity(), 50);
+    }
+
+    #[test]
+    fn refuses_each_bad_parameter_with_its_field() {
+        let err = |r: Result<Rule, RuleError>| r.unwrap_err().to_string();
+        assert!(err(Rule::new(Algorithm::Gcra, 0, 1_000, None, false)).contains("`limit`"));
+        assert!(err(Rule::new(Algorithm::Gcra, -3, 1_000, None, false)).contains("`limit`"));
+        assert!(err(Rule::new(Algorithm::Gcra, 1, 0, None, false)).contains("`per`"));
+        assert!(err(Rule::new(Algorithm::Gcra, 1, 1_000, Some(0), false)).contains("`burst`"));
+        assert!(
+            err(Rule::new(Algorithm::FixedWindow, 1, 1_000, Some(5), false))
+                .contains("only for gcra and token_bucket")
+        );
+        assert!(err(Rule::new(Algorithm::Gcra, 1, 1_000, None, true)).contains("`aligned`"));
+        assert!(
+            err(Rule::new(Algorithm::SlidingLog, 10_001, 1_000, None, false))
+                .contains("use sliding_window")
+        );
+        assert!(
+            err(Rule::new(
+                Algorithm::Gcra,
+                1_000_000_000,
+                86_400_000,
+                None,
+                false
+            ))
+            .contains("too large")
+        );
+    }
+}
