@@ -7,7 +7,7 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::Outcome;
-use crate::policy::BoundRule;
+use crate::policy::{Applicable, BoundRule};
 
 /// Per-rule outcomes, in the order of the rules they answer.
 pub type Outcomes = SmallVec<[Outcome; 8]>;
@@ -66,6 +66,9 @@ pub struct Decision<'p> {
     pub rules: &'p [BoundRule],
     /// Their outcomes, one per rule; empty when the store was not asked.
     pub outcomes: Outcomes,
+    /// The `RateLimit-Policy` field value for [`rules`](Self::rules), as
+    /// compiled with the policy ("" when no rule applies).
+    pub policy_header: &'p str,
 }
 
 impl<'p> Decision<'p> {
@@ -81,13 +84,15 @@ impl<'p> Decision<'p> {
             near_limit: false,
             rules: &[],
             outcomes: Outcomes::new(),
+            policy_header: "",
         }
     }
 
     /// The decision for a request whose `cost` is above some rule's capacity,
     /// or `None` when every rule can hold it. Checked before the store is
     /// asked: such a request can never pass, so waiting would be a lie.
-    pub fn cost_exceeds_capacity(rules: &'p [BoundRule], cost: u64) -> Option<Decision<'p>> {
+    pub fn cost_exceeds_capacity(applicable: Applicable<'p>, cost: u64) -> Option<Decision<'p>> {
+        let rules = applicable.rules;
         let rule = rules.iter().find(|r| cost > r.rule().capacity())?;
         Some(Decision {
             allowed: false,
@@ -99,11 +104,13 @@ impl<'p> Decision<'p> {
             near_limit: false,
             rules,
             outcomes: Outcomes::new(),
+            policy_header: applicable.policy_header,
         })
     }
 
     /// A decision made without the store (failure policy `allow` or `deny`).
-    pub fn without_store(rules: &'p [BoundRule], allowed: bool) -> Decision<'p> {
+    pub fn without_store(applicable: Applicable<'p>, allowed: bool) -> Decision<'p> {
+        let rules = applicable.rules;
         Decision {
             allowed,
             reason: (!allowed).then_some(Reason::StoreUnavailable),
@@ -114,14 +121,19 @@ impl<'p> Decision<'p> {
             near_limit: false,
             rules,
             outcomes: Outcomes::new(),
+            policy_header: applicable.policy_header,
         }
     }
 
     /// Combines one outcome per rule.
-    pub fn from_outcomes(rules: &'p [BoundRule], outcomes: Outcomes) -> Decision<'p> {
+    pub fn from_outcomes(applicable: Applicable<'p>, outcomes: Outcomes) -> Decision<'p> {
+        let rules = applicable.rules;
         debug_assert_eq!(rules.len(), outcomes.len());
         if rules.is_empty() {
-            return Decision::unlimited();
+            return Decision {
+                policy_header: applicable.policy_header,
+                ..Decision::unlimited()
+            };
         }
         let allowed = outcomes.iter().all(|o| o.allowed);
         let pairs = || rules.iter().zip(outcomes.iter());
@@ -156,6 +168,7 @@ impl<'p> Decision<'p> {
             near_limit: near_limit || !allowed,
             rules,
             outcomes,
+            policy_header: applicable.policy_header,
         }
     }
 

@@ -157,7 +157,7 @@ plans:
         ]
         .into_iter()
         .collect();
-        let decision = Decision::from_outcomes(a.rules, outcomes);
+        let decision = Decision::from_outcomes(a, outcomes);
         let mut field = String::new();
         write_ratelimit(&decision, &mut field);
         assert_eq!(

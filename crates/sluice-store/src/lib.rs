@@ -1,0 +1,20 @@
+//! Where sluice keeps rate-limit state, and the limiter that uses it.
+//!
+//! - [`store`]: the [`Store`] trait — one call per decision, every rule at
+//!   once, all or nothing.
+//! - [`memory`]: the embedded backend.
+//! - [`clock`]: the time stores decide on.
+//! - [`limiter`]: request → rules → store → decision.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod clock;
+pub mod limiter;
+pub mod memory;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use limiter::Limiter;
+pub use memory::MemoryStore;
+pub use store::{Batch, Partition, Store, StoreError};

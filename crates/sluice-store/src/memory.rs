@@ -1,0 +1,344 @@
+//! The embedded store: per-key state in a concurrent map.
+//!
+//! # Concurrency
+//!
+//! The map is `papaya`'s: lookups take no lock. Each key's state sits
+//! behind its own small mutex. A decision locks the entries of all its rules
+//! in address order (so two decisions can never deadlock), decides every
+//! rule, commits all or none, and unlocks. Decisions on unrelated keys never
+//! contend; decisions on the same key serialise on that key only.
+//!
+//! # Forgetting idle keys
+//!
+//! Each entry records when its state becomes indistinguishable from a fresh
+//! one ([`Rule::idle_at`](sluice_core::Rule::idle_at)). [`MemoryStore::sweep`]
+//! drops entries past that moment, which loses nothing. An entry being swept
+//! is marked dead under its lock first; a decision that finds a dead entry
+//! looks it up again, so no admission is ever committed to a removed entry.
+//!
+//! # Overflow
+//!
+//! The store holds at most `max_entries` keys. When it is full, a decision
+//! that needs a new key fails with [`StoreError::Full`] (the limiter denies it
+//! with reason `store_unavailable`); keys already held keep working. Sweeping
+//! frees room as keys go idle. Denying is the only safe overflow behaviour:
+//! evicting live keys would reset budgets, and admitting unrecorded would
+//! let a flood of fresh ids through unlimited.
+//!
+//! # Memory per key
+//!
+//! A key costs its map slot, one allocation holding the key header and the
+//! entry (gcra, token_bucket and window states are inline; sliding_log is
+//! boxed), and one for the tenant and subject bytes. `docs/BENCHMARKS.md`
+//! gives the measured figure (`cargo test -p sluice-store --test memory_size
+//! -- --nocapture`).
+
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::Arc;
+
+use foldhash::fast::RandomState;
+use papaya::{Equivalent, Guard};
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+
+use sluice_core::decision::Outcomes;
+use sluice_core::{BoundRule, State};
+
+use crate::clock::{Clock, SystemClock};
+use crate::store::{Batch, Partition, Store, StoreError};
+
+/// The embedded in-memory store.
+pub struct MemoryStore {
+    map: papaya::HashMap<Key, Entry, BuildHasherDefault<PassThrough>>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    max_entries: usize,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("entries", &self.map.len())
+            .field("max_entries", &self.max_entries)
+            .finish()
+    }
+}
+
+/// A stored key: the rule's uid and the partition's bytes
+/// (`tenant length (u16 LE) ‖ tenant ‖ subject`), with its hash computed once.
+struct Key {
+    hash: u64,
+    rule: u64,
+    bytes: Box<[u8]>,
+}
+
+/// A key as a request names it, without allocating.
+struct KeyRef<'a> {
+    hash: u64,
+    rule: u64,
+    tenant: &'a [u8],
+    subject: &'a [u8],
+}
+
+impl<'a> KeyRef<'a> {
+    fn new(hasher: &RandomState, rule: &BoundRule, partition: Partition<'a>) -> KeyRef<'a> {
+        let (tenant, subject): (&[u8], &[u8]) = match partition {
+            Partition::Global => (b"", b""),
+            Partition::Tenant(t) => (t.as_bytes(), b""),
+            Partition::Subject(t, s) => (t.as_bytes(), s.as_bytes()),
+        };
+        let mut h = hasher.build_hasher();
+        h.write_u64(rule.uid());
+        h.write(tenant);
+        h.write_u8(0xff);
+        h.write(subject);
+        KeyRef {
+            hash: h.finish(),
+            rule: rule.uid(),
+            tenant,
+            subject,
+        }
+    }
+
+    fn to_key(&self) -> Key {
+        let mut bytes = Vec::with_capacity(2 + self.tenant.len() + self.subject.len());
+        bytes.extend_from_slice(&(self.tenant.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(self.tenant);
+        bytes.extend_from_slice(self.subject);
+        Key {
+            hash: self.hash,
+            rule: self.rule,
+            bytes: bytes.into(),
+        }
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl Hash for KeyRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.rule == other.rule && self.bytes == other.bytes
+    }
+}
+
+impl Eq for Key {}
+
+impl Equivalent<Key> for KeyRef<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        if self.hash != key.hash || self.rule != key.rule {
+            return false;
+        }
+        let (len, rest) = key.bytes.split_at(2);
+        let tenant_len = usize::from(u16::from_le_bytes([len[0], len[1]]));
+        let (tenant, subject) = rest.split_at(tenant_len);
+        tenant == self.tenant && subject == self.subject
+    }
+}
+
+/// Keys carry their hash already; the map only needs to pass it through.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called (see the `Hash` impls above).
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+struct Entry {
+    slot: Mutex<Slot>,
+}
+
+struct Slot {
+    state: State,
+    /// From this moment the state is as good as fresh and may be dropped.
+    idle_at: u64,
+    /// Set by the sweeper before it removes the entry.
+    dead: bool,
+}
+
+impl Entry {
+    fn fresh() -> Entry {
+        Entry {
+            slot: Mutex::new(Slot {
+                state: State::Fresh,
+                idle_at: 0,
+                dead: false,
+            }),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// A store holding at most `max_entries` keys, on the system clock.
+    pub fn new(max_entries: usize) -> MemoryStore {
+        MemoryStore::with_clock(max_entries, Arc::new(SystemClock))
+    }
+
+    /// A store on the given clock.
+    pub fn with_clock(max_entries: usize, clock: Arc<dyn Clock>) -> MemoryStore {
+        MemoryStore {
+            map: papaya::HashMap::builder()
+                .hasher(BuildHasherDefault::default())
+                .capacity(max_entries.min(1 << 16))
+                .build(),
+            hasher: RandomState::default(),
+            clock,
+            max_entries,
+        }
+    }
+
+    /// Keys currently held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The clock decisions are made on.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Decides a batch now; the synchronous core of [`Store::decide`].
+    pub fn decide_now(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+        let now = self.clock.now_ms();
+        let guard = self.map.guard();
+        loop {
+            let mut entries: SmallVec<[&Entry; 8]> = SmallVec::with_capacity(batch.rules.len());
+            for rule in batch.rules {
+                let key = KeyRef::new(&self.hasher, rule, batch.partition(rule));
+                entries.push(self.entry(&key, &guard)?);
+            }
+            if let Some(outcomes) = decide_locked(batch, &entries, now) {
+                return Ok(outcomes);
+            }
+            // An entry was swept between lookup and lock: look up again.
+        }
+    }
+
+    fn entry<'g>(&self, key: &KeyRef<'_>, guard: &'g impl Guard) -> Result<&'g Entry, StoreError> {
+        if let Some(entry) = self.map.get(key, guard) {
+            return Ok(entry);
+        }
+        if self.map.len() >= self.max_entries {
+            return Err(StoreError::Full(self.max_entries));
+        }
+        Ok(self
+            .map
+            .get_or_insert_with(key.to_key(), Entry::fresh, guard))
+    }
+
+    /// The state stored for one rule of a request, without changing it (for
+    /// support tooling).
+    pub fn peek(&self, batch: &Batch<'_>, rule: &BoundRule) -> State {
+        let key = KeyRef::new(&self.hasher, rule, batch.partition(rule));
+        let guard = self.map.guard();
+        self.map
+            .get(&key, &guard)
+            .map_or(State::Fresh, |entry| entry.slot.lock().state.clone())
+    }
+
+    /// Drops every key whose state is as good as fresh; returns how many.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_ms();
+        let guard = self.map.guard();
+        let mut removed = 0;
+        for (key, entry) in self.map.iter(&guard) {
+            {
+                let mut slot = entry.slot.lock();
+                if slot.dead || slot.idle_at > now {
+                    continue;
+                }
+                slot.dead = true;
+            }
+            if let Ok(Some(_)) = self
+                .map
+                .remove_if(key, |_, v| std::ptr::eq(v, entry), &guard)
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// Locks the entries in address order, decides every rule, commits all or
+/// none. `None` when an entry turned out to be dead.
+fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64) -> Option<Outcomes> {
+    // Address order makes concurrent multi-key decisions deadlock-free. Two
+    // rules never share an entry (their uids differ), but should they, the
+    // entry is locked once and both rules read it.
+    let mut order: SmallVec<[(usize, usize); 8]> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (std::ptr::from_ref::<Entry>(e) as usize, i))
+        .collect();
+    order.sort_unstable();
+    let mut guards: SmallVec<[MutexGuard<'_, Slot>; 8]> = SmallVec::with_capacity(entries.len());
+    let mut slot_of: SmallVec<[usize; 8]> = SmallVec::from_elem(0, entries.len());
+    let mut previous = 0;
+    for (address, i) in order {
+        if address != previous || guards.is_empty() {
+            guards.push(entries[i].slot.lock());
+            previous = address;
+        }
+        slot_of[i] = guards.len() - 1;
+    }
+    if guards.iter().any(|slot| slot.dead) {
+        return None;
+    }
+    let mut outcomes = Outcomes::with_capacity(entries.len());
+    let mut steps: SmallVec<[_; 8]> = SmallVec::with_capacity(entries.len());
+    for (i, rule) in batch.rules.iter().enumerate() {
+        let (outcome, step) = rule
+            .rule()
+            .decide(&guards[slot_of[i]].state, now, batch.cost);
+        outcomes.push(outcome);
+        steps.push(step);
+    }
+    if outcomes.iter().all(|o| o.allowed) {
+        for ((i, rule), step) in batch.rules.iter().enumerate().zip(steps) {
+            let slot = &mut guards[slot_of[i]];
+            rule.rule().commit(&mut slot.state, step);
+            slot.idle_at = rule.rule().idle_at(&slot.state);
+        }
+    }
+    Some(outcomes)
+}
+
+impl Store for MemoryStore {
+    fn decide(
+        &self,
+        batch: &Batch<'_>,
+    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
+        std::future::ready(self.decide_now(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests;

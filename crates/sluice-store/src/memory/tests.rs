@@ -1,0 +1,230 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use sluice_core::{Config, Policy, State};
+
+use super::*;
+use crate::clock::ManualClock;
+
+fn policy(yaml: &str) -> Policy {
+    Policy::compile(&Config::from_yaml(yaml, "test.yaml").unwrap().limits)
+}
+
+const PLAN: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 50, per: 1s }]
+    routes:
+      "GET /a": [{ algorithm: token_bucket, limit: 5, per: 1s, burst: 8 },
+                 { algorithm: sliding_log, limit: 6, per: 2s }]
+      "*": [{ algorithm: fixed_window, limit: 7, per: 1s }]
+    subject:
+      "*": [{ algorithm: sliding_window, limit: 4, per: 1s }]
+global:
+  "GET /a": [{ algorithm: gcra, limit: 9, per: 1s }]
+"#;
+
+fn batch<'a>(
+    p: &'a Policy,
+    tenant: &'a str,
+    route: &'a str,
+    subject: Option<&'a str>,
+    cost: u64,
+) -> Batch<'a> {
+    Batch {
+        tenant,
+        subject,
+        shard: 0,
+        cost,
+        rules: p.applicable(tenant, route, subject.is_some()).rules,
+    }
+}
+
+#[test]
+fn two_threads_on_one_tenant_never_over_admit() {
+    let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 1000, per: 1h }]\n");
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = MemoryStore::with_clock(10_000, clock);
+    let admitted = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..5_000 {
+                    let b = batch(&p, "acme", "GET /", None, 1);
+                    if store.decide_now(&b).unwrap()[0].allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    // Time stands still: exactly the burst (= limit) passes, no more.
+    assert_eq!(admitted.load(Ordering::Relaxed), 1_000);
+}
+
+#[test]
+fn concurrent_multi_rule_decisions_keep_every_rule_exact() {
+    // Threads contend on the same tenant and global keys through different
+    // routes and subjects; every rule must still count exactly.
+    let p = policy(PLAN);
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = MemoryStore::with_clock(10_000, clock);
+    let admitted_a = AtomicU64::new(0);
+    let admitted_all = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (store, p, admitted_a, admitted_all) = (&store, &p, &admitted_a, &admitted_all);
+            s.spawn(move || {
+                for i in 0..500 {
+                    let route = if i % 2 == 0 { "GET /a" } else { "GET /b" };
+                    let subject = ["u1", "u2", "u3"][(i + t) % 3];
+                    let b = batch(p, "acme", route, Some(subject), 1);
+                    if store.decide_now(&b).unwrap().iter().all(|o| o.allowed) {
+                        admitted_all.fetch_add(1, Ordering::Relaxed);
+                        if route == "GET /a" {
+                            admitted_a.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    // GET /a: token bucket burst 8 and sliding log 6 → at most 6.
+    assert!(admitted_a.load(Ordering::Relaxed) <= 6);
+    // Subjects: 3 × 4 per second; tenant: 50. So at most 12 in all.
+    assert!(admitted_all.load(Ordering::Relaxed) <= 12);
+    assert!(admitted_all.load(Ordering::Relaxed) >= 1);
+}
+
+#[test]
+fn sweep_drops_only_idle_keys() {
+    let p = policy(PLAN);
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = MemoryStore::with_clock(10_000, clock.clone());
+    let b = batch(&p, "acme", "GET /a", Some("u1"), 1);
+    assert!(store.decide_now(&b).unwrap().iter().all(|o| o.allowed));
+    let held = store.len();
+    assert_eq!(held, b.rules.len());
+    assert_eq!(store.sweep(), 0, "nothing is idle yet");
+    // gcra (20ms), the valve (112ms) and the token bucket (200ms) go idle
+    // first; the sliding log and sliding window (2s) last.
+    clock.advance(1_999);
+    assert_eq!(store.sweep(), 3);
+    assert_eq!(store.len(), 2);
+    clock.advance(1);
+    assert_eq!(store.sweep(), 2);
+    assert!(store.is_empty());
+}
+
+#[test]
+fn sweeping_during_decisions_loses_no_admission() {
+    // A sweeper running flat out beside deciders must never drop an entry
+    // holding live consumption.
+    let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 300, per: 1h }]\n");
+    let clock = Arc::new(ManualClock::new(5_000_000));
+    let store = MemoryStore::with_clock(10_000, clock);
+    let admitted = AtomicU64::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                store.sweep();
+            }
+        });
+        let deciders: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        let b = batch(&p, "acme", "GET /", None, 1);
+                        if store.decide_now(&b).unwrap()[0].allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for d in deciders {
+            d.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(admitted.load(Ordering::Relaxed), 300);
+}
+
+#[test]
+fn a_full_store_refuses_new_keys_only() {
+    let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 10, per: 1s }]\n");
+    let store = MemoryStore::with_clock(2, Arc::new(ManualClock::new(0)));
+    assert!(store.decide_now(&batch(&p, "a", "GET /", None, 1)).is_ok());
+    assert!(store.decide_now(&batch(&p, "b", "GET /", None, 1)).is_ok());
+    assert_eq!(
+        store.decide_now(&batch(&p, "c", "GET /", None, 1)),
+        Err(StoreError::Full(2))
+    );
+    assert!(store.decide_now(&batch(&p, "a", "GET /", None, 1)).is_ok());
+}
+
+#[test]
+fn partitions_are_separate_buckets() {
+    let p = policy(PLAN);
+    let store = MemoryStore::with_clock(10_000, Arc::new(ManualClock::new(0)));
+    // Tenants with a shared prefix or an empty-looking subject never alias.
+    for (tenant, subject) in [("ab", Some("c")), ("a", Some("bc")), ("abc", None)] {
+        let b = batch(&p, tenant, "GET /x", subject, 4);
+        assert!(
+            store.decide_now(&b).unwrap().iter().all(|o| o.allowed),
+            "{tenant} {subject:?}"
+        );
+    }
+}
+
+fn snapshot(store: &MemoryStore, b: &Batch<'_>) -> Vec<State> {
+    b.rules.iter().map(|r| store.peek(b, r)).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// Whatever the interleaving of tenants, routes, subjects, costs and
+    /// times, a denied request leaves every rule of every scope untouched,
+    /// and an admitted one is admitted by every rule.
+    #[test]
+    fn a_denied_request_consumes_nothing(
+        steps in proptest::collection::vec(
+            (0u64..400, 0usize..2, 0usize..3, 0usize..3, 1u64..=7),
+            1..150,
+        )
+    ) {
+        let p = policy(PLAN);
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+        let store = MemoryStore::with_clock(10_000, clock.clone());
+        for (gap, tenant, route, subject, cost) in steps {
+            clock.advance(gap);
+            let tenant = ["acme", "globex"][tenant];
+            let route = ["GET /a", "GET /b", "POST /c"][route];
+            let subject = [None, Some("u1"), Some("u2")][subject];
+            let b = batch(&p, tenant, route, subject, cost);
+            if b.rules.iter().any(|r| cost > r.rule().capacity()) {
+                continue;
+            }
+            let before = snapshot(&store, &b);
+            let outcomes = store.decide_now(&b).unwrap();
+            let after = snapshot(&store, &b);
+            if outcomes.iter().all(|o| o.allowed) {
+                // Every algorithm's state moves when it admits a unit.
+                for (x, y) in before.iter().zip(&after) {
+                    prop_assert_ne!(x, y, "an admitted request left a rule unconsumed");
+                }
+            } else {
+                prop_assert_eq!(before, after, "a denied request changed some rule's state");
+            }
+        }
+    }
+}

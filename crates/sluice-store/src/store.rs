@@ -1,0 +1,75 @@
+//! The `Store` abstraction: one call per decision, all rules at once.
+//!
+//! A store receives every rule that applies to a request in one [`Batch`]
+//! and must decide them together: check every rule, then commit all of them
+//! or none. That is what makes a denied request consume nothing, and it is
+//! what lets the Redis backend make one round trip per decision however many
+//! rules apply.
+
+use std::future::Future;
+
+use sluice_core::decision::Outcomes;
+use sluice_core::{BoundRule, Scope};
+
+/// Every rule of one decision, with what identifies its buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The subject, for subject-scope rules.
+    pub subject: Option<&'a str>,
+    /// Which of the tenant's shards this decision uses (0 when unsharded).
+    pub shard: u16,
+    /// Units to consume from every rule.
+    pub cost: u64,
+    /// The rules, in policy order; outcomes come back in the same order.
+    pub rules: &'a [BoundRule],
+}
+
+/// Whose bucket a rule counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partition<'a> {
+    /// One bucket per tenant (tenant and route scopes).
+    Tenant(&'a str),
+    /// One bucket per subject within a tenant.
+    Subject(&'a str, &'a str),
+    /// One bucket across all tenants.
+    Global,
+}
+
+impl<'a> Batch<'a> {
+    /// The partition `rule` counts in for this request.
+    pub fn partition(&self, rule: &BoundRule) -> Partition<'a> {
+        match (rule.scope(), self.subject) {
+            (Scope::Global, _) => Partition::Global,
+            (Scope::Subject, Some(subject)) => Partition::Subject(self.tenant, subject),
+            _ => Partition::Tenant(self.tenant),
+        }
+    }
+}
+
+/// Why a store could not decide.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The memory store holds `max_entries` keys and this decision needs a
+    /// new one.
+    #[error("the memory store is full ({0} keys); raise storage.max_entries")]
+    Full(usize),
+    /// The call did not finish within its time budget.
+    #[error("store call timed out after {0}ms")]
+    Timeout(u64),
+    /// The store could not be reached or answered with an error.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Where rate-limit state lives.
+pub trait Store: Send + Sync {
+    /// Decides every rule of `batch` at once and commits all or none:
+    /// either every outcome is allowed and every rule consumed `cost`, or
+    /// nothing changed. Outcomes come back in the order of `batch.rules`.
+    fn decide(
+        &self,
+        batch: &Batch<'_>,
+    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send;
+}
