@@ -9,6 +9,10 @@ use smallvec::SmallVec;
 use crate::algorithm::Outcome;
 use crate::policy::{Applicable, BoundRule};
 
+/// How long a caller denied because the store is unavailable is asked to
+/// wait.
+pub const STORE_RETRY_MS: u64 = 1_000;
+
 /// Per-rule outcomes, in the order of the rules they answer.
 pub type Outcomes = SmallVec<[Outcome; 8]>;
 
@@ -109,6 +113,7 @@ impl<'p> Decision<'p> {
     }
 
     /// A decision made without the store (failure policy `allow` or `deny`).
+    /// A denial asks the caller to retry after [`STORE_RETRY_MS`].
     pub fn without_store(applicable: Applicable<'p>, allowed: bool) -> Decision<'p> {
         let rules = applicable.rules;
         Decision {
@@ -117,7 +122,7 @@ impl<'p> Decision<'p> {
             policy: None,
             remaining: 0,
             reset_after_ms: 0,
-            retry_after_ms: None,
+            retry_after_ms: (!allowed).then_some(STORE_RETRY_MS),
             near_limit: false,
             rules,
             outcomes: Outcomes::new(),
@@ -138,14 +143,25 @@ impl<'p> Decision<'p> {
         let allowed = outcomes.iter().all(|o| o.allowed);
         let pairs = || rules.iter().zip(outcomes.iter());
         let (rule, outcome) = if allowed {
-            // The rule with the smallest share of its capacity left.
-            pairs()
-                .min_by(|(ra, a), (rb, b)| {
-                    let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
-                    let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
-                    left_a.cmp(&left_b)
-                })
-                .expect("at least one rule")
+            // The advertised rule with the smallest share of its capacity
+            // left (valves are not shown: see `BoundRule::advertised`).
+            let Some(closest) =
+                pairs()
+                    .filter(|(r, _)| r.advertised())
+                    .min_by(|(ra, a), (rb, b)| {
+                        let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
+                        let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
+                        left_a.cmp(&left_b)
+                    })
+            else {
+                return Decision {
+                    policy_header: applicable.policy_header,
+                    outcomes,
+                    rules,
+                    ..Decision::unlimited()
+                };
+            };
+            closest
         } else {
             // Of the rules that denied, the one that makes the caller wait
             // longest: only then does every rule pass. First one on ties.
@@ -157,7 +173,7 @@ impl<'p> Decision<'p> {
                 })
                 .expect("a rule denied")
         };
-        let near_limit = pairs().any(|(r, o)| r.is_near(o.remaining));
+        let near_limit = pairs().any(|(r, o)| r.advertised() && r.is_near(o.remaining));
         Decision {
             allowed,
             reason: (!allowed).then(|| rule.scope().reason()),
@@ -190,5 +206,104 @@ impl<'p> Decision<'p> {
             .filter(|_| self.outcomes.is_empty() && !self.allowed)
             .map(BoundRule::name);
         from_outcomes.chain(without_outcomes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::policy::Policy;
+
+    fn policy() -> Policy {
+        let yaml = r#"
+default_plan: p
+near_limit: 0.5
+plans:
+  p:
+    tenant: [{ name: t, limit: 10, per: 1s }]
+    routes:
+      "*": [{ name: r, limit: 4, per: 1s }]
+global:
+  "*": [{ name: valve, limit: 100, per: 1s }]
+"#;
+        Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits)
+    }
+
+    fn outcome(allowed: bool, remaining: u64, retry: u64) -> Outcome {
+        Outcome {
+            allowed,
+            remaining,
+            reset_after_ms: 500,
+            retry_after_ms: if allowed { 0 } else { retry },
+        }
+    }
+
+    #[test]
+    fn denial_reports_the_rule_with_the_longest_wait() {
+        let p = policy();
+        let a = p.applicable("x", "GET /", false);
+        let outcomes = [
+            outcome(false, 0, 300),
+            outcome(false, 0, 700),
+            outcome(true, 50, 0),
+        ];
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        assert!(!d.allowed);
+        assert_eq!(d.reason, Some(Reason::RouteLimit));
+        assert_eq!(d.policy.unwrap().name(), "r");
+        assert_eq!(d.retry_after_ms, Some(700));
+        assert_eq!(d.violated_policies().collect::<Vec<_>>(), ["t", "r"]);
+    }
+
+    #[test]
+    fn a_valve_denial_says_global_capacity() {
+        let p = policy();
+        let a = p.applicable("x", "GET /", false);
+        let outcomes = [
+            outcome(true, 9, 0),
+            outcome(true, 3, 0),
+            outcome(false, 0, 10),
+        ];
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        assert_eq!(d.reason, Some(Reason::GlobalCapacity));
+    }
+
+    #[test]
+    fn allowed_decision_describes_the_closest_advertised_rule() {
+        let p = policy();
+        let a = p.applicable("x", "GET /", false);
+        // t: 6/10 left, r: 3/4 left, valve: 1/100 left but never shown.
+        let outcomes = [
+            outcome(true, 6, 0),
+            outcome(true, 3, 0),
+            outcome(true, 1, 0),
+        ];
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        assert!(d.allowed);
+        assert_eq!(d.policy.unwrap().name(), "t");
+        assert_eq!(d.remaining, 6);
+        assert!(
+            !d.near_limit,
+            "40% used of t, 25% of r; the valve does not count"
+        );
+        let outcomes = [
+            outcome(true, 5, 0),
+            outcome(true, 3, 0),
+            outcome(true, 90, 0),
+        ];
+        assert!(Decision::from_outcomes(a, outcomes.into_iter().collect()).near_limit);
+    }
+
+    #[test]
+    fn cost_above_any_capacity_never_passes() {
+        let p = policy();
+        let a = p.applicable("x", "GET /", false);
+        assert!(Decision::cost_exceeds_capacity(a, 4).is_none());
+        let d = Decision::cost_exceeds_capacity(a, 5).unwrap();
+        assert_eq!(d.reason, Some(Reason::CostExceedsCapacity));
+        assert_eq!(d.policy.unwrap().name(), "r");
+        assert_eq!(d.retry_after_ms, None);
+        assert_eq!(d.violated_policies().collect::<Vec<_>>(), ["r"]);
     }
 }

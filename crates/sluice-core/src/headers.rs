@@ -13,7 +13,8 @@
 //! its `limit`) and `w` its `per` in seconds, rounded up. `r` is what is
 //! left and `t` the seconds until the policy is back to full, rounded up.
 //! Policy names are restricted by the configuration to characters that need
-//! no escaping inside an sf-string.
+//! no escaping inside an sf-string. Global valves are left out of both
+//! fields: their remaining capacity would reveal other tenants' traffic.
 
 use std::fmt::Write;
 
@@ -33,7 +34,12 @@ pub fn policy_item(name: &str, rule: &Rule) -> String {
 /// Writes the `RateLimit` field value for a decision into `out`; nothing
 /// when the decision has no per-rule outcomes.
 pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
-    for (i, (rule, outcome)) in decision.rules.iter().zip(&decision.outcomes).enumerate() {
+    let advertised = decision
+        .rules
+        .iter()
+        .zip(&decision.outcomes)
+        .filter(|(rule, _)| rule.advertised());
+    for (i, (rule, outcome)) in advertised.enumerate() {
         if i > 0 {
             out.push_str(", ");
         }

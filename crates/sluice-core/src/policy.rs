@@ -130,6 +130,12 @@ impl BoundRule {
         self.uid
     }
 
+    /// Whether clients are told about this rule. Global valves are not:
+    /// their remaining capacity would show other tenants' traffic.
+    pub fn advertised(&self) -> bool {
+        self.scope != Scope::Global
+    }
+
     /// This rule's `RateLimit-Policy` item.
     pub fn policy_item(&self) -> &str {
         &self.policy_item
@@ -156,6 +162,7 @@ impl Cell {
         let header = |rules: &[BoundRule]| -> Box<str> {
             rules
                 .iter()
+                .filter(|r| r.advertised())
                 .map(BoundRule::policy_item)
                 .collect::<Vec<_>>()
                 .join(", ")
@@ -482,12 +489,12 @@ global:
     }
 
     #[test]
-    fn policy_header_lists_the_applicable_rules() {
+    fn policy_header_lists_the_applicable_rules_but_not_valves() {
         let p = policy(YAML);
         let a = p.applicable("t", "POST /v1/invoices", false);
         assert_eq!(
             a.policy_header,
-            r#""tenant-0";q=100;w=60, "route-0";q=5;w=1, "invoices-valve";q=10000;w=1"#
+            r#""tenant-0";q=100;w=60, "route-0";q=5;w=1"#
         );
     }
 }

@@ -1,0 +1,93 @@
+//! The `sluice` command line.
+
+mod check;
+mod serve;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Multi-tenant rate limiting: one tenant's spike never starves another, and
+/// nothing about a tenant is readable from storage.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the service (HTTP API and forward-auth).
+    Serve(ServeArgs),
+    /// Make one decision and print it as JSON (exit 0 allowed, 1 denied).
+    Check(CheckArgs),
+    /// Check a configuration file (exit 0 valid, 1 invalid).
+    Validate(ValidateArgs),
+}
+
+/// `sluice serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (default: the example compiled into the binary,
+    /// on the embedded memory store).
+    #[arg(long, short, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// HTTP address, overriding `server.http`.
+    #[arg(long)]
+    http: Option<SocketAddr>,
+}
+
+/// `sluice check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Configuration file (default: the embedded example).
+    #[arg(long, short, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// The tenant.
+    #[arg(long)]
+    tenant: String,
+    /// The route, e.g. "POST /v1/invoices".
+    #[arg(long)]
+    route: String,
+    /// The subject within the tenant.
+    #[arg(long)]
+    subject: Option<String>,
+    /// Units the request consumes.
+    #[arg(long, default_value_t = 1)]
+    cost: i64,
+}
+
+/// `sluice validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The configuration file.
+    file: PathBuf,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Check(args) => check::run(args),
+        Command::Validate(args) => validate::run(args),
+    }
+}
+
+/// Logs to stderr; `SLUICE_LOG` sets the filter (default `info`), e.g.
+/// `SLUICE_LOG=sluice_server=debug,info`.
+fn init_logging() {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    let filter = std::env::var("SLUICE_LOG")
+        .ok()
+        .and_then(|f| f.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .try_init();
+}

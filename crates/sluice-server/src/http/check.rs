@@ -1,0 +1,81 @@
+//! `POST /v1/check`: `{"tenant", "route", "subject"?, "cost"?}` → a decision.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sluice_core::Request;
+use sluice_core::request::{MAX_COST, check_cost_signed};
+
+use super::problem::BadRequest;
+use super::respond::decision_response;
+use crate::app::App;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody<'a> {
+    #[serde(borrow)]
+    tenant: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    route: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    subject: Option<Cow<'a, str>>,
+    cost: Option<serde_json::Number>,
+}
+
+pub(super) async fn check(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let parsed = match parse(&body) {
+        Ok(parsed) => parsed,
+        Err(problem) => return problem.into_response(),
+    };
+    let request = match to_request(&parsed) {
+        Ok(request) => request,
+        Err(problem) => return problem.into_response(),
+    };
+    let policy = app.limiter.policy();
+    let decision = app.limiter.decide(&policy, &request).await;
+    decision_response(&decision)
+}
+
+fn parse(body: &[u8]) -> Result<CheckBody<'_>, BadRequest> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let parsed: CheckBody<'_> = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "body".to_owned() } else { path };
+        let inner = e.into_inner();
+        BadRequest::new(field, format!("malformed JSON body: {inner}"))
+    })?;
+    json.end()
+        .map_err(|e| BadRequest::new("body", format!("malformed JSON body: {e}")))?;
+    Ok(parsed)
+}
+
+fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, BadRequest> {
+    let tenant = body
+        .tenant
+        .as_deref()
+        .ok_or_else(|| BadRequest::new("tenant", "`tenant` is required"))?;
+    let route = body.route.as_deref().ok_or_else(|| {
+        BadRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
+    })?;
+    let cost = match &body.cost {
+        None => 1,
+        Some(n) => match n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+        {
+            Some(cost) => check_cost_signed(cost)?,
+            None => {
+                return Err(BadRequest::new(
+                    "cost",
+                    format!("`cost` must be a whole number from 1 to {MAX_COST}, got {n}"),
+                ));
+            }
+        },
+    };
+    Ok(Request::new(tenant, route, body.subject.as_deref(), cost)?)
+}

@@ -1,0 +1,94 @@
+//! `/v1/forward-auth`: a decision from the headers a gateway forwards.
+//!
+//! Traefik ForwardAuth and Caddy `forward_auth` send the original request's
+//! method and URI as `X-Forwarded-Method` and `X-Forwarded-Uri`; nginx
+//! `auth_request` is configured to send `X-Original-Method` and
+//! `X-Original-URI`. The tenant (and optionally the subject and cost) come
+//! from configurable headers. The route is `METHOD path`, query removed.
+//!
+//! The answer is 200 (let the request through) or 429 (reject it, with
+//! `Retry-After`), both with the `RateLimit` fields; the gateway relays a
+//! 429 to the client as it is.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use sluice_core::Request;
+use sluice_core::request::check_cost_signed;
+
+use super::problem::BadRequest;
+use super::respond::decision_response;
+use crate::app::App;
+
+pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    let config = &app.forward_auth;
+    let parsed = (|| {
+        let tenant = header(&headers, &config.tenant_header)?.ok_or_else(|| {
+            BadRequest::new(
+                config.tenant_header.as_str(),
+                format!("header `{}` is required", config.tenant_header),
+            )
+        })?;
+        let method = match header(&headers, "x-forwarded-method")? {
+            Some(method) => method,
+            None => header(&headers, "x-original-method")?.ok_or_else(missing_original)?,
+        };
+        let uri = match header(&headers, "x-forwarded-uri")? {
+            Some(uri) => uri,
+            None => header(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
+        };
+        let path = uri.split_once('?').map_or(uri, |(path, _)| path);
+        let subject = match &config.subject_header {
+            Some(name) => header(&headers, name)?,
+            None => None,
+        };
+        let cost = match &config.cost_header {
+            Some(name) => match header(&headers, name)? {
+                Some(text) => {
+                    let value: i128 = text.trim().parse().map_err(|_| {
+                        BadRequest::new(
+                            name.as_str(),
+                            format!("header `{name}` must be a whole number, got `{text}`"),
+                        )
+                    })?;
+                    check_cost_signed(value)
+                        .map_err(|e| BadRequest::new(name.as_str(), e.to_string()))?
+                }
+                None => 1,
+            },
+            None => 1,
+        };
+        Ok::<_, BadRequest>((tenant, format!("{method} {path}"), subject, cost))
+    })();
+    let (tenant, route, subject, cost) = match parsed {
+        Ok(parts) => parts,
+        Err(problem) => return problem.into_response(),
+    };
+    let request = match Request::new(tenant, &route, subject, cost) {
+        Ok(request) => request,
+        Err(e) => return BadRequest::from(e).into_response(),
+    };
+    let policy = app.limiter.policy();
+    let decision = app.limiter.decide(&policy, &request).await;
+    decision_response(&decision)
+}
+
+fn missing_original() -> BadRequest {
+    BadRequest::new(
+        "X-Forwarded-Method",
+        "forward-auth needs the original request: X-Forwarded-Method and X-Forwarded-Uri (Traefik, Caddy) or X-Original-Method and X-Original-URI (nginx)",
+    )
+}
+
+/// A header as text; `None` when absent, an error when not visible ASCII.
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, BadRequest> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map(Some)
+            .map_err(|_| BadRequest::new(name, format!("header `{name}` must be visible ASCII"))),
+    }
+}

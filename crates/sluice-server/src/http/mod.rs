@@ -1,0 +1,42 @@
+//! The HTTP API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/check` | one decision, JSON in and out |
+//! | `ANY /v1/forward-auth` | one decision from a gateway's forwarded headers |
+//! | `GET /healthz` | the process is up |
+//! | `GET /readyz` | the process can decide |
+//!
+//! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;
+//! a denial is a 429 with `Retry-After` and an RFC 9457 problem body. Bad
+//! input is a 400 problem naming the field, never a 500.
+
+mod check;
+mod forward_auth;
+mod health;
+mod problem;
+mod respond;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{any, get, post};
+
+pub use problem::BadRequest;
+pub use respond::DecisionView;
+
+use crate::app::App;
+
+/// Largest request body `/v1/check` reads.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The router of the HTTP API.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check::check))
+        .route("/v1/forward-auth", any(forward_auth::forward_auth))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app)
+}

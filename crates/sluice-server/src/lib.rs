@@ -1,0 +1,20 @@
+//! The `sluice` service and command-line tool.
+//!
+//! - [`cli`]: the subcommands (`serve`, `check`, `validate`).
+//! - [`source`]: reading the configuration file (or the embedded example)
+//!   and reloading it on change or SIGHUP.
+//! - [`backend`]: the store chosen by `storage.backend`.
+//! - [`app`]: what every request handler shares.
+//! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod app;
+pub mod backend;
+pub mod cli;
+pub mod http;
+pub mod source;
+
+/// Errors at the binary's edge, where they are only printed.
+pub type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
