@@ -130,10 +130,24 @@ impl<'p> Decision<'p> {
         }
     }
 
-    /// Combines one outcome per rule.
-    pub fn from_outcomes(applicable: Applicable<'p>, outcomes: Outcomes) -> Decision<'p> {
+    /// Combines one outcome per rule of a request of `cost` units.
+    ///
+    /// When the request is denied nothing was consumed, so the rules that
+    /// would have admitted it report what they had before it: `remaining`
+    /// goes back up by `cost` (exact for every algorithm), and
+    /// `reset_after_ms` stays the post-admission figure, an upper bound.
+    pub fn from_outcomes(
+        applicable: Applicable<'p>,
+        mut outcomes: Outcomes,
+        cost: u64,
+    ) -> Decision<'p> {
         let rules = applicable.rules;
         debug_assert_eq!(rules.len(), outcomes.len());
+        if outcomes.iter().any(|o| !o.allowed) {
+            for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
+                outcome.remaining += cost;
+            }
+        }
         if rules.is_empty() {
             return Decision {
                 policy_header: applicable.policy_header,
@@ -248,7 +262,7 @@ global:
             outcome(false, 0, 700),
             outcome(true, 50, 0),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
         assert!(!d.allowed);
         assert_eq!(d.reason, Some(Reason::RouteLimit));
         assert_eq!(d.policy.unwrap().name(), "r");
@@ -265,7 +279,7 @@ global:
             outcome(true, 3, 0),
             outcome(false, 0, 10),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
         assert_eq!(d.reason, Some(Reason::GlobalCapacity));
     }
 
@@ -279,7 +293,7 @@ global:
             outcome(true, 3, 0),
             outcome(true, 1, 0),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect());
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
         assert!(d.allowed);
         assert_eq!(d.policy.unwrap().name(), "t");
         assert_eq!(d.remaining, 6);
@@ -292,7 +306,7 @@ global:
             outcome(true, 3, 0),
             outcome(true, 90, 0),
         ];
-        assert!(Decision::from_outcomes(a, outcomes.into_iter().collect()).near_limit);
+        assert!(Decision::from_outcomes(a, outcomes.into_iter().collect(), 1).near_limit);
     }
 
     #[test]

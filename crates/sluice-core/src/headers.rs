@@ -163,7 +163,7 @@ plans:
         ]
         .into_iter()
         .collect();
-        let decision = Decision::from_outcomes(a, outcomes);
+        let decision = Decision::from_outcomes(a, outcomes, 1);
         let mut field = String::new();
         write_ratelimit(&decision, &mut field);
         assert_eq!(

@@ -54,7 +54,7 @@ impl<S: Store> Limiter<S> {
             return decision;
         }
         if applicable.rules.is_empty() {
-            return Decision::from_outcomes(applicable, Default::default());
+            return Decision::from_outcomes(applicable, Default::default(), request.cost);
         }
         let batch = Batch {
             tenant: request.tenant,
@@ -64,7 +64,7 @@ impl<S: Store> Limiter<S> {
             rules: applicable.rules,
         };
         match self.store.decide(&batch).await {
-            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes),
+            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost),
             // A full memory store can only refuse new keys.
             Err(StoreError::Full(_)) => Decision::without_store(applicable, false),
             Err(_) => {

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sluice_core::Request;
 use sluice_core::request::{MAX_COST, check_cost_signed};
 
-use super::problem::BadRequest;
+use super::problem::InvalidRequest;
 use super::respond::decision_response;
 use crate::app::App;
 
@@ -26,7 +27,18 @@ struct CheckBody<'a> {
     cost: Option<serde_json::Number>,
 }
 
-pub(super) async fn check(State(app): State<Arc<App>>, body: Bytes) -> Response {
+pub(super) async fn check(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let mut problem = InvalidRequest::new("body", rejection.body_text());
+            problem.status = rejection.status();
+            return problem.into_response();
+        }
+    };
     let parsed = match parse(&body) {
         Ok(parsed) => parsed,
         Err(problem) => return problem.into_response(),
@@ -40,26 +52,33 @@ pub(super) async fn check(State(app): State<Arc<App>>, body: Bytes) -> Response 
     decision_response(&decision)
 }
 
-fn parse(body: &[u8]) -> Result<CheckBody<'_>, BadRequest> {
+fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
     let mut json = serde_json::Deserializer::from_slice(body);
     let parsed: CheckBody<'_> = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        // The path names the member at fault ("tenant", "cost"); errors
+        // about the document itself have none.
         let path = e.path().to_string();
-        let field = if path == "." { "body".to_owned() } else { path };
+        let named = path.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        let field = if named && !path.is_empty() {
+            path
+        } else {
+            "body".to_owned()
+        };
         let inner = e.into_inner();
-        BadRequest::new(field, format!("malformed JSON body: {inner}"))
+        InvalidRequest::new(field, format!("malformed JSON body: {inner}"))
     })?;
     json.end()
-        .map_err(|e| BadRequest::new("body", format!("malformed JSON body: {e}")))?;
+        .map_err(|e| InvalidRequest::new("body", format!("malformed JSON body: {e}")))?;
     Ok(parsed)
 }
 
-fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, BadRequest> {
+fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
     let tenant = body
         .tenant
         .as_deref()
-        .ok_or_else(|| BadRequest::new("tenant", "`tenant` is required"))?;
+        .ok_or_else(|| InvalidRequest::new("tenant", "`tenant` is required"))?;
     let route = body.route.as_deref().ok_or_else(|| {
-        BadRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
+        InvalidRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
     })?;
     let cost = match &body.cost {
         None => 1,
@@ -70,7 +89,7 @@ fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, BadRequest> {
         {
             Some(cost) => check_cost_signed(cost)?,
             None => {
-                return Err(BadRequest::new(
+                return Err(InvalidRequest::new(
                     "cost",
                     format!("`cost` must be a whole number from 1 to {MAX_COST}, got {n}"),
                 ));

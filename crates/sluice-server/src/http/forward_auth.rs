@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use sluice_core::Request;
 use sluice_core::request::check_cost_signed;
 
-use super::problem::BadRequest;
+use super::problem::InvalidRequest;
 use super::respond::decision_response;
 use crate::app::App;
 
@@ -26,7 +26,7 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
     let config = &app.forward_auth;
     let parsed = (|| {
         let tenant = header(&headers, &config.tenant_header)?.ok_or_else(|| {
-            BadRequest::new(
+            InvalidRequest::new(
                 config.tenant_header.as_str(),
                 format!("header `{}` is required", config.tenant_header),
             )
@@ -48,19 +48,19 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
             Some(name) => match header(&headers, name)? {
                 Some(text) => {
                     let value: i128 = text.trim().parse().map_err(|_| {
-                        BadRequest::new(
+                        InvalidRequest::new(
                             name.as_str(),
                             format!("header `{name}` must be a whole number, got `{text}`"),
                         )
                     })?;
                     check_cost_signed(value)
-                        .map_err(|e| BadRequest::new(name.as_str(), e.to_string()))?
+                        .map_err(|e| InvalidRequest::new(name.as_str(), e.to_string()))?
                 }
                 None => 1,
             },
             None => 1,
         };
-        Ok::<_, BadRequest>((tenant, format!("{method} {path}"), subject, cost))
+        Ok::<_, InvalidRequest>((tenant, format!("{method} {path}"), subject, cost))
     })();
     let (tenant, route, subject, cost) = match parsed {
         Ok(parts) => parts,
@@ -68,27 +68,26 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
     };
     let request = match Request::new(tenant, &route, subject, cost) {
         Ok(request) => request,
-        Err(e) => return BadRequest::from(e).into_response(),
+        Err(e) => return InvalidRequest::from(e).into_response(),
     };
     let policy = app.limiter.policy();
     let decision = app.limiter.decide(&policy, &request).await;
     decision_response(&decision)
 }
 
-fn missing_original() -> BadRequest {
-    BadRequest::new(
+fn missing_original() -> InvalidRequest {
+    InvalidRequest::new(
         "X-Forwarded-Method",
         "forward-auth needs the original request: X-Forwarded-Method and X-Forwarded-Uri (Traefik, Caddy) or X-Original-Method and X-Original-URI (nginx)",
     )
 }
 
 /// A header as text; `None` when absent, an error when not visible ASCII.
-fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, BadRequest> {
+fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, InvalidRequest> {
     match headers.get(name) {
         None => Ok(None),
-        Some(value) => value
-            .to_str()
-            .map(Some)
-            .map_err(|_| BadRequest::new(name, format!("header `{name}` must be visible ASCII"))),
+        Some(value) => value.to_str().map(Some).map_err(|_| {
+            InvalidRequest::new(name, format!("header `{name}` must be visible ASCII"))
+        }),
     }
 }

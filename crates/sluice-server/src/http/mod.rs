@@ -22,7 +22,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{any, get, post};
 
-pub use problem::BadRequest;
+pub use problem::InvalidRequest;
 pub use respond::DecisionView;
 
 use crate::app::App;

@@ -1,4 +1,5 @@
-//! 400 answers as RFC 9457 problem details that name the field at fault.
+//! Refused requests (400, 413) as RFC 9457 problem details that name the
+//! field at fault.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -7,26 +8,29 @@ use sluice_core::RequestError;
 
 /// A request refused before any decision, with the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadRequest {
+pub struct InvalidRequest {
+    /// 400, or 413 for a body over the limit.
+    pub status: StatusCode,
     /// The field (JSON member or header) at fault.
     pub field: String,
     /// What is wrong and what is allowed.
     pub detail: String,
 }
 
-impl BadRequest {
+impl InvalidRequest {
     /// A problem with `field`.
-    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> BadRequest {
-        BadRequest {
+    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> InvalidRequest {
+        InvalidRequest {
+            status: StatusCode::BAD_REQUEST,
             field: field.into(),
             detail: detail.into(),
         }
     }
 }
 
-impl From<RequestError> for BadRequest {
-    fn from(e: RequestError) -> BadRequest {
-        BadRequest::new(e.field, e.to_string())
+impl From<RequestError> for InvalidRequest {
+    fn from(e: RequestError) -> InvalidRequest {
+        InvalidRequest::new(e.field, e.to_string())
     }
 }
 
@@ -40,19 +44,19 @@ struct InvalidParam<'a> {
 struct Body<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
-    title: &'static str,
+    title: &'a str,
     status: u16,
     detail: &'a str,
     #[serde(rename = "invalid-params")]
     invalid_params: [InvalidParam<'a>; 1],
 }
 
-impl IntoResponse for BadRequest {
+impl IntoResponse for InvalidRequest {
     fn into_response(self) -> Response {
         let body = Body {
             kind: "about:blank",
-            title: "Bad Request",
-            status: 400,
+            title: self.status.canonical_reason().unwrap_or("Bad Request"),
+            status: self.status.as_u16(),
             detail: &self.detail,
             invalid_params: [InvalidParam {
                 name: &self.field,
@@ -60,7 +64,7 @@ impl IntoResponse for BadRequest {
             }],
         };
         let json = serde_json::to_vec(&body).unwrap_or_default();
-        let mut response = (StatusCode::BAD_REQUEST, json).into_response();
+        let mut response = (self.status, json).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),

@@ -1,0 +1,441 @@
+//! The HTTP API, driven in-process through the router with a hand-set clock.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sfv::{BareItem, ListEntry, Parser};
+use sluice_core::{Config, Policy};
+use sluice_server::app::App;
+use sluice_server::backend::Backend;
+use sluice_server::http::router;
+use sluice_store::{Limiter, ManualClock, MemoryStore};
+use tower::ServiceExt;
+
+const CONFIG: &str = r#"
+server:
+  forward_auth:
+    tenant_header: X-Tenant
+    subject_header: X-User
+    cost_header: X-Cost
+default_plan: free
+plans:
+  free:
+    tenant:
+      - { name: daily, algorithm: fixed_window, limit: 1000, per: 1d, aligned: true }
+    routes:
+      "POST /v1/invoices":
+        - { name: invoices, algorithm: gcra, limit: 2, per: 1s }
+      "GET /v1/reports/*":
+        - { name: reports, algorithm: sliding_log, limit: 3, per: 10s }
+    subject:
+      "*":
+        - { name: per-user, algorithm: token_bucket, limit: 1, per: 2s, burst: 2 }
+global:
+  "POST /v1/invoices":
+    - { name: valve, limit: 1000, per: 1s }
+"#;
+
+struct Harness {
+    router: Router,
+    clock: Arc<ManualClock>,
+}
+
+fn harness() -> Harness {
+    let config = Config::from_yaml(CONFIG, "test.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_500));
+    let store = MemoryStore::with_clock(100_000, clock.clone());
+    let limiter = Limiter::new(
+        Policy::compile(&config.limits),
+        Backend::Memory(store),
+        config.storage.on_error,
+    );
+    let app = App::new(limiter, config.server.forward_auth.clone());
+    Harness {
+        router: router(app),
+        clock,
+    }
+}
+
+impl Harness {
+    async fn send(&self, request: Request<Body>) -> (Response<()>, Value) {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {bytes:?}"))
+        };
+        (Response::from_parts(parts, ()), value)
+    }
+
+    async fn check(&self, body: impl Into<Body>) -> (Response<()>, Value) {
+        let request = Request::post("/v1/check")
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn check_json(&self, body: Value) -> (Response<()>, Value) {
+        self.check(body.to_string()).await
+    }
+}
+
+fn header<'r>(response: &'r Response<()>, name: &str) -> Option<&'r str> {
+    response.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+/// Parses a RateLimit or RateLimit-Policy field as an sf-list: one (name,
+/// parameters) per item.
+fn sf_list(value: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list = Parser::new(value)
+        .parse::<sfv::List>()
+        .expect("a valid structured-field list");
+    list.into_iter()
+        .map(|entry| {
+            let ListEntry::Item(item) = entry else {
+                panic!("no inner lists expected")
+            };
+            let BareItem::String(name) = item.bare_item else {
+                panic!("policy names are sf-strings")
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        v.as_integer().expect("integer").into(),
+                    )
+                })
+                .collect();
+            (name.as_str().to_owned(), params)
+        })
+        .collect()
+}
+
+fn param(items: &[(String, Vec<(String, i64)>)], policy: &str, key: &str) -> i64 {
+    let (_, params) = items
+        .iter()
+        .find(|(n, _)| n == policy)
+        .expect("policy listed");
+    params
+        .iter()
+        .find(|(k, _)| k == key)
+        .expect("parameter present")
+        .1
+}
+
+#[tokio::test]
+async fn allowed_answers_200_with_both_ratelimit_fields() {
+    let h = harness();
+    let (response, body) = h
+        .check_json(json!({"tenant": "acme", "route": "POST /v1/invoices", "subject": "u1"}))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "content-type"), Some("application/json"));
+    assert_eq!(body["allowed"], true);
+    assert_eq!(body["reason"], Value::Null);
+    assert_eq!(body["retry_after_ms"], Value::Null);
+    assert!(header(&response, "retry-after").is_none());
+
+    let policy = sf_list(header(&response, "ratelimit-policy").unwrap());
+    let names: Vec<&str> = policy.iter().map(|(n, _)| n.as_str()).collect();
+    // The global valve is never advertised.
+    assert_eq!(names, ["daily", "invoices", "per-user"]);
+    assert_eq!(param(&policy, "daily", "q"), 1000);
+    assert_eq!(param(&policy, "daily", "w"), 86_400);
+    assert_eq!(param(&policy, "invoices", "q"), 2);
+    assert_eq!(param(&policy, "per-user", "w"), 2);
+
+    let state = sf_list(header(&response, "ratelimit").unwrap());
+    assert_eq!(param(&state, "daily", "r"), 999);
+    assert_eq!(param(&state, "invoices", "r"), 1);
+    assert_eq!(param(&state, "per-user", "r"), 1);
+    // 500ms into the aligned day: the day resets in 86399.5s, rounded up.
+    assert_eq!(param(&state, "daily", "t"), 86_400);
+    // The JSON names the policy closest to its limit.
+    assert_eq!(body["policy"], "invoices");
+    assert_eq!(body["limit"], 2);
+    assert_eq!(body["remaining"], 1);
+    assert_eq!(body["near_limit"], false);
+}
+
+#[tokio::test]
+async fn denied_answers_429_problem_with_retry_after_rounded_up() {
+    let h = harness();
+    let request = json!({"tenant": "acme", "route": "POST /v1/invoices"});
+    for _ in 0..2 {
+        assert_eq!(
+            h.check_json(request.clone()).await.0.status(),
+            StatusCode::OK
+        );
+    }
+    h.clock.advance(100);
+    let (response, body) = h.check_json(request.clone()).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&response, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], json!(["invoices"]));
+    assert_eq!(body["allowed"], false);
+    assert_eq!(body["reason"], "route_limit");
+    assert_eq!(body["policy"], "invoices");
+    assert_eq!(body["remaining"], 0);
+    // gcra 2/s: the next unit is free 500ms after the first, 400ms from now.
+    assert_eq!(body["retry_after_ms"], 400);
+    assert_eq!(header(&response, "retry-after"), Some("1"));
+    let state = sf_list(header(&response, "ratelimit").unwrap());
+    assert_eq!(param(&state, "invoices", "r"), 0);
+    // Denied requests consume nothing: the daily budget still shows 2 used.
+    assert_eq!(param(&state, "daily", "r"), 998);
+
+    h.clock.advance(400);
+    assert_eq!(h.check_json(request).await.0.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn subject_limits_apply_per_subject() {
+    let h = harness();
+    let as_user = |u: &str| json!({"tenant": "acme", "route": "GET /v1/other", "subject": u});
+    for _ in 0..2 {
+        assert_eq!(h.check_json(as_user("u1")).await.0.status(), StatusCode::OK);
+    }
+    let (response, body) = h.check_json(as_user("u1")).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["reason"], "subject_limit");
+    assert_eq!(body["retry_after_ms"], 2_000);
+    assert_eq!(header(&response, "retry-after"), Some("2"));
+    assert_eq!(h.check_json(as_user("u2")).await.0.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn cost_above_capacity_is_its_own_outcome() {
+    let h = harness();
+    let (response, body) = h
+        .check_json(json!({"tenant": "acme", "route": "POST /v1/invoices", "cost": 3}))
+        .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["reason"], "cost_exceeds_capacity");
+    assert_eq!(body["policy"], "invoices");
+    assert_eq!(body["retry_after_ms"], Value::Null);
+    assert!(
+        header(&response, "retry-after").is_none(),
+        "waiting would not help"
+    );
+    // Nothing was consumed.
+    let (ok, _) = h
+        .check_json(json!({"tenant": "acme", "route": "POST /v1/invoices", "cost": 2}))
+        .await;
+    assert_eq!(ok.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_problem_naming_the_field() {
+    let h = harness();
+    let long = "t".repeat(257);
+    let cases: Vec<(Body, &str)> = vec![
+        (Body::from("{not json"), "body"),
+        (Body::from(""), "body"),
+        (Body::from("[1,2]"), "body"),
+        (Body::from(vec![0xff, 0xfe]), "body"),
+        (Body::from(r#"{"route": "GET /"}"#), "tenant"),
+        (Body::from(r#"{"tenant": "a"}"#), "route"),
+        (
+            Body::from(json!({"tenant": long, "route": "GET /"}).to_string()),
+            "tenant",
+        ),
+        (Body::from(r#"{"tenant": "", "route": "GET /"}"#), "tenant"),
+        (Body::from(r#"{"tenant": 7, "route": "GET /"}"#), "tenant"),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "subject": ""}"#),
+            "subject",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": 0}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": -3}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": 2.5}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": 1000001}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": 99999999999999999999999}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "cost": "3"}"#),
+            "cost",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /", "tenat": "b"}"#),
+            "tenat",
+        ),
+        (
+            Body::from(r#"{"tenant": "a", "route": "GET /"} trailing"#),
+            "body",
+        ),
+    ];
+    for (body, field) in cases {
+        let (response, problem) = h.check(body).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{problem}");
+        assert_eq!(
+            header(&response, "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(problem["status"], 400);
+        assert_eq!(problem["invalid-params"][0]["name"], field, "{problem}");
+        assert!(problem["detail"].as_str().unwrap().len() > 10);
+    }
+    let (response, problem) = h
+        .check(r#"{"tenant": "a", "route": "GET /", "cost": 0}"#)
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        problem["detail"],
+        "`cost` must be a whole number from 1 to 1000000, got 0"
+    );
+}
+
+#[tokio::test]
+async fn oversize_body_is_refused_without_a_500() {
+    let h = harness();
+    let huge = format!(
+        r#"{{"tenant": "{}", "route": "GET /"}}"#,
+        "x".repeat(64 * 1024)
+    );
+    let (response, _) = h.check(huge).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+fn forward(headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::get("/v1/forward-auth");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn forward_auth_reads_traefik_and_caddy_headers() {
+    let h = harness();
+    let traefik = [
+        ("X-Tenant", "acme"),
+        ("X-Forwarded-Method", "GET"),
+        ("X-Forwarded-Uri", "/v1/reports/7?format=csv"),
+    ];
+    for _ in 0..3 {
+        let (response, _) = h.send(forward(&traefik)).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let policy = sf_list(header(&response, "ratelimit-policy").unwrap());
+        assert!(
+            policy.iter().any(|(n, _)| n == "reports"),
+            "route from method + path, query dropped"
+        );
+    }
+    let (response, body) = h.send(forward(&traefik)).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body["reason"], "route_limit");
+    assert_eq!(header(&response, "retry-after"), Some("10"));
+}
+
+#[tokio::test]
+async fn forward_auth_reads_nginx_headers_subject_and_cost() {
+    let h = harness();
+    let nginx = [
+        ("X-Tenant", "acme"),
+        ("X-User", "u9"),
+        ("X-Cost", "2"),
+        ("X-Original-Method", "POST"),
+        ("X-Original-URI", "/v1/invoices"),
+    ];
+    let (response, _) = h.send(forward(&nginx)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let state = sf_list(header(&response, "ratelimit").unwrap());
+    assert_eq!(param(&state, "invoices", "r"), 0);
+    assert_eq!(param(&state, "per-user", "r"), 0);
+}
+
+#[tokio::test]
+async fn forward_auth_without_its_headers_is_a_400() {
+    let h = harness();
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (
+            &[("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", "/")],
+            "X-Tenant",
+        ),
+        (&[("X-Tenant", "acme")], "X-Forwarded-Method"),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+                ("X-Cost", "many"),
+            ],
+            "X-Cost",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+                ("X-Cost", "0"),
+            ],
+            "X-Cost",
+        ),
+    ];
+    for (headers, field) in cases {
+        let (response, problem) = h.send(forward(headers)).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{problem}");
+        assert_eq!(problem["invalid-params"][0]["name"], field, "{problem}");
+    }
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let h = harness();
+    let (response, body) = h
+        .send(Request::get("/healthz").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body["status"], "ok");
+    let (response, body) = h
+        .send(Request::get("/readyz").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body["status"], "ready");
+    assert_eq!(body["store"], "memory");
+}
+
+#[tokio::test]
+async fn no_answer_names_the_tenant_or_the_subject() {
+    let h = harness();
+    let (response, body) = h
+        .check_json(json!({"tenant": "tenant-secret-name", "route": "POST /v1/invoices", "subject": "subject-secret"}))
+        .await;
+    let headers = format!("{:?}", response.headers());
+    for secret in ["tenant-secret-name", "subject-secret"] {
+        assert!(!headers.contains(secret));
+        assert!(!body.to_string().contains(secret));
+    }
+}
