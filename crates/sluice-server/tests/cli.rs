@@ -1,0 +1,306 @@
+//! The `sluice` binary, run as a user would run it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sluice.yaml")
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn validate_accepts_the_example() {
+    let out = sluice().arg("validate").arg(example()).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok (3 plans, 3 tenants"), "{stdout}");
+}
+
+#[test]
+fn validate_reports_file_line_column_and_fails() {
+    let path = temp_file(
+        "bad.yaml",
+        "default_plan: free\nplans:\n  free:\n    tenant:\n      - { algorithm: gcra, limit: 0, per: 1s }\n      - { algorithm: fixed_window, limit: 5, per: 1s, burst: 9 }\n",
+    );
+    let out = sluice().arg("validate").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let shown = path.display().to_string();
+    assert!(
+        stderr.contains(&format!(
+            "{shown}:5:35: `limit` must be a whole number from 1"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{shown}:6:62: `burst` is only for gcra and token_bucket"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_prints_one_decision_as_json() {
+    let out = sluice()
+        .args([
+            "check",
+            "--tenant",
+            "acme-corp",
+            "--route",
+            "POST /v1/invoices",
+            "--subject",
+            "u1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let decision: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["allowed"], true);
+    assert_eq!(decision["reason"], Value::Null);
+
+    let out = sluice()
+        .arg("check")
+        .arg("--config")
+        .arg(example())
+        .args([
+            "--tenant",
+            "t",
+            "--route",
+            "POST /v1/invoices",
+            "--cost",
+            "6",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a denial exits 1");
+    let decision: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(decision["reason"], "cost_exceeds_capacity");
+
+    let out = sluice()
+        .args(["check", "--tenant", "t", "--route", "GET /", "--cost", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`cost` must be a whole number from 1"));
+}
+
+/// A running `sluice serve`, stopped (SIGTERM) when dropped.
+struct Server {
+    child: Child,
+    base: String,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = sluice()
+            .arg("serve")
+            .args(["--http", "127.0.0.1:0"])
+            .args(args)
+            .current_dir(std::env::temp_dir())
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("http=") {
+                    let addr: String = line[at + 5..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace())
+                        .collect();
+                    let _ = tx.send(addr);
+                }
+                sink.lock().unwrap().push_str(&line);
+                sink.lock().unwrap().push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("sluice serve logs the address it listens on");
+        Server {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
+    let response = client
+        .post(format!("{base}/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn serve_runs_the_embedded_example_from_any_directory_and_stops_on_sigterm() {
+    let mut server = Server::start(&[]);
+    let client = reqwest::Client::new();
+    let health = client
+        .get(format!("{}/healthz", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    // Free plan: POST /v1/invoices is 5 per second, exactly.
+    let request = json!({"tenant": "newcomer", "route": "POST /v1/invoices"});
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(post(&client, &server.base, request.clone()).await.0);
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&429));
+    let status = server.stop();
+    assert!(
+        status.success(),
+        "graceful shutdown exits 0, got {status:?}"
+    );
+    assert!(server.log.lock().unwrap().contains("shutting down"));
+}
+
+#[tokio::test]
+async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
+    let config = |limit: &str| {
+        format!(
+            "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, limit: {limit}, per: 1h }}]\n"
+        )
+    };
+    let path = temp_file("reload.yaml", &config("2"));
+    let mut server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let limit_of = |body: &Value| body["limit"].as_u64();
+    let (_, body) = post(
+        &client,
+        &server.base,
+        json!({"tenant": "a", "route": "GET /"}),
+    )
+    .await;
+    assert_eq!(limit_of(&body), Some(2));
+
+    std::fs::write(&path, config("7")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "b", "route": "GET /"}),
+        )
+        .await;
+        if limit_of(&body) == Some(7) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the changed file was not reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // An invalid file is refused; the running configuration stays.
+    std::fs::write(&path, config("0")).unwrap();
+    let _ = Command::new("kill")
+        .arg("-HUP")
+        .arg(server.child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !server
+        .log
+        .lock()
+        .unwrap()
+        .contains("configuration not reloaded")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the invalid file was not reported"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, body) = post(
+        &client,
+        &server.base,
+        json!({"tenant": "c", "route": "GET /"}),
+    )
+    .await;
+    assert_eq!(limit_of(&body), Some(7));
+    assert!(
+        server
+            .log
+            .lock()
+            .unwrap()
+            .contains("reload.yaml:4:32: `limit`")
+    );
+    server.stop();
+}
+
+#[test]
+fn serve_refuses_an_invalid_config_and_exits_non_zero() {
+    let path = temp_file("invalid.yaml", "default_plan: nope\nplans:\n  p: {}\n");
+    let out = sluice()
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown plan `nope`"));
+}
