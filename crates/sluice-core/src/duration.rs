@@ -57,7 +57,7 @@ impl fmt::Display for HumanDuration {
         let (suffix, unit) = UNITS
             .iter()
             .rev()
-            .find(|(_, unit)| ms % unit == 0)
+            .find(|(_, unit)| ms.is_multiple_of(*unit))
             .copied()
             .unwrap_or(("ms", 1));
         write!(f, "{}{}", ms / unit, suffix)

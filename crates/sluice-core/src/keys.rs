@@ -61,7 +61,7 @@ impl fmt::Debug for Pepper {
 }
 
 fn decode_hex(text: &[u8]) -> Option<Vec<u8>> {
-    if text.is_empty() || text.len() % 2 != 0 {
+    if text.is_empty() || !text.len().is_multiple_of(2) {
         return None;
     }
     let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);

@@ -12,7 +12,7 @@
 //! With `burst·per < 2^52` (checked when the rule is built) every value stays
 //! exact, in Rust and in Lua alike.
 
-use super::{Outcome, ceil_div};
+use super::Outcome;
 use crate::rule::Rule;
 
 /// The theoretical arrival time, `ms + frac / limit` milliseconds.
@@ -50,15 +50,15 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
     if next_ahead <= capacity {
         let remaining = (capacity - next_ahead) / per;
         (
-            Outcome::allowed(remaining, ceil_div(next_ahead, limit)),
+            Outcome::allowed(remaining, next_ahead.div_ceil(limit)),
             Some(next),
         )
     } else {
         let base_ahead = ahead(base);
         let remaining = capacity.saturating_sub(base_ahead) / per;
-        let retry = ceil_div(next_ahead - capacity, limit);
+        let retry = (next_ahead - capacity).div_ceil(limit);
         (
-            Outcome::denied(remaining, ceil_div(base_ahead, limit), retry),
+            Outcome::denied(remaining, base_ahead.div_ceil(limit), retry),
             None,
         )
     }
@@ -71,7 +71,6 @@ pub fn idle_at(_rule: &Rule, tat: Tat) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::algorithm::testing::{Run, rule};
     use crate::rule::Algorithm;
 

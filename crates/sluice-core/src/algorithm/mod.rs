@@ -168,10 +168,5 @@ fn wrap<S>((outcome, next): (Outcome, Option<S>), into: fn(S) -> State) -> (Outc
     (outcome, next.map_or(Step::Keep, |s| Step::Replace(into(s))))
 }
 
-/// `⌈a / b⌉` for `b > 0`.
-pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
-    a / b + u64::from(a % b != 0)
-}
-
 #[cfg(test)]
 pub(crate) mod testing;

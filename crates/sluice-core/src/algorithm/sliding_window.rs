@@ -89,11 +89,9 @@ fn retry_after(per: u64, limit: u64, prev: u64, cur: u64, cost: u64, elapsed: u6
     }
     // In the next window, where prev becomes cur and cur starts at 0:
     // cur·(per − e) ≤ (limit − cost)·per.
-    let at = if cur == 0 {
-        0
-    } else {
-        per - ((limit - cost) * per / cur).min(per)
-    };
+    let at = ((limit - cost) * per)
+        .checked_div(cur)
+        .map_or(0, |slack| per - slack.min(per));
     per - elapsed + at
 }
 

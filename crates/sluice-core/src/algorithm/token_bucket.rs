@@ -5,7 +5,7 @@
 //! `burst·per` (< 2^52), a request needs `cost·per`, and a millisecond adds
 //! `limit`. Everything is an exact integer.
 
-use super::{Outcome, ceil_div};
+use super::Outcome;
 use crate::rule::Rule;
 
 /// Tokens (scaled by `per`) as of `last_ms`.
@@ -41,7 +41,7 @@ pub fn decide(
     let need = cost * per;
     if available >= need {
         let left = available - need;
-        let outcome = Outcome::allowed(left / per, ceil_div(capacity - left, limit));
+        let outcome = Outcome::allowed(left / per, (capacity - left).div_ceil(limit));
         (
             outcome,
             Some(Bucket {
@@ -52,8 +52,8 @@ pub fn decide(
     } else {
         let outcome = Outcome::denied(
             available / per,
-            ceil_div(capacity - available, limit),
-            ceil_div(need - available, limit),
+            (capacity - available).div_ceil(limit),
+            (need - available).div_ceil(limit),
         );
         (outcome, None)
     }
@@ -63,7 +63,7 @@ pub fn decide(
 pub fn idle_at(rule: &Rule, bucket: Bucket) -> u64 {
     let capacity = rule.burst() * rule.period_ms();
     let missing = capacity.saturating_sub(bucket.scaled_tokens);
-    bucket.last_ms + ceil_div(missing, rule.limit())
+    bucket.last_ms + missing.div_ceil(rule.limit())
 }
 
 #[cfg(test)]
