@@ -13,8 +13,9 @@ use crate::policy::{Applicable, BoundRule};
 /// wait.
 pub const STORE_RETRY_MS: u64 = 1_000;
 
-/// Per-rule outcomes, in the order of the rules they answer.
-pub type Outcomes = SmallVec<[Outcome; 8]>;
+/// Per-rule outcomes, in the order of the rules they answer. Three fit
+/// inline (tenant, route, subject); a fourth spills to the heap.
+pub type Outcomes = SmallVec<[Outcome; 3]>;
 
 /// Why a request was denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,24 +49,20 @@ impl Reason {
 }
 
 /// A decision about one request.
+///
+/// Kept to a few words (the summary fields are derived on demand from the
+/// rule they describe) so that handing a decision back through an `async`
+/// call costs a few register moves rather than a `memcpy`.
 #[derive(Debug, Clone)]
 pub struct Decision<'p> {
     /// Whether the request may proceed.
     pub allowed: bool,
     /// Why not, when denied.
     pub reason: Option<Reason>,
-    /// The rule the summary fields describe: the one that denied (the
-    /// longest wait when several did), or the closest to its limit.
-    pub policy: Option<&'p BoundRule>,
-    /// Units left under [`policy`](Self::policy).
-    pub remaining: u64,
-    /// Milliseconds until [`policy`](Self::policy) is back to full capacity.
-    pub reset_after_ms: u64,
-    /// When denied: milliseconds until the request would pass (rounded up);
-    /// `None` when allowed or when it can never pass.
-    pub retry_after_ms: Option<u64>,
-    /// Some rule is at or past the soft-limit threshold.
+    /// Some advertised rule is at or past the soft-limit threshold.
     pub near_limit: bool,
+    /// Index into `rules` of the rule the summary describes.
+    summary: Option<u8>,
     /// Every applicable rule.
     pub rules: &'p [BoundRule],
     /// Their outcomes, one per rule; empty when the store was not asked.
@@ -76,16 +73,30 @@ pub struct Decision<'p> {
 }
 
 impl<'p> Decision<'p> {
+    fn new(
+        applicable: Applicable<'p>,
+        allowed: bool,
+        reason: Option<Reason>,
+        summary: Option<usize>,
+    ) -> Decision<'p> {
+        Decision {
+            allowed,
+            reason,
+            near_limit: false,
+            summary: summary.and_then(|i| u8::try_from(i).ok()),
+            rules: applicable.rules,
+            outcomes: Outcomes::new(),
+            policy_header: applicable.policy_header,
+        }
+    }
+
     /// Admits a request no rule applies to.
     pub fn unlimited() -> Decision<'static> {
         Decision {
             allowed: true,
             reason: None,
-            policy: None,
-            remaining: 0,
-            reset_after_ms: 0,
-            retry_after_ms: None,
             near_limit: false,
+            summary: None,
             rules: &[],
             outcomes: Outcomes::new(),
             policy_header: "",
@@ -96,38 +107,26 @@ impl<'p> Decision<'p> {
     /// or `None` when every rule can hold it. Checked before the store is
     /// asked: such a request can never pass, so waiting would be a lie.
     pub fn cost_exceeds_capacity(applicable: Applicable<'p>, cost: u64) -> Option<Decision<'p>> {
-        let rules = applicable.rules;
-        let rule = rules.iter().find(|r| cost > r.rule().capacity())?;
-        Some(Decision {
-            allowed: false,
-            reason: Some(Reason::CostExceedsCapacity),
-            policy: Some(rule),
-            remaining: 0,
-            reset_after_ms: 0,
-            retry_after_ms: None,
-            near_limit: false,
-            rules,
-            outcomes: Outcomes::new(),
-            policy_header: applicable.policy_header,
-        })
+        if cost <= applicable.max_cost {
+            return None;
+        }
+        let index = applicable
+            .rules
+            .iter()
+            .position(|r| cost > r.rule().capacity())?;
+        Some(Decision::new(
+            applicable,
+            false,
+            Some(Reason::CostExceedsCapacity),
+            Some(index),
+        ))
     }
 
     /// A decision made without the store (failure policy `allow` or `deny`).
     /// A denial asks the caller to retry after [`STORE_RETRY_MS`].
     pub fn without_store(applicable: Applicable<'p>, allowed: bool) -> Decision<'p> {
-        let rules = applicable.rules;
-        Decision {
-            allowed,
-            reason: (!allowed).then_some(Reason::StoreUnavailable),
-            policy: None,
-            remaining: 0,
-            reset_after_ms: 0,
-            retry_after_ms: (!allowed).then_some(STORE_RETRY_MS),
-            near_limit: false,
-            rules,
-            outcomes: Outcomes::new(),
-            policy_header: applicable.policy_header,
-        }
+        let reason = (!allowed).then_some(Reason::StoreUnavailable);
+        Decision::new(applicable, allowed, reason, None)
     }
 
     /// Combines one outcome per rule of a request of `cost` units.
@@ -143,68 +142,85 @@ impl<'p> Decision<'p> {
     ) -> Decision<'p> {
         let rules = applicable.rules;
         debug_assert_eq!(rules.len(), outcomes.len());
-        if outcomes.iter().any(|o| !o.allowed) {
+        let allowed = outcomes.iter().all(|o| o.allowed);
+        if !allowed {
+            let cost = u32::try_from(cost).unwrap_or(u32::MAX);
             for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
-                outcome.remaining += cost;
+                outcome.remaining = outcome.remaining.saturating_add(cost);
             }
         }
-        if rules.is_empty() {
-            return Decision {
-                policy_header: applicable.policy_header,
-                ..Decision::unlimited()
-            };
-        }
-        let allowed = outcomes.iter().all(|o| o.allowed);
-        let pairs = || rules.iter().zip(outcomes.iter());
-        let (rule, outcome) = if allowed {
+        let pairs = || rules.iter().zip(outcomes.iter()).enumerate();
+        let summary = if allowed {
             // The advertised rule with the smallest share of its capacity
             // left (valves are not shown: see `BoundRule::advertised`).
-            let Some(closest) =
-                pairs()
-                    .filter(|(r, _)| r.advertised())
-                    .min_by(|(ra, a), (rb, b)| {
-                        let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
-                        let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
-                        left_a.cmp(&left_b)
-                    })
-            else {
-                return Decision {
-                    policy_header: applicable.policy_header,
-                    outcomes,
-                    rules,
-                    ..Decision::unlimited()
-                };
-            };
-            closest
+            pairs()
+                .filter(|(_, (r, _))| r.advertised())
+                .min_by(|(_, (ra, a)), (_, (rb, b))| {
+                    let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
+                    let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
+                    left_a.cmp(&left_b)
+                })
+                .map(|(i, _)| i)
         } else {
             // Of the rules that denied, the one that makes the caller wait
             // longest: only then does every rule pass. First one on ties.
             pairs()
-                .filter(|(_, o)| !o.allowed)
-                .fold(None::<(&BoundRule, &Outcome)>, |best, (r, o)| match best {
-                    Some((_, b)) if b.retry_after_ms >= o.retry_after_ms => best,
-                    _ => Some((r, o)),
+                .filter(|(_, (_, o))| !o.allowed)
+                .fold(None::<(usize, u64)>, |best, (i, (_, o))| match best {
+                    Some((_, wait)) if wait >= o.retry_after_ms => best,
+                    _ => Some((i, o.retry_after_ms)),
                 })
-                .expect("a rule denied")
+                .map(|(i, _)| i)
         };
-        let near_limit = pairs().any(|(r, o)| r.advertised() && r.is_near(o.remaining));
+        let near_limit =
+            !allowed || pairs().any(|(_, (r, o))| r.advertised() && r.is_near(o.remaining.into()));
+        let reason = if allowed {
+            None
+        } else {
+            summary.map(|i| rules[i].scope().reason())
+        };
         Decision {
-            allowed,
-            reason: (!allowed).then(|| rule.scope().reason()),
-            policy: Some(rule),
-            remaining: outcome.remaining,
-            reset_after_ms: outcome.reset_after_ms,
-            retry_after_ms: (!allowed).then_some(outcome.retry_after_ms),
-            near_limit: near_limit || !allowed,
-            rules,
+            near_limit,
             outcomes,
-            policy_header: applicable.policy_header,
+            ..Decision::new(applicable, allowed, reason, summary)
         }
+    }
+
+    /// The rule the summary fields describe: the one that denied (the
+    /// longest wait when several did), or the advertised one closest to its
+    /// limit.
+    pub fn policy(&self) -> Option<&'p BoundRule> {
+        self.summary.map(|i| &self.rules[usize::from(i)])
+    }
+
+    fn summary_outcome(&self) -> Option<&Outcome> {
+        self.summary.and_then(|i| self.outcomes.get(usize::from(i)))
     }
 
     /// The capacity of [`policy`](Self::policy), if any.
     pub fn limit(&self) -> Option<u64> {
-        self.policy.map(|r| r.rule().capacity())
+        self.policy().map(|r| r.rule().capacity())
+    }
+
+    /// Units left under [`policy`](Self::policy) (0 when it was not asked).
+    pub fn remaining(&self) -> Option<u64> {
+        self.policy()
+            .map(|_| self.summary_outcome().map_or(0, |o| u64::from(o.remaining)))
+    }
+
+    /// Milliseconds until [`policy`](Self::policy) is back to full capacity.
+    pub fn reset_after_ms(&self) -> u64 {
+        self.summary_outcome().map_or(0, |o| o.reset_after_ms)
+    }
+
+    /// When denied: milliseconds until the request would pass (rounded up);
+    /// `None` when allowed, and when it can never pass.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match (self.allowed, self.reason) {
+            (true, _) | (false, Some(Reason::CostExceedsCapacity)) => None,
+            (false, Some(Reason::StoreUnavailable)) => Some(STORE_RETRY_MS),
+            (false, _) => self.summary_outcome().map(|o| o.retry_after_ms),
+        }
     }
 
     /// Names of the rules that denied (for problem details).
@@ -216,7 +232,7 @@ impl<'p> Decision<'p> {
             .filter(|(_, o)| !o.allowed)
             .map(|(r, _)| r.name());
         let without_outcomes = self
-            .policy
+            .policy()
             .filter(|_| self.outcomes.is_empty() && !self.allowed)
             .map(BoundRule::name);
         from_outcomes.chain(without_outcomes)
@@ -244,7 +260,7 @@ global:
         Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits)
     }
 
-    fn outcome(allowed: bool, remaining: u64, retry: u64) -> Outcome {
+    fn outcome(allowed: bool, remaining: u32, retry: u64) -> Outcome {
         Outcome {
             allowed,
             remaining,
@@ -265,8 +281,8 @@ global:
         let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
         assert!(!d.allowed);
         assert_eq!(d.reason, Some(Reason::RouteLimit));
-        assert_eq!(d.policy.unwrap().name(), "r");
-        assert_eq!(d.retry_after_ms, Some(700));
+        assert_eq!(d.policy().unwrap().name(), "r");
+        assert_eq!(d.retry_after_ms(), Some(700));
         assert_eq!(d.violated_policies().collect::<Vec<_>>(), ["t", "r"]);
     }
 
@@ -295,8 +311,8 @@ global:
         ];
         let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
         assert!(d.allowed);
-        assert_eq!(d.policy.unwrap().name(), "t");
-        assert_eq!(d.remaining, 6);
+        assert_eq!(d.policy().unwrap().name(), "t");
+        assert_eq!(d.remaining(), Some(6));
         assert!(
             !d.near_limit,
             "40% used of t, 25% of r; the valve does not count"
@@ -316,8 +332,8 @@ global:
         assert!(Decision::cost_exceeds_capacity(a, 4).is_none());
         let d = Decision::cost_exceeds_capacity(a, 5).unwrap();
         assert_eq!(d.reason, Some(Reason::CostExceedsCapacity));
-        assert_eq!(d.policy.unwrap().name(), "r");
-        assert_eq!(d.retry_after_ms, None);
+        assert_eq!(d.policy().unwrap().name(), "r");
+        assert_eq!(d.retry_after_ms(), None);
         assert_eq!(d.violated_policies().collect::<Vec<_>>(), ["r"]);
     }
 }

@@ -155,6 +155,8 @@ struct Cell {
     rules: Box<[BoundRule]>,
     without_subject: usize,
     policy_header: [Box<str>; 2],
+    /// The largest cost every rule can hold, without and with subject rules.
+    max_cost: [u64; 2],
 }
 
 impl Cell {
@@ -169,10 +171,19 @@ impl Cell {
                 .into()
         };
         let policy_header = [header(&rules[..without_subject]), header(&rules)];
+        let max_cost = |rules: &[BoundRule]| {
+            rules
+                .iter()
+                .map(|r| r.rule.capacity())
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
             rules: rules.into(),
             without_subject,
             policy_header,
+            max_cost,
         }
     }
 }
@@ -327,6 +338,8 @@ pub struct Applicable<'p> {
     pub rules: &'p [BoundRule],
     /// The `RateLimit-Policy` field value for these rules (empty when none).
     pub policy_header: &'p str,
+    /// The largest cost every one of these rules can hold.
+    pub max_cost: u64,
 }
 
 impl Policy {
@@ -366,16 +379,17 @@ impl Policy {
         });
         let plan = &self.plans[entry.plan];
         let cell = plan.cell(route);
-        let (rules, policy_header) = if with_subject {
-            (&cell.rules[..], &cell.policy_header[1])
+        let (rules, variant) = if with_subject {
+            (&cell.rules[..], 1)
         } else {
-            (&cell.rules[..cell.without_subject], &cell.policy_header[0])
+            (&cell.rules[..cell.without_subject], 0)
         };
         Applicable {
             plan,
             shards: entry.shards,
             rules,
-            policy_header,
+            policy_header: &cell.policy_header[variant],
+            max_cost: cell.max_cost[variant],
         }
     }
 

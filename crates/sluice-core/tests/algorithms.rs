@@ -210,7 +210,7 @@ proptest! {
             let cost = cost.min(rule.capacity());
             let (outcome, step) = rule.decide(&state, now, cost);
             rule.commit(&mut state, step);
-            let left = outcome.remaining;
+            let left = u64::from(outcome.remaining);
             prop_assert!(left <= rule.capacity());
             if left >= 1 {
                 prop_assert!(rule.decide(&state, now, left).0.allowed, "remaining {left} does not pass");

@@ -7,8 +7,11 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
+use sluice_core::decision::Outcomes;
+use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
+use crate::memory::MemoryStore;
 use crate::store::{Batch, Store, StoreError};
 
 /// Decides requests against the current policy and a store.
@@ -48,23 +51,25 @@ impl<S: Store> Limiter<S> {
 
     /// Decides one request under `policy`.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        let applicable =
-            policy.applicable(request.tenant, request.route, request.subject.is_some());
-        if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
-            return decision;
+        match prepare(policy, request) {
+            Err(decided) => decided,
+            Ok((applicable, batch)) => {
+                let result = self.store.decide(&batch).await;
+                self.conclude(applicable, result, request.cost)
+            }
         }
-        if applicable.rules.is_empty() {
-            return Decision::from_outcomes(applicable, Default::default(), request.cost);
-        }
-        let batch = Batch {
-            tenant: request.tenant,
-            subject: request.subject,
-            shard: 0,
-            cost: request.cost,
-            rules: applicable.rules,
-        };
-        match self.store.decide(&batch).await {
-            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost),
+    }
+
+    /// Turns the store's answer into a decision, applying the failure
+    /// policy when the store failed.
+    fn conclude<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        result: Result<Outcomes, StoreError>,
+        cost: u64,
+    ) -> Decision<'p> {
+        match result {
+            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, cost),
             // A full memory store can only refuse new keys.
             Err(StoreError::Full(_)) => Decision::without_store(applicable, false),
             Err(_) => {
@@ -73,4 +78,49 @@ impl<S: Store> Limiter<S> {
             }
         }
     }
+}
+
+impl Limiter<MemoryStore> {
+    /// Decides one request on the memory store, synchronously: the
+    /// in-process path, for callers that are not async.
+    pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
+        match prepare(policy, request) {
+            Err(decided) => decided,
+            Ok((applicable, batch)) => {
+                let result = self.store.decide_now(&batch);
+                self.conclude(applicable, result, request.cost)
+            }
+        }
+    }
+}
+
+/// Everything decided before the store is asked: the applicable rules, and
+/// the answer itself when no store call is needed (no rule applies, or the
+/// cost can never pass).
+fn prepare<'p, 'r>(
+    policy: &'p Policy,
+    request: &Request<'r>,
+) -> Result<(Applicable<'p>, Batch<'r>), Decision<'p>>
+where
+    'p: 'r,
+{
+    let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
+    if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
+        return Err(decision);
+    }
+    if applicable.rules.is_empty() {
+        return Err(Decision::from_outcomes(
+            applicable,
+            Outcomes::new(),
+            request.cost,
+        ));
+    }
+    let batch = Batch {
+        tenant: request.tenant,
+        subject: request.subject,
+        shard: 0,
+        cost: request.cost,
+        rules: applicable.rules,
+    };
+    Ok((applicable, batch))
 }

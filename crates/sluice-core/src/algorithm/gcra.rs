@@ -29,17 +29,23 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
     let limit = rule.limit();
     let per = rule.period_ms();
     // A TAT written under another limit may carry a fraction ≥ limit.
-    let tat = Tat {
-        ms: tat.ms.saturating_add(tat.frac / limit),
-        frac: tat.frac % limit,
+    let tat = if tat.frac < limit {
+        tat
+    } else {
+        Tat {
+            ms: tat.ms.saturating_add(tat.frac / limit),
+            frac: tat.frac % limit,
+        }
     };
     let base = if tat.ms > now || (tat.ms == now && tat.frac > 0) {
         tat
     } else {
         Tat { ms: now, frac: 0 }
     };
-    // Distances ahead of `now`, in units of 1/limit ms.
+    // Distances ahead of `now`, in units of 1/limit ms, and the whole
+    // milliseconds (rounded up) they amount to.
     let ahead = |t: Tat| (t.ms - now).saturating_mul(limit).saturating_add(t.frac);
+    let ahead_ms = |t: Tat| t.ms - now + u64::from(t.frac > 0);
     let capacity = rule.burst() * per;
     let total = base.frac + cost * per;
     let next = Tat {
@@ -49,18 +55,12 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
     let next_ahead = ahead(next);
     if next_ahead <= capacity {
         let remaining = (capacity - next_ahead) / per;
-        (
-            Outcome::allowed(remaining, next_ahead.div_ceil(limit)),
-            Some(next),
-        )
+        (Outcome::allowed(remaining, ahead_ms(next)), Some(next))
     } else {
         let base_ahead = ahead(base);
         let remaining = capacity.saturating_sub(base_ahead) / per;
         let retry = (next_ahead - capacity).div_ceil(limit);
-        (
-            Outcome::denied(remaining, base_ahead.div_ceil(limit), retry),
-            None,
-        )
+        (Outcome::denied(remaining, ahead_ms(base), retry), None)
     }
 }
 

@@ -24,8 +24,10 @@ pub struct Outcome {
     /// Whether the rule admits the request.
     pub allowed: bool,
     /// Units that could still be consumed right now: after this request when
-    /// it is admitted, before it when it is denied. Never negative.
-    pub remaining: u64,
+    /// it is admitted, before it when it is denied. Never negative, never
+    /// above the rule's capacity (so it fits 32 bits, keeping outcomes small
+    /// enough to move around in registers).
+    pub remaining: u32,
     /// Milliseconds until the rule is back to its full capacity.
     pub reset_after_ms: u64,
     /// When denied: milliseconds until this request would pass if nothing
@@ -37,7 +39,7 @@ impl Outcome {
     fn allowed(remaining: u64, reset_after_ms: u64) -> Outcome {
         Outcome {
             allowed: true,
-            remaining,
+            remaining: clamp(remaining),
             reset_after_ms,
             retry_after_ms: 0,
         }
@@ -46,11 +48,15 @@ impl Outcome {
     fn denied(remaining: u64, reset_after_ms: u64, retry_after_ms: u64) -> Outcome {
         Outcome {
             allowed: false,
-            remaining,
+            remaining: clamp(remaining),
             reset_after_ms,
             retry_after_ms: retry_after_ms.max(1),
         }
     }
+}
+
+fn clamp(remaining: u64) -> u32 {
+    u32::try_from(remaining).unwrap_or(u32::MAX)
 }
 
 /// The stored state of one rule for one key.

@@ -34,11 +34,11 @@ impl<'a> DecisionView<'a> {
         DecisionView {
             allowed: decision.allowed,
             reason: decision.reason.map(Reason::as_str),
-            policy: decision.policy.map(|r| r.name()),
+            policy: decision.policy().map(|r| r.name()),
             limit: decision.limit(),
-            remaining: decision.policy.map(|_| decision.remaining),
-            reset_after_ms: decision.reset_after_ms,
-            retry_after_ms: decision.retry_after_ms,
+            remaining: decision.remaining(),
+            reset_after_ms: decision.reset_after_ms(),
+            retry_after_ms: decision.retry_after_ms(),
             near_limit: decision.near_limit,
         }
     }
@@ -79,7 +79,7 @@ pub(super) fn add_headers(decision: &Decision<'_>, headers: &mut HeaderMap) {
             headers.insert(RATELIMIT.clone(), value);
         }
     }
-    if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms) {
+    if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms()) {
         headers.insert(
             header::RETRY_AFTER,
             HeaderValue::from(retry_after_seconds(ms)),
@@ -121,7 +121,7 @@ pub(super) fn decision_response(decision: &Decision<'_>) -> Response {
 }
 
 fn describe_denial(decision: &Decision<'_>) -> (&'static str, &'static str, String) {
-    let policy = decision.policy.map_or("", |r| r.name());
+    let policy = decision.policy().map_or("", |r| r.name());
     match decision.reason {
         Some(Reason::StoreUnavailable) => (
             REDUCED_CAPACITY,

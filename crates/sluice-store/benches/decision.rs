@@ -1,0 +1,154 @@
+//! One embedded decision, side by side with `governor`'s keyed limiter.
+//!
+//! Both sides cycle through 10,000 tenants whose keys are already in the
+//! map, with limits high enough that every request is admitted, so what is
+//! measured is the hot path: look the key up, decide, commit.
+//!
+//! - `single_gcra`: one gcra rule per tenant, against one governor keyed
+//!   check.
+//! - `three_scopes`: tenant + route + subject rules (gcra, token_bucket,
+//!   sliding_window) decided atomically, against three independent governor
+//!   checks (which are not atomic: a reference point, not an equivalent).
+//!
+//! `sluice` is the synchronous in-process call (`Limiter::decide_now`);
+//! `sluice_async` is the same decision through the async `Limiter::decide`
+//! that the server uses, polled once.
+//!
+//! Run: `cargo bench -p sluice-store --bench decision`.
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use governor::{Quota, RateLimiter};
+use sluice_core::{Config, Policy, Request};
+use sluice_store::{Limiter, MemoryStore};
+
+const TENANTS: usize = 10_000;
+
+/// The memory store answers without waiting: poll once.
+fn now<F: Future>(future: F) -> F::Output {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => unreachable!("the memory store never waits"),
+    }
+}
+
+fn limiter(yaml: &str) -> Limiter<MemoryStore> {
+    let config = Config::from_yaml(yaml, "bench.yaml").unwrap();
+    Limiter::new(
+        Policy::compile(&config.limits),
+        MemoryStore::new(1_000_000),
+        config.storage.on_error,
+    )
+}
+
+const SINGLE: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
+"#;
+
+const THREE: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
+    routes:
+      "*": [{ algorithm: token_bucket, limit: 1000000, per: 1s }]
+    subject:
+      "*": [{ algorithm: sliding_window, limit: 1000000, per: 1s }]
+"#;
+
+fn decisions(c: &mut Criterion) {
+    let tenants: Vec<String> = (0..TENANTS).map(|i| format!("tenant-{i:05}")).collect();
+    let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
+
+    let mut group = c.benchmark_group("embedded_decision");
+
+    let single = limiter(SINGLE);
+    let policy = single.policy();
+    for t in &tenants {
+        now(single.decide(
+            &policy,
+            &Request::new(t, "GET /v1/things", None, 1).unwrap(),
+        ));
+    }
+    let mut i = 0;
+    group.bench_function(BenchmarkId::new("sluice", "single_gcra"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            let request = Request::new(&tenants[i], "GET /v1/things", None, 1).unwrap();
+            let decision = single.decide_now(&policy, &request);
+            assert!(decision.allowed);
+            black_box(decision.remaining())
+        })
+    });
+    group.bench_function(BenchmarkId::new("sluice_async", "single_gcra"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            let request = Request::new(&tenants[i], "GET /v1/things", None, 1).unwrap();
+            let decision = now(single.decide(&policy, &request));
+            assert!(decision.allowed);
+            black_box(decision.remaining())
+        })
+    });
+
+    let governor = RateLimiter::keyed(quota);
+    for t in &tenants {
+        let _ = governor.check_key(t);
+    }
+    group.bench_function(BenchmarkId::new("governor", "single_gcra"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            black_box(governor.check_key(&tenants[i]).is_ok())
+        })
+    });
+
+    let three = limiter(THREE);
+    let policy = three.policy();
+    for t in &tenants {
+        now(three.decide(
+            &policy,
+            &Request::new(t, "GET /v1/things", Some("user-1"), 1).unwrap(),
+        ));
+    }
+    group.bench_function(BenchmarkId::new("sluice", "three_scopes"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            let request = Request::new(&tenants[i], "GET /v1/things", Some("user-1"), 1).unwrap();
+            let decision = three.decide_now(&policy, &request);
+            assert!(decision.allowed);
+            black_box(decision.remaining())
+        })
+    });
+
+    let by_tenant = RateLimiter::keyed(quota);
+    let by_route = RateLimiter::keyed(quota);
+    let by_subject = RateLimiter::keyed(quota);
+    let route_keys: Vec<(String, &str)> = tenants
+        .iter()
+        .map(|t| (t.clone(), "GET /v1/things"))
+        .collect();
+    let subject_keys: Vec<(String, &str, &str)> = tenants
+        .iter()
+        .map(|t| (t.clone(), "GET /v1/things", "user-1"))
+        .collect();
+    group.bench_function(BenchmarkId::new("governor", "three_scopes"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            let ok = by_tenant.check_key(&tenants[i]).is_ok()
+                && by_route.check_key(&route_keys[i]).is_ok()
+                && by_subject.check_key(&subject_keys[i]).is_ok();
+            black_box(ok)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions);
+criterion_main!(benches);
