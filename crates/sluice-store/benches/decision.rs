@@ -12,7 +12,8 @@
 //!
 //! `sluice` is the synchronous in-process call (`Limiter::decide_now`);
 //! `sluice_async` is the same decision through the async `Limiter::decide`
-//! that the server uses, polled once.
+//! that the server uses, polled once; `sluice_store_only` is the memory
+//! store's part alone (no plan or route lookup, no decision summary).
 //!
 //! Run: `cargo bench -p sluice-store --bench decision`.
 
@@ -25,7 +26,7 @@ use std::task::{Context, Poll, Waker};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{Limiter, MemoryStore};
+use sluice_store::{Batch, Limiter, MemoryStore};
 
 const TENANTS: usize = 10_000;
 
@@ -95,6 +96,22 @@ fn decisions(c: &mut Criterion) {
             let decision = now(single.decide(&policy, &request));
             assert!(decision.allowed);
             black_box(decision.remaining())
+        })
+    });
+
+    // The store alone: no policy lookup, no decision summary.
+    let rules = policy.applicable("any", "GET /v1/things", false).rules;
+    group.bench_function(BenchmarkId::new("sluice_store_only", "single_gcra"), |b| {
+        b.iter(|| {
+            i = (i + 1) % TENANTS;
+            let batch = Batch {
+                tenant: &tenants[i],
+                subject: None,
+                shard: 0,
+                cost: 1,
+                rules,
+            };
+            black_box(single.store().decide_now(&batch).unwrap()[0].allowed)
         })
     });
 

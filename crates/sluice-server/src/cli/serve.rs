@@ -72,6 +72,7 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
         loop {
             interval.tick().await;
             if let Some(memory) = app.limiter.store().memory() {
+                memory.clock().resync();
                 let dropped = memory.sweep();
                 tracing::debug!(dropped, held = memory.len(), "swept idle keys");
             }
