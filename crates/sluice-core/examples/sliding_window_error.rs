@@ -34,7 +34,10 @@ fn main() {
     let per = 1_000;
     let rule = Rule::new(Algorithm::SlidingWindow, limit, per, None, false).expect("valid rule");
     println!("sliding_window limit={limit} per={per}ms, 2,000,000 requests per load");
-    println!("{:>14} {:>16} {:>22}", "offered load", "over-limit spans", "worst overshoot");
+    println!(
+        "{:>14} {:>16} {:>22}",
+        "offered load", "over-limit spans", "worst overshoot"
+    );
     for load in [0.5, 0.9, 1.0, 1.5, 2.0, 5.0] {
         let mut rng = Rng(0x5eed_0000 + (load * 100.0) as u64);
         let mean_gap = per as f64 / (limit as f64 * load);

@@ -14,7 +14,11 @@ const KEYS: usize = 1_000_000;
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc");
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("resident pages");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("resident pages");
     pages * 4096
 }
 
@@ -27,17 +31,32 @@ fn main() {
     }
     println!("{:>16} {:>14}", "algorithm", "bytes per key");
     let me = std::env::current_exe().expect("own path");
-    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
-        let out = std::process::Command::new(&me).arg(algorithm).output().expect("measurement runs");
+    for algorithm in [
+        "gcra",
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
+        let out = std::process::Command::new(&me)
+            .arg(algorithm)
+            .output()
+            .expect("measurement runs");
         print!("{}", String::from_utf8_lossy(&out.stdout));
     }
 }
 
 fn measure(algorithm: &str) -> u64 {
-    let yaml = format!("default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: {algorithm}, limit: 100, per: 1h }}]\n");
+    let yaml = format!(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: {algorithm}, limit: 100, per: 1h }}]\n"
+    );
     let config = Config::from_yaml(&yaml, "measure.yaml").expect("valid config");
     let tenants: Vec<String> = (0..KEYS).map(|i| format!("tenant-{i:05}")).collect();
-    let limiter = Limiter::new(Policy::compile(&config.limits), MemoryStore::new(2 * KEYS), config.storage.on_error);
+    let limiter = Limiter::new(
+        Policy::compile(&config.limits),
+        MemoryStore::new(2 * KEYS),
+        config.storage.on_error,
+    );
     let policy = limiter.policy();
     let before = resident_bytes();
     for tenant in &tenants {

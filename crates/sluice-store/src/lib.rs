@@ -3,6 +3,8 @@
 //! - [`store`]: the [`Store`] trait — one call per decision, every rule at
 //!   once, all or nothing.
 //! - [`memory`]: the embedded backend.
+//! - [`standalone`]: the Redis backend (one node); [`script`]: the Lua
+//!   script it runs, one call per decision.
 //! - [`clock`]: the time stores decide on.
 //! - [`limiter`]: request → rules → store → decision.
 
@@ -12,9 +14,13 @@
 pub mod clock;
 pub mod limiter;
 pub mod memory;
+pub mod script;
+pub mod standalone;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use limiter::Limiter;
 pub use memory::MemoryStore;
+pub use script::{KeySet, TimeSource};
+pub use standalone::RedisStore;
 pub use store::{Batch, Partition, Store, StoreError};

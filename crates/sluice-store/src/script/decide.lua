@@ -1,0 +1,276 @@
+-- sluice: decide every rule of one request, atomically, in one call.
+--
+-- The arithmetic is the same as sluice-core's algorithms, step for step, on
+-- integers below 2^53 (exact in Lua's doubles); a differential test holds
+-- the two to identical answers.
+--
+-- KEYS[1..n]          the rules' keys
+-- KEYS[n+1..2n]       (only while rotating the pepper) the same buckets
+--                     under the previous pepper
+-- ARGV[1]             now in ms, or "" to read the server clock (TIME);
+--                     sluice sends "" except in tests
+-- ARGV[2]             cost
+-- ARGV[3]             n, the number of rules
+-- ARGV[4]             1 when previous-pepper keys follow, else 0
+-- ARGV[5 + 5(i-1)..]  per rule: algorithm, limit, per, burst, aligned
+--                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
+--                     4 sliding_window, 5 fixed_window)
+--
+-- Returns four integers per rule: allowed (1 or 0), remaining,
+-- reset_after_ms, retry_after_ms. Every rule is checked first; only when all
+-- admit is anything written, so a denied request consumes nothing. Every
+-- key written expires when its state is as good as fresh, plus SLACK ms.
+
+local SLACK = 1000
+
+-- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function ceil_div(a, b)
+  local q = idiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+local function enc(...)
+  local parts = {}
+  for i, v in ipairs({...}) do
+    parts[i] = string.format('%d', v)
+  end
+  return table.concat(parts, ':')
+end
+
+local function dec(value)
+  local out = {}
+  for part in string.gmatch(value, '[^:]+') do
+    out[#out + 1] = tonumber(part)
+  end
+  return out
+end
+
+-- Each algorithm returns allowed, remaining, reset, retry and, when it
+-- admits, the state to write and when that state goes idle.
+
+local function gcra(value, now, cost, limit, per, burst)
+  local ms, frac = 0, 0
+  if value then
+    local t = dec(value)
+    ms, frac = t[1], t[2] or 0
+  end
+  if frac >= limit then
+    local q = idiv(frac, limit)
+    ms, frac = ms + q, frac - q * limit
+  end
+  local bms, bfrac = now, 0
+  if ms > now or (ms == now and frac > 0) then
+    bms, bfrac = ms, frac
+  end
+  local capacity = burst * per
+  local total = bfrac + cost * per
+  local q = idiv(total, limit)
+  local nms, nfrac = bms + q, total - q * limit
+  local next_ahead = (nms - now) * limit + nfrac
+  local nround = 0
+  if nfrac > 0 then nround = 1 end
+  if next_ahead <= capacity then
+    local encoded
+    if nfrac == 0 then encoded = enc(nms) else encoded = enc(nms, nfrac) end
+    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0, encoded, nms + nround
+  end
+  local base_ahead = (bms - now) * limit + bfrac
+  local remaining = 0
+  if capacity > base_ahead then remaining = idiv(capacity - base_ahead, per) end
+  local bround = 0
+  if bfrac > 0 then bround = 1 end
+  return 0, remaining, bms - now + bround, math.max(1, ceil_div(next_ahead - capacity, limit))
+end
+
+local function token_bucket(value, now, cost, limit, per, burst)
+  local capacity = burst * per
+  local available, last = capacity, now
+  if value then
+    local t = dec(value)
+    local elapsed = now - t[2]
+    if elapsed < 0 then elapsed = 0 end
+    available = math.min(capacity, t[1] + elapsed * limit)
+    last = math.max(t[2], now)
+  end
+  local need = cost * per
+  if available >= need then
+    local left = available - need
+    local full_in = ceil_div(capacity - left, limit)
+    return 1, idiv(left, per), full_in, 0, enc(left, last), last + full_in
+  end
+  return 0, idiv(available, per), ceil_div(capacity - available, limit),
+    math.max(1, ceil_div(need - available, limit))
+end
+
+local function fixed_window(value, now, cost, limit, per, aligned)
+  local start, count = 0, 0
+  if value then
+    local t = dec(value)
+    start, count = t[1], t[2]
+  end
+  if aligned == 1 then
+    local s = idiv(now, per) * per
+    if start ~= s then start, count = s, 0 end
+  elseif count == 0 or now >= start + per then
+    start, count = now, 0
+  end
+  local ends_in = math.max(1, start + per - now)
+  if count + cost <= limit then
+    return 1, limit - count - cost, ends_in, 0, enc(start, count + cost), start + per
+  end
+  return 0, math.max(0, limit - count), ends_in, ends_in
+end
+
+local function sliding_window(value, now, cost, limit, per)
+  local wstart, prev, cur = 0, 0, 0
+  if value then
+    local t = dec(value)
+    wstart, prev, cur = t[1], t[2], t[3]
+  end
+  -- A clock that stepped back stays in the stored window.
+  if now < wstart then now = wstart end
+  local start = idiv(now, per) * per
+  local p, c = 0, 0
+  if wstart == start then
+    p, c = prev, cur
+  elseif wstart + per == start then
+    p, c = cur, 0
+  end
+  local elapsed = now - start
+  local capacity = limit * per
+  local weighted = p * (per - elapsed) + c * per
+  local need = cost * per
+  if weighted + need <= capacity then
+    return 1, idiv(capacity - weighted - need, per), start + 2 * per - now, 0,
+      enc(start, p, c + cost), start + 2 * per
+  end
+  local remaining = 0
+  if capacity > weighted then remaining = idiv(capacity - weighted, per) end
+  local reset = start + per - now
+  if c > 0 then reset = start + 2 * per - now end
+  local retry
+  if c + cost <= limit and p > 0 then
+    local at = per - math.min(idiv((limit - c - cost) * per, p), per)
+    if at < per then retry = at - elapsed end
+  end
+  if not retry then
+    local at = 0
+    if c > 0 then at = per - math.min(idiv((limit - cost) * per, c), per) end
+    retry = per - elapsed + at
+  end
+  return 0, remaining, reset, math.max(1, retry)
+end
+
+-- sliding_log keeps one sorted-set member per admitted unit, scored by its
+-- admission time; members are "time:seq", unique even within a millisecond.
+local function sliding_log(key, now, cost, limit, per)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
+  local count = redis.call('ZCARD', key)
+  local newest = now
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] then newest = tonumber(last[2]) end
+  if count + cost <= limit then
+    local at = math.max(now, newest)
+    return 1, limit - count - cost, at + per - now, 0, at, at + per
+  end
+  local oldest_needed = redis.call('ZRANGE', key, count + cost - limit - 1, count + cost - limit - 1, 'WITHSCORES')
+  local retry = tonumber(oldest_needed[2]) + per - now
+  return 0, math.max(0, limit - count), math.max(0, newest + per - now), math.max(1, retry)
+end
+
+local function log_append(key, at, cost, now, idle)
+  local seq = redis.call('ZCOUNT', key, at, at)
+  local args = {}
+  for i = 1, cost do
+    args[#args + 1] = at
+    args[#args + 1] = enc(at, seq + i)
+    if #args >= 2000 then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  redis.call('PEXPIRE', key, idle - now + SLACK)
+end
+
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+else
+  now = tonumber(ARGV[1])
+end
+local cost = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local rotating = ARGV[4] == '1'
+
+-- Rotation: a bucket not yet under the new pepper starts from its state
+-- under the previous one, so a rotation neither resets nor doubles budgets.
+if rotating then
+  for i = 1, n do
+    if redis.call('EXISTS', KEYS[i]) == 0 and redis.call('EXISTS', KEYS[n + i]) == 1 then
+      redis.call('COPY', KEYS[n + i], KEYS[i])
+    end
+  end
+end
+
+local reply = {}
+local writes = {}
+local all_allowed = true
+for i = 1, n do
+  local base = 5 + 5 * (i - 1)
+  local algorithm = tonumber(ARGV[base])
+  local limit = tonumber(ARGV[base + 1])
+  local per = tonumber(ARGV[base + 2])
+  local burst = tonumber(ARGV[base + 3])
+  local aligned = tonumber(ARGV[base + 4])
+  local key = KEYS[i]
+  local allowed, remaining, reset, retry, state, idle
+  if algorithm == 3 then
+    allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+  else
+    local value = redis.call('GET', key)
+    if not value then value = nil end
+    if algorithm == 1 then
+      allowed, remaining, reset, retry, state, idle = gcra(value, now, cost, limit, per, burst)
+    elseif algorithm == 2 then
+      allowed, remaining, reset, retry, state, idle = token_bucket(value, now, cost, limit, per, burst)
+    elseif algorithm == 4 then
+      allowed, remaining, reset, retry, state, idle = sliding_window(value, now, cost, limit, per)
+    else
+      allowed, remaining, reset, retry, state, idle = fixed_window(value, now, cost, limit, per, aligned)
+    end
+  end
+  if allowed == 0 then all_allowed = false end
+  writes[i] = { algorithm, state, idle }
+  reply[#reply + 1] = allowed
+  reply[#reply + 1] = remaining
+  reply[#reply + 1] = reset
+  reply[#reply + 1] = retry
+end
+
+if all_allowed then
+  for i = 1, n do
+    local w = writes[i]
+    if w[1] == 3 then
+      log_append(KEYS[i], w[2], cost, now, w[3])
+    else
+      redis.call('SET', KEYS[i], w[2], 'PX', math.max(1, w[3] - now + SLACK))
+    end
+  end
+end
+
+return reply

@@ -1,0 +1,167 @@
+//! The Redis backend: one Redis 7+ node shared by a fleet of sluice
+//! instances.
+//!
+//! Every decision is one `EVALSHA` of `script/decide.lua` over a
+//! multiplexed connection that reconnects on its own: concurrent decisions
+//! are pipelined on one socket. The script is loaded when the store
+//! connects and reloaded transparently after `NOSCRIPT` (a restart, a
+//! failover, `SCRIPT FLUSH`).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sluice_core::decision::Outcomes;
+use sluice_core::{BoundRule, State};
+
+use crate::script::{self, KeySet, Raw, TimeSource};
+use crate::store::{Batch, Store, StoreError};
+
+/// A store on one Redis node.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    script: redis::Script,
+    keys: KeySet,
+    time: TimeSource,
+    timeout_ms: u64,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Installs the TLS crypto provider `rediss://` connections use (once).
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://`, `rediss://` or `unix://`, credentials
+    /// included) and loads the script. Each call waits at most `timeout`.
+    pub async fn connect(
+        url: &str,
+        keys: KeySet,
+        timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        install_tls_provider();
+        let timeout_ms = timeout.as_millis() as u64;
+        // Never echo the URL: it may carry a password.
+        let client = redis::Client::open(url).map_err(|e| {
+            StoreError::Unavailable(format!("invalid Redis URL ({})", e.category()))
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connection = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| script::store_error(&e, timeout_ms))?;
+        let store = RedisStore {
+            connection,
+            script: redis::Script::new(script::DECIDE_LUA),
+            keys,
+            time: TimeSource::Server,
+            timeout_ms,
+        };
+        store
+            .script
+            .prepare_invoke()
+            .load_async(&mut store.connection.clone())
+            .await
+            .map_err(|e| script::store_error(&e, timeout_ms))?;
+        Ok(store)
+    }
+
+    /// Sets where the script's "now" comes from (tests only; see
+    /// [`TimeSource`]).
+    pub fn with_time(mut self, time: TimeSource) -> RedisStore {
+        self.time = time;
+        self
+    }
+
+    /// How keys are derived.
+    pub fn keys(&self) -> &KeySet {
+        &self.keys
+    }
+
+    async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+        let keys = KeySet::keys(&self.keys.current, batch);
+        let previous = self
+            .keys
+            .previous
+            .as_ref()
+            .map(|keyer| KeySet::keys(keyer, batch));
+        let invocation =
+            script::prepare(&self.script, batch, &keys, previous.as_deref(), &self.time);
+        let reply: Vec<i64> = invocation
+            .invoke_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
+        script::outcomes(&reply, batch.rules.len())
+    }
+
+    /// The stored state of every rule of `batch`, read without changing
+    /// anything, with the server's time (for `sluice inspect`).
+    pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
+        let keys = KeySet::keys(&self.keys.current, batch);
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for (key, rule) in keys.iter().zip(batch.rules) {
+            if rule.rule().algorithm() == sluice_core::Algorithm::SlidingLog {
+                pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
+            } else {
+                pipe.cmd("GET").arg(key);
+            }
+        }
+        let values: Vec<redis::Value> = pipe
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
+        let (time, values) = values
+            .split_first()
+            .ok_or_else(|| StoreError::Unavailable("empty reply".to_owned()))?;
+        let (secs, micros): (u64, u64) = redis::from_redis_value_ref(time)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let now = secs * 1_000 + micros / 1_000;
+        let states = keys
+            .into_iter()
+            .zip(batch.rules)
+            .zip(values)
+            .map(|((key, rule), value)| {
+                let state = script::decode(rule, &raw(rule, value));
+                (key, state)
+            })
+            .collect();
+        Ok((now, states))
+    }
+}
+
+fn raw(rule: &BoundRule, value: &redis::Value) -> Raw {
+    if rule.rule().algorithm() == sluice_core::Algorithm::SlidingLog {
+        let members: Vec<(String, u64)> = redis::from_redis_value_ref(value).unwrap_or_default();
+        if members.is_empty() {
+            Raw::Missing
+        } else {
+            Raw::Log(members)
+        }
+    } else {
+        match redis::from_redis_value_ref::<Option<String>>(value) {
+            Ok(Some(v)) => Raw::Value(v),
+            _ => Raw::Missing,
+        }
+    }
+}
+
+impl Store for RedisStore {
+    fn decide(
+        &self,
+        batch: &Batch<'_>,
+    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
+        self.run(batch)
+    }
+}

@@ -1,0 +1,230 @@
+//! Real Redis servers for sluice's tests.
+//!
+//! Every test that needs Redis starts its own `redis-server` here, on a free
+//! loopback port, with persistence off and its files in a temporary
+//! directory, and stops it when dropped. Nothing here touches a Redis the
+//! test did not start. When `redis-server` is not installed the test fails
+//! with instructions; it never skips.
+
+#![forbid(unsafe_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const INSTALL: &str = "redis-server was not found on PATH: the Redis tests start real Redis servers. \
+Install them with `sudo apt-get install redis-server redis-tools` (Debian/Ubuntu) and run the tests again.";
+
+/// A `redis-server` process owned by a test.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free loopback port.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments
+    /// (e.g. `["--cluster-enabled", "yes"]`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let port = free_port(extra.iter().any(|a| *a == "--cluster-enabled"));
+        RedisServer::start_on(port, extra)
+    }
+
+    /// Starts a server on `port`.
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-redis-{}-{}-{port}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let log =
+            std::fs::File::create(self.dir.join("redis.log")).expect("create the server's log");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .args(["--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::from(log.try_clone().expect("log handle")))
+            .stderr(Stdio::from(log))
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(mut conn) = self
+                .client()
+                .get_connection_with_timeout(Duration::from_millis(200))
+                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                panic!(
+                    "redis-server on port {} exited with {status}:\n{log}",
+                    self.port
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server process id (for `SIGSTOP`/`SIGCONT` in chaos tests).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is running").id()
+    }
+
+    /// A client for assertions.
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid URL")
+    }
+
+    /// A synchronous connection for assertions.
+    pub fn connection(&self) -> redis::Connection {
+        self.client()
+            .get_connection()
+            .expect("connect to the test server")
+    }
+
+    /// Kills the server (its data is lost: persistence is off).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_ok() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Sends a signal to the server process (`STOP`, `CONT`, ...).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            // A stopped process must be continued before it can die cleanly.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free loopback port; for cluster nodes, one whose bus port (+10000) is
+/// free too.
+pub fn free_port(with_bus: bool) -> u16 {
+    for _ in 0..200 {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local address").port();
+        if !with_bus {
+            return port;
+        }
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port found");
+}
+
+/// Numbers from `INFO commandstats`: calls per command (lowercase name).
+pub fn command_calls(conn: &mut redis::Connection) -> std::collections::HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Microseconds of Redis CPU per call of `command`, from `INFO commandstats`.
+pub fn command_usec(conn: &mut redis::Connection, command: &str) -> Option<(u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).ok()?;
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))?;
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(name))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((field("calls=")?, field("usec=")?))
+}
