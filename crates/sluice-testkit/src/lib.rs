@@ -34,7 +34,7 @@ impl RedisServer {
     /// Starts a server with extra `redis-server` arguments
     /// (e.g. `["--cluster-enabled", "yes"]`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let port = free_port(extra.iter().any(|a| *a == "--cluster-enabled"));
+        let port = free_port(extra.contains(&"--cluster-enabled"));
         RedisServer::start_on(port, extra)
     }
 
