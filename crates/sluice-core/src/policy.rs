@@ -287,6 +287,43 @@ impl Plan {
     }
 }
 
+/// A plan whose tenant, route and subject rules are cut to one shard's share.
+fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
+    let share = |named: &NamedRule| {
+        let rule = named.rule;
+        let cut = |v: u64| i128::from((v / u64::from(shards)).max(1));
+        let burst = rule.algorithm().has_burst().then(|| cut(rule.burst()));
+        let rule = Rule::new(
+            rule.algorithm(),
+            cut(rule.limit()),
+            rule.period_ms(),
+            burst,
+            rule.aligned(),
+        )
+        .expect("a smaller share of a valid rule is valid");
+        NamedRule {
+            name: named.name.clone(),
+            rule,
+        }
+    };
+    let table = |rules: &[RouteRules]| -> Vec<RouteRules> {
+        rules
+            .iter()
+            .map(|r| RouteRules {
+                pattern: r.pattern.clone(),
+                rules: r.rules.iter().map(share).collect(),
+            })
+            .collect()
+    };
+    crate::config::PlanSpec {
+        name: spec.name.clone(),
+        tenant: spec.tenant.iter().map(share).collect(),
+        routes: table(&spec.routes),
+        subject: table(&spec.subject),
+        on_error: spec.on_error,
+    }
+}
+
 /// The pattern of `table` that best covers `pattern`: for an exact route,
 /// the same route or else the longest prefix of it; for a prefix, the
 /// longest prefix of that prefix.
@@ -343,24 +380,45 @@ pub struct Applicable<'p> {
 }
 
 impl Policy {
-    /// Compiles validated limits.
+    /// Compiles validated limits for a store that keeps one bucket per
+    /// tenant (the memory store): `shards` are ignored.
     pub fn compile(limits: &Limits) -> Policy {
-        let plans: Vec<Plan> = limits
+        Policy::compile_for(limits, false)
+    }
+
+    /// Compiles validated limits. With `sharded` (the Redis backends), a
+    /// tenant with `shards: N` gets its plan with every tenant, route and
+    /// subject rule cut to its share — `max(1, ⌊limit/N⌋)` and
+    /// `max(1, ⌊burst/N⌋)` — since each decision lands on one of N shards.
+    pub fn compile_for(limits: &Limits, sharded: bool) -> Policy {
+        let mut plans: Vec<Plan> = limits
             .plans
             .iter()
             .map(|spec| Plan::compile(spec, &limits.global, limits.near_limit))
             .collect();
-        let index_of = |name: &str| plans.iter().position(|p| &*p.name == name).unwrap_or(0);
+        let index_of = |name: &str| {
+            limits
+                .plans
+                .iter()
+                .position(|p| p.name == name)
+                .unwrap_or(0)
+        };
         let default_plan = index_of(&limits.default_plan);
+        let mut variants: HashMap<(usize, u16), usize> = HashMap::default();
         let mut tenants = HashMap::with_hasher(RandomState::default());
         for tenant in &limits.tenants {
-            tenants.insert(
-                tenant.id.as_str().into(),
-                TenantEntry {
-                    plan: index_of(&tenant.plan),
-                    shards: tenant.shards,
-                },
-            );
+            let base = index_of(&tenant.plan);
+            let shards = if sharded { tenant.shards } else { 1 };
+            let plan = if shards > 1 {
+                *variants.entry((base, shards)).or_insert_with(|| {
+                    let spec = shard_share(&limits.plans[base], shards);
+                    plans.push(Plan::compile(&spec, &limits.global, limits.near_limit));
+                    plans.len() - 1
+                })
+            } else {
+                base
+            };
+            tenants.insert(tenant.id.as_str().into(), TenantEntry { plan, shards });
         }
         Policy {
             plans: plans.into(),

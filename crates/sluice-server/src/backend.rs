@@ -1,10 +1,12 @@
-//! The store chosen by `storage.backend`.
+//! The store chosen by `storage.backend`, and the pepper it needs.
 
 use std::future::Future;
+use std::time::Duration;
 
-use sluice_core::config::{Backend as BackendConfig, StorageConfig};
+use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
 use sluice_core::decision::Outcomes;
-use sluice_store::{Batch, MemoryStore, Store, StoreError};
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_store::{Batch, KeySet, MemoryStore, RedisStore, Store, StoreError};
 
 use crate::Fallible;
 
@@ -13,15 +15,26 @@ use crate::Fallible;
 pub enum Backend {
     /// The embedded memory store.
     Memory(MemoryStore),
+    /// One Redis node.
+    Redis(RedisStore),
 }
 
 impl Backend {
-    /// Builds the backend a configuration names.
-    pub async fn connect(storage: &StorageConfig) -> Fallible<Backend> {
+    /// Builds the backend a configuration names: reads the pepper (Redis
+    /// backends refuse to start without one) and connects.
+    pub async fn connect(storage: &StorageConfig, keys: &KeysConfig) -> Fallible<Backend> {
+        let timeout = Duration::from_millis(storage.timeout_ms);
         match &storage.backend {
             BackendConfig::Memory => Ok(Backend::Memory(MemoryStore::new(
                 storage.max_entries as usize,
             ))),
+            BackendConfig::Redis { url } => {
+                let keys = key_set(keys)?;
+                let store = RedisStore::connect(url, keys, timeout.max(Duration::from_secs(2)))
+                    .await
+                    .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
+                Ok(Backend::Redis(store))
+            }
             other => Err(format!(
                 "storage.backend `{}` is not available in this build",
                 other.name()
@@ -34,13 +47,21 @@ impl Backend {
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",
+            Backend::Redis(_) => "redis",
         }
+    }
+
+    /// Whether the backend spreads sharded tenants over several keys (see
+    /// `Policy::compile_for`).
+    pub fn shards_tenants(&self) -> bool {
+        !matches!(self, Backend::Memory(_))
     }
 
     /// The memory store, when that is the backend.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             Backend::Memory(store) => Some(store),
+            Backend::Redis(_) => None,
         }
     }
 }
@@ -50,8 +71,50 @@ impl Store for Backend {
         &self,
         batch: &Batch<'_>,
     ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
-        match self {
-            Backend::Memory(store) => store.decide(batch),
+        async move {
+            match self {
+                Backend::Memory(store) => store.decide(batch).await,
+                Backend::Redis(store) => store.decide(batch).await,
+            }
         }
     }
+}
+
+const GENERATE: &str = "generate one with `openssl rand -hex 32`";
+
+/// The keyers for the configured pepper (required) and previous pepper.
+pub fn key_set(keys: &KeysConfig) -> Fallible<KeySet> {
+    let Some(source) = &keys.pepper else {
+        return Err(format!(
+            "the Redis backends need a pepper to derive opaque keys: set keys.pepper_env (e.g. SLUICE_PEPPER) or keys.pepper_file; {GENERATE}"
+        )
+        .into());
+    };
+    let current = Keyer::new(&keys.prefix, &read_pepper(source, "keys.pepper")?);
+    let previous = match &keys.previous_pepper {
+        Some(source) => Some(Keyer::new(
+            &keys.prefix,
+            &read_pepper(source, "keys.previous_pepper")?,
+        )),
+        None => None,
+    };
+    Ok(KeySet { current, previous })
+}
+
+/// Reads a pepper. Errors name where it was looked for, never its value.
+fn read_pepper(source: &SecretSource, field: &str) -> Fallible<Pepper> {
+    let bytes = match source {
+        SecretSource::Env(name) => match std::env::var_os(name) {
+            Some(value) => value.into_encoded_bytes(),
+            None => {
+                return Err(format!(
+                    "{field}_env names the environment variable {name}, which is not set; {GENERATE} and export {name}"
+                )
+                .into());
+            }
+        },
+        SecretSource::File(path) => std::fs::read(path)
+            .map_err(|e| format!("cannot read {field}_file {}: {e}", path.display()))?,
+    };
+    Pepper::parse(&bytes).map_err(|e| format!("{field}: {e}").into())
 }

@@ -110,7 +110,10 @@ fn apply(app: &App, running: &Config, next: &Config) {
     {
         warn!("changes to `server`, `storage` or `keys` take effect on restart");
     }
-    app.limiter.set_policy(Policy::compile(&next.limits));
+    app.limiter.set_policy(Policy::compile_for(
+        &next.limits,
+        app.limiter.store().shards_tenants(),
+    ));
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),

@@ -4,6 +4,7 @@
 //! reload; a decision holds the policy it started with until it is done.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
@@ -20,6 +21,8 @@ pub struct Limiter<S> {
     policy: ArcSwap<Policy>,
     store: S,
     on_error: OnError,
+    /// Spreads a sharded tenant's decisions over its shards in turn.
+    next_shard: AtomicU64,
 }
 
 impl<S: Store> Limiter<S> {
@@ -30,6 +33,7 @@ impl<S: Store> Limiter<S> {
             policy: ArcSwap::from_pointee(policy),
             store,
             on_error,
+            next_shard: AtomicU64::new(0),
         }
     }
 
@@ -53,11 +57,21 @@ impl<S: Store> Limiter<S> {
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
         match prepare(policy, request) {
             Err(decided) => decided,
-            Ok((applicable, batch)) => {
+            Ok((applicable, mut batch)) => {
+                batch.shard = self.shard(applicable.shards);
                 let result = self.store.decide(&batch).await;
                 self.conclude(applicable, result, request.cost)
             }
         }
+    }
+
+    /// The shard for a tenant's next decision: round robin over its
+    /// shards, so that each holds an even share of its traffic.
+    fn shard(&self, shards: u16) -> u16 {
+        if shards <= 1 {
+            return 0;
+        }
+        (self.next_shard.fetch_add(1, Ordering::Relaxed) % u64::from(shards)) as u16
     }
 
     /// Turns the store's answer into a decision, applying the failure

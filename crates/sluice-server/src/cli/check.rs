@@ -40,18 +40,15 @@ async fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let store = match Backend::connect(&config.storage).await {
+    let store = match Backend::connect(&config.storage, &config.keys).await {
         Ok(store) => store,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    let limiter = Limiter::new(
-        Policy::compile(&config.limits),
-        store,
-        config.storage.on_error,
-    );
+    let policy = Policy::compile_for(&config.limits, store.shards_tenants());
+    let limiter = Limiter::new(policy, store, config.storage.on_error);
     let policy = limiter.policy();
     let decision = limiter.decide(&policy, &request).await;
     match serde_json::to_string(&DecisionView::of(&decision)) {

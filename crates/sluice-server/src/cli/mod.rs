@@ -1,6 +1,7 @@
 //! The `sluice` command line.
 
 mod check;
+mod inspect;
 mod serve;
 mod validate;
 
@@ -27,6 +28,9 @@ enum Command {
     Check(CheckArgs),
     /// Check a configuration file (exit 0 valid, 1 invalid).
     Validate(ValidateArgs),
+    /// Show a tenant's stored buckets in a shared store, without changing
+    /// them (support tool: keys are computed here, never by hand).
+    Inspect(InspectArgs),
 }
 
 /// `sluice serve`.
@@ -61,6 +65,24 @@ pub struct CheckArgs {
     cost: i64,
 }
 
+/// `sluice inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Configuration file (its storage and keys say where to look).
+    #[arg(long, short, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// The tenant.
+    #[arg(long)]
+    tenant: String,
+    /// A route: adds its route, global and (with --subject) subject rules
+    /// to the tenant's own.
+    #[arg(long)]
+    route: Option<String>,
+    /// A subject within the tenant.
+    #[arg(long)]
+    subject: Option<String>,
+}
+
 /// `sluice validate`.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -74,6 +96,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Check(args) => check::run(args),
         Command::Validate(args) => validate::run(args),
+        Command::Inspect(args) => inspect::run(args),
     }
 }
 

@@ -39,12 +39,9 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let source = Source::from_arg(args.config);
     let config = source.load()?;
     let http = args.http.unwrap_or(config.server.http);
-    let store = Backend::connect(&config.storage).await?;
-    let limiter = Limiter::new(
-        Policy::compile(&config.limits),
-        store,
-        config.storage.on_error,
-    );
+    let store = Backend::connect(&config.storage, &config.keys).await?;
+    let policy = Policy::compile_for(&config.limits, store.shards_tenants());
+    let limiter = Limiter::new(policy, store, config.storage.on_error);
     let app = App::new(limiter, config.server.forward_auth.clone());
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     let listener = TcpListener::bind(http)

@@ -1,0 +1,108 @@
+use std::process::ExitCode;
+
+use sluice_core::duration::HumanDuration;
+use sluice_core::{BoundRule, Policy, Request, Scope, State};
+use sluice_store::Batch;
+
+use super::InspectArgs;
+use crate::backend::Backend;
+use crate::source::Source;
+
+pub(super) fn run(args: InspectArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(inspect(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
+    let config = Source::from_arg(args.config).load()?;
+    let store = Backend::connect(&config.storage, &config.keys).await?;
+    let Backend::Redis(redis) = &store else {
+        return Err("inspect reads a shared store; with `storage.backend: memory` each `sluice serve` keeps its state in its own process".into());
+    };
+    let policy = Policy::compile_for(&config.limits, store.shards_tenants());
+    // Without --route only the tenant's own rules are shown.
+    let route = args.route.as_deref().unwrap_or("*");
+    let request = Request::new(&args.tenant, route, args.subject.as_deref(), 1)?;
+    let applicable = policy.applicable(request.tenant, route, request.subject.is_some());
+    let rules: Vec<BoundRule> = applicable
+        .rules
+        .iter()
+        .filter(|r| args.route.is_some() || r.scope() == Scope::Tenant)
+        .cloned()
+        .collect();
+    println!(
+        "tenant {:?}: plan {}, {} shard{}",
+        args.tenant,
+        applicable.plan.name(),
+        applicable.shards,
+        if applicable.shards == 1 { "" } else { "s" }
+    );
+    println!(
+        "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  key",
+        "scope", "policy", "algorithm", "limit", "used", "remaining", "full in"
+    );
+    for shard in 0..applicable.shards {
+        if applicable.shards > 1 {
+            println!("shard {shard}:");
+        }
+        let batch = Batch {
+            tenant: request.tenant,
+            subject: request.subject,
+            shard,
+            cost: 1,
+            rules: &rules,
+        };
+        let (now, states) = redis.peek(&batch).await?;
+        for (rule, (key, state)) in rules.iter().zip(states) {
+            print_row(rule, &key, &state, now);
+        }
+    }
+    Ok(())
+}
+
+fn print_row(rule: &BoundRule, key: &str, state: &State, now: u64) {
+    let r = rule.rule();
+    let capacity = r.capacity();
+    // What one more unit would find: its `remaining` is after that unit.
+    let (probe, _) = r.decide(state, now, 1);
+    let remaining = if probe.allowed {
+        u64::from(probe.remaining) + 1
+    } else {
+        u64::from(probe.remaining)
+    };
+    let full_in = r.idle_at(state).saturating_sub(now);
+    let mut limit = format!("{}/{}", r.limit(), HumanDuration(r.period_ms()));
+    if r.algorithm().has_burst() && r.burst() != r.limit() {
+        limit.push_str(&format!(" burst {}", r.burst()));
+    }
+    let full_in = if full_in == 0 {
+        "full".to_owned()
+    } else {
+        HumanDuration(full_in).to_string()
+    };
+    println!(
+        "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  {key}",
+        rule.scope().name(),
+        rule.name(),
+        r.algorithm().name(),
+        limit,
+        capacity.saturating_sub(remaining),
+        remaining,
+        full_in,
+    );
+}

@@ -1,0 +1,420 @@
+//! The Redis backend against a real `redis-server` each test starts itself.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::cluster_routing::Slot;
+use sluice_core::config::OnError;
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::{Config, Policy, Request};
+use sluice_store::{Batch, KeySet, Limiter, RedisStore, Store};
+use sluice_testkit::{Monitor, RedisServer, command_calls};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn pepper(n: u8) -> Pepper {
+    Pepper::parse(&[b'g' + n; 32]).unwrap()
+}
+
+fn keys(byte: u8) -> KeySet {
+    KeySet {
+        current: Keyer::new("sl", &pepper(byte)),
+        previous: None,
+    }
+}
+
+fn policy(yaml: &str, sharded: bool) -> Policy {
+    Policy::compile_for(
+        &Config::from_yaml(yaml, "test.yaml").unwrap().limits,
+        sharded,
+    )
+}
+
+async fn store(server: &RedisServer, keys: KeySet) -> RedisStore {
+    RedisStore::connect(&server.url(), keys, TIMEOUT)
+        .await
+        .unwrap()
+}
+
+const FOUR_SCOPES: &str = r#"
+default_plan: plan-basic-tier
+plans:
+  plan-basic-tier:
+    tenant: [{ algorithm: gcra, limit: 1000, per: 1h }]
+    routes:
+      "POST /v1/invoices-secret-route": [{ algorithm: token_bucket, limit: 500, per: 1h },
+                                         { algorithm: sliding_log, limit: 300, per: 1h }]
+      "*": [{ algorithm: fixed_window, limit: 500, per: 1h }]
+    subject:
+      "*": [{ algorithm: sliding_window, limit: 400, per: 1h }]
+global:
+  "POST /v1/invoices-secret-route": [{ name: valve, algorithm: gcra, limit: 100000, per: 1h }]
+"#;
+
+#[tokio::test]
+async fn every_decision_is_exactly_one_evalsha() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(FOUR_SCOPES, true),
+        store(&server, keys(1)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let request = Request::new("acme", "POST /v1/invoices-secret-route", Some("alice"), 2).unwrap();
+    // Warm up: the script is loaded at connect time.
+    assert!(limiter.decide(&policy, &request).await.allowed);
+    assert_eq!(
+        policy.applicable("acme", request.route, true).rules.len(),
+        5
+    );
+
+    let mut conn = server.connection();
+    let before = command_calls(&mut conn);
+    let monitor = Monitor::start(&server);
+    for _ in 0..50 {
+        assert!(limiter.decide(&policy, &request).await.allowed);
+    }
+    let sent = monitor.stop();
+    let after = command_calls(&mut conn);
+    let evalsha =
+        |m: &std::collections::HashMap<String, u64>| m.get("evalsha").copied().unwrap_or(0);
+    assert_eq!(evalsha(&after) - evalsha(&before), 50);
+    // INFO commandstats also counts what the script runs inside Redis;
+    // MONITOR tells what clients sent: 50 EVALSHA and nothing else.
+    assert_eq!(sent.len(), 50, "{sent:#?}");
+    assert!(sent.iter().all(|command| command == "evalsha"), "{sent:#?}");
+}
+
+#[tokio::test]
+async fn concurrent_instances_never_over_admit_and_denials_consume_nothing() {
+    // Route "POST /a" allows 40 an hour; the tenant allows 100 an hour
+    // across routes. Four instances with eight tasks each hammer "POST /a":
+    // exactly 40 pass, and the 1,000-odd denials leave the tenant budget at
+    // 60 for other routes.
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: token_bucket, limit: 100, per: 1h }]
+    routes:
+      "POST /a": [{ name: a, algorithm: sliding_log, limit: 40, per: 1h },
+                  { name: a2, algorithm: gcra, limit: 45, per: 1h }]
+      "POST /b": [{ name: b, algorithm: fixed_window, limit: 1000, per: 1h }]
+"#;
+    let server = RedisServer::start();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let limiter = Arc::new(Limiter::new(
+            policy(yaml, true),
+            store(&server, keys(2)).await,
+            OnError::Deny,
+        ));
+        for _ in 0..8 {
+            let (limiter, admitted) = (limiter.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let policy = limiter.policy();
+                let request = Request::new("acme", "POST /a", None, 1).unwrap();
+                for _ in 0..40 {
+                    if limiter.decide(&policy, &request).await.allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), 40);
+
+    let limiter = Limiter::new(
+        policy(yaml, true),
+        store(&server, keys(2)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let other = Request::new("acme", "POST /b", None, 1).unwrap();
+    let mut passed = 0;
+    while limiter.decide(&policy, &other).await.allowed {
+        passed += 1;
+        assert!(passed <= 100);
+    }
+    assert_eq!(passed, 60, "the tenant budget shows only the 40 admitted");
+}
+
+#[tokio::test]
+async fn keys_and_values_reveal_nothing_about_tenants() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(FOUR_SCOPES, true),
+        store(&server, keys(3)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let tenants: Vec<String> = (0..40).map(|i| format!("tenant-visible-{i:03}")).collect();
+    let subjects = ["alice@example.com", "192.0.2.77"];
+    for tenant in &tenants {
+        for route in [
+            "POST /v1/invoices-secret-route",
+            "GET /v1/other-secret-route",
+        ] {
+            for subject in subjects {
+                let request = Request::new(tenant, route, Some(subject), 1).unwrap();
+                assert!(limiter.decide(&policy, &request).await.allowed);
+            }
+        }
+    }
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.len() > 200, "{} keys", keys.len());
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let mut secrets: Vec<String> = vec![
+        "tenant-visible".into(),
+        "alice".into(),
+        "192.0.2".into(),
+        "invoices".into(),
+        "secret-route".into(),
+        "plan-basic".into(),
+        "valve".into(),
+    ];
+    secrets.extend(secrets.clone().iter().map(|s| hex(s)));
+    let shape = regex_like_key;
+    for key in &keys {
+        assert!(shape(key), "unexpected key shape: {key}");
+        let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).unwrap();
+        let value: String = if kind == "zset" {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query(&mut conn)
+                .unwrap();
+            members.join(" ")
+        } else {
+            redis::cmd("GET").arg(key).query(&mut conn).unwrap()
+        };
+        for secret in &secrets {
+            assert!(
+                !key.to_lowercase().contains(secret.as_str()),
+                "key {key} contains {secret}"
+            );
+            assert!(
+                !value.to_lowercase().contains(secret.as_str()),
+                "value of {key} contains {secret}"
+            );
+        }
+        assert!(
+            value
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b == b':' || b == b' '),
+            "value {value:?}"
+        );
+    }
+}
+
+/// `sl:{<32 hex>}:<32 hex>`.
+fn regex_like_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("sl:{") else {
+        return false;
+    };
+    let Some((tag, k)) = rest.split_once("}:") else {
+        return false;
+    };
+    let is_hex = |s: &str| {
+        s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    is_hex(tag) && is_hex(k)
+}
+
+#[tokio::test]
+async fn every_key_expires_within_its_window_plus_slack() {
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 20, per: 10s, burst: 50 }]
+    routes:
+      "*": [{ algorithm: token_bucket, limit: 5, per: 30s, burst: 10 },
+            { algorithm: sliding_log, limit: 20, per: 20s },
+            { algorithm: sliding_window, limit: 20, per: 15s },
+            { algorithm: fixed_window, limit: 20, per: 40s },
+            { algorithm: fixed_window, limit: 20, per: 25s, aligned: true }]
+"#;
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(yaml, true),
+        store(&server, keys(4)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    for i in 0..30 {
+        let tenant = format!("t{}", i % 7);
+        let request = Request::new(&tenant, "GET /", None, 1 + i % 2).unwrap();
+        limiter.decide(&policy, &request).await;
+    }
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 7 * 6);
+    // A state lives until it is as good as fresh: a window for the window
+    // algorithms (two for sliding_window: 30s), `burst/limit` periods for
+    // gcra (25s) and token_bucket (10 tokens at one per 6s: 60s). Plus 1s
+    // slack.
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{key} has no TTL ({ttl})");
+        assert!(ttl <= 61_000, "{key} lives {ttl}ms");
+    }
+}
+
+#[tokio::test]
+async fn scripts_survive_script_flush_and_a_restart() {
+    let mut server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(FOUR_SCOPES, true),
+        store(&server, keys(5)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let request = Request::new("acme", "POST /v1/invoices-secret-route", Some("a"), 1).unwrap();
+    assert!(limiter.decide(&policy, &request).await.allowed);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    let decision = limiter.decide(&policy, &request).await;
+    assert!(decision.allowed, "{decision:?}");
+    assert_eq!(
+        decision.outcomes.len(),
+        5,
+        "decided by the script, not by a failure policy"
+    );
+
+    server.restart();
+    // The connection comes back on its own; the first calls may fail while
+    // it does.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let decision = limiter.decide(&policy, &request).await;
+        if decision.allowed && decision.outcomes.len() == 5 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no recovery after restart: {decision:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn pepper_rotation_neither_resets_nor_doubles_a_budget() {
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 10, per: 1h }]
+    routes:
+      "*": [{ algorithm: sliding_log, limit: 10, per: 1h }]
+"#;
+    let server = RedisServer::start();
+    let old = Limiter::new(
+        policy(yaml, true),
+        store(&server, keys(6)).await,
+        OnError::Deny,
+    );
+    let p = old.policy();
+    let request = Request::new("acme", "GET /", None, 1).unwrap();
+    for _ in 0..10 {
+        assert!(old.decide(&p, &request).await.allowed);
+    }
+    assert!(!old.decide(&p, &request).await.allowed);
+
+    let rotating = KeySet {
+        current: Keyer::new("sl", &pepper(7)),
+        previous: Some(Keyer::new("sl", &pepper(6))),
+    };
+    let new = Limiter::new(
+        policy(yaml, true),
+        store(&server, rotating).await,
+        OnError::Deny,
+    );
+    let p = new.policy();
+    let decision = new.decide(&p, &request).await;
+    assert!(
+        !decision.allowed,
+        "the budget used under the old pepper still counts"
+    );
+    assert_eq!(decision.outcomes.len(), 2);
+    assert_eq!(decision.outcomes[0].remaining, 0);
+
+    // The state now lives under the new keys: without the previous pepper
+    // the tenant is still limited.
+    let moved = Limiter::new(
+        policy(yaml, true),
+        store(&server, keys(7)).await,
+        OnError::Deny,
+    );
+    let p = moved.policy();
+    assert!(!moved.decide(&p, &request).await.allowed);
+    // A tenant never seen before starts fresh under the new pepper.
+    let fresh = Request::new("newcomer", "GET /", None, 1).unwrap();
+    assert!(moved.decide(&p, &fresh).await.allowed);
+}
+
+#[tokio::test]
+async fn a_sharded_tenant_spreads_over_slots_and_stays_within_its_limit() {
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 100, per: 1h }]
+tenants:
+  huge: { shards: 4 }
+"#;
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(yaml, true),
+        store(&server, keys(8)).await,
+        OnError::Deny,
+    );
+    let p = limiter.policy();
+    let request = Request::new("huge", "GET /", None, 1).unwrap();
+    let mut admitted = 0;
+    for _ in 0..200 {
+        if limiter.decide(&p, &request).await.allowed {
+            admitted += 1;
+        }
+    }
+    // Each of the 4 shards holds 25: round robin fills them evenly.
+    assert_eq!(admitted, 100);
+    let mut conn = server.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), 4);
+    let slots: HashSet<Slot> = keys.iter().map(Slot::for_key).collect();
+    assert_eq!(slots.len(), 4, "the shards' keys land on different slots");
+}
+
+#[tokio::test]
+async fn the_store_reports_a_dead_redis_as_an_error_not_a_hang() {
+    let mut server = RedisServer::start();
+    let store = store(&server, keys(9)).await;
+    let p = policy(FOUR_SCOPES, true);
+    server.stop();
+    let rules = p.applicable("t", "GET /", false).rules;
+    let batch = Batch {
+        tenant: "t",
+        subject: None,
+        shard: 0,
+        cost: 1,
+        rules,
+    };
+    let started = std::time::Instant::now();
+    let result = store.decide(&batch).await;
+    assert!(result.is_err());
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
