@@ -1,6 +1,5 @@
 //! The store chosen by `storage.backend`, and the pepper it needs.
 
-use std::future::Future;
 use std::time::Duration;
 
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
@@ -16,7 +15,7 @@ pub enum Backend {
     /// The embedded memory store.
     Memory(MemoryStore),
     /// One Redis node.
-    Redis(RedisStore),
+    Redis(Box<RedisStore>),
 }
 
 impl Backend {
@@ -33,7 +32,7 @@ impl Backend {
                 let store = RedisStore::connect(url, keys, timeout.max(Duration::from_secs(2)))
                     .await
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
-                Ok(Backend::Redis(store))
+                Ok(Backend::Redis(Box::new(store)))
             }
             other => Err(format!(
                 "storage.backend `{}` is not available in this build",
