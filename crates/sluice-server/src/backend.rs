@@ -66,15 +66,10 @@ impl Backend {
 }
 
 impl Store for Backend {
-    fn decide(
-        &self,
-        batch: &Batch<'_>,
-    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
-        async move {
-            match self {
-                Backend::Memory(store) => store.decide(batch).await,
-                Backend::Redis(store) => store.decide(batch).await,
-            }
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+        match self {
+            Backend::Memory(store) => store.decide(batch).await,
+            Backend::Redis(store) => store.decide(batch).await,
         }
     }
 }
