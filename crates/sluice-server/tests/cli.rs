@@ -1,27 +1,12 @@
 //! The `sluice` binary, run as a user would run it.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Server, example, post, sluice, temp_file};
 use serde_json::{Value, json};
-
-fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
-
-fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sluice.yaml")
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 #[test]
 fn validate_accepts_the_example() {
@@ -108,86 +93,6 @@ fn check_prints_one_decision_as_json() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("`cost` must be a whole number from 1"));
 }
 
-/// A running `sluice serve`, stopped (SIGTERM) when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = sluice()
-            .arg("serve")
-            .args(["--http", "127.0.0.1:0"])
-            .args(args)
-            .current_dir(std::env::temp_dir())
-            .env("SLUICE_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("http=") {
-                    let addr: String = line[at + 5..]
-                        .chars()
-                        .take_while(|c| !c.is_whitespace())
-                        .collect();
-                    let _ = tx.send(addr);
-                }
-                sink.lock().unwrap().push_str(&line);
-                sink.lock().unwrap().push('\n');
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("sluice serve logs the address it listens on");
-        Server {
-            child,
-            base: format!("http://{addr}"),
-            log,
-        }
-    }
-
-    fn stop(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
-    let response = client
-        .post(format!("{base}/v1/check"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
 #[tokio::test]
 async fn serve_runs_the_embedded_example_from_any_directory_and_stops_on_sigterm() {
     let mut server = Server::start(&[]);
@@ -215,7 +120,7 @@ async fn serve_runs_the_embedded_example_from_any_directory_and_stops_on_sigterm
         status.success(),
         "graceful shutdown exits 0, got {status:?}"
     );
-    assert!(server.log.lock().unwrap().contains("shutting down"));
+    server.wait_for_log("shutting down");
 }
 
 #[tokio::test]
@@ -256,7 +161,8 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // An invalid file is refused; the running configuration stays.
+    // An invalid file is refused, with its error; the running
+    // configuration stays.
     std::fs::write(&path, config("0")).unwrap();
     let _ = Command::new("kill")
         .arg("-HUP")
@@ -267,7 +173,7 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
         .log
         .lock()
         .unwrap()
-        .contains("configuration not reloaded")
+        .contains("reload.yaml:4:32: `limit`")
     {
         assert!(
             Instant::now() < deadline,
@@ -282,13 +188,6 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
     )
     .await;
     assert_eq!(limit_of(&body), Some(7));
-    assert!(
-        server
-            .log
-            .lock()
-            .unwrap()
-            .contains("reload.yaml:4:32: `limit`")
-    );
     server.stop();
 }
 

@@ -1,0 +1,120 @@
+//! What the binary tests share: running `sluice` and talking to it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+pub fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sluice.yaml")
+}
+
+pub fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A running `sluice serve`, stopped (SIGTERM) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Server {
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_with_env(args, &[])
+    }
+
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut child = sluice()
+            .arg("serve")
+            .args(["--http", "127.0.0.1:0"])
+            .args(args)
+            .current_dir(std::env::temp_dir())
+            .env("SLUICE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("http=") {
+                    let addr: String = line[at + 5..]
+                        .chars()
+                        .take_while(|c| !c.is_whitespace())
+                        .collect();
+                    let _ = tx.send(addr);
+                }
+                sink.lock().unwrap().push_str(&line);
+                sink.lock().unwrap().push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("sluice serve logs the address it listens on");
+        Server {
+            child,
+            base: format!("http://{addr}"),
+            log,
+        }
+    }
+
+    /// Waits until the log contains `text` (or panics after 15 s).
+    pub fn wait_for_log(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self.log.lock().unwrap().contains(text) {
+            assert!(Instant::now() < deadline, "the log never said {text:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
+    let response = client
+        .post(format!("{base}/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}

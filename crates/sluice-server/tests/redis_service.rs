@@ -1,0 +1,180 @@
+//! `sluice` on the Redis backend, against a real `redis-server`.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{Server, post, sluice, temp_file};
+use serde_json::json;
+use sluice_testkit::RedisServer;
+
+const PEPPER: &str = "7d1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f70";
+
+fn config(server: &RedisServer, name: &str) -> std::path::PathBuf {
+    temp_file(
+        name,
+        &format!(
+            r#"
+storage:
+  backend: redis
+  url: {}
+keys:
+  pepper_env: TEST_SLUICE_PEPPER
+default_plan: free
+plans:
+  free:
+    tenant: [{{ name: day, algorithm: fixed_window, limit: 1000, per: 1d }}]
+    routes:
+      "POST /v1/invoices": [{{ name: invoices, algorithm: gcra, limit: 3, per: 1h }}]
+    subject:
+      "*": [{{ name: per-user, algorithm: sliding_log, limit: 100, per: 1m }}]
+"#,
+            server.url()
+        ),
+    )
+}
+
+#[test]
+fn serve_refuses_a_redis_backend_without_a_pepper() {
+    let redis = RedisServer::start();
+    let path = config(&redis, "no-pepper.yaml");
+    let out = sluice()
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env_remove("TEST_SLUICE_PEPPER")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("TEST_SLUICE_PEPPER, which is not set"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("openssl rand -hex 32"), "{stderr}");
+}
+
+#[test]
+fn a_short_pepper_is_refused_without_being_echoed() {
+    let redis = RedisServer::start();
+    let path = config(&redis, "short-pepper.yaml");
+    let out = sluice()
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .env("TEST_SLUICE_PEPPER", "hunter2-too-short")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at least 32 bytes"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+fn all_values(redis: &RedisServer) -> BTreeMap<String, String> {
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query(&mut conn).unwrap();
+            (key, format!("{dump:?}"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn serve_check_and_inspect_share_redis_and_never_show_the_pepper_or_tenants() {
+    let redis = RedisServer::start();
+    let path = config(&redis, "redis.yaml");
+    let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+    let mut server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+    let client = reqwest::Client::new();
+    let request = json!({"tenant": "tenant-in-logs?", "route": "POST /v1/invoices", "subject": "user-in-logs?"});
+    let mut statuses = Vec::new();
+    let mut bodies = String::new();
+    for _ in 0..4 {
+        let (status, body) = post(&client, &server.base, request.clone()).await;
+        statuses.push(status);
+        bodies.push_str(&body.to_string());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+
+    // `sluice check` decides against the same Redis: the fourth invoice of
+    // the hour is denied there too.
+    let out = sluice()
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .args([
+            "--tenant",
+            "tenant-in-logs?",
+            "--route",
+            "POST /v1/invoices",
+        ])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"reason\":\"route_limit\""));
+
+    // `sluice inspect` reads the state without touching it.
+    let before = all_values(&redis);
+    let inspect = || {
+        sluice()
+            .arg("inspect")
+            .arg("--config")
+            .arg(&path)
+            .args([
+                "--tenant",
+                "tenant-in-logs?",
+                "--route",
+                "POST /v1/invoices",
+                "--subject",
+                "user-in-logs?",
+            ])
+            .envs(env)
+            .output()
+            .unwrap()
+    };
+    let out = inspect();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    let row = |policy: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(policy))
+            .unwrap_or_else(|| panic!("no row for {policy}:\n{table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    // scope policy algorithm limit used remaining full-in key
+    assert_eq!(row("day")[4], "3", "{table}");
+    assert_eq!(row("invoices")[4], "3", "{table}");
+    assert_eq!(row("invoices")[5], "0", "{table}");
+    assert_eq!(row("per-user")[4], "3", "{table}");
+    assert!(row("invoices")[7].starts_with("sl:{"), "{table}");
+    assert!(inspect().status.success());
+    assert_eq!(all_values(&redis), before, "inspect changed the store");
+
+    server.stop();
+    let log = server.log.lock().unwrap().clone();
+    for secret in [PEPPER, &PEPPER[..16]] {
+        assert!(!log.contains(secret), "the pepper is in the log");
+        assert!(!bodies.contains(secret));
+        assert!(!table.contains(secret));
+    }
+    assert!(
+        !log.contains("tenant-in-logs") && !log.contains("user-in-logs"),
+        "{log}"
+    );
+    assert!(log.contains("store=\"redis\""), "{log}");
+}
