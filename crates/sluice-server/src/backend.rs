@@ -5,7 +5,7 @@ use std::time::Duration;
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
-use sluice_store::{Batch, KeySet, MemoryStore, RedisStore, Store, StoreError};
+use sluice_store::{Batch, ConnectOptions, KeySet, MemoryStore, RedisStore, Store, StoreError};
 
 use crate::Fallible;
 
@@ -29,7 +29,8 @@ impl Backend {
             ))),
             BackendConfig::Redis { url } => {
                 let keys = key_set(keys)?;
-                let store = RedisStore::connect(url, keys, timeout.max(Duration::from_secs(2)))
+                let options = connect_options(storage, timeout)?;
+                let store = RedisStore::connect(url, keys, &options)
                     .await
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
                 Ok(Backend::Redis(Box::new(store)))
@@ -72,6 +73,21 @@ impl Store for Backend {
             Backend::Redis(store) => store.decide(batch).await,
         }
     }
+}
+
+/// Timeouts and TLS settings for the Redis backends.
+fn connect_options(storage: &StorageConfig, timeout: Duration) -> Fallible<ConnectOptions> {
+    let tls_ca_pem = match &storage.tls_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read storage.tls_ca_file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    Ok(ConnectOptions {
+        timeout,
+        tls_ca_pem,
+    })
 }
 
 const GENERATE: &str = "generate one with `openssl rand -hex 32`";

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Algorithm, Config, Policy};
-use sluice_store::{Batch, KeySet, RedisStore, Store};
+use sluice_store::{Batch, ConnectOptions, KeySet, RedisStore, Store};
 use sluice_testkit::RedisServer;
 
 #[tokio::main(flavor = "current_thread")]
@@ -20,9 +20,13 @@ async fn main() {
         current: Keyer::new("sl", &Pepper::parse(&[b'x'; 32]).expect("valid pepper")),
         previous: None,
     };
-    let store = RedisStore::connect(&server.url(), keys, Duration::from_secs(5))
-        .await
-        .expect("connect");
+    let store = RedisStore::connect(
+        &server.url(),
+        keys,
+        &ConnectOptions::with_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect("connect");
     let mut conn = server.connection();
     println!("{:<16} {:>6} {:>14}", "algorithm", "cost", "MEMORY USAGE");
     for algorithm in Algorithm::ALL {

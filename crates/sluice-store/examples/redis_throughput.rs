@@ -18,7 +18,7 @@ use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
 use sluice_store::script::DECIDE_LUA;
-use sluice_store::{KeySet, Limiter, RedisStore};
+use sluice_store::{ConnectOptions, KeySet, Limiter, RedisStore};
 use sluice_testkit::{RedisServer, command_usec};
 
 const TASKS: usize = 64;
@@ -78,9 +78,13 @@ async fn through_the_store(server: &RedisServer) -> f64 {
         current: Keyer::new("sl", &Pepper::parse(&[b'x'; 32]).expect("valid pepper")),
         previous: None,
     };
-    let store = RedisStore::connect(&server.url(), keys, Duration::from_secs(5))
-        .await
-        .expect("connect");
+    let store = RedisStore::connect(
+        &server.url(),
+        keys,
+        &ConnectOptions::with_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect("connect");
     let policy = Policy::compile_for(
         &Config::from_yaml(YAML, "bench.yaml").expect("valid").limits,
         true,

@@ -22,5 +22,5 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use limiter::Limiter;
 pub use memory::MemoryStore;
 pub use script::{KeySet, TimeSource};
-pub use standalone::RedisStore;
+pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};

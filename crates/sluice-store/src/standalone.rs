@@ -34,25 +34,65 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// How to reach Redis, beyond its URL.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Budget for one call.
+    pub timeout: Duration,
+    /// For `rediss://` with a private CA: the CA certificate(s), PEM, to
+    /// trust instead of the system's roots.
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
+impl ConnectOptions {
+    /// Calls bounded by `timeout`, TLS (if any) verified against the
+    /// system's roots.
+    pub fn with_timeout(timeout: Duration) -> ConnectOptions {
+        ConnectOptions {
+            timeout,
+            tls_ca_pem: None,
+        }
+    }
+
+    /// A client for `url`. Errors never echo the URL: it may carry a
+    /// password.
+    pub(crate) fn client(&self, url: &str) -> Result<redis::Client, StoreError> {
+        install_tls_provider();
+        let client = match &self.tls_ca_pem {
+            None => redis::Client::open(url),
+            Some(pem) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+        };
+        client.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "invalid Redis URL or TLS settings ({})",
+                e.category()
+            ))
+        })
+    }
+}
+
 /// Installs the TLS crypto provider `rediss://` connections use (once).
 pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://`, `rediss://` or `unix://`, credentials
-    /// included) and loads the script. Each call waits at most `timeout`.
+    /// Connects to `url` (`redis://`, `rediss://` or `unix://`, ACL user and
+    /// password included) and loads the script.
     pub async fn connect(
         url: &str,
         keys: KeySet,
-        timeout: Duration,
+        options: &ConnectOptions,
     ) -> Result<RedisStore, StoreError> {
-        install_tls_provider();
+        let timeout = options.timeout;
         let timeout_ms = timeout.as_millis() as u64;
-        // Never echo the URL: it may carry a password.
-        let client = redis::Client::open(url).map_err(|e| {
-            StoreError::Unavailable(format!("invalid Redis URL ({})", e.category()))
-        })?;
+        let client = options.client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))

@@ -9,7 +9,7 @@ use redis::cluster_routing::Slot;
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{Batch, KeySet, Limiter, RedisStore, Store};
+use sluice_store::{Batch, ConnectOptions, KeySet, Limiter, RedisStore, Store};
 use sluice_testkit::{Monitor, RedisServer, command_calls};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,7 +33,7 @@ fn policy(yaml: &str, sharded: bool) -> Policy {
 }
 
 async fn store(server: &RedisServer, keys: KeySet) -> RedisStore {
-    RedisStore::connect(&server.url(), keys, TIMEOUT)
+    RedisStore::connect(&server.url(), keys, &ConnectOptions::with_timeout(TIMEOUT))
         .await
         .unwrap()
 }
@@ -417,4 +417,52 @@ async fn the_store_reports_a_dead_redis_as_an_error_not_a_hang() {
     let result = store.decide(&batch).await;
     assert!(result.is_err());
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn connects_with_acl_credentials_in_the_url() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("sluice")
+        .arg("on")
+        .arg(">s3cret-pass")
+        .arg("~sl:*")
+        .arg("+@all")
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://sluice:s3cret-pass@127.0.0.1:{}", server.port());
+    let store = RedisStore::connect(&url, keys(10), &ConnectOptions::with_timeout(TIMEOUT)).await.unwrap();
+    let limiter = Limiter::new(policy(FOUR_SCOPES, true), store, OnError::Deny);
+    let p = limiter.policy();
+    let decision = limiter.decide(&p, &Request::new("acme", "GET /", None, 1).unwrap()).await;
+    assert!(decision.allowed && !decision.outcomes.is_empty());
+
+    let wrong = format!("redis://sluice:wrong-pass@127.0.0.1:{}", server.port());
+    let error = RedisStore::connect(&wrong, keys(10), &ConnectOptions::with_timeout(TIMEOUT))
+        .await
+        .unwrap_err();
+    assert!(!error.to_string().contains("wrong-pass"), "{error}");
+}
+
+#[tokio::test]
+async fn connects_over_tls_to_a_server_signed_by_a_private_ca() {
+    let server = RedisServer::start_tls();
+    let url = format!("rediss://127.0.0.1:{}", server.tls_port());
+    let options = ConnectOptions {
+        timeout: TIMEOUT,
+        tls_ca_pem: Some(server.ca_pem()),
+    };
+    let store = RedisStore::connect(&url, keys(11), &options).await.unwrap();
+    let limiter = Limiter::new(policy(FOUR_SCOPES, true), store, OnError::Deny);
+    let p = limiter.policy();
+    let decision = limiter.decide(&p, &Request::new("acme", "GET /", None, 1).unwrap()).await;
+    assert!(decision.allowed && !decision.outcomes.is_empty());
+    let written: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut server.connection()).unwrap();
+    assert!(!written.is_empty());
+
+    // Without the CA the certificate is not trusted.
+    let untrusted = RedisStore::connect(&url, keys(11), &ConnectOptions::with_timeout(TIMEOUT)).await;
+    assert!(untrusted.is_err());
 }

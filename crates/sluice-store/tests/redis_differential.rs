@@ -11,7 +11,9 @@ use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Algorithm, Config, Policy, Rule};
-use sluice_store::{Batch, Clock, KeySet, ManualClock, MemoryStore, RedisStore, Store, TimeSource};
+use sluice_store::{
+    Batch, Clock, ConnectOptions, KeySet, ManualClock, MemoryStore, RedisStore, Store, TimeSource,
+};
 use sluice_testkit::RedisServer;
 
 fn rule_yaml(
@@ -94,7 +96,7 @@ proptest! {
         let memory = MemoryStore::with_clock(10_000, clock.clone());
         let keys = KeySet { current: Keyer::new("sl", &pepper()), previous: None };
         let redis = runtime
-            .block_on(RedisStore::connect(&server.url(), keys, Duration::from_secs(5)))
+            .block_on(RedisStore::connect(&server.url(), keys, &ConnectOptions::with_timeout(Duration::from_secs(5))))
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));
 
@@ -158,7 +160,7 @@ fn single_rules_match_over_long_runs() {
             .block_on(RedisStore::connect(
                 &server.url(),
                 keys,
-                Duration::from_secs(5),
+                &ConnectOptions::with_timeout(Duration::from_secs(5)),
             ))
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));

@@ -38,15 +38,56 @@ impl RedisServer {
         RedisServer::start_on(port, extra)
     }
 
+    /// Starts a server that also listens for TLS (on [`tls_port`]), with a
+    /// certificate for 127.0.0.1 signed by a fresh private CA
+    /// ([`ca_pem`](Self::ca_pem)). The plain port stays open for assertions.
+    ///
+    /// [`tls_port`]: Self::tls_port
+    pub fn start_tls() -> RedisServer {
+        let port = free_port(false);
+        let tls_port = free_port(false);
+        let dir = server_dir(port);
+        let (ca, cert, key) = certificates();
+        for (name, pem) in [("ca.pem", &ca), ("server.pem", &cert), ("server.key", &key)] {
+            std::fs::write(dir.join(name), pem).expect("write a certificate");
+        }
+        let path = |name: &str| dir.join(name).display().to_string();
+        let extra = [
+            "--tls-port".to_owned(),
+            tls_port.to_string(),
+            "--tls-cert-file".to_owned(),
+            path("server.pem"),
+            "--tls-key-file".to_owned(),
+            path("server.key"),
+            "--tls-ca-cert-file".to_owned(),
+            path("ca.pem"),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ];
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra: extra.to_vec(),
+        };
+        server.launch();
+        server
+    }
+
+    /// The TLS port of a server from [`start_tls`](Self::start_tls).
+    pub fn tls_port(&self) -> u16 {
+        let at = self.extra.iter().position(|a| a == "--tls-port").expect("a TLS server");
+        self.extra[at + 1].parse().expect("a port")
+    }
+
+    /// The CA certificate (PEM) that signed a TLS server's certificate.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.pem")).expect("a TLS server")
+    }
+
     /// Starts a server on `port`.
     pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "sluice-redis-{}-{}-{port}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create the server's directory");
+        let dir = server_dir(port);
         let mut server = RedisServer {
             child: None,
             port,
@@ -181,6 +222,32 @@ impl Drop for RedisServer {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn server_dir(port: u16) -> PathBuf {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-redis-{}-{}-{port}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create the server's directory");
+    dir
+}
+
+/// A private CA, and a certificate and key for 127.0.0.1 it signed (PEM).
+fn certificates() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("parameters");
+    let key = KeyPair::generate().expect("server key");
+    let cert = params.signed_by(&key, &issuer).expect("server certificate");
+    (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
 /// A free loopback port; for cluster nodes, one whose bus port (+10000) is

@@ -114,6 +114,9 @@ pub struct StorageConfig {
     pub max_entries: u64,
     /// Memory store: how often idle keys are dropped, in milliseconds.
     pub sweep_interval_ms: u64,
+    /// Redis over TLS (`rediss://`): a PEM file of the CA to trust instead
+    /// of the system's roots.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// Where a secret is read from.

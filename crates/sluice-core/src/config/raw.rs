@@ -50,6 +50,7 @@ pub(crate) struct RawStorage {
     pub on_error: Option<S<String>>,
     pub max_entries: Option<S<i64>>,
     pub sweep_interval: Option<S<String>>,
+    pub tls_ca_file: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

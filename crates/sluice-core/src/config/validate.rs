@@ -249,12 +249,27 @@ impl Validator<'_> {
                 defaults::MAX_ENTRIES
             }
         };
+        let urls: Vec<&str> = match &backend {
+            Backend::Memory => Vec::new(),
+            Backend::Redis { url } => vec![url.as_str()],
+            Backend::RedisCluster { nodes } => nodes.iter().map(String::as_str).collect(),
+        };
+        let tls_ca_file = raw.tls_ca_file.map(|file| {
+            if urls.is_empty() || !urls.iter().all(|u| u.starts_with("rediss://")) {
+                self.push(
+                    file.referenced,
+                    "`storage.tls_ca_file` is for Redis over TLS: use rediss:// URLs with it",
+                );
+            }
+            PathBuf::from(file.value)
+        });
         StorageConfig {
             backend,
             timeout_ms,
             on_error,
             max_entries,
             sweep_interval_ms,
+            tls_ca_file,
         }
     }
 
