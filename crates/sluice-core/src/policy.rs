@@ -289,22 +289,9 @@ impl Plan {
 
 /// A plan whose tenant, route and subject rules are cut to one shard's share.
 fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
-    let share = |named: &NamedRule| {
-        let rule = named.rule;
-        let cut = |v: u64| i128::from((v / u64::from(shards)).max(1));
-        let burst = rule.algorithm().has_burst().then(|| cut(rule.burst()));
-        let rule = Rule::new(
-            rule.algorithm(),
-            cut(rule.limit()),
-            rule.period_ms(),
-            burst,
-            rule.aligned(),
-        )
-        .expect("a smaller share of a valid rule is valid");
-        NamedRule {
-            name: named.name.clone(),
-            rule,
-        }
+    let share = |named: &NamedRule| NamedRule {
+        name: named.name.clone(),
+        rule: named.rule.share(u64::from(shards)),
     };
     let table = |rules: &[RouteRules]| -> Vec<RouteRules> {
         rules

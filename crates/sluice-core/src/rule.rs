@@ -207,6 +207,22 @@ impl Rule {
         self.aligned
     }
 
+    /// This rule cut to one of `parts` equal shares: `max(1, ⌊limit/parts⌋)`
+    /// and `max(1, ⌊burst/parts⌋)`. Used when `parts` stores (tenant shards,
+    /// or sluice instances falling back to local limits) each enforce a part
+    /// of one limit.
+    pub fn share(&self, parts: u64) -> Rule {
+        if parts <= 1 {
+            return *self;
+        }
+        let cut = |v: u64| (v / parts).max(1);
+        Rule {
+            limit: cut(self.limit),
+            burst: cut(self.burst),
+            ..*self
+        }
+    }
+
     /// The most units one decision can ever consume: `burst` for gcra and
     /// token_bucket, `limit` for the window algorithms. A request costing more
     /// can never pass.
@@ -230,6 +246,16 @@ mod tests {
         assert_eq!(rule.capacity(), 20);
         let rule = Rule::new(Algorithm::TokenBucket, 20, 1_000, Some(50), false).unwrap();
         assert_eq!(rule.capacity(), 50);
+    }
+
+    #[test]
+    fn a_share_is_a_part_of_the_limit_and_never_zero() {
+        let rule = Rule::new(Algorithm::TokenBucket, 100, 1_000, Some(250), false).unwrap();
+        let half = rule.share(2);
+        assert_eq!((half.limit(), half.burst()), (50, 125));
+        let tiny = rule.share(1_000);
+        assert_eq!((tiny.limit(), tiny.burst()), (1, 1));
+        assert_eq!(rule.share(1), rule);
     }
 
     #[test]

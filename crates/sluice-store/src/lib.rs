@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod bucket;
 pub mod clock;
 pub mod limiter;
 pub mod memory;

@@ -1,0 +1,144 @@
+//! Keys of in-process maps: one bucket = one rule × one partition × one
+//! shard, hashed once and compared without allocating.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+
+use foldhash::fast::RandomState;
+use papaya::Equivalent;
+use smallvec::SmallVec;
+use sluice_core::BoundRule;
+
+use crate::store::Partition;
+
+/// A stored key: the rule's uid and the partition's bytes
+/// (`tenant length (u16 LE) ‖ tenant ‖ subject`), with its hash computed once.
+/// Short partitions are held inline: one allocation and one cache miss less
+/// per lookup.
+pub(crate) struct Key {
+    hash: u64,
+    rule: u64,
+    shard: u16,
+    bytes: SmallVec<[u8; 30]>,
+}
+
+/// A key as a request names it, without allocating.
+pub(crate) struct KeyRef<'a> {
+    hash: u64,
+    rule: u64,
+    shard: u16,
+    tenant: &'a [u8],
+    subject: &'a [u8],
+}
+
+impl<'a> KeyRef<'a> {
+    pub(crate) fn new(hasher: &RandomState, rule: &BoundRule, partition: Partition<'a>, shard: u16) -> KeyRef<'a> {
+        let (tenant, subject): (&[u8], &[u8]) = match partition {
+            Partition::Global => (b"", b""),
+            Partition::Tenant(t) => (t.as_bytes(), b""),
+            Partition::Subject(t, s) => (t.as_bytes(), s.as_bytes()),
+        };
+        let mut h = hasher.build_hasher();
+        h.write_u64(rule.uid());
+        h.write_u16(shard);
+        h.write(tenant);
+        h.write_u8(0xff);
+        h.write(subject);
+        KeyRef {
+            hash: h.finish(),
+            rule: rule.uid(),
+            shard,
+            tenant,
+            subject,
+        }
+    }
+
+    pub(crate) fn to_key(&self) -> Key {
+        let mut bytes = SmallVec::with_capacity(2 + self.tenant.len() + self.subject.len());
+        bytes.extend_from_slice(&(self.tenant.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(self.tenant);
+        bytes.extend_from_slice(self.subject);
+        Key {
+            hash: self.hash,
+            rule: self.rule,
+            shard: self.shard,
+            bytes,
+        }
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl Hash for KeyRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.rule == other.rule && self.shard == other.shard && self.bytes == other.bytes
+    }
+}
+
+impl Eq for Key {}
+
+impl Equivalent<Key> for KeyRef<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        if self.hash != key.hash || self.rule != key.rule || self.shard != key.shard {
+            return false;
+        }
+        let (len, rest) = key.bytes.split_at(2);
+        let tenant_len = usize::from(u16::from_le_bytes([len[0], len[1]]));
+        let (tenant, subject) = rest.split_at(tenant_len);
+        same_bytes(tenant, self.tenant) && same_bytes(subject, self.subject)
+    }
+}
+
+/// Byte equality for short ids, eight bytes at a time. The keys compared are
+/// a few dozen bytes at most, where libc's `memcmp` costs more in call and
+/// vector-unit set-up than the comparison itself (measured: 40% of a
+/// decision; see docs/BENCHMARKS.md).
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut a_words = a.chunks_exact(8);
+    let mut b_words = b.chunks_exact(8);
+    let words_equal = a_words.by_ref().zip(b_words.by_ref()).all(|(x, y)| {
+        u64::from_ne_bytes(x.try_into().expect("8 bytes"))
+            == u64::from_ne_bytes(y.try_into().expect("8 bytes"))
+    });
+    words_equal
+        && a_words
+            .remainder()
+            .iter()
+            .zip(b_words.remainder())
+            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+            == 0
+}
+
+/// Keys carry their hash already; the map only needs to pass it through.
+#[derive(Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called (see the `Hash` impls above).
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
