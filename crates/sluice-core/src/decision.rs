@@ -7,6 +7,7 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::Outcome;
+use crate::config::OnError;
 use crate::policy::{Applicable, BoundRule};
 
 /// How long a caller denied because the store is unavailable is asked to
@@ -61,11 +62,16 @@ pub struct Decision<'p> {
     pub reason: Option<Reason>,
     /// Some advertised rule is at or past the soft-limit threshold.
     pub near_limit: bool,
+    /// Set when the store could not decide and this failure policy did.
+    pub degraded: Option<OnError>,
     /// Index into `rules` of the rule the summary describes.
     summary: Option<u8>,
     /// Every applicable rule.
     pub rules: &'p [BoundRule],
-    /// Their outcomes, one per rule; empty when the store was not asked.
+    /// Their outcomes: one per rule after a store call; only the denying
+    /// rule's for a denial the over-limit cache remembered; none when the
+    /// store was not asked. [`known_outcomes`](Self::known_outcomes) pairs
+    /// them with their rules.
     pub outcomes: Outcomes,
     /// The `RateLimit-Policy` field value for [`rules`](Self::rules), as
     /// compiled with the policy ("" when no rule applies).
@@ -83,6 +89,7 @@ impl<'p> Decision<'p> {
             allowed,
             reason,
             near_limit: false,
+            degraded: None,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             rules: applicable.rules,
             outcomes: Outcomes::new(),
@@ -96,6 +103,7 @@ impl<'p> Decision<'p> {
             allowed: true,
             reason: None,
             near_limit: false,
+            degraded: None,
             summary: None,
             rules: &[],
             outcomes: Outcomes::new(),
@@ -122,11 +130,49 @@ impl<'p> Decision<'p> {
         ))
     }
 
-    /// A decision made without the store (failure policy `allow` or `deny`).
-    /// A denial asks the caller to retry after [`STORE_RETRY_MS`].
-    pub fn without_store(applicable: Applicable<'p>, allowed: bool) -> Decision<'p> {
+    /// A decision made without the store by failure policy `allow` or
+    /// `deny`. A denial asks the caller to retry after [`STORE_RETRY_MS`].
+    pub fn without_store(applicable: Applicable<'p>, policy: OnError) -> Decision<'p> {
+        let allowed = policy == OnError::Allow;
         let reason = (!allowed).then_some(Reason::StoreUnavailable);
-        Decision::new(applicable, allowed, reason, None)
+        Decision {
+            degraded: Some(policy),
+            ..Decision::new(applicable, allowed, reason, None)
+        }
+    }
+
+    /// A denial the over-limit cache remembered: rule `index` denies this
+    /// request for `retry_after_ms` more, known without asking the store.
+    pub fn remembered_denial(
+        applicable: Applicable<'p>,
+        index: usize,
+        retry_after_ms: u64,
+    ) -> Decision<'p> {
+        let outcome = Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_after_ms: retry_after_ms,
+            retry_after_ms: retry_after_ms.max(1),
+        };
+        let reason = applicable.rules.get(index).map(|r| r.scope().reason());
+        Decision {
+            near_limit: true,
+            outcomes: smallvec::smallvec![outcome],
+            ..Decision::new(applicable, false, reason, Some(index))
+        }
+    }
+
+    /// Every rule whose outcome is known, with that outcome.
+    pub fn known_outcomes(&self) -> impl Iterator<Item = (&'p BoundRule, &Outcome)> {
+        let rules = self.rules;
+        let all = self.outcomes.len() == rules.len();
+        let only = if all { None } else { self.policy() };
+        let (paired, single) = if all {
+            (Some(rules.iter().zip(self.outcomes.iter())), None)
+        } else {
+            (None, only.zip(self.outcomes.first()))
+        };
+        paired.into_iter().flatten().chain(single)
     }
 
     /// Combines one outcome per rule of a request of `cost` units.
@@ -194,7 +240,12 @@ impl<'p> Decision<'p> {
     }
 
     fn summary_outcome(&self) -> Option<&Outcome> {
-        self.summary.and_then(|i| self.outcomes.get(usize::from(i)))
+        let index = usize::from(self.summary?);
+        if self.outcomes.len() == self.rules.len() {
+            self.outcomes.get(index)
+        } else {
+            self.outcomes.first()
+        }
     }
 
     /// The capacity of [`policy`](Self::policy), if any.
@@ -226,9 +277,7 @@ impl<'p> Decision<'p> {
     /// Names of the rules that denied (for problem details).
     pub fn violated_policies(&self) -> impl Iterator<Item = &str> {
         let from_outcomes = self
-            .rules
-            .iter()
-            .zip(&self.outcomes)
+            .known_outcomes()
             .filter(|(_, o)| !o.allowed)
             .map(|(r, _)| r.name());
         let without_outcomes = self

@@ -35,9 +35,7 @@ pub fn policy_item(name: &str, rule: &Rule) -> String {
 /// when the decision has no per-rule outcomes.
 pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
     let advertised = decision
-        .rules
-        .iter()
-        .zip(&decision.outcomes)
+        .known_outcomes()
         .filter(|(rule, _)| rule.advertised());
     for (i, (rule, outcome)) in advertised.enumerate() {
         if i > 0 {

@@ -5,8 +5,8 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use foldhash::fast::RandomState;
 use papaya::Equivalent;
-use smallvec::SmallVec;
 use sluice_core::BoundRule;
+use smallvec::SmallVec;
 
 use crate::store::Partition;
 
@@ -31,7 +31,12 @@ pub(crate) struct KeyRef<'a> {
 }
 
 impl<'a> KeyRef<'a> {
-    pub(crate) fn new(hasher: &RandomState, rule: &BoundRule, partition: Partition<'a>, shard: u16) -> KeyRef<'a> {
+    pub(crate) fn new(
+        hasher: &RandomState,
+        rule: &BoundRule,
+        partition: Partition<'a>,
+        shard: u16,
+    ) -> KeyRef<'a> {
         let (tenant, subject): (&[u8], &[u8]) = match partition {
             Partition::Global => (b"", b""),
             Partition::Tenant(t) => (t.as_bytes(), b""),
@@ -80,7 +85,10 @@ impl Hash for KeyRef<'_> {
 
 impl PartialEq for Key {
     fn eq(&self, other: &Key) -> bool {
-        self.hash == other.hash && self.rule == other.rule && self.shard == other.shard && self.bytes == other.bytes
+        self.hash == other.hash
+            && self.rule == other.rule
+            && self.shard == other.shard
+            && self.bytes == other.bytes
     }
 }
 
@@ -141,4 +149,3 @@ impl Hasher for PassThrough {
         self.0 = n;
     }
 }
-

@@ -6,22 +6,30 @@
 //! - [`standalone`]: the Redis backend (one node); [`script`]: the Lua
 //!   script it runs, one call per decision.
 //! - [`clock`]: the time stores decide on.
-//! - [`limiter`]: request → rules → store → decision.
+//! - [`limiter`]: request → rules → store → decision, with the failure
+//!   handling around the store call: [`breaker`] (circuit breaker),
+//!   [`denials`] (over-limit cache), the time budget and the failure policy.
+//! - [`telemetry`]: the hooks metrics are fed from.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod breaker;
 mod bucket;
 pub mod clock;
+pub mod denials;
 pub mod limiter;
 pub mod memory;
 pub mod script;
 pub mod standalone;
 pub mod store;
+pub mod telemetry;
 
+pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use limiter::Limiter;
+pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
 pub use script::{KeySet, TimeSource};
 pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};
+pub use telemetry::{NoTelemetry, Telemetry};

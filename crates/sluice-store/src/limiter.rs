@@ -1,10 +1,21 @@
 //! The limiter: request → applicable rules → one store call → decision.
 //!
-//! This is where a decision gets made. The policy is swapped atomically on
-//! reload; a decision holds the policy it started with until it is done.
+//! This is where a decision gets made, and where store trouble is absorbed:
+//!
+//! 1. the over-limit cache answers requests for buckets known to be
+//!    exhausted, without a store call;
+//! 2. the circuit breaker skips a store that keeps failing;
+//! 3. every store call is bounded by the time budget;
+//! 4. when the store cannot decide, the failure policy does: `allow`,
+//!    `deny`, or `local` — the memory engine enforcing each limit divided by
+//!    the number of live sluice instances.
+//!
+//! The policy is swapped atomically on reload; a decision holds the policy
+//! it started with until it is done.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
@@ -12,28 +23,102 @@ use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
+use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
+use crate::clock::{Clock, SystemClock};
+use crate::denials::DenialCache;
 use crate::memory::MemoryStore;
 use crate::store::{Batch, Store, StoreError};
+use crate::telemetry::{NoTelemetry, Telemetry};
+
+/// How a limiter copes with its store.
+#[derive(Clone)]
+pub struct LimiterOptions {
+    /// The failure policy of plans that do not set their own.
+    pub on_error: OnError,
+    /// Budget for one store call; `None` for a store that cannot be slow
+    /// (the memory store).
+    pub timeout: Option<Duration>,
+    /// When the circuit breaker opens and closes.
+    pub breaker: BreakerConfig,
+    /// Whether to remember denials (worth it for remote stores only).
+    pub denial_cache: bool,
+    /// Live instances assumed for `local` until heartbeats tell.
+    pub fallback_instances: u64,
+    /// Most keys the local fallback store holds.
+    pub local_max_entries: usize,
+    /// Where store events are reported.
+    pub telemetry: Arc<dyn Telemetry>,
+    /// The clock the breaker, the caches and the local fallback use.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl LimiterOptions {
+    /// Defaults for a store that never fails (the memory store).
+    pub fn new(on_error: OnError) -> LimiterOptions {
+        LimiterOptions {
+            on_error,
+            timeout: None,
+            breaker: BreakerConfig::default(),
+            denial_cache: false,
+            fallback_instances: 1,
+            local_max_entries: 100_000,
+            telemetry: Arc::new(NoTelemetry),
+            clock: Arc::new(SystemClock::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for LimiterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LimiterOptions")
+            .field("on_error", &self.on_error)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .field("denial_cache", &self.denial_cache)
+            .finish_non_exhaustive()
+    }
+}
 
 /// Decides requests against the current policy and a store.
-#[derive(Debug)]
 pub struct Limiter<S> {
     policy: ArcSwap<Policy>,
     store: S,
-    on_error: OnError,
+    options: LimiterOptions,
+    breaker: Breaker,
+    denials: Option<DenialCache>,
+    local: MemoryStore,
+    live_instances: AtomicU64,
     /// Spreads a sharded tenant's decisions over its shards in turn.
     next_shard: AtomicU64,
 }
 
+impl<S> std::fmt::Debug for Limiter<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("options", &self.options)
+            .field("breaker", &self.breaker.state())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Store> Limiter<S> {
-    /// A limiter over `store`; `on_error` applies when the store fails and
-    /// the tenant's plan does not say otherwise.
+    /// A limiter over a store that never fails; `on_error` still applies to
+    /// a full memory store.
     pub fn new(policy: Policy, store: S, on_error: OnError) -> Limiter<S> {
+        Limiter::with_options(policy, store, LimiterOptions::new(on_error))
+    }
+
+    /// A limiter with explicit failure handling.
+    pub fn with_options(policy: Policy, store: S, options: LimiterOptions) -> Limiter<S> {
         Limiter {
             policy: ArcSwap::from_pointee(policy),
             store,
-            on_error,
+            breaker: Breaker::new(options.breaker),
+            denials: options.denial_cache.then(DenialCache::default),
+            local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone()),
+            live_instances: AtomicU64::new(options.fallback_instances.max(1)),
             next_shard: AtomicU64::new(0),
+            options,
         }
     }
 
@@ -43,9 +128,13 @@ impl<S: Store> Limiter<S> {
         self.policy.load_full()
     }
 
-    /// Replaces the policy; decisions already under way finish on the old one.
+    /// Replaces the policy; decisions already under way finish on the old
+    /// one. Remembered denials are forgotten: limits may have changed.
     pub fn set_policy(&self, policy: Policy) {
         self.policy.store(Arc::new(policy));
+        if let Some(denials) = &self.denials {
+            denials.clear();
+        }
     }
 
     /// The store.
@@ -53,15 +142,78 @@ impl<S: Store> Limiter<S> {
         &self.store
     }
 
+    /// The circuit breaker's state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// How many sluice instances share the store, as last learned.
+    pub fn live_instances(&self) -> u64 {
+        self.live_instances.load(Ordering::Relaxed)
+    }
+
+    /// Sets how many instances share the store (from heartbeats); `local`
+    /// divides every limit by it.
+    pub fn set_live_instances(&self, instances: u64) {
+        self.live_instances
+            .store(instances.max(1), Ordering::Relaxed);
+    }
+
+    /// Drops expired remembered denials and idle local-fallback keys.
+    pub fn sweep(&self) {
+        let now = self.options.clock.now_ms();
+        if let Some(denials) = &self.denials {
+            denials.sweep(now);
+        }
+        self.local.sweep();
+    }
+
     /// Decides one request under `policy`.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        match prepare(policy, request) {
-            Err(decided) => decided,
-            Ok((applicable, mut batch)) => {
-                batch.shard = self.shard(applicable.shards);
-                let result = self.store.decide(&batch).await;
-                self.conclude(applicable, result, request.cost)
+        let (applicable, mut batch) = match prepare(policy, request) {
+            Ok(prepared) => prepared,
+            Err(decided) => return decided,
+        };
+        batch.shard = self.shard(applicable.shards);
+        let now = self.options.clock.now_ms();
+        if let Some(denials) = &self.denials
+            && let Some((index, retry)) = denials.check(&batch, now)
+        {
+            self.options.telemetry.denial_cache_hit();
+            return Decision::remembered_denial(applicable, index, retry);
+        }
+        let permit = self.breaker.permit(now);
+        if permit == Permit::Skip {
+            return self.fail_over(applicable, &batch, None);
+        }
+        let started = Instant::now();
+        let result = match self.options.timeout {
+            None => self.store.decide(&batch).await,
+            Some(budget) => match tokio::time::timeout(budget, self.store.decide(&batch)).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
+            },
+        };
+        self.options
+            .telemetry
+            .store_call(started.elapsed(), result.as_ref().err());
+        let ok = !matches!(
+            result,
+            Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+        );
+        if let Some(to) = self.breaker.record(self.options.clock.now_ms(), permit, ok) {
+            self.options.telemetry.breaker_changed(to);
+        }
+        match result {
+            Ok(outcomes) => {
+                if let Some(denials) = &self.denials
+                    && outcomes.iter().any(|o| !o.allowed)
+                {
+                    denials.record(&batch, &outcomes, now);
+                }
+                Decision::from_outcomes(applicable, outcomes, request.cost)
             }
+            Err(error) => self.fail_over(applicable, &batch, Some(&error)),
         }
     }
 
@@ -74,22 +226,29 @@ impl<S: Store> Limiter<S> {
         (self.next_shard.fetch_add(1, Ordering::Relaxed) % u64::from(shards)) as u16
     }
 
-    /// Turns the store's answer into a decision, applying the failure
-    /// policy when the store failed.
-    fn conclude<'p>(
+    /// The decision when the store could not make it.
+    fn fail_over<'p>(
         &self,
         applicable: Applicable<'p>,
-        result: Result<Outcomes, StoreError>,
-        cost: u64,
+        batch: &Batch<'_>,
+        error: Option<&StoreError>,
     ) -> Decision<'p> {
-        match result {
-            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, cost),
-            // A full memory store can only refuse new keys.
-            Err(StoreError::Full(_)) => Decision::without_store(applicable, false),
-            Err(_) => {
-                let on_error = applicable.plan.on_error().unwrap_or(self.on_error);
-                Decision::without_store(applicable, on_error == OnError::Allow)
-            }
+        // A full memory store can only refuse new keys.
+        if let Some(StoreError::Full(_)) = error {
+            return Decision::without_store(applicable, OnError::Deny);
+        }
+        let policy = applicable.plan.on_error().unwrap_or(self.options.on_error);
+        self.options.telemetry.failure_policy(policy);
+        match policy {
+            OnError::Allow | OnError::Deny => Decision::without_store(applicable, policy),
+            OnError::Local => match self.local.decide_parts(batch, self.live_instances()) {
+                Ok(outcomes) => {
+                    let mut decision = Decision::from_outcomes(applicable, outcomes, batch.cost);
+                    decision.degraded = Some(OnError::Local);
+                    decision
+                }
+                Err(_) => Decision::without_store(applicable, OnError::Deny),
+            },
         }
     }
 }
@@ -100,10 +259,10 @@ impl Limiter<MemoryStore> {
     pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
         match prepare(policy, request) {
             Err(decided) => decided,
-            Ok((applicable, batch)) => {
-                let result = self.store.decide_now(&batch);
-                self.conclude(applicable, result, request.cost)
-            }
+            Ok((applicable, batch)) => match self.store.decide_now(&batch) {
+                Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost),
+                Err(error) => self.fail_over(applicable, &batch, Some(&error)),
+            },
         }
     }
 }

@@ -125,21 +125,30 @@ impl MemoryStore {
 
     /// Decides a batch now; the synchronous core of [`Store::decide`].
     pub fn decide_now(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+        self.decide_parts(batch, 1)
+    }
+
+    /// Decides a batch against one of `parts` equal shares of every rule
+    /// (see [`Rule::share`](sluice_core::Rule::share)): how each of `parts`
+    /// sluice instances enforces limits locally while the shared store is
+    /// unreachable.
+    pub fn decide_parts(&self, batch: &Batch<'_>, parts: u64) -> Result<Outcomes, StoreError> {
         let now = self.clock.now_ms();
         let guard = self.map.guard();
         if let [rule] = batch.rules {
             // One rule: one lookup, one lock, nothing to order.
-            let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), 0);
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+            let rule = rule.rule().share(parts);
             loop {
                 let entry = self.entry(&key, &guard)?;
                 let mut slot = entry.slot.lock();
                 if slot.dead {
                     continue;
                 }
-                let (outcome, step) = rule.rule().decide(&slot.state, now, batch.cost);
+                let (outcome, step) = rule.decide(&slot.state, now, batch.cost);
                 if outcome.allowed {
-                    rule.rule().commit(&mut slot.state, step);
-                    slot.idle_at = rule.rule().idle_at(&slot.state);
+                    rule.commit(&mut slot.state, step);
+                    slot.idle_at = rule.idle_at(&slot.state);
                 }
                 return Ok(smallvec::smallvec![outcome]);
             }
@@ -147,10 +156,10 @@ impl MemoryStore {
         loop {
             let mut entries: SmallVec<[&Entry; 4]> = SmallVec::with_capacity(batch.rules.len());
             for rule in batch.rules {
-                let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), 0);
+                let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
                 entries.push(self.entry(&key, &guard)?);
             }
-            if let Some(outcomes) = decide_locked(batch, &entries, now) {
+            if let Some(outcomes) = decide_locked(batch, &entries, now, parts) {
                 return Ok(outcomes);
             }
             // An entry was swept between lookup and lock: look up again.
@@ -172,7 +181,7 @@ impl MemoryStore {
     /// The state stored for one rule of a request, without changing it (for
     /// support tooling).
     pub fn peek(&self, batch: &Batch<'_>, rule: &BoundRule) -> State {
-        let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), 0);
+        let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
         let guard = self.map.guard();
         self.map
             .get(&key, &guard)
@@ -205,7 +214,7 @@ impl MemoryStore {
 
 /// Locks the entries in address order, decides every rule, commits all or
 /// none. `None` when an entry turned out to be dead.
-fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64) -> Option<Outcomes> {
+fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) -> Option<Outcomes> {
     // Address order makes concurrent multi-key decisions deadlock-free. Two
     // rules never share an entry (their uids differ), but should they, the
     // entry is locked once and both rules read it.
@@ -243,9 +252,10 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64) -> Option<Outc
         // that is cheaper than keeping every step aside.
         for (i, rule) in batch.rules.iter().enumerate() {
             let slot = &mut guards[slot_of[i]];
-            let (_, step) = rule.rule().decide(&slot.state, now, batch.cost);
-            rule.rule().commit(&mut slot.state, step);
-            slot.idle_at = rule.rule().idle_at(&slot.state);
+            let rule = rule.rule().share(parts);
+            let (_, step) = rule.decide(&slot.state, now, batch.cost);
+            rule.commit(&mut slot.state, step);
+            slot.idle_at = rule.idle_at(&slot.state);
         }
     }
     Some(outcomes)

@@ -433,10 +433,14 @@ async fn connects_with_acl_credentials_in_the_url() {
         .query(&mut conn)
         .unwrap();
     let url = format!("redis://sluice:s3cret-pass@127.0.0.1:{}", server.port());
-    let store = RedisStore::connect(&url, keys(10), &ConnectOptions::with_timeout(TIMEOUT)).await.unwrap();
+    let store = RedisStore::connect(&url, keys(10), &ConnectOptions::with_timeout(TIMEOUT))
+        .await
+        .unwrap();
     let limiter = Limiter::new(policy(FOUR_SCOPES, true), store, OnError::Deny);
     let p = limiter.policy();
-    let decision = limiter.decide(&p, &Request::new("acme", "GET /", None, 1).unwrap()).await;
+    let decision = limiter
+        .decide(&p, &Request::new("acme", "GET /", None, 1).unwrap())
+        .await;
     assert!(decision.allowed && !decision.outcomes.is_empty());
 
     let wrong = format!("redis://sluice:wrong-pass@127.0.0.1:{}", server.port());
@@ -457,12 +461,18 @@ async fn connects_over_tls_to_a_server_signed_by_a_private_ca() {
     let store = RedisStore::connect(&url, keys(11), &options).await.unwrap();
     let limiter = Limiter::new(policy(FOUR_SCOPES, true), store, OnError::Deny);
     let p = limiter.policy();
-    let decision = limiter.decide(&p, &Request::new("acme", "GET /", None, 1).unwrap()).await;
+    let decision = limiter
+        .decide(&p, &Request::new("acme", "GET /", None, 1).unwrap())
+        .await;
     assert!(decision.allowed && !decision.outcomes.is_empty());
-    let written: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut server.connection()).unwrap();
+    let written: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.connection())
+        .unwrap();
     assert!(!written.is_empty());
 
     // Without the CA the certificate is not trusted.
-    let untrusted = RedisStore::connect(&url, keys(11), &ConnectOptions::with_timeout(TIMEOUT)).await;
+    let untrusted =
+        RedisStore::connect(&url, keys(11), &ConnectOptions::with_timeout(TIMEOUT)).await;
     assert!(untrusted.is_err());
 }

@@ -76,7 +76,11 @@ impl RedisServer {
 
     /// The TLS port of a server from [`start_tls`](Self::start_tls).
     pub fn tls_port(&self) -> u16 {
-        let at = self.extra.iter().position(|a| a == "--tls-port").expect("a TLS server");
+        let at = self
+            .extra
+            .iter()
+            .position(|a| a == "--tls-port")
+            .expect("a TLS server");
         self.extra[at + 1].parse().expect("a port")
     }
 
@@ -240,11 +244,15 @@ fn certificates() -> (String, String, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca_key = KeyPair::generate().expect("CA key");
     let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
     let issuer = Issuer::new(ca_params, ca_key);
-    let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("parameters");
+    let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .expect("parameters");
     let key = KeyPair::generate().expect("server key");
     let cert = params.signed_by(&key, &issuer).expect("server certificate");
     (ca.pem(), cert.pem(), key.serialize_pem())

@@ -234,11 +234,17 @@ fn tls_ca_file_needs_rediss_urls() {
     let e = single_error(
         "storage:\n  backend: redis\n  url: redis://127.0.0.1:6379\n  tls_ca_file: /etc/ca.pem\ndefault_plan: p\nplans:\n  p: {}\n",
     );
-    assert!(e.starts_with("4:16:") && e.contains("use rediss:// URLs"), "{e}");
+    assert!(
+        e.starts_with("4:16:") && e.contains("use rediss:// URLs"),
+        "{e}"
+    );
     let ok = Config::from_yaml(
         "storage:\n  backend: redis\n  url: rediss://127.0.0.1:6380\n  tls_ca_file: /etc/ca.pem\ndefault_plan: p\nplans:\n  p: {}\n",
         "ok.yaml",
     )
     .unwrap();
-    assert_eq!(ok.storage.tls_ca_file.as_deref(), Some(std::path::Path::new("/etc/ca.pem")));
+    assert_eq!(
+        ok.storage.tls_ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/ca.pem"))
+    );
 }

@@ -1,0 +1,38 @@
+//! What the limiter reports about the store, for metrics and logs.
+//!
+//! The limiter calls these hooks; the server implements them with
+//! Prometheus counters resolved once, so the hot path only increments.
+
+use std::time::Duration;
+
+use sluice_core::config::OnError;
+
+use crate::breaker::BreakerState;
+use crate::store::StoreError;
+
+/// Hooks the limiter calls. Every method defaults to doing nothing.
+pub trait Telemetry: Send + Sync {
+    /// A store call finished (or ran out of time) after `elapsed`.
+    fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
+        let _ = (elapsed, error);
+    }
+
+    /// The circuit breaker changed state.
+    fn breaker_changed(&self, to: BreakerState) {
+        let _ = to;
+    }
+
+    /// A decision was made by the failure policy instead of the store.
+    fn failure_policy(&self, policy: OnError) {
+        let _ = policy;
+    }
+
+    /// A denial was answered from the over-limit cache.
+    fn denial_cache_hit(&self) {}
+}
+
+/// Reports nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoTelemetry;
+
+impl Telemetry for NoTelemetry {}
