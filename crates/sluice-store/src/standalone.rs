@@ -21,6 +21,7 @@ use crate::store::{Batch, Store, StoreError};
 pub struct RedisStore {
     connection: ConnectionManager,
     script: redis::Script,
+    heartbeat: redis::Script,
     keys: KeySet,
     time: TimeSource,
     timeout_ms: u64,
@@ -83,8 +84,11 @@ pub(crate) fn install_tls_provider() {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://`, `rediss://` or `unix://`, ACL user and
-    /// password included) and loads the script.
+    /// Prepares a store for `url` (`redis://`, `rediss://` or `unix://`, ACL
+    /// user and password included). The connection is made lazily and
+    /// remade on its own: a store can be created while Redis is down (its
+    /// calls fail until Redis is back). Fails only for a malformed URL or TLS
+    /// settings.
     pub async fn connect(
         url: &str,
         keys: KeySet,
@@ -96,25 +100,53 @@ impl RedisStore {
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let connection = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| script::store_error(&e, timeout_ms))?;
         let store = RedisStore {
             connection,
             script: redis::Script::new(script::DECIDE_LUA),
+            heartbeat: redis::Script::new(script::HEARTBEAT_LUA),
             keys,
             time: TimeSource::Server,
             timeout_ms,
         };
-        store
-            .script
-            .prepare_invoke()
-            .load_async(&mut store.connection.clone())
-            .await
-            .map_err(|e| script::store_error(&e, timeout_ms))?;
+        // Preload the script when Redis is there; when it is not, the first
+        // call after it comes back loads it (NOSCRIPT is handled per call).
+        let mut connection = store.connection.clone();
+        let invocation = store.script.prepare_invoke();
+        let load = invocation.load_async(&mut connection);
+        let _ = tokio::time::timeout(timeout.max(Duration::from_secs(1)), load).await;
         Ok(store)
+    }
+
+    /// Checks that Redis answers (`PING`), within the time budget (at least
+    /// 250 ms).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let command = redis::cmd("PING");
+        let ping = command.query_async::<String>(&mut connection);
+        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), ping).await {
+            Ok(result) => result
+                .map(drop)
+                .map_err(|e| script::store_error(&e, self.timeout_ms)),
+            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
+        }
+    }
+
+    /// Refreshes this instance's heartbeat (lasting `ttl_ms`) and returns
+    /// how many instances are live.
+    pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<u64, StoreError> {
+        let key = script::instances_key(self.keys.current.prefix());
+        let mut connection = self.connection.clone();
+        let mut invocation = self.heartbeat.prepare_invoke();
+        invocation.key(key).arg(instance).arg(ttl_ms);
+        let call = invocation.invoke_async::<u64>(&mut connection);
+        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), call).await {
+            Ok(result) => result.map_err(|e| script::store_error(&e, self.timeout_ms)),
+            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
+        }
     }
 
     /// Sets where the script's "now" comes from (tests only; see

@@ -61,6 +61,10 @@ pub enum StoreError {
     /// The store could not be reached or answered with an error.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The store refused our credentials: a configuration error, not an
+    /// outage.
+    #[error("store refused the credentials: {0}")]
+    Refused(String),
 }
 
 /// Where rate-limit state lives.

@@ -443,10 +443,17 @@ async fn connects_with_acl_credentials_in_the_url() {
         .await;
     assert!(decision.allowed && !decision.outcomes.is_empty());
 
+    // Wrong credentials: the store is created (the connection is lazy) but
+    // refuses to decide, and says so without the password.
     let wrong = format!("redis://sluice:wrong-pass@127.0.0.1:{}", server.port());
-    let error = RedisStore::connect(&wrong, keys(10), &ConnectOptions::with_timeout(TIMEOUT))
+    let store = RedisStore::connect(&wrong, keys(10), &ConnectOptions::with_timeout(TIMEOUT))
         .await
-        .unwrap_err();
+        .unwrap();
+    let error = store.ping().await.unwrap_err();
+    assert!(
+        matches!(error, sluice_store::StoreError::Refused(_)),
+        "{error}"
+    );
     assert!(!error.to_string().contains("wrong-pass"), "{error}");
 }
 
@@ -471,8 +478,9 @@ async fn connects_over_tls_to_a_server_signed_by_a_private_ca() {
         .unwrap();
     assert!(!written.is_empty());
 
-    // Without the CA the certificate is not trusted.
-    let untrusted =
-        RedisStore::connect(&url, keys(11), &ConnectOptions::with_timeout(TIMEOUT)).await;
-    assert!(untrusted.is_err());
+    // Without the CA the certificate is not trusted: nothing gets through.
+    let untrusted = RedisStore::connect(&url, keys(11), &ConnectOptions::with_timeout(TIMEOUT))
+        .await
+        .unwrap();
+    assert!(untrusted.ping().await.is_err());
 }

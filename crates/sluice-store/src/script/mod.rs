@@ -22,6 +22,15 @@ use crate::store::{Batch, Partition, StoreError};
 /// The decision script's source.
 pub const DECIDE_LUA: &str = include_str!("decide.lua");
 
+/// The heartbeat script's source: instances count themselves so that
+/// `on_error: local` can divide limits among them.
+pub const HEARTBEAT_LUA: &str = include_str!("heartbeat.lua");
+
+/// The key of the live-instances set.
+pub fn instances_key(prefix: &str) -> String {
+    format!("{prefix}:instances")
+}
+
 /// Keys for one decision, one per rule.
 pub type Keys = SmallVec<[String; 4]>;
 
@@ -206,6 +215,8 @@ pub fn decode(rule: &BoundRule, raw: &Raw) -> State {
 pub fn store_error(error: &redis::RedisError, timeout_ms: u64) -> StoreError {
     if error.is_timeout() {
         StoreError::Timeout(timeout_ms)
+    } else if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        StoreError::Refused(error.to_string())
     } else {
         StoreError::Unavailable(error.to_string())
     }
