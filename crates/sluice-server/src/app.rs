@@ -1,11 +1,18 @@
-//! What every request handler shares.
+//! What every request handler shares, and how it is built from a
+//! configuration.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use sluice_core::config::ForwardAuthConfig;
-use sluice_store::Limiter;
+use sluice_core::Policy;
+use sluice_core::config::{Backend as BackendConfig, Config, ForwardAuthConfig};
+use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
+use tracing::warn;
 
+use crate::Fallible;
 use crate::backend::Backend;
+use crate::metrics::Metrics;
 
 /// Shared state of a running service.
 #[derive(Debug)]
@@ -14,14 +21,66 @@ pub struct App {
     pub limiter: Limiter<Backend>,
     /// Header names `/v1/forward-auth` reads.
     pub forward_auth: ForwardAuthConfig,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Whether the store answered its last health check.
+    pub store_reachable: AtomicBool,
 }
 
 impl App {
     /// Wraps a limiter for the handlers.
-    pub fn new(limiter: Limiter<Backend>, forward_auth: ForwardAuthConfig) -> Arc<App> {
+    pub fn new(
+        limiter: Limiter<Backend>,
+        forward_auth: ForwardAuthConfig,
+        metrics: Arc<Metrics>,
+    ) -> Arc<App> {
         Arc::new(App {
             limiter,
             forward_auth,
+            metrics,
+            store_reachable: AtomicBool::new(true),
         })
+    }
+
+    /// Connects the configured store and builds the limiter around it, with
+    /// the failure handling `storage` asks for.
+    pub async fn build(config: &Config) -> Fallible<Arc<App>> {
+        let storage = &config.storage;
+        let backend = Backend::connect(storage, &config.keys).await?;
+        let metrics = Arc::new(Metrics::new());
+        let remote = !matches!(storage.backend, BackendConfig::Memory);
+        let mut options = LimiterOptions::new(storage.on_error);
+        options.timeout = remote.then(|| Duration::from_millis(storage.timeout_ms));
+        options.breaker = BreakerConfig {
+            failures: storage.breaker_failures,
+            cool_down_ms: storage.breaker_cool_down_ms,
+            probes: storage.breaker_probes,
+        };
+        options.denial_cache = remote && storage.denial_cache;
+        options.fallback_instances = storage.fallback_instances;
+        options.local_max_entries = storage.max_entries as usize;
+        options.telemetry = metrics.clone();
+        let policy = Policy::compile_for(&config.limits, backend.shards_tenants());
+        let reachable = match backend.check().await {
+            Ok(()) => true,
+            Err(StoreError::Refused(e)) => {
+                return Err(format!("Redis refused the credentials in storage.url: {e}").into());
+            }
+            Err(e) => {
+                warn!(error = %e, "the store does not answer yet; decisions follow on_error until it does");
+                false
+            }
+        };
+        let limiter = Limiter::with_options(policy, backend, options);
+        let app = App::new(limiter, config.server.forward_auth.clone(), metrics);
+        app.store_reachable.store(reachable, Ordering::Relaxed);
+        Ok(app)
+    }
+
+    /// Whether the service can decide with its store: the store answers and
+    /// the circuit breaker is closed.
+    pub fn ready(&self) -> bool {
+        self.store_reachable.load(Ordering::Relaxed)
+            && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
     }
 }

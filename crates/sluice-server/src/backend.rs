@@ -57,6 +57,23 @@ impl Backend {
         !matches!(self, Backend::Memory(_))
     }
 
+    /// Whether the store answers now (always, for memory).
+    pub async fn check(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::Memory(_) => Ok(()),
+            Backend::Redis(store) => store.ping().await,
+        }
+    }
+
+    /// Refreshes this instance's heartbeat; returns how many instances share
+    /// the store (1 for memory).
+    pub async fn heartbeat(&self, instance: &str, ttl: Duration) -> Result<u64, StoreError> {
+        match self {
+            Backend::Memory(_) => Ok(1),
+            Backend::Redis(store) => store.heartbeat(instance, ttl.as_millis() as u64).await,
+        }
+    }
+
     /// The memory store, when that is the backend.
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {

@@ -5,7 +5,9 @@
 //!   and reloading it on change or SIGHUP.
 //! - [`backend`]: the store chosen by `storage.backend`.
 //! - [`app`]: what every request handler shares.
-//! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health.
+//! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
+//!   metrics.
+//! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -14,6 +16,7 @@ pub mod app;
 pub mod backend;
 pub mod cli;
 pub mod http;
+pub mod metrics;
 pub mod source;
 
 /// Errors at the binary's edge, where they are only printed.

@@ -92,9 +92,11 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
             match Config::from_yaml(&text, &source.origin()) {
                 Ok(config) => {
                     apply(&app, &running, &config);
+                    app.metrics.reload(true);
                     running = config;
                 }
                 Err(errors) => {
+                    app.metrics.reload(false);
                     for e in errors.iter() {
                         warn!("{e}");
                     }

@@ -53,7 +53,11 @@ fn harness() -> Harness {
         Backend::Memory(store),
         config.storage.on_error,
     );
-    let app = App::new(limiter, config.server.forward_auth.clone());
+    let app = App::new(
+        limiter,
+        config.server.forward_auth.clone(),
+        Default::default(),
+    );
     Harness {
         router: router(app),
         clock,

@@ -159,8 +159,10 @@ impl<S: Store> Limiter<S> {
             .store(instances.max(1), Ordering::Relaxed);
     }
 
-    /// Drops expired remembered denials and idle local-fallback keys.
+    /// Drops expired remembered denials and idle local-fallback keys, and
+    /// resynchronises the limiter's clock with the wall clock.
     pub fn sweep(&self) {
+        self.options.clock.resync();
         let now = self.options.clock.now_ms();
         if let Some(denials) = &self.denials {
             denials.sweep(now);

@@ -117,6 +117,16 @@ pub struct StorageConfig {
     /// Redis over TLS (`rediss://`): a PEM file of the CA to trust instead
     /// of the system's roots.
     pub tls_ca_file: Option<PathBuf>,
+    /// Live instances `on_error: local` assumes until heartbeats tell.
+    pub fallback_instances: u64,
+    /// Whether denials are remembered until they expire (Redis backends).
+    pub denial_cache: bool,
+    /// Consecutive store failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long the breaker stays open before probing, in milliseconds.
+    pub breaker_cool_down_ms: u64,
+    /// Consecutive successful probes that close the breaker.
+    pub breaker_probes: u32,
 }
 
 /// Where a secret is read from.
@@ -245,6 +255,12 @@ pub mod defaults {
     pub const PREFIX: &str = "sl";
     /// `near_limit`.
     pub const NEAR_LIMIT: f64 = 0.8;
+    /// `storage.breaker.failures`.
+    pub const BREAKER_FAILURES: u32 = 5;
+    /// `storage.breaker.cool_down`.
+    pub const BREAKER_COOL_DOWN_MS: u64 = 1_000;
+    /// `storage.breaker.probes`.
+    pub const BREAKER_PROBES: u32 = 3;
 }
 
 impl Config {

@@ -51,6 +51,17 @@ pub(crate) struct RawStorage {
     pub max_entries: Option<S<i64>>,
     pub sweep_interval: Option<S<String>>,
     pub tls_ca_file: Option<S<String>>,
+    pub fallback_instances: Option<S<i64>>,
+    pub denial_cache: Option<S<bool>>,
+    pub breaker: Option<RawBreaker>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBreaker {
+    pub failures: Option<S<i64>>,
+    pub cool_down: Option<S<String>>,
+    pub probes: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -263,6 +263,31 @@ impl Validator<'_> {
             }
             PathBuf::from(file.value)
         });
+        let fallback_instances = self.integer_in(
+            raw.fallback_instances.as_ref(),
+            "storage.fallback_instances",
+            1,
+            1..=10_000,
+        );
+        let breaker = raw.breaker.unwrap_or_default();
+        let breaker_failures = self.integer_in(
+            breaker.failures.as_ref(),
+            "storage.breaker.failures",
+            u64::from(defaults::BREAKER_FAILURES),
+            1..=1_000,
+        );
+        let breaker_probes = self.integer_in(
+            breaker.probes.as_ref(),
+            "storage.breaker.probes",
+            u64::from(defaults::BREAKER_PROBES),
+            1..=1_000,
+        );
+        let breaker_cool_down_ms = self.duration_in(
+            breaker.cool_down.as_ref(),
+            "storage.breaker.cool_down",
+            defaults::BREAKER_COOL_DOWN_MS,
+            10..=600_000,
+        );
         StorageConfig {
             backend,
             timeout_ms,
@@ -270,6 +295,11 @@ impl Validator<'_> {
             max_entries,
             sweep_interval_ms,
             tls_ca_file,
+            fallback_instances,
+            denial_cache: raw.denial_cache.map_or(true, |d| d.value),
+            breaker_failures: breaker_failures as u32,
+            breaker_cool_down_ms,
+            breaker_probes: breaker_probes as u32,
         }
     }
 
@@ -297,6 +327,31 @@ impl Validator<'_> {
                     format!("unknown `{field}` `{other}`; allowed: local, allow, deny"),
                 );
                 OnError::Local
+            }
+        }
+    }
+
+    fn integer_in(
+        &mut self,
+        raw: Option<&S<i64>>,
+        field: &str,
+        default: u64,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> u64 {
+        let Some(raw) = raw else { return default };
+        match u64::try_from(raw.value) {
+            Ok(value) if range.contains(&value) => value,
+            _ => {
+                self.push(
+                    raw.referenced,
+                    format!(
+                        "`{field}` must be from {} to {}, got {}",
+                        range.start(),
+                        range.end(),
+                        raw.value
+                    ),
+                );
+                default
             }
         }
     }

@@ -2,15 +2,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::Policy;
-use sluice_store::Limiter;
+use std::sync::atomic::Ordering;
+
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
 use super::{ServeArgs, init_logging};
 use crate::Fallible;
 use crate::app::App;
-use crate::backend::Backend;
 use crate::source::{Source, spawn_reloader};
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
@@ -39,11 +38,9 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let source = Source::from_arg(args.config);
     let config = source.load()?;
     let http = args.http.unwrap_or(config.server.http);
-    let store = Backend::connect(&config.storage, &config.keys).await?;
-    let policy = Policy::compile_for(&config.limits, store.shards_tenants());
-    let limiter = Limiter::new(policy, store, config.storage.on_error);
-    let app = App::new(limiter, config.server.forward_auth.clone());
+    let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
+    spawn_heartbeat(&app);
     let listener = TcpListener::bind(http)
         .await
         .map_err(|e| format!("cannot listen on {http}: {e}"))?;
@@ -68,6 +65,7 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
+            app.limiter.sweep();
             if let Some(memory) = app.limiter.store().memory() {
                 memory.clock().resync();
                 let dropped = memory.sweep();
@@ -75,6 +73,50 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
             }
         }
     });
+}
+
+/// How often an instance announces itself in a shared store.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Keeps this instance counted among the live ones (so that `local`
+/// divides limits by the right number) and the store's health known.
+fn spawn_heartbeat(app: &Arc<App>) {
+    if app.limiter.store().memory().is_some() {
+        return;
+    }
+    let app = app.clone();
+    let instance = instance_id();
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(HEARTBEAT);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            match app
+                .limiter
+                .store()
+                .heartbeat(&instance, 3 * HEARTBEAT)
+                .await
+            {
+                Ok(live) => {
+                    app.limiter.set_live_instances(live);
+                    app.metrics.set_live_instances(live);
+                    app.store_reachable.store(true, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    if app.store_reachable.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, "the store stopped answering");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A random id for this process, so heartbeats of instances never collide.
+fn instance_id() -> String {
+    use std::hash::BuildHasher;
+    let seed = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    format!("{seed:016x}")
 }
 
 /// Resolves on SIGINT or SIGTERM; in-flight requests then finish.

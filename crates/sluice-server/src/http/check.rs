@@ -47,8 +47,10 @@ pub(super) async fn check(
         Ok(request) => request,
         Err(problem) => return problem.into_response(),
     };
+    let started = std::time::Instant::now();
     let policy = app.limiter.policy();
     let decision = app.limiter.decide(&policy, &request).await;
+    app.metrics.decision(&decision, started.elapsed());
     decision_response(&decision)
 }
 

@@ -70,8 +70,10 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
         Ok(request) => request,
         Err(e) => return InvalidRequest::from(e).into_response(),
     };
+    let started = std::time::Instant::now();
     let policy = app.limiter.policy();
     let decision = app.limiter.decide(&policy, &request).await;
+    app.metrics.decision(&decision, started.elapsed());
     decision_response(&decision)
 }
 

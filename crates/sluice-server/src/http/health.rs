@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use serde_json::{Value, json};
 
 use crate::app::App;
@@ -13,11 +15,33 @@ pub(super) async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// The process can decide: its configuration is loaded and its store is
-/// usable.
-pub(super) async fn readyz(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({
-        "status": "ready",
+/// The process can decide with its store: 200 when the store answers and
+/// the circuit breaker is closed, else 503. The process keeps deciding
+/// either way (under the failure policy while not ready).
+pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
+    let ready = app.ready();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if ready { "ready" } else { "not_ready" },
         "store": app.limiter.store().name(),
-    }))
+        "store_reachable": app.store_reachable.load(std::sync::atomic::Ordering::Relaxed),
+        "breaker": app.limiter.breaker_state().as_str(),
+        "live_instances": app.limiter.live_instances(),
+    });
+    (status, Json(body))
+}
+
+/// Prometheus metrics, text format.
+pub(super) async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
 }

@@ -5,7 +5,8 @@
 //! | `POST /v1/check` | one decision, JSON in and out |
 //! | `ANY /v1/forward-auth` | one decision from a gateway's forwarded headers |
 //! | `GET /healthz` | the process is up |
-//! | `GET /readyz` | the process can decide |
+//! | `GET /readyz` | the process can decide with its store (200, else 503) |
+//! | `GET /metrics` | Prometheus metrics |
 //!
 //! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;
 //! a denial is a 429 with `Retry-After` and an RFC 9457 problem body. Bad
@@ -37,6 +38,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/forward-auth", any(forward_auth::forward_auth))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(app)
 }

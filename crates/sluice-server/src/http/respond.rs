@@ -26,6 +26,9 @@ pub struct DecisionView<'a> {
     pub retry_after_ms: Option<u64>,
     /// Some policy is past the soft-limit threshold.
     pub near_limit: bool,
+    /// `null`, or the failure policy (`local`, `allow`, `deny`) that decided
+    /// because the store could not.
+    pub degraded: Option<&'static str>,
 }
 
 impl<'a> DecisionView<'a> {
@@ -40,6 +43,7 @@ impl<'a> DecisionView<'a> {
             reset_after_ms: decision.reset_after_ms(),
             retry_after_ms: decision.retry_after_ms(),
             near_limit: decision.near_limit,
+            degraded: decision.degraded.map(|p| p.name()),
         }
     }
 }

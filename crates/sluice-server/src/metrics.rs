@@ -1,0 +1,294 @@
+//! Prometheus metrics, served as text on `/metrics`.
+//!
+//! Every handle is resolved when the service starts, so a decision only
+//! increments counters it already holds. Labels are closed sets (outcome,
+//! reason, error kind, policy, breaker state): no tenant, subject, route or
+//! plan ever becomes a label — that would be unbounded and a privacy leak.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use sluice_core::config::OnError;
+use sluice_core::{Decision, Reason};
+use sluice_store::{BreakerState, StoreError, Telemetry};
+use tracing::warn;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+const REASONS: [Reason; 6] = [
+    Reason::TenantLimit,
+    Reason::RouteLimit,
+    Reason::SubjectLimit,
+    Reason::GlobalCapacity,
+    Reason::CostExceedsCapacity,
+    Reason::StoreUnavailable,
+];
+
+/// How often a run of failure-policy decisions is logged, at most.
+const LOG_EVERY_MS: u64 = 10_000;
+
+/// The service's metrics.
+pub struct Metrics {
+    registry: Registry,
+    allowed: Counter,
+    denied: [Counter; REASONS.len()],
+    decision_seconds: Histogram,
+    store_seconds: Histogram,
+    store_errors: [Counter; 4],
+    failure_policy: [Counter; 3],
+    breaker_state: Gauge,
+    breaker_transitions: [Counter; 3],
+    denial_cache_hits: Counter,
+    reloads: [Counter; 2],
+    live_instances: Gauge,
+    unlogged_failovers: AtomicU64,
+    last_failover_log_ms: AtomicU64,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sluice");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Decisions by outcome and reason",
+            decisions.clone(),
+        );
+        let allowed = decisions
+            .get_or_create(&DecisionLabels {
+                outcome: "allowed",
+                reason: "none",
+            })
+            .clone();
+        let denied = REASONS.map(|reason| {
+            decisions
+                .get_or_create(&DecisionLabels {
+                    outcome: "denied",
+                    reason: reason.as_str(),
+                })
+                .clone()
+        });
+        // 50µs .. ~1.6s
+        let decision_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide one request, store call included",
+            decision_seconds.clone(),
+        );
+        let store_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "store_call_duration_seconds",
+            "Time of one store call (one per decision)",
+            store_seconds.clone(),
+        );
+        let errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Store calls that failed, by kind",
+            errors.clone(),
+        );
+        let store_errors = ["timeout", "unavailable", "refused", "full"]
+            .map(|kind| errors.get_or_create(&KindLabel { kind }).clone());
+        let policies = Family::<PolicyLabel, Counter>::default();
+        registry.register(
+            "failure_policy_decisions",
+            "Decisions made by the failure policy because the store could not decide",
+            policies.clone(),
+        );
+        let failure_policy = [OnError::Local, OnError::Allow, OnError::Deny].map(|p| {
+            policies
+                .get_or_create(&PolicyLabel { policy: p.name() })
+                .clone()
+        });
+        let breaker_state = Gauge::default();
+        registry.register(
+            "breaker_state",
+            "Circuit breaker: 0 closed, 1 open, 2 half-open",
+            breaker_state.clone(),
+        );
+        let transitions = Family::<StateLabel, Counter>::default();
+        registry.register(
+            "breaker_transitions",
+            "Circuit breaker changes, by new state",
+            transitions.clone(),
+        );
+        let breaker_transitions = [
+            BreakerState::Closed,
+            BreakerState::Open,
+            BreakerState::HalfOpen,
+        ]
+        .map(|s| {
+            transitions
+                .get_or_create(&StateLabel { state: s.as_str() })
+                .clone()
+        });
+        let denial_cache_hits = Counter::default();
+        registry.register(
+            "denial_cache_hits",
+            "Denials answered by the over-limit cache without a store call",
+            denial_cache_hits.clone(),
+        );
+        let reload_family = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads, by result",
+            reload_family.clone(),
+        );
+        let reloads = ["ok", "error"]
+            .map(|result| reload_family.get_or_create(&ResultLabel { result }).clone());
+        let live_instances = Gauge::default();
+        registry.register(
+            "live_instances",
+            "sluice instances sharing the store, from heartbeats",
+            live_instances.clone(),
+        );
+        Metrics {
+            registry,
+            allowed,
+            denied,
+            decision_seconds,
+            store_seconds,
+            store_errors,
+            failure_policy,
+            breaker_state,
+            breaker_transitions,
+            denial_cache_hits,
+            reloads,
+            live_instances,
+            unlogged_failovers: AtomicU64::new(0),
+            last_failover_log_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a decision and how long it took.
+    pub fn decision(&self, decision: &Decision<'_>, elapsed: Duration) {
+        self.decision_seconds.observe(elapsed.as_secs_f64());
+        match decision.reason {
+            None => self.allowed.inc(),
+            Some(reason) => {
+                let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+                self.denied[i].inc()
+            }
+        };
+    }
+
+    /// Counts a configuration reload.
+    pub fn reload(&self, ok: bool) {
+        self.reloads[usize::from(!ok)].inc();
+    }
+
+    /// Records the live instance count.
+    pub fn set_live_instances(&self, n: u64) {
+        self.live_instances
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The metrics in the Prometheus/OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut text = String::with_capacity(8 * 1024);
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Telemetry for Metrics {
+    fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
+        self.store_seconds.observe(elapsed.as_secs_f64());
+        let kind = match error {
+            None => return,
+            Some(StoreError::Timeout(_)) => 0,
+            Some(StoreError::Unavailable(_)) => 1,
+            Some(StoreError::Refused(_)) => 2,
+            Some(StoreError::Full(_)) => 3,
+        };
+        self.store_errors[kind].inc();
+    }
+
+    fn breaker_changed(&self, to: BreakerState) {
+        self.breaker_state.set(to as i64);
+        self.breaker_transitions[to as usize].inc();
+        warn!(state = to.as_str(), "store circuit breaker changed");
+    }
+
+    fn failure_policy(&self, policy: OnError) {
+        let i = match policy {
+            OnError::Local => 0,
+            OnError::Allow => 1,
+            OnError::Deny => 2,
+        };
+        self.failure_policy[i].inc();
+        // One log line per LOG_EVERY_MS at most, with how many decisions it
+        // stands for.
+        let pending = self.unlogged_failovers.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = now_ms();
+        let last = self.last_failover_log_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= LOG_EVERY_MS
+            && self
+                .last_failover_log_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let decisions = self
+                .unlogged_failovers
+                .swap(0, Ordering::Relaxed)
+                .max(pending);
+            warn!(
+                on_error = policy.name(),
+                decisions, "the store could not decide; the failure policy did"
+            );
+        }
+    }
+
+    fn denial_cache_hit(&self) {
+        self.denial_cache_hits.inc();
+    }
+}
