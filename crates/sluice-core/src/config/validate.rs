@@ -296,7 +296,7 @@ impl Validator<'_> {
             sweep_interval_ms,
             tls_ca_file,
             fallback_instances,
-            denial_cache: raw.denial_cache.map_or(true, |d| d.value),
+            denial_cache: raw.denial_cache.is_none_or(|d| d.value),
             breaker_failures: breaker_failures as u32,
             breaker_cool_down_ms,
             breaker_probes: breaker_probes as u32,
