@@ -178,3 +178,94 @@ async fn serve_check_and_inspect_share_redis_and_never_show_the_pepper_or_tenant
     );
     assert!(log.contains("store=\"redis\""), "{log}");
 }
+
+#[tokio::test]
+async fn serve_starts_while_redis_is_down_reports_not_ready_and_recovers() {
+    let port = sluice_testkit::free_port(false);
+    let path = temp_file(
+        "down.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: redis://127.0.0.1:{port}\n  timeout: 30ms\n  on_error: local\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ limit: 100, per: 1m }}]\n"
+        ),
+    );
+    let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+    let mut server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+    let client = reqwest::Client::new();
+    let ready = client
+        .get(format!("{}/readyz", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(body["store_reachable"], false);
+
+    for _ in 0..10 {
+        let started = std::time::Instant::now();
+        let (status, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "t", "route": "GET /"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["degraded"], "local", "{body}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
+    }
+
+    let _redis = RedisServer::start_on(port, &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let ready = client
+            .get(format!("{}/readyz", server.base))
+            .send()
+            .await
+            .unwrap();
+        let (status, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "t", "route": "GET /"}),
+        )
+        .await;
+        if ready.status() == 200 && body["degraded"].is_null() {
+            assert_eq!(status, 200);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not ready 15s after Redis came up: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    let metrics = client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let total = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    assert!(
+        total("sluice_failure_policy_decisions_total{policy=\"local\"}") > 0.0,
+        "{metrics}"
+    );
+    assert!(total("sluice_store_errors_total{") > 0.0, "{metrics}");
+    assert!(metrics.contains("sluice_breaker_state "), "{metrics}");
+    assert!(!metrics.contains("\"t\""), "tenants are never labels");
+    server.stop();
+    assert!(
+        server
+            .log
+            .lock()
+            .unwrap()
+            .contains("the failure policy did")
+    );
+}
