@@ -279,3 +279,23 @@ async fn a_flooding_tenant_costs_redis_about_one_call_per_admission_and_reset() 
         "{flood_calls} calls for the flooder"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolvable_redis_host_costs_no_more_than_the_budget() {
+    let store = RedisStore::connect(
+        "redis://no-such-host.invalid:6379",
+        keys(),
+        &ConnectOptions::with_timeout(BUDGET),
+    )
+    .await
+    .unwrap();
+    let mut options = LimiterOptions::new(OnError::Allow);
+    options.timeout = Some(BUDGET);
+    let policy = Policy::compile_for(&Config::from_yaml(GENEROUS, "chaos.yaml").unwrap().limits, true);
+    let limiter = Arc::new(Limiter::with_options(policy, store, options));
+    let (slowest, by_store, by_policy) = load(limiter, "t", Instant::now() + Duration::from_millis(500)).await;
+    println!("unresolvable host: slowest decision {slowest:?}, {by_policy} by on_error");
+    assert_eq!(by_store, 0);
+    assert!(by_policy > 0);
+    assert!(slowest <= BUDGET + SLACK, "a decision took {slowest:?}");
+}
