@@ -148,6 +148,7 @@ async fn a_restarted_redis_is_used_again_scripts_and_all() {
         Instant::now() + Duration::from_millis(500),
     )
     .await;
+    println!("killed Redis: slowest decision {slowest:?}, {by_policy} by on_error");
     assert!(by_policy > 0, "decisions went on under the failure policy");
     assert!(
         slowest <= BUDGET + SLACK,
@@ -291,9 +292,13 @@ async fn an_unresolvable_redis_host_costs_no_more_than_the_budget() {
     .unwrap();
     let mut options = LimiterOptions::new(OnError::Allow);
     options.timeout = Some(BUDGET);
-    let policy = Policy::compile_for(&Config::from_yaml(GENEROUS, "chaos.yaml").unwrap().limits, true);
+    let policy = Policy::compile_for(
+        &Config::from_yaml(GENEROUS, "chaos.yaml").unwrap().limits,
+        true,
+    );
     let limiter = Arc::new(Limiter::with_options(policy, store, options));
-    let (slowest, by_store, by_policy) = load(limiter, "t", Instant::now() + Duration::from_millis(500)).await;
+    let (slowest, by_store, by_policy) =
+        load(limiter, "t", Instant::now() + Duration::from_millis(500)).await;
     println!("unresolvable host: slowest decision {slowest:?}, {by_policy} by on_error");
     assert_eq!(by_store, 0);
     assert!(by_policy > 0);
