@@ -299,3 +299,94 @@ where
     };
     Ok((applicable, batch))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use sluice_core::{Config, Reason};
+
+    /// A store that always fails, to exercise the failure handling alone.
+    struct Broken;
+
+    impl Store for Broken {
+        async fn decide(&self, _: &Batch<'_>) -> Result<Outcomes, StoreError> {
+            Err(StoreError::Unavailable("down".to_owned()))
+        }
+    }
+
+    const PLANS: &str = r#"
+default_plan: strict
+plans:
+  strict:
+    on_error: deny
+    tenant: [{ limit: 10, per: 1h }]
+  lenient:
+    on_error: allow
+    tenant: [{ limit: 10, per: 1h }]
+  careful:
+    tenant: [{ limit: 10, per: 1h }]
+tenants:
+  l: { plan: lenient }
+  c: { plan: careful }
+"#;
+
+    fn limiter() -> Limiter<Broken> {
+        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
+        let mut options = LimiterOptions::new(OnError::Local);
+        options.clock = Arc::new(ManualClock::new(1_000_000));
+        options.breaker.failures = 1_000;
+        Limiter::with_options(policy, Broken, options)
+    }
+
+    async fn decide(
+        limiter: &Limiter<Broken>,
+        tenant: &str,
+    ) -> (bool, Option<Reason>, Option<OnError>) {
+        let policy = limiter.policy();
+        let d = limiter
+            .decide(&policy, &Request::new(tenant, "GET /", None, 1).unwrap())
+            .await;
+        (d.allowed, d.reason, d.degraded)
+    }
+
+    #[tokio::test]
+    async fn each_plan_fails_over_by_its_own_policy() {
+        let limiter = limiter();
+        assert_eq!(
+            decide(&limiter, "anyone").await,
+            (false, Some(Reason::StoreUnavailable), Some(OnError::Deny))
+        );
+        assert_eq!(
+            decide(&limiter, "l").await,
+            (true, None, Some(OnError::Allow))
+        );
+        assert_eq!(
+            decide(&limiter, "c").await,
+            (true, None, Some(OnError::Local))
+        );
+    }
+
+    #[tokio::test]
+    async fn local_divides_each_limit_by_the_live_instances() {
+        let limiter = limiter();
+        limiter.set_live_instances(4);
+        let mut admitted = 0;
+        for _ in 0..20 {
+            admitted += u32::from(decide(&limiter, "c").await.0);
+        }
+        assert_eq!(admitted, 2, "⌊10 / 4⌋ per instance");
+    }
+
+    #[tokio::test]
+    async fn the_breaker_opens_and_stops_calling_the_store() {
+        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
+        let mut options = LimiterOptions::new(OnError::Local);
+        options.clock = Arc::new(ManualClock::new(0));
+        let limiter = Limiter::with_options(policy, Broken, options);
+        for _ in 0..5 {
+            decide(&limiter, "c").await;
+        }
+        assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    }
+}
