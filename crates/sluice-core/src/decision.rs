@@ -29,6 +29,8 @@ pub enum Reason {
     SubjectLimit,
     /// A global valve.
     GlobalCapacity,
+    /// An Envoy descriptor's limit.
+    DescriptorLimit,
     /// The cost is above a rule's capacity: it can never pass.
     CostExceedsCapacity,
     /// The store failed and the failure policy is `deny`.
@@ -43,6 +45,7 @@ impl Reason {
             Reason::RouteLimit => "route_limit",
             Reason::SubjectLimit => "subject_limit",
             Reason::GlobalCapacity => "global_capacity",
+            Reason::DescriptorLimit => "descriptor_limit",
             Reason::CostExceedsCapacity => "cost_exceeds_capacity",
             Reason::StoreUnavailable => "store_unavailable",
         }
@@ -64,6 +67,9 @@ pub struct Decision<'p> {
     pub near_limit: bool,
     /// Set when the store could not decide and this failure policy did.
     pub degraded: Option<OnError>,
+    /// Some shadow rule would have denied this request (it was not
+    /// enforced).
+    pub shadow_denied: bool,
     /// Index into `rules` of the rule the summary describes.
     summary: Option<u8>,
     /// Every applicable rule.
@@ -90,6 +96,7 @@ impl<'p> Decision<'p> {
             reason,
             near_limit: false,
             degraded: None,
+            shadow_denied: false,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             rules: applicable.rules,
             outcomes: Outcomes::new(),
@@ -104,6 +111,7 @@ impl<'p> Decision<'p> {
             reason: None,
             near_limit: false,
             degraded: None,
+            shadow_denied: false,
             summary: None,
             rules: &[],
             outcomes: Outcomes::new(),
@@ -128,6 +136,17 @@ impl<'p> Decision<'p> {
             Some(Reason::CostExceedsCapacity),
             Some(index),
         ))
+    }
+
+    /// The decision for a request that rule `index` can never hold (its
+    /// cost is above the rule's capacity).
+    pub fn cost_exceeds_capacity_at(applicable: Applicable<'p>, index: usize) -> Decision<'p> {
+        Decision::new(
+            applicable,
+            false,
+            Some(Reason::CostExceedsCapacity),
+            Some(index),
+        )
     }
 
     /// A decision made without the store by failure policy `allow` or
@@ -175,24 +194,39 @@ impl<'p> Decision<'p> {
         paired.into_iter().flatten().chain(single)
     }
 
-    /// Combines one outcome per rule of a request of `cost` units.
+    /// Combines one outcome per rule of a request of `cost` units (or
+    /// `costs[i]` for rule `i` when `costs` is not empty).
     ///
-    /// When the request is denied nothing was consumed, so the rules that
-    /// would have admitted it report what they had before it: `remaining`
-    /// goes back up by `cost` (exact for every algorithm), and
-    /// `reset_after_ms` stays the post-admission figure, an upper bound.
+    /// Shadow rules never deny: their denials only set
+    /// [`shadow_denied`](Self::shadow_denied). When the request is denied
+    /// nothing was consumed, so the rules that would have admitted it report
+    /// what they had before it: `remaining` goes back up by their cost
+    /// (exact for every algorithm), and `reset_after_ms` stays the
+    /// post-admission figure, an upper bound.
     pub fn from_outcomes(
         applicable: Applicable<'p>,
         mut outcomes: Outcomes,
         cost: u64,
+        costs: &[u64],
     ) -> Decision<'p> {
         let rules = applicable.rules;
         debug_assert_eq!(rules.len(), outcomes.len());
-        let allowed = outcomes.iter().all(|o| o.allowed);
+        let enforced = |i: usize| !rules[i].shadow();
+        let allowed = outcomes
+            .iter()
+            .enumerate()
+            .all(|(i, o)| o.allowed || !enforced(i));
+        let shadow_denied = outcomes
+            .iter()
+            .enumerate()
+            .any(|(i, o)| !o.allowed && !enforced(i));
         if !allowed {
-            let cost = u32::try_from(cost).unwrap_or(u32::MAX);
-            for outcome in outcomes.iter_mut().filter(|o| o.allowed) {
-                outcome.remaining = outcome.remaining.saturating_add(cost);
+            for (i, outcome) in outcomes.iter_mut().enumerate() {
+                if outcome.allowed && enforced(i) {
+                    let cost =
+                        u32::try_from(costs.get(i).copied().unwrap_or(cost)).unwrap_or(u32::MAX);
+                    outcome.remaining = outcome.remaining.saturating_add(cost);
+                }
             }
         }
         let pairs = || rules.iter().zip(outcomes.iter()).enumerate();
@@ -208,10 +242,10 @@ impl<'p> Decision<'p> {
                 })
                 .map(|(i, _)| i)
         } else {
-            // Of the rules that denied, the one that makes the caller wait
-            // longest: only then does every rule pass. First one on ties.
+            // Of the enforced rules that denied, the one that makes the caller
+            // wait longest: only then does every rule pass. First one on ties.
             pairs()
-                .filter(|(_, (_, o))| !o.allowed)
+                .filter(|(i, (_, o))| !o.allowed && enforced(*i))
                 .fold(None::<(usize, u64)>, |best, (i, (_, o))| match best {
                     Some((_, wait)) if wait >= o.retry_after_ms => best,
                     _ => Some((i, o.retry_after_ms)),
@@ -227,6 +261,7 @@ impl<'p> Decision<'p> {
         };
         Decision {
             near_limit,
+            shadow_denied,
             outcomes,
             ..Decision::new(applicable, allowed, reason, summary)
         }
@@ -278,7 +313,7 @@ impl<'p> Decision<'p> {
     pub fn violated_policies(&self) -> impl Iterator<Item = &str> {
         let from_outcomes = self
             .known_outcomes()
-            .filter(|(_, o)| !o.allowed)
+            .filter(|(r, o)| !o.allowed && !r.shadow())
             .map(|(r, _)| r.name());
         let without_outcomes = self
             .policy()
@@ -327,7 +362,7 @@ global:
             outcome(false, 0, 700),
             outcome(true, 50, 0),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]);
         assert!(!d.allowed);
         assert_eq!(d.reason, Some(Reason::RouteLimit));
         assert_eq!(d.policy().unwrap().name(), "r");
@@ -344,7 +379,7 @@ global:
             outcome(true, 3, 0),
             outcome(false, 0, 10),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]);
         assert_eq!(d.reason, Some(Reason::GlobalCapacity));
     }
 
@@ -358,7 +393,7 @@ global:
             outcome(true, 3, 0),
             outcome(true, 1, 0),
         ];
-        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1);
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]);
         assert!(d.allowed);
         assert_eq!(d.policy().unwrap().name(), "t");
         assert_eq!(d.remaining(), Some(6));
@@ -371,7 +406,7 @@ global:
             outcome(true, 3, 0),
             outcome(true, 90, 0),
         ];
-        assert!(Decision::from_outcomes(a, outcomes.into_iter().collect(), 1).near_limit);
+        assert!(Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]).near_limit);
     }
 
     #[test]

@@ -161,7 +161,7 @@ plans:
         ]
         .into_iter()
         .collect();
-        let decision = Decision::from_outcomes(a, outcomes, 1);
+        let decision = Decision::from_outcomes(a, outcomes, 1, &[]);
         let mut field = String::new();
         write_ratelimit(&decision, &mut field);
         assert_eq!(

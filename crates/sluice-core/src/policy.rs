@@ -13,6 +13,7 @@
 //! `p`. So the per-table answers can be computed once per union pattern.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use sha2::{Digest, Sha256};
@@ -33,6 +34,9 @@ pub enum Scope {
     Subject,
     /// Per route pattern across all tenants.
     Global,
+    /// Per Envoy rate-limit descriptor (envoyproxy/ratelimit configuration
+    /// and descriptor limit overrides).
+    Descriptor,
 }
 
 impl Scope {
@@ -43,6 +47,7 @@ impl Scope {
             Scope::Route => "route",
             Scope::Subject => "subject",
             Scope::Global => "global",
+            Scope::Descriptor => "descriptor",
         }
     }
 
@@ -53,6 +58,7 @@ impl Scope {
             Scope::Route => Reason::RouteLimit,
             Scope::Subject => Reason::SubjectLimit,
             Scope::Global => Reason::GlobalCapacity,
+            Scope::Descriptor => Reason::DescriptorLimit,
         }
     }
 }
@@ -61,18 +67,22 @@ impl Scope {
 /// identity, plus what the hot path would otherwise compute per request.
 #[derive(Debug, Clone)]
 pub struct BoundRule {
-    name: Box<str>,
+    name: Arc<str>,
     scope: Scope,
-    pattern: Box<str>,
+    pattern: Arc<str>,
     rule: Rule,
-    identity: Box<[u8]>,
+    shadow: bool,
+    identity: Arc<[u8]>,
     uid: u64,
-    policy_item: Box<str>,
+    policy_item: Arc<str>,
     near_at_remaining: u64,
 }
 
 impl BoundRule {
-    fn new(scope: Scope, pattern: &str, named: &NamedRule, near_limit: f64) -> BoundRule {
+    /// Binds a rule to its scope and pattern (`""` for tenant rules; the
+    /// descriptor path for Envoy descriptors). Clones are cheap: the text is
+    /// shared.
+    pub fn new(scope: Scope, pattern: &str, named: &NamedRule, near_limit: f64) -> BoundRule {
         let rule = named.rule;
         // The identity names the bucket across reloads and restarts: same
         // scope, pattern, name and algorithm → same state. Parameters are
@@ -91,6 +101,7 @@ impl BoundRule {
             scope,
             pattern: pattern.into(),
             rule,
+            shadow: named.shadow,
             identity: identity.into(),
             uid,
             policy_item: headers::policy_item(&named.name, &rule).into(),
@@ -106,6 +117,12 @@ impl BoundRule {
     /// The scope.
     pub fn scope(&self) -> Scope {
         self.scope
+    }
+
+    /// Whether the rule only observes: its denials are counted, never
+    /// enforced.
+    pub fn shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The route pattern the rule was configured under (`""` for tenant
@@ -132,8 +149,9 @@ impl BoundRule {
 
     /// Whether clients are told about this rule. Global valves are not:
     /// their remaining capacity would show other tenants' traffic.
+    /// Shadow rules are not either: they are not enforced.
     pub fn advertised(&self) -> bool {
-        self.scope != Scope::Global
+        self.scope != Scope::Global && !self.shadow
     }
 
     /// This rule's `RateLimit-Policy` item.
@@ -290,8 +308,8 @@ impl Plan {
 /// A plan whose tenant, route and subject rules are cut to one shard's share.
 fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
     let share = |named: &NamedRule| NamedRule {
-        name: named.name.clone(),
         rule: named.rule.share(u64::from(shards)),
+        ..named.clone()
     };
     let table = |rules: &[RouteRules]| -> Vec<RouteRules> {
         rules
@@ -354,8 +372,8 @@ pub struct Policy {
 /// The rules that apply to one request.
 #[derive(Debug, Clone, Copy)]
 pub struct Applicable<'p> {
-    /// The tenant's plan.
-    pub plan: &'p Plan,
+    /// The tenant's plan (`None` for an ad-hoc set of rules).
+    pub plan: Option<&'p Plan>,
     /// How many shards the tenant's keys are spread over.
     pub shards: u16,
     /// Every rule to check, in scope order (tenant, route, global, subject).
@@ -364,6 +382,29 @@ pub struct Applicable<'p> {
     pub policy_header: &'p str,
     /// The largest cost every one of these rules can hold.
     pub max_cost: u64,
+}
+
+impl<'p> Applicable<'p> {
+    /// Rules gathered outside a plan (Envoy descriptors): no plan, one
+    /// shard, no `RateLimit-Policy` field.
+    pub fn adhoc(rules: &'p [BoundRule]) -> Applicable<'p> {
+        Applicable {
+            plan: None,
+            shards: 1,
+            rules,
+            policy_header: "",
+            max_cost: rules
+                .iter()
+                .map(|r| r.rule().capacity())
+                .min()
+                .unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The failure policy of the plan, if it sets one.
+    pub fn on_error(&self) -> Option<OnError> {
+        self.plan.and_then(Plan::on_error)
+    }
 }
 
 impl Policy {
@@ -430,7 +471,7 @@ impl Policy {
             (&cell.rules[..cell.without_subject], 0)
         };
         Applicable {
-            plan,
+            plan: Some(plan),
             shards: entry.shards,
             rules,
             policy_header: &cell.policy_header[variant],
@@ -505,7 +546,7 @@ global:
                 "subject:per-user"
             ]
         );
-        assert_eq!(invoices.plan.name(), "free");
+        assert_eq!(invoices.plan.unwrap().name(), "free");
         let users = p.applicable("t1", "GET /v1/users/42", false);
         assert_eq!(names(&users), ["tenant:tenant-0", "route:users"]);
         let admin = p.applicable("t1", "GET /v1/users/admin/7", false);
@@ -521,7 +562,7 @@ global:
     fn listed_tenants_get_their_plan_and_others_the_default() {
         let p = policy(YAML);
         let acme = p.applicable("acme", "DELETE /v1/things", true);
-        assert_eq!(acme.plan.name(), "pro");
+        assert_eq!(acme.plan.unwrap().name(), "pro");
         assert_eq!(names(&acme), ["tenant:tenant-0"]);
         let acme_invoices = p.applicable("acme", "POST /v1/invoices", false);
         assert_eq!(

@@ -110,6 +110,8 @@ fn decisions(c: &mut Criterion) {
                 shard: 0,
                 cost: 1,
                 rules,
+                partitions: &[],
+                costs: &[],
             };
             black_box(single.store().decide_now(&batch).unwrap()[0].allowed)
         })

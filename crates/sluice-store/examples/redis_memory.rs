@@ -51,6 +51,8 @@ async fn main() {
                 shard: 0,
                 cost,
                 rules,
+                partitions: &[],
+                costs: &[],
             };
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);

@@ -135,8 +135,8 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
             "10000",
             "-q",
         ])
-        // now (server clock), cost 1, 2 rules, not rotating; then per rule:
-        // algorithm, limit, per, burst, aligned.
+        // now (server clock), 2 rules, not rotating; then per rule:
+        // algorithm, limit, per, burst, aligned, cost, shadow.
         .args([
             "EVALSHA",
             &sha,
@@ -144,12 +144,11 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
             "sl:{t__rand_int__}:a",
             "sl:{t__rand_int__}:b",
             "",
-            "1",
             "2",
             "0",
         ])
-        .args(["1", "1000000", "1000", "1000000", "0"])
-        .args(["2", "1000000", "1000", "1000000", "0"])
+        .args(["1", "1000000", "1000", "1000000", "0", "1", "0"])
+        .args(["2", "1000000", "1000", "1000000", "0", "1", "0"])
         .output()
         .expect("redis-benchmark runs (install redis-tools)");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -63,9 +63,12 @@ impl DenialCache {
         }
         let map = self.map.pin();
         batch.rules.iter().enumerate().find_map(|(i, rule)| {
-            let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+            if rule.shadow() {
+                return None;
+            }
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
             let denial = map.get(&key)?;
-            (denial.until_ms > now && batch.cost >= denial.min_cost)
+            (denial.until_ms > now && batch.cost_of(i) >= denial.min_cost)
                 .then(|| (i, denial.until_ms - now))
         })
     }
@@ -73,16 +76,16 @@ impl DenialCache {
     /// Remembers the buckets that denied `batch` at `now`.
     pub fn record(&self, batch: &Batch<'_>, outcomes: &[Outcome], now: u64) {
         let map = self.map.pin();
-        for (rule, outcome) in batch.rules.iter().zip(outcomes) {
-            if outcome.allowed || map.len() >= MAX_ENTRIES {
+        for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
+            if outcome.allowed || rule.shadow() || map.len() >= MAX_ENTRIES {
                 continue;
             }
-            let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
             map.insert(
                 key.to_key(),
                 Denial {
                     until_ms: now + outcome.retry_after_ms,
-                    min_cost: batch.cost,
+                    min_cost: batch.cost_of(i),
                 },
             );
         }
@@ -117,6 +120,8 @@ mod tests {
             shard: 0,
             cost,
             rules,
+            partitions: &[],
+            costs: &[],
         };
         let cache = DenialCache::default();
         let denied = Outcome {

@@ -177,21 +177,37 @@ impl<S: Store> Limiter<S> {
             Err(decided) => return decided,
         };
         batch.shard = self.shard(applicable.shards);
+        self.decide_batch(applicable, &batch).await
+    }
+
+    /// Decides a batch prepared by the caller: the rules of `applicable`,
+    /// with the partitions and costs `batch` gives them. Envoy descriptors
+    /// come this way; [`decide`](Self::decide) is the usual entry.
+    pub async fn decide_batch<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+    ) -> Decision<'p> {
+        if let Some(index) =
+            (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
+        {
+            return Decision::cost_exceeds_capacity_at(applicable, index);
+        }
         let now = self.options.clock.now_ms();
         if let Some(denials) = &self.denials
-            && let Some((index, retry)) = denials.check(&batch, now)
+            && let Some((index, retry)) = denials.check(batch, now)
         {
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
         let permit = self.breaker.permit(now);
         if permit == Permit::Skip {
-            return self.fail_over(applicable, &batch, None);
+            return self.fail_over(applicable, batch, None);
         }
         let started = Instant::now();
         let result = match self.options.timeout {
-            None => self.store.decide(&batch).await,
-            Some(budget) => match tokio::time::timeout(budget, self.store.decide(&batch)).await {
+            None => self.store.decide(batch).await,
+            Some(budget) => match tokio::time::timeout(budget, self.store.decide(batch)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
             },
@@ -201,7 +217,7 @@ impl<S: Store> Limiter<S> {
             .store_call(started.elapsed(), result.as_ref().err());
         let ok = !matches!(
             result,
-            Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+            Err(StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::Refused(_))
         );
         if let Some(to) = self.breaker.record(self.options.clock.now_ms(), permit, ok) {
             self.options.telemetry.breaker_changed(to);
@@ -211,11 +227,11 @@ impl<S: Store> Limiter<S> {
                 if let Some(denials) = &self.denials
                     && outcomes.iter().any(|o| !o.allowed)
                 {
-                    denials.record(&batch, &outcomes, now);
+                    denials.record(batch, &outcomes, now);
                 }
-                Decision::from_outcomes(applicable, outcomes, request.cost)
+                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
             }
-            Err(error) => self.fail_over(applicable, &batch, Some(&error)),
+            Err(error) => self.fail_over(applicable, batch, Some(&error)),
         }
     }
 
@@ -239,13 +255,14 @@ impl<S: Store> Limiter<S> {
         if let Some(StoreError::Full(_)) = error {
             return Decision::without_store(applicable, OnError::Deny);
         }
-        let policy = applicable.plan.on_error().unwrap_or(self.options.on_error);
+        let policy = applicable.on_error().unwrap_or(self.options.on_error);
         self.options.telemetry.failure_policy(policy);
         match policy {
             OnError::Allow | OnError::Deny => Decision::without_store(applicable, policy),
             OnError::Local => match self.local.decide_parts(batch, self.live_instances()) {
                 Ok(outcomes) => {
-                    let mut decision = Decision::from_outcomes(applicable, outcomes, batch.cost);
+                    let mut decision =
+                        Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
                     decision.degraded = Some(OnError::Local);
                     decision
                 }
@@ -262,7 +279,7 @@ impl Limiter<MemoryStore> {
         match prepare(policy, request) {
             Err(decided) => decided,
             Ok((applicable, batch)) => match self.store.decide_now(&batch) {
-                Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost),
+                Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost, &[]),
                 Err(error) => self.fail_over(applicable, &batch, Some(&error)),
             },
         }
@@ -288,6 +305,7 @@ where
             applicable,
             Outcomes::new(),
             request.cost,
+            &[],
         ));
     }
     let batch = Batch {
@@ -296,6 +314,8 @@ where
         shard: 0,
         cost: request.cost,
         rules: applicable.rules,
+        partitions: &[],
+        costs: &[],
     };
     Ok((applicable, batch))
 }

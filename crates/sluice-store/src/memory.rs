@@ -41,8 +41,8 @@ use papaya::Guard;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
+use sluice_core::State;
 use sluice_core::decision::Outcomes;
-use sluice_core::{BoundRule, State};
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
@@ -137,15 +137,16 @@ impl MemoryStore {
         let guard = self.map.guard();
         if let [rule] = batch.rules {
             // One rule: one lookup, one lock, nothing to order.
-            let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(0, rule), batch.shard);
             let rule = rule.rule().share(parts);
+            let cost = batch.cost_of(0);
             loop {
                 let entry = self.entry(&key, &guard)?;
                 let mut slot = entry.slot.lock();
                 if slot.dead {
                     continue;
                 }
-                let (outcome, step) = rule.decide(&slot.state, now, batch.cost);
+                let (outcome, step) = rule.decide(&slot.state, now, cost);
                 if outcome.allowed {
                     rule.commit(&mut slot.state, step);
                     slot.idle_at = rule.idle_at(&slot.state);
@@ -155,8 +156,8 @@ impl MemoryStore {
         }
         loop {
             let mut entries: SmallVec<[&Entry; 4]> = SmallVec::with_capacity(batch.rules.len());
-            for rule in batch.rules {
-                let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+            for (i, rule) in batch.rules.iter().enumerate() {
+                let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
                 entries.push(self.entry(&key, &guard)?);
             }
             if let Some(outcomes) = decide_locked(batch, &entries, now, parts) {
@@ -178,10 +179,16 @@ impl MemoryStore {
             .get_or_insert_with(key.to_key(), Entry::fresh, guard))
     }
 
-    /// The state stored for one rule of a request, without changing it (for
-    /// support tooling).
-    pub fn peek(&self, batch: &Batch<'_>, rule: &BoundRule) -> State {
-        let key = KeyRef::new(&self.hasher, rule, batch.partition(rule), batch.shard);
+    /// The state stored for rule `index` of a request, without changing it
+    /// (for support tooling).
+    pub fn peek(&self, batch: &Batch<'_>, index: usize) -> State {
+        let rule = &batch.rules[index];
+        let key = KeyRef::new(
+            &self.hasher,
+            rule,
+            batch.partition(index, rule),
+            batch.shard,
+        );
         let guard = self.map.guard();
         self.map
             .get(&key, &guard)
@@ -242,18 +249,28 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
         .iter()
         .enumerate()
         .map(|(i, rule)| {
-            rule.rule()
-                .decide(&guards[slot_of[i]].state, now, batch.cost)
+            let rule = rule.rule().share(parts);
+            rule.decide(&guards[slot_of[i]].state, now, batch.cost_of(i))
                 .0
         })
         .collect();
-    if outcomes.iter().all(|o| o.allowed) {
+    // Shadow rules never block the others; they consume only when they
+    // admit, as an enforced rule would.
+    let enforced_admit = batch
+        .rules
+        .iter()
+        .zip(&outcomes)
+        .all(|(rule, outcome)| outcome.allowed || rule.shadow());
+    if enforced_admit {
         // Deciding is pure, so deciding again yields the same step to commit;
         // that is cheaper than keeping every step aside.
         for (i, rule) in batch.rules.iter().enumerate() {
+            if !outcomes[i].allowed {
+                continue;
+            }
             let slot = &mut guards[slot_of[i]];
             let rule = rule.rule().share(parts);
-            let (_, step) = rule.decide(&slot.state, now, batch.cost);
+            let (_, step) = rule.decide(&slot.state, now, batch.cost_of(i));
             rule.commit(&mut slot.state, step);
             slot.idle_at = rule.idle_at(&slot.state);
         }

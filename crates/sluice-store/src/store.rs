@@ -24,6 +24,12 @@ pub struct Batch<'a> {
     pub cost: u64,
     /// The rules, in policy order; outcomes come back in the same order.
     pub rules: &'a [BoundRule],
+    /// Per rule, the partition it counts in, overriding the one its scope
+    /// gives (Envoy descriptors count per descriptor). Empty: by scope.
+    pub partitions: &'a [Partition<'a>],
+    /// Per rule, the units it consumes, overriding `cost` (Envoy
+    /// descriptors carry their own `hits_addend`). Empty: `cost` for all.
+    pub costs: &'a [u64],
 }
 
 /// Whose bucket a rule counts in.
@@ -38,13 +44,40 @@ pub enum Partition<'a> {
 }
 
 impl<'a> Batch<'a> {
-    /// The partition `rule` counts in for this request.
-    pub fn partition(&self, rule: &BoundRule) -> Partition<'a> {
+    /// A batch of `rules` for one request, every rule costing `cost`, on
+    /// shard 0.
+    pub fn new(
+        tenant: &'a str,
+        subject: Option<&'a str>,
+        cost: u64,
+        rules: &'a [BoundRule],
+    ) -> Batch<'a> {
+        Batch {
+            tenant,
+            subject,
+            shard: 0,
+            cost,
+            rules,
+            partitions: &[],
+            costs: &[],
+        }
+    }
+
+    /// The partition rule `index` counts in for this request.
+    pub fn partition(&self, index: usize, rule: &BoundRule) -> Partition<'a> {
+        if let Some(partition) = self.partitions.get(index) {
+            return *partition;
+        }
         match (rule.scope(), self.subject) {
             (Scope::Global, _) => Partition::Global,
             (Scope::Subject, Some(subject)) => Partition::Subject(self.tenant, subject),
             _ => Partition::Tenant(self.tenant),
         }
+    }
+
+    /// The units rule `index` consumes.
+    pub fn cost_of(&self, index: usize) -> u64 {
+        self.costs.get(index).copied().unwrap_or(self.cost)
     }
 }
 

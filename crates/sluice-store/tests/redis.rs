@@ -412,6 +412,8 @@ async fn the_store_reports_a_dead_redis_as_an_error_not_a_hang() {
         shard: 0,
         cost: 1,
         rules,
+        partitions: &[],
+        costs: &[],
     };
     let started = std::time::Instant::now();
     let result = store.decide(&batch).await;

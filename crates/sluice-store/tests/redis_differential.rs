@@ -23,10 +23,24 @@ fn rule_yaml(
     burst: Option<u64>,
     aligned: bool,
 ) -> String {
+    shadow_rule_yaml(algorithm, limit, per_ms, burst, aligned, false)
+}
+
+fn shadow_rule_yaml(
+    algorithm: Algorithm,
+    limit: u64,
+    per_ms: u64,
+    burst: Option<u64>,
+    aligned: bool,
+    shadow: bool,
+) -> String {
     let mut s = format!(
         "{{ algorithm: {}, limit: {limit}, per: {per_ms}ms",
         algorithm.name()
     );
+    if shadow {
+        s.push_str(", shadow: true");
+    }
     if let Some(b) = burst {
         s.push_str(&format!(", burst: {b}"));
     }
@@ -54,9 +68,10 @@ fn any_rule() -> impl Strategy<Value = (Algorithm, u64, u64, Option<u64>, bool)>
     )
 }
 
-fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool)>> {
+/// (gap, cost, with a subject, each rule its own cost).
+fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, bool)>> {
     let gap = prop_oneof![3 => Just(0u64), 4 => 0u64..40, 2 => 0u64..2_500, 1 => Just(1_000u64)];
-    proptest::collection::vec((gap, 1u64..=14, any::<bool>()), 1..60)
+    proptest::collection::vec((gap, 1u64..=14, any::<bool>(), any::<bool>()), 1..60)
 }
 
 fn pepper() -> Pepper {
@@ -72,14 +87,14 @@ proptest! {
 
     #[test]
     fn redis_and_memory_decide_identically(
-        tenant_rules in proptest::collection::vec(any_rule(), 1..=2),
+        tenant_rules in proptest::collection::vec((any_rule(), proptest::bool::weighted(0.2)), 1..=2),
         subject_rule in any_rule(),
         start in prop_oneof![Just(1_764_460_800_000u64), 1_700_000_000_000u64..1_800_000_000_000],
         steps in steps(),
     ) {
         let tenant: Vec<String> = tenant_rules
             .iter()
-            .map(|&(a, l, p, b, al)| rule_yaml(a, l, p, b, al))
+            .map(|&((a, l, p, b, al), shadow)| shadow_rule_yaml(a, l, p, b, al, shadow))
             .collect();
         let (a, l, p, b, al) = subject_rule;
         let yaml = format!(
@@ -100,18 +115,21 @@ proptest! {
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));
 
-        for (i, (gap, cost, with_subject)) in steps.into_iter().enumerate() {
+        for (i, (gap, cost, with_subject, each_own)) in steps.into_iter().enumerate() {
             clock.advance(gap);
             let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
-            if cost > applicable.max_cost {
+            // Per-rule costs, each within its rule's capacity.
+            let costs: Vec<u64> = if each_own {
+                applicable.rules.iter().enumerate().map(|(j, r)| 1 + (cost + j as u64) % r.rule().capacity()).collect()
+            } else {
+                Vec::new()
+            };
+            if costs.is_empty() && cost > applicable.max_cost {
                 continue;
             }
             let batch = Batch {
-                tenant: "tenant-a",
-                subject: with_subject.then_some("user-1"),
-                shard: 0,
-                cost,
-                rules: applicable.rules,
+                costs: &costs,
+                ..Batch::new("tenant-a", with_subject.then_some("user-1"), cost, applicable.rules)
             };
             let expected = memory.decide_now(&batch).unwrap();
             let actual = runtime.block_on(redis.decide(&batch)).unwrap();
@@ -173,6 +191,8 @@ fn single_rules_match_over_long_runs() {
                 shard: 0,
                 cost: 1 + i % 3,
                 rules,
+                partitions: &[],
+                costs: &[],
             };
             let expected = memory.decide_now(&batch).unwrap();
             let actual = runtime.block_on(redis.decide(&batch)).unwrap();

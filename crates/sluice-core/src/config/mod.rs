@@ -235,6 +235,8 @@ pub struct NamedRule {
     pub name: String,
     /// The rule.
     pub rule: Rule,
+    /// Shadow mode: evaluated and counted, never enforced.
+    pub shadow: bool,
 }
 
 /// Defaults, shared with the documentation.

@@ -99,4 +99,5 @@ pub(crate) struct RawRule {
     pub per: Option<S<String>>,
     pub burst: Option<S<i64>>,
     pub aligned: Option<S<bool>>,
+    pub shadow: Option<S<bool>>,
 }

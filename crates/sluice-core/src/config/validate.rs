@@ -675,8 +675,9 @@ impl Validator<'_> {
                 }
                 None => format!("{scope}-{index}"),
             };
+            let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
             if let Some(rule) = self.rule(rule.value, at) {
-                out.push(NamedRule { name, rule });
+                out.push(NamedRule { name, rule, shadow });
             }
         }
         out

@@ -48,7 +48,7 @@ async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
     println!(
         "tenant {:?}: plan {}, {} shard{}",
         args.tenant,
-        applicable.plan.name(),
+        applicable.plan.map_or("-", |p| p.name()),
         applicable.shards,
         if applicable.shards == 1 { "" } else { "s" }
     );
@@ -66,6 +66,8 @@ async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
             shard,
             cost: 1,
             rules: &rules,
+            partitions: &[],
+            costs: &[],
         };
         let (now, states) = redis.peek(&batch).await?;
         for (rule, (key, state)) in rules.iter().zip(states) {

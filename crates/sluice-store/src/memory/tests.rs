@@ -40,6 +40,8 @@ fn batch<'a>(
         shard: 0,
         cost,
         rules: p.applicable(tenant, route, subject.is_some()).rules,
+        partitions: &[],
+        costs: &[],
     }
 }
 
@@ -181,8 +183,38 @@ fn partitions_are_separate_buckets() {
     }
 }
 
+#[test]
+fn shares_cut_every_rule_of_a_multi_rule_decision() {
+    // Local fallback with 4 instances: the tenant's 40 becomes 10, the
+    // route's 8 becomes 2.
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 40, per: 1h }]\n    routes:\n      \"*\": [{ algorithm: fixed_window, limit: 8, per: 1h }]\n";
+    let p = policy(yaml);
+    let store = MemoryStore::with_clock(100, Arc::new(ManualClock::new(0)));
+    let b = batch(&p, "a", "GET /", None, 1);
+    let admitted = (0..20)
+        .filter(|_| store.decide_parts(&b, 4).unwrap().iter().all(|o| o.allowed))
+        .count();
+    assert_eq!(admitted, 2);
+}
+
+#[test]
+fn a_shadow_rule_never_blocks_and_consumes_only_when_it_admits() {
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ name: real, limit: 5, per: 1h }, { name: trial, limit: 2, per: 1h, shadow: true }]\n";
+    let p = policy(yaml);
+    let store = MemoryStore::with_clock(100, Arc::new(ManualClock::new(0)));
+    let b = batch(&p, "a", "GET /", None, 1);
+    let mut shadow_denials = 0;
+    for _ in 0..5 {
+        let outcomes = store.decide_now(&b).unwrap();
+        assert!(outcomes[0].allowed, "the enforced rule decides");
+        shadow_denials += usize::from(!outcomes[1].allowed);
+    }
+    assert_eq!(shadow_denials, 3);
+    assert!(!store.decide_now(&b).unwrap()[0].allowed);
+}
+
 fn snapshot(store: &MemoryStore, b: &Batch<'_>) -> Vec<State> {
-    b.rules.iter().map(|r| store.peek(b, r)).collect()
+    (0..b.rules.len()).map(|i| store.peek(b, i)).collect()
 }
 
 proptest! {

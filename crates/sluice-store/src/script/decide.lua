@@ -9,17 +9,19 @@
 --                     under the previous pepper
 -- ARGV[1]             now in ms, or "" to read the server clock (TIME);
 --                     sluice sends "" except in tests
--- ARGV[2]             cost
--- ARGV[3]             n, the number of rules
--- ARGV[4]             1 when previous-pepper keys follow, else 0
--- ARGV[5 + 5(i-1)..]  per rule: algorithm, limit, per, burst, aligned
---                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
---                     4 sliding_window, 5 fixed_window)
+-- ARGV[2]             n, the number of rules
+-- ARGV[3]             1 when previous-pepper keys follow, else 0
+-- ARGV[4 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned,
+--                     cost, shadow (algorithm: 1 gcra, 2 token_bucket,
+--                     3 sliding_log, 4 sliding_window, 5 fixed_window;
+--                     shadow: 1 when the rule only observes)
 --
 -- Returns four integers per rule: allowed (1 or 0), remaining,
--- reset_after_ms, retry_after_ms. Every rule is checked first; only when all
--- admit is anything written, so a denied request consumes nothing. Every
--- key written expires when its state is as good as fresh, plus SLACK ms.
+-- reset_after_ms, retry_after_ms. Every rule is checked first; only when
+-- every enforced rule admits is anything written, so a denied request
+-- consumes nothing. A shadow rule never blocks the others and consumes only
+-- when it admits. Every key written expires when its state is as good as
+-- fresh, plus SLACK ms.
 
 local SLACK = 1000
 
@@ -213,9 +215,8 @@ if ARGV[1] == '' then
 else
   now = tonumber(ARGV[1])
 end
-local cost = tonumber(ARGV[2])
-local n = tonumber(ARGV[3])
-local rotating = ARGV[4] == '1'
+local n = tonumber(ARGV[2])
+local rotating = ARGV[3] == '1'
 
 -- Rotation: a bucket not yet under the new pepper starts from its state
 -- under the previous one, so a rotation neither resets nor doubles budgets.
@@ -231,12 +232,14 @@ local reply = {}
 local writes = {}
 local all_allowed = true
 for i = 1, n do
-  local base = 5 + 5 * (i - 1)
+  local base = 4 + 7 * (i - 1)
   local algorithm = tonumber(ARGV[base])
   local limit = tonumber(ARGV[base + 1])
   local per = tonumber(ARGV[base + 2])
   local burst = tonumber(ARGV[base + 3])
   local aligned = tonumber(ARGV[base + 4])
+  local cost = tonumber(ARGV[base + 5])
+  local shadow = ARGV[base + 6] == '1'
   local key = KEYS[i]
   local allowed, remaining, reset, retry, state, idle
   if algorithm == 3 then
@@ -254,8 +257,8 @@ for i = 1, n do
       allowed, remaining, reset, retry, state, idle = fixed_window(value, now, cost, limit, per, aligned)
     end
   end
-  if allowed == 0 then all_allowed = false end
-  writes[i] = { algorithm, state, idle }
+  if allowed == 0 and not shadow then all_allowed = false end
+  writes[i] = { algorithm, state, idle, cost }
   reply[#reply + 1] = allowed
   reply[#reply + 1] = remaining
   reply[#reply + 1] = reset
@@ -265,8 +268,10 @@ end
 if all_allowed then
   for i = 1, n do
     local w = writes[i]
-    if w[1] == 3 then
-      log_append(KEYS[i], w[2], cost, now, w[3])
+    if w[2] == nil then
+      -- a shadow rule that would have denied: nothing to write
+    elseif w[1] == 3 then
+      log_append(KEYS[i], w[2], w[4], now, w[3])
     else
       redis.call('SET', KEYS[i], w[2], 'PX', math.max(1, w[3] - now + SLACK))
     end

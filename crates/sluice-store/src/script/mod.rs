@@ -51,7 +51,8 @@ impl KeySet {
         batch
             .rules
             .iter()
-            .map(|rule| match batch.partition(rule) {
+            .enumerate()
+            .map(|(i, rule)| match batch.partition(i, rule) {
                 Partition::Global => keyer.key(&keyer.global_tag(rule, 0), rule, None),
                 Partition::Tenant(_) => keyer.key(&tag, rule, None),
                 Partition::Subject(_, subject) => keyer.key(&tag, rule, Some(subject)),
@@ -117,17 +118,18 @@ pub fn prepare<'s>(
         TimeSource::Client(clock) => invocation.arg(clock.now_ms()),
     };
     invocation
-        .arg(batch.cost)
         .arg(batch.rules.len())
         .arg(u8::from(previous.is_some()));
-    for rule in batch.rules {
+    for (i, rule) in batch.rules.iter().enumerate() {
         let r = rule.rule();
         invocation
             .arg(algorithm_code(r.algorithm()))
             .arg(r.limit())
             .arg(r.period_ms())
             .arg(r.burst())
-            .arg(u8::from(r.aligned()));
+            .arg(u8::from(r.aligned()))
+            .arg(batch.cost_of(i))
+            .arg(u8::from(rule.shadow()));
     }
     invocation
 }
