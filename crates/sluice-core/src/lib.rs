@@ -12,6 +12,8 @@
 //!   rules apply to a tenant, route and subject.
 //! - [`decision`]: per-rule outcomes combined into one all-or-nothing
 //!   decision with its reason.
+//! - [`descriptors`]: Envoy descriptors matched against an
+//!   envoyproxy/ratelimit configuration ([`config::envoy`] reads it).
 //! - [`headers`]: the IETF `RateLimit` and `RateLimit-Policy` fields.
 //! - [`keys`]: opaque storage keys derived with HMAC-SHA256.
 
@@ -21,6 +23,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod decision;
+pub mod descriptors;
 pub mod duration;
 pub mod headers;
 pub mod keys;

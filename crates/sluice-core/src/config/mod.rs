@@ -5,6 +5,7 @@
 //! what is allowed. Nothing downstream re-validates: a [`Config`] is ready to
 //! be compiled into a [`Policy`](crate::policy::Policy).
 
+pub mod envoy;
 mod error;
 mod raw;
 mod validate;

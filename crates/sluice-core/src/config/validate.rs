@@ -51,7 +51,7 @@ pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
 
 /// serde-saphyr's message without its source snippet or position (we print
 /// the position ourselves, as `file:line:column`).
-fn yaml_message(error: &serde_saphyr::Error) -> String {
+pub(super) fn yaml_message(error: &serde_saphyr::Error) -> String {
     let text = error.without_snippet().to_string();
     let first = text.lines().next().unwrap_or("invalid YAML").trim();
     let trimmed = match first.rfind(" at line ") {
@@ -61,7 +61,7 @@ fn yaml_message(error: &serde_saphyr::Error) -> String {
     trimmed.to_owned()
 }
 
-struct Validator<'a> {
+pub(super) struct Validator<'a> {
     origin: &'a str,
     errors: Vec<ConfigError>,
 }
@@ -69,8 +69,20 @@ struct Validator<'a> {
 /// The start of the file, for problems with no better place.
 const TOP: Location = Location::UNKNOWN;
 
-impl Validator<'_> {
-    fn push(&mut self, at: Location, message: impl Into<String>) {
+impl<'a> Validator<'a> {
+    pub(super) fn new(origin: &'a str) -> Validator<'a> {
+        Validator {
+            origin,
+            errors: Vec::new(),
+        }
+    }
+
+    pub(super) fn into_errors(mut self) -> Vec<ConfigError> {
+        self.errors.sort_by_key(|e| (e.line, e.column));
+        self.errors
+    }
+
+    pub(super) fn push(&mut self, at: Location, message: impl Into<String>) {
         let (line, column) = if at == Location::UNKNOWN {
             (1, 1)
         } else {
@@ -648,7 +660,7 @@ impl Validator<'_> {
         }
     }
 
-    fn rules(&mut self, raw: Vec<S<RawRule>>, scope: &str) -> Vec<NamedRule> {
+    pub(super) fn rules(&mut self, raw: Vec<S<RawRule>>, scope: &str) -> Vec<NamedRule> {
         let mut out: Vec<NamedRule> = Vec::with_capacity(raw.len());
         for (index, rule) in raw.into_iter().enumerate() {
             let at = rule.referenced;

@@ -1,0 +1,218 @@
+//! Envoy rate-limit descriptors matched against an envoyproxy/ratelimit
+//! configuration, with that project's matching rules.
+//!
+//! A request descriptor is a list of `(key, value)` entries. Walking the
+//! tree one entry at a time, each level is tried in this order:
+//!
+//! 1. the node named `key_value` exactly;
+//! 2. a node whose value ends with `*` and whose `key_value` prefix matches
+//!    (first in file order);
+//! 3. the node named `key` alone (any value).
+//!
+//! The limit applies only if the node matched for the *last* entry has one:
+//! a descriptor with more entries than the tree is deep matches nothing.
+//! Buckets are per request descriptor: every distinct set of entries
+//! counts on its own (so a `key`-only node limits each value separately).
+
+use std::collections::HashMap;
+
+use crate::config::NamedRule;
+use crate::config::envoy::{EnvoyDescriptor, EnvoyDomain, Unit};
+use crate::policy::{BoundRule, Scope};
+
+/// A limit found for a descriptor.
+#[derive(Debug, Clone)]
+pub struct DescriptorLimit {
+    /// The rules enforced (empty when unlimited or blocking).
+    pub rules: Box<[BoundRule]>,
+    /// Never limited, never counted.
+    pub unlimited: bool,
+    /// `requests_per_unit: 0`: every request is over.
+    pub blocks: bool,
+    /// Shadow mode: counted, never enforced.
+    pub shadow: bool,
+    /// The limit's name, for `replaces`.
+    pub name: Option<String>,
+    /// Names this limit replaces.
+    pub replaces: Vec<String>,
+    /// As configured, for `current_limit`.
+    pub requests_per_unit: u32,
+    /// As configured, for `current_limit`.
+    pub unit: Option<Unit>,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<String, Node>,
+    /// `(prefix of key_value, composite key of the child)`, file order.
+    wildcards: Vec<(String, String)>,
+    limit: Option<DescriptorLimit>,
+}
+
+/// Compiled envoyproxy/ratelimit domains.
+#[derive(Debug, Default)]
+pub struct DescriptorPolicy {
+    domains: HashMap<String, Node>,
+}
+
+impl DescriptorPolicy {
+    /// Compiles domains read by [`crate::config::envoy::load`].
+    pub fn compile(domains: &[EnvoyDomain], near_limit: f64) -> DescriptorPolicy {
+        let domains = domains
+            .iter()
+            .map(|d| {
+                let mut root = Node::default();
+                for descriptor in &d.descriptors {
+                    insert(&mut root, &d.domain, descriptor, near_limit);
+                }
+                (d.domain.clone(), root)
+            })
+            .collect();
+        DescriptorPolicy { domains }
+    }
+
+    /// Whether `domain` is configured here.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// Configured domains.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
+    /// The limit for one request descriptor, if any.
+    pub fn lookup<'k>(
+        &self,
+        domain: &str,
+        entries: &[(&'k str, &'k str)],
+    ) -> Option<&DescriptorLimit> {
+        let mut node = self.domains.get(domain)?;
+        let mut found = None;
+        let mut composite = String::new();
+        for (i, (key, value)) in entries.iter().enumerate() {
+            composite.clear();
+            composite.push_str(key);
+            composite.push('_');
+            composite.push_str(value);
+            let next = node
+                .children
+                .get(&composite)
+                .or_else(|| {
+                    node.wildcards
+                        .iter()
+                        .find(|(prefix, _)| composite.starts_with(prefix.as_str()))
+                        .and_then(|(_, child)| node.children.get(child))
+                })
+                .or_else(|| node.children.get(*key))?;
+            if i + 1 == entries.len() {
+                found = next.limit.as_ref();
+            }
+            if next.children.is_empty() {
+                break;
+            }
+            node = next;
+        }
+        found
+    }
+}
+
+fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limit: f64) {
+    let composite = descriptor.composite_key();
+    let path = format!("{path}.{composite}");
+    let mut node = Node::default();
+    if let Some(limit) = &descriptor.limit {
+        let rules = limit
+            .rules
+            .iter()
+            .map(|named| {
+                let named = NamedRule {
+                    shadow: named.shadow || descriptor.shadow,
+                    ..named.clone()
+                };
+                BoundRule::new(Scope::Descriptor, &path, &named, near_limit)
+            })
+            .collect();
+        node.limit = Some(DescriptorLimit {
+            rules,
+            unlimited: limit.unlimited,
+            blocks: limit.blocks(),
+            shadow: descriptor.shadow,
+            name: limit.name.clone(),
+            replaces: limit.replaces.clone(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
+        });
+    }
+    for child in &descriptor.children {
+        insert(&mut node, &path, child, near_limit);
+    }
+    if let Some(prefix) = composite.strip_suffix('*') {
+        parent
+            .wildcards
+            .push((prefix.to_owned(), composite.clone()));
+    }
+    parent.children.insert(composite, node);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::envoy::load;
+
+    fn policy(text: &str) -> DescriptorPolicy {
+        let domains = load(&[("t.yaml".to_owned(), text.to_owned())]).unwrap();
+        DescriptorPolicy::compile(&domains, 0.8)
+    }
+
+    const CONFIG: &str = r#"
+domain: d
+descriptors:
+  - key: database
+    value: users
+    rate_limit: { unit: second, requests_per_unit: 500 }
+  - key: database
+    rate_limit: { unit: second, requests_per_unit: 100 }
+    descriptors:
+      - key: remote_address
+        rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: path
+    value: "/api/*"
+    rate_limit: { unit: second, requests_per_unit: 7 }
+  - key: path
+    value: "/api/health"
+    rate_limit: { unlimited: true }
+"#;
+
+    fn rpu(p: &DescriptorPolicy, entries: &[(&str, &str)]) -> Option<u32> {
+        p.lookup("d", entries).map(|l| l.requests_per_unit)
+    }
+
+    #[test]
+    fn exact_then_wildcard_then_key_only() {
+        let p = policy(CONFIG);
+        assert_eq!(rpu(&p, &[("database", "users")]), Some(500));
+        assert_eq!(rpu(&p, &[("database", "orders")]), Some(100));
+        assert_eq!(rpu(&p, &[("path", "/api/v1/x")]), Some(7));
+        assert!(p.lookup("d", &[("path", "/api/health")]).unwrap().unlimited);
+        assert_eq!(rpu(&p, &[("path", "/web")]), None);
+    }
+
+    #[test]
+    fn the_limit_of_the_last_entry_applies_and_extra_depth_matches_nothing() {
+        let p = policy(CONFIG);
+        assert_eq!(
+            rpu(
+                &p,
+                &[("database", "orders"), ("remote_address", "10.0.0.1")]
+            ),
+            Some(10)
+        );
+        assert_eq!(
+            rpu(&p, &[("database", "users"), ("remote_address", "10.0.0.1")]),
+            None
+        );
+        assert_eq!(rpu(&p, &[("path", "/api/x"), ("more", "y")]), None);
+        assert!(p.lookup("other-domain", &[("database", "users")]).is_none());
+    }
+}
