@@ -213,18 +213,16 @@ pub fn load(files: &[(String, String)]) -> Result<Vec<EnvoyDomain>, ConfigErrors
                     None
                 }
             };
-        if let Some(raw) = raw {
-            if let Some(domain) = envoy_domain(&mut v, raw) {
-                match domains.iter().find(|(d, _)| d.domain == domain.domain) {
-                    Some((_, first)) => v.push(
-                        Location::UNKNOWN,
-                        format!(
-                            "duplicate domain '{}' in config file (also in {first})",
-                            domain.domain
-                        ),
+        if let Some(domain) = raw.and_then(|raw| envoy_domain(&mut v, raw)) {
+            match domains.iter().find(|(d, _)| d.domain == domain.domain) {
+                Some((_, first)) => v.push(
+                    Location::UNKNOWN,
+                    format!(
+                        "duplicate domain '{}' in config file (also in {first})",
+                        domain.domain
                     ),
-                    None => domains.push((domain, origin.clone())),
-                }
+                ),
+                None => domains.push((domain, origin.clone())),
             }
         }
         errors.extend(v.into_errors());
