@@ -181,6 +181,17 @@ impl<'p> Decision<'p> {
         }
     }
 
+    /// The outcome of rule `index`, when known.
+    pub fn outcome(&self, index: usize) -> Option<&Outcome> {
+        if self.outcomes.len() == self.rules.len() {
+            self.outcomes.get(index)
+        } else if self.summary.map(usize::from) == Some(index) {
+            self.outcomes.first()
+        } else {
+            None
+        }
+    }
+
     /// Every rule whose outcome is known, with that outcome.
     pub fn known_outcomes(&self) -> impl Iterator<Item = (&'p BoundRule, &Outcome)> {
         let rules = self.rules;

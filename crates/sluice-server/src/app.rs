@@ -5,8 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use sluice_core::Policy;
-use sluice_core::config::{Backend as BackendConfig, Config, ForwardAuthConfig};
+use sluice_core::config::{
+    Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig,
+};
+use sluice_core::descriptors::DescriptorPolicy;
 use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
 use tracing::warn;
 
@@ -25,6 +29,10 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Whether the store answered its last health check.
     pub store_reachable: AtomicBool,
+    /// How Envoy rate-limit requests map onto sluice.
+    pub envoy: EnvoyServiceConfig,
+    /// The envoyproxy/ratelimit configuration, compiled.
+    pub descriptors: ArcSwap<DescriptorPolicy>,
 }
 
 impl App {
@@ -39,6 +47,14 @@ impl App {
             forward_auth,
             metrics,
             store_reachable: AtomicBool::new(true),
+            envoy: EnvoyServiceConfig {
+                domain: sluice_core::config::defaults::ENVOY_DOMAIN.to_owned(),
+                tenant_key: "tenant".to_owned(),
+                route_key: "route".to_owned(),
+                subject_key: "subject".to_owned(),
+                config_path: None,
+            },
+            descriptors: ArcSwap::from_pointee(DescriptorPolicy::default()),
         })
     }
 
@@ -72,8 +88,21 @@ impl App {
             }
         };
         let limiter = Limiter::with_options(policy, backend, options);
-        let app = App::new(limiter, config.server.forward_auth.clone(), metrics);
-        app.store_reachable.store(reachable, Ordering::Relaxed);
+        let descriptors = match &config.envoy.config_path {
+            Some(path) => DescriptorPolicy::compile(
+                &crate::envoy::load_envoy_config(path)?,
+                config.limits.near_limit,
+            ),
+            None => DescriptorPolicy::default(),
+        };
+        let app = Arc::new(App {
+            limiter,
+            forward_auth: config.server.forward_auth.clone(),
+            metrics,
+            store_reachable: AtomicBool::new(reachable),
+            envoy: config.envoy.clone(),
+            descriptors: ArcSwap::from_pointee(descriptors),
+        });
         Ok(app)
     }
 

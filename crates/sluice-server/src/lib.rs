@@ -5,6 +5,8 @@
 //!   and reloading it on change or SIGHUP.
 //! - [`backend`]: the store chosen by `storage.backend`.
 //! - [`app`]: what every request handler shares.
+//! - [`envoy`]: the Envoy Rate Limit Service (gRPC), including
+//!   envoyproxy/ratelimit configurations.
 //! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
 //!   metrics.
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.
@@ -15,6 +17,7 @@
 pub mod app;
 pub mod backend;
 pub mod cli;
+pub mod envoy;
 pub mod http;
 pub mod metrics;
 pub mod source;

@@ -45,11 +45,12 @@ struct ResultLabel {
     result: &'static str,
 }
 
-const REASONS: [Reason; 6] = [
+const REASONS: [Reason; 7] = [
     Reason::TenantLimit,
     Reason::RouteLimit,
     Reason::SubjectLimit,
     Reason::GlobalCapacity,
+    Reason::DescriptorLimit,
     Reason::CostExceedsCapacity,
     Reason::StoreUnavailable,
 ];
@@ -69,6 +70,7 @@ pub struct Metrics {
     breaker_state: Gauge,
     breaker_transitions: [Counter; 3],
     denial_cache_hits: Counter,
+    shadow_denials: Counter,
     reloads: [Counter; 2],
     live_instances: Gauge,
     unlogged_failovers: AtomicU64,
@@ -171,6 +173,12 @@ impl Metrics {
             "Denials answered by the over-limit cache without a store call",
             denial_cache_hits.clone(),
         );
+        let shadow_denials = Counter::default();
+        registry.register(
+            "shadow_denials",
+            "Requests a shadow-mode rule would have denied (not enforced)",
+            shadow_denials.clone(),
+        );
         let reload_family = Family::<ResultLabel, Counter>::default();
         registry.register(
             "config_reloads",
@@ -196,6 +204,7 @@ impl Metrics {
             breaker_state,
             breaker_transitions,
             denial_cache_hits,
+            shadow_denials,
             reloads,
             live_instances,
             unlogged_failovers: AtomicU64::new(0),
@@ -213,6 +222,11 @@ impl Metrics {
                 self.denied[i].inc()
             }
         };
+    }
+
+    /// Counts a request a shadow rule would have denied.
+    pub fn shadow_denial(&self) {
+        self.shadow_denials.inc();
     }
 
     /// Counts a configuration reload.

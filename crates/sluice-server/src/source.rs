@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_core::descriptors::DescriptorPolicy;
 use sluice_core::{Config, Policy};
 use tracing::{info, warn};
 
@@ -24,34 +25,43 @@ pub const EXAMPLE: &str = include_str!("../../../examples/sluice.yaml");
 /// How often a configuration file is checked for changes.
 const POLL: Duration = Duration::from_secs(2);
 
-/// A configuration file, or the embedded example.
+/// A configuration file (or the embedded example), and where the
+/// envoyproxy/ratelimit configuration comes from when the command line says.
 #[derive(Debug, Clone)]
-pub enum Source {
-    /// The example compiled into the binary.
-    Embedded,
-    /// A file on disk.
-    File(PathBuf),
+pub struct Source {
+    file: Option<PathBuf>,
+    envoy_config: Option<PathBuf>,
 }
 
 impl Source {
     /// `Some(path)` → that file; `None` → the embedded example.
     pub fn from_arg(path: Option<PathBuf>) -> Source {
-        path.map_or(Source::Embedded, Source::File)
+        Source {
+            file: path,
+            envoy_config: None,
+        }
+    }
+
+    /// Takes the envoyproxy/ratelimit configuration from `path` rather than
+    /// from `envoy.config`.
+    pub fn with_envoy_config(mut self, path: Option<PathBuf>) -> Source {
+        self.envoy_config = path;
+        self
     }
 
     /// How errors name this source.
     pub fn origin(&self) -> String {
-        match self {
-            Source::Embedded => "<embedded examples/sluice.yaml>".to_owned(),
-            Source::File(path) => path.display().to_string(),
+        match &self.file {
+            None => "<embedded examples/sluice.yaml>".to_owned(),
+            Some(path) => path.display().to_string(),
         }
     }
 
     /// The raw text.
     pub fn text(&self) -> Fallible<String> {
-        match self {
-            Source::Embedded => Ok(EXAMPLE.to_owned()),
-            Source::File(path) => std::fs::read_to_string(path)
+        match &self.file {
+            None => Ok(EXAMPLE.to_owned()),
+            Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()).into()),
         }
     }
@@ -59,17 +69,52 @@ impl Source {
     /// Reads and validates the configuration.
     pub fn load(&self) -> Fallible<Config> {
         let text = self.text()?;
-        Ok(Config::from_yaml(&text, &self.origin())?)
+        self.parse(&text)
+    }
+
+    fn parse(&self, text: &str) -> Fallible<Config> {
+        let mut config = Config::from_yaml(text, &self.origin())?;
+        if let Some(path) = &self.envoy_config {
+            config.envoy.config_path = Some(path.clone());
+        }
+        Ok(config)
+    }
+
+    /// Everything a reload depends on, to tell whether it changed: the
+    /// file, and the envoyproxy/ratelimit files it points to.
+    fn fingerprint(&self, text: &str) -> String {
+        let mut all = text.to_owned();
+        let envoy = self
+            .envoy_config
+            .clone()
+            .or_else(|| self.parse(text).ok().and_then(|c| c.envoy.config_path));
+        if let Some(path) = envoy {
+            let mut files: Vec<PathBuf> = if path.is_dir() {
+                std::fs::read_dir(&path)
+                    .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                    .unwrap_or_default()
+            } else {
+                vec![path]
+            };
+            files.sort();
+            for file in files {
+                all.push_str(&file.display().to_string());
+                all.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
+            }
+        }
+        all
     }
 }
 
 /// Reloads `source` on SIGHUP and when the file changes. Returns at once;
 /// the work happens on a background task.
 pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
-    let Source::File(_) = source else { return };
+    if source.file.is_none() {
+        return;
+    }
     tokio::spawn(async move {
         let mut running = running;
-        let mut last_text = source.text().ok();
+        let mut last = source.text().ok().map(|t| source.fingerprint(&t));
         let mut interval = tokio::time::interval(POLL);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut hangup = hangup_signal();
@@ -85,20 +130,23 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
                     continue;
                 }
             };
-            if !forced && last_text.as_deref() == Some(text.as_str()) {
+            let fingerprint = source.fingerprint(&text);
+            if !forced && last.as_deref() == Some(fingerprint.as_str()) {
                 continue;
             }
-            last_text = Some(text.clone());
-            match Config::from_yaml(&text, &source.origin()) {
+            last = Some(fingerprint);
+            match source
+                .parse(&text)
+                .and_then(|config| apply(&app, &running, config))
+            {
                 Ok(config) => {
-                    apply(&app, &running, &config);
                     app.metrics.reload(true);
                     running = config;
                 }
                 Err(errors) => {
                     app.metrics.reload(false);
-                    for e in errors.iter() {
-                        warn!("{e}");
+                    for line in errors.to_string().lines() {
+                        warn!("{line}");
                     }
                     warn!("configuration not reloaded: the running configuration stays in force");
                 }
@@ -107,20 +155,44 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
     });
 }
 
-fn apply(app: &App, running: &Config, next: &Config) {
-    if next.server != running.server || next.storage != running.storage || next.keys != running.keys
+/// Applies a new configuration, envoyproxy/ratelimit files included; all
+/// or nothing: any error leaves everything as it was.
+fn apply(app: &App, running: &Config, next: Config) -> Fallible<Config> {
+    let descriptors = match &next.envoy.config_path {
+        Some(path) => DescriptorPolicy::compile(
+            &crate::envoy::load_envoy_config(path)?,
+            next.limits.near_limit,
+        ),
+        None => DescriptorPolicy::default(),
+    };
+    let mapping = |c: &Config| {
+        (
+            c.envoy.domain.clone(),
+            c.envoy.tenant_key.clone(),
+            c.envoy.route_key.clone(),
+            c.envoy.subject_key.clone(),
+        )
+    };
+    if next.server != running.server
+        || next.storage != running.storage
+        || next.keys != running.keys
+        || mapping(&next) != mapping(running)
     {
-        warn!("changes to `server`, `storage` or `keys` take effect on restart");
+        warn!(
+            "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
+        );
     }
     app.limiter.set_policy(Policy::compile_for(
         &next.limits,
         app.limiter.store().shards_tenants(),
     ));
+    app.descriptors.store(Arc::new(descriptors));
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),
         "configuration reloaded"
     );
+    Ok(next)
 }
 
 #[cfg(unix)]

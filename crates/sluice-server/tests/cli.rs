@@ -156,7 +156,8 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
         }
         assert!(
             Instant::now() < deadline,
-            "the changed file was not reloaded"
+            "the changed file was not reloaded:\n{}",
+            server.log.lock().unwrap()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -177,7 +178,8 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
     {
         assert!(
             Instant::now() < deadline,
-            "the invalid file was not reported"
+            "the invalid file was not reported:\n{}",
+            server.log.lock().unwrap()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -28,6 +28,24 @@ pub struct Config {
     pub keys: KeysConfig,
     /// Plans, tenants and global valves.
     pub limits: Limits,
+    /// The Envoy Rate Limit Service.
+    pub envoy: EnvoyServiceConfig,
+}
+
+/// `envoy:` — how Envoy rate-limit requests map onto sluice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyServiceConfig {
+    /// The domain decided with sluice's own plans (native mapping).
+    pub domain: String,
+    /// Descriptor entry key carrying the tenant.
+    pub tenant_key: String,
+    /// Descriptor entry key carrying the route.
+    pub route_key: String,
+    /// Descriptor entry key carrying the subject.
+    pub subject_key: String,
+    /// envoyproxy/ratelimit configuration: a YAML file, or a directory of
+    /// `*.yaml` files.
+    pub config_path: Option<PathBuf>,
 }
 
 /// `server:`.
@@ -258,6 +276,8 @@ pub mod defaults {
     pub const PREFIX: &str = "sl";
     /// `near_limit`.
     pub const NEAR_LIMIT: f64 = 0.8;
+    /// `envoy.domain`.
+    pub const ENVOY_DOMAIN: &str = "sluice";
     /// `storage.breaker.failures`.
     pub const BREAKER_FAILURES: u32 = 5;
     /// `storage.breaker.cool_down`.

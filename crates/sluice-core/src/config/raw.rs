@@ -22,6 +22,17 @@ pub(crate) struct RawConfig {
     pub plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
     pub tenants: Option<BTreeMap<String, S<RawTenant>>>,
     pub global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    pub envoy: Option<RawEnvoy>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEnvoy {
+    pub domain: Option<S<String>>,
+    pub tenant_key: Option<S<String>>,
+    pub route_key: Option<S<String>>,
+    pub subject_key: Option<S<String>>,
+    pub config: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

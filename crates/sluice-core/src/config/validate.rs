@@ -8,9 +8,9 @@ use serde_saphyr::{Location, Options};
 
 use super::raw::{RawConfig, RawKeys, RawPlan, RawRule, RawServer, RawStorage, S};
 use super::{
-    Backend, Config, ConfigError, ConfigErrors, ForwardAuthConfig, KeysConfig, Limits, NamedRule,
-    OnError, PlanSpec, RoutePattern, RouteRules, SecretSource, ServerConfig, StorageConfig,
-    TenantSpec, defaults,
+    Backend, Config, ConfigError, ConfigErrors, EnvoyServiceConfig, ForwardAuthConfig, KeysConfig,
+    Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules, SecretSource, ServerConfig,
+    StorageConfig, TenantSpec, defaults,
 };
 use crate::duration::{HumanDuration, parse_duration_ms};
 use crate::rule::{Algorithm, Rule};
@@ -107,11 +107,31 @@ impl<'a> Validator<'a> {
             raw.tenants,
             raw.global,
         );
+        let envoy = self.envoy(raw.envoy.unwrap_or_default());
         Config {
             server,
             storage,
             keys,
             limits,
+            envoy,
+        }
+    }
+
+    fn envoy(&mut self, raw: super::raw::RawEnvoy) -> EnvoyServiceConfig {
+        let mut text = |value: Option<S<String>>, field: &str, default: &str| match value {
+            None => default.to_owned(),
+            Some(v) if !v.value.is_empty() && v.value.len() <= 256 => v.value,
+            Some(v) => {
+                self.push(v.referenced, format!("`{field}` must be 1 to 256 bytes"));
+                default.to_owned()
+            }
+        };
+        EnvoyServiceConfig {
+            domain: text(raw.domain, "envoy.domain", defaults::ENVOY_DOMAIN),
+            tenant_key: text(raw.tenant_key, "envoy.tenant_key", "tenant"),
+            route_key: text(raw.route_key, "envoy.route_key", "route"),
+            subject_key: text(raw.subject_key, "envoy.subject_key", "subject"),
+            config_path: raw.config.map(|c| PathBuf::from(c.value)),
         }
     }
 

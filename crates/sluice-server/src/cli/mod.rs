@@ -22,7 +22,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the service (HTTP API and forward-auth).
+    /// Run the service (HTTP API, forward-auth, Envoy Rate Limit Service).
     Serve(ServeArgs),
     /// Make one decision and print it as JSON (exit 0 allowed, 1 denied).
     Check(CheckArgs),
@@ -43,6 +43,13 @@ pub struct ServeArgs {
     /// HTTP address, overriding `server.http`.
     #[arg(long)]
     http: Option<SocketAddr>,
+    /// gRPC address (Envoy Rate Limit Service), overriding `server.grpc`.
+    #[arg(long)]
+    grpc: Option<SocketAddr>,
+    /// envoyproxy/ratelimit configuration (a YAML file or a directory of
+    /// them), overriding `envoy.config`.
+    #[arg(long)]
+    envoy_config: Option<PathBuf>,
 }
 
 /// `sluice check`.

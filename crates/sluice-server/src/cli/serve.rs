@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use std::sync::atomic::Ordering;
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
@@ -35,27 +36,59 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Fallible<()> {
-    let source = Source::from_arg(args.config);
+    let source = Source::from_arg(args.config).with_envoy_config(args.envoy_config);
     let config = source.load()?;
     let http = args.http.unwrap_or(config.server.http);
+    let grpc = args.grpc.unwrap_or(config.server.grpc);
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_heartbeat(&app);
-    let listener = TcpListener::bind(http)
+    let http_listener = TcpListener::bind(http)
         .await
         .map_err(|e| format!("cannot listen on {http}: {e}"))?;
+    let grpc_listener = TcpListener::bind(grpc)
+        .await
+        .map_err(|e| format!("cannot listen on {grpc}: {e}"))?;
     info!(
-        http = %listener.local_addr()?,
+        http = %http_listener.local_addr()?,
+        grpc = %grpc_listener.local_addr()?,
         store = app.limiter.store().name(),
         config = %source.origin(),
         "sluice listening"
     );
     spawn_reloader(source, app.clone(), config);
-    axum::serve(listener, crate::http::router(app))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let signal = shutdown_signal();
+    tokio::spawn(async move {
+        signal.await;
+        let _ = stop.send(true);
+    });
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<crate::envoy::RateLimiter>>()
+        .await;
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::new(crate::envoy::RateLimiter::new(
+            app.clone(),
+        )))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(grpc_listener),
+            until(stopped.clone()),
+        );
+    let http_server =
+        axum::serve(http_listener, crate::http::router(app)).with_graceful_shutdown(until(stopped));
+    let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
+    http_result?;
+    grpc_result?;
     info!("sluice stopped");
     Ok(())
+}
+
+/// Resolves once shutdown has been asked for.
+async fn until(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
 }
 
 fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
@@ -119,25 +152,32 @@ fn instance_id() -> String {
     format!("{seed:016x}")
 }
 
-/// Resolves on SIGINT or SIGTERM; in-flight requests then finish.
-async fn shutdown_signal() {
-    let interrupt = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGINT or SIGTERM; in-flight requests then finish. The
+/// handlers are installed when this is called, not when it is first polled,
+/// so a signal arriving early is not lost.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    #[cfg(unix)]
+    let interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |signal: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match signal {
+                    Ok(mut signal) => {
+                        signal.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(terminate) => {},
+                () = wait(interrupt) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {},
-        () = terminate => {},
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        info!("shutting down");
     }
-    info!("shutting down");
 }

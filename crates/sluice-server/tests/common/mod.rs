@@ -29,6 +29,7 @@ pub fn temp_file(name: &str, text: &str) -> PathBuf {
 pub struct Server {
     pub child: Child,
     pub base: String,
+    pub grpc: String,
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
@@ -40,7 +41,7 @@ impl Server {
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = sluice()
             .arg("serve")
-            .args(["--http", "127.0.0.1:0"])
+            .args(["--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"])
             .args(args)
             .current_dir(std::env::temp_dir())
             .env("SLUICE_LOG", "info")
@@ -55,23 +56,28 @@ impl Server {
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("http=") {
-                    let addr: String = line[at + 5..]
-                        .chars()
-                        .take_while(|c| !c.is_whitespace())
-                        .collect();
-                    let _ = tx.send(addr);
+                let field = |name: &str| {
+                    line.find(name).map(|at| {
+                        line[at + name.len()..]
+                            .chars()
+                            .take_while(|c| !c.is_whitespace())
+                            .collect::<String>()
+                    })
+                };
+                if let (Some(http), Some(grpc)) = (field("http="), field("grpc=")) {
+                    let _ = tx.send((http, grpc));
                 }
                 sink.lock().unwrap().push_str(&line);
                 sink.lock().unwrap().push('\n');
             }
         });
-        let addr = rx
+        let (addr, grpc) = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("sluice serve logs the address it listens on");
         Server {
             child,
             base: format!("http://{addr}"),
+            grpc: format!("http://{grpc}"),
             log,
         }
     }
@@ -80,7 +86,11 @@ impl Server {
     pub fn wait_for_log(&self, text: &str) {
         let deadline = Instant::now() + Duration::from_secs(15);
         while !self.log.lock().unwrap().contains(text) {
-            assert!(Instant::now() < deadline, "the log never said {text:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the log never said {text:?}:\n{}",
+                self.log.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -1,0 +1,687 @@
+//! The Envoy Rate Limit Service: `envoy.service.ratelimit.v3.RateLimitService`.
+//!
+//! One `ShouldRateLimit` is one sluice decision: every descriptor's rules
+//! are decided together and committed all or none, in one store round trip.
+//! A request's domain selects how its descriptors are read:
+//!
+//! - a domain of the envoyproxy/ratelimit configuration (`envoy.config`,
+//!   `--envoy-config`): descriptors match that configuration's tree, each
+//!   matched limit counting per request descriptor, as envoyproxy/ratelimit
+//!   does;
+//! - the native domain (`envoy.domain`): descriptor entries name the tenant,
+//!   route and subject, and sluice's plans decide; each descriptor's status
+//!   reports the scope its deepest entry names (subject, route or tenant);
+//! - any other domain: no limits (every descriptor OK).
+//!
+//! A descriptor's `limit` override replaces what the configuration says for
+//! it; `hits_addend` is honoured per request and per descriptor. Answers
+//! carry `RateLimit-Policy`, `RateLimit` and, when over the limit,
+//! `Retry-After` in `response_headers_to_add`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_core::config::envoy::{EnvoyDomain, Unit};
+use sluice_core::config::{EnvoyServiceConfig, NamedRule};
+use sluice_core::descriptors::DescriptorLimit;
+use sluice_core::headers::{retry_after_seconds, write_ratelimit};
+use sluice_core::policy::Applicable;
+use sluice_core::request::MAX_COST;
+use sluice_core::{Algorithm, BoundRule, Decision, Outcome, Request, Rule, Scope};
+use sluice_store::{Batch, Partition};
+use tonic::{Response, Status};
+
+use crate::Fallible;
+use crate::app::App;
+
+/// Most descriptors in one request.
+const MAX_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+const MAX_ENTRIES: usize = 32;
+/// Longest entry key or value, in bytes.
+const MAX_ENTRY_BYTES: usize = 1024;
+
+/// Reads envoyproxy/ratelimit configuration: one YAML file, or every
+/// `*.yaml`/`*.yml` file of a directory (in name order), as that project's
+/// runtime directory holds them.
+pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
+    let mut paths = Vec::new();
+    if path.is_dir() {
+        for entry in
+            std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        {
+            let file = entry?.path();
+            let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if yaml && file.is_file() {
+                paths.push(file);
+            }
+        }
+        paths.sort();
+    } else {
+        paths.push(path.to_path_buf());
+    }
+    let mut files = Vec::with_capacity(paths.len());
+    for file in paths {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        files.push((file.display().to_string(), text));
+    }
+    Ok(sluice_core::config::envoy::load(&files)?)
+}
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct RateLimiter {
+    app: Arc<App>,
+}
+
+impl RateLimiter {
+    /// The service over a running app.
+    pub fn new(app: Arc<App>) -> RateLimiter {
+        RateLimiter { app }
+    }
+}
+
+/// One request descriptor, read and bounded.
+struct Descriptor<'r> {
+    entries: Vec<(&'r str, &'r str)>,
+    /// Units it consumes (`hits_addend` of the descriptor, else of the
+    /// request); 0 counts nothing.
+    cost: u64,
+    /// A `limit` override from Envoy's route configuration.
+    limit_override: Option<(u32, Unit)>,
+}
+
+fn read_request(request: &RateLimitRequest) -> Result<(u64, Vec<Descriptor<'_>>), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument("`domain` must not be empty"));
+    }
+    if request.descriptors.is_empty() || request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "`descriptors` must hold 1 to {MAX_DESCRIPTORS} descriptors, got {}",
+            request.descriptors.len()
+        )));
+    }
+    let hits = match request.hits_addend {
+        0 => 1,
+        n => u64::from(n),
+    };
+    if hits > MAX_COST {
+        return Err(Status::invalid_argument(format!(
+            "`hits_addend` must be at most {MAX_COST}, got {hits}"
+        )));
+    }
+    let descriptors = request
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| read_descriptor(i, d, hits))
+        .collect::<Result<_, _>>()?;
+    Ok((hits, descriptors))
+}
+
+fn read_descriptor(
+    index: usize,
+    d: &RateLimitDescriptor,
+    hits: u64,
+) -> Result<Descriptor<'_>, Status> {
+    if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+        return Err(Status::invalid_argument(format!(
+            "`descriptors[{index}].entries` must hold 1 to {MAX_ENTRIES} entries"
+        )));
+    }
+    if d.is_negative_hits {
+        return Err(Status::invalid_argument(format!(
+            "`descriptors[{index}].is_negative_hits` is not supported"
+        )));
+    }
+    let mut entries = Vec::with_capacity(d.entries.len());
+    for entry in &d.entries {
+        if entry.key.is_empty()
+            || entry.key.len() > MAX_ENTRY_BYTES
+            || entry.value.len() > MAX_ENTRY_BYTES
+        {
+            return Err(Status::invalid_argument(format!(
+                "`descriptors[{index}].entries`: keys must be 1 to {MAX_ENTRY_BYTES} bytes and values at most {MAX_ENTRY_BYTES}"
+            )));
+        }
+        entries.push((entry.key.as_str(), entry.value.as_str()));
+    }
+    let cost = match &d.hits_addend {
+        None => hits,
+        Some(v) if v.value <= MAX_COST => v.value,
+        Some(v) => {
+            return Err(Status::invalid_argument(format!(
+                "`descriptors[{index}].hits_addend` must be at most {MAX_COST}, got {}",
+                v.value
+            )));
+        }
+    };
+    let limit_override = match &d.limit {
+        None => None,
+        Some(o) => match unit_of_proto(o.unit) {
+            Some(unit) => Some((o.requests_per_unit, unit)),
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "`descriptors[{index}].limit.unit` must be a known unit"
+                )));
+            }
+        },
+    };
+    Ok(Descriptor {
+        entries,
+        cost,
+        limit_override,
+    })
+}
+
+fn unit_of_proto(unit: i32) -> Option<Unit> {
+    match ProtoUnit::try_from(unit).ok()? {
+        ProtoUnit::Second => Some(Unit::Second),
+        ProtoUnit::Minute => Some(Unit::Minute),
+        ProtoUnit::Hour => Some(Unit::Hour),
+        ProtoUnit::Day => Some(Unit::Day),
+        ProtoUnit::Week => Some(Unit::Week),
+        ProtoUnit::Month => Some(Unit::Month),
+        ProtoUnit::Year => Some(Unit::Year),
+        ProtoUnit::Unknown => None,
+    }
+}
+
+fn proto_unit(unit: Unit) -> ProtoUnit {
+    match unit {
+        Unit::Second => ProtoUnit::Second,
+        Unit::Minute => ProtoUnit::Minute,
+        Unit::Hour => ProtoUnit::Hour,
+        Unit::Day => ProtoUnit::Day,
+        Unit::Week => ProtoUnit::Week,
+        Unit::Month => ProtoUnit::Month,
+        Unit::Year => ProtoUnit::Year,
+    }
+}
+
+/// Where the bucket of a request descriptor lives: the domain and every
+/// entry, length-prefixed (the store hashes it; it is never stored plain).
+fn descriptor_partition(domain: &str, entries: &[(&str, &str)]) -> String {
+    let mut key = String::with_capacity(domain.len() + 16 * entries.len());
+    for part in std::iter::once(domain).chain(entries.iter().flat_map(|(k, v)| [*k, *v])) {
+        key.push_str(&part.len().to_string());
+        key.push(':');
+        key.push_str(part);
+    }
+    key
+}
+
+/// The limit that applies to one descriptor of a request.
+enum Found<'p> {
+    /// No limit (also: unlimited, replaced, or counting 0 units).
+    None,
+    /// From the configuration.
+    Config(&'p DescriptorLimit),
+    /// From the descriptor's `limit` override.
+    Override(DescriptorLimit),
+}
+
+impl Found<'_> {
+    fn limit(&self) -> Option<&DescriptorLimit> {
+        match self {
+            Found::None => None,
+            Found::Config(limit) => Some(limit),
+            Found::Override(limit) => Some(limit),
+        }
+    }
+}
+
+/// A limit built from a descriptor's `limit` override: a calendar-aligned
+/// fixed window, as envoyproxy/ratelimit enforces overrides.
+fn override_limit(domain: &str, d: &Descriptor<'_>, near_limit: f64) -> DescriptorLimit {
+    let (requests_per_unit, unit) = d.limit_override.expect("an override");
+    let path = format!("{domain}.override.{}", descriptor_partition("", &d.entries));
+    let rules: Box<[BoundRule]> = match Rule::new(
+        Algorithm::FixedWindow,
+        requests_per_unit.into(),
+        unit.ms(),
+        None,
+        true,
+    ) {
+        Ok(rule) => Box::new([BoundRule::new(
+            Scope::Descriptor,
+            &path,
+            &NamedRule {
+                name: "override".to_owned(),
+                rule,
+                shadow: false,
+            },
+            near_limit,
+        )]),
+        Err(_) => Box::new([]),
+    };
+    DescriptorLimit {
+        blocks: rules.is_empty(),
+        rules,
+        unlimited: false,
+        shadow: false,
+        name: None,
+        replaces: Vec::new(),
+        requests_per_unit,
+        unit: Some(unit),
+    }
+}
+
+/// The configured form of a descriptor's limit: requests per unit, unit,
+/// name.
+type Configured = Option<(u32, Option<Unit>, Option<String>)>;
+
+/// Everything decided about one request, ready to become an answer.
+struct Decided<'p> {
+    decision: Decision<'p>,
+    /// The rules each descriptor answers for (indices into the decision's
+    /// rules).
+    owners: Vec<Vec<usize>>,
+    /// Per descriptor: blocked by `requests_per_unit: 0`.
+    blocked: Vec<bool>,
+    /// Per descriptor: the configured form of its limit, for `current_limit`.
+    configured: Vec<Configured>,
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let request = request.into_inner();
+        let (hits, descriptors) = read_request(&request)?;
+        let policy = self.app.limiter.policy();
+        let envoy = self.app.descriptors.load();
+        let domain = request.domain.as_str();
+        let near_limit = policy.near_limit();
+        if envoy.has_domain(domain) {
+            let found: Vec<Found<'_>> = descriptors
+                .iter()
+                .map(|d| {
+                    if d.cost == 0 {
+                        Found::None
+                    } else if d.limit_override.is_some() {
+                        Found::Override(override_limit(domain, d, near_limit))
+                    } else {
+                        envoy
+                            .lookup(domain, &d.entries)
+                            .map_or(Found::None, Found::Config)
+                    }
+                })
+                .collect();
+            let (rules, owner) = compat_rules(&found);
+            let decided = self
+                .decide_compat(domain, &descriptors, &found, &rules, &owner)
+                .await;
+            return Ok(self.answer(decided, started, descriptors.len()));
+        }
+        let native = &self.app.envoy;
+        if domain == native.domain {
+            return self
+                .decide_native(&policy, native, &descriptors, hits, started)
+                .await;
+        }
+        // Unknown domain: no limits, as envoyproxy/ratelimit answers.
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: descriptors
+                .iter()
+                .map(|_| DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// The rules to decide, once `replaces` has dropped the limits other matched
+/// limits replace, and the descriptor each rule belongs to.
+fn compat_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
+    let replaced: Vec<&str> = found
+        .iter()
+        .filter_map(Found::limit)
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    found
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| f.limit().map(|l| (i, l)))
+        .filter(|(_, l)| !l.name.as_deref().is_some_and(|n| replaced.contains(&n)))
+        .filter(|(_, l)| !l.unlimited)
+        .flat_map(|(i, l)| l.rules.iter().map(move |r| (r.clone(), i)))
+        .unzip()
+}
+
+impl RateLimiter {
+    async fn decide_compat<'p>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_>],
+        found: &[Found<'_>],
+        rules: &'p [BoundRule],
+        owner: &[usize],
+    ) -> Decided<'p> {
+        let blocked: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.blocks && !l.unlimited))
+            .collect();
+        let configured: Vec<_> = found
+            .iter()
+            .map(|f| {
+                f.limit()
+                    .map(|l| (l.requests_per_unit, l.unit, l.name.clone()))
+            })
+            .collect();
+        let enforced_block = found
+            .iter()
+            .zip(&blocked)
+            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow));
+        let mut owners = vec![Vec::new(); descriptors.len()];
+        for (index, descriptor) in owner.iter().enumerate() {
+            owners[*descriptor].push(index);
+        }
+        let decision = if enforced_block || rules.is_empty() {
+            // `requests_per_unit: 0` denies without counting anything else.
+            let mut decision =
+                Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[]);
+            decision.allowed = !enforced_block;
+            decision
+        } else {
+            let partitions_text: Vec<String> = owner
+                .iter()
+                .map(|d| descriptor_partition(domain, &descriptors[*d].entries))
+                .collect();
+            let partitions: Vec<Partition<'_>> = partitions_text
+                .iter()
+                .map(|p| Partition::Tenant(p))
+                .collect();
+            let costs: Vec<u64> = owner.iter().map(|d| descriptors[*d].cost).collect();
+            let batch = Batch {
+                partitions: &partitions,
+                costs: &costs,
+                ..Batch::new(domain, None, 1, rules)
+            };
+            self.app
+                .limiter
+                .decide_batch(Applicable::adhoc(rules), &batch)
+                .await
+        };
+        Decided {
+            decision,
+            owners,
+            blocked,
+            configured,
+        }
+    }
+
+    async fn decide_native(
+        &self,
+        policy: &sluice_core::Policy,
+        native: &EnvoyServiceConfig,
+        descriptors: &[Descriptor<'_>],
+        hits: u64,
+        started: Instant,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let value_of = |key: &str| {
+            descriptors
+                .iter()
+                .flat_map(|d| d.entries.iter())
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+        };
+        let tenant = value_of(&native.tenant_key).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "domain `{}` needs a descriptor entry `{}` carrying the tenant",
+                native.domain, native.tenant_key
+            ))
+        })?;
+        let route = value_of(&native.route_key).unwrap_or("*");
+        let subject = value_of(&native.subject_key);
+        let request = Request::new(tenant, route, subject, hits)
+            .map_err(|e| Status::invalid_argument(format!("descriptor entry {e}")))?;
+        let applicable =
+            policy.applicable(request.tenant, request.route, request.subject.is_some());
+        // Each descriptor answers for the scope its deepest entry names.
+        let level = |d: &Descriptor<'_>| {
+            let has = |key: &str| d.entries.iter().any(|(k, _)| *k == key);
+            if has(&native.subject_key) {
+                Some(&[Scope::Subject][..])
+            } else if has(&native.route_key) {
+                Some(&[Scope::Route, Scope::Global][..])
+            } else if has(&native.tenant_key) {
+                Some(&[Scope::Tenant][..])
+            } else {
+                None
+            }
+        };
+        let overrides: Vec<(usize, DescriptorLimit)> = descriptors
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.limit_override.is_some() && d.cost > 0)
+            .map(|(i, d)| (i, override_limit(&native.domain, d, policy.near_limit())))
+            .collect();
+        let mut owners = vec![Vec::new(); descriptors.len()];
+        let mut configured = vec![None; descriptors.len()];
+        let mut blocked = vec![false; descriptors.len()];
+        let decided = if overrides.is_empty() {
+            for (i, d) in descriptors.iter().enumerate() {
+                if let Some(scopes) = level(d) {
+                    owners[i] = (0..applicable.rules.len())
+                        .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
+                        .collect();
+                }
+            }
+            let decision = self.app.limiter.decide(policy, &request).await;
+            Decided {
+                decision,
+                owners,
+                blocked,
+                configured,
+            }
+        } else {
+            // Overrides add descriptor rules to the plan's: decided together.
+            let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
+            let mut partitions_text: Vec<String> = Vec::new();
+            let mut extra: Vec<(usize, usize)> = Vec::new();
+            for (i, limit) in &overrides {
+                blocked[*i] = limit.blocks;
+                configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
+                for rule in limit.rules.iter() {
+                    extra.push((*i, rules.len()));
+                    partitions_text.push(descriptor_partition(
+                        &native.domain,
+                        &descriptors[*i].entries,
+                    ));
+                    rules.push(rule.clone());
+                }
+            }
+            for (i, d) in descriptors.iter().enumerate() {
+                if d.limit_override.is_none()
+                    && let Some(scopes) = level(d)
+                {
+                    owners[i] = (0..applicable.rules.len())
+                        .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
+                        .collect();
+                }
+            }
+            for (i, r) in &extra {
+                owners[*i].push(*r);
+            }
+            let probe = Batch::new(request.tenant, request.subject, hits, applicable.rules);
+            let mut partitions: Vec<Partition<'_>> = (0..applicable.rules.len())
+                .map(|r| probe.partition(r, &applicable.rules[r]))
+                .collect();
+            partitions.extend(partitions_text.iter().map(|p| Partition::Tenant(p)));
+            let mut costs = vec![hits; applicable.rules.len()];
+            costs.extend(extra.iter().map(|(i, _)| descriptors[*i].cost));
+            let rules = &rules[..];
+            let combined = Applicable {
+                shards: 1,
+                rules,
+                max_cost: u64::MAX,
+                ..applicable
+            };
+            let batch = Batch {
+                partitions: &partitions,
+                costs: &costs,
+                ..Batch::new(request.tenant, request.subject, hits, rules)
+            };
+            let enforced_block = blocked.iter().any(|b| *b);
+            let decision = if enforced_block {
+                let mut decision =
+                    Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[]);
+                decision.allowed = false;
+                decision
+            } else {
+                self.app.limiter.decide_batch(combined, &batch).await
+            };
+            return Ok(self.answer(
+                Decided {
+                    decision,
+                    owners,
+                    blocked,
+                    configured,
+                },
+                started,
+                descriptors.len(),
+            ));
+        };
+        Ok(self.answer(decided, started, descriptors.len()))
+    }
+
+    /// The gRPC answer for a decision.
+    fn answer(
+        &self,
+        decided: Decided<'_>,
+        started: Instant,
+        descriptors: usize,
+    ) -> Response<RateLimitResponse> {
+        let Decided {
+            decision,
+            owners,
+            blocked,
+            configured,
+        } = decided;
+        self.app.metrics.decision(&decision, started.elapsed());
+        if decision.shadow_denied {
+            self.app.metrics.shadow_denial();
+            tracing::debug!("a shadow-mode descriptor would have denied this request");
+        }
+        let statuses: Vec<DescriptorStatus> = (0..descriptors)
+            .map(|i| descriptor_status(&decision, &owners[i], blocked[i], &configured[i]))
+            .collect();
+        let over = !decision.allowed;
+        let mut headers = Vec::new();
+        let policy_header = if decision.policy_header.is_empty() {
+            decision
+                .rules
+                .iter()
+                .filter(|r| r.advertised())
+                .map(BoundRule::policy_item)
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            decision.policy_header.to_owned()
+        };
+        if !policy_header.is_empty() {
+            headers.push(header("RateLimit-Policy", policy_header));
+        }
+        let mut ratelimit = String::new();
+        write_ratelimit(&decision, &mut ratelimit);
+        if !ratelimit.is_empty() {
+            headers.push(header("RateLimit", ratelimit));
+        }
+        if over && let Some(ms) = decision.retry_after_ms() {
+            headers.push(header("Retry-After", retry_after_seconds(ms).to_string()));
+        }
+        Response::new(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        })
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    }
+}
+
+/// The status of one descriptor: over the limit when one of its enforced
+/// rules denied (or it is blocked), with the tightest of its rules as
+/// `current_limit`.
+fn descriptor_status(
+    decision: &Decision<'_>,
+    owned: &[usize],
+    blocked: bool,
+    configured: &Configured,
+) -> DescriptorStatus {
+    if blocked {
+        return DescriptorStatus {
+            code: Code::OverLimit as i32,
+            current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
+                name: name.clone().unwrap_or_default(),
+                requests_per_unit: *rpu,
+                unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+            }),
+            ..Default::default()
+        };
+    }
+    let known: Vec<(usize, &Outcome)> = owned
+        .iter()
+        .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
+        .collect();
+    let denied = known
+        .iter()
+        .any(|(r, o)| !o.allowed && !decision.rules[*r].shadow());
+    let failed_closed = !decision.allowed && decision.outcomes.is_empty() && !owned.is_empty();
+    let tightest = known.iter().min_by_key(|(_, o)| o.remaining);
+    let current_limit = tightest.map(|(r, _)| {
+        let rule = decision.rules[*r].rule();
+        let (rpu, unit) = match configured {
+            Some((rpu, unit, _)) => (*rpu, *unit),
+            None => (
+                u32::try_from(rule.limit()).unwrap_or(u32::MAX),
+                Unit::of_ms(rule.period_ms()),
+            ),
+        };
+        RateLimit {
+            name: decision.rules[*r].name().to_owned(),
+            requests_per_unit: rpu,
+            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+        }
+    });
+    DescriptorStatus {
+        code: if denied || failed_closed {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32,
+        current_limit,
+        limit_remaining: tightest.map_or(0, |(_, o)| o.remaining),
+        duration_until_reset: tightest.map(|(_, o)| ProtoDuration {
+            seconds: (o.reset_after_ms / 1_000) as i64,
+            nanos: ((o.reset_after_ms % 1_000) * 1_000_000) as i32,
+        }),
+        ..Default::default()
+    }
+}
