@@ -37,7 +37,7 @@ use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::policy::Applicable;
 use sluice_core::request::MAX_COST;
-use sluice_core::{Algorithm, BoundRule, Decision, Outcome, Request, Rule, Scope};
+use sluice_core::{Algorithm, BoundRule, Decision, Outcome, Reason, Request, Rule, Scope};
 use sluice_store::{Batch, Partition};
 use tonic::{Response, Status};
 
@@ -653,7 +653,9 @@ fn descriptor_status(
     let denied = known
         .iter()
         .any(|(r, o)| !o.allowed && !decision.rules[*r].shadow());
-    let failed_closed = !decision.allowed && decision.outcomes.is_empty() && !owned.is_empty();
+    // The store was unreachable and the failure policy denied: every
+    // descriptor with rules is over.
+    let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
     let tightest = known.iter().min_by_key(|(_, o)| o.remaining);
     let current_limit = tightest.map(|(r, _)| {
         let rule = decision.rules[*r].rule();

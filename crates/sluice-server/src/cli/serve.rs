@@ -77,14 +77,29 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
             tonic::transport::server::TcpIncoming::from(grpc_listener),
             until(stopped.clone()),
         );
-    let http_server =
-        axum::serve(http_listener, crate::http::router(app)).with_graceful_shutdown(until(stopped));
-    let (http_result, grpc_result) = tokio::join!(http_server, grpc_server);
-    http_result?;
-    grpc_result?;
+    let http_server = axum::serve(http_listener, crate::http::router(app))
+        .with_graceful_shutdown(until(stopped.clone()));
+    let servers = async { tokio::join!(http_server, grpc_server) };
+    // Once asked to stop, requests in flight get DRAIN to finish; idle
+    // connections (Envoy keeps its gRPC connections open) do not hold the
+    // exit.
+    let drain = async {
+        until(stopped).await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        (http_result, grpc_result) = servers => {
+            http_result?;
+            grpc_result?;
+        }
+        () = drain => info!("connections still open after the drain period; closing them"),
+    }
     info!("sluice stopped");
     Ok(())
 }
+
+/// How long a stopping instance waits for requests in flight.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Resolves once shutdown has been asked for.
 async fn until(mut stopped: tokio::sync::watch::Receiver<bool>) {

@@ -105,7 +105,11 @@ impl Server {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "sluice did not stop on SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not stop on SIGTERM:\n{}",
+                self.log.lock().unwrap()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

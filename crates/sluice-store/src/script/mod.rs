@@ -47,15 +47,26 @@ pub struct KeySet {
 impl KeySet {
     /// The keys of every rule of `batch` under `keyer`.
     pub fn keys(keyer: &Keyer, batch: &Batch<'_>) -> Keys {
-        let tag = keyer.tenant_tag(batch.tenant, batch.shard);
+        // Most rules of a batch share the request's tenant tag: compute it
+        // once, and others (Envoy descriptors) as they come.
+        let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
+        let tag_of = |tenant: &str| {
+            if tenant == batch.tenant {
+                tenant_tag
+            } else {
+                keyer.tenant_tag(tenant, batch.shard)
+            }
+        };
         batch
             .rules
             .iter()
             .enumerate()
             .map(|(i, rule)| match batch.partition(i, rule) {
                 Partition::Global => keyer.key(&keyer.global_tag(rule, 0), rule, None),
-                Partition::Tenant(_) => keyer.key(&tag, rule, None),
-                Partition::Subject(_, subject) => keyer.key(&tag, rule, Some(subject)),
+                Partition::Tenant(tenant) => keyer.key(&tag_of(tenant), rule, None),
+                Partition::Subject(tenant, subject) => {
+                    keyer.key(&tag_of(tenant), rule, Some(subject))
+                }
             })
             .collect()
     }

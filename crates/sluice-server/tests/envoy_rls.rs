@@ -1,0 +1,484 @@
+//! The Envoy Rate Limit Service, driven by a real gRPC client over loopback
+//! against `sluice serve`, on the memory store and on Redis.
+
+mod common;
+
+use common::{Server, temp_file};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice_testkit::RedisServer;
+use tonic::transport::Channel;
+
+const ENVOY_CONFIG: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: path
+    value: "/api/*"
+    rate_limit: { unit: minute, requests_per_unit: 5, name: api }
+  - key: path
+    value: "/api/health"
+    rate_limit: { unlimited: true }
+  - key: path
+    value: "/blocked"
+    rate_limit: { unit: second, requests_per_unit: 0 }
+  - key: tenant
+    descriptors:
+      - key: plan
+        value: premium
+        rate_limit: { unit: minute, requests_per_unit: 10, name: premium, replaces: [{ name: api }] }
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+    shadow_mode: true
+  - key: bucket
+    rules:
+      - { name: smooth, algorithm: gcra, limit: 2, per: 1h }
+"#;
+
+const SLUICE_CONFIG: &str = r#"
+default_plan: free
+plans:
+  free:
+    tenant: [{ name: tenant-minute, limit: 100, per: 1m }]
+    routes:
+      "POST /x": [{ name: x, algorithm: fixed_window, limit: 2, per: 1m }]
+    subject:
+      "*": [{ name: per-user, algorithm: sliding_log, limit: 1, per: 1m }]
+"#;
+
+fn start(storage: &str, name: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("sluice-rls-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("edge.yaml"), ENVOY_CONFIG).unwrap();
+    let config = temp_file(
+        &format!("{name}.yaml"),
+        &format!("{storage}{SLUICE_CONFIG}"),
+    );
+    Server::start_with_env(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--envoy-config",
+            dir.to_str().unwrap(),
+        ],
+        &[(
+            "TEST_SLUICE_PEPPER",
+            "3e1d9c7b5a3f1e2d4c6b8a0f9e7d5c3b1a2f4e6d8c0b9a7f5e3d1c2b4a6f8e0d",
+        )],
+    )
+}
+
+async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap()
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> RateLimitResponse {
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: hits,
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn codes(response: &RateLimitResponse) -> Vec<Code> {
+    response
+        .statuses
+        .iter()
+        .map(|s| Code::try_from(s.code).unwrap())
+        .collect()
+}
+
+fn overall(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).unwrap()
+}
+
+fn header<'r>(response: &'r RateLimitResponse, name: &str) -> Option<&'r str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+/// The behaviours envoyproxy/ratelimit users rely on, checked on a running
+/// service.
+async fn envoyproxy_semantics(server: &Server) {
+    let mut c = client(server).await;
+    let one = |entries: &[(&str, &str)]| vec![descriptor(entries)];
+
+    // A key without a value counts each value on its own.
+    for _ in 0..3 {
+        let r = ask(&mut c, "edge", one(&[("remote_address", "10.0.0.1")]), 0).await;
+        assert_eq!(overall(&r), Code::Ok);
+    }
+    let r = ask(&mut c, "edge", one(&[("remote_address", "10.0.0.1")]), 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let status = &r.statuses[0];
+    assert_eq!(status.current_limit.as_ref().unwrap().requests_per_unit, 3);
+    assert_eq!(status.limit_remaining, 0);
+    assert!(status.duration_until_reset.as_ref().unwrap().seconds <= 60);
+    assert!(header(&r, "Retry-After").is_some());
+    assert!(header(&r, "RateLimit").unwrap().contains(";r=0;"));
+    assert!(
+        header(&r, "RateLimit-Policy")
+            .unwrap()
+            .contains(";q=3;w=60")
+    );
+    let r = ask(&mut c, "edge", one(&[("remote_address", "10.0.0.2")]), 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+
+    // Wildcard values, and an exact unlimited value that never counts.
+    for _ in 0..5 {
+        assert_eq!(
+            overall(&ask(&mut c, "edge", one(&[("path", "/api/a")]), 0).await),
+            Code::Ok
+        );
+    }
+    assert_eq!(
+        overall(&ask(&mut c, "edge", one(&[("path", "/api/b")]), 0).await),
+        Code::Ok,
+        "per value"
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "edge", one(&[("path", "/api/a")]), 0).await),
+        Code::OverLimit
+    );
+    for _ in 0..10 {
+        assert_eq!(
+            overall(&ask(&mut c, "edge", one(&[("path", "/api/health")]), 0).await),
+            Code::Ok
+        );
+    }
+
+    // requests_per_unit: 0 is always over.
+    let r = ask(&mut c, "edge", one(&[("path", "/blocked")]), 0).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        0
+    );
+
+    // Nested descriptors: the limit of the node the last entry reaches.
+    let premium = [("tenant", "t1"), ("plan", "premium")];
+    let r = ask(&mut c, "edge", one(&premium), 0).await;
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        10
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    for entries in [
+        &[("tenant", "t1")][..],
+        &[("tenant", "t1"), ("plan", "basic")],
+        &[("tenant", "t1"), ("plan", "premium"), ("x", "y")],
+    ] {
+        let r = ask(&mut c, "edge", one(entries), 0).await;
+        assert_eq!(overall(&r), Code::Ok);
+        assert!(
+            r.statuses[0].current_limit.is_none(),
+            "{entries:?} matches no limit"
+        );
+    }
+
+    // `replaces`: with premium present, the api limit (5) does not apply.
+    for _ in 0..7 {
+        let r = ask(
+            &mut c,
+            "edge",
+            vec![
+                descriptor(&[("path", "/api/replaced")]),
+                descriptor(&[("tenant", "t2"), ("plan", "premium")]),
+            ],
+            0,
+        )
+        .await;
+        assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
+        assert!(r.statuses[0].current_limit.is_none());
+    }
+
+    // Shadow mode never denies.
+    for _ in 0..3 {
+        assert_eq!(
+            overall(&ask(&mut c, "edge", one(&[("user", "u1")]), 0).await),
+            Code::Ok
+        );
+    }
+
+    // hits_addend, for the request and per descriptor.
+    let r = ask(&mut c, "edge", one(&[("remote_address", "10.0.0.3")]), 3).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    assert_eq!(
+        overall(&ask(&mut c, "edge", one(&[("remote_address", "10.0.0.3")]), 0).await),
+        Code::OverLimit
+    );
+    let mut heavy = descriptor(&[("bucket", "b1")]);
+    heavy.hits_addend = Some(UInt64Value { value: 2 });
+    let r = ask(&mut c, "edge", vec![heavy], 0).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().name, "smooth");
+    assert_eq!(
+        overall(&ask(&mut c, "edge", one(&[("bucket", "b1")]), 0).await),
+        Code::OverLimit
+    );
+
+    // A limit override from Envoy's route replaces the configured limit.
+    let mut overridden = descriptor(&[("remote_address", "10.0.0.4")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 3, // HOUR
+    });
+    let r = ask(&mut c, "edge", vec![overridden.clone()], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        1
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "edge", vec![overridden], 0).await),
+        Code::OverLimit
+    );
+
+    // Statuses come in request order, and a denied request consumes nothing
+    // from any descriptor.
+    let r = ask(
+        &mut c,
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.0.0.5")]),
+            descriptor(&[("path", "/blocked")]),
+        ],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+    assert_eq!(overall(&r), Code::OverLimit);
+    let r = ask(
+        &mut c,
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.0.0.6")]),
+            descriptor(&[("path", "/api/a")]),
+        ],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::Ok, Code::OverLimit]);
+    for address in ["10.0.0.5", "10.0.0.6"] {
+        for _ in 0..3 {
+            let r = ask(&mut c, "edge", one(&[("remote_address", address)]), 0).await;
+            assert_eq!(
+                overall(&r),
+                Code::Ok,
+                "{address}: denied requests counted nothing"
+            );
+        }
+    }
+
+    // Unknown domains have no limits.
+    let r = ask(
+        &mut c,
+        "elsewhere",
+        one(&[("remote_address", "10.0.0.1")]),
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::Ok]);
+}
+
+#[tokio::test]
+async fn envoyproxy_configuration_on_the_memory_store() {
+    let mut server = start("", "memory");
+    envoyproxy_semantics(&server).await;
+    let metrics = reqwest::get(format!("{}/metrics", server.base))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let shadow = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_shadow_denials_total"))
+        .unwrap();
+    assert!(!shadow.ends_with(" 0"), "{shadow}");
+    server.stop();
+}
+
+#[tokio::test]
+async fn envoyproxy_configuration_on_redis() {
+    let redis = RedisServer::start();
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        redis.url()
+    );
+    let mut server = start(&storage, "redis");
+    envoyproxy_semantics(&server).await;
+    // The descriptors' buckets are in Redis, opaque.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(keys.iter().any(|k| k.starts_with("sl:{")));
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("10.0.0") && !k.contains("api"))
+    );
+    server.stop();
+}
+
+#[tokio::test]
+async fn the_native_domain_maps_descriptors_onto_plans() {
+    let mut server = start("", "native");
+    let mut c = client(&server).await;
+    let tenant = [("tenant", "acme")];
+    let route = [("tenant", "acme"), ("route", "POST /x")];
+    let subject = [
+        ("tenant", "acme"),
+        ("route", "POST /x"),
+        ("subject", "alice"),
+    ];
+    let all = || {
+        vec![
+            descriptor(&tenant),
+            descriptor(&route),
+            descriptor(&subject),
+        ]
+    };
+    let r = ask(&mut c, "sluice", all(), 0).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::Ok]);
+    let limit = |i: usize| r.statuses[i].current_limit.as_ref().unwrap().name.clone();
+    assert_eq!(
+        (limit(0), limit(1), limit(2)),
+        ("tenant-minute".into(), "x".into(), "per-user".into())
+    );
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, 2); // MINUTE
+
+    // alice's second request is over her subject limit only; nothing else
+    // is consumed.
+    let r = ask(&mut c, "sluice", all(), 0).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(overall(&r), Code::OverLimit);
+    let r = ask(&mut c, "sluice", vec![descriptor(&route)], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 0,
+        "the route had 2: one used, one now"
+    );
+    assert_eq!(overall(&r), Code::Ok);
+    let r = ask(&mut c, "sluice", vec![descriptor(&route)], 0).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+
+    // A tenant is required on the native domain.
+    let status = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![descriptor(&[("route", "GET /")])],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("tenant"), "{}", status.message());
+    drop(c);
+    server.stop();
+}
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_arguments_and_health_is_served() {
+    let mut server = start("", "invalid");
+    let mut c = client(&server).await;
+    let cases = [
+        RateLimitRequest {
+            domain: String::new(),
+            descriptors: vec![descriptor(&[("a", "b")])],
+            hits_addend: 0,
+        },
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![],
+            hits_addend: 0,
+        },
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(&[("a", "b")])],
+            hits_addend: 2_000_000,
+        },
+        RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![descriptor(&[("", "b")])],
+            hits_addend: 0,
+        },
+    ];
+    for request in cases {
+        let status = c.should_rate_limit(request.clone()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{request:?}");
+    }
+    let channel = Channel::from_shared(server.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let reply = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reply.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    drop((c, health));
+    server.stop();
+}
