@@ -79,6 +79,29 @@ pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
     Ok(sluice_core::config::envoy::load(&files)?)
 }
 
+/// Serves the Rate Limit Service and `grpc.health.v1` on `listener` until
+/// `shutdown` resolves.
+pub async fn serve_grpc(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Fallible<()> {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<RateLimitServiceServer<RateLimiter>>()
+        .await;
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::new(RateLimiter::new(app)))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await?;
+    Ok(())
+}
+
 /// The gRPC service.
 #[derive(Debug, Clone)]
 pub struct RateLimiter {

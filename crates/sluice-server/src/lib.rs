@@ -3,6 +3,7 @@
 //! - [`cli`]: the subcommands (`serve`, `check`, `validate`).
 //! - [`source`]: reading the configuration file (or the embedded example)
 //!   and reloading it on change or SIGHUP.
+//! - [`bench`]: the load generator behind `sluice bench`.
 //! - [`backend`]: the store chosen by `storage.backend`.
 //! - [`app`]: what every request handler shares.
 //! - [`envoy`]: the Envoy Rate Limit Service (gRPC), including
@@ -16,6 +17,7 @@
 
 pub mod app;
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod envoy;
 pub mod http;

@@ -1,5 +1,6 @@
 //! The `sluice` command line.
 
+mod bench;
 mod check;
 mod inspect;
 mod serve;
@@ -31,6 +32,32 @@ enum Command {
     /// Show a tenant's stored buckets in a shared store, without changing
     /// them (support tool: keys are computed here, never by hand).
     Inspect(InspectArgs),
+    /// Generate load against a running service and report decisions per
+    /// second and latency percentiles.
+    Bench(BenchArgs),
+}
+
+/// `sluice bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The Envoy Rate Limit Service to load, e.g. http://127.0.0.1:8081.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    target: String,
+    /// The rate-limit domain of every request.
+    #[arg(long, default_value = "sluice")]
+    domain: String,
+    /// The descriptor entry key; values cycle over `--values` distinct ones.
+    #[arg(long, default_value = "tenant")]
+    key: String,
+    /// How many distinct values (buckets).
+    #[arg(long, default_value_t = 10_000)]
+    values: usize,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// How long to run, in seconds (at most 600).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
 }
 
 /// `sluice serve`.
@@ -104,6 +131,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Validate(args) => validate::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

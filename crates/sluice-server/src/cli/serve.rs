@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use std::sync::atomic::Ordering;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
@@ -64,19 +63,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         signal.await;
         let _ = stop.send(true);
     });
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<RateLimitServiceServer<crate::envoy::RateLimiter>>()
-        .await;
-    let grpc_server = tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(crate::envoy::RateLimiter::new(
-            app.clone(),
-        )))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc_listener),
-            until(stopped.clone()),
-        );
+    let grpc_server = crate::envoy::serve_grpc(app.clone(), grpc_listener, until(stopped.clone()));
     let http_server = axum::serve(http_listener, crate::http::router(app))
         .with_graceful_shutdown(until(stopped.clone()));
     let servers = async { tokio::join!(http_server, grpc_server) };
