@@ -56,7 +56,7 @@ async fn main() {
             };
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);
-            let key = KeySet::keys(&store.keys().current, &batch).remove(0);
+            let key = KeySet::keys(&store.keys().current, &batch, 0).remove(0);
             let bytes: u64 = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(&key)

@@ -3,8 +3,9 @@
 //! - [`store`]: the [`Store`] trait — one call per decision, every rule at
 //!   once, all or nothing.
 //! - [`memory`]: the embedded backend.
-//! - [`standalone`]: the Redis backend (one node); [`script`]: the Lua
-//!   script it runs, one call per decision.
+//! - [`standalone`]: the Redis backend (one node); [`cluster`]: the Redis
+//!   Cluster backend; [`script`]: the Lua scripts they run, one call per
+//!   decision (two with a valve on a cluster).
 //! - [`clock`]: the time stores decide on.
 //! - [`limiter`]: request → rules → store → decision, with the failure
 //!   handling around the store call: [`breaker`] (circuit breaker),
@@ -17,6 +18,7 @@
 pub mod breaker;
 mod bucket;
 pub mod clock;
+pub mod cluster;
 pub mod denials;
 pub mod limiter;
 pub mod memory;
@@ -27,6 +29,7 @@ pub mod telemetry;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use cluster::ClusterStore;
 pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
 pub use script::{KeySet, TimeSource};

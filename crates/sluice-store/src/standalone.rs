@@ -162,14 +162,20 @@ impl RedisStore {
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch);
+        let keys = KeySet::keys(&self.keys.current, batch, 0);
         let previous = self
             .keys
             .previous
             .as_ref()
-            .map(|keyer| KeySet::keys(keyer, batch));
-        let invocation =
-            script::prepare(&self.script, batch, &keys, previous.as_deref(), &self.time);
+            .map(|keyer| KeySet::keys(keyer, batch, 0));
+        let invocation = script::prepare(
+            &self.script,
+            batch,
+            script::Selection::ALL,
+            &keys,
+            previous.as_deref(),
+            &self.time,
+        );
         let reply: Vec<i64> = invocation
             .invoke_async(&mut self.connection.clone())
             .await
@@ -180,7 +186,7 @@ impl RedisStore {
     /// The stored state of every rule of `batch`, read without changing
     /// anything, with the server's time (for `sluice inspect`).
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch);
+        let keys = KeySet::keys(&self.keys.current, batch, 0);
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
         for (key, rule) in keys.iter().zip(batch.rules) {

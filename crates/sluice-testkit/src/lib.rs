@@ -358,3 +358,196 @@ impl Monitor {
             .collect()
     }
 }
+
+/// `CLUSTER INFO` of a node, if it answers within 300 ms.
+fn cluster_info(node: &RedisServer) -> Option<String> {
+    let mut connection = node
+        .client()
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .ok()?;
+    redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut connection)
+        .ok()
+}
+
+/// A Redis Cluster of real `redis-server` processes on loopback: masters
+/// with replicas, made with `redis-cli --cluster create`.
+pub struct RedisCluster {
+    /// Every node, masters first as created.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters with `replicas` replicas each, a short
+    /// `cluster-node-timeout` (1 s) so that failovers are quick, and waits
+    /// until the cluster is up.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let ports: Vec<u16> = (0..masters * (1 + replicas))
+            .map(|_| free_port(true))
+            .collect();
+        RedisCluster::start_on(&ports, replicas)
+    }
+
+    /// Like [`start`](Self::start), on the given ports (masters first):
+    /// `ports.len()` must be a multiple of `1 + replicas`.
+    pub fn start_on(ports: &[u16], replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = ports
+            .iter()
+            .map(|&port| {
+                RedisServer::start_on(
+                    port,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-node-timeout",
+                        "1000",
+                        "--cluster-require-full-coverage",
+                        "no",
+                        // A replica fails over however long ago it last
+                        // heard from its master (the default refuses after
+                        // ~10 node timeouts, which a fresh test cluster can
+                        // exceed).
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ],
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): install redis-tools"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Seed URLs of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and that all
+    /// 16384 slots are served by a master that is not failing.
+    pub fn wait_until_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                cluster_info(n).is_some_and(|info| {
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                })
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until the cluster has noticed that the master on `port`
+    /// (stopped by the caller) failed, its replica has taken over and
+    /// every slot is served again.
+    pub fn wait_for_failover(&self, port: u16, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let noticed = || {
+            self.nodes.iter().filter(|n| n.child.is_some()).any(|n| {
+                cluster_info(n).is_some_and(|info| !info.contains("cluster_slots_ok:16384"))
+            })
+        };
+        while !noticed() {
+            assert!(
+                Instant::now() < deadline,
+                "the failure of the master on {port} was not noticed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_until_ok(deadline.saturating_duration_since(Instant::now()));
+    }
+
+    /// `CLUSTER NODES` as seen by a running node: (id, port, is master,
+    /// connected).
+    pub fn topology(&self) -> Vec<(String, u16, bool, bool)> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .expect("a running node");
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query(&mut node.connection())
+            .expect("CLUSTER NODES");
+        text.lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+                let master = fields.get(2)?.contains("master");
+                let connected = fields.get(7) == Some(&"connected") && !fields[2].contains("fail");
+                Some((fields[0].to_owned(), port, master, connected))
+            })
+            .collect()
+    }
+
+    /// The running masters, by port.
+    pub fn master_ports(&self) -> Vec<u16> {
+        self.topology()
+            .into_iter()
+            .filter(|(_, _, master, connected)| *master && *connected)
+            .map(|(_, port, _, _)| port)
+            .collect()
+    }
+
+    /// The node listening on `port`.
+    pub fn node(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .expect("a node on that port")
+    }
+
+    /// Moves `slots` slots from the master on `from` to the master on `to`
+    /// with `redis-cli --cluster reshard` (keys move by MIGRATE).
+    pub fn reshard(&self, from: u16, to: u16, slots: u32) {
+        let id = |port: u16| {
+            self.topology()
+                .into_iter()
+                .find(|(_, p, _, _)| *p == port)
+                .map(|(id, ..)| id)
+                .expect("a node id")
+        };
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .args(["--cluster-pipeline", "10"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "reshard failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Keys held by the node on `port`.
+    pub fn key_count(&mut self, port: u16) -> u64 {
+        redis::cmd("DBSIZE")
+            .query(&mut self.node(port).connection())
+            .expect("DBSIZE")
+    }
+}

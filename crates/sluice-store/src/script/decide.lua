@@ -16,49 +16,15 @@
 --                     3 sliding_log, 4 sliding_window, 5 fixed_window;
 --                     shadow: 1 when the rule only observes)
 --
--- Returns four integers per rule: allowed (1 or 0), remaining,
--- reset_after_ms, retry_after_ms. Every rule is checked first; only when
+-- Returns five integers per rule: allowed (1 or 0), remaining,
+-- reset_after_ms, retry_after_ms, and the admission time (ms) a refund of
+-- this decision would name. Every rule is checked first; only when
 -- every enforced rule admits is anything written, so a denied request
 -- consumes nothing. A shadow rule never blocks the others and consumes only
 -- when it admits. Every key written expires when its state is as good as
 -- fresh, plus SLACK ms.
 
 local SLACK = 1000
-
--- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if q * b < a then
-    q = q + 1
-  end
-  return q
-end
-
-local function enc(...)
-  local parts = {}
-  for i, v in ipairs({...}) do
-    parts[i] = string.format('%d', v)
-  end
-  return table.concat(parts, ':')
-end
-
-local function dec(value)
-  local out = {}
-  for part in string.gmatch(value, '[^:]+') do
-    out[#out + 1] = tonumber(part)
-  end
-  return out
-end
 
 -- Each algorithm returns allowed, remaining, reset, retry and, when it
 -- admits, the state to write and when that state goes idle.
@@ -263,6 +229,11 @@ for i = 1, n do
   reply[#reply + 1] = remaining
   reply[#reply + 1] = reset
   reply[#reply + 1] = retry
+  if algorithm == 3 and state then
+    reply[#reply + 1] = state
+  else
+    reply[#reply + 1] = now
+  end
 end
 
 if all_allowed then

@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::store::{Batch, Partition, StoreError};
 
 /// The decision script's source.
-pub const DECIDE_LUA: &str = include_str!("decide.lua");
+pub const DECIDE_LUA: &str = concat!(include_str!("common.lua"), include_str!("decide.lua"));
 
 /// The heartbeat script's source: instances count themselves so that
 /// `on_error: local` can divide limits among them.
@@ -45,8 +45,9 @@ pub struct KeySet {
 }
 
 impl KeySet {
-    /// The keys of every rule of `batch` under `keyer`.
-    pub fn keys(keyer: &Keyer, batch: &Batch<'_>) -> Keys {
+    /// The keys of every rule of `batch` under `keyer`; global valves in
+    /// their shard `valve_shard` (0 on one node).
+    pub fn keys(keyer: &Keyer, batch: &Batch<'_>, valve_shard: u16) -> Keys {
         // Most rules of a batch share the request's tenant tag: compute it
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
@@ -62,7 +63,7 @@ impl KeySet {
             .iter()
             .enumerate()
             .map(|(i, rule)| match batch.partition(i, rule) {
-                Partition::Global => keyer.key(&keyer.global_tag(rule, 0), rule, None),
+                Partition::Global => keyer.key(&keyer.global_tag(rule, valve_shard), rule, None),
                 Partition::Tenant(tenant) => keyer.key(&tag_of(tenant), rule, None),
                 Partition::Subject(tenant, subject) => {
                     keyer.key(&tag_of(tenant), rule, Some(subject))
@@ -107,47 +108,177 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
     }
 }
 
-/// Adds a batch's keys and arguments to an invocation of the script.
+/// The rules of a batch one script call decides: all of them on one Redis
+/// node; on Redis Cluster, those sharing a slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'s> {
+    /// Indices into the batch's rules; `None` for all of them.
+    pub indices: Option<&'s [usize]>,
+    /// Global valves are split into this many shares (Redis Cluster).
+    pub valve_parts: u64,
+}
+
+impl Selection<'_> {
+    /// Every rule, valves whole.
+    pub const ALL: Selection<'static> = Selection {
+        indices: None,
+        valve_parts: 1,
+    };
+
+    fn each(&self, rules: usize) -> impl Iterator<Item = usize> + '_ {
+        let all = self.indices.is_none().then_some(0..rules);
+        all.into_iter()
+            .flatten()
+            .chain(self.indices.into_iter().flatten().copied())
+    }
+
+    fn len(&self, rules: usize) -> usize {
+        self.indices.map_or(rules, <[usize]>::len)
+    }
+}
+
+/// The rule as a call enforces it: a valve's share on Redis Cluster.
+fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule {
+    if rule.scope() == sluice_core::Scope::Global {
+        rule.rule().share(valve_parts)
+    } else {
+        *rule.rule()
+    }
+}
+
+fn rule_args(invocation: &mut redis::ScriptInvocation<'_>, rule: &sluice_core::Rule) {
+    invocation
+        .arg(algorithm_code(rule.algorithm()))
+        .arg(rule.limit())
+        .arg(rule.period_ms())
+        .arg(rule.burst())
+        .arg(u8::from(rule.aligned()));
+}
+
+/// Adds the selected rules of a batch to an invocation of the decision
+/// script: `keys` are theirs (in selection order), `previous` the same
+/// buckets under the previous pepper when rotating.
 pub fn prepare<'s>(
     script: &'s redis::Script,
     batch: &Batch<'_>,
+    selection: Selection<'_>,
     keys: &[String],
     previous: Option<&[String]>,
     time: &TimeSource,
 ) -> redis::ScriptInvocation<'s> {
     let mut invocation = script.prepare_invoke();
-    for key in keys {
+    for key in keys.iter().chain(previous.into_iter().flatten()) {
         invocation.key(key);
-    }
-    if let Some(previous) = previous {
-        for key in previous {
-            invocation.key(key);
-        }
     }
     match time {
         TimeSource::Server => invocation.arg(""),
         TimeSource::Client(clock) => invocation.arg(clock.now_ms()),
     };
     invocation
-        .arg(batch.rules.len())
+        .arg(selection.len(batch.rules.len()))
         .arg(u8::from(previous.is_some()));
-    for (i, rule) in batch.rules.iter().enumerate() {
-        let r = rule.rule();
+    for i in selection.each(batch.rules.len()) {
+        let rule = &batch.rules[i];
+        rule_args(&mut invocation, &enforced(rule, selection.valve_parts));
         invocation
-            .arg(algorithm_code(r.algorithm()))
-            .arg(r.limit())
-            .arg(r.period_ms())
-            .arg(r.burst())
-            .arg(u8::from(r.aligned()))
             .arg(batch.cost_of(i))
             .arg(u8::from(rule.shadow()));
     }
     invocation
 }
 
-/// Reads the script's reply: four integers per rule.
+/// The selected rules of a batch as an `EVALSHA` of the decision script,
+/// and the same call as `EVAL` (for a node that lacks the script).
+pub fn commands(
+    script: &redis::Script,
+    batch: &Batch<'_>,
+    selection: Selection<'_>,
+    keys: &[String],
+    time: &TimeSource,
+) -> (redis::Cmd, redis::Cmd) {
+    let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 7 * keys.len());
+    args.push(match time {
+        TimeSource::Server => Vec::new(),
+        TimeSource::Client(clock) => clock.now_ms().to_string().into_bytes(),
+    });
+    args.push(selection.len(batch.rules.len()).to_string().into_bytes());
+    args.push(b"0".to_vec());
+    for i in selection.each(batch.rules.len()) {
+        let rule = &batch.rules[i];
+        let r = enforced(rule, selection.valve_parts);
+        for v in [
+            u64::from(algorithm_code(r.algorithm())),
+            r.limit(),
+            r.period_ms(),
+            r.burst(),
+            u64::from(r.aligned()),
+            batch.cost_of(i),
+            u64::from(rule.shadow()),
+        ] {
+            args.push(v.to_string().into_bytes());
+        }
+    }
+    evalsha_and_eval(script, DECIDE_LUA, keys, &args)
+}
+
+fn evalsha_and_eval(
+    script: &redis::Script,
+    source: &str,
+    keys: &[String],
+    args: &[Vec<u8>],
+) -> (redis::Cmd, redis::Cmd) {
+    let mut evalsha = redis::cmd("EVALSHA");
+    evalsha.arg(script.get_hash());
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(source);
+    for cmd in [&mut evalsha, &mut eval] {
+        cmd.arg(keys.len()).arg(keys);
+        for arg in args {
+            cmd.arg(arg.as_slice());
+        }
+    }
+    (evalsha, eval)
+}
+
+/// The refund as `EVALSHA` and as `EVAL`, from [`refund_args`].
+pub fn refund_commands(
+    script: &redis::Script,
+    keys: &[String],
+    args: &[u64],
+) -> (redis::Cmd, redis::Cmd) {
+    let args: Vec<Vec<u8>> = args.iter().map(|a| a.to_string().into_bytes()).collect();
+    evalsha_and_eval(script, REFUND_LUA, keys, &args)
+}
+
+/// The refund script's source.
+pub const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
+
+/// The refund script's arguments giving back what the selected rules
+/// consumed, given the admission times the decision returned. Owned, so a
+/// refund can be sent after the batch is gone.
+pub fn refund_args(batch: &Batch<'_>, selection: Selection<'_>, admitted_at: &[u64]) -> Vec<u64> {
+    let mut args = vec![selection.len(batch.rules.len()) as u64];
+    for (i, at) in selection.each(batch.rules.len()).zip(admitted_at) {
+        let rule = enforced(&batch.rules[i], selection.valve_parts);
+        args.extend([
+            u64::from(algorithm_code(rule.algorithm())),
+            rule.limit(),
+            rule.period_ms(),
+            rule.burst(),
+            u64::from(rule.aligned()),
+            batch.cost_of(i),
+            *at,
+        ]);
+    }
+    args
+}
+
+/// Values per rule in the decision script's reply.
+const REPLY_WIDTH: usize = 5;
+
+/// Reads the decision script's reply.
 pub fn outcomes(reply: &[i64], rules: usize) -> Result<Outcomes, StoreError> {
-    if reply.len() != 4 * rules {
+    if reply.len() != REPLY_WIDTH * rules {
         return Err(StoreError::Unavailable(format!(
             "unexpected script reply: {} values for {rules} rules",
             reply.len()
@@ -155,7 +286,7 @@ pub fn outcomes(reply: &[i64], rules: usize) -> Result<Outcomes, StoreError> {
     }
     let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
     Ok(reply
-        .chunks_exact(4)
+        .chunks_exact(REPLY_WIDTH)
         .map(|v| Outcome {
             allowed: v[0] == 1,
             remaining: u32::try_from(nonneg(v[1])).unwrap_or(u32::MAX),
@@ -163,6 +294,14 @@ pub fn outcomes(reply: &[i64], rules: usize) -> Result<Outcomes, StoreError> {
             retry_after_ms: nonneg(v[3]),
         })
         .collect())
+}
+
+/// The admission time of each rule in a decision script's reply, which a
+/// refund names.
+pub fn admission_times(reply: &[i64]) -> impl Iterator<Item = u64> + '_ {
+    reply
+        .chunks_exact(REPLY_WIDTH)
+        .map(|v| u64::try_from(v[REPLY_WIDTH - 1]).unwrap_or(0))
 }
 
 /// What `GET` (or `ZRANGE … WITHSCORES` for sliding_log) returned for a key.

@@ -1,0 +1,73 @@
+-- sluice: give back what an admitted request consumed.
+--
+-- On Redis Cluster a decision that involves a global valve is two calls on
+-- two slots: the tenant's rules, then the valve. When the valve denies after
+-- the tenant's rules admitted, this script undoes the tenant's consumption,
+-- so that a denied request consumes nothing.
+--
+-- KEYS[1..n]          the keys the decision wrote
+-- ARGV[1]             n
+-- ARGV[2 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
+--                     admission time (ms, as the decision script returned it)
+--
+-- Each undo is the inverse of the admission, applied to the state as it is
+-- now (others may have consumed since): gcra moves its TAT back by
+-- cost·per/limit, token_bucket adds the tokens back, the window algorithms
+-- take the units off the window they were counted in (if it is still
+-- there), sliding_log removes that many entries of the admission time.
+-- TTLs are kept.
+
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local base = 2 + 7 * (i - 1)
+  local algorithm = tonumber(ARGV[base])
+  local limit = tonumber(ARGV[base + 1])
+  local per = tonumber(ARGV[base + 2])
+  local burst = tonumber(ARGV[base + 3])
+  local cost = tonumber(ARGV[base + 5])
+  local at = tonumber(ARGV[base + 6])
+  local key = KEYS[i]
+  if algorithm == 3 then
+    local members = redis.call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, cost)
+    if #members > 0 then
+      redis.call('ZREM', key, unpack(members))
+    end
+  else
+    local value = redis.call('GET', key)
+    if value then
+      local t = dec(value)
+      local updated
+      if algorithm == 1 then
+        -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
+        -- milliseconds (never multiplying ms by limit: beyond 2^53).
+        local ms, frac = t[1], t[2] or 0
+        local need = cost * per
+        if frac >= need then
+          frac = frac - need
+        else
+          local borrow = idiv(need - frac + limit - 1, limit)
+          ms = ms - borrow
+          frac = frac + borrow * limit - need
+        end
+        if frac == 0 then updated = enc(ms) else updated = enc(ms, frac) end
+      elseif algorithm == 2 then
+        updated = enc(math.min(burst * per, t[1] + cost * per), t[2])
+      elseif algorithm == 4 then
+        local window = idiv(at, per) * per
+        if t[1] == window then
+          updated = enc(t[1], t[2], math.max(0, t[3] - cost))
+        elseif t[1] == window + per then
+          updated = enc(t[1], math.max(0, t[2] - cost), t[3])
+        end
+      else
+        if at >= t[1] and at < t[1] + per then
+          updated = enc(t[1], math.max(0, t[2] - cost))
+        end
+      end
+      if updated then
+        redis.call('SET', key, updated, 'KEEPTTL')
+      end
+    end
+  end
+end
+return n

@@ -1,0 +1,444 @@
+//! The Redis Cluster backend on a real cluster: 3 masters with a replica
+//! each, started on free loopback ports by each test.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::cluster_routing::Slot;
+use sluice_core::config::OnError;
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::{Config, Policy, Reason, Request};
+use sluice_store::{
+    Batch, ClusterStore, ConnectOptions, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore,
+    Store, TimeSource,
+};
+use sluice_testkit::RedisCluster;
+
+const BUDGET: Duration = Duration::from_millis(200);
+
+fn keys() -> KeySet {
+    KeySet {
+        current: Keyer::new("sl", &Pepper::parse(&[b'q'; 32]).unwrap()),
+        previous: None,
+    }
+}
+
+async fn store(cluster: &RedisCluster, valve_shards: u16) -> ClusterStore {
+    ClusterStore::connect(
+        &cluster.urls(),
+        keys(),
+        &ConnectOptions::with_timeout(BUDGET),
+        valve_shards,
+    )
+    .await
+    .unwrap()
+}
+
+fn limiter(store: ClusterStore, yaml: &str, on_error: OnError) -> Arc<Limiter<ClusterStore>> {
+    let mut options = LimiterOptions::new(on_error);
+    options.timeout = Some(BUDGET);
+    let policy = Policy::compile_for(
+        &Config::from_yaml(yaml, "cluster.yaml").unwrap().limits,
+        true,
+    );
+    Arc::new(Limiter::with_options(policy, store, options))
+}
+
+/// Which master holds each key of the cluster, by port.
+fn keys_by_master(cluster: &mut RedisCluster) -> HashMap<u16, Vec<String>> {
+    let masters = cluster.master_ports();
+    masters
+        .into_iter()
+        .map(|port| {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("sl:{*")
+                .query(&mut cluster.node(port).connection())
+                .unwrap();
+            (port, keys)
+        })
+        .collect()
+}
+
+const LAYOUT: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: gcra, limit: 10, per: 1h }]
+    routes:
+      "*": [{ name: r, algorithm: sliding_log, limit: 8, per: 1h }]
+    subject:
+      "*": [{ name: s, algorithm: token_bucket, limit: 6, per: 1h }]
+tenants:
+  huge: { shards: 8 }
+global:
+  "POST /scarce": [{ name: valve, algorithm: fixed_window, limit: 3, per: 1h }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_exactness_valve_refunds_and_shards() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 1).await, LAYOUT, OnError::Deny);
+    let policy = limiter.policy();
+
+    // 1000 tenants through every scope: every master holds keys, no call
+    // crosses slots (a CROSSSLOT error would make decisions fail over).
+    for i in 0..1000 {
+        let tenant = format!("tenant-{i}");
+        let decision = limiter
+            .decide(
+                &policy,
+                &Request::new(&tenant, "GET /x", Some("u"), 1).unwrap(),
+            )
+            .await;
+        assert!(
+            decision.allowed && decision.degraded.is_none(),
+            "{decision:?}"
+        );
+    }
+    let layout = keys_by_master(&mut cluster);
+    assert_eq!(layout.len(), 3);
+    for (port, keys) in &layout {
+        assert!(keys.len() > 300, "master {port} holds {} keys", keys.len());
+    }
+
+    // A tenant's three scopes share one slot.
+    let tag = keys().current.tenant_tag("tenant-7", 0);
+    let tenant_keys: Vec<&String> = layout
+        .values()
+        .flatten()
+        .filter(|k| k.contains(tag.as_str()))
+        .collect();
+    assert_eq!(tenant_keys.len(), 3);
+    assert_eq!(
+        tenant_keys
+            .iter()
+            .map(Slot::for_key)
+            .collect::<HashSet<_>>()
+            .len(),
+        1
+    );
+
+    // Exact under concurrency, across two instances.
+    let second = limiter_from(&cluster, LAYOUT).await;
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for l in [limiter.clone(), second] {
+        for _ in 0..4 {
+            let (l, admitted) = (l.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let policy = l.policy();
+                let request = Request::new("contended", "GET /x", None, 1).unwrap();
+                for _ in 0..10 {
+                    let decision = l.decide(&policy, &request).await;
+                    assert!(decision.degraded.is_none());
+                    admitted.fetch_add(u64::from(decision.allowed), Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        8,
+        "the route's sliding log admits exactly 8"
+    );
+
+    // The valve denies after the tenant's rules admitted: the tenant's
+    // consumption is refunded.
+    let scarce = Request::new("valve-user", "POST /scarce", None, 1).unwrap();
+    let mut reasons = Vec::new();
+    for _ in 0..5 {
+        let d = limiter.decide(&policy, &scarce).await;
+        reasons.push(d.reason);
+    }
+    assert_eq!(&reasons[..3], &[None, None, None]);
+    assert_eq!(
+        &reasons[3..],
+        &[Some(Reason::GlobalCapacity), Some(Reason::GlobalCapacity)]
+    );
+    // Only the 3 admitted requests count: once the refunds landed, the
+    // tenant has 7 of its 10 left and the shared "*" route log 5 of its 8.
+    let other = Request::new("valve-user", "GET /y", None, 1).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut passed = 0;
+    while limiter.decide(&policy, &other).await.allowed {
+        passed += 1;
+        assert!(passed <= 10);
+    }
+    assert_eq!(
+        passed, 5,
+        "denied requests consumed nothing from the tenant's rules"
+    );
+
+    // A mega-tenant's shards land on different masters.
+    for _ in 0..16 {
+        limiter
+            .decide(&policy, &Request::new("huge", "GET /x", None, 1).unwrap())
+            .await;
+    }
+    let mut masters_with_huge = 0;
+    for keys in keys_by_master(&mut cluster).values() {
+        let huge: HashSet<u16> = (0..8)
+            .filter(|shard| {
+                let tag = self::keys().current.tenant_tag("huge", *shard);
+                keys.iter().any(|k| k.contains(tag.as_str()))
+            })
+            .collect();
+        masters_with_huge += usize::from(!huge.is_empty());
+    }
+    assert!(
+        masters_with_huge >= 2,
+        "the 8 shards sit on {masters_with_huge} master(s)"
+    );
+}
+
+async fn limiter_from(cluster: &RedisCluster, yaml: &str) -> Arc<Limiter<ClusterStore>> {
+    limiter(store(cluster, 1).await, yaml, OnError::Deny)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn global_valves_are_sharded_over_slots() {
+    let cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 16).await, LAYOUT, OnError::Deny);
+    let policy = limiter.policy();
+    // 16 shards of a valve of 3: each shard holds max(1, 3/16) = 1.
+    for i in 0..16 {
+        let tenant = format!("v{i}");
+        limiter
+            .decide(
+                &policy,
+                &Request::new(&tenant, "POST /scarce", None, 1).unwrap(),
+            )
+            .await;
+    }
+    let store = limiter.store();
+    let rules = policy.applicable("x", "POST /scarce", false).rules;
+    let valve = rules
+        .iter()
+        .find(|r| r.scope() == sluice_core::Scope::Global)
+        .unwrap();
+    let slots: HashSet<Slot> = (0..16)
+        .map(|shard| {
+            Slot::for_key(store.keys().current.key(
+                &store.keys().current.global_tag(valve, shard),
+                valve,
+                None,
+            ))
+        })
+        .collect();
+    assert!(slots.len() >= 15, "valve shards on {} slots", slots.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_and_memory_decide_identically() {
+    let cluster = RedisCluster::start(3, 1);
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = store(&cluster, 1)
+        .await
+        .with_time(TimeSource::Client(clock.clone()));
+    let memory = MemoryStore::with_clock(10_000, clock.clone());
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 5, per: 1s, burst: 7 }, { algorithm: sliding_window, limit: 9, per: 2s }]
+    routes:
+      "*": [{ algorithm: fixed_window, limit: 4, per: 700ms, aligned: true }, { algorithm: sliding_log, limit: 6, per: 1500ms }]
+    subject:
+      "*": [{ algorithm: token_bucket, limit: 3, per: 1s, burst: 5 }]
+"#;
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "d.yaml").unwrap().limits, true);
+    let gaps = [0u64, 0, 37, 120, 0, 5, 333, 0, 700, 1, 0, 999, 64];
+    for step in 0..300usize {
+        clock.advance(gaps[step % gaps.len()]);
+        let tenant = ["a", "b", "c"][step % 3];
+        let subject = (step % 2 == 0).then_some("u");
+        let rules = policy.applicable(tenant, "GET /", subject.is_some()).rules;
+        let batch = Batch::new(tenant, subject, 1 + (step as u64 % 3), rules);
+        let expected = memory.decide_now(&batch).unwrap();
+        let actual = store.decide(&batch).await.unwrap();
+        assert_eq!(expected.as_slice(), actual.as_slice(), "step {step}");
+    }
+}
+
+/// What a load worker saw: admissions per tenant, decisions the store could
+/// not make, and the slowest decision.
+type Seen = (HashMap<String, u64>, u64, Duration);
+
+/// Decides continuously for `tenants` until `stop`, counting admissions per
+/// tenant and failures (decisions the store could not make).
+fn spawn_load(
+    limiter: &Arc<Limiter<ClusterStore>>,
+    tenants: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Seen>> {
+    (0..4)
+        .map(|worker| {
+            let (limiter, stop) = (limiter.clone(), stop.clone());
+            tokio::spawn(async move {
+                let policy = limiter.policy();
+                let mut admitted: HashMap<String, u64> = HashMap::new();
+                let (mut degraded, mut slowest) = (0, Duration::ZERO);
+                let mut i = worker;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i + 1) % tenants;
+                    let tenant = format!("live-{i}");
+                    let started = Instant::now();
+                    let decision = limiter
+                        .decide(&policy, &Request::new(&tenant, "GET /x", None, 1).unwrap())
+                        .await;
+                    slowest = slowest.max(started.elapsed());
+                    if decision.degraded.is_some() {
+                        degraded += 1;
+                    } else if decision.allowed {
+                        *admitted.entry(tenant).or_default() += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                (admitted, degraded, slowest)
+            })
+        })
+        .collect()
+}
+
+const LIVE: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 30, per: 1h }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_under_load_loses_no_decision_and_admits_no_more_than_the_limit() {
+    let cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 1).await, LIVE, OnError::Deny);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = spawn_load(&limiter, 50, &stop);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Move a third of the first master's slots (with the live keys in them)
+    // to the second, while decisions run.
+    let masters = cluster.master_ports();
+    let (from, to) = (masters[0], masters[1]);
+    let reshard = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        cluster.reshard(from, to, 2000);
+        (cluster, started.elapsed())
+    });
+    let (mut cluster, took) = reshard.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut admitted: HashMap<String, u64> = HashMap::new();
+    let mut degraded = 0;
+    for task in load {
+        let (a, d, _) = task.await.unwrap();
+        degraded += d;
+        for (tenant, n) in a {
+            *admitted.entry(tenant).or_default() += n;
+        }
+    }
+    println!("resharding 2000 slots took {took:?}; {degraded} decisions fell back");
+    assert_eq!(degraded, 0, "every decision was made by the cluster");
+    assert!(admitted.values().all(|&n| n <= 30), "{admitted:?}");
+    assert!(
+        admitted.values().any(|&n| n == 30),
+        "the tenants reached their limits"
+    );
+    // The moved slots hold live keys on their new master.
+    assert!(cluster.key_count(to) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_failure_is_bridged_by_the_failure_policy_and_recovered() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 1).await, LIVE, OnError::Local);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = spawn_load(&limiter, 50, &stop);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let victim = cluster.master_ports()[0];
+    let killed = Instant::now();
+    cluster.node(victim).stop();
+    // The replica is promoted after cluster-node-timeout (1 s); decisions on
+    // the victim's slots fail over to `local` meanwhile.
+    cluster.wait_for_failover(victim, Duration::from_secs(30));
+    let promoted = killed.elapsed();
+    // Then every decision is made by the cluster again.
+    let policy = limiter.policy();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut recovered = None;
+    while recovered.is_none() {
+        let mut all = true;
+        for i in 0..50 {
+            let tenant = format!("probe-{i}");
+            let decision = limiter
+                .decide(&policy, &Request::new(&tenant, "GET /x", None, 1).unwrap())
+                .await;
+            all &= decision.degraded.is_none();
+        }
+        if all {
+            recovered = Some(killed.elapsed());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "decisions did not return to the cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut degraded = 0;
+    let mut slowest = Duration::ZERO;
+    for task in load {
+        let (_, d, s) = task.await.unwrap();
+        degraded += d;
+        slowest = slowest.max(s);
+    }
+    println!(
+        "master killed: cluster ok again after {promoted:?}, every decision back on the cluster after {:?}; {degraded} decisions by on_error; slowest {slowest:?}",
+        recovered.unwrap()
+    );
+    assert!(degraded > 0, "the gap was bridged by the failure policy");
+    assert!(
+        slowest <= BUDGET + Duration::from_millis(200),
+        "a decision took {slowest:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_made_before_the_cluster_is_up_connects_when_it_is() {
+    let ports: Vec<u16> = (0..3).map(|_| sluice_testkit::free_port(true)).collect();
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let started = Instant::now();
+    let store = ClusterStore::connect(&urls, keys(), &ConnectOptions::with_timeout(BUDGET), 1)
+        .await
+        .expect("the store exists while the cluster is down");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "connecting is bounded: {:?}",
+        started.elapsed()
+    );
+    let policy = Policy::compile_for(&Config::from_yaml(LIVE, "c.yaml").unwrap().limits, true);
+    let rules = policy.applicable("early", "GET /x", false).rules;
+    let batch = Batch::new("early", None, 1, rules);
+    let error = store.decide(&batch).await.expect_err("no cluster yet");
+    assert!(error.to_string().contains("not connected"), "{error}");
+
+    let _cluster = RedisCluster::start_on(&ports, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match store.decide(&batch).await {
+            Ok(outcomes) => {
+                assert!(outcomes[0].allowed);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "never connected: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
