@@ -14,7 +14,9 @@ use sluice_store::{
     Batch, ClusterStore, ConnectOptions, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore,
     Store, TimeSource,
 };
-use sluice_testkit::RedisCluster;
+use sluice_testkit::{RedisCluster, command_calls};
+
+mod scenarios;
 
 const BUDGET: Duration = Duration::from_millis(200);
 
@@ -441,4 +443,75 @@ async fn a_store_made_before_the_cluster_is_up_connects_when_it_is() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_instances_never_over_admit_and_denials_consume_nothing() {
+    let cluster = RedisCluster::start(3, 1);
+    let mut stores = Vec::new();
+    for _ in 0..5 {
+        stores.push(store(&cluster, 1).await);
+    }
+    scenarios::concurrent_instances_never_over_admit_and_denials_consume_nothing(stores).await;
+}
+
+/// Scripts run by the masters since their stats were reset, by command.
+fn scripts_run(cluster: &mut RedisCluster) -> (u64, u64) {
+    let mut totals = (0, 0);
+    for port in cluster.master_ports() {
+        let calls = command_calls(&mut cluster.node(port).connection());
+        totals.0 += calls.get("evalsha").copied().unwrap_or(0);
+        totals.1 += calls.get("eval").copied().unwrap_or(0);
+    }
+    totals
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_script_call_per_decision_and_two_with_a_valve() {
+    let mut cluster = RedisCluster::start(3, 1);
+    let store = store(&cluster, 4).await;
+    let policy = Policy::compile_for(&Config::from_yaml(LAYOUT, "c.yaml").unwrap().limits, true);
+    let decide = |tenant: String, route: &'static str| {
+        let (store, policy) = (&store, &policy);
+        async move {
+            let rules = policy.applicable(&tenant, route, true).rules;
+            store
+                .decide(&Batch::new(&tenant, Some("u"), 1, rules))
+                .await
+                .unwrap()
+        }
+    };
+    // Every master learns the script (a first EVALSHA there is NOSCRIPT,
+    // then EVAL).
+    for i in 0..100 {
+        decide(format!("warm-{i}"), "POST /scarce").await;
+    }
+    for port in cluster.master_ports() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut cluster.node(port).connection())
+            .unwrap();
+    }
+
+    for i in 0..200 {
+        decide(format!("plain-{i}"), "GET /x").await;
+    }
+    assert_eq!(
+        scripts_run(&mut cluster),
+        (200, 0),
+        "tenant, route and subject in one call"
+    );
+
+    // The valve (3 an hour over 4 shards: 1 each) was used up by the
+    // warm-up: requests of fresh tenants pass their own rules (one call),
+    // are denied by the valve (a second call) and refunded (a third, not
+    // waited for).
+    let mut admitted = 0;
+    for i in 0..20 {
+        let outcomes = decide(format!("scarce-{i}"), "POST /scarce").await;
+        admitted += usize::from(outcomes.iter().all(|o| o.allowed));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(admitted, 0, "the warm-up used the valve up");
+    assert_eq!(scripts_run(&mut cluster), (200 + 20 * 2 + 20, 0));
 }

@@ -1,0 +1,69 @@
+//! Scenarios every shared store must pass, run by the standalone and the
+//! cluster tests against their own real Redis.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_core::config::OnError;
+use sluice_core::{Config, Policy, Request};
+use sluice_store::{Limiter, Store};
+
+/// Route "POST /a" allows 40 an hour; the tenant allows 100 an hour across
+/// routes. Four instances (the first four `stores`) with eight tasks each
+/// hammer "POST /a": exactly 40 pass, and the 1,000-odd denials leave the
+/// tenant budget at 60 for other routes (counted through the fifth store).
+pub async fn concurrent_instances_never_over_admit_and_denials_consume_nothing<S>(stores: Vec<S>)
+where
+    S: Store + 'static,
+{
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: token_bucket, limit: 100, per: 1h }]
+    routes:
+      "POST /a": [{ name: a, algorithm: sliding_log, limit: 40, per: 1h },
+                  { name: a2, algorithm: gcra, limit: 45, per: 1h }]
+      "POST /b": [{ name: b, algorithm: fixed_window, limit: 1000, per: 1h }]
+"#;
+    let policy =
+        || Policy::compile_for(&Config::from_yaml(yaml, "test.yaml").unwrap().limits, true);
+    assert_eq!(stores.len(), 5, "four instances and one to count with");
+    let mut stores = stores.into_iter();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for store in stores.by_ref().take(4) {
+        let limiter = Arc::new(Limiter::new(policy(), store, OnError::Deny));
+        for _ in 0..8 {
+            let (limiter, admitted) = (limiter.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let policy = limiter.policy();
+                let request = Request::new("acme", "POST /a", None, 1).unwrap();
+                for _ in 0..40 {
+                    let decision = limiter.decide(&policy, &request).await;
+                    assert!(
+                        decision.degraded.is_none(),
+                        "the store decided: {decision:?}"
+                    );
+                    if decision.allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), 40);
+
+    let limiter = Limiter::new(policy(), stores.next().unwrap(), OnError::Deny);
+    let policy = limiter.policy();
+    let other = Request::new("acme", "POST /b", None, 1).unwrap();
+    let mut passed = 0;
+    while limiter.decide(&policy, &other).await.allowed {
+        passed += 1;
+        assert!(passed <= 100);
+    }
+    assert_eq!(passed, 60, "the tenant budget shows only the 40 admitted");
+}
