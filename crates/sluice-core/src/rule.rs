@@ -223,6 +223,14 @@ impl Rule {
         }
     }
 
+    /// Into how many shares, of at most `most`, this rule can be cut without
+    /// rounding a share up: no more than its limit and its burst, so that
+    /// the shares add up to at most the rule (and at least the rule minus
+    /// one unit per share).
+    pub fn shares(&self, most: u64) -> u64 {
+        most.min(self.limit).min(self.burst).max(1)
+    }
+
     /// The most units one decision can ever consume: `burst` for gcra and
     /// token_bucket, `limit` for the window algorithms. A request costing more
     /// can never pass.

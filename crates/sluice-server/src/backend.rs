@@ -5,7 +5,10 @@ use std::time::Duration;
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
-use sluice_store::{Batch, ConnectOptions, KeySet, MemoryStore, RedisStore, Store, StoreError};
+use sluice_core::{Rule, State};
+use sluice_store::{
+    Batch, ClusterStore, ConnectOptions, KeySet, MemoryStore, RedisStore, Store, StoreError,
+};
 
 use crate::Fallible;
 
@@ -16,6 +19,8 @@ pub enum Backend {
     Memory(MemoryStore),
     /// One Redis node.
     Redis(Box<RedisStore>),
+    /// Redis Cluster.
+    Cluster(Box<ClusterStore>),
 }
 
 impl Backend {
@@ -35,11 +40,17 @@ impl Backend {
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
                 Ok(Backend::Redis(Box::new(store)))
             }
-            other => Err(format!(
-                "storage.backend `{}` is not available in this build",
-                other.name()
-            )
-            .into()),
+            BackendConfig::RedisCluster {
+                nodes,
+                global_shards,
+            } => {
+                let keys = key_set(keys)?;
+                let options = connect_options(storage, timeout)?;
+                let store = ClusterStore::connect(nodes, keys, &options, *global_shards)
+                    .await
+                    .map_err(|e| format!("cannot use Redis Cluster (storage.nodes): {e}"))?;
+                Ok(Backend::Cluster(Box::new(store)))
+            }
         }
     }
 
@@ -48,6 +59,7 @@ impl Backend {
         match self {
             Backend::Memory(_) => "memory",
             Backend::Redis(_) => "redis",
+            Backend::Cluster(_) => "redis-cluster",
         }
     }
 
@@ -62,6 +74,7 @@ impl Backend {
         match self {
             Backend::Memory(_) => Ok(()),
             Backend::Redis(store) => store.ping().await,
+            Backend::Cluster(store) => store.ping().await,
         }
     }
 
@@ -71,6 +84,7 @@ impl Backend {
         match self {
             Backend::Memory(_) => Ok(1),
             Backend::Redis(store) => store.heartbeat(instance, ttl.as_millis() as u64).await,
+            Backend::Cluster(store) => store.heartbeat(instance, ttl.as_millis() as u64).await,
         }
     }
 
@@ -78,9 +92,40 @@ impl Backend {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             Backend::Memory(store) => Some(store),
-            Backend::Redis(_) => None,
+            Backend::Redis(_) | Backend::Cluster(_) => None,
         }
     }
+
+    /// The stored state of every rule of `batch`, read without changing
+    /// anything, with the store's time and each rule as the store enforces
+    /// it (on Redis Cluster, a global valve's shard 0 and its share). `None`
+    /// for memory, whose state lives in each `sluice serve`.
+    pub async fn peek(&self, batch: &Batch<'_>) -> Option<Result<Peeked, StoreError>> {
+        Some(match self {
+            Backend::Memory(_) => return None,
+            Backend::Redis(store) => store.peek(batch).await.map(|(now, states)| Peeked {
+                now,
+                rows: states
+                    .into_iter()
+                    .zip(batch.rules)
+                    .map(|((key, state), rule)| (key, state, *rule.rule()))
+                    .collect(),
+            }),
+            Backend::Cluster(store) => store
+                .peek(batch)
+                .await
+                .map(|(now, rows)| Peeked { now, rows }),
+        })
+    }
+}
+
+/// What [`Backend::peek`] read.
+#[derive(Debug)]
+pub struct Peeked {
+    /// The store's time, in ms since the Unix epoch.
+    pub now: u64,
+    /// Per rule of the batch: its key, its state, the rule as enforced.
+    pub rows: Vec<(String, State, Rule)>,
 }
 
 impl Store for Backend {
@@ -88,6 +133,7 @@ impl Store for Backend {
         match self {
             Backend::Memory(store) => store.decide(batch).await,
             Backend::Redis(store) => store.decide(batch).await,
+            Backend::Cluster(store) => store.decide(batch).await,
         }
     }
 }

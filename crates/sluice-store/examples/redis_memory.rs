@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Algorithm, Config, Policy};
-use sluice_store::{Batch, ConnectOptions, KeySet, RedisStore, Store};
+use sluice_store::{Batch, ConnectOptions, KeySet, RedisStore, Store, Valve};
 use sluice_testkit::RedisServer;
 
 #[tokio::main(flavor = "current_thread")]
@@ -56,7 +56,7 @@ async fn main() {
             };
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);
-            let key = KeySet::keys(&store.keys().current, &batch, 0).remove(0);
+            let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE).remove(0);
             let bytes: u64 = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(&key)

@@ -33,10 +33,10 @@ use arc_swap::ArcSwapOption;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use sluice_core::decision::Outcomes;
-use sluice_core::{BoundRule, Scope, State};
+use sluice_core::{BoundRule, Rule, Scope, State};
 use smallvec::SmallVec;
 
-use crate::script::{self, KeySet, Raw, Selection, TimeSource};
+use crate::script::{self, KeySet, Raw, Selection, TimeSource, Valve};
 use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Store, StoreError};
 
@@ -108,7 +108,8 @@ impl ClusterStore {
             time: TimeSource::Server,
             timeout_ms,
             valve_shards: valve_shards.max(1),
-            next_valve: Arc::new(AtomicU64::new(0)),
+            // Instances start their turns at different shards.
+            next_valve: Arc::new(AtomicU64::new(first_turn())),
         };
         // The crate can hang connecting to a cluster that is half up: bound
         // every attempt.
@@ -193,13 +194,12 @@ impl ClusterStore {
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        let valve_shard = if self.valve_shards > 1 {
-            (self.next_valve.fetch_add(1, Ordering::Relaxed) % u64::from(self.valve_shards)) as u16
-        } else {
-            0
-        };
         let valve_parts = u64::from(self.valve_shards);
-        let all_keys = KeySet::keys(&self.keys.current, batch, valve_shard);
+        let valve = Valve {
+            turn: self.next_valve.fetch_add(1, Ordering::Relaxed),
+            shards: valve_parts,
+        };
+        let all_keys = KeySet::keys(&self.keys.current, batch, valve);
         let (valves, tenant): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) = (0..batch.rules.len())
             .partition(|&i| batch.rules[i].scope() == Scope::Global && batch.partitions.is_empty());
         let pick = |indices: &[usize]| -> Vec<String> {
@@ -236,8 +236,10 @@ impl ClusterStore {
             for &i in &valves {
                 outcomes[i] = sluice_core::Outcome {
                     allowed: true,
-                    remaining: u32::try_from(batch.rules[i].rule().share(valve_parts).capacity())
-                        .unwrap_or(u32::MAX),
+                    remaining: u32::try_from(
+                        script::enforced(&batch.rules[i], valve_parts).capacity(),
+                    )
+                    .unwrap_or(u32::MAX),
                     ..Default::default()
                 };
             }
@@ -319,26 +321,42 @@ impl ClusterStore {
         }
     }
 
-    /// The stored state of every rule of `batch` (valves: their shard 0),
-    /// read without changing anything, with a node's time (for `sluice
-    /// inspect`).
-    pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
+    /// The stored state of every rule of `batch`, read without changing
+    /// anything, with a node's time (for `sluice inspect`): per rule its key,
+    /// its state and the rule as enforced (a global valve: its shard 0 and
+    /// that shard's share).
+    pub async fn peek(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Result<(u64, Vec<(String, State, Rule)>), StoreError> {
         let mut connection = self.connection()?;
-        let keys = KeySet::keys(&self.keys.current, batch, 0);
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let time: (u64, u64) = redis::cmd("TIME")
             .query_async(&mut connection)
             .await
             .map_err(|e| self.error(&e))?;
         let now = time.0 * 1_000 + time.1 / 1_000;
-        let mut states = Vec::with_capacity(keys.len());
+        let mut rows = Vec::with_capacity(keys.len());
         for (key, rule) in keys.into_iter().zip(batch.rules) {
             let raw = read_raw(&mut connection, &key, rule)
                 .await
                 .map_err(|e| self.error(&e))?;
-            states.push((key, script::decode(rule, &raw)));
+            rows.push((
+                key,
+                script::decode(rule, &raw),
+                script::enforced(rule, u64::from(self.valve_shards)),
+            ));
         }
-        Ok((now, states))
+        Ok((now, rows))
     }
+}
+
+/// A turn that differs between processes (and runs).
+fn first_turn() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    u64::from(nanos ^ std::process::id())
 }
 
 async fn read_raw(

@@ -32,7 +32,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::ClusterStore;
 pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
-pub use script::{KeySet, TimeSource};
+pub use script::{KeySet, TimeSource, Valve};
 pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, State};
 
-use crate::script::{self, KeySet, Raw, TimeSource};
+use crate::script::{self, KeySet, Raw, TimeSource, Valve};
 use crate::store::{Batch, Store, StoreError};
 
 /// A store on one Redis node.
@@ -162,12 +162,12 @@ impl RedisStore {
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch, 0);
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let previous = self
             .keys
             .previous
             .as_ref()
-            .map(|keyer| KeySet::keys(keyer, batch, 0));
+            .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
         let invocation = script::prepare(
             &self.script,
             batch,
@@ -186,7 +186,7 @@ impl RedisStore {
     /// The stored state of every rule of `batch`, read without changing
     /// anything, with the server's time (for `sluice inspect`).
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch, 0);
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
         for (key, rule) in keys.iter().zip(batch.rules) {

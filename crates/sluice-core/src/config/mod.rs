@@ -84,6 +84,8 @@ pub enum Backend {
     RedisCluster {
         /// Seed node URLs.
         nodes: Vec<String>,
+        /// Most keys (on different slots) a global limit is split over.
+        global_shards: u16,
     },
 }
 
@@ -272,6 +274,8 @@ pub mod defaults {
     pub const MAX_ENTRIES: u64 = 1_000_000;
     /// `storage.sweep_interval`.
     pub const SWEEP_INTERVAL_MS: u64 = 10_000;
+    /// `storage.global_shards` (Redis Cluster).
+    pub const GLOBAL_SHARDS: u16 = 16;
     /// `keys.prefix`.
     pub const PREFIX: &str = "sl";
     /// `near_limit`.

@@ -57,6 +57,7 @@ pub(crate) struct RawStorage {
     pub backend: Option<S<String>>,
     pub url: Option<S<String>>,
     pub nodes: Option<S<Vec<S<String>>>>,
+    pub global_shards: Option<S<i64>>,
     pub timeout: Option<S<String>>,
     pub on_error: Option<S<String>>,
     pub max_entries: Option<S<i64>>,

@@ -248,3 +248,47 @@ fn tls_ca_file_needs_rediss_urls() {
         Some(std::path::Path::new("/etc/ca.pem"))
     );
 }
+
+#[test]
+fn redis_cluster_takes_seed_nodes_and_global_shards() {
+    let config = Config::from_yaml(
+        "storage:\n  backend: redis-cluster\n  nodes: [redis://127.0.0.1:7000, redis://127.0.0.1:7001]\ndefault_plan: p\nplans:\n  p: {}\n",
+        "ok.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        config.storage.backend,
+        Backend::RedisCluster {
+            nodes: vec![
+                "redis://127.0.0.1:7000".into(),
+                "redis://127.0.0.1:7001".into()
+            ],
+            global_shards: 16,
+        }
+    );
+    let e = single_error(
+        "storage:\n  backend: redis-cluster\n  nodes: [redis://a:1]\n  global_shards: 0\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    assert!(
+        e.starts_with("4:18:")
+            && e.contains("`storage.global_shards` must be from 1 to 1024, got 0"),
+        "{e}"
+    );
+    let e = single_error(
+        "storage:\n  backend: redis\n  url: redis://a:1\n  global_shards: 4\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    assert!(e.contains("only for `backend: redis-cluster`"), "{e}");
+    let e = single_error("storage:\n  backend: redis-cluster\ndefault_plan: p\nplans:\n  p: {}\n");
+    assert!(e.contains("needs `storage.nodes`"), "{e}");
+}
+
+#[test]
+fn pepper_rotation_is_refused_on_redis_cluster() {
+    let e = single_error(
+        "storage:\n  backend: redis-cluster\n  nodes: [redis://a:1]\nkeys:\n  pepper_env: P\n  previous_pepper_env: OLD\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    assert!(
+        e.starts_with("6:24:") && e.contains("not supported with `backend: redis-cluster`"),
+        "{e}"
+    );
+}

@@ -99,7 +99,7 @@ impl<'a> Validator<'a> {
     fn config(&mut self, raw: RawConfig) -> Config {
         let server = self.server(raw.server.unwrap_or_default());
         let storage = self.storage(raw.storage.unwrap_or_default());
-        let keys = self.keys(raw.keys.unwrap_or_default());
+        let keys = self.keys(raw.keys.unwrap_or_default(), &storage.backend);
         let limits = self.limits(
             raw.default_plan,
             raw.near_limit,
@@ -218,6 +218,12 @@ impl<'a> Validator<'a> {
                     }
                     Backend::RedisCluster {
                         nodes: nodes.value.iter().map(|n| n.value.clone()).collect(),
+                        global_shards: self.integer_in(
+                            raw.global_shards.as_ref(),
+                            "storage.global_shards",
+                            u64::from(defaults::GLOBAL_SHARDS),
+                            1..=1024,
+                        ) as u16,
                     }
                 }
                 _ => {
@@ -240,6 +246,16 @@ impl<'a> Validator<'a> {
         };
         if let Some(url) = raw.url.as_ref().filter(|_| backend_name != "redis") {
             self.push(url.referenced, "`storage.url` is only for `backend: redis`");
+        }
+        if let Some(shards) = raw
+            .global_shards
+            .as_ref()
+            .filter(|_| backend_name != "redis-cluster")
+        {
+            self.push(
+                shards.referenced,
+                "`storage.global_shards` is only for `backend: redis-cluster` (elsewhere a global limit is one key)",
+            );
         }
         if let Some(nodes) = raw
             .nodes
@@ -284,7 +300,7 @@ impl<'a> Validator<'a> {
         let urls: Vec<&str> = match &backend {
             Backend::Memory => Vec::new(),
             Backend::Redis { url } => vec![url.as_str()],
-            Backend::RedisCluster { nodes } => nodes.iter().map(String::as_str).collect(),
+            Backend::RedisCluster { nodes, .. } => nodes.iter().map(String::as_str).collect(),
         };
         let tls_ca_file = raw.tls_ca_file.map(|file| {
             if urls.is_empty() || !urls.iter().all(|u| u.starts_with("rediss://")) {
@@ -417,7 +433,7 @@ impl<'a> Validator<'a> {
         }
     }
 
-    fn keys(&mut self, raw: RawKeys) -> KeysConfig {
+    fn keys(&mut self, raw: RawKeys, backend: &Backend) -> KeysConfig {
         let prefix = match raw.prefix {
             None => defaults::PREFIX.to_owned(),
             Some(p) => {
@@ -438,11 +454,22 @@ impl<'a> Validator<'a> {
             }
         };
         let pepper = self.secret(raw.pepper_env, raw.pepper_file, "keys.pepper");
+        let previous_at = raw
+            .previous_pepper_env
+            .as_ref()
+            .or(raw.previous_pepper_file.as_ref())
+            .map(|p| p.referenced);
         let previous_pepper = self.secret(
             raw.previous_pepper_env,
             raw.previous_pepper_file,
             "keys.previous_pepper",
         );
+        if let (Some(at), Backend::RedisCluster { .. }) = (previous_at, backend) {
+            self.push(
+                at,
+                "`keys.previous_pepper_*` is not supported with `backend: redis-cluster`: keys under two peppers sit on different slots and cannot be read in one script; change the pepper without it (see docs/OPERATIONS.md)",
+            );
+        }
         KeysConfig {
             prefix,
             pepper,

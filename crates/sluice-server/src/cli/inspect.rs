@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use sluice_core::duration::HumanDuration;
-use sluice_core::{BoundRule, Policy, Request, Scope, State};
+use sluice_core::{BoundRule, Policy, Request, Rule, Scope, State};
 use sluice_store::Batch;
 
 use super::InspectArgs;
@@ -31,9 +31,9 @@ pub(super) fn run(args: InspectArgs) -> ExitCode {
 async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
     let config = Source::from_arg(args.config).load()?;
     let store = Backend::connect(&config.storage, &config.keys).await?;
-    let Backend::Redis(redis) = &store else {
+    if store.memory().is_some() {
         return Err("inspect reads a shared store; with `storage.backend: memory` each `sluice serve` keeps its state in its own process".into());
-    };
+    }
     let policy = Policy::compile_for(&config.limits, store.shards_tenants());
     // Without --route only the tenant's own rules are shown.
     let route = args.route.as_deref().unwrap_or("*");
@@ -69,16 +69,28 @@ async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
             partitions: &[],
             costs: &[],
         };
-        let (now, states) = redis.peek(&batch).await?;
-        for (rule, (key, state)) in rules.iter().zip(states) {
-            print_row(rule, &key, &state, now);
+        let peeked = store
+            .peek(&batch)
+            .await
+            .ok_or("the memory store cannot be inspected")??;
+        for (rule, (key, state, enforced)) in rules.iter().zip(peeked.rows) {
+            print_row(rule, &enforced, &key, &state, peeked.now);
         }
+    }
+    if let Backend::Cluster(cluster) = &store
+        && rules.iter().any(|r| r.scope() == Scope::Global)
+    {
+        println!(
+            "global limits are split over up to {} keys on Redis Cluster (storage.global_shards): their rows show shard 0 and its share",
+            cluster.valve_shards()
+        );
     }
     Ok(())
 }
 
-fn print_row(rule: &BoundRule, key: &str, state: &State, now: u64) {
-    let r = rule.rule();
+/// One rule's row; `r` is the rule as the store enforces it (on Redis
+/// Cluster, a global valve's shard holds a share of the limit).
+fn print_row(rule: &BoundRule, r: &Rule, key: &str, state: &State, now: u64) {
     let capacity = r.capacity();
     // What one more unit would find: its `remaining` is after that unit.
     let (probe, _) = r.decide(state, now, 1);

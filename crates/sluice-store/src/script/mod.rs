@@ -46,8 +46,8 @@ pub struct KeySet {
 
 impl KeySet {
     /// The keys of every rule of `batch` under `keyer`; global valves in
-    /// their shard `valve_shard` (0 on one node).
-    pub fn keys(keyer: &Keyer, batch: &Batch<'_>, valve_shard: u16) -> Keys {
+    /// the shard `valve` picks (the whole valve on one node).
+    pub fn keys(keyer: &Keyer, batch: &Batch<'_>, valve: Valve) -> Keys {
         // Most rules of a batch share the request's tenant tag: compute it
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
@@ -63,7 +63,9 @@ impl KeySet {
             .iter()
             .enumerate()
             .map(|(i, rule)| match batch.partition(i, rule) {
-                Partition::Global => keyer.key(&keyer.global_tag(rule, valve_shard), rule, None),
+                Partition::Global => {
+                    keyer.key(&keyer.global_tag(rule, valve.shard(rule)), rule, None)
+                }
                 Partition::Tenant(tenant) => keyer.key(&tag_of(tenant), rule, None),
                 Partition::Subject(tenant, subject) => {
                     keyer.key(&tag_of(tenant), rule, Some(subject))
@@ -137,10 +139,30 @@ impl Selection<'_> {
     }
 }
 
-/// The rule as a call enforces it: a valve's share on Redis Cluster.
-fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule {
+/// Which shard of each global valve a call uses: on Redis Cluster a valve
+/// is split over up to `shards` keys (fewer when its limit is smaller), and
+/// successive calls take turns.
+#[derive(Debug, Clone, Copy)]
+pub struct Valve {
+    /// This call's turn.
+    pub turn: u64,
+    /// The most shards a valve is split over.
+    pub shards: u64,
+}
+
+impl Valve {
+    /// Valves whole, on one key each (one Redis node).
+    pub const WHOLE: Valve = Valve { turn: 0, shards: 1 };
+
+    fn shard(&self, rule: &BoundRule) -> u16 {
+        (self.turn % rule.rule().shares(self.shards)) as u16
+    }
+}
+
+/// The rule as a call enforces it: on Redis Cluster, a valve's share.
+pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule {
     if rule.scope() == sluice_core::Scope::Global {
-        rule.rule().share(valve_parts)
+        rule.rule().share(rule.rule().shares(valve_parts))
     } else {
         *rule.rule()
     }
