@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Server, post, sluice, temp_file};
+use common::{Server, inspect_row, post, sluice, temp_file};
 use serde_json::json;
 use sluice_testkit::RedisCluster;
 
@@ -108,13 +108,7 @@ global:
             String::from_utf8_lossy(&out.stderr)
         );
         let table = String::from_utf8_lossy(&out.stdout).to_string();
-        let row: Vec<&str> = table
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(policy))
-            .unwrap_or_else(|| panic!("no row for {policy}:\n{table}"))
-            .split_whitespace()
-            .collect();
-        assert_eq!(row[4], used, "{table}");
+        assert_eq!(inspect_row(&table, policy)[4], used, "{table}");
         if route == "POST /v1/exports" {
             let valve = table
                 .lines()

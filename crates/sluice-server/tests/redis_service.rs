@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Server, post, sluice, temp_file};
+use common::{Server, inspect_row, post, sluice, temp_file};
 use serde_json::json;
 use sluice_testkit::RedisServer;
 
@@ -148,14 +148,7 @@ async fn serve_check_and_inspect_share_redis_and_never_show_the_pepper_or_tenant
         String::from_utf8_lossy(&out.stderr)
     );
     let table = String::from_utf8_lossy(&out.stdout).to_string();
-    let row = |policy: &str| {
-        table
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(policy))
-            .unwrap_or_else(|| panic!("no row for {policy}:\n{table}"))
-            .split_whitespace()
-            .collect::<Vec<_>>()
-    };
+    let row = |policy: &str| inspect_row(&table, policy);
     // scope policy algorithm limit used remaining full-in key
     assert_eq!(row("day")[4], "3", "{table}");
     assert_eq!(row("invoices")[4], "3", "{table}");

@@ -132,3 +132,15 @@ pub async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Va
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
+
+/// The whitespace-separated cells of the row of `policy` in a table printed
+/// by `sluice inspect` (scope, policy, algorithm, limit, used, remaining,
+/// full in, key).
+pub fn inspect_row<'t>(table: &'t str, policy: &str) -> Vec<&'t str> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(policy))
+        .unwrap_or_else(|| panic!("no row for {policy}:\n{table}"))
+        .split_whitespace()
+        .collect()
+}
