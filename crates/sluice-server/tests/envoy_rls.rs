@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use sluice_testkit::RedisServer;
+use sluice_testkit::{RedisCluster, RedisServer};
 use tonic::transport::Channel;
 
 const ENVOY_CONFIG: &str = r#"
@@ -366,6 +366,25 @@ async fn envoyproxy_configuration_on_redis() {
             .all(|k| !k.contains("10.0.0") && !k.contains("api"))
     );
     server.stop();
+}
+
+#[tokio::test]
+async fn envoyproxy_configuration_on_redis_cluster() {
+    // Descriptors have tags of their own, on different slots: the same
+    // semantics (all descriptors all or nothing) hold across masters.
+    let cluster = RedisCluster::start(3, 0);
+    let storage = format!(
+        "storage:\n  backend: redis-cluster\n  nodes: [{}]\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        cluster.urls().join(", ")
+    );
+    let mut server = start(&storage, "cluster");
+    envoyproxy_semantics(&server).await;
+    server.stop();
+    let log = server.log.lock().unwrap().clone();
+    assert!(
+        !log.contains("CROSSSLOT") && !log.contains("failure policy"),
+        "{log}"
+    );
 }
 
 #[tokio::test]

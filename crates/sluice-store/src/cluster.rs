@@ -15,15 +15,19 @@
 //!   slots), each enforcing `⌊limit / global_shards⌋`. A decision uses one
 //!   of them, in turn.
 //!
-//! # Valves: reserve, then refund
+//! # Several slots: reserve, then refund
 //!
-//! A valve's key is on another slot than the tenant's, so a decision with a
-//! valve is two calls. The tenant's rules go first (they deny far more
-//! often, and then the valve is never asked); if they admit, the valve is
-//! asked; if it denies, what the tenant's rules consumed is given back by
-//! the refund script (sent without waiting). So a denied request still
+//! A decision whose keys are on several slots (a valve's key is never on the
+//! tenant's; Envoy descriptors each have their own tag) is one call per
+//! slot. The non-valve groups go first, concurrently (the tenant's rules
+//! deny far more often than valves, and then the valves are never asked);
+//! if they all admit, the valves are asked, concurrently. If any group
+//! denies or fails, what the groups that admitted consumed is given back by
+//! the refund script, sent without waiting. So a denied request still
 //! consumes nothing, at most two round trips are waited for, and between
-//! the reservation and the refund the tenant's budget is briefly lower.
+//! the reservation and the refund the budgets are briefly lower. A decision
+//! cut short by the caller's time budget between the two phases may leave
+//! its first phase's consumption in place.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,12 +37,12 @@ use arc_swap::ArcSwapOption;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use sluice_core::decision::Outcomes;
-use sluice_core::{BoundRule, Rule, Scope, State};
+use sluice_core::{BoundRule, Rule, State};
 use smallvec::SmallVec;
 
 use crate::script::{self, KeySet, Raw, Selection, TimeSource, Valve};
 use crate::standalone::{ConnectOptions, install_tls_provider};
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Batch, Partition, Store, StoreError};
 
 /// How often a store that could not connect tries again.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
@@ -173,120 +177,152 @@ impl ClusterStore {
         script::store_error(e, self.timeout_ms)
     }
 
-    async fn call(
-        &self,
-        batch: &Batch<'_>,
-        selection: Selection<'_>,
-        keys: &[String],
-    ) -> Result<Vec<i64>, StoreError> {
-        let mut connection = self.connection()?;
-        let (evalsha, eval) = script::commands(&self.decide, batch, selection, keys, &self.time);
-        match evalsha.query_async::<Vec<i64>>(&mut connection).await {
-            // Scripts are cached per node, and not replicated: a node that
-            // took over slots (failover, resharding) may not know it yet.
-            // EVAL runs it on the node that owns the keys, and caches it there.
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                eval.query_async::<Vec<i64>>(&mut connection).await
-            }
-            other => other,
-        }
-        .map_err(|e| self.error(&e))
-    }
-
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         let valve_parts = u64::from(self.valve_shards);
         let valve = Valve {
             turn: self.next_valve.fetch_add(1, Ordering::Relaxed),
             shards: valve_parts,
         };
-        let all_keys = KeySet::keys(&self.keys.current, batch, valve);
-        let (valves, tenant): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) = (0..batch.rules.len())
-            .partition(|&i| batch.rules[i].scope() == Scope::Global && batch.partitions.is_empty());
-        let pick = |indices: &[usize]| -> Vec<String> {
-            indices.iter().map(|&i| all_keys[i].clone()).collect()
-        };
+        let keys = KeySet::keys(&self.keys.current, batch, valve);
+        let (first, valves) = slot_groups(batch, &keys);
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
-        let place = |outcomes: &mut Outcomes,
-                     indices: &[usize],
-                     reply: &[i64]|
-         -> Result<bool, StoreError> {
-            let decided = script::outcomes(reply, indices.len())?;
-            let mut admitted = true;
-            for (&i, outcome) in indices.iter().zip(decided) {
-                admitted &= outcome.allowed || batch.rules[i].shadow();
-                outcomes[i] = outcome;
+        // Groups that admitted (and so consumed), with their replies.
+        let mut consumed: Vec<(Group, Vec<i64>)> = Vec::new();
+        let mut admitted = true;
+        for phase in [first, valves] {
+            if phase.is_empty() {
+                continue;
             }
-            Ok(admitted)
-        };
-
-        // The tenant's rules, then (if they admit) the valves.
-        let tenant_keys = pick(&tenant);
-        let tenant_reply = if tenant.is_empty() {
-            Vec::new()
-        } else {
-            let selection = Selection {
-                indices: Some(&tenant),
-                valve_parts,
-            };
-            self.call(batch, selection, &tenant_keys).await?
-        };
-        if !place(&mut outcomes, &tenant, &tenant_reply)? || valves.is_empty() {
-            // Denied by the tenant's rules: the valves are not consumed, and
-            // report nothing (they were not asked).
-            for &i in &valves {
-                outcomes[i] = sluice_core::Outcome {
-                    allowed: true,
-                    remaining: u32::try_from(
-                        script::enforced(&batch.rules[i], valve_parts).capacity(),
-                    )
-                    .unwrap_or(u32::MAX),
-                    ..Default::default()
-                };
+            if !admitted {
+                // Denied before the valves were asked: they consumed nothing
+                // and report their share's capacity.
+                for &i in phase.iter().flatten() {
+                    outcomes[i] = sluice_core::Outcome {
+                        allowed: true,
+                        remaining: u32::try_from(
+                            script::enforced(&batch.rules[i], valve_parts).capacity(),
+                        )
+                        .unwrap_or(u32::MAX),
+                        ..Default::default()
+                    };
+                }
+                break;
             }
-            return Ok(outcomes);
+            let replies = self.call_all(batch, &phase, &keys, valve_parts).await;
+            let mut failed = None;
+            for (group, reply) in phase.into_iter().zip(replies) {
+                let decided = reply.and_then(|r| script::outcomes(&r, group.len()).map(|o| (r, o)));
+                match decided {
+                    Ok((reply, decided)) => {
+                        let mut group_admitted = true;
+                        for (&i, outcome) in group.iter().zip(decided) {
+                            group_admitted &= outcome.allowed || batch.rules[i].shadow();
+                            outcomes[i] = outcome;
+                        }
+                        admitted &= group_admitted;
+                        if group_admitted {
+                            consumed.push((group, reply));
+                        }
+                    }
+                    Err(e) => {
+                        admitted = false;
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                self.refund(batch, &keys, &consumed, &outcomes, valve_parts);
+                return Err(e);
+            }
         }
-        let valve_keys = pick(&valves);
-        let selection = Selection {
-            indices: Some(&valves),
-            valve_parts,
-        };
-        let valve_result = self.call(batch, selection, &valve_keys).await;
-        let valve_admitted = match &valve_result {
-            Ok(reply) => place(&mut outcomes, &valves, reply)?,
-            Err(_) => false,
-        };
-        if !valve_admitted && !tenant.is_empty() {
-            self.spawn_refund(batch, &tenant, tenant_keys, &tenant_reply);
+        if !admitted {
+            self.refund(batch, &keys, &consumed, &outcomes, valve_parts);
         }
-        valve_result.map(|_| outcomes)
+        Ok(outcomes)
     }
 
-    /// Gives back what the tenant's rules consumed, without waiting.
-    fn spawn_refund(&self, batch: &Batch<'_>, indices: &[usize], keys: Vec<String>, reply: &[i64]) {
-        let Ok(mut connection) = self.connection() else {
+    /// Runs the decision script for every group of one phase, concurrently
+    /// when there are several (each group is one slot).
+    async fn call_all(
+        &self,
+        batch: &Batch<'_>,
+        phase: &[Group],
+        keys: &[String],
+        valve_parts: u64,
+    ) -> Vec<Result<Vec<i64>, StoreError>> {
+        let connection = match self.connection() {
+            Ok(connection) => connection,
+            Err(e) => return phase.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let mut calls = phase.iter().map(|group| {
+            let selection = Selection {
+                indices: Some(group),
+                valve_parts,
+            };
+            let keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+            script::commands(&self.decide, batch, selection, &keys, &self.time)
+        });
+        if phase.len() == 1 {
+            let (evalsha, eval) = calls.next().expect("one group");
+            return vec![
+                send(connection, evalsha, eval)
+                    .await
+                    .map_err(|e| self.error(&e)),
+            ];
+        }
+        let tasks: Vec<_> = calls
+            .map(|(evalsha, eval)| tokio::spawn(send(connection.clone(), evalsha, eval)))
+            .collect();
+        let mut replies = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            replies.push(match task.await {
+                Ok(reply) => reply.map_err(|e| self.error(&e)),
+                Err(e) => Err(StoreError::Unavailable(format!(
+                    "script call task failed: {e}"
+                ))),
+            });
+        }
+        replies
+    }
+
+    /// Gives back, without waiting, what the groups in `consumed` took: the
+    /// rules that admitted (a shadow rule that would have denied wrote
+    /// nothing).
+    fn refund(
+        &self,
+        batch: &Batch<'_>,
+        keys: &[String],
+        consumed: &[(Group, Vec<i64>)],
+        outcomes: &Outcomes,
+        valve_parts: u64,
+    ) {
+        let Ok(connection) = self.connection() else {
             return;
         };
-        let admitted_at: Vec<u64> = script::admission_times(reply).collect();
-        let selection = Selection {
-            indices: Some(indices),
-            valve_parts: u64::from(self.valve_shards),
-        };
-        let args = script::refund_args(batch, selection, &admitted_at);
-        let refund = self.refund.clone();
-        tokio::spawn(async move {
-            let (evalsha, eval) = script::refund_commands(&refund, &keys, &args);
-            let result = match evalsha.query_async::<i64>(&mut connection).await {
-                Err(e)
-                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    eval.query_async::<i64>(&mut connection).await
-                }
-                other => other,
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "refund after a valve denial failed; the tenant's budget recovers with time");
+        for (group, reply) in consumed {
+            let (indices, admitted_at): (Vec<usize>, Vec<u64>) = group
+                .iter()
+                .zip(script::admission_times(reply))
+                .filter(|(i, _)| outcomes[**i].allowed)
+                .map(|(&i, at)| (i, at))
+                .unzip();
+            if indices.is_empty() {
+                continue;
             }
-        });
+            let selection = Selection {
+                indices: Some(&indices),
+                valve_parts,
+            };
+            let args = script::refund_args(batch, selection, &admitted_at);
+            let keys: Vec<String> = indices.iter().map(|&i| keys[i].clone()).collect();
+            let (evalsha, eval) = script::refund_commands(&self.refund, &keys, &args);
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                if let Err(e) = send::<i64>(connection, evalsha, eval).await {
+                    tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
+                }
+            });
+        }
     }
 
     /// Checks that the cluster answers (`PING` on a node), within the budget
@@ -357,6 +393,55 @@ fn first_turn() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     u64::from(nanos ^ std::process::id())
+}
+
+/// Indices of a batch's rules that share one slot.
+type Group = SmallVec<[usize; 4]>;
+
+/// The batch's rules grouped by hash tag (so by slot): first every group
+/// that is not a global valve (the tenant's rules; with Envoy descriptors,
+/// one group per descriptor), then the valves' groups.
+fn slot_groups(batch: &Batch<'_>, keys: &[String]) -> (Vec<Group>, Vec<Group>) {
+    let mut first: Vec<(&str, Group)> = Vec::new();
+    let mut valves: Vec<(&str, Group)> = Vec::new();
+    for (i, (rule, key)) in batch.rules.iter().zip(keys).enumerate() {
+        let phase = if batch.partition(i, rule) == Partition::Global {
+            &mut valves
+        } else {
+            &mut first
+        };
+        let tag = hash_tag(key);
+        match phase.iter_mut().find(|(t, _)| *t == tag) {
+            Some((_, group)) => group.push(i),
+            None => phase.push((tag, smallvec::smallvec![i])),
+        }
+    }
+    let groups = |phase: Vec<(&str, Group)>| phase.into_iter().map(|(_, g)| g).collect();
+    (groups(first), groups(valves))
+}
+
+/// The `{…}` part of a key, which decides its slot.
+fn hash_tag(key: &str) -> &str {
+    let open = key.find('{').unwrap_or(0);
+    let close = key[open..].find('}').map_or(key.len(), |c| open + c + 1);
+    &key[open..close]
+}
+
+/// Sends a script call; a node that does not know the script yet gets it
+/// as `EVAL`. Scripts are cached per node and not replicated, so a node
+/// that took over slots (failover) may not know it; `EVAL` runs it on the
+/// node that owns the keys and caches it there.
+async fn send<T: redis::FromRedisValue>(
+    mut connection: ClusterConnection,
+    evalsha: redis::Cmd,
+    eval: redis::Cmd,
+) -> redis::RedisResult<T> {
+    match evalsha.query_async::<T>(&mut connection).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            eval.query_async::<T>(&mut connection).await
+        }
+        other => other,
+    }
 }
 
 async fn read_raw(

@@ -12,7 +12,7 @@ use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Reason, Request};
 use sluice_store::{
     Batch, ClusterStore, ConnectOptions, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore,
-    Store, TimeSource,
+    Partition, Store, TimeSource,
 };
 use sluice_testkit::{RedisCluster, command_calls};
 
@@ -515,4 +515,78 @@ async fn one_script_call_per_decision_and_two_with_a_valve() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(admitted, 0, "the warm-up used the valve up");
     assert_eq!(scripts_run(&mut cluster), (200 + 20 * 2 + 20, 0));
+}
+
+const SLOTS: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: fixed_window, limit: 100, per: 1h }]
+global:
+  "POST /two": [{ name: v1, algorithm: fixed_window, limit: 5, per: 1h },
+                { name: v2, algorithm: gcra, limit: 3, per: 1h }]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_on_several_slots_are_decided_all_or_nothing() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = store(&cluster, 1).await;
+    let policy = Policy::compile_for(&Config::from_yaml(SLOTS, "s.yaml").unwrap().limits, true);
+
+    // Two valves on one route have tags of their own: three slots. v2 admits
+    // 3; the two requests it denies are refunded to the tenant and to v1.
+    let rules = policy.applicable("multi", "POST /two", false).rules;
+    let batch = Batch::new("multi", None, 1, rules);
+    let mut allowed = Vec::new();
+    for _ in 0..5 {
+        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT");
+        allowed.push(outcomes.iter().all(|o| o.allowed));
+    }
+    assert_eq!(allowed, [true, true, true, false, false]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let outcomes = store.decide(&batch).await.unwrap();
+    assert!(!outcomes[2].allowed, "v2 is used up");
+    assert_eq!(
+        outcomes[0].remaining,
+        100 - 3 - 1,
+        "the tenant counts only the 3 admitted"
+    );
+    assert_eq!(
+        outcomes[1].remaining,
+        5 - 3 - 1,
+        "v1 counts only the 3 admitted"
+    );
+
+    // Rules partitioned as Envoy descriptors (each its own tag) are decided
+    // together: when one denies, the other gives back what it took.
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: small, algorithm: fixed_window, limit: 2, per: 1h },
+             { name: large, algorithm: sliding_log, limit: 5, per: 1h }]
+"#;
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "e.yaml").unwrap().limits, true);
+    let rules = policy.applicable("domain", "*", false).rules;
+    let partitions = [
+        Partition::Tenant("descriptor-a"),
+        Partition::Tenant("descriptor-b"),
+    ];
+    let batch = Batch {
+        partitions: &partitions,
+        ..Batch::new("domain", None, 1, rules)
+    };
+    let mut allowed = Vec::new();
+    for _ in 0..4 {
+        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT");
+        allowed.push(outcomes.iter().all(|o| o.allowed));
+    }
+    assert_eq!(allowed, [true, true, false, false]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let outcomes = store.decide(&batch).await.unwrap();
+    assert_eq!(
+        outcomes[1].remaining,
+        5 - 2 - 1,
+        "the large limit counts only the 2 admitted"
+    );
 }
