@@ -107,7 +107,7 @@ fn print_row(rule: &BoundRule, r: &Rule, key: &str, state: &State, now: u64) {
     let full_in = if full_in == 0 {
         "full".to_owned()
     } else {
-        HumanDuration(full_in).to_string()
+        approximately(full_in)
     };
     println!(
         "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  {key}",
@@ -119,4 +119,33 @@ fn print_row(rule: &BoundRule, r: &Rule, key: &str, state: &State, now: u64) {
         remaining,
         full_in,
     );
+}
+
+/// A wait for people to read: its two largest units (`1h5m`, `4.2s`).
+fn approximately(ms: u64) -> String {
+    const S: u64 = 1_000;
+    const M: u64 = 60 * S;
+    const H: u64 = 60 * M;
+    const D: u64 = 24 * H;
+    match ms {
+        0..S => format!("{ms}ms"),
+        S..M => format!("{}.{}s", ms / S, ms % S / 100),
+        M..H => format!("{}m{}s", ms / M, ms % M / S),
+        H..D => format!("{}h{}m", ms / H, ms % H / M),
+        _ => format!("{}d{}h", ms / D, ms % D / H),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approximately;
+
+    #[test]
+    fn waits_read_in_their_two_largest_units() {
+        assert_eq!(approximately(8), "8ms");
+        assert_eq!(approximately(4_250), "4.2s");
+        assert_eq!(approximately(3_599_968), "59m59s");
+        assert_eq!(approximately(86_399_960), "23h59m");
+        assert_eq!(approximately(90_000_000), "1d1h");
+    }
 }
