@@ -590,3 +590,47 @@ plans:
         "the large limit counts only the 2 admitted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_over_tls_to_a_cluster_signed_by_a_private_ca() {
+    let mut cluster = RedisCluster::start_tls(3, 0);
+    let options = ConnectOptions {
+        tls_ca_pem: Some(cluster.ca_pem()),
+        ..ConnectOptions::with_timeout(Duration::from_secs(2))
+    };
+    let store = ClusterStore::connect(&cluster.tls_urls(), keys(), &options, 1)
+        .await
+        .unwrap();
+    let policy = Policy::compile_for(&Config::from_yaml(LIVE, "c.yaml").unwrap().limits, true);
+    // The nodes tell a TLS client their TLS ports: every master is reached
+    // over TLS (its plain port would refuse the handshake).
+    for i in 0..300 {
+        let tenant = format!("tls-{i}");
+        let rules = policy.applicable(&tenant, "GET /x", false).rules;
+        let outcomes = store
+            .decide(&Batch::new(&tenant, None, 1, rules))
+            .await
+            .expect("decided over TLS");
+        assert!(outcomes[0].allowed);
+    }
+    for (port, keys) in keys_by_master(&mut cluster) {
+        assert!(!keys.is_empty(), "master {port} holds no key");
+    }
+
+    // Without the CA, the servers' certificates are not trusted.
+    let untrusted = ClusterStore::connect(
+        &cluster.tls_urls(),
+        keys(),
+        &ConnectOptions::with_timeout(BUDGET),
+        1,
+    )
+    .await
+    .unwrap();
+    let rules = policy.applicable("x", "GET /x", false).rules;
+    assert!(
+        untrusted
+            .decide(&Batch::new("x", None, 1, rules))
+            .await
+            .is_err()
+    );
+}

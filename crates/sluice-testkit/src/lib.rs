@@ -44,15 +44,23 @@ impl RedisServer {
     ///
     /// [`tls_port`]: Self::tls_port
     pub fn start_tls() -> RedisServer {
-        let port = free_port(false);
+        RedisServer::start_tls_on(free_port(false), &certificates(), &[])
+    }
+
+    /// Starts a server on `port` that also listens for TLS on a free port,
+    /// with the given CA, certificate and key (PEM), and `extra` arguments.
+    fn start_tls_on(
+        port: u16,
+        (ca, cert, key): &(String, String, String),
+        extra: &[&str],
+    ) -> RedisServer {
         let tls_port = free_port(false);
         let dir = server_dir(port);
-        let (ca, cert, key) = certificates();
-        for (name, pem) in [("ca.pem", &ca), ("server.pem", &cert), ("server.key", &key)] {
+        for (name, pem) in [("ca.pem", ca), ("server.pem", cert), ("server.key", key)] {
             std::fs::write(dir.join(name), pem).expect("write a certificate");
         }
         let path = |name: &str| dir.join(name).display().to_string();
-        let extra = [
+        let mut args = vec![
             "--tls-port".to_owned(),
             tls_port.to_string(),
             "--tls-cert-file".to_owned(),
@@ -64,11 +72,12 @@ impl RedisServer {
             "--tls-auth-clients".to_owned(),
             "no".to_owned(),
         ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let mut server = RedisServer {
             child: None,
             port,
             dir,
-            extra: extra.to_vec(),
+            extra: args,
         };
         server.launch();
         server
@@ -241,8 +250,19 @@ fn server_dir(port: u16) -> PathBuf {
 
 /// A private CA, and a certificate and key for 127.0.0.1 it signed (PEM).
 fn certificates() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    // Distinct names: OpenSSL (which Redis uses between cluster nodes)
+    // takes a certificate whose subject is its issuer's for self-signed.
+    let name = |common: &str| {
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, common);
+        name
+    };
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+    ca_params.distinguished_name = name("sluice test CA");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -251,8 +271,9 @@ fn certificates() -> (String, String, String) {
     let ca_key = KeyPair::generate().expect("CA key");
     let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
     let issuer = Issuer::new(ca_params, ca_key);
-    let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
         .expect("parameters");
+    params.distinguished_name = name("127.0.0.1");
     let key = KeyPair::generate().expect("server key");
     let cert = params.signed_by(&key, &issuer).expect("server certificate");
     (ca.pem(), cert.pem(), key.serialize_pem())
@@ -371,6 +392,70 @@ fn cluster_info(node: &RedisServer) -> Option<String> {
         .ok()
 }
 
+/// Runs a `redis-cli` command to its end, killing it (and failing) past
+/// `limit`: `--cluster create` waits for ever for nodes that cannot meet.
+fn run_bounded(command: &mut Command, limit: Duration) -> std::process::Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): install redis-tools"));
+    // Drained as it comes: a full pipe would stall redis-cli (a reshard
+    // prints a line per slot).
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for redis-cli") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    match status {
+        Some(status) => std::process::Output {
+            status,
+            stdout,
+            stderr,
+        },
+        None => panic!(
+            "redis-cli did not finish within {limit:?}: {}{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        ),
+    }
+}
+
+/// Arguments of every cluster node.
+const CLUSTER_NODE: [&str; 8] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-node-timeout",
+    "1000",
+    "--cluster-require-full-coverage",
+    "no",
+    // A replica fails over however long ago it last heard from its master
+    // (the default refuses after ~10 node timeouts, which a fresh test
+    // cluster can exceed).
+    "--cluster-replica-validity-factor",
+    "0",
+];
+
 /// A Redis Cluster of real `redis-server` processes on loopback: masters
 /// with replicas, made with `redis-cli --cluster create`.
 pub struct RedisCluster {
@@ -392,39 +477,54 @@ impl RedisCluster {
     /// Like [`start`](Self::start), on the given ports (masters first):
     /// `ports.len()` must be a multiple of `1 + replicas`.
     pub fn start_on(ports: &[u16], replicas: usize) -> RedisCluster {
-        let nodes: Vec<RedisServer> = ports
+        let nodes = ports
             .iter()
-            .map(|&port| {
-                RedisServer::start_on(
-                    port,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-node-timeout",
-                        "1000",
-                        "--cluster-require-full-coverage",
-                        "no",
-                        // A replica fails over however long ago it last
-                        // heard from its master (the default refuses after
-                        // ~10 node timeouts, which a fresh test cluster can
-                        // exceed).
-                        "--cluster-replica-validity-factor",
-                        "0",
-                    ],
-                )
-            })
+            .map(|&port| RedisServer::start_on(port, &CLUSTER_NODE))
             .collect();
+        RedisCluster::create(nodes, replicas)
+    }
+
+    /// Like [`start`](Self::start), with every node also listening for TLS
+    /// (certificates from one private CA, [`ca_pem`](Self::ca_pem)) and the
+    /// cluster bus and replication over TLS. Clients that connect over TLS
+    /// are told the nodes' TLS ports ([`tls_urls`](Self::tls_urls)); the
+    /// plain ports stay open for the harness.
+    pub fn start_tls(masters: usize, replicas: usize) -> RedisCluster {
+        let certificates = certificates();
+        let mut extra = CLUSTER_NODE.to_vec();
+        extra.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+        let nodes = (0..masters * (1 + replicas))
+            .map(|_| RedisServer::start_tls_on(free_port(true), &certificates, &extra))
+            .collect();
+        RedisCluster::create(nodes, replicas)
+    }
+
+    /// `rediss://` seed URLs of every node of a cluster from
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("rediss://127.0.0.1:{}", n.tls_port()))
+            .collect()
+    }
+
+    /// The CA certificate (PEM) of a cluster from [`start_tls`](Self::start_tls).
+    pub fn ca_pem(&self) -> Vec<u8> {
+        self.nodes[0].ca_pem()
+    }
+
+    fn create(nodes: Vec<RedisServer>, replicas: usize) -> RedisCluster {
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        create
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}): install redis-tools"));
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        let out = run_bounded(&mut create, Duration::from_secs(30));
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed: {}{}",
@@ -529,13 +629,13 @@ impl RedisCluster {
                 .map(|(id, ..)| id)
                 .expect("a node id")
         };
-        let out = Command::new("redis-cli")
+        let mut reshard = Command::new("redis-cli");
+        reshard
             .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
             .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
             .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-            .args(["--cluster-pipeline", "10"])
-            .output()
-            .expect("redis-cli runs");
+            .args(["--cluster-pipeline", "10"]);
+        let out = run_bounded(&mut reshard, Duration::from_secs(60));
         assert!(
             out.status.success(),
             "reshard failed: {}{}",
