@@ -208,7 +208,11 @@ pub fn load(files: &[(String, String)]) -> Result<Vec<EnvoyDomain>, ConfigErrors
                 Err(e) => {
                     v.push(
                         e.location().unwrap_or(Location::UNKNOWN),
-                        super::validate::yaml_message(&e),
+                        super::validate::yaml_message(
+                            &e,
+                            text,
+                            e.location().unwrap_or(Location::UNKNOWN),
+                        ),
                     );
                     None
                 }

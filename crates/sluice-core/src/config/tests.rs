@@ -292,3 +292,35 @@ fn pepper_rotation_is_refused_on_redis_cluster() {
         "{e}"
     );
 }
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_field() {
+    let cases = [
+        (
+            "tenant: [{ limit: 1.5, per: 1s }]",
+            "4:23: `limit` must be a whole number",
+        ),
+        (
+            "tenant: [{ limit: 5, per: 1s, shadow: 7 }]",
+            "4:43: `shadow` must be true or false",
+        ),
+        (
+            "tenant: [{ limit: 5, per: [1s] }]",
+            "4:31: `per` must be one value (text), not a list or a map",
+        ),
+    ];
+    for (tenant, expected) in cases {
+        let e = single_error(&format!("default_plan: p\nplans:\n  p:\n    {tenant}\n"));
+        assert_eq!(e, expected);
+    }
+    let e = single_error("near_limit: high\ndefault_plan: p\nplans:\n  p: {}\n");
+    assert_eq!(e, "1:13: `near_limit` must be a number (e.g. 0.8)");
+    // A URL in the wrong shape is not echoed: it may carry a password.
+    let e = single_error(
+        "storage:\n  backend: redis\n  url: [redis://u:hunter2@h]\ndefault_plan: p\nplans:\n  p: {}\n",
+    );
+    assert!(
+        e.contains("`url` must be one value") && !e.contains("hunter2"),
+        "{e}"
+    );
+}
