@@ -501,3 +501,95 @@ async fn malformed_requests_are_invalid_arguments_and_health_is_served() {
     drop((c, health));
     server.stop();
 }
+
+/// Fuzzing `ShouldRateLimit`: whatever the domain, descriptors, overrides
+/// and hits, the answer is a status per descriptor or `INVALID_ARGUMENT`,
+/// never another error, and the service keeps serving.
+#[test]
+fn any_request_gets_statuses_or_invalid_argument() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let text = || {
+        prop_oneof![
+            6 => prop::sample::select(vec![
+                "remote_address",
+                "path",
+                "tenant",
+                "plan",
+                "user",
+                "bucket",
+                "route",
+                "subject",
+                "premium",
+                "/api/x",
+                "/blocked",
+                "GET /"
+            ])
+            .prop_map(str::to_owned),
+            2 => "\\PC{0,20}",
+            1 => "[a-z]{200,300}",
+        ]
+    };
+    let entry = (text(), text()).prop_map(|(key, value)| Entry { key, value });
+    let limit = prop::option::weighted(0.2, (any::<u32>(), -1i32..8)).prop_map(|o| {
+        o.map(|(requests_per_unit, unit)| RateLimitOverride {
+            requests_per_unit,
+            unit,
+        })
+    });
+    let descriptor = (
+        prop::collection::vec(entry, 1..4),
+        limit,
+        prop::option::weighted(0.3, prop_oneof![4 => 0u64..4, 1 => Just(u64::MAX)]),
+    )
+        .prop_map(|(entries, limit, hits)| RateLimitDescriptor {
+            entries,
+            limit,
+            hits_addend: hits.map(|value| UInt64Value { value }),
+            ..Default::default()
+        });
+    let request = (
+        prop::sample::select(vec!["edge", "edge", "sluice", "sluice", "", "other"]),
+        prop::collection::vec(descriptor, 0..5),
+        prop_oneof![8 => 0u32..3, 1 => Just(u32::MAX)],
+    )
+        .prop_map(|(domain, descriptors, hits_addend)| RateLimitRequest {
+            domain: domain.to_owned(),
+            descriptors,
+            hits_addend,
+        });
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut server = start("", "fuzz");
+    let c = runtime.block_on(client(&server));
+    let mut runner = TestRunner::new(Config {
+        cases: 1000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&request, |request| {
+            let asked = request.descriptors.len();
+            match runtime.block_on(c.clone().should_rate_limit(request)) {
+                Ok(response) => {
+                    let response = response.into_inner();
+                    prop_assert_eq!(response.statuses.len(), asked);
+                    prop_assert!(matches!(overall(&response), Code::Ok | Code::OverLimit));
+                }
+                Err(status) => {
+                    prop_assert_eq!(
+                        status.code(),
+                        tonic::Code::InvalidArgument,
+                        "{}",
+                        status.message()
+                    );
+                    prop_assert!(!status.message().is_empty());
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    drop(c);
+    server.stop();
+}
