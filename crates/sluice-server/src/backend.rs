@@ -136,6 +136,13 @@ impl Store for Backend {
             Backend::Cluster(store) => store.decide(batch).await,
         }
     }
+
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+        match self {
+            Backend::Memory(store) => store.decide_in_process(batch),
+            Backend::Redis(_) | Backend::Cluster(_) => None,
+        }
+    }
 }
 
 /// Timeouts and TLS settings for the Redis backends.

@@ -177,6 +177,10 @@ impl<S: Store> Limiter<S> {
             Err(decided) => return decided,
         };
         batch.shard = self.shard(applicable.shards);
+        // In process, without entering the remote path's state machine.
+        if let Some(result) = self.store.decide_in_process(&batch) {
+            return self.conclude(applicable, &batch, result);
+        }
         self.decide_batch(applicable, &batch).await
     }
 
@@ -192,6 +196,9 @@ impl<S: Store> Limiter<S> {
             (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
         {
             return Decision::cost_exceeds_capacity_at(applicable, index);
+        }
+        if let Some(result) = self.store.decide_in_process(batch) {
+            return self.conclude(applicable, batch, result);
         }
         let now = self.options.clock.now_ms();
         if let Some(denials) = &self.denials
@@ -231,6 +238,19 @@ impl<S: Store> Limiter<S> {
                 }
                 Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
             }
+            Err(error) => self.fail_over(applicable, batch, Some(&error)),
+        }
+    }
+
+    /// The decision from an in-process store's answer.
+    fn conclude<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+        result: Result<Outcomes, StoreError>,
+    ) -> Decision<'p> {
+        match result {
+            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs),
             Err(error) => self.fail_over(applicable, batch, Some(&error)),
         }
     }
@@ -278,10 +298,10 @@ impl Limiter<MemoryStore> {
     pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
         match prepare(policy, request) {
             Err(decided) => decided,
-            Ok((applicable, batch)) => match self.store.decide_now(&batch) {
-                Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, request.cost, &[]),
-                Err(error) => self.fail_over(applicable, &batch, Some(&error)),
-            },
+            Ok((applicable, batch)) => {
+                let result = self.store.decide_now(&batch);
+                self.conclude(applicable, &batch, result)
+            }
         }
     }
 }

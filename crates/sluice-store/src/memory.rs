@@ -285,6 +285,10 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
         std::future::ready(self.decide_now(batch))
     }
+
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+        Some(self.decide_now(batch))
+    }
 }
 
 #[cfg(test)]

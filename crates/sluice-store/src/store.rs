@@ -109,4 +109,13 @@ pub trait Store: Send + Sync {
         &self,
         batch: &Batch<'_>,
     ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send;
+
+    /// The same decision made on the spot, by a store in this process (the
+    /// memory store); `None` for a store across the network. An in-process
+    /// decision cannot time out or be unreachable, so the limiter skips the
+    /// time budget, the breaker and the over-limit cache for it.
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+        let _ = batch;
+        None
+    }
 }
