@@ -6,14 +6,14 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Deserialize;
 use sluice_core::Request;
 use sluice_core::request::{MAX_COST, check_cost_signed};
 
-use super::problem::InvalidRequest;
-use super::respond::decision_response;
+use super::respond::{decision_response, refusal};
 use crate::app::App;
+use sluice_tower::InvalidRequest;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,16 +36,16 @@ pub(super) async fn check(
         Err(rejection) => {
             let mut problem = InvalidRequest::new("body", rejection.body_text());
             problem.status = rejection.status();
-            return problem.into_response();
+            return refusal(&problem);
         }
     };
     let parsed = match parse(&body) {
         Ok(parsed) => parsed,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return refusal(&problem),
     };
     let request = match to_request(&parsed) {
         Ok(request) => request,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return refusal(&problem),
     };
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();

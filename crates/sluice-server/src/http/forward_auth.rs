@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use sluice_core::Request;
 use sluice_core::request::check_cost_signed;
 
-use super::problem::InvalidRequest;
-use super::respond::decision_response;
+use super::respond::{decision_response, refusal};
 use crate::app::App;
+use sluice_tower::InvalidRequest;
 
 pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let config = &app.forward_auth;
@@ -64,11 +64,11 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
     })();
     let (tenant, route, subject, cost) = match parsed {
         Ok(parts) => parts,
-        Err(problem) => return problem.into_response(),
+        Err(problem) => return refusal(&problem),
     };
     let request = match Request::new(tenant, &route, subject, cost) {
         Ok(request) => request,
-        Err(e) => return InvalidRequest::from(e).into_response(),
+        Err(e) => return refusal(&InvalidRequest::from(e)),
     };
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();

@@ -15,7 +15,6 @@
 mod check;
 mod forward_auth;
 mod health;
-mod problem;
 mod respond;
 
 use std::sync::Arc;
@@ -23,8 +22,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{any, get, post};
 
-pub use problem::InvalidRequest;
-pub use respond::DecisionView;
+pub use sluice_tower::{DecisionView, InvalidRequest};
 
 use crate::app::App;
 

@@ -1,148 +1,20 @@
-//! A decision as an HTTP answer: status, headers, JSON or problem body.
+//! Answers as axum responses. What they say (status, `RateLimit` fields,
+//! JSON or problem body) is `sluice_tower::answer`'s, so that the service
+//! and the in-process layer answer alike.
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use sluice_core::headers::{retry_after_seconds, write_ratelimit};
-use sluice_core::{Decision, Reason};
+use sluice_core::Decision;
+use sluice_tower::InvalidRequest;
+use sluice_tower::answer::decision_answer;
 
-/// The JSON fields of a decision (SPEC appendix B), shared by the HTTP
-/// answer and `sluice check`.
-#[derive(Debug, Serialize)]
-pub struct DecisionView<'a> {
-    /// Whether the request may proceed.
-    pub allowed: bool,
-    /// Why not (`tenant_limit`, `route_limit`, …), `null` when allowed.
-    pub reason: Option<&'static str>,
-    /// The policy the other fields describe.
-    pub policy: Option<&'a str>,
-    /// Its capacity.
-    pub limit: Option<u64>,
-    /// Units left under it.
-    pub remaining: Option<u64>,
-    /// Milliseconds until it is back to full.
-    pub reset_after_ms: u64,
-    /// Milliseconds until a denied request would pass.
-    pub retry_after_ms: Option<u64>,
-    /// Some policy is past the soft-limit threshold.
-    pub near_limit: bool,
-    /// `null`, or the failure policy (`local`, `allow`, `deny`) that decided
-    /// because the store could not.
-    pub degraded: Option<&'static str>,
-}
-
-impl<'a> DecisionView<'a> {
-    /// The view of a decision.
-    pub fn of(decision: &'a Decision<'_>) -> DecisionView<'a> {
-        DecisionView {
-            allowed: decision.allowed,
-            reason: decision.reason.map(Reason::as_str),
-            policy: decision.policy().map(|r| r.name()),
-            limit: decision.limit(),
-            remaining: decision.remaining(),
-            reset_after_ms: decision.reset_after_ms(),
-            retry_after_ms: decision.retry_after_ms(),
-            near_limit: decision.near_limit,
-            degraded: decision.degraded.map(|p| p.name()),
-        }
-    }
-}
-
-/// RFC 9457 body of a 429, with the decision's fields as extensions.
-#[derive(Serialize)]
-struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'static str,
-    status: u16,
-    detail: String,
-    #[serde(rename = "violated-policies")]
-    violated_policies: Vec<&'a str>,
-    #[serde(flatten)]
-    decision: DecisionView<'a>,
-}
-
-const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-const REDUCED_CAPACITY: &str =
-    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
-
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-
-/// Adds `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`.
-pub(super) fn add_headers(decision: &Decision<'_>, headers: &mut HeaderMap) {
-    if let Ok(value) = HeaderValue::from_str(decision.policy_header)
-        && !decision.policy_header.is_empty()
-    {
-        headers.insert(RATELIMIT_POLICY.clone(), value);
-    }
-    if !decision.outcomes.is_empty() {
-        let mut field = String::with_capacity(32 * decision.outcomes.len());
-        write_ratelimit(decision, &mut field);
-        if let Ok(value) = HeaderValue::from_str(&field) {
-            headers.insert(RATELIMIT.clone(), value);
-        }
-    }
-    if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms()) {
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(retry_after_seconds(ms)),
-        );
-    }
-}
-
-/// The full answer to `/v1/check`: 200 with the decision as JSON, or 429
-/// with it as problem details.
+/// The full answer to a decision: 200 with it as JSON, or 429 with it as
+/// problem details.
 pub(super) fn decision_response(decision: &Decision<'_>) -> Response {
-    let view = DecisionView::of(decision);
-    let (status, content_type, body) = if decision.allowed {
-        (
-            StatusCode::OK,
-            "application/json",
-            serde_json::to_vec(&view),
-        )
-    } else {
-        let (kind, title, detail) = describe_denial(decision);
-        let problem = Problem {
-            kind,
-            title,
-            detail,
-            status: 429,
-            violated_policies: decision.violated_policies().collect(),
-            decision: view,
-        };
-        (
-            StatusCode::TOO_MANY_REQUESTS,
-            "application/problem+json",
-            serde_json::to_vec(&problem),
-        )
-    };
-    let mut response = (status, body.unwrap_or_default()).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    add_headers(decision, headers);
-    response
+    decision_answer(decision).map(Body::from).into_response()
 }
 
-fn describe_denial(decision: &Decision<'_>) -> (&'static str, &'static str, String) {
-    let policy = decision.policy().map_or("", |r| r.name());
-    match decision.reason {
-        Some(Reason::StoreUnavailable) => (
-            REDUCED_CAPACITY,
-            "Request cannot be satisfied due to temporarily reduced capacity",
-            "the rate-limit store is unavailable and the failure policy denies".to_owned(),
-        ),
-        Some(Reason::CostExceedsCapacity) => (
-            QUOTA_EXCEEDED,
-            "Request cannot be satisfied as assigned quota has been exceeded",
-            format!(
-                "the request's cost is above the capacity of policy `{policy}`: it can never pass"
-            ),
-        ),
-        _ => (
-            QUOTA_EXCEEDED,
-            "Request cannot be satisfied as assigned quota has been exceeded",
-            format!("quota of policy `{policy}` exceeded"),
-        ),
-    }
+/// A 400 (or 413) naming the field at fault.
+pub(super) fn refusal(problem: &InvalidRequest) -> Response {
+    problem.answer().map(Body::from).into_response()
 }

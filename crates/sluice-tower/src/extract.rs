@@ -1,0 +1,126 @@
+//! What a request is limited by: its tenant, route, subject and cost, read
+//! from the request before the inner service sees it.
+
+use http::HeaderName;
+use sluice_core::request::check_cost_signed;
+
+use crate::answer::InvalidRequest;
+
+/// The keys of one request, owned (the request itself goes on to the inner
+/// service).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// The tenant whose budgets apply.
+    pub tenant: String,
+    /// The route, `METHOD path`, matched against the plans' route patterns.
+    pub route: String,
+    /// The subject (user, API key) for subject-scope rules.
+    pub subject: Option<String>,
+    /// Units the request consumes (1 for most).
+    pub cost: u64,
+}
+
+/// Reads a request's [`Keys`]; a refusal is answered 400 with the field at
+/// fault, and the inner service is not called.
+///
+/// Closures `Fn(&http::Request<B>) -> Result<Keys, InvalidRequest>`
+/// implement it, for keys that come from elsewhere (an authenticated
+/// identity in the request's extensions, say).
+pub trait Extract<B>: Clone + Send + Sync + 'static {
+    /// The keys of `request`.
+    fn extract(&self, request: &http::Request<B>) -> Result<Keys, InvalidRequest>;
+}
+
+impl<B, F> Extract<B> for F
+where
+    F: Fn(&http::Request<B>) -> Result<Keys, InvalidRequest> + Clone + Send + Sync + 'static,
+{
+    fn extract(&self, request: &http::Request<B>) -> Result<Keys, InvalidRequest> {
+        self(request)
+    }
+}
+
+/// Keys from headers: the tenant from one header (required), the subject
+/// and cost from others (optional); the route is the request's own method
+/// and path, without the query.
+///
+/// Put it behind whatever authenticates the tenant: a client that can set
+/// the tenant header can spend any tenant's budget.
+#[derive(Debug, Clone)]
+pub struct FromHeaders {
+    tenant: HeaderName,
+    subject: Option<HeaderName>,
+    cost: Option<HeaderName>,
+}
+
+impl FromHeaders {
+    /// The tenant from `tenant`.
+    pub fn new(tenant: HeaderName) -> FromHeaders {
+        FromHeaders {
+            tenant,
+            subject: None,
+            cost: None,
+        }
+    }
+
+    /// The subject from `header`, when the request has it.
+    pub fn subject(mut self, header: HeaderName) -> FromHeaders {
+        self.subject = Some(header);
+        self
+    }
+
+    /// The cost from `header` (a whole number, 1 when absent).
+    pub fn cost(mut self, header: HeaderName) -> FromHeaders {
+        self.cost = Some(header);
+        self
+    }
+}
+
+impl<B> Extract<B> for FromHeaders {
+    fn extract(&self, request: &http::Request<B>) -> Result<Keys, InvalidRequest> {
+        let headers = request.headers();
+        let text = |name: &HeaderName| -> Result<Option<String>, InvalidRequest> {
+            match headers.get(name) {
+                None => Ok(None),
+                Some(value) => value.to_str().map(|v| Some(v.to_owned())).map_err(|_| {
+                    InvalidRequest::new(
+                        name.as_str(),
+                        format!("header `{name}` must be visible ASCII"),
+                    )
+                }),
+            }
+        };
+        let tenant = text(&self.tenant)?.ok_or_else(|| {
+            InvalidRequest::new(
+                self.tenant.as_str(),
+                format!("header `{}` is required", self.tenant),
+            )
+        })?;
+        let subject = match &self.subject {
+            Some(name) => text(name)?,
+            None => None,
+        };
+        let cost = match &self.cost {
+            Some(name) => match text(name)? {
+                None => 1,
+                Some(value) => {
+                    let number: i128 = value.trim().parse().map_err(|_| {
+                        InvalidRequest::new(
+                            name.as_str(),
+                            format!("header `{name}` must be a whole number, got `{value}`"),
+                        )
+                    })?;
+                    check_cost_signed(number)
+                        .map_err(|e| InvalidRequest::new(name.as_str(), e.to_string()))?
+                }
+            },
+            None => 1,
+        };
+        Ok(Keys {
+            tenant,
+            route: format!("{} {}", request.method(), request.uri().path()),
+            subject,
+            cost,
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! The [`RateLimit`] service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, Request, Response};
+use sluice_store::{Limiter, Store};
+use tower::Service;
+
+use crate::answer::{InvalidRequest, add_headers, decision_answer};
+use crate::extract::Extract;
+
+/// The future of a [`RateLimit`] call.
+pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
+
+/// Decides each request before calling the inner service.
+///
+/// - Keys `extract` cannot read: 400 problem details naming the field; the
+///   inner service is not called.
+/// - Denied: 429 problem details with `RateLimit`, `RateLimit-Policy` and
+///   `Retry-After`, as the sluice service answers; the inner service is not
+///   called, and the request consumed nothing.
+/// - Admitted: the inner service's response, with `RateLimit` and
+///   `RateLimit-Policy` added.
+///
+/// The response body type must be buildable from bytes (`From<Vec<u8>>`:
+/// axum's `Body`, `http_body_util::Full<Bytes>`, …) for the answers made
+/// here.
+#[derive(Debug)]
+pub struct RateLimit<T, S, E> {
+    inner: T,
+    limiter: Arc<Limiter<S>>,
+    extract: E,
+}
+
+impl<T: Clone, S, E: Clone> Clone for RateLimit<T, S, E> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            limiter: self.limiter.clone(),
+            extract: self.extract.clone(),
+        }
+    }
+}
+
+impl<T, S, E> RateLimit<T, S, E> {
+    /// Wraps `inner`.
+    pub fn new(inner: T, limiter: Arc<Limiter<S>>, extract: E) -> RateLimit<T, S, E> {
+        RateLimit {
+            inner,
+            limiter,
+            extract,
+        }
+    }
+}
+
+impl<T, S, E, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<T, S, E>
+where
+    T: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    T::Future: Send,
+    T::Error: Send + 'static,
+    S: Store + 'static,
+    E: Extract<ReqBody>,
+    ReqBody: Send + 'static,
+    ResBody: From<Vec<u8>> + Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = T::Error;
+    type Future = ResponseFuture<ResBody, T::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let keys = match self.extract.extract(&request) {
+            Ok(keys) => keys,
+            Err(problem) => {
+                let answer = problem.answer().map(ResBody::from);
+                return Box::pin(std::future::ready(Ok(answer)));
+            }
+        };
+        // The service that was made ready goes with this call; a clone
+        // stays for the next (tower's usual hand-over).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limiter = self.limiter.clone();
+        Box::pin(async move {
+            let headers = {
+                let asked = match sluice_core::Request::new(
+                    &keys.tenant,
+                    &keys.route,
+                    keys.subject.as_deref(),
+                    keys.cost,
+                ) {
+                    Ok(asked) => asked,
+                    Err(e) => return Ok(InvalidRequest::from(e).answer().map(ResBody::from)),
+                };
+                let policy = limiter.policy();
+                let decision = limiter.decide(&policy, &asked).await;
+                if !decision.allowed {
+                    return Ok(decision_answer(&decision).map(ResBody::from));
+                }
+                let mut headers = HeaderMap::new();
+                add_headers(&decision, &mut headers);
+                headers
+            };
+            let mut response = inner.call(request).await?;
+            for (name, value) in &headers {
+                response.headers_mut().insert(name, value.clone());
+            }
+            Ok(response)
+        })
+    }
+}
