@@ -1,0 +1,294 @@
+//! The layer around a real axum router: on the memory store with a
+//! hand-set clock, and shared by two "instances" through a real Redis.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
+use sfv::{ListEntry, Parser};
+use sluice_core::config::OnError;
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::{Config, Policy};
+use sluice_store::{ConnectOptions, KeySet, Limiter, ManualClock, MemoryStore, RedisStore, Store};
+use sluice_testkit::RedisServer;
+use sluice_tower::{FromHeaders, InvalidRequest, Keys, RateLimitLayer};
+use tower::ServiceExt;
+
+const LIMITS: &str = r#"
+default_plan: free
+plans:
+  free:
+    tenant: [{ name: hourly, algorithm: fixed_window, limit: 10, per: 1h }]
+    routes:
+      "POST /v1/invoices": [{ name: invoices, algorithm: gcra, limit: 2, per: 1h }]
+    subject:
+      "*": [{ name: per-user, algorithm: token_bucket, limit: 4, per: 1h }]
+"#;
+
+fn policy() -> Policy {
+    Policy::compile(&Config::from_yaml(LIMITS, "limits.yaml").unwrap().limits)
+}
+
+/// The app behind the layer, counting the requests that reach it.
+fn app<S: Store + 'static>(limiter: Arc<Limiter<S>>, reached: &Arc<AtomicUsize>) -> Router {
+    let (a, b) = (reached.clone(), reached.clone());
+    let extract = FromHeaders::new(HeaderName::from_static("x-tenant"))
+        .subject(HeaderName::from_static("x-user"))
+        .cost(HeaderName::from_static("x-cost"));
+    Router::new()
+        .route(
+            "/v1/things",
+            get(move || async move {
+                a.fetch_add(1, Ordering::Relaxed);
+                "things"
+            }),
+        )
+        .route(
+            "/v1/invoices",
+            post(move || async move {
+                b.fetch_add(1, Ordering::Relaxed);
+                (StatusCode::CREATED, "invoice")
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter, extract))
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+async fn send(app: &Router, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+/// `r` of each item of a `RateLimit` field, by policy name.
+fn remaining(answer: &Answer) -> Vec<(String, i64)> {
+    let field = answer
+        .headers
+        .get("ratelimit")
+        .expect("a RateLimit field")
+        .to_str()
+        .unwrap();
+    Parser::new(field)
+        .parse::<sfv::List>()
+        .unwrap()
+        .into_iter()
+        .map(|entry| match entry {
+            ListEntry::Item(item) => {
+                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
+                let r = item
+                    .params
+                    .get("r")
+                    .and_then(|v| v.as_integer())
+                    .map(i64::from)
+                    .unwrap();
+                (name, r)
+            }
+            ListEntry::InnerList(_) => panic!("no inner lists"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn admits_with_the_ratelimit_fields_and_denies_with_a_problem_consuming_nothing() {
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let limiter = Arc::new(Limiter::new(
+        policy(),
+        MemoryStore::with_clock(10_000, clock.clone()),
+        OnError::Deny,
+    ));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = app(limiter, &reached);
+    let acme = [("x-tenant", "acme")];
+
+    let answer = send(&app, "GET", "/v1/things?page=2", &acme).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body, "things");
+    assert_eq!(remaining(&answer), [("hourly".to_owned(), 9)]);
+    assert!(
+        answer
+            .headers
+            .get("ratelimit-policy")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .contains("\"hourly\";q=10;w=3600")
+    );
+
+    // Two invoices an hour; the third is a 429 problem, never reaching the
+    // handler, and consuming nothing from the tenant's hourly budget.
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, "POST", "/v1/invoices", &acme).await.status,
+            StatusCode::CREATED
+        );
+    }
+    let denied = send(&app, "POST", "/v1/invoices", &acme).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers["content-type"], "application/problem+json");
+    assert!(denied.headers.get("retry-after").is_some());
+    let problem: serde_json::Value = serde_json::from_str(&denied.body).unwrap();
+    assert_eq!(problem["reason"], "route_limit");
+    assert_eq!(problem["violated-policies"][0], "invoices");
+    assert_eq!(reached.load(Ordering::Relaxed), 3);
+    let answer = send(&app, "GET", "/v1/things", &acme).await;
+    assert_eq!(
+        remaining(&answer),
+        [("hourly".to_owned(), 6)],
+        "10 - 1 - 2 - this one"
+    );
+
+    // The subject and cost headers reach the decision.
+    let answer = send(
+        &app,
+        "GET",
+        "/v1/things",
+        &[("x-tenant", "acme"), ("x-user", "u1"), ("x-cost", "3")],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        remaining(&answer),
+        [("hourly".to_owned(), 3), ("per-user".to_owned(), 1)]
+    );
+
+    // After the hour, budgets are back.
+    clock.advance(3_600_000);
+    assert_eq!(
+        send(&app, "POST", "/v1/invoices", &acme).await.status,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn keys_it_cannot_read_are_a_400_naming_the_header() {
+    let limiter = Arc::new(Limiter::new(
+        policy(),
+        MemoryStore::new(10_000),
+        OnError::Deny,
+    ));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = app(limiter, &reached);
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[], "x-tenant"),
+        (&[("x-tenant", "")], "tenant"),
+        (&[("x-tenant", "acme"), ("x-cost", "two")], "x-cost"),
+        (&[("x-tenant", "acme"), ("x-cost", "0")], "x-cost"),
+    ];
+    for (headers, field) in cases {
+        let answer = send(&app, "GET", "/v1/things", headers).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+        let problem: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(problem["invalid-params"][0]["name"], field, "{problem}");
+    }
+    assert_eq!(reached.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn keys_can_come_from_anywhere_in_the_request() {
+    // An authentication layer put the tenant in the request's extensions.
+    #[derive(Clone)]
+    struct Authenticated(&'static str);
+    let limiter = Arc::new(Limiter::new(
+        policy(),
+        MemoryStore::new(10_000),
+        OnError::Deny,
+    ));
+    let extract = |request: &Request<Body>| -> Result<Keys, InvalidRequest> {
+        let Some(Authenticated(tenant)) = request.extensions().get::<Authenticated>().cloned()
+        else {
+            return Err(InvalidRequest::new("authorization", "sign in first"));
+        };
+        Ok(Keys {
+            tenant: tenant.to_owned(),
+            route: format!("{} {}", request.method(), request.uri().path()),
+            subject: None,
+            cost: 1,
+        })
+    };
+    let app = Router::new()
+        .route("/v1/invoices", post(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter, extract));
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let mut request = Request::post("/v1/invoices").body(Body::empty()).unwrap();
+        request.extensions_mut().insert(Authenticated("globex"));
+        statuses.push(app.clone().oneshot(request).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let anonymous = Request::post("/v1/invoices").body(Body::empty()).unwrap();
+    assert_eq!(
+        app.oneshot(anonymous).await.unwrap().status(),
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_apps_share_budgets_through_redis() {
+    let redis = RedisServer::start();
+    let keys = || KeySet {
+        current: Keyer::new("sl", &Pepper::parse(&[b'p'; 32]).unwrap()),
+        previous: None,
+    };
+    let reached = Arc::new(AtomicUsize::new(0));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(
+            &redis.url(),
+            keys(),
+            &ConnectOptions::with_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        apps.push(app(
+            Arc::new(Limiter::new(policy(), store, OnError::Deny)),
+            &reached,
+        ));
+    }
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let app = apps[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            send(&app, "POST", "/v1/invoices", &[("x-tenant", "shared")])
+                .await
+                .status
+        }));
+    }
+    let mut created = 0;
+    for task in tasks {
+        let status = task.await.unwrap();
+        assert!(status == StatusCode::CREATED || status == StatusCode::TOO_MANY_REQUESTS);
+        created += usize::from(status == StatusCode::CREATED);
+    }
+    assert_eq!(created, 2, "two invoices an hour across both apps");
+    assert_eq!(reached.load(Ordering::Relaxed), 2);
+}
