@@ -72,23 +72,47 @@ static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy"
 
 /// Adds `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`.
 pub fn add_headers(decision: &Decision<'_>, headers: &mut HeaderMap) {
-    if let Ok(value) = HeaderValue::from_str(decision.policy_header)
-        && !decision.policy_header.is_empty()
-    {
-        headers.insert(RATELIMIT_POLICY.clone(), value);
+    Fields::of(decision).add_to(headers);
+}
+
+/// The header fields of a decision, made before the response they go on
+/// exists.
+#[derive(Debug, Clone, Default)]
+pub struct Fields {
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    retry_after: Option<HeaderValue>,
+}
+
+impl Fields {
+    /// The fields of `decision`.
+    pub fn of(decision: &Decision<'_>) -> Fields {
+        let mut fields = Fields::default();
+        if !decision.policy_header.is_empty() {
+            fields.policy = HeaderValue::from_str(decision.policy_header).ok();
+        }
+        if !decision.outcomes.is_empty() {
+            let mut field = String::with_capacity(32 * decision.outcomes.len());
+            write_ratelimit(decision, &mut field);
+            fields.ratelimit = HeaderValue::from_str(&field).ok();
+        }
+        if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms()) {
+            fields.retry_after = Some(HeaderValue::from(retry_after_seconds(ms)));
+        }
+        fields
     }
-    if !decision.outcomes.is_empty() {
-        let mut field = String::with_capacity(32 * decision.outcomes.len());
-        write_ratelimit(decision, &mut field);
-        if let Ok(value) = HeaderValue::from_str(&field) {
+
+    /// Sets them on `headers`, replacing any there.
+    pub fn add_to(self, headers: &mut HeaderMap) {
+        if let Some(value) = self.policy {
+            headers.insert(RATELIMIT_POLICY.clone(), value);
+        }
+        if let Some(value) = self.ratelimit {
             headers.insert(RATELIMIT.clone(), value);
         }
-    }
-    if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms()) {
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(retry_after_seconds(ms)),
-        );
+        if let Some(value) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, value);
+        }
     }
 }
 

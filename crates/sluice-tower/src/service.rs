@@ -5,11 +5,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use sluice_store::{Limiter, Store};
 use tower::Service;
 
-use crate::answer::{InvalidRequest, add_headers, decision_answer};
+use crate::answer::{Fields, InvalidRequest, decision_answer};
 use crate::extract::Extract;
 
 /// The future of a [`RateLimit`] call.
@@ -88,7 +88,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
-            let headers = {
+            let fields = {
                 let asked = match sluice_core::Request::new(
                     &keys.tenant,
                     &keys.route,
@@ -103,14 +103,10 @@ where
                 if !decision.allowed {
                     return Ok(decision_answer(&decision).map(ResBody::from));
                 }
-                let mut headers = HeaderMap::new();
-                add_headers(&decision, &mut headers);
-                headers
+                Fields::of(&decision)
             };
             let mut response = inner.call(request).await?;
-            for (name, value) in &headers {
-                response.headers_mut().insert(name, value.clone());
-            }
+            fields.add_to(response.headers_mut());
             Ok(response)
         })
     }
