@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::Outcome;
 use crate::config::OnError;
-use crate::policy::{Applicable, BoundRule};
+use crate::policy::{ADHOC, Applicable, BoundRule, Class};
 
 /// How long a caller denied because the store is unavailable is asked to
 /// wait.
@@ -79,9 +79,9 @@ pub struct Decision<'p> {
     /// store was not asked. [`known_outcomes`](Self::known_outcomes) pairs
     /// them with their rules.
     pub outcomes: Outcomes,
-    /// The `RateLimit-Policy` field value for [`rules`](Self::rules), as
-    /// compiled with the policy ("" when no rule applies).
-    pub policy_header: &'p str,
+    /// The class of the request: its plan, route pattern and the
+    /// `RateLimit-Policy` field value for [`rules`](Self::rules).
+    pub class: &'p Class,
 }
 
 impl<'p> Decision<'p> {
@@ -100,7 +100,7 @@ impl<'p> Decision<'p> {
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             rules: applicable.rules,
             outcomes: Outcomes::new(),
-            policy_header: applicable.policy_header,
+            class: applicable.class,
         }
     }
 
@@ -115,7 +115,7 @@ impl<'p> Decision<'p> {
             summary: None,
             rules: &[],
             outcomes: Outcomes::new(),
-            policy_header: "",
+            class: &ADHOC,
         }
     }
 
@@ -318,6 +318,11 @@ impl<'p> Decision<'p> {
             (false, Some(Reason::StoreUnavailable)) => Some(STORE_RETRY_MS),
             (false, _) => self.summary_outcome().map(|o| o.retry_after_ms),
         }
+    }
+
+    /// The `RateLimit-Policy` field value ("" when no rule is advertised).
+    pub fn policy_header(&self) -> &'p str {
+        self.class.policy_header()
     }
 
     /// Names of the rules that denied (for problem details).

@@ -115,7 +115,7 @@ plans:
     fn policy_field_is_a_valid_structured_list() {
         let p = policy();
         let a = p.applicable("t", "GET /x", false);
-        let items = parse(a.policy_header);
+        let items = parse(a.class.policy_header());
         assert_eq!(
             items,
             vec![
@@ -128,10 +128,12 @@ plans:
             ]
         );
         // And it round-trips through sfv's serializer unchanged.
-        let list = Parser::new(a.policy_header).parse::<sfv::List>().unwrap();
+        let list = Parser::new(a.class.policy_header())
+            .parse::<sfv::List>()
+            .unwrap();
         assert_eq!(
             list.serialize().unwrap().replace(", ", ","),
-            a.policy_header.replace(", ", ",")
+            a.class.policy_header().replace(", ", ",")
         );
     }
 

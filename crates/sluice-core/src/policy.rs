@@ -12,8 +12,10 @@
 //! prefix that matches the route and is no longer than `p` is a prefix of
 //! `p`. So the per-table answers can be computed once per union pattern.
 
+use std::any::Any;
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
 use sha2::{Digest, Sha256};
@@ -172,23 +174,28 @@ impl BoundRule {
 struct Cell {
     rules: Box<[BoundRule]>,
     without_subject: usize,
-    policy_header: [Box<str>; 2],
+    /// Without and with subject rules.
+    classes: [Class; 2],
     /// The largest cost every rule can hold, without and with subject rules.
     max_cost: [u64; 2],
 }
 
 impl Cell {
-    fn new(rules: Vec<BoundRule>, without_subject: usize) -> Cell {
-        let header = |rules: &[BoundRule]| -> Box<str> {
-            rules
-                .iter()
-                .filter(|r| r.advertised())
-                .map(BoundRule::policy_item)
-                .collect::<Vec<_>>()
-                .join(", ")
-                .into()
+    fn new(rules: Vec<BoundRule>, without_subject: usize, plan: &str, route: &str) -> Cell {
+        let class = |rules: &[BoundRule]| Class {
+            plan: Cow::Owned(plan.to_owned()),
+            route: Cow::Owned(route.to_owned()),
+            policy_header: Cow::Owned(
+                rules
+                    .iter()
+                    .filter(|r| r.advertised())
+                    .map(BoundRule::policy_item)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            handles: OnceLock::new(),
         };
-        let policy_header = [header(&rules[..without_subject]), header(&rules)];
+        let classes = [class(&rules[..without_subject]), class(&rules)];
         let max_cost = |rules: &[BoundRule]| {
             rules
                 .iter()
@@ -200,9 +207,55 @@ impl Cell {
         Cell {
             rules: rules.into(),
             without_subject,
-            policy_header,
+            classes,
             max_cost,
         }
+    }
+}
+
+/// The class of requests a decision belongs to: its plan and the route
+/// pattern it matched, with the rules' `RateLimit-Policy` field. Metrics
+/// count decisions by class; classes come from the configuration, so their
+/// number is bounded (never one per tenant).
+#[derive(Debug)]
+pub struct Class {
+    plan: Cow<'static, str>,
+    route: Cow<'static, str>,
+    policy_header: Cow<'static, str>,
+    handles: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+/// The class of rules gathered outside a plan (Envoy descriptors): no plan,
+/// no route pattern, no `RateLimit-Policy` field.
+pub static ADHOC: Class = Class {
+    plan: Cow::Borrowed(""),
+    route: Cow::Borrowed(""),
+    policy_header: Cow::Borrowed(""),
+    handles: OnceLock::new(),
+};
+
+impl Class {
+    /// The plan's name ("" outside a plan).
+    pub fn plan(&self) -> &str {
+        &self.plan
+    }
+
+    /// The route pattern matched (`*` when none did, "" outside a plan).
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    /// The `RateLimit-Policy` field value for the class's rules (empty when
+    /// none is advertised).
+    pub fn policy_header(&self) -> &str {
+        &self.policy_header
+    }
+
+    /// Whatever a caller keeps per class (its metrics handles, resolved
+    /// once), made by `init` on first use. `None` when a value of another
+    /// type is already kept.
+    pub fn handles<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Option<&T> {
+        self.handles.get_or_init(|| Box::new(init())).downcast_ref()
     }
 }
 
@@ -251,7 +304,8 @@ impl Plan {
             add(&mut rules, Scope::Global, global);
             let without_subject = rules.len();
             add(&mut rules, Scope::Subject, &spec.subject);
-            Cell::new(rules, without_subject)
+            let route = covering.map_or_else(|| "*".to_owned(), RoutePattern::source);
+            Cell::new(rules, without_subject, &spec.name, &route)
         };
 
         let mut cells = Vec::with_capacity(patterns.len() + 1);
@@ -378,8 +432,8 @@ pub struct Applicable<'p> {
     pub shards: u16,
     /// Every rule to check, in scope order (tenant, route, global, subject).
     pub rules: &'p [BoundRule],
-    /// The `RateLimit-Policy` field value for these rules (empty when none).
-    pub policy_header: &'p str,
+    /// The class of the request (plan, route pattern, `RateLimit-Policy`).
+    pub class: &'p Class,
     /// The largest cost every one of these rules can hold.
     pub max_cost: u64,
 }
@@ -392,7 +446,7 @@ impl<'p> Applicable<'p> {
             plan: None,
             shards: 1,
             rules,
-            policy_header: "",
+            class: &ADHOC,
             max_cost: rules
                 .iter()
                 .map(|r| r.rule().capacity())
@@ -474,7 +528,7 @@ impl Policy {
             plan: Some(plan),
             shards: entry.shards,
             rules,
-            policy_header: &cell.policy_header[variant],
+            class: &cell.classes[variant],
             max_cost: cell.max_cost[variant],
         }
     }
@@ -593,7 +647,7 @@ global:
         let p = policy(YAML);
         let a = p.applicable("t", "POST /v1/invoices", false);
         assert_eq!(
-            a.policy_header,
+            a.class.policy_header(),
             r#""tenant-0";q=100;w=60, "route-0";q=5;w=1"#
         );
     }

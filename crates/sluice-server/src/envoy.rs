@@ -610,7 +610,7 @@ impl RateLimiter {
             .collect();
         let over = !decision.allowed;
         let mut headers = Vec::new();
-        let policy_header = if decision.policy_header.is_empty() {
+        let policy_header = if decision.policy_header().is_empty() {
             decision
                 .rules
                 .iter()
@@ -619,7 +619,7 @@ impl RateLimiter {
                 .collect::<Vec<_>>()
                 .join(", ")
         } else {
-            decision.policy_header.to_owned()
+            decision.policy_header().to_owned()
         };
         if !policy_header.is_empty() {
             headers.push(header("RateLimit-Policy", policy_header));

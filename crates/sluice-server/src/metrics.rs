@@ -1,11 +1,14 @@
 //! Prometheus metrics, served as text on `/metrics`.
 //!
-//! Every handle is resolved when the service starts, so a decision only
-//! increments counters it already holds. Labels are closed sets (outcome,
-//! reason, error kind, policy, breaker state): no tenant, subject, route or
-//! plan ever becomes a label — that would be unbounded and a privacy leak.
+//! Every handle is resolved once (when the service starts, or for
+//! decisions the first time a class of requests is seen, kept with the
+//! compiled policy), so a decision only increments counters it already
+//! holds. Labels are closed sets: outcome, reason, error kind, failure
+//! policy, breaker state, and a decision's plan and route pattern, which
+//! come from the configuration. No tenant, subject or raw route ever becomes
+//! a label — that would be unbounded and a privacy leak.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -15,6 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use sluice_core::config::OnError;
+use sluice_core::policy::Class;
 use sluice_core::{Decision, Reason};
 use sluice_store::{BreakerState, StoreError, Telemetry};
 use tracing::warn;
@@ -23,7 +27,32 @@ use tracing::warn;
 struct DecisionLabels {
     outcome: &'static str,
     reason: &'static str,
+    plan: String,
+    route: String,
 }
+
+/// The decision counters of one class of requests, in one registry.
+struct ClassCounters {
+    registry: usize,
+    allowed: Counter,
+    denied: [Counter; REASONS.len()],
+}
+
+impl ClassCounters {
+    fn count(&self, reason: Option<Reason>) {
+        match reason {
+            None => self.allowed.inc(),
+            Some(reason) => {
+                let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+                self.denied[i].inc()
+            }
+        };
+    }
+}
+
+/// Tells registries apart (a policy's classes keep the counters of the
+/// registry that first counted them).
+static REGISTRIES: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -61,8 +90,8 @@ const LOG_EVERY_MS: u64 = 10_000;
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
-    allowed: Counter,
-    denied: [Counter; REASONS.len()],
+    id: usize,
+    decisions: Family<DecisionLabels, Counter>,
     decision_seconds: Histogram,
     store_seconds: Histogram,
     store_errors: [Counter; 4],
@@ -96,23 +125,9 @@ impl Metrics {
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             "decisions",
-            "Decisions by outcome and reason",
+            "Decisions by outcome, reason, plan and route pattern",
             decisions.clone(),
         );
-        let allowed = decisions
-            .get_or_create(&DecisionLabels {
-                outcome: "allowed",
-                reason: "none",
-            })
-            .clone();
-        let denied = REASONS.map(|reason| {
-            decisions
-                .get_or_create(&DecisionLabels {
-                    outcome: "denied",
-                    reason: reason.as_str(),
-                })
-                .clone()
-        });
         // 50µs .. ~1.6s
         let decision_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         registry.register(
@@ -195,8 +210,8 @@ impl Metrics {
         );
         Metrics {
             registry,
-            allowed,
-            denied,
+            id: REGISTRIES.fetch_add(1, Ordering::Relaxed),
+            decisions,
             decision_seconds,
             store_seconds,
             store_errors,
@@ -215,13 +230,42 @@ impl Metrics {
     /// Counts a decision and how long it took.
     pub fn decision(&self, decision: &Decision<'_>, elapsed: Duration) {
         self.decision_seconds.observe(elapsed.as_secs_f64());
-        match decision.reason {
-            None => self.allowed.inc(),
-            Some(reason) => {
-                let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
-                self.denied[i].inc()
-            }
+        let class = decision.class;
+        match class
+            .handles(|| self.class_counters(class))
+            .filter(|c| c.registry == self.id)
+        {
+            Some(counters) => counters.count(decision.reason),
+            // The class keeps another registry's counters (two services on
+            // one policy, in tests): look ours up.
+            None => self.class_counters(class).count(decision.reason),
+        }
+    }
+
+    fn class_counters(&self, class: &Class) -> ClassCounters {
+        let labels = |outcome: &'static str, reason: &'static str| DecisionLabels {
+            outcome,
+            reason,
+            plan: class.plan().to_owned(),
+            route: class.route().to_owned(),
         };
+        // One statement each: a family's guard lives to the end of its
+        // statement, and a second `get_or_create` that must write would wait
+        // for it for ever.
+        let allowed = self
+            .decisions
+            .get_or_create(&labels("allowed", "none"))
+            .clone();
+        let denied = REASONS.map(|reason| {
+            self.decisions
+                .get_or_create(&labels("denied", reason.as_str()))
+                .clone()
+        });
+        ClassCounters {
+            registry: self.id,
+            allowed,
+            denied,
+        }
     }
 
     /// Counts a request a shadow rule would have denied.

@@ -444,6 +444,62 @@ async fn no_answer_names_the_tenant_or_the_subject() {
     }
 }
 
+#[tokio::test]
+async fn metrics_count_decisions_by_plan_and_route_pattern_never_by_tenant() {
+    let h = harness();
+    for _ in 0..3 {
+        h.check_json(json!({"tenant": "tenant-secret", "route": "POST /v1/invoices"}))
+            .await;
+    }
+    h.check_json(json!({"tenant": "tenant-secret", "route": "GET /v1/reports/7"}))
+        .await;
+    h.check_json(json!({"tenant": "tenant-secret", "route": "GET /elsewhere"}))
+        .await;
+    let request = Request::get("/metrics").body(Body::empty()).unwrap();
+    let response = h.router.clone().oneshot(request).await.unwrap();
+    let text = String::from_utf8(
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let count = |labels: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("sluice_decisions_total{{{labels}}}")))
+            .unwrap_or_else(|| panic!("no series {labels}:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let invoices = r#"plan="free",route="POST /v1/invoices""#;
+    assert_eq!(
+        count(&format!(r#"outcome="allowed",reason="none",{invoices}"#)),
+        2.0
+    );
+    assert_eq!(
+        count(&format!(
+            r#"outcome="denied",reason="route_limit",{invoices}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        count(r#"outcome="allowed",reason="none",plan="free",route="GET /v1/reports/*""#),
+        1.0
+    );
+    assert_eq!(
+        count(r#"outcome="allowed",reason="none",plan="free",route="*""#),
+        1.0
+    );
+    assert!(
+        !text.contains("tenant-secret")
+            && !text.contains("/elsewhere")
+            && !text.contains("reports/7")
+    );
+}
+
 /// Fuzzing the request parsers: whatever the body or headers, the answer is
 /// a decision (200, 429) or a problem naming a field (400, 413), never a
 /// 5xx or a panic.

@@ -88,8 +88,8 @@ impl Fields {
     /// The fields of `decision`.
     pub fn of(decision: &Decision<'_>) -> Fields {
         let mut fields = Fields::default();
-        if !decision.policy_header.is_empty() {
-            fields.policy = HeaderValue::from_str(decision.policy_header).ok();
+        if !decision.policy_header().is_empty() {
+            fields.policy = HeaderValue::from_str(decision.policy_header()).ok();
         }
         if !decision.outcomes.is_empty() {
             let mut field = String::with_capacity(32 * decision.outcomes.len());
