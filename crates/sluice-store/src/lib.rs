@@ -8,18 +8,17 @@
 //!   decision (two with a valve on a cluster).
 //! - [`clock`]: the time stores decide on.
 //! - [`limiter`]: request → rules → store → decision, with the failure
-//!   handling around the store call: [`breaker`] (circuit breaker),
-//!   [`denials`] (over-limit cache), the time budget and the failure policy.
+//!   handling around the store call: [`limiter::breaker`] (circuit
+//!   breaker), [`limiter::denials`] (over-limit cache), the time budget and
+//!   the failure policy.
 //! - [`telemetry`]: the hooks metrics are fed from.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod breaker;
 mod bucket;
 pub mod clock;
 pub mod cluster;
-pub mod denials;
 pub mod limiter;
 pub mod memory;
 pub mod script;
@@ -27,9 +26,9 @@ pub mod standalone;
 pub mod store;
 pub mod telemetry;
 
-pub use breaker::{BreakerConfig, BreakerState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::ClusterStore;
+pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
 pub use script::{KeySet, TimeSource, Valve};

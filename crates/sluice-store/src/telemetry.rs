@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice_core::config::OnError;
 
-use crate::breaker::BreakerState;
+use crate::limiter::breaker::BreakerState;
 use crate::store::StoreError;
 
 /// Hooks the limiter calls. Every method defaults to doing nothing.

@@ -23,12 +23,16 @@ use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
-use crate::breaker::{Breaker, BreakerConfig, BreakerState, Permit};
 use crate::clock::{Clock, SystemClock};
-use crate::denials::DenialCache;
 use crate::memory::MemoryStore;
 use crate::store::{Batch, Store, StoreError};
 use crate::telemetry::{NoTelemetry, Telemetry};
+
+pub mod breaker;
+pub mod denials;
+
+use breaker::{Breaker, BreakerConfig, BreakerState};
+use denials::DenialCache;
 
 /// How a limiter copes with its store.
 #[derive(Clone)]
@@ -207,10 +211,12 @@ impl<S: Store> Limiter<S> {
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
-        let permit = self.breaker.permit(now);
-        if permit == Permit::Skip {
+        // Held across the store call: dropped with this future, a probe
+        // gives its turn back.
+        let Some(attempt) = self.breaker.attempt(now) else {
             return self.fail_over(applicable, batch, None);
-        }
+        };
+        let epoch = self.denials.as_ref().map(DenialCache::epoch);
         let started = Instant::now();
         let result = match self.options.timeout {
             None => self.store.decide(batch).await,
@@ -226,15 +232,24 @@ impl<S: Store> Limiter<S> {
             result,
             Err(StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::Refused(_))
         );
-        if let Some(to) = self.breaker.record(self.options.clock.now_ms(), permit, ok) {
+        let answered = self.options.clock.now_ms();
+        if let Some(to) = attempt.finish(answered, ok) {
             self.options.telemetry.breaker_changed(to);
         }
         match result {
             Ok(outcomes) => {
-                if let Some(denials) = &self.denials
-                    && outcomes.iter().any(|o| !o.allowed)
-                {
-                    denials.record(batch, &outcomes, now);
+                if let (Some(denials), Some(epoch)) = (&self.denials, epoch) {
+                    // Shadow rules that denied do not deny the request.
+                    let admitted = batch
+                        .rules
+                        .iter()
+                        .zip(&outcomes)
+                        .all(|(r, o)| o.allowed || r.shadow());
+                    if admitted {
+                        denials.forget(batch, &outcomes);
+                    } else {
+                        denials.record(epoch, batch, &outcomes, answered);
+                    }
                 }
                 Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
             }
@@ -416,6 +431,68 @@ tenants:
             admitted += u32::from(decide(&limiter, "c").await.0);
         }
         assert_eq!(admitted, 2, "⌊10 / 4⌋ per instance");
+    }
+
+    /// A store told what to do: fail, hang, or admit.
+    #[derive(Default)]
+    struct Scripted(std::sync::atomic::AtomicU8);
+
+    const FAIL: u8 = 0;
+    const HANG: u8 = 1;
+    const ADMIT: u8 = 2;
+
+    impl Store for Scripted {
+        async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+            match self.0.load(Ordering::SeqCst) {
+                FAIL => Err(StoreError::Unavailable("down".to_owned())),
+                HANG => std::future::pending().await,
+                _ => Ok(batch
+                    .rules
+                    .iter()
+                    .map(|_| sluice_core::Outcome {
+                        allowed: true,
+                        ..Default::default()
+                    })
+                    .collect()),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_dropped_at_its_await_does_not_wedge_the_breaker() {
+        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
+        let clock = Arc::new(ManualClock::new(0));
+        let mut options = LimiterOptions::new(OnError::Local);
+        options.clock = clock.clone();
+        options.timeout = Some(Duration::from_secs(60));
+        let limiter = Limiter::with_options(policy, Scripted::default(), options);
+        let decide = |tenant| {
+            let limiter = &limiter;
+            async move {
+                let policy = limiter.policy();
+                let d = limiter
+                    .decide(&policy, &Request::new(tenant, "GET /", None, 1).unwrap())
+                    .await;
+                d.degraded
+            }
+        };
+        for _ in 0..5 {
+            decide("c").await;
+        }
+        assert_eq!(limiter.breaker_state(), BreakerState::Open);
+        // The cool-down passes; the probe's caller goes away mid-call.
+        clock.advance(1_000);
+        limiter.store().0.store(HANG, Ordering::SeqCst);
+        let probe = tokio::time::timeout(Duration::from_millis(20), decide("c")).await;
+        assert!(probe.is_err(), "the probe hung and was dropped");
+        assert_eq!(limiter.breaker_state(), BreakerState::HalfOpen);
+        // The store recovers: the next decisions probe it and close the
+        // breaker, instead of using the failure policy forever.
+        limiter.store().0.store(ADMIT, Ordering::SeqCst);
+        for _ in 0..3 {
+            assert_eq!(decide("c").await, None, "decided by the store");
+        }
+        assert_eq!(limiter.breaker_state(), BreakerState::Closed);
     }
 
     #[tokio::test]

@@ -11,6 +11,13 @@
 //! The hysteresis (several failures to open, several successes to close)
 //! keeps one slow call from flapping the breaker. The closed path costs one
 //! atomic load per decision.
+//!
+//! A store call the breaker lets through is an [`Attempt`], which the caller
+//! finishes with the call's result. An attempt dropped unfinished (the
+//! caller's future was dropped at the `.await`: a client hung up, Envoy's
+//! filter timed out) says nothing about the store; a probe dropped that way
+//! gives its turn back, so the next decision probes. No breaker state
+//! depends on a future running to completion.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
@@ -137,6 +144,19 @@ impl Breaker {
         }
     }
 
+    /// The store call a decision at `now` (ms) may make, if any: `None`
+    /// when the breaker skips the store.
+    pub fn attempt(&self, now: u64) -> Option<Attempt<'_>> {
+        match self.permit(now) {
+            Permit::Skip => None,
+            permit => Some(Attempt {
+                breaker: self,
+                permit,
+                finished: false,
+            }),
+        }
+    }
+
     /// Reports how a store call that `permit` allowed went. Returns the new
     /// state when this report changed it.
     pub fn record(&self, now: u64, permit: Permit, ok: bool) -> Option<BreakerState> {
@@ -187,6 +207,41 @@ impl Breaker {
     }
 }
 
+/// A store call the breaker allowed, held across the call's `.await`.
+///
+/// [`finish`](Attempt::finish) reports the result. Dropped unfinished, a
+/// half-open probe releases its turn (the next decision probes) and a
+/// closed-state call reports nothing.
+#[derive(Debug)]
+#[must_use = "finish the attempt with the store call's result"]
+pub struct Attempt<'b> {
+    breaker: &'b Breaker,
+    permit: Permit,
+    finished: bool,
+}
+
+impl Attempt<'_> {
+    /// Whether this call is the half-open probe.
+    pub fn is_probe(&self) -> bool {
+        self.permit == Permit::Probe
+    }
+
+    /// Reports how the call went at `now`; returns the breaker's new state
+    /// when this report changed it.
+    pub fn finish(mut self, now: u64, ok: bool) -> Option<BreakerState> {
+        self.finished = true;
+        self.breaker.record(now, self.permit, ok)
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.finished && self.permit == Permit::Probe {
+            self.breaker.probing.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +287,24 @@ mod tests {
             Some(BreakerState::Closed)
         );
         assert_eq!(b.permit(1_004), Permit::Call);
+    }
+
+    #[test]
+    fn a_dropped_probe_gives_its_turn_back() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.record(0, Permit::Call, false);
+        }
+        let probe = b.attempt(1_000).expect("the cool-down is over");
+        assert!(probe.is_probe());
+        assert!(b.attempt(1_000).is_none(), "one probe at a time");
+        drop(probe);
+        let probe = b
+            .attempt(1_001)
+            .expect("the dropped probe released its turn");
+        assert_eq!(probe.finish(1_002, true), None);
+        let probe = b.attempt(1_003).expect("next probe");
+        assert_eq!(probe.finish(1_004, true), Some(BreakerState::Closed));
     }
 
     #[test]

@@ -1,0 +1,278 @@
+//! The over-limit cache: denials remembered until they expire.
+//!
+//! When the store denies a request because a bucket is exhausted, its
+//! `retry_after` says when a request of that cost could pass at the
+//! earliest. Until then, a request of the same cost for the same bucket is
+//! denied here, without a store call: a tenant flooding at fifty times its
+//! limit costs the store about one call per reset, not fifty.
+//!
+//! What a cached answer promises, for any cost and any mix of rules:
+//!
+//! - **It never denies what the store would admit.** A bucket that denied
+//!   a cost only recovers with time, and `until` is the earliest moment it
+//!   can hold that cost again (recorded with the clock read *after* the
+//!   store answered, so never before the store's own instant).
+//! - **Its retry is never earlier than the store's for the rules it
+//!   names.** An entry covers exactly the cost that was denied: a dearer
+//!   request waits longer than the entry says, a cheaper one may pass
+//!   sooner, so both go to the store. When several of a request's buckets
+//!   are remembered, the answer is the one that waits longest, as the
+//!   store's would be. A later denial of another cost replaces an entry
+//!   only once the old one expired or when it waits longer.
+//! - **It never outlives the policy it was learned under.** Entries carry
+//!   the epoch of the policy; [`clear`](DenialCache::clear) starts a new
+//!   epoch, so a decision that was in flight across a reload cannot
+//!   re-insert a denial of the old limits.
+//!
+//! - **It forgets a bucket that admits.** A bucket that denied a dear
+//!   request may still admit a cheaper one, which pushes the dear one's
+//!   moment later: every admission decided by the store drops the entries
+//!   of the buckets it consumed from ([`forget`](DenialCache::forget)).
+//!
+//! Consumption of a request's *other* buckets since an entry was written
+//! (by this instance's admissions or another's) can only push the real
+//! moment later; the client then retries, reaches the store and hears the
+//! new time.
+
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use foldhash::fast::RandomState;
+use sluice_core::Outcome;
+
+use crate::bucket::{Key, KeyRef, PassThrough};
+use crate::store::Batch;
+
+/// Most denials remembered at once; further denials are simply not cached.
+pub const MAX_ENTRIES: usize = 100_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    until_ms: u64,
+    cost: u64,
+    epoch: u64,
+}
+
+/// Remembered denials; see the module documentation.
+pub struct DenialCache {
+    map: papaya::HashMap<Key, Denial, BuildHasherDefault<PassThrough>>,
+    hasher: RandomState,
+    epoch: AtomicU64,
+}
+
+impl std::fmt::Debug for DenialCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DenialCache")
+            .field("entries", &self.map.len())
+            .finish()
+    }
+}
+
+impl Default for DenialCache {
+    fn default() -> DenialCache {
+        DenialCache {
+            map: papaya::HashMap::builder()
+                .hasher(BuildHasherDefault::default())
+                .build(),
+            hasher: RandomState::default(),
+            epoch: AtomicU64::new(0),
+        }
+    }
+}
+
+impl DenialCache {
+    /// The current epoch: pass it to [`record`](Self::record) for a store
+    /// call started now.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The rule of `batch` whose remembered denial makes it wait longest at
+    /// `now` (the first on ties), with how long; `None` when no bucket of
+    /// the batch is remembered as denying its cost.
+    pub fn check(&self, batch: &Batch<'_>, now: u64) -> Option<(usize, u64)> {
+        if self.map.is_empty() {
+            return None;
+        }
+        let epoch = self.epoch();
+        let map = self.map.pin();
+        let mut longest: Option<(usize, u64)> = None;
+        for (i, rule) in batch.rules.iter().enumerate() {
+            if rule.shadow() {
+                continue;
+            }
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
+            let Some(denial) = map.get(&key) else {
+                continue;
+            };
+            if denial.epoch != epoch || denial.until_ms <= now || denial.cost != batch.cost_of(i) {
+                continue;
+            }
+            let wait = denial.until_ms - now;
+            if longest.is_none_or(|(_, w)| wait > w) {
+                longest = Some((i, wait));
+            }
+        }
+        longest
+    }
+
+    /// Remembers the buckets that denied `batch`, the store having answered
+    /// at `now` for a call started in `epoch`.
+    pub fn record(&self, epoch: u64, batch: &Batch<'_>, outcomes: &[Outcome], now: u64) {
+        let map = self.map.pin();
+        for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
+            if outcome.allowed || rule.shadow() || outcome.retry_after_ms == 0 {
+                continue;
+            }
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
+            let denial = Denial {
+                until_ms: now + outcome.retry_after_ms,
+                cost: batch.cost_of(i),
+                epoch,
+            };
+            if map.get(&key).is_none() && map.len() >= MAX_ENTRIES {
+                continue;
+            }
+            map.update_or_insert(
+                key.to_key(),
+                |old| {
+                    let replace = old.epoch != epoch
+                        || old.until_ms <= now
+                        || old.cost == denial.cost
+                        || old.until_ms < denial.until_ms;
+                    if replace { denial } else { *old }
+                },
+                denial,
+            );
+        }
+    }
+
+    /// Drops what is remembered of the buckets that admitted `batch`
+    /// (their state moved on).
+    pub fn forget(&self, batch: &Batch<'_>, outcomes: &[Outcome]) {
+        if self.map.is_empty() {
+            return;
+        }
+        let map = self.map.pin();
+        for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
+            if outcome.allowed {
+                let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
+                map.remove(&key);
+            }
+        }
+    }
+
+    /// Drops expired denials; returns how many remain.
+    pub fn sweep(&self, now: u64) -> usize {
+        let map = self.map.pin();
+        map.retain(|_, denial| denial.until_ms > now);
+        map.len()
+    }
+
+    /// Forgets everything (the policy changed), including what calls under
+    /// way would still record.
+    pub fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.map.pin().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::{Config, Policy};
+
+    #[test]
+    fn a_denial_covers_its_bucket_and_costs_until_it_expires() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n    routes:\n      \"*\": [{ limit: 50, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let batch = |tenant, cost| Batch {
+            tenant,
+            subject: None,
+            shard: 0,
+            cost,
+            rules,
+            partitions: &[],
+            costs: &[],
+        };
+        let cache = DenialCache::default();
+        let denied = Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_after_ms: 900,
+            retry_after_ms: 200,
+        };
+        let allowed = Outcome {
+            allowed: true,
+            remaining: 40,
+            reset_after_ms: 100,
+            retry_after_ms: 0,
+        };
+        cache.record(0, &batch("a", 2), &[denied, allowed], 1_000);
+        assert_eq!(cache.check(&batch("a", 2), 1_050), Some((0, 150)));
+        assert_eq!(cache.check(&batch("a", 2), 1_199), Some((0, 1)));
+        assert_eq!(
+            cache.check(&batch("a", 3), 1_050),
+            None,
+            "a dearer request waits longer than the entry says"
+        );
+        assert_eq!(
+            cache.check(&batch("a", 1), 1_050),
+            None,
+            "a cheaper request may pass sooner"
+        );
+        assert_eq!(cache.check(&batch("a", 2), 1_200), None, "expired");
+        assert_eq!(cache.check(&batch("b", 2), 1_050), None, "another tenant");
+        assert_eq!(cache.sweep(1_200), 0);
+    }
+
+    fn denied(retry_after_ms: u64) -> Outcome {
+        Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_after_ms: retry_after_ms,
+            retry_after_ms,
+        }
+    }
+
+    #[test]
+    fn several_remembered_rules_answer_the_longest_wait() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n    routes:\n      \"*\": [{ limit: 50, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let batch = Batch::new("a", None, 1, rules);
+        let cache = DenialCache::default();
+        cache.record(0, &batch, &[denied(100), denied(700)], 1_000);
+        assert_eq!(cache.check(&batch, 1_000), Some((1, 700)));
+    }
+
+    #[test]
+    fn a_shorter_denial_of_another_cost_never_shortens_an_entry() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let cache = DenialCache::default();
+        cache.record(0, &Batch::new("a", None, 4, rules), &[denied(800)], 1_000);
+        cache.record(0, &Batch::new("a", None, 1, rules), &[denied(200)], 1_000);
+        assert_eq!(
+            cache.check(&Batch::new("a", None, 4, rules), 1_100),
+            Some((0, 700)),
+            "the dearer denial stands"
+        );
+        assert_eq!(cache.check(&Batch::new("a", None, 1, rules), 1_100), None);
+    }
+
+    #[test]
+    fn a_denial_recorded_across_a_clear_is_ignored() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let batch = Batch::new("a", None, 1, rules);
+        let cache = DenialCache::default();
+        let started = cache.epoch();
+        cache.clear(); // a reload while the store call was under way
+        cache.record(started, &batch, &[denied(800)], 1_000);
+        assert_eq!(cache.check(&batch, 1_100), None);
+    }
+}
