@@ -8,6 +8,7 @@
 //! - [`config`]: the YAML configuration, parsed and validated with
 //!   `file:line:column` errors.
 //! - [`request`]: a request's bounds, checked once at the edge.
+//! - [`route`]: one spelling per route, so no spelling escapes a limit.
 //! - [`policy`]: the configuration compiled into a lookup structure: which
 //!   rules apply to a tenant, route and subject.
 //! - [`decision`]: per-rule outcomes combined into one all-or-nothing
@@ -29,6 +30,7 @@ pub mod headers;
 pub mod keys;
 pub mod policy;
 pub mod request;
+pub mod route;
 pub mod rule;
 
 pub use algorithm::{Outcome, State, Step};

@@ -118,7 +118,7 @@ impl<B> Extract<B> for FromHeaders {
         };
         Ok(Keys {
             tenant,
-            route: format!("{} {}", request.method(), request.uri().path()),
+            route: sluice_core::route::from_parts(request.method().as_str(), request.uri().path()),
             subject,
             cost,
         })

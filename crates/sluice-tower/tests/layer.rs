@@ -292,3 +292,33 @@ async fn two_apps_share_budgets_through_redis() {
     assert_eq!(created, 2, "two invoices an hour across both apps");
     assert_eq!(reached.load(Ordering::Relaxed), 2);
 }
+
+#[tokio::test]
+async fn no_spelling_of_a_route_escapes_its_limit() {
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = MemoryStore::with_clock(1_000, clock);
+    let limiter = Arc::new(Limiter::new(policy(), store, OnError::Deny));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = app(limiter, &reached);
+    let tenant = [("x-tenant", "acme")];
+    for _ in 0..2 {
+        send(&app, "POST", "/v1/invoices", &tenant).await;
+    }
+    for path in [
+        "/v1/invoices/",
+        "//v1/invoices",
+        "/v1/%69nvoices",
+        "/v1/./invoices",
+        "/v1/x/../invoices",
+        "/v1/invoices;x=1",
+        "/v1/invoices?x=1",
+    ] {
+        let answer = send(&app, "POST", path, &tenant).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{path} escaped the exhausted limit"
+        );
+    }
+    assert_eq!(reached.load(Ordering::Relaxed), 2);
+}

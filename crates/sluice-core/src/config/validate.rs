@@ -728,9 +728,19 @@ impl<'a> Validator<'a> {
                 format!("route patterns must be 1 to {MAX_ROUTE_BYTES} bytes"),
             );
         }
+        // Patterns are matched against normalised routes, so they are
+        // normalised too (a prefix keeps its trailing slash: `GET /v1/users/*`
+        // covers `/v1/users/42`, not `/v1/users-admin`).
         match text.find('*') {
-            None => RoutePattern::Exact(text.to_owned()),
-            Some(star) if star + 1 == text.len() => RoutePattern::Prefix(text[..star].to_owned()),
+            None => RoutePattern::Exact(crate::route::normalize(text).into_owned()),
+            Some(star) if star + 1 == text.len() => {
+                let prefix = &text[..star];
+                let mut normal = crate::route::normalize(prefix).into_owned();
+                if prefix.ends_with('/') && !normal.ends_with('/') {
+                    normal.push('/');
+                }
+                RoutePattern::Prefix(normal)
+            }
             Some(_) => {
                 self.push(
                     at,

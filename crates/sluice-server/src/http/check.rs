@@ -39,10 +39,15 @@ pub(super) async fn check(
             return refusal(&problem);
         }
     };
-    let parsed = match parse(&body) {
+    let mut parsed = match parse(&body) {
         Ok(parsed) => parsed,
         Err(problem) => return refusal(&problem),
     };
+    if let Some(route) = &mut parsed.route
+        && let Cow::Owned(normal) = sluice_core::route::normalize(route)
+    {
+        *route = Cow::Owned(normal);
+    }
     let request = match to_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),

@@ -4,7 +4,9 @@
 //! method and URI as `X-Forwarded-Method` and `X-Forwarded-Uri`; nginx
 //! `auth_request` is configured to send `X-Original-Method` and
 //! `X-Original-URI`. The tenant (and optionally the subject and cost) come
-//! from configurable headers. The route is `METHOD path`, query removed.
+//! from configurable headers. The route is `METHOD path` in its one
+//! spelling ([`sluice_core::route`]: query, fragment, path parameters, dot
+//! segments and extra slashes removed, unreserved escapes decoded).
 //!
 //! The answer is 200 (let the request through) or 429 (reject it, with
 //! `Retry-After`), both with the `RateLimit` fields; the gateway relays a
@@ -15,8 +17,8 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use sluice_core::Request;
 use sluice_core::request::check_cost_signed;
+use sluice_core::{Request, route};
 
 use super::respond::{decision_response, refusal};
 use crate::app::App;
@@ -39,7 +41,6 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
             Some(uri) => uri,
             None => header(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
         };
-        let path = uri.split_once('?').map_or(uri, |(path, _)| path);
         let subject = match &config.subject_header {
             Some(name) => header(&headers, name)?,
             None => None,
@@ -60,7 +61,7 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
             },
             None => 1,
         };
-        Ok::<_, InvalidRequest>((tenant, format!("{method} {path}"), subject, cost))
+        Ok::<_, InvalidRequest>((tenant, route::from_parts(method, uri), subject, cost))
     })();
     let (tenant, route, subject, cost) = match parsed {
         Ok(parts) => parts,
