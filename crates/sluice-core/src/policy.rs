@@ -421,6 +421,9 @@ pub struct Policy {
     default_plan: usize,
     tenants: HashMap<Box<str>, TenantEntry, RandomState>,
     near_limit: f64,
+    /// The envoyproxy/ratelimit domains compiled from the same
+    /// configuration: one snapshot, swapped as one.
+    descriptors: crate::descriptors::DescriptorPolicy,
 }
 
 /// The rules that apply to one request.
@@ -507,6 +510,7 @@ impl Policy {
             default_plan,
             tenants,
             near_limit: limits.near_limit,
+            descriptors: Default::default(),
         }
     }
 
@@ -531,6 +535,18 @@ impl Policy {
             class: &cell.classes[variant],
             max_cost: cell.max_cost[variant],
         }
+    }
+
+    /// The same policy with the envoyproxy/ratelimit domains compiled
+    /// from the same configuration, so that a reload swaps both at once.
+    pub fn with_descriptors(mut self, descriptors: crate::descriptors::DescriptorPolicy) -> Policy {
+        self.descriptors = descriptors;
+        self
+    }
+
+    /// The envoyproxy/ratelimit domains (empty when none are configured).
+    pub fn descriptors(&self) -> &crate::descriptors::DescriptorPolicy {
+        &self.descriptors
     }
 
     /// Compiled plans.

@@ -5,12 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use sluice_core::Policy;
 use sluice_core::config::{
     Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig,
 };
-use sluice_core::descriptors::DescriptorPolicy;
 use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
 use tracing::warn;
 
@@ -31,8 +29,6 @@ pub struct App {
     pub store_reachable: AtomicBool,
     /// How Envoy rate-limit requests map onto sluice.
     pub envoy: EnvoyServiceConfig,
-    /// The envoyproxy/ratelimit configuration, compiled.
-    pub descriptors: ArcSwap<DescriptorPolicy>,
 }
 
 impl App {
@@ -54,7 +50,6 @@ impl App {
                 subject_key: "subject".to_owned(),
                 config_path: None,
             },
-            descriptors: ArcSwap::from_pointee(DescriptorPolicy::default()),
         })
     }
 
@@ -87,21 +82,14 @@ impl App {
                 false
             }
         };
+        let policy = policy.with_descriptors(crate::source::descriptors(config)?);
         let limiter = Limiter::with_options(policy, backend, options);
-        let descriptors = match &config.envoy.config_path {
-            Some(path) => DescriptorPolicy::compile(
-                &crate::envoy::load_envoy_config(path)?,
-                config.limits.near_limit,
-            ),
-            None => DescriptorPolicy::default(),
-        };
         let app = Arc::new(App {
             limiter,
             forward_auth: config.server.forward_auth.clone(),
             metrics,
             store_reachable: AtomicBool::new(reachable),
             envoy: config.envoy.clone(),
-            descriptors: ArcSwap::from_pointee(descriptors),
         });
         Ok(app)
     }

@@ -327,7 +327,7 @@ impl RateLimitService for RateLimiter {
         let request = request.into_inner();
         let (hits, descriptors) = read_request(&request)?;
         let policy = self.app.limiter.policy();
-        let envoy = self.app.descriptors.load();
+        let envoy = policy.descriptors();
         let domain = request.domain.as_str();
         let near_limit = policy.near_limit();
         if envoy.has_domain(domain) {

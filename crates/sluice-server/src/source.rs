@@ -1,10 +1,16 @@
 //! Where the configuration comes from, and reloading it.
 //!
 //! With `--config FILE` the file is read, validated and watched: a change
-//! (checked every two seconds) or SIGHUP reloads it. A reload that fails
-//! validation is logged and ignored, so an invalid file never replaces a
-//! running configuration. Plans, tenants and valves apply at once; a change
-//! to `server`, `storage` or `keys` is reported and waits for a restart.
+//! (checked every two seconds) or SIGHUP reloads it. A changed file is
+//! applied only once it has read the same for [`SETTLE`]: an editor that
+//! writes in place, caught half-way, often leaves valid YAML (a `tenants:`
+//! section cut short), and applying it would put the missing tenants on the
+//! default plan until the rest lands. A reload that fails validation is
+//! logged and ignored, so an invalid file never replaces a running
+//! configuration. Everything derived from the files (plans, tenants,
+//! valves, envoyproxy/ratelimit descriptors) is one [`Policy`] snapshot,
+//! swapped at once; a change to `server`, `storage` or `keys` is reported
+//! and waits for a restart.
 //! Without `--config`, the example configuration compiled into the binary is
 //! used, so `sluice serve` works from any directory.
 
@@ -24,6 +30,14 @@ pub const EXAMPLE: &str = include_str!("../../../examples/sluice.yaml");
 
 /// How often a configuration file is checked for changes.
 const POLL: Duration = Duration::from_secs(2);
+
+/// How long a changed configuration must read the same before it is
+/// applied.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// Longest a reload waits for a file that keeps changing before it gives
+/// up until the next change (a file rewritten constantly is not settling).
+const SETTLE_AT_MOST: Duration = Duration::from_secs(30);
 
 /// A configuration file (or the embedded example), and where the
 /// envoyproxy/ratelimit configuration comes from when the command line says.
@@ -123,17 +137,15 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
                 _ = interval.tick() => false,
                 Some(()) = hangup.recv() => true,
             };
-            let text = match source.text() {
-                Ok(text) => text,
-                Err(e) => {
-                    warn!(error = %e, "configuration not reloaded");
-                    continue;
-                }
+            let Some(seen) = read(&source) else {
+                continue;
             };
-            let fingerprint = source.fingerprint(&text);
-            if !forced && last.as_deref() == Some(fingerprint.as_str()) {
+            if !forced && last.as_deref() == Some(seen.1.as_str()) {
                 continue;
             }
+            let Some((text, fingerprint)) = settled(&source, seen).await else {
+                continue;
+            };
             last = Some(fingerprint);
             match source
                 .parse(&text)
@@ -155,16 +167,57 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
     });
 }
 
+/// The configuration's text and its fingerprint, as they read now.
+fn read(source: &Source) -> Option<(String, String)> {
+    match source.text() {
+        Ok(text) => {
+            let fingerprint = source.fingerprint(&text);
+            Some((text, fingerprint))
+        }
+        Err(e) => {
+            warn!(error = %e, "configuration not reloaded");
+            None
+        }
+    }
+}
+
+/// The configuration's text and fingerprint once they have read the same
+/// for [`SETTLE`], starting from what was `seen`; `None` when it cannot be
+/// read or keeps changing.
+async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String, String)> {
+    info!("configuration changed; applying it once it has settled");
+    let started = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(SETTLE).await;
+        let now = read(source)?;
+        if now.1 == seen.1 {
+            return Some(now);
+        }
+        if started.elapsed() > SETTLE_AT_MOST {
+            warn!("configuration keeps changing; not reloaded until it settles");
+            return None;
+        }
+        info!("configuration still changing; waiting for it to settle");
+        seen = now;
+    }
+}
+
+/// The envoyproxy/ratelimit domains `config` points to, compiled (none
+/// when it points nowhere).
+pub(crate) fn descriptors(config: &Config) -> Fallible<DescriptorPolicy> {
+    Ok(match &config.envoy.config_path {
+        Some(path) => DescriptorPolicy::compile(
+            &crate::envoy::load_envoy_config(path)?,
+            config.limits.near_limit,
+        ),
+        None => DescriptorPolicy::default(),
+    })
+}
+
 /// Applies a new configuration, envoyproxy/ratelimit files included; all
 /// or nothing: any error leaves everything as it was.
 fn apply(app: &App, running: &Config, next: Config) -> Fallible<Config> {
-    let descriptors = match &next.envoy.config_path {
-        Some(path) => DescriptorPolicy::compile(
-            &crate::envoy::load_envoy_config(path)?,
-            next.limits.near_limit,
-        ),
-        None => DescriptorPolicy::default(),
-    };
+    let descriptors = descriptors(&next)?;
     let mapping = |c: &Config| {
         (
             c.envoy.domain.clone(),
@@ -182,11 +235,10 @@ fn apply(app: &App, running: &Config, next: Config) -> Fallible<Config> {
             "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
         );
     }
-    app.limiter.set_policy(Policy::compile_for(
-        &next.limits,
-        app.limiter.store().shards_tenants(),
-    ));
-    app.descriptors.store(Arc::new(descriptors));
+    app.limiter.set_policy(
+        Policy::compile_for(&next.limits, app.limiter.store().shards_tenants())
+            .with_descriptors(descriptors),
+    );
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),

@@ -193,6 +193,42 @@ async fn serve_reloads_a_changed_file_and_keeps_the_old_one_when_invalid() {
     server.stop();
 }
 
+#[tokio::test]
+async fn serve_never_applies_a_file_caught_half_written() {
+    let config = |limit: u32| {
+        format!(
+            "default_plan: free\nplans:\n  free:\n    tenant: [{{ limit: {limit}, per: 1h }}]\n  big:\n    tenant: [{{ limit: 1000, per: 1h }}]\ntenants:\n  a: {{ plan: big }}\n  z: {{ plan: big }}\n"
+        )
+    };
+    let path = temp_file("half-written.yaml", &config(2));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let next = config(3);
+    // An editor writing in place, caught after the first tenant: valid YAML
+    // that would put `z` on the free plan.
+    let cut = next.find("  z:").unwrap();
+    std::fs::write(&path, &next[..cut]).unwrap();
+    server.wait_for_log("configuration changed");
+    std::fs::write(&path, &next).unwrap();
+    server.wait_for_log("configuration reloaded");
+    let log = server.log.lock().unwrap().clone();
+    assert_eq!(
+        log.matches("configuration reloaded").count(),
+        1,
+        "one reload, of the whole file:\n{log}"
+    );
+    assert!(log.contains("tenants=2"), "{log}");
+    let client = reqwest::Client::new();
+    for (tenant, limit) in [("z", 1000), ("other", 3)] {
+        let (_, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": tenant, "route": "GET /"}),
+        )
+        .await;
+        assert_eq!(body["limit"], limit, "{tenant}");
+    }
+}
+
 #[test]
 fn serve_refuses_an_invalid_config_and_exits_non_zero() {
     let path = temp_file("invalid.yaml", "default_plan: nope\nplans:\n  p: {}\n");
