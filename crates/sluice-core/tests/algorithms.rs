@@ -242,3 +242,75 @@ proptest! {
         prop_assert_eq!(stored, fresh);
     }
 }
+
+/// A clock that steps back an hour after a bucket was emptied: the bucket
+/// stays empty (no budget granted by the step) and opens again within one
+/// period of the new time (nobody locked out for the hour), for every
+/// algorithm. The repair is written once, as the stores do, even when the
+/// request is denied.
+#[test]
+fn a_clock_stepping_back_an_hour_neither_locks_out_nor_grants_budget() {
+    const HOUR: u64 = 3_600_000;
+    for algorithm in Algorithm::ALL {
+        for aligned in [false, true] {
+            if aligned && algorithm != Algorithm::FixedWindow {
+                continue;
+            }
+            let burst = algorithm.has_burst().then_some(5);
+            let rule = Rule::new(algorithm, 5, 1_000, burst, aligned).unwrap();
+            let label = format!("{algorithm} aligned={aligned}");
+            let mut state = State::Fresh;
+            let t = 1_764_460_800_250;
+            let decide = |state: &mut State, now: u64| {
+                if let Some(repaired) = rule.repair(state, now) {
+                    *state = repaired;
+                }
+                let (outcome, step) = rule.decide(state, now, 1);
+                rule.commit(state, step);
+                outcome
+            };
+            let mut spent = 0;
+            while decide(&mut state, t).allowed {
+                spent += 1;
+            }
+            assert_eq!(spent, 5, "{label}");
+            let back = t - HOUR;
+            let first = decide(&mut state, back);
+            assert!(!first.allowed, "{label}: the step granted budget");
+            assert!(
+                first.retry_after_ms <= 1_000,
+                "{label}: retry {} ms after the step",
+                first.retry_after_ms
+            );
+            // Within one period of the new time, requests pass again, and
+            // never more than the rule's capacity over that period.
+            let mut admitted = 0;
+            for ms in (back..=back + 1_000).step_by(10) {
+                admitted += u64::from(decide(&mut state, ms).allowed);
+            }
+            assert!(admitted >= 1, "{label}: locked out after the step");
+            assert!(admitted <= 5, "{label}: {admitted} admitted in one period");
+        }
+    }
+}
+
+/// A clock that steps forward and back again leaves every state readable:
+/// deciding on a repaired state is deciding on the state.
+#[test]
+fn deciding_repairs_what_it_reads() {
+    for algorithm in Algorithm::ALL {
+        let rule = Rule::new(algorithm, 4, 500, algorithm.has_burst().then_some(6), false).unwrap();
+        let mut state = State::Fresh;
+        let t = 1_764_460_800_000;
+        for (i, now) in [t, t + 3_600_000, t + 3_600_010, t + 5, t + 7, t + 9]
+            .into_iter()
+            .enumerate()
+        {
+            let direct = rule.decide(&state, now, 1);
+            let repaired = rule.repair(&state, now).unwrap_or_else(|| state.clone());
+            let (outcome, _) = rule.decide(&repaired, now, 1);
+            assert_eq!(direct.0, outcome, "{algorithm} step {i}");
+            rule.commit(&mut state, direct.1);
+        }
+    }
+}

@@ -13,14 +13,24 @@ pub trait Clock: Send + Sync {
     fn resync(&self) {}
 }
 
-/// The system's wall clock, read cheaply.
+/// The system's wall clock, read cheaply, never going backwards.
 ///
 /// Decisions need epoch milliseconds (aligned windows start at multiples of
 /// their period since the epoch), but the wall clock costs a system call's
-/// worth of time on every read. This clock reads the CPU's monotonic counter
-/// (`quanta`, a few nanoseconds) and adds an offset to the wall clock, which
-/// [`SystemClock::resync`] refreshes; the server does so every few seconds,
-/// so drift between the two stays far below a millisecond.
+/// worth of time on every read, and it steps: NTP corrections, a VM resumed,
+/// an operator's `date -s`. This clock reads the CPU's monotonic counter
+/// (`quanta`, a few nanoseconds) and adds an offset measured against the
+/// wall clock at start. [`SystemClock::resync`] (the server calls it every
+/// `storage.sweep_interval`) lets the offset follow the wall clock's *drift*: forward by
+/// at most [`MAX_SLEW_MS`] per call, never backward. So:
+///
+/// - time as decisions see it never goes backwards (a wall clock stepped
+///   back an hour does not put every bucket an hour in the future);
+/// - a wall clock stepped forward is not adopted at once either (it would
+///   refill every bucket): the offset catches up by at most `MAX_SLEW_MS`
+///   per resync, a rate of 0.1 % at the default resync every 10 s;
+/// - a counter running fast against the wall clock (parts per million) is
+///   not corrected, so after days the clock may read a few seconds ahead.
 #[derive(Debug)]
 pub struct SystemClock {
     counter: quanta::Clock,
@@ -28,28 +38,44 @@ pub struct SystemClock {
     origin: u64,
     /// Wall-clock milliseconds at `origin`, as last measured.
     origin_ms: AtomicU64,
+    /// Where the wall clock is read (the system's; tests step their own).
+    wall: fn() -> u64,
 }
+
+/// The most a resync moves the clock forward, in milliseconds.
+pub const MAX_SLEW_MS: u64 = 10;
 
 impl Default for SystemClock {
     fn default() -> SystemClock {
+        SystemClock::with_wall(wall_ms)
+    }
+}
+
+impl SystemClock {
+    /// A clock that follows `wall` (milliseconds since the epoch) instead of
+    /// the system's wall clock.
+    pub fn with_wall(wall: fn() -> u64) -> SystemClock {
         let counter = quanta::Clock::new();
         let origin = counter.raw();
         SystemClock {
             counter,
             origin,
-            origin_ms: AtomicU64::new(wall_ms()),
+            origin_ms: AtomicU64::new(wall()),
+            wall,
         }
     }
-}
 
-impl SystemClock {
-    /// Re-reads the wall clock so that counter drift (and wall-clock steps)
-    /// are picked up.
+    /// Lets the clock follow the wall clock's drift (see the type's
+    /// documentation): forward by at most [`MAX_SLEW_MS`], never back.
     pub fn resync(&self) {
-        self.origin_ms.store(
-            wall_ms().saturating_sub(self.elapsed_ms()),
-            Ordering::Relaxed,
-        );
+        let measured = (self.wall)().saturating_sub(self.elapsed_ms());
+        let current = self.origin_ms.load(Ordering::Relaxed);
+        if measured > current {
+            self.origin_ms.fetch_max(
+                current + (measured - current).min(MAX_SLEW_MS),
+                Ordering::Relaxed,
+            );
+        }
     }
 
     fn elapsed_ms(&self) -> u64 {
@@ -113,5 +139,39 @@ mod tests {
         clock.resync();
         let (a, b) = (clock.now_ms(), wall_ms());
         assert!(a.abs_diff(b) <= 5, "{a} vs {b}");
+    }
+
+    /// A wall clock the test steps: the real one plus an offset.
+    static STEP: AtomicU64 = AtomicU64::new(HOUR);
+    const HOUR: u64 = 3_600_000;
+
+    fn stepped_wall() -> u64 {
+        wall_ms() - HOUR + STEP.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn wall_clock_steps_never_move_decisions_back_nor_jump_them_ahead() {
+        let clock = SystemClock::with_wall(stepped_wall);
+        let start = clock.now_ms();
+        STEP.store(0, Ordering::SeqCst); // the wall clock steps back an hour
+        let mut last = start;
+        for _ in 0..5 {
+            clock.resync();
+            let now = clock.now_ms();
+            assert!(now >= last, "went back: {now} < {last}");
+            last = now;
+        }
+        assert!(last - start < 1_000, "kept its time: {}", last - start);
+        STEP.store(2 * HOUR, Ordering::SeqCst); // and forward two hours
+        let before = clock.now_ms();
+        for _ in 0..5 {
+            clock.resync();
+        }
+        let slewed = clock.now_ms() - before;
+        assert!(
+            slewed <= 5 * MAX_SLEW_MS + 100,
+            "a forward step is slewed, not adopted: moved {slewed} ms"
+        );
+        assert!(slewed >= 5 * MAX_SLEW_MS, "it does catch up: {slewed} ms");
     }
 }

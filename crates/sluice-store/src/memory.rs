@@ -146,6 +146,7 @@ impl MemoryStore {
                 if slot.dead {
                     continue;
                 }
+                repair(&rule, &mut slot, now);
                 let (outcome, step) = rule.decide(&slot.state, now, cost);
                 if outcome.allowed {
                     rule.commit(&mut slot.state, step);
@@ -177,6 +178,24 @@ impl MemoryStore {
         Ok(self
             .map
             .get_or_insert_with(key.to_key(), Entry::fresh, guard))
+    }
+
+    /// Gives back what an admitted decision of `batch` at `at` consumed,
+    /// from every rule of the batch, with the arithmetic of the Redis
+    /// refund script (`Rule::refund`).
+    pub fn refund(&self, batch: &Batch<'_>, at: u64) {
+        let guard = self.map.guard();
+        for (i, rule) in batch.rules.iter().enumerate() {
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
+            let Some(entry) = self.map.get(&key, &guard) else {
+                continue;
+            };
+            let mut slot = entry.slot.lock();
+            if let Some(state) = rule.rule().refund(&slot.state, at, batch.cost_of(i)) {
+                slot.state = state;
+                slot.idle_at = rule.rule().idle_at(&slot.state);
+            }
+        }
     }
 
     /// The state stored for rule `index` of a request, without changing it
@@ -221,6 +240,15 @@ impl MemoryStore {
 
 /// Locks the entries in address order, decides every rule, commits all or
 /// none. `None` when an entry turned out to be dead.
+/// Re-dates a state stamped later than `now` (the clock stepped back), and
+/// keeps the repair whatever the decision: see `sluice_core::algorithm`.
+fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
+    if let Some(repaired) = rule.repair(&slot.state, now) {
+        slot.state = repaired;
+        slot.idle_at = rule.idle_at(&slot.state);
+    }
+}
+
 fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) -> Option<Outcomes> {
     // Address order makes concurrent multi-key decisions deadlock-free. Two
     // rules never share an entry (their uids differ), but should they, the
@@ -243,6 +271,9 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     }
     if guards.iter().any(|slot| slot.dead) {
         return None;
+    }
+    for (i, rule) in batch.rules.iter().enumerate() {
+        repair(&rule.rule().share(parts), &mut guards[slot_of[i]], now);
     }
     let outcomes: Outcomes = batch
         .rules

@@ -183,6 +183,26 @@ impl RedisStore {
         script::outcomes(&reply, batch.rules.len())
     }
 
+    /// Gives back what an admitted decision of `batch` at `at` (the
+    /// admission time its reply named) consumed, with the refund script
+    /// Redis Cluster uses; every rule of the batch is refunded.
+    pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<(), StoreError> {
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let admitted_at = vec![at; batch.rules.len()];
+        let args = script::refund_args(batch, script::Selection::ALL, &admitted_at);
+        let refund = redis::Script::new(script::REFUND_LUA);
+        let (evalsha, eval) = script::refund_commands(&refund, &keys, &args);
+        let mut connection = self.connection.clone();
+        let sent: redis::RedisResult<i64> = match evalsha.query_async(&mut connection).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                eval.query_async(&mut connection).await
+            }
+            other => other,
+        };
+        sent.map(drop)
+            .map_err(|e| script::store_error(&e, self.timeout_ms))
+    }
+
     /// The stored state of every rule of `batch`, read without changing
     /// anything, with the server's time (for `sluice inspect`).
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {

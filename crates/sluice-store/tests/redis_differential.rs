@@ -3,6 +3,12 @@
 //! Random sequences of (time step, cost, subject) run through the memory
 //! store and a real Redis side by side, on the same injected clock; every
 //! outcome of every rule — allowed, remaining, reset, retry — must match.
+//! The sequences also step the clock an hour back or forward (a clock step,
+//! a failover to a node whose clock differs) and refund admitted decisions
+//! (what Redis Cluster does when a valve denies), so the Lua repair and
+//! refund are held to their Rust twins (`Rule::repair`, `Rule::refund`);
+//! rules near the documented bounds and states left by another limit are
+//! covered too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +16,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS, MAX_SCALED, SLIDING_LOG_MAX_LIMIT};
 use sluice_core::{Algorithm, Config, Policy, Rule};
 use sluice_store::{
     Batch, Clock, ConnectOptions, KeySet, ManualClock, MemoryStore, RedisStore, Store, TimeSource,
@@ -51,27 +58,64 @@ fn shadow_rule_yaml(
     s
 }
 
-fn any_rule() -> impl Strategy<Value = (Algorithm, u64, u64, Option<u64>, bool)> {
-    let algorithm = prop_oneof![
+fn any_algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
         Just(Algorithm::Gcra),
         Just(Algorithm::TokenBucket),
         Just(Algorithm::SlidingLog),
         Just(Algorithm::SlidingWindow),
         Just(Algorithm::FixedWindow),
-    ];
+    ]
+}
+
+fn any_rule() -> impl Strategy<Value = (Algorithm, u64, u64, Option<u64>, bool)> {
     let per = prop_oneof![1u64..=30, 100u64..=3_000, Just(60_000u64)];
-    (algorithm, 1u64..=12, per, 0u64..=6, any::<bool>()).prop_map(
+    let small = (any_algorithm(), 1u64..=12, per, 0u64..=6, any::<bool>()).prop_map(
         |(a, limit, per, extra, aligned)| {
             let burst = a.has_burst().then_some(limit + extra);
             (a, limit, per, burst, aligned && a == Algorithm::FixedWindow)
         },
-    )
+    );
+    // At the documented bounds: limit × per (and burst × per) at 2^52, the
+    // longest period, sliding_log at its cap.
+    let large = (any_algorithm(), any::<bool>(), any::<bool>()).prop_map(|(a, long, aligned)| {
+        let (limit, per) = match (a, long) {
+            (Algorithm::SlidingLog, false) => (SLIDING_LOG_MAX_LIMIT, 1_000),
+            (Algorithm::SlidingLog, true) => (SLIDING_LOG_MAX_LIMIT, MAX_PERIOD_MS),
+            (_, false) => (MAX_LIMIT, MAX_SCALED / MAX_LIMIT),
+            (_, true) => (MAX_SCALED / MAX_PERIOD_MS, MAX_PERIOD_MS),
+        };
+        let burst = a.has_burst().then_some(limit);
+        (a, limit, per, burst, aligned && a == Algorithm::FixedWindow)
+    });
+    prop_oneof![6 => small, 1 => large]
 }
 
-/// (gap, cost, with a subject, each rule its own cost).
-fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, bool)>> {
+/// What happens before a step's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// Nothing: time moves on by the gap.
+    Tick,
+    /// The clock steps back an hour.
+    Back,
+    /// The clock steps forward an hour.
+    Forward,
+    /// The previous decision, if every rule admitted it, is refunded.
+    Refund,
+}
+
+const HOUR: u64 = 3_600_000;
+
+/// (gap, cost, with a subject, each rule its own cost, event).
+fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, bool, Event)>> {
     let gap = prop_oneof![3 => Just(0u64), 4 => 0u64..40, 2 => 0u64..2_500, 1 => Just(1_000u64)];
-    proptest::collection::vec((gap, 1u64..=14, any::<bool>(), any::<bool>()), 1..60)
+    let event = prop_oneof![
+        12 => Just(Event::Tick),
+        1 => Just(Event::Back),
+        1 => Just(Event::Forward),
+        3 => Just(Event::Refund),
+    ];
+    proptest::collection::vec((gap, 1u64..=14, any::<bool>(), any::<bool>(), event), 1..60)
 }
 
 fn pepper() -> Pepper {
@@ -80,7 +124,7 @@ fn pepper() -> Pepper {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 48,
+        cases: 96,
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
         ..ProptestConfig::default()
     })]
@@ -115,8 +159,26 @@ proptest! {
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));
 
-        for (i, (gap, cost, with_subject, each_own)) in steps.into_iter().enumerate() {
+        // The last decision every rule admitted: (time, subject, cost, costs).
+        let mut refundable: Option<(u64, bool, u64, Vec<u64>)> = None;
+        for (i, (gap, cost, with_subject, each_own, event)) in steps.into_iter().enumerate() {
             clock.advance(gap);
+            match event {
+                Event::Tick => {}
+                Event::Back => clock.set(clock.now_ms() - HOUR),
+                Event::Forward => clock.advance(HOUR),
+                Event::Refund => {
+                    if let Some((at, with_subject, cost, costs)) = refundable.take() {
+                        let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
+                        let batch = Batch {
+                            costs: &costs,
+                            ..Batch::new("tenant-a", with_subject.then_some("user-1"), cost, applicable.rules)
+                        };
+                        memory.refund(&batch, at);
+                        runtime.block_on(redis.refund(&batch, at)).unwrap();
+                    }
+                }
+            }
             let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
             // Per-rule costs, each within its rule's capacity.
             let costs: Vec<u64> = if each_own {
@@ -136,12 +198,16 @@ proptest! {
             prop_assert_eq!(
                 expected.as_slice(),
                 actual.as_slice(),
-                "step {} at {} cost {}: memory vs redis differ for {}",
+                "step {} ({:?}) at {} cost {}: memory vs redis differ for {}",
                 i,
+                event,
                 clock.now_ms(),
                 cost,
                 yaml
             );
+            if expected.iter().all(|o| o.allowed) {
+                refundable = Some((clock.now_ms(), with_subject, cost, costs.clone()));
+            }
         }
     }
 }

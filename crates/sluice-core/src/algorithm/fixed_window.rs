@@ -51,6 +51,31 @@ pub fn decide(rule: &Rule, window: Window, now: u64, cost: u64) -> (Outcome, Opt
     }
 }
 
+/// The window as it must be read at `now` when it starts later than the
+/// window `now` falls in (the clock stepped back): the window of `now`,
+/// keeping its count, so nothing consumed is forgotten and it reopens
+/// within one period.
+pub fn repair(rule: &Rule, window: Window, now: u64) -> Option<Window> {
+    let start_ms = if rule.aligned() {
+        now - now % rule.period_ms()
+    } else {
+        now
+    };
+    (window.start_ms > start_ms).then_some(Window {
+        start_ms,
+        count: window.count,
+    })
+}
+
+/// Gives back `cost` units admitted at `at`, if they still count in this
+/// window.
+pub fn refund(rule: &Rule, window: Window, at: u64, cost: u64) -> Option<Window> {
+    (at >= window.start_ms && at < window.start_ms + rule.period_ms()).then_some(Window {
+        start_ms: window.start_ms,
+        count: window.count.saturating_sub(cost),
+    })
+}
+
 /// A closed window holds nothing.
 pub fn idle_at(rule: &Rule, window: Window) -> u64 {
     window.start_ms + rule.period_ms()

@@ -29,14 +29,7 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
     let limit = rule.limit();
     let per = rule.period_ms();
     // A TAT written under another limit may carry a fraction ≥ limit.
-    let tat = if tat.frac < limit {
-        tat
-    } else {
-        Tat {
-            ms: tat.ms.saturating_add(tat.frac / limit),
-            frac: tat.frac % limit,
-        }
-    };
+    let tat = normal(tat, limit);
     let base = if tat.ms > now || (tat.ms == now && tat.frac > 0) {
         tat
     } else {
@@ -61,6 +54,58 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
         let remaining = capacity.saturating_sub(base_ahead) / per;
         let retry = (next_ahead - capacity).div_ceil(limit);
         (Outcome::denied(remaining, ahead_ms(base), retry), None)
+    }
+}
+
+/// The TAT as it must be read at `now` when it lies further ahead than a
+/// full bucket allows (the clock stepped back, or the state was written by
+/// a node whose clock was ahead): an exhausted bucket as of `now`. Nothing
+/// consumed is forgotten, and a full recovery takes `burst` emission
+/// intervals from `now`, never the size of the step.
+pub fn repair(rule: &Rule, tat: Tat, now: u64) -> Option<Tat> {
+    let limit = rule.limit();
+    let capacity = rule.burst() * rule.period_ms();
+    let tat = normal(tat, limit);
+    if tat.ms <= now {
+        return None;
+    }
+    // Compared in two steps so that a step of years cannot overflow.
+    let ahead_ms = tat.ms - now;
+    let beyond = ahead_ms > capacity / limit + 1 || ahead_ms * limit + tat.frac > capacity;
+    beyond.then(|| Tat {
+        ms: now + capacity / limit,
+        frac: capacity % limit,
+    })
+}
+
+/// The same TAT with `frac` below `limit` (a state written under a smaller
+/// limit can hold more).
+fn normal(tat: Tat, limit: u64) -> Tat {
+    if tat.frac < limit {
+        tat
+    } else {
+        Tat {
+            ms: tat.ms.saturating_add(tat.frac / limit),
+            frac: tat.frac % limit,
+        }
+    }
+}
+
+/// Gives back `cost` units: the TAT moves back by `cost·per/limit`,
+/// borrowing whole milliseconds (never multiplying `ms` by `limit`).
+pub fn refund(rule: &Rule, tat: Tat, cost: u64) -> Tat {
+    let limit = rule.limit();
+    let need = cost * rule.period_ms();
+    if tat.frac >= need {
+        return Tat {
+            ms: tat.ms,
+            frac: tat.frac - need,
+        };
+    }
+    let borrow = (need - tat.frac).div_ceil(limit);
+    Tat {
+        ms: tat.ms.saturating_sub(borrow),
+        frac: tat.frac + borrow * limit - need,
     }
 }
 

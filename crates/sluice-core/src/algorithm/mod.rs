@@ -9,6 +9,23 @@
 //! Time is passed in as whole milliseconds; nothing here reads a clock. The
 //! Redis scripts in `sluice-store` implement the same arithmetic and a
 //! differential test holds them to identical answers.
+//!
+//! # Time that goes backwards
+//!
+//! A state can be stamped later than `now`: the clock stepped back, or a
+//! Redis failover moved the key to a node whose clock is behind.
+//! [`Rule::repair`] reads such a state as of `now` (every algorithm: what
+//! was consumed stays consumed, re-dated to `now` at the latest), so a step
+//! of an hour locks nobody out for an hour and grants nobody extra budget:
+//! the bucket recovers within one period, as if everything had been spent
+//! at `now`. [`Rule::decide`] decides on the repaired state; stores persist
+//! the repair even when the request is denied, so it happens once.
+//!
+//! # Refunds
+//!
+//! [`Rule::refund`] gives back what an admission consumed (Redis Cluster
+//! refunds the tenant's rules when a valve denies after them); it is the
+//! twin of `refund.lua`.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -95,6 +112,72 @@ impl Rule {
     /// it can never pass and is reported as such, not decided here.
     pub fn decide(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
         debug_assert!(cost >= 1 && cost <= self.capacity());
+        if let Some(repaired) = self.repair(state, now) {
+            // Decide on the repaired state and hand back the whole result:
+            // a store that did not persist the repair still writes a state
+            // that is consistent.
+            let (outcome, step) = self.decide_current(&repaired, now, cost);
+            return match step {
+                Step::Keep => (outcome, Step::Keep),
+                step => {
+                    let mut next = repaired;
+                    self.commit(&mut next, step);
+                    (outcome, Step::Replace(next))
+                }
+            };
+        }
+        self.decide_current(state, now, cost)
+    }
+
+    /// `state` as it must be read at `now`, when it is stamped later than
+    /// `now` allows (see the module documentation); `None` when it can be
+    /// read as it is. A state of another algorithm needs no repair (it
+    /// reads as fresh).
+    pub fn repair(&self, state: &State, now: u64) -> Option<State> {
+        match (self.algorithm(), state) {
+            (Algorithm::Gcra, State::Gcra(tat)) => gcra::repair(self, *tat, now).map(State::Gcra),
+            (Algorithm::TokenBucket, State::TokenBucket(b)) => {
+                token_bucket::repair(*b, now).map(State::TokenBucket)
+            }
+            (Algorithm::FixedWindow, State::FixedWindow(w)) => {
+                fixed_window::repair(self, *w, now).map(State::FixedWindow)
+            }
+            (Algorithm::SlidingWindow, State::SlidingWindow(w)) => {
+                sliding_window::repair(self, *w, now).map(State::SlidingWindow)
+            }
+            (Algorithm::SlidingLog, State::SlidingLog(log)) => {
+                sliding_log::repair(log, now).map(|l| State::SlidingLog(Box::new(l)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Gives back `cost` units that a request admitted at `at` consumed,
+    /// from the state as it is now (others may have consumed since); `None`
+    /// when there is nothing to give back (the state moved on, or is of
+    /// another algorithm). The twin of `refund.lua`.
+    pub fn refund(&self, state: &State, at: u64, cost: u64) -> Option<State> {
+        match (self.algorithm(), state) {
+            (Algorithm::Gcra, State::Gcra(tat)) => {
+                Some(State::Gcra(gcra::refund(self, *tat, cost)))
+            }
+            (Algorithm::TokenBucket, State::TokenBucket(b)) => {
+                Some(State::TokenBucket(token_bucket::refund(self, *b, cost)))
+            }
+            (Algorithm::FixedWindow, State::FixedWindow(w)) => {
+                fixed_window::refund(self, *w, at, cost).map(State::FixedWindow)
+            }
+            (Algorithm::SlidingWindow, State::SlidingWindow(w)) => {
+                sliding_window::refund(self, *w, at, cost).map(State::SlidingWindow)
+            }
+            (Algorithm::SlidingLog, State::SlidingLog(log)) => {
+                sliding_log::refund(log, at, cost).map(|l| State::SlidingLog(Box::new(l)))
+            }
+            _ => None,
+        }
+    }
+
+    fn decide_current(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
         match (self.algorithm(), state) {
             (Algorithm::Gcra, State::Gcra(tat)) => {
                 wrap(gcra::decide(self, *tat, now, cost), State::Gcra)

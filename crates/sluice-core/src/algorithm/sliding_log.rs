@@ -101,6 +101,43 @@ pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<A
     }
 }
 
+/// The log as it must be read at `now` when it holds admissions later than
+/// `now` (the clock stepped back): those count as admitted at `now`, so
+/// they expire one period from `now` and nothing consumed is forgotten.
+pub fn repair(log: &Log, now: u64) -> Option<Log> {
+    if log.entries.back().is_none_or(|(at, _)| *at <= now) {
+        return None;
+    }
+    let mut entries = log.entries.clone();
+    let mut moved = 0;
+    while let Some(&(at, units)) = entries.back() {
+        if at < now {
+            break;
+        }
+        moved += units;
+        entries.pop_back();
+    }
+    entries.push_back((now, moved));
+    Some(Log {
+        entries,
+        total: log.total,
+    })
+}
+
+/// Gives back up to `cost` units admitted at `at`.
+pub fn refund(log: &Log, at: u64, cost: u64) -> Option<Log> {
+    let index = log.entries.iter().position(|(t, _)| *t == at)?;
+    let mut log = log.clone();
+    let units = &mut log.entries[index].1;
+    let taken = cost.min(*units);
+    *units -= taken;
+    log.total -= taken;
+    if *units == 0 {
+        log.entries.remove(index);
+    }
+    Some(log)
+}
+
 /// Every unit expired.
 pub fn idle_at(rule: &Rule, log: &Log) -> u64 {
     log.entries

@@ -38,8 +38,7 @@ pub struct Windows {
 pub fn decide(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Outcome, Option<Windows>) {
     let per = rule.period_ms();
     let limit = rule.limit();
-    // A clock that stepped back stays in the stored window.
-    let now = now.max(windows.start_ms);
+    // A state from the future was repaired first (`Rule::decide`).
     let start_ms = now - now % per;
     let (prev, cur) = if windows.start_ms == start_ms {
         (windows.prev, windows.cur)
@@ -93,6 +92,37 @@ fn retry_after(per: u64, limit: u64, prev: u64, cur: u64, cost: u64, elapsed: u6
         .checked_div(cur)
         .map_or(0, |slack| per - slack.min(per));
     per - elapsed + at
+}
+
+/// The windows as they must be read at `now` when the current one starts
+/// later than the window `now` falls in (the clock stepped back): moved to
+/// the window of `now` with both counts, so nothing consumed is forgotten.
+pub fn repair(rule: &Rule, windows: Windows, now: u64) -> Option<Windows> {
+    let start_ms = now - now % rule.period_ms();
+    (windows.start_ms > start_ms).then_some(Windows {
+        start_ms,
+        ..windows
+    })
+}
+
+/// Gives back `cost` units admitted at `at`, from the window they were
+/// counted in, if it is still there.
+pub fn refund(rule: &Rule, windows: Windows, at: u64, cost: u64) -> Option<Windows> {
+    let per = rule.period_ms();
+    let window = at - at % per;
+    if windows.start_ms == window {
+        Some(Windows {
+            cur: windows.cur.saturating_sub(cost),
+            ..windows
+        })
+    } else if windows.start_ms == window + per {
+        Some(Windows {
+            prev: windows.prev.saturating_sub(cost),
+            ..windows
+        })
+    } else {
+        None
+    }
 }
 
 /// Both windows closed: nothing is remembered.

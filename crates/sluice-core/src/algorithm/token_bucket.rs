@@ -59,6 +59,25 @@ pub fn decide(
     }
 }
 
+/// The bucket as it must be read at `now` when it was last refilled later
+/// than `now` (the clock stepped back): the same tokens, refilling from
+/// `now`.
+pub fn repair(bucket: Bucket, now: u64) -> Option<Bucket> {
+    (bucket.last_ms > now).then_some(Bucket {
+        scaled_tokens: bucket.scaled_tokens,
+        last_ms: now,
+    })
+}
+
+/// Gives back `cost` units (never above the capacity).
+pub fn refund(rule: &Rule, bucket: Bucket, cost: u64) -> Bucket {
+    let capacity = rule.burst() * rule.period_ms();
+    Bucket {
+        scaled_tokens: capacity.min(bucket.scaled_tokens + cost * rule.period_ms()),
+        last_ms: bucket.last_ms,
+    }
+}
+
 /// When the bucket has refilled completely.
 pub fn idle_at(rule: &Rule, bucket: Bucket) -> u64 {
     let capacity = rule.burst() * rule.period_ms();

@@ -23,11 +23,19 @@
 -- consumes nothing. A shadow rule never blocks the others and consumes only
 -- when it admits. Every key written expires when its state is as good as
 -- fresh, plus SLACK ms.
+--
+-- A state stamped later than now (this node's clock is behind the one that
+-- wrote it: a step back, a failover) is first re-dated to now, keeping
+-- what was consumed (sluice-core's Rule::repair); the repair is written
+-- even when the request is denied, so that it happens once and nobody
+-- waits out the step.
 
 local SLACK = 1000
 
 -- Each algorithm returns allowed, remaining, reset, retry and, when it
--- admits, the state to write and when that state goes idle.
+-- admits, the state to write and when that state goes idle; when the
+-- stored state had to be repaired, also the repaired state and when it
+-- goes idle (written when nothing else is).
 
 local function gcra(value, now, cost, limit, per, burst)
   local ms, frac = 0, 0
@@ -39,11 +47,22 @@ local function gcra(value, now, cost, limit, per, burst)
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
   end
+  local capacity = burst * per
+  local fix, fix_idle
+  if ms > now then
+    local ahead_ms = ms - now
+    if ahead_ms > idiv(capacity, limit) + 1 or ahead_ms * limit + frac > capacity then
+      local q = idiv(capacity, limit)
+      ms, frac = now + q, capacity - q * limit
+      if frac == 0 then fix = enc(ms) else fix = enc(ms, frac) end
+      fix_idle = ms
+      if frac > 0 then fix_idle = ms + 1 end
+    end
+  end
   local bms, bfrac = now, 0
   if ms > now or (ms == now and frac > 0) then
     bms, bfrac = ms, frac
   end
-  local capacity = burst * per
   local total = bfrac + cost * per
   local q = idiv(total, limit)
   local nms, nfrac = bms + q, total - q * limit
@@ -53,34 +72,40 @@ local function gcra(value, now, cost, limit, per, burst)
   if next_ahead <= capacity then
     local encoded
     if nfrac == 0 then encoded = enc(nms) else encoded = enc(nms, nfrac) end
-    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0, encoded, nms + nround
+    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0, encoded, nms + nround,
+      fix, fix_idle
   end
   local base_ahead = (bms - now) * limit + bfrac
   local remaining = 0
   if capacity > base_ahead then remaining = idiv(capacity - base_ahead, per) end
   local bround = 0
   if bfrac > 0 then bround = 1 end
-  return 0, remaining, bms - now + bround, math.max(1, ceil_div(next_ahead - capacity, limit))
+  return 0, remaining, bms - now + bround, math.max(1, ceil_div(next_ahead - capacity, limit)),
+    nil, nil, fix, fix_idle
 end
 
 local function token_bucket(value, now, cost, limit, per, burst)
   local capacity = burst * per
   local available, last = capacity, now
+  local fix, fix_idle
   if value then
     local t = dec(value)
-    local elapsed = now - t[2]
-    if elapsed < 0 then elapsed = 0 end
-    available = math.min(capacity, t[1] + elapsed * limit)
-    last = math.max(t[2], now)
+    if t[2] > now then
+      -- Refilled "later" than now: the same tokens, refilling from now.
+      t[2] = now
+      fix = enc(t[1], now)
+      fix_idle = now + ceil_div(math.max(0, capacity - t[1]), limit)
+    end
+    available = math.min(capacity, t[1] + (now - t[2]) * limit)
   end
   local need = cost * per
   if available >= need then
     local left = available - need
     local full_in = ceil_div(capacity - left, limit)
-    return 1, idiv(left, per), full_in, 0, enc(left, last), last + full_in
+    return 1, idiv(left, per), full_in, 0, enc(left, last), last + full_in, fix, fix_idle
   end
   return 0, idiv(available, per), ceil_div(capacity - available, limit),
-    math.max(1, ceil_div(need - available, limit))
+    math.max(1, ceil_div(need - available, limit)), nil, nil, fix, fix_idle
 end
 
 local function fixed_window(value, now, cost, limit, per, aligned)
@@ -89,17 +114,25 @@ local function fixed_window(value, now, cost, limit, per, aligned)
     local t = dec(value)
     start, count = t[1], t[2]
   end
+  local fix, fix_idle
+  local current = now
+  if aligned == 1 then current = idiv(now, per) * per end
+  if value and start > current then
+    -- A window that starts "later": the window of now, same count.
+    start = current
+    fix, fix_idle = enc(start, count), start + per
+  end
   if aligned == 1 then
-    local s = idiv(now, per) * per
-    if start ~= s then start, count = s, 0 end
+    if start ~= current then start, count = current, 0 end
   elseif count == 0 or now >= start + per then
     start, count = now, 0
   end
   local ends_in = math.max(1, start + per - now)
   if count + cost <= limit then
-    return 1, limit - count - cost, ends_in, 0, enc(start, count + cost), start + per
+    return 1, limit - count - cost, ends_in, 0, enc(start, count + cost), start + per,
+      fix, fix_idle
   end
-  return 0, math.max(0, limit - count), ends_in, ends_in
+  return 0, math.max(0, limit - count), ends_in, ends_in, nil, nil, fix, fix_idle
 end
 
 local function sliding_window(value, now, cost, limit, per)
@@ -108,9 +141,13 @@ local function sliding_window(value, now, cost, limit, per)
     local t = dec(value)
     wstart, prev, cur = t[1], t[2], t[3]
   end
-  -- A clock that stepped back stays in the stored window.
-  if now < wstart then now = wstart end
   local start = idiv(now, per) * per
+  local fix, fix_idle
+  if value and wstart > start then
+    -- Windows that start "later": moved to the window of now, same counts.
+    wstart = start
+    fix, fix_idle = enc(start, prev, cur), start + 2 * per
+  end
   local p, c = 0, 0
   if wstart == start then
     p, c = prev, cur
@@ -123,7 +160,7 @@ local function sliding_window(value, now, cost, limit, per)
   local need = cost * per
   if weighted + need <= capacity then
     return 1, idiv(capacity - weighted - need, per), start + 2 * per - now, 0,
-      enc(start, p, c + cost), start + 2 * per
+      enc(start, p, c + cost), start + 2 * per, fix, fix_idle
   end
   local remaining = 0
   if capacity > weighted then remaining = idiv(capacity - weighted, per) end
@@ -139,38 +176,61 @@ local function sliding_window(value, now, cost, limit, per)
     if c > 0 then at = per - math.min(idiv((limit - cost) * per, c), per) end
     retry = per - elapsed + at
   end
-  return 0, remaining, reset, math.max(1, retry)
+  return 0, remaining, reset, math.max(1, retry), nil, nil, fix, fix_idle
 end
 
 -- sliding_log keeps one sorted-set member per admitted unit, scored by its
--- admission time; members are "time:seq", unique even within a millisecond.
-local function sliding_log(key, now, cost, limit, per)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - per)
-  local count = redis.call('ZCARD', key)
-  local newest = now
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] then newest = tonumber(last[2]) end
-  if count + cost <= limit then
-    local at = math.max(now, newest)
-    return 1, limit - count - cost, at + per - now, 0, at, at + per
+-- admission time and named "time;seq" (seq zero-padded, so that members of
+-- one score sort by seq). New members continue after the highest seq of
+-- their score: a refund that removed some members can never make a later
+-- name collide with one still there (a collision would record nothing).
+local function log_add(key, at, units)
+  local seq = 0
+  local top = redis.call('ZREVRANGEBYSCORE', key, at, at, 'LIMIT', 0, 1)
+  if top[1] then
+    local sep = string.find(top[1], ';', 1, true)
+    if sep then seq = tonumber(string.sub(top[1], sep + 1)) end
   end
-  local oldest_needed = redis.call('ZRANGE', key, count + cost - limit - 1, count + cost - limit - 1, 'WITHSCORES')
-  local retry = tonumber(oldest_needed[2]) + per - now
-  return 0, math.max(0, limit - count), math.max(0, newest + per - now), math.max(1, retry)
-end
-
-local function log_append(key, at, cost, now, idle)
-  local seq = redis.call('ZCOUNT', key, at, at)
   local args = {}
-  for i = 1, cost do
+  for i = 1, units do
     args[#args + 1] = at
-    args[#args + 1] = enc(at, seq + i)
+    args[#args + 1] = string.format('%d;%010d', at, seq + i)
     if #args >= 2000 then
       redis.call('ZADD', key, unpack(args))
       args = {}
     end
   end
   if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+end
+
+local function sliding_log(key, now, cost, limit, per)
+  -- Members admitted "later" than now count as admitted now (written at
+  -- once: the repair happens whatever the decision).
+  local future = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
+  if #future > 0 then
+    for i = 1, #future, 2000 do
+      redis.call('ZREM', key, unpack(future, i, math.min(i + 1999, #future)))
+    end
+    log_add(key, now, #future)
+    redis.call('PEXPIRE', key, per + SLACK)
+  end
+  -- Members at or before now - per no longer count. They are removed only
+  -- when something is admitted: a denial writes nothing but its repair.
+  local live = '(' .. (now - per)
+  local count = redis.call('ZCOUNT', key, live, '+inf')
+  if count + cost <= limit then
+    return 1, limit - count - cost, per, 0, now, now + per
+  end
+  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local oldest_needed = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+  local retry = tonumber(oldest_needed[2]) + per - now
+  return 0, math.max(0, limit - count), math.max(0, newest + per - now), math.max(1, retry)
+end
+
+local function log_append(key, at, cost, now, idle)
+  -- idle is at + per: what expired by at goes.
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', at - (idle - at))
+  log_add(key, at, cost)
   redis.call('PEXPIRE', key, idle - now + SLACK)
 end
 
@@ -207,24 +267,24 @@ for i = 1, n do
   local cost = tonumber(ARGV[base + 5])
   local shadow = ARGV[base + 6] == '1'
   local key = KEYS[i]
-  local allowed, remaining, reset, retry, state, idle
+  local allowed, remaining, reset, retry, state, idle, fix, fix_idle
   if algorithm == 3 then
     allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
   else
     local value = redis.call('GET', key)
     if not value then value = nil end
     if algorithm == 1 then
-      allowed, remaining, reset, retry, state, idle = gcra(value, now, cost, limit, per, burst)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle = gcra(value, now, cost, limit, per, burst)
     elseif algorithm == 2 then
-      allowed, remaining, reset, retry, state, idle = token_bucket(value, now, cost, limit, per, burst)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle = token_bucket(value, now, cost, limit, per, burst)
     elseif algorithm == 4 then
-      allowed, remaining, reset, retry, state, idle = sliding_window(value, now, cost, limit, per)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
     else
-      allowed, remaining, reset, retry, state, idle = fixed_window(value, now, cost, limit, per, aligned)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle = fixed_window(value, now, cost, limit, per, aligned)
     end
   end
   if allowed == 0 and not shadow then all_allowed = false end
-  writes[i] = { algorithm, state, idle, cost }
+  writes[i] = { algorithm, state, idle, cost, fix, fix_idle }
   reply[#reply + 1] = allowed
   reply[#reply + 1] = remaining
   reply[#reply + 1] = reset
@@ -236,16 +296,17 @@ for i = 1, n do
   end
 end
 
-if all_allowed then
-  for i = 1, n do
-    local w = writes[i]
-    if w[2] == nil then
-      -- a shadow rule that would have denied: nothing to write
-    elseif w[1] == 3 then
+for i = 1, n do
+  local w = writes[i]
+  if all_allowed and w[2] ~= nil then
+    if w[1] == 3 then
       log_append(KEYS[i], w[2], w[4], now, w[3])
     else
       redis.call('SET', KEYS[i], w[2], 'PX', math.max(1, w[3] - now + SLACK))
     end
+  elseif w[5] ~= nil then
+    -- Nothing consumed, but the repaired state is kept.
+    redis.call('SET', KEYS[i], w[5], 'PX', math.max(1, w[6] - now + SLACK))
   end
 end
 
