@@ -12,6 +12,10 @@ use crate::duration::HumanDuration;
 
 /// The largest `limit` (and `burst`) a rule may have.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
+/// The largest `limit` of a `fixed_window` rule: any envoyproxy/ratelimit
+/// `requests_per_unit` (a `uint32`). A window only counts, so neither this
+/// nor `per` is bound by [`MAX_SCALED`].
+pub const FIXED_WINDOW_MAX_LIMIT: u64 = u32::MAX as u64;
 /// The longest `per` a rule may have: 366 days.
 pub const MAX_PERIOD_MS: u64 = 366 * 86_400_000;
 /// The bound on `limit × per` and `burst × per` (in units × milliseconds) that
@@ -93,9 +97,10 @@ pub struct Rule {
 /// Why a rule's parameters were refused; each names the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
-    /// `limit` outside 1..=MAX_LIMIT.
-    #[error("`limit` must be a whole number from 1 to {MAX_LIMIT}, got {0}")]
-    Limit(i128),
+    /// `limit` outside 1..=MAX_LIMIT (FIXED_WINDOW_MAX_LIMIT for
+    /// fixed_window).
+    #[error("`limit` must be a whole number from 1 to {1}, got {0}")]
+    Limit(i128, u64),
     /// `per` outside 1ms..=366d.
     #[error("`per` must be from 1ms to 366d, got {}", HumanDuration(*.0))]
     Period(u64),
@@ -138,10 +143,15 @@ impl Rule {
         burst: Option<i128>,
         aligned: bool,
     ) -> Result<Rule, RuleError> {
+        let max = if algorithm == Algorithm::FixedWindow {
+            FIXED_WINDOW_MAX_LIMIT
+        } else {
+            MAX_LIMIT
+        };
         let limit = u64::try_from(limit)
             .ok()
-            .filter(|l| (1..=MAX_LIMIT).contains(l))
-            .ok_or(RuleError::Limit(limit))?;
+            .filter(|l| (1..=max).contains(l))
+            .ok_or(RuleError::Limit(limit, max))?;
         if !(1..=MAX_PERIOD_MS).contains(&period_ms) {
             return Err(RuleError::Period(period_ms));
         }
@@ -162,7 +172,7 @@ impl Rule {
             return Err(RuleError::AlignedNotAllowed(algorithm, how));
         }
         for (field, value) in [("limit", limit), ("burst", burst)] {
-            if value.saturating_mul(period_ms) > MAX_SCALED {
+            if algorithm != Algorithm::FixedWindow && value.saturating_mul(period_ms) > MAX_SCALED {
                 return Err(RuleError::TooLarge {
                     field,
                     value,

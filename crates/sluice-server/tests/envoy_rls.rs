@@ -280,6 +280,18 @@ async fn envoyproxy_semantics(server: &Server) {
         overall(&ask(&mut c, "edge", vec![overridden], 0).await),
         Code::OverLimit
     );
+    // Overrides of any size envoyproxy/ratelimit accepts are honoured:
+    // 150000 per year, the largest uint32 per second.
+    for (requests_per_unit, unit) in [(150_000u32, 6), (u32::MAX, 1)] {
+        let mut big = descriptor(&[("remote_address", &format!("10.0.9.{unit}"))]);
+        big.limit = Some(RateLimitOverride {
+            requests_per_unit,
+            unit,
+        });
+        let r = ask(&mut c, "edge", vec![big], 0).await;
+        assert_eq!(overall(&r), Code::Ok, "{requests_per_unit} per unit {unit}");
+        assert_eq!(r.statuses[0].limit_remaining, requests_per_unit - 1);
+    }
 
     // Statuses come in request order, and a denied request consumes nothing
     // from any descriptor.

@@ -832,7 +832,7 @@ impl<'a> Validator<'a> {
             Err(e) => {
                 use crate::rule::RuleError as E;
                 let place = match e {
-                    E::Limit(_) | E::SlidingLogTooLarge(_) => limit.referenced,
+                    E::Limit(..) | E::SlidingLogTooLarge(_) => limit.referenced,
                     E::TooLarge { field: "limit", .. } => limit.referenced,
                     E::Period(_) => per.referenced,
                     E::Burst(_) | E::BurstNotAllowed(_) | E::TooLarge { .. } => {
