@@ -267,16 +267,25 @@ impl Found<'_> {
 
 /// A limit built from a descriptor's `limit` override: a calendar-aligned
 /// fixed window, as envoyproxy/ratelimit enforces overrides.
-fn override_limit(domain: &str, d: &Descriptor<'_>, near_limit: f64) -> DescriptorLimit {
+fn override_limit(
+    domain: &str,
+    d: &Descriptor<'_>,
+    near_limit: f64,
+    shards: u16,
+) -> DescriptorLimit {
     let (requests_per_unit, unit) = d.limit_override.expect("an override");
     let path = format!("{domain}.override.{}", descriptor_partition("", &d.entries));
+    // A sharded tenant's override is spread over its shards like its
+    // plan's rules: each shard holds its share.
     let rules: Box<[BoundRule]> = match Rule::new(
         Algorithm::FixedWindow,
         requests_per_unit.into(),
         unit.ms(),
         None,
         true,
-    ) {
+    )
+    .map(|rule| rule.share(u64::from(shards.max(1))))
+    {
         Ok(rule) => Box::new([BoundRule::new(
             Scope::Descriptor,
             &path,
@@ -337,7 +346,7 @@ impl RateLimitService for RateLimiter {
                     if d.cost == 0 {
                         Found::None
                     } else if d.limit_override.is_some() {
-                        Found::Override(override_limit(domain, d, near_limit))
+                        Found::Override(override_limit(domain, d, near_limit, 1))
                     } else {
                         envoy
                             .lookup(domain, &d.entries)
@@ -473,9 +482,9 @@ impl RateLimiter {
                 native.domain, native.tenant_key
             ))
         })?;
-        let route = value_of(&native.route_key).unwrap_or("*");
+        let route = sluice_core::route::normalize(value_of(&native.route_key).unwrap_or("*"));
         let subject = value_of(&native.subject_key);
-        let request = Request::new(tenant, route, subject, hits)
+        let request = Request::new(tenant, &route, subject, hits)
             .map_err(|e| Status::invalid_argument(format!("descriptor entry {e}")))?;
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());
@@ -496,7 +505,11 @@ impl RateLimiter {
             .iter()
             .enumerate()
             .filter(|(_, d)| d.limit_override.is_some() && d.cost > 0)
-            .map(|(i, d)| (i, override_limit(&native.domain, d, policy.near_limit())))
+            .map(|(i, d)| {
+                let limit =
+                    override_limit(&native.domain, d, policy.near_limit(), applicable.shards);
+                (i, limit)
+            })
             .collect();
         let mut owners = vec![Vec::new(); descriptors.len()];
         let mut configured = vec![None; descriptors.len()];
@@ -554,7 +567,6 @@ impl RateLimiter {
             costs.extend(extra.iter().map(|(i, _)| descriptors[*i].cost));
             let rules = &rules[..];
             let combined = Applicable {
-                shards: 1,
                 rules,
                 max_cost: u64::MAX,
                 ..applicable

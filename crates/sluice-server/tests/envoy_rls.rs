@@ -605,3 +605,38 @@ fn any_request_gets_statuses_or_invalid_argument() {
     drop(c);
     server.stop();
 }
+
+#[tokio::test]
+async fn sharded_tenants_get_their_whole_limit_through_envoy() {
+    let redis = RedisServer::start();
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\ntenants:\n  big1: {{ plan: free, shards: 4 }}\n  big2: {{ plan: free, shards: 4 }}\n  big3: {{ plan: free, shards: 4 }}\n",
+        redis.url()
+    );
+    let mut server = start(&storage, "sharded");
+    let mut c = client(&server).await;
+    // Two sharded tenants taking turns each get all of `tenant-minute`.
+    let mut admitted = [0u32; 2];
+    for i in 0..260 {
+        let t = i % 2;
+        let tenant = ["big1", "big2"][t];
+        let r = ask(&mut c, "sluice", vec![descriptor(&[("tenant", tenant)])], 0).await;
+        admitted[t] += u32::from(overall(&r) == Code::Ok);
+    }
+    assert_eq!(admitted, [100, 100]);
+    // A limit override on a sharded tenant is spread like its plan: the
+    // plan's rules still give the whole limit, the override its own.
+    let mut overridden = descriptor(&[("tenant", "big3")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 1_000,
+        unit: 3, // HOUR
+    });
+    let mut admitted = 0;
+    for _ in 0..130 {
+        let r = ask(&mut c, "sluice", vec![overridden.clone()], 0).await;
+        admitted += u32::from(overall(&r) == Code::Ok);
+    }
+    assert_eq!(admitted, 100, "the plan's tenant-minute, over all shards");
+    drop(c);
+    server.stop();
+}

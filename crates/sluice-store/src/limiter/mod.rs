@@ -30,6 +30,7 @@ use crate::telemetry::{NoTelemetry, Telemetry};
 
 pub mod breaker;
 pub mod denials;
+mod shard;
 
 use breaker::{Breaker, BreakerConfig, BreakerState};
 use denials::DenialCache;
@@ -92,8 +93,8 @@ pub struct Limiter<S> {
     denials: Option<DenialCache>,
     local: MemoryStore,
     live_instances: AtomicU64,
-    /// Spreads a sharded tenant's decisions over its shards in turn.
-    next_shard: AtomicU64,
+    /// Spreads sharded tenants' decisions over their shards in turn.
+    turns: shard::Turns,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -121,7 +122,7 @@ impl<S: Store> Limiter<S> {
             denials: options.denial_cache.then(DenialCache::default),
             local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone()),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
-            next_shard: AtomicU64::new(0),
+            turns: shard::Turns::default(),
             options,
         }
     }
@@ -176,21 +177,25 @@ impl<S: Store> Limiter<S> {
 
     /// Decides one request under `policy`.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        let (applicable, mut batch) = match prepare(policy, request) {
+        let (applicable, batch) = match prepare(policy, request) {
             Ok(prepared) => prepared,
             Err(decided) => return decided,
         };
-        batch.shard = self.shard(applicable.shards);
         // In process, without entering the remote path's state machine.
-        if let Some(result) = self.store.decide_in_process(&batch) {
+        if applicable.shards <= 1
+            && let Some(result) = self.store.decide_in_process(&batch)
+        {
             return self.conclude(applicable, &batch, result);
         }
         self.decide_batch(applicable, &batch).await
     }
 
     /// Decides a batch prepared by the caller: the rules of `applicable`,
-    /// with the partitions and costs `batch` gives them. Envoy descriptors
-    /// come this way; [`decide`](Self::decide) is the usual entry.
+    /// with the partitions and costs `batch` gives them, on the tenant's
+    /// shards when it has several (`batch.shard` is chosen here; see
+    /// `shard`). Envoy descriptors come this way; [`decide`](Self::decide)
+    /// is the usual entry. The whole decision, every shard tried, stays
+    /// within one time budget.
     pub async fn decide_batch<'p>(
         &self,
         applicable: Applicable<'p>,
@@ -201,6 +206,41 @@ impl<S: Store> Limiter<S> {
         {
             return Decision::cost_exceeds_capacity_at(applicable, index);
         }
+        let deadline = self
+            .options
+            .timeout
+            .map(|budget| tokio::time::Instant::now() + budget);
+        let shards = applicable.shards;
+        if shards <= 1 {
+            return self.decide_shard(applicable, batch, deadline).await;
+        }
+        let first = self.turns.first(shards);
+        let mut best = None;
+        for k in 0..shards {
+            let on = Batch {
+                shard: (first + k) % shards,
+                ..*batch
+            };
+            let decision = self.decide_shard(applicable, &on, deadline).await;
+            if !shard::worth_another(&decision) {
+                return decision;
+            }
+            best = Some(shard::sooner(best, decision));
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                break;
+            }
+        }
+        best.expect("a tenant has at least one shard")
+    }
+
+    /// Decides a batch on the shard it names, the store call ending by
+    /// `deadline`.
+    async fn decide_shard<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Decision<'p> {
         if let Some(result) = self.store.decide_in_process(batch) {
             return self.conclude(applicable, batch, result);
         }
@@ -218,12 +258,14 @@ impl<S: Store> Limiter<S> {
         };
         let epoch = self.denials.as_ref().map(DenialCache::epoch);
         let started = Instant::now();
-        let result = match self.options.timeout {
-            None => self.store.decide(batch).await,
-            Some(budget) => match tokio::time::timeout(budget, self.store.decide(batch)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
-            },
+        let result = match (self.options.timeout, deadline) {
+            (Some(budget), Some(deadline)) => {
+                match tokio::time::timeout_at(deadline, self.store.decide(batch)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
+                }
+            }
+            _ => self.store.decide(batch).await,
         };
         self.options
             .telemetry
@@ -270,15 +312,6 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// The shard for a tenant's next decision: round robin over its
-    /// shards, so that each holds an even share of its traffic.
-    fn shard(&self, shards: u16) -> u16 {
-        if shards <= 1 {
-            return 0;
-        }
-        (self.next_shard.fetch_add(1, Ordering::Relaxed) % u64::from(shards)) as u16
-    }
-
     /// The decision when the store could not make it.
     fn fail_over<'p>(
         &self,
@@ -311,13 +344,30 @@ impl Limiter<MemoryStore> {
     /// Decides one request on the memory store, synchronously: the
     /// in-process path, for callers that are not async.
     pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        match prepare(policy, request) {
-            Err(decided) => decided,
-            Ok((applicable, batch)) => {
-                let result = self.store.decide_now(&batch);
-                self.conclude(applicable, &batch, result)
+        let (applicable, batch) = match prepare(policy, request) {
+            Err(decided) => return decided,
+            Ok(prepared) => prepared,
+        };
+        let shards = applicable.shards.max(1);
+        let first = if shards > 1 {
+            self.turns.first(shards)
+        } else {
+            0
+        };
+        let mut best = None;
+        for k in 0..shards {
+            let on = Batch {
+                shard: (first + k) % shards,
+                ..batch
+            };
+            let result = self.store.decide_now(&on);
+            let decision = self.conclude(applicable, &on, result);
+            if !shard::worth_another(&decision) {
+                return decision;
             }
+            best = Some(shard::sooner(best, decision));
         }
+        best.expect("a tenant has at least one shard")
     }
 }
 

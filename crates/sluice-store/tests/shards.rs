@@ -1,0 +1,122 @@
+//! Sharded tenants get their whole limit, however tenants interleave and
+//! costs fall on the shards, and a reload that changes `shards` grants at
+//! most the documented extra.
+
+use std::sync::Arc;
+
+use sluice_core::config::OnError;
+use sluice_core::decision::Outcomes;
+use sluice_core::{Config, Policy, Request};
+use sluice_store::{Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Store, StoreError};
+
+fn policy(shards: u16) -> Policy {
+    let yaml = format!(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: fixed_window, limit: 100, per: 1h }}]\n    routes:\n      \"*\": [{{ algorithm: gcra, limit: 1000, per: 1h }}]\ntenants:\n  a: {{ plan: p, shards: {shards} }}\n  b: {{ plan: p, shards: {shards} }}\n"
+    );
+    // As on Redis: tenants are spread over their shards.
+    Policy::compile_for(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits, true)
+}
+
+/// The memory store behind the remote path, so that the over-limit cache
+/// takes part.
+struct Remote(MemoryStore);
+
+impl Store for Remote {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+        self.0.decide_now(batch)
+    }
+}
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(1_764_460_800_000))
+}
+
+/// Units admitted to `a` and `b`, alternating, with costs 2, 1, 2, 1, …
+/// and then cost 1 until both are refused.
+async fn drain<S: Store>(limiter: &Limiter<S>) -> (u64, u64) {
+    let policy = limiter.policy();
+    let mut admitted = [0u64; 2];
+    let mut refused = [0u32; 2];
+    for i in 0..2_000u64 {
+        let t = (i % 2) as usize;
+        if refused[t] > 8 {
+            if refused[1 - t] > 8 {
+                break;
+            }
+            continue;
+        }
+        let cost = if i < 120 { 1 + (i / 2) % 2 } else { 1 };
+        let request = Request::new(["a", "b"][t], "GET /", None, cost).unwrap();
+        let decision = limiter.decide(&policy, &request).await;
+        if decision.allowed {
+            admitted[t] += cost;
+        } else {
+            refused[t] += 1;
+            assert!(
+                decision.retry_after_ms().is_some_and(|r| r > 0),
+                "a refusal says when to retry"
+            );
+        }
+    }
+    (admitted[0], admitted[1])
+}
+
+#[tokio::test]
+async fn alternating_sharded_tenants_each_get_their_whole_limit() {
+    let limiter = Limiter::new(
+        policy(4),
+        MemoryStore::with_clock(1_000, clock()),
+        OnError::Deny,
+    );
+    assert_eq!(drain(&limiter).await, (100, 100));
+}
+
+#[tokio::test]
+async fn through_the_over_limit_cache_too() {
+    let clock = clock();
+    let mut options = LimiterOptions::new(OnError::Deny);
+    options.denial_cache = true;
+    options.clock = clock.clone();
+    let limiter = Limiter::with_options(
+        policy(4),
+        Remote(MemoryStore::with_clock(1_000, clock)),
+        options,
+    );
+    assert_eq!(drain(&limiter).await, (100, 100));
+}
+
+#[test]
+fn decide_now_spreads_over_shards_too() {
+    let limiter = Limiter::new(
+        policy(4),
+        MemoryStore::with_clock(1_000, clock()),
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let request = Request::new("a", "GET /", None, 1).unwrap();
+    let admitted = (0..200)
+        .filter(|_| limiter.decide_now(&policy, &request).allowed)
+        .count();
+    assert_eq!(admitted, 100);
+}
+
+/// Changing `shards` from N to M inside a window grants at most
+/// `|M − N| / max(M, N)` of the limit on top of it (docs/OPERATIONS.md).
+#[tokio::test]
+async fn a_reload_changing_shards_grants_at_most_the_stated_extra() {
+    for (from, to) in [(2u16, 4u16), (4, 2), (1, 4), (4, 1), (3, 5)] {
+        let limiter = Limiter::new(
+            policy(from),
+            MemoryStore::with_clock(1_000, clock()),
+            OnError::Deny,
+        );
+        let (before, _) = drain(&limiter).await;
+        limiter.set_policy(policy(to));
+        let (after, _) = drain(&limiter).await;
+        let bound = 100 * u64::from(from.abs_diff(to)) / u64::from(from.max(to));
+        assert!(
+            after <= bound,
+            "{from} → {to} shards: {after} more after {before}, bound {bound}"
+        );
+    }
+}
