@@ -25,9 +25,14 @@
 //! denies or fails, what the groups that admitted consumed is given back by
 //! the refund script, sent without waiting. So a denied request still
 //! consumes nothing, at most two round trips are waited for, and between
-//! the reservation and the refund the budgets are briefly lower. A decision
-//! cut short by the caller's time budget between the two phases may leave
-//! its first phase's consumption in place.
+//! the reservation and the refund the budgets are briefly lower.
+//!
+//! What a group consumed is held by a [`Reservation`], which refunds it when
+//! dropped unless the whole decision admitted. Each group's call runs as a
+//! task of its own, so a caller that goes away at any `.await` (its time
+//! budget ran out, the client hung up) leaves nothing consumed: calls under
+//! way finish, and their reservations, collected by nobody, are dropped and
+//! refunded.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -185,9 +190,31 @@ impl ClusterStore {
         };
         let keys = KeySet::keys(&self.keys.current, batch, valve);
         let (first, valves) = slot_groups(batch, &keys);
+        if first.len() + valves.len() == 1 {
+            // One slot: one script call, atomic on its own.
+            let group = first.into_iter().chain(valves).next().expect("one group");
+            let connection = self.connection()?;
+            let selection = Selection {
+                indices: Some(&group),
+                valve_parts,
+            };
+            let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+            let (evalsha, eval) =
+                script::commands(&self.decide, batch, selection, &group_keys, &self.time);
+            let reply: Vec<i64> = send(connection, evalsha, eval)
+                .await
+                .map_err(|e| self.error(&e))?;
+            let decided = script::outcomes(&reply, group.len())?;
+            let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
+            for (&i, outcome) in group.iter().zip(decided) {
+                outcomes[i] = outcome;
+            }
+            return Ok(outcomes);
+        }
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
-        // Groups that admitted (and so consumed), with their replies.
-        let mut consumed: Vec<(Group, Vec<i64>)> = Vec::new();
+        // What the groups that admitted consumed: given back when dropped
+        // unconfirmed (a denial, a failure, or the caller going away).
+        let mut reserved: Vec<Reservation> = Vec::new();
         let mut admitted = true;
         for phase in [first, valves] {
             if phase.is_empty() {
@@ -208,20 +235,23 @@ impl ClusterStore {
                 }
                 break;
             }
-            let replies = self.call_all(batch, &phase, &keys, valve_parts).await;
+            let calls = self.reserve_all(batch, &phase, &keys, valve_parts)?;
             let mut failed = None;
-            for (group, reply) in phase.into_iter().zip(replies) {
-                let decided = reply.and_then(|r| script::outcomes(&r, group.len()).map(|o| (r, o)));
+            for (group, call) in phase.into_iter().zip(calls) {
+                let decided = match call.await {
+                    Ok(decided) => decided,
+                    Err(e) => Err(StoreError::Unavailable(format!(
+                        "script call task failed: {e}"
+                    ))),
+                };
                 match decided {
-                    Ok((reply, decided)) => {
-                        let mut group_admitted = true;
+                    Ok((decided, reservation)) => {
                         for (&i, outcome) in group.iter().zip(decided) {
-                            group_admitted &= outcome.allowed || batch.rules[i].shadow();
                             outcomes[i] = outcome;
                         }
-                        admitted &= group_admitted;
-                        if group_admitted {
-                            consumed.push((group, reply));
+                        match reservation {
+                            Some(reservation) => reserved.push(reservation),
+                            None => admitted = false,
                         }
                     }
                     Err(e) => {
@@ -231,98 +261,61 @@ impl ClusterStore {
                 }
             }
             if let Some(e) = failed {
-                self.refund(batch, &keys, &consumed, &outcomes, valve_parts);
                 return Err(e);
             }
         }
-        if !admitted {
-            self.refund(batch, &keys, &consumed, &outcomes, valve_parts);
+        if admitted {
+            reserved.iter_mut().for_each(Reservation::confirm);
         }
         Ok(outcomes)
     }
 
-    /// Runs the decision script for every group of one phase, concurrently
-    /// when there are several (each group is one slot).
-    async fn call_all(
+    /// Starts the decision script for every group of one phase, each as a
+    /// task of its own (concurrent, and finished even if the caller goes
+    /// away). A task that admits returns its group's [`Reservation`]: a
+    /// result nobody collects is dropped, and the reservation with it,
+    /// which gives the consumption back.
+    #[allow(clippy::type_complexity)]
+    fn reserve_all(
         &self,
         batch: &Batch<'_>,
         phase: &[Group],
         keys: &[String],
         valve_parts: u64,
-    ) -> Vec<Result<Vec<i64>, StoreError>> {
-        let connection = match self.connection() {
-            Ok(connection) => connection,
-            Err(e) => return phase.iter().map(|_| Err(e.clone())).collect(),
-        };
-        let mut calls = phase.iter().map(|group| {
-            let selection = Selection {
-                indices: Some(group),
-                valve_parts,
-            };
-            let keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-            script::commands(&self.decide, batch, selection, &keys, &self.time)
-        });
-        if phase.len() == 1 {
-            let (evalsha, eval) = calls.next().expect("one group");
-            return vec![
-                send(connection, evalsha, eval)
-                    .await
-                    .map_err(|e| self.error(&e)),
-            ];
-        }
-        let tasks: Vec<_> = calls
-            .map(|(evalsha, eval)| tokio::spawn(send(connection.clone(), evalsha, eval)))
-            .collect();
-        let mut replies = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            replies.push(match task.await {
-                Ok(reply) => reply.map_err(|e| self.error(&e)),
-                Err(e) => Err(StoreError::Unavailable(format!(
-                    "script call task failed: {e}"
-                ))),
-            });
-        }
-        replies
-    }
-
-    /// Gives back, without waiting, what the groups in `consumed` took: the
-    /// rules that admitted (a shadow rule that would have denied wrote
-    /// nothing).
-    fn refund(
-        &self,
-        batch: &Batch<'_>,
-        keys: &[String],
-        consumed: &[(Group, Vec<i64>)],
-        outcomes: &Outcomes,
-        valve_parts: u64,
-    ) {
-        let Ok(connection) = self.connection() else {
-            return;
-        };
-        for (group, reply) in consumed {
-            let (indices, admitted_at): (Vec<usize>, Vec<u64>) = group
-                .iter()
-                .zip(script::admission_times(reply))
-                .filter(|(i, _)| outcomes[**i].allowed)
-                .map(|(&i, at)| (i, at))
-                .unzip();
-            if indices.is_empty() {
-                continue;
-            }
-            let selection = Selection {
-                indices: Some(&indices),
-                valve_parts,
-            };
-            let args = script::refund_args(batch, selection, &admitted_at);
-            let keys: Vec<String> = indices.iter().map(|&i| keys[i].clone()).collect();
-            let (evalsha, eval) = script::refund_commands(&self.refund, &keys, &args);
-            let connection = connection.clone();
-            tokio::spawn(async move {
-                if let Err(e) = send::<i64>(connection, evalsha, eval).await {
-                    tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
-                }
-            });
-        }
+    ) -> Result<
+        Vec<tokio::task::JoinHandle<Result<(Outcomes, Option<Reservation>), StoreError>>>,
+        StoreError,
+    > {
+        let connection = self.connection()?;
+        Ok(phase
+            .iter()
+            .map(|group| {
+                let selection = Selection {
+                    indices: Some(group),
+                    valve_parts,
+                };
+                let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+                let (evalsha, eval) =
+                    script::commands(&self.decide, batch, selection, &group_keys, &self.time);
+                // The refund's arguments with the admission times still to
+                // be filled in from the reply.
+                let refund = RefundPlan {
+                    shadow: group.iter().map(|&i| batch.rules[i].shadow()).collect(),
+                    args: script::refund_args(batch, selection, &vec![0; group.len()]),
+                    keys: group_keys,
+                };
+                let (connection, script, timeout_ms) =
+                    (connection.clone(), self.refund.clone(), self.timeout_ms);
+                tokio::spawn(async move {
+                    let reply: Vec<i64> = send(connection.clone(), evalsha, eval)
+                        .await
+                        .map_err(|e| script::store_error(&e, timeout_ms))?;
+                    let decided = script::outcomes(&reply, refund.keys.len())?;
+                    let reservation = refund.reservation(&decided, &reply, connection, script);
+                    Ok((decided, reservation))
+                })
+            })
+            .collect())
     }
 
     /// Checks that the cluster answers (`PING` on a node), within the budget
@@ -384,6 +377,91 @@ impl ClusterStore {
             ));
         }
         Ok((now, rows))
+    }
+}
+
+/// The refund of one group, prepared before its call: keys and arguments,
+/// with the admission times to fill in.
+struct RefundPlan {
+    keys: Vec<String>,
+    args: Vec<u64>,
+    /// Per rule of the group, whether it is a shadow rule.
+    shadow: Vec<bool>,
+}
+
+/// Values per rule in the refund script's arguments (the last one is the
+/// admission time).
+const REFUND_WIDTH: usize = 7;
+
+impl RefundPlan {
+    /// The reservation of a group that admitted (every enforced rule did),
+    /// naming only the rules that consumed; `None` when the group denied
+    /// (it wrote nothing).
+    fn reservation(
+        mut self,
+        decided: &Outcomes,
+        reply: &[i64],
+        connection: ClusterConnection,
+        script: redis::Script,
+    ) -> Option<Reservation> {
+        let admitted = decided
+            .iter()
+            .zip(&self.shadow)
+            .all(|(o, shadow)| o.allowed || *shadow);
+        if !admitted {
+            return None;
+        }
+        let times: Vec<u64> = script::admission_times(reply).collect();
+        let mut keys = Vec::new();
+        let mut args = vec![0];
+        for (k, key) in self.keys.drain(..).enumerate() {
+            if !decided[k].allowed {
+                continue; // a shadow rule that denied wrote nothing
+            }
+            let rule = &self.args[1 + k * REFUND_WIDTH..1 + (k + 1) * REFUND_WIDTH];
+            args.extend_from_slice(&rule[..REFUND_WIDTH - 1]);
+            args.push(times[k]);
+            keys.push(key);
+        }
+        args[0] = keys.len() as u64;
+        Some(Reservation {
+            refund: (!keys.is_empty()).then(|| script::refund_commands(&script, &keys, &args)),
+            connection,
+        })
+    }
+}
+
+/// What one group of a multi-slot decision consumed: refunded when dropped,
+/// unless [`confirm`](Reservation::confirm)ed because the whole decision
+/// admitted.
+struct Reservation {
+    /// The refund (`EVALSHA`, `EVAL`); `None` once confirmed, or when
+    /// nothing was consumed.
+    refund: Option<(redis::Cmd, redis::Cmd)>,
+    connection: ClusterConnection,
+}
+
+impl Reservation {
+    fn confirm(&mut self) {
+        self.refund = None;
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let Some((evalsha, eval)) = self.refund.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to refund a denied decision; the budget recovers with time");
+            return;
+        };
+        let connection = self.connection.clone();
+        runtime.spawn(async move {
+            if let Err(e) = send::<i64>(connection, evalsha, eval).await {
+                tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
+            }
+        });
     }
 }
 

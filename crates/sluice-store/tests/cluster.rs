@@ -634,3 +634,60 @@ async fn connects_over_tls_to_a_cluster_signed_by_a_private_ca() {
             .is_err()
     );
 }
+
+const DROPPED: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: fixed_window, limit: 4, per: 1h }]
+global:
+  "POST /v": [{ name: valve, algorithm: fixed_window, limit: 12, per: 1h }]
+"#;
+
+/// Callers that go away at any `.await` of a two-phase decision (tenant's
+/// slot, then the valve's) leave nothing consumed: each call finishes and
+/// what nobody collected is refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_dropped_between_reserve_and_refund_consumes_nothing() {
+    let cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 1).await, DROPPED, OnError::Deny);
+    let policy = limiter.policy();
+    fn request(tenant: &str) -> Request<'_> {
+        Request::new(tenant, "POST /v", None, 1).unwrap()
+    }
+    // Warm the connection and the scripts.
+    assert!(limiter.decide(&policy, &request("warm")).await.allowed);
+    // Dropped after 0, 1, 2, … µs: on the first poll, while the tenant's
+    // call is in flight, between the phases, while the valve's is.
+    let mut finished = [0u32; 2];
+    for i in 0..40u64 {
+        let tenant = ["d1", "d2"][(i % 2) as usize];
+        let asked = request(tenant);
+        let decision = limiter.decide(&policy, &asked);
+        let wait = Duration::from_micros(i * 50);
+        if let Ok(d) = tokio::time::timeout(wait, decision).await {
+            finished[(i % 2) as usize] += u32::from(d.allowed);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (t, tenant) in ["d1", "d2"].into_iter().enumerate() {
+        let mut passed = 0;
+        while limiter.decide(&policy, &request(tenant)).await.allowed {
+            passed += 1;
+            assert!(passed <= 4);
+        }
+        assert_eq!(
+            passed + finished[t],
+            4,
+            "{tenant}: dropped decisions left budget consumed"
+        );
+    }
+    // The valve, too, holds only what was admitted: the warm-up and the
+    // 2 × 4 the tenants got, so 3 of its 12 are left.
+    let mut passed = 0;
+    for i in 0..10 {
+        let tenant = format!("fresh{i}");
+        passed += u32::from(limiter.decide(&policy, &request(&tenant)).await.allowed);
+    }
+    assert_eq!(passed, 3, "dropped decisions left valve budget consumed");
+}
