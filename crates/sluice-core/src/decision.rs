@@ -119,6 +119,18 @@ impl<'p> Decision<'p> {
         }
     }
 
+    /// A denial by a limit of zero (envoyproxy/ratelimit's
+    /// `requests_per_unit: 0`): nothing is counted, the request is over the
+    /// limit.
+    pub fn blocked() -> Decision<'static> {
+        Decision {
+            allowed: false,
+            reason: Some(Reason::DescriptorLimit),
+            near_limit: true,
+            ..Decision::unlimited()
+        }
+    }
+
     /// The decision for a request whose `cost` is above some rule's capacity,
     /// or `None` when every rule can hold it. Checked before the store is
     /// asked: such a request can never pass, so waiting would be a lie.

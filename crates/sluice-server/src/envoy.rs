@@ -427,12 +427,11 @@ impl RateLimiter {
         for (index, descriptor) in owner.iter().enumerate() {
             owners[*descriptor].push(index);
         }
-        let decision = if enforced_block || rules.is_empty() {
+        let decision = if enforced_block {
             // `requests_per_unit: 0` denies without counting anything else.
-            let mut decision =
-                Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[]);
-            decision.allowed = !enforced_block;
-            decision
+            Decision::blocked()
+        } else if rules.is_empty() {
+            Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
         } else {
             let partitions_text: Vec<String> = owner
                 .iter()
@@ -578,10 +577,7 @@ impl RateLimiter {
             };
             let enforced_block = blocked.iter().any(|b| *b);
             let decision = if enforced_block {
-                let mut decision =
-                    Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[]);
-                decision.allowed = false;
-                decision
+                Decision::blocked()
             } else {
                 self.app.limiter.decide_batch(combined, &batch).await
             };
@@ -614,7 +610,6 @@ impl RateLimiter {
         } = decided;
         self.app.metrics.decision(&decision, started.elapsed());
         if decision.shadow_denied {
-            self.app.metrics.shadow_denial();
             tracing::debug!("a shadow-mode descriptor would have denied this request");
         }
         let statuses: Vec<DescriptorStatus> = (0..descriptors)

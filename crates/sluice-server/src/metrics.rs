@@ -230,6 +230,9 @@ impl Metrics {
     /// Counts a decision and how long it took.
     pub fn decision(&self, decision: &Decision<'_>, elapsed: Duration) {
         self.decision_seconds.observe(elapsed.as_secs_f64());
+        if decision.shadow_denied {
+            self.shadow_denials.inc();
+        }
         let class = decision.class;
         match class
             .handles(|| self.class_counters(class))
@@ -268,11 +271,6 @@ impl Metrics {
         }
     }
 
-    /// Counts a request a shadow rule would have denied.
-    pub fn shadow_denial(&self) {
-        self.shadow_denials.inc();
-    }
-
     /// Counts a configuration reload.
     pub fn reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
@@ -301,12 +299,17 @@ fn now_ms() -> u64 {
 impl Telemetry for Metrics {
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
         self.store_seconds.observe(elapsed.as_secs_f64());
+        if let Some(error) = error {
+            self.store_error(error);
+        }
+    }
+
+    fn store_error(&self, error: &StoreError) {
         let kind = match error {
-            None => return,
-            Some(StoreError::Timeout(_)) => 0,
-            Some(StoreError::Unavailable(_)) => 1,
-            Some(StoreError::Refused(_)) => 2,
-            Some(StoreError::Full(_)) => 3,
+            StoreError::Timeout(_) => 0,
+            StoreError::Unavailable(_) => 1,
+            StoreError::Refused(_) => 2,
+            StoreError::Full(_) => 3,
         };
         self.store_errors[kind].inc();
     }

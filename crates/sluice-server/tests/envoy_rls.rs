@@ -344,12 +344,31 @@ async fn envoyproxy_semantics(server: &Server) {
 async fn envoyproxy_configuration_on_the_memory_store() {
     let mut server = start("", "memory");
     envoyproxy_semantics(&server).await;
-    let metrics = reqwest::get(format!("{}/metrics", server.base))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let count = |text: &str, prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    // A `requests_per_unit: 0` descriptor counts as denied, never allowed.
+    let before = metrics().await;
+    let mut c = client(&server).await;
+    let r = ask(&mut c, "edge", vec![descriptor(&[("path", "/blocked")])], 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let after = metrics().await;
+    let denied = "sluice_decisions_total{outcome=\"denied\",reason=\"descriptor_limit\"";
+    let allowed = "sluice_decisions_total{outcome=\"allowed\"";
+    assert_eq!(count(&after, denied) - count(&before, denied), 1.0);
+    assert_eq!(count(&after, allowed), count(&before, allowed));
+    let metrics = after;
     let shadow = metrics
         .lines()
         .find(|l| l.starts_with("sluice_shadow_denials_total"))

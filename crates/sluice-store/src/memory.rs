@@ -35,6 +35,7 @@
 
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use foldhash::fast::RandomState;
 use papaya::Guard;
@@ -54,6 +55,9 @@ pub struct MemoryStore {
     hasher: RandomState,
     clock: Arc<dyn Clock>,
     max_entries: usize,
+    /// Keys held or being inserted: the cap is checked on this, not on
+    /// the map's length, so concurrent inserts cannot overshoot it.
+    held: AtomicUsize,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -105,6 +109,7 @@ impl MemoryStore {
             hasher: RandomState::default(),
             clock,
             max_entries,
+            held: AtomicUsize::new(0),
         }
     }
 
@@ -172,12 +177,19 @@ impl MemoryStore {
         if let Some(entry) = self.map.get(key, guard) {
             return Ok(entry);
         }
-        if self.map.len() >= self.max_entries {
+        // Take a place under the cap first, give it back if the key was
+        // inserted meanwhile by another decision.
+        if self.held.fetch_add(1, Ordering::AcqRel) >= self.max_entries {
+            self.held.fetch_sub(1, Ordering::AcqRel);
             return Err(StoreError::Full(self.max_entries));
         }
-        Ok(self
-            .map
-            .get_or_insert_with(key.to_key(), Entry::fresh, guard))
+        match self.map.try_insert(key.to_key(), Entry::fresh(), guard) {
+            Ok(entry) => Ok(entry),
+            Err(occupied) => {
+                self.held.fetch_sub(1, Ordering::AcqRel);
+                Ok(occupied.current)
+            }
+        }
     }
 
     /// Gives back what an admitted decision of `batch` at `at` consumed,
@@ -232,14 +244,13 @@ impl MemoryStore {
                 .remove_if(key, |_, v| std::ptr::eq(v, entry), &guard)
             {
                 removed += 1;
+                self.held.fetch_sub(1, Ordering::AcqRel);
             }
         }
         removed
     }
 }
 
-/// Locks the entries in address order, decides every rule, commits all or
-/// none. `None` when an entry turned out to be dead.
 /// Re-dates a state stamped later than `now` (the clock stepped back), and
 /// keeps the repair whatever the decision: see `sluice_core::algorithm`.
 fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
@@ -249,6 +260,8 @@ fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
     }
 }
 
+/// Locks the entries in address order, decides every rule, commits all or
+/// none. `None` when an entry turned out to be dead.
 fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) -> Option<Outcomes> {
     // Address order makes concurrent multi-key decisions deadlock-free. Two
     // rules never share an entry (their uids differ), but should they, the

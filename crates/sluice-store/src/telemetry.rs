@@ -17,6 +17,13 @@ pub trait Telemetry: Send + Sync {
         let _ = (elapsed, error);
     }
 
+    /// A store could not decide (also reported through `store_call` for
+    /// calls across the network; alone for the in-process store, which is
+    /// not timed).
+    fn store_error(&self, error: &StoreError) {
+        let _ = error;
+    }
+
     /// The circuit breaker changed state.
     fn breaker_changed(&self, to: BreakerState) {
         let _ = to;

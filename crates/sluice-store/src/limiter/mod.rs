@@ -308,7 +308,10 @@ impl<S: Store> Limiter<S> {
     ) -> Decision<'p> {
         match result {
             Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs),
-            Err(error) => self.fail_over(applicable, batch, Some(&error)),
+            Err(error) => {
+                self.options.telemetry.store_error(&error);
+                self.fail_over(applicable, batch, Some(&error))
+            }
         }
     }
 
@@ -334,7 +337,11 @@ impl<S: Store> Limiter<S> {
                     decision.degraded = Some(OnError::Local);
                     decision
                 }
-                Err(_) => Decision::without_store(applicable, OnError::Deny),
+                Err(error) => {
+                    // The local fallback store is full.
+                    self.options.telemetry.store_error(&error);
+                    Decision::without_store(applicable, OnError::Deny)
+                }
             },
         }
     }

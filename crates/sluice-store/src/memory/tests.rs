@@ -170,6 +170,33 @@ fn a_full_store_refuses_new_keys_only() {
 }
 
 #[test]
+fn concurrent_inserts_never_overshoot_the_cap() {
+    let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 10, per: 1s }]\n");
+    for _ in 0..20 {
+        let store = MemoryStore::with_clock(64, Arc::new(ManualClock::new(0)));
+        let full = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for t in 0..4 {
+                let (store, p, full) = (&store, &p, &full);
+                scope.spawn(move || {
+                    for i in 0..200 {
+                        let tenant = format!("t{t}-{i}");
+                        if store
+                            .decide_now(&batch(p, &tenant, "GET /", None, 1))
+                            .is_err()
+                        {
+                            full.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(store.len(), 64, "the cap holds under concurrent inserts");
+        assert_eq!(full.load(Ordering::Relaxed), 800 - 64);
+    }
+}
+
+#[test]
 fn partitions_are_separate_buckets() {
     let p = policy(PLAN);
     let store = MemoryStore::with_clock(10_000, Arc::new(ManualClock::new(0)));

@@ -1,0 +1,221 @@
+//! Every metric docs/OPERATIONS.md documents moves when what it counts
+//! happens, on a running `sluice` (with a real Redis where it takes one).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{Server, post, temp_file};
+use serde_json::json;
+use sluice_testkit::RedisServer;
+
+const PEPPER: &str = "5c1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
+
+/// The metric names of the table in docs/OPERATIONS.md.
+fn documented() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/OPERATIONS.md"),
+    )
+    .unwrap();
+    let names: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `sluice_"))
+        .map(|l| format!("sluice_{}", &l[..l.find('`').unwrap()]))
+        .collect();
+    assert!(names.len() >= 10, "the metrics table: {names:?}");
+    names
+}
+
+/// The sum of every sample whose line starts with `prefix`.
+fn total(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+async fn metrics(client: &reqwest::Client, server: &Server) -> String {
+    client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn config(redis: &RedisServer, limit: &str) -> String {
+    format!(
+        r#"
+storage:
+  backend: redis
+  url: {}
+  timeout: 100ms
+  on_error: local
+  breaker: {{ failures: 2, cool_down: 200ms, probes: 1 }}
+keys:
+  pepper_env: TEST_SLUICE_PEPPER
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]
+    routes:
+      "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }}]
+"#,
+        redis.url()
+    )
+}
+
+#[tokio::test]
+async fn every_documented_metric_moves() {
+    let mut redis = RedisServer::start();
+    let path = temp_file("metrics.yaml", &config(&redis, "3"));
+    let server = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER)],
+    );
+    let client = reqwest::Client::new();
+    let mut moved = BTreeSet::new();
+    let mut check = |metrics: &str, name: &str, prefix: &str| {
+        assert!(
+            total(metrics, prefix) > 0.0,
+            "{prefix} did not move:\n{metrics}"
+        );
+        moved.insert(name.to_owned());
+    };
+
+    // Decisions, denials remembered, a shadow rule's would-be denials.
+    for _ in 0..6 {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": "a", "route": "GET /"}),
+        )
+        .await;
+    }
+    for _ in 0..2 {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": "b", "route": "GET /shadow"}),
+        )
+        .await;
+    }
+    // A heartbeat counts this instance.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let m = metrics(&client, &server).await;
+    check(
+        &m,
+        "sluice_decisions_total",
+        "sluice_decisions_total{outcome=\"denied\",reason=\"tenant_limit\"",
+    );
+    check(
+        &m,
+        "sluice_decision_duration_seconds",
+        "sluice_decision_duration_seconds_count",
+    );
+    check(
+        &m,
+        "sluice_store_call_duration_seconds",
+        "sluice_store_call_duration_seconds_count",
+    );
+    check(
+        &m,
+        "sluice_denial_cache_hits_total",
+        "sluice_denial_cache_hits_total",
+    );
+    check(
+        &m,
+        "sluice_shadow_denials_total",
+        "sluice_shadow_denials_total",
+    );
+    check(&m, "sluice_live_instances", "sluice_live_instances");
+
+    // Reloads, good and bad.
+    std::fs::write(&path, config(&redis, "4")).unwrap();
+    server.wait_for_log("configuration reloaded");
+    std::fs::write(&path, config(&redis, "0")).unwrap();
+    server.wait_for_log("configuration not reloaded");
+    let m = metrics(&client, &server).await;
+    check(
+        &m,
+        "sluice_config_reloads_total",
+        "sluice_config_reloads_total{result=\"ok\"}",
+    );
+    check(
+        &m,
+        "sluice_config_reloads_total",
+        "sluice_config_reloads_total{result=\"error\"}",
+    );
+
+    // Redis goes away: errors, the failure policy, the breaker opens.
+    redis.stop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": "c", "route": "GET /"}),
+        )
+        .await;
+        let m = metrics(&client, &server).await;
+        if total(&m, "sluice_breaker_state") > 0.0 {
+            check(&m, "sluice_breaker_state", "sluice_breaker_state");
+            check(
+                &m,
+                "sluice_breaker_transitions_total",
+                "sluice_breaker_transitions_total{state=\"open\"}",
+            );
+            check(
+                &m,
+                "sluice_store_errors_total",
+                "sluice_store_errors_total{",
+            );
+            check(
+                &m,
+                "sluice_failure_policy_decisions_total",
+                "sluice_failure_policy_decisions_total{policy=\"local\"}",
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the breaker never opened:\n{m}");
+    }
+    let missing: Vec<_> = documented().difference(&moved).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "documented but never moved: {missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_full_memory_store_counts_its_refusals() {
+    let path = temp_file(
+        "full.yaml",
+        "storage:\n  max_entries: 1000\ndefault_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1h }]\n",
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let mut refused = 0;
+    for i in 0..1_010 {
+        let (status, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": format!("t{i}"), "route": "GET /"}),
+        )
+        .await;
+        if status == 429 {
+            assert_eq!(body["reason"], "store_unavailable");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 10, "exactly the keys beyond max_entries");
+    let m = metrics(&client, &server).await;
+    assert_eq!(
+        total(&m, "sluice_store_errors_total{kind=\"full\"}"),
+        10.0,
+        "{m}"
+    );
+}
