@@ -129,6 +129,19 @@ impl Keyer {
         &self.prefix
     }
 
+    /// A fingerprint of the pepper, 16 hex digits: instances announce it
+    /// with their heartbeat so that two on one Redis with different peppers
+    /// (whose keys never meet, so every limit would count twice) are told.
+    /// It is an HMAC under the pepper of a fixed label, in its own domain
+    /// (no key derivation hashes this label), so it reveals nothing of the
+    /// pepper or of any key.
+    pub fn fingerprint(&self) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(b"F\0sluice pepper fingerprint v1");
+        let digest = mac.finalize().into_bytes();
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The tag of a tenant's keys in `shard`.
     pub fn tenant_tag(&self, tenant: &str, shard: u16) -> Tag {
         let mut mac = self.mac.clone();
@@ -172,6 +185,18 @@ impl Keyer {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_fingerprint_tells_peppers_apart_and_reveals_neither() {
+        let a = Pepper::parse(&[7u8; 32]).unwrap();
+        let b = Pepper::parse(&[8u8; 32]).unwrap();
+        let fa = Keyer::new("sl", &a).fingerprint();
+        assert_eq!(fa, Keyer::new("other", &a).fingerprint());
+        assert_ne!(fa, Keyer::new("sl", &b).fingerprint());
+        assert_eq!(fa.len(), 16);
+        assert!(!fa.contains("0707"), "{fa}");
+    }
+
     use super::*;
     use crate::config::Config;
     use crate::policy::Policy;

@@ -2,7 +2,7 @@
 //! configuration.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_core::Policy;
@@ -27,6 +27,10 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Whether the store answered its last health check.
     pub store_reachable: AtomicBool,
+    /// Live instances on the same store and prefix with another pepper, as
+    /// the last heartbeat saw (their keys never meet ours: every limit
+    /// would count twice).
+    pub other_peppers: AtomicU64,
     /// How Envoy rate-limit requests map onto sluice.
     pub envoy: EnvoyServiceConfig,
 }
@@ -43,6 +47,7 @@ impl App {
             forward_auth,
             metrics,
             store_reachable: AtomicBool::new(true),
+            other_peppers: AtomicU64::new(0),
             envoy: EnvoyServiceConfig {
                 domain: sluice_core::config::defaults::ENVOY_DOMAIN.to_owned(),
                 tenant_key: "tenant".to_owned(),
@@ -89,15 +94,18 @@ impl App {
             forward_auth: config.server.forward_auth.clone(),
             metrics,
             store_reachable: AtomicBool::new(reachable),
+            other_peppers: AtomicU64::new(0),
             envoy: config.envoy.clone(),
         });
         Ok(app)
     }
 
-    /// Whether the service can decide with its store: the store answers and
-    /// the circuit breaker is closed.
+    /// Whether the service can decide with its store: the store answers,
+    /// the circuit breaker is closed, and no instance on the store uses
+    /// another pepper.
     pub fn ready(&self) -> bool {
         self.store_reachable.load(Ordering::Relaxed)
             && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
+            && self.other_peppers.load(Ordering::Relaxed) == 0
     }
 }

@@ -7,7 +7,8 @@ use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Rule, State};
 use sluice_store::{
-    Batch, ClusterStore, ConnectOptions, KeySet, MemoryStore, RedisStore, Store, StoreError,
+    Batch, ClusterStore, ConnectOptions, Heartbeat, KeySet, MemoryStore, RedisStore, Store,
+    StoreError,
 };
 
 use crate::Fallible;
@@ -79,10 +80,13 @@ impl Backend {
     }
 
     /// Refreshes this instance's heartbeat; returns how many instances share
-    /// the store (1 for memory).
-    pub async fn heartbeat(&self, instance: &str, ttl: Duration) -> Result<u64, StoreError> {
+    /// the store (1 for memory), and how many use it with another pepper.
+    pub async fn heartbeat(&self, instance: &str, ttl: Duration) -> Result<Heartbeat, StoreError> {
         match self {
-            Backend::Memory(_) => Ok(1),
+            Backend::Memory(_) => Ok(Heartbeat {
+                live: 1,
+                other_peppers: 0,
+            }),
             Backend::Redis(store) => store.heartbeat(instance, ttl.as_millis() as u64).await,
             Backend::Cluster(store) => store.heartbeat(instance, ttl.as_millis() as u64).await,
         }

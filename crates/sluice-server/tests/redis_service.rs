@@ -262,3 +262,59 @@ async fn serve_starts_while_redis_is_down_reports_not_ready_and_recovers() {
             .contains("the failure policy did")
     );
 }
+
+/// `/readyz` of a server, as (status, body).
+async fn readyz(client: &reqwest::Client, server: &Server) -> (u16, serde_json::Value) {
+    let response = client
+        .get(format!("{}/readyz", server.base))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn instances_with_different_peppers_on_one_redis_are_not_ready() {
+    let redis = RedisServer::start();
+    let path = config(&redis, "two-peppers.yaml");
+    let first = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER)],
+    );
+    let other = "0".repeat(64);
+    let mut second = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", other.as_str())],
+    );
+    let client = reqwest::Client::new();
+    for server in [&first, &second] {
+        server.wait_for_log("another pepper");
+        let (status, body) = readyz(&client, server).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["other_peppers"], 1, "{body}");
+        assert!(!server.log.lock().unwrap().contains(PEPPER));
+    }
+    // Once the other pepper is gone (its heartbeat expires), ready again.
+    second.stop();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, body) = readyz(&client, &first).await;
+        if status == 200 {
+            assert_eq!(body["other_peppers"], 0);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // Instances sharing a pepper are ready together.
+    let third = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER)],
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    for server in [&first, &third] {
+        let (status, body) = readyz(&client, server).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["live_instances"], 2, "{body}");
+    }
+}

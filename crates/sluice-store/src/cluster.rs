@@ -45,7 +45,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, Rule, State};
 use smallvec::SmallVec;
 
-use crate::script::{self, KeySet, Raw, Selection, TimeSource, Valve};
+use crate::script::{self, Heartbeat, KeySet, Raw, Selection, TimeSource, Valve};
 use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Partition, Store, StoreError};
 
@@ -331,23 +331,13 @@ impl ClusterStore {
     }
 
     /// Refreshes this instance's heartbeat (lasting `ttl_ms`) and returns
-    /// how many instances are live.
-    pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<u64, StoreError> {
+    /// how many instances are live, and how many of them with another
+    /// pepper.
+    pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<Heartbeat, StoreError> {
         let mut connection = self.connection()?;
-        let key = script::instances_key(self.keys.current.prefix());
-        let call = async {
-            let mut eval = redis::cmd("EVAL");
-            eval.arg(script::HEARTBEAT_LUA)
-                .arg(1)
-                .arg(&key)
-                .arg(instance)
-                .arg(ttl_ms);
-            eval.query_async::<u64>(&mut connection).await
-        };
-        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), call).await {
-            Ok(result) => result.map_err(|e| self.error(&e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
-        }
+        self.keys
+            .heartbeat(&mut connection, instance, ttl_ms, self.timeout_ms)
+            .await
     }
 
     /// The stored state of every rule of `batch`, read without changing

@@ -31,7 +31,7 @@ pub use cluster::ClusterStore;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
-pub use script::{KeySet, TimeSource, Valve};
+pub use script::{Heartbeat, KeySet, TimeSource, Valve};
 pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

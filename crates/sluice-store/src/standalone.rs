@@ -13,7 +13,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, State};
 
-use crate::script::{self, KeySet, Raw, TimeSource, Valve};
+use crate::script::{self, Heartbeat, KeySet, Raw, TimeSource, Valve};
 use crate::store::{Batch, Store, StoreError};
 
 /// A store on one Redis node.
@@ -21,7 +21,6 @@ use crate::store::{Batch, Store, StoreError};
 pub struct RedisStore {
     connection: ConnectionManager,
     script: redis::Script,
-    heartbeat: redis::Script,
     keys: KeySet,
     time: TimeSource,
     timeout_ms: u64,
@@ -107,7 +106,6 @@ impl RedisStore {
         let store = RedisStore {
             connection,
             script: redis::Script::new(script::DECIDE_LUA),
-            heartbeat: redis::Script::new(script::HEARTBEAT_LUA),
             keys,
             time: TimeSource::Server,
             timeout_ms,
@@ -136,17 +134,13 @@ impl RedisStore {
     }
 
     /// Refreshes this instance's heartbeat (lasting `ttl_ms`) and returns
-    /// how many instances are live.
-    pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<u64, StoreError> {
-        let key = script::instances_key(self.keys.current.prefix());
+    /// how many instances are live, and how many of them with another
+    /// pepper.
+    pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<Heartbeat, StoreError> {
         let mut connection = self.connection.clone();
-        let mut invocation = self.heartbeat.prepare_invoke();
-        invocation.key(key).arg(instance).arg(ttl_ms);
-        let call = invocation.invoke_async::<u64>(&mut connection);
-        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), call).await {
-            Ok(result) => result.map_err(|e| script::store_error(&e, self.timeout_ms)),
-            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
-        }
+        self.keys
+            .heartbeat(&mut connection, instance, ttl_ms, self.timeout_ms)
+            .await
     }
 
     /// Sets where the script's "now" comes from (tests only; see

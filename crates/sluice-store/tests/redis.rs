@@ -438,3 +438,48 @@ async fn connects_over_tls_to_a_server_signed_by_a_private_ca() {
         .unwrap();
     assert!(untrusted.ping().await.is_err());
 }
+
+#[tokio::test]
+async fn heartbeats_tell_other_peppers_apart_but_not_a_rolling_rotation() {
+    let server = RedisServer::start();
+    let old = store(&server, keys(1)).await;
+    let rotated = store(
+        &server,
+        KeySet {
+            previous: Some(Keyer::new("sl", &pepper(1))),
+            ..keys(2)
+        },
+    )
+    .await;
+    let other = store(&server, keys(3)).await;
+    let beat = |s: &RedisStore, id: &'static str| {
+        let s = s.clone();
+        async move { s.heartbeat(id, 3_000).await.unwrap() }
+    };
+    let b = beat(&old, "old").await;
+    assert_eq!((b.live, b.other_peppers), (1, 0));
+    // Mid-rotation: the rotated instance still knows the old pepper.
+    let b = beat(&rotated, "rotated").await;
+    assert_eq!((b.live, b.other_peppers), (2, 0));
+    let b = beat(&old, "old").await;
+    assert_eq!((b.live, b.other_peppers), (2, 0));
+    // A third pepper is nobody's.
+    let b = beat(&other, "other").await;
+    assert_eq!((b.live, b.other_peppers), (1, 2));
+    let b = beat(&old, "old").await;
+    assert_eq!((b.live, b.other_peppers), (2, 1));
+    // Fingerprints, never peppers, are what the store holds.
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("sl:instances")
+        .arg(0)
+        .arg(-1)
+        .query(&mut server.connection())
+        .unwrap();
+    assert_eq!(members.len(), 3, "{members:?}");
+    for member in &members {
+        // The peppers are 32 × 'h', 'i' and 'j'.
+        for secret in ["hhhh", "iiii", "jjjj", "6868", "6969", "6a6a"] {
+            assert!(!member.contains(secret), "{member}");
+        }
+    }
+}

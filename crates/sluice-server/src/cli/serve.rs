@@ -132,10 +132,21 @@ fn spawn_heartbeat(app: &Arc<App>) {
                 .heartbeat(&instance, 3 * HEARTBEAT)
                 .await
             {
-                Ok(live) => {
-                    app.limiter.set_live_instances(live);
-                    app.metrics.set_live_instances(live);
+                Ok(beat) => {
+                    app.limiter.set_live_instances(beat.live);
+                    app.metrics.set_live_instances(beat.live);
                     app.store_reachable.store(true, Ordering::Relaxed);
+                    let before = app
+                        .other_peppers
+                        .swap(beat.other_peppers, Ordering::Relaxed);
+                    if beat.other_peppers > 0 && before == 0 {
+                        tracing::error!(
+                            instances = beat.other_peppers,
+                            "other sluice instances use this store and key prefix with another pepper: their keys never meet this instance's, so every limit is enforced once by each pepper (doubled). Give every instance the same keys.pepper_env / keys.pepper_file (or another keys.prefix); /readyz fails until they agree"
+                        );
+                    } else if beat.other_peppers == 0 && before > 0 {
+                        tracing::info!("no instance with another pepper is left on the store");
+                    }
                 }
                 Err(e) => {
                     if app.store_reachable.swap(false, Ordering::Relaxed) {

@@ -31,6 +31,7 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
         "store_reachable": app.store_reachable.load(std::sync::atomic::Ordering::Relaxed),
         "breaker": app.limiter.breaker_state().as_str(),
         "live_instances": app.limiter.live_instances(),
+        "other_peppers": app.other_peppers.load(std::sync::atomic::Ordering::Relaxed),
     });
     (status, Json(body))
 }
