@@ -82,8 +82,16 @@ impl Source {
 
     /// Reads and validates the configuration.
     pub fn load(&self) -> Fallible<Config> {
+        Ok(self.load_as_read()?.0)
+    }
+
+    /// Reads and validates the configuration, with what it read (the
+    /// reloader compares later reads with exactly that).
+    pub fn load_as_read(&self) -> Fallible<(Config, Loaded)> {
         let text = self.text()?;
-        self.parse(&text)
+        let config = self.parse(&text)?;
+        let loaded = Loaded(self.fingerprint(&text));
+        Ok((config, loaded))
     }
 
     fn parse(&self, text: &str) -> Fallible<Config> {
@@ -120,15 +128,20 @@ impl Source {
     }
 }
 
-/// Reloads `source` on SIGHUP and when the file changes. Returns at once;
-/// the work happens on a background task.
-pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config) {
+/// What a configuration was loaded from, to tell a later change.
+#[derive(Debug, Clone)]
+pub struct Loaded(String);
+
+/// Reloads `source` on SIGHUP and when the file changes from what `running`
+/// was `loaded` from. Returns at once; the work happens on a background
+/// task.
+pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Loaded) {
     if source.file.is_none() {
         return;
     }
     tokio::spawn(async move {
         let mut running = running;
-        let mut last = source.text().ok().map(|t| source.fingerprint(&t));
+        let mut last = Some(loaded.0);
         let mut interval = tokio::time::interval(POLL);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut hangup = hangup_signal();

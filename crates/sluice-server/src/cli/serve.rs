@@ -36,7 +36,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 
 async fn serve(args: ServeArgs) -> Fallible<()> {
     let source = Source::from_arg(args.config).with_envoy_config(args.envoy_config);
-    let config = source.load()?;
+    let (config, loaded) = source.load_as_read()?;
     let http = args.http.unwrap_or(config.server.http);
     let grpc = args.grpc.unwrap_or(config.server.grpc);
     let app = App::build(&config).await?;
@@ -55,7 +55,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         config = %source.origin(),
         "sluice listening"
     );
-    spawn_reloader(source, app.clone(), config);
+    spawn_reloader(source, app.clone(), config, loaded);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let signal = shutdown_signal();
