@@ -84,6 +84,7 @@ pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
 pub async fn serve_grpc(
     app: Arc<App>,
     listener: tokio::net::TcpListener,
+    limits: sluice_core::config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Fallible<()> {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -91,14 +92,20 @@ pub async fn serve_grpc(
     health
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
         .await;
-    tonic::transport::Server::builder()
-        .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(app)))
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
-            shutdown,
-        )
-        .await?;
+    let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
+    let service =
+        RateLimitServiceServer::new(RateLimiter::new(app)).max_decoding_message_size(max_message);
+    let routes = tonic::service::Routes::new(health_service)
+        .add_service(service)
+        .prepare();
+    crate::listen::serve(
+        listener,
+        routes,
+        &limits,
+        crate::listen::Protocols::Http2,
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 

@@ -10,6 +10,8 @@
 //!   envoyproxy/ratelimit configurations.
 //! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
 //!   metrics.
+//! - [`listen`]: accepting connections within `server.limits` (caps and
+//!   timeouts against slow and idle clients).
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.
 
 #![forbid(unsafe_code)]
@@ -21,6 +23,7 @@ pub mod bench;
 pub mod cli;
 pub mod envoy;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod source;
 

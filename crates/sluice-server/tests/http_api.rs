@@ -59,7 +59,7 @@ fn harness() -> Harness {
         Default::default(),
     );
     Harness {
-        router: router(app),
+        router: router(app, &config.server.limits),
         clock,
     }
 }
@@ -594,7 +594,7 @@ mod fuzz {
 
         #[test]
         fn check_answers_every_body_without_a_5xx(body in body()) {
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             let h = harness();
             let (response, value) = runtime.block_on(h.check(body));
             judge(response.status(), &value)?;
@@ -604,7 +604,7 @@ mod fuzz {
         fn forward_auth_answers_every_header_set_without_a_5xx(
             values in prop::collection::vec(prop::option::of(header_value()), 7),
         ) {
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             let h = harness();
             let names = ["X-Tenant", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method", "X-Original-URI", "X-User", "X-Cost"];
             let mut request = Request::get("/v1/forward-auth");

@@ -57,6 +57,32 @@ pub struct ServerConfig {
     pub grpc: SocketAddr,
     /// Which request headers `/v1/forward-auth` reads.
     pub forward_auth: ForwardAuthConfig,
+    /// What one client may hold of the server.
+    pub limits: ConnectionLimits,
+}
+
+/// `server.limits:` what one client may hold of the server, so that slow
+/// or idle clients cannot exhaust it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Most open connections on each listener (HTTP, gRPC); further ones
+    /// are closed at once.
+    pub max_connections: u64,
+    /// HTTP/1: from the moment a connection is ready for a request
+    /// (accepted, or its previous answer sent) until that request's
+    /// headers are in; also bounds how long a kept-alive connection may
+    /// sit idle.
+    pub header_timeout_ms: u64,
+    /// HTTP: a whole request, body included, must be handled within this
+    /// (else 408).
+    pub request_timeout_ms: u64,
+    /// gRPC (HTTP/2): a ping every interval; a peer that does not answer
+    /// within the same time is dropped.
+    pub grpc_keepalive_ms: u64,
+    /// gRPC: most concurrent streams per connection.
+    pub grpc_max_streams: u32,
+    /// gRPC: largest request message, in bytes.
+    pub grpc_max_message_bytes: u64,
 }
 
 /// `server.forward_auth:`.
@@ -270,6 +296,18 @@ pub mod defaults {
     pub const TENANT_HEADER: &str = "X-Tenant";
     /// `storage.timeout`.
     pub const TIMEOUT_MS: u64 = 50;
+    /// `server.limits.max_connections`.
+    pub const MAX_CONNECTIONS: u64 = 10_000;
+    /// `server.limits.header_timeout`.
+    pub const HEADER_TIMEOUT_MS: u64 = 10_000;
+    /// `server.limits.request_timeout`.
+    pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
+    /// `server.limits.grpc_keepalive`.
+    pub const GRPC_KEEPALIVE_MS: u64 = 30_000;
+    /// `server.limits.grpc_max_streams`.
+    pub const GRPC_MAX_STREAMS: u32 = 1_024;
+    /// `server.limits.grpc_max_message_bytes`.
+    pub const GRPC_MAX_MESSAGE_BYTES: u64 = 64 * 1024;
     /// `storage.max_entries`.
     pub const MAX_ENTRIES: u64 = 1_000_000;
     /// `storage.sweep_interval`.

@@ -41,6 +41,18 @@ pub(crate) struct RawServer {
     pub http: Option<S<String>>,
     pub grpc: Option<S<String>>,
     pub forward_auth: Option<RawForwardAuth>,
+    pub limits: Option<RawLimits>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub max_connections: Option<S<i64>>,
+    pub header_timeout: Option<S<String>>,
+    pub request_timeout: Option<S<String>>,
+    pub grpc_keepalive: Option<S<String>>,
+    pub grpc_max_streams: Option<S<i64>>,
+    pub grpc_max_message_bytes: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

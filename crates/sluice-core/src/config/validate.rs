@@ -8,9 +8,9 @@ use serde_saphyr::{Location, Options};
 
 use super::raw::{RawConfig, RawKeys, RawPlan, RawRule, RawServer, RawStorage, S};
 use super::{
-    Backend, Config, ConfigError, ConfigErrors, EnvoyServiceConfig, ForwardAuthConfig, KeysConfig,
-    Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules, SecretSource, ServerConfig,
-    StorageConfig, TenantSpec, defaults,
+    Backend, Config, ConfigError, ConfigErrors, ConnectionLimits, EnvoyServiceConfig,
+    ForwardAuthConfig, KeysConfig, Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules,
+    SecretSource, ServerConfig, StorageConfig, TenantSpec, defaults,
 };
 use crate::duration::{HumanDuration, parse_duration_ms};
 use crate::rule::{Algorithm, Rule};
@@ -181,6 +181,45 @@ impl<'a> Validator<'a> {
         let cost_header = forward
             .cost_header
             .map(|h| self.header_name(&h, "server.forward_auth.cost_header"));
+        let limits = raw.limits.unwrap_or_default();
+        let limits = ConnectionLimits {
+            max_connections: self.integer_in(
+                limits.max_connections.as_ref(),
+                "server.limits.max_connections",
+                defaults::MAX_CONNECTIONS,
+                1..=1_000_000,
+            ),
+            header_timeout_ms: self.duration_in(
+                limits.header_timeout.as_ref(),
+                "server.limits.header_timeout",
+                defaults::HEADER_TIMEOUT_MS,
+                100..=600_000,
+            ),
+            request_timeout_ms: self.duration_in(
+                limits.request_timeout.as_ref(),
+                "server.limits.request_timeout",
+                defaults::REQUEST_TIMEOUT_MS,
+                100..=600_000,
+            ),
+            grpc_keepalive_ms: self.duration_in(
+                limits.grpc_keepalive.as_ref(),
+                "server.limits.grpc_keepalive",
+                defaults::GRPC_KEEPALIVE_MS,
+                1_000..=3_600_000,
+            ),
+            grpc_max_streams: self.integer_in(
+                limits.grpc_max_streams.as_ref(),
+                "server.limits.grpc_max_streams",
+                u64::from(defaults::GRPC_MAX_STREAMS),
+                1..=65_536,
+            ) as u32,
+            grpc_max_message_bytes: self.integer_in(
+                limits.grpc_max_message_bytes.as_ref(),
+                "server.limits.grpc_max_message_bytes",
+                defaults::GRPC_MAX_MESSAGE_BYTES,
+                1_024..=16 * 1024 * 1024,
+            ),
+        };
         ServerConfig {
             http: self.address(raw.http, "server.http", defaults::HTTP),
             grpc: self.address(raw.grpc, "server.grpc", defaults::GRPC),
@@ -189,6 +228,7 @@ impl<'a> Validator<'a> {
                 subject_header,
                 cost_header,
             },
+            limits,
         }
     }
 

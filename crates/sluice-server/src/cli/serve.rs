@@ -10,6 +10,7 @@ use tracing::{error, info};
 use super::{ServeArgs, init_logging};
 use crate::Fallible;
 use crate::app::App;
+use crate::listen::{self, Protocols};
 use crate::source::{Source, spawn_reloader};
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
@@ -37,6 +38,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 async fn serve(args: ServeArgs) -> Fallible<()> {
     let source = Source::from_arg(args.config).with_envoy_config(args.envoy_config);
     let (config, loaded) = source.load_as_read()?;
+    let open_files = listen::raise_open_files();
     let http = args.http.unwrap_or(config.server.http);
     let grpc = args.grpc.unwrap_or(config.server.grpc);
     let app = App::build(&config).await?;
@@ -53,8 +55,11 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         grpc = %grpc_listener.local_addr()?,
         store = app.limiter.store().name(),
         config = %source.origin(),
+        open_files = open_files.unwrap_or(0),
+        max_connections = config.server.limits.max_connections,
         "sluice listening"
     );
+    let limits = config.server.limits;
     spawn_reloader(source, app.clone(), config, loaded);
 
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -63,9 +68,15 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         signal.await;
         let _ = stop.send(true);
     });
-    let grpc_server = crate::envoy::serve_grpc(app.clone(), grpc_listener, until(stopped.clone()));
-    let http_server = axum::serve(http_listener, crate::http::router(app))
-        .with_graceful_shutdown(until(stopped.clone()));
+    let grpc_server =
+        crate::envoy::serve_grpc(app.clone(), grpc_listener, limits, until(stopped.clone()));
+    let http_server = listen::serve(
+        http_listener,
+        crate::http::router(app, &limits),
+        &limits,
+        Protocols::Any,
+        until(stopped.clone()),
+    );
     let servers = async { tokio::join!(http_server, grpc_server) };
     // Once asked to stop, requests in flight get DRAIN to finish; idle
     // connections (Envoy keeps its gRPC connections open) do not hold the
@@ -75,10 +86,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         tokio::time::sleep(DRAIN).await;
     };
     tokio::select! {
-        (http_result, grpc_result) = servers => {
-            http_result?;
-            grpc_result?;
-        }
+        ((), grpc_result) = servers => grpc_result?,
         () = drain => info!("connections still open after the drain period; closing them"),
     }
     info!("sluice stopped");

@@ -18,9 +18,11 @@ mod health;
 mod respond;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{any, get, post};
+use sluice_core::config::ConnectionLimits;
 
 pub use sluice_tower::{DecisionView, InvalidRequest};
 
@@ -29,8 +31,11 @@ use crate::app::App;
 /// Largest request body `/v1/check` reads.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// The router of the HTTP API.
-pub fn router(app: Arc<App>) -> Router {
+/// The router of the HTTP API, every request bounded by `limits`: a body
+/// above [`MAX_BODY_BYTES`] is refused with 413 (at once when its
+/// `Content-Length` says so), and a request not handled within
+/// `request_timeout` (a client sending its body slowly) gets 408.
+pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/forward-auth", any(forward_auth::forward_auth))
@@ -38,5 +43,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            Duration::from_millis(limits.request_timeout_ms),
+        ))
         .with_state(app)
 }

@@ -1,0 +1,142 @@
+//! Accepting connections without letting clients exhaust the server.
+//!
+//! Both listeners (HTTP and gRPC) go through [`serve`]: a connection takes
+//! one of `server.limits.max_connections` places or is closed at once; HTTP/1
+//! connections must deliver a request's headers within `header_timeout`
+//! (which also ends idle keep-alive connections); HTTP/2 connections are
+//! pinged every `grpc_keepalive` and dropped when a ping goes unanswered,
+//! with at most `grpc_max_streams` streams each. Running out of file
+//! descriptors does not stop the accept loop: it waits a moment and goes
+//! on, while the decisions on open connections continue.
+//!
+//! [`raise_open_files`] lifts the soft limit on open files to the hard one
+//! at start-up: the common soft limit of 1024 would otherwise cap the
+//! connections long before `max_connections`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use sluice_core::config::ConnectionLimits;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Which protocols a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocols {
+    /// HTTP/1.1 and HTTP/2 (the HTTP API).
+    Any,
+    /// HTTP/2 only (gRPC).
+    Http2,
+}
+
+/// Connections refused because the listener was full, across listeners
+/// (logged once per thousand).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Serves `service` on `listener` within `limits` until `shutdown`
+/// resolves; then stops accepting and waits for the open connections to
+/// finish their requests (idle ones are closed).
+pub async fn serve<S, B>(
+    listener: TcpListener,
+    service: S,
+    limits: &ConnectionLimits,
+    protocols: Protocols,
+    shutdown: impl std::future::Future<Output = ()>,
+) where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let places = Arc::new(Semaphore::new(
+        usize::try_from(limits.max_connections).unwrap_or(usize::MAX),
+    ));
+    let builder = builder(limits, protocols);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // EMFILE and friends: the connections already open keep
+                    // working; try again shortly.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            if REFUSED.fetch_add(1, Ordering::Relaxed).is_multiple_of(1_000) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    "connection refused: server.limits.max_connections are open"
+                );
+            }
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (builder, service) = (builder.clone(), service.clone());
+        let watcher = graceful.watcher();
+        let header_timeout = Duration::from_millis(limits.header_timeout_ms);
+        tokio::spawn(async move {
+            // The protocol is told from the first bytes: a client that
+            // sends none is dropped after the header timeout (hyper's own
+            // timer only starts once HTTP/1 is chosen).
+            let mut first = [0u8; 1];
+            let sent = tokio::time::timeout(header_timeout, stream.peek(&mut first)).await;
+            if matches!(sent, Ok(Ok(1..))) {
+                let connection = builder.serve_connection_with_upgrades(
+                    TokioIo::new(stream),
+                    TowerToHyperService::new(service),
+                );
+                let _ = watcher.watch(connection.into_owned()).await;
+            }
+            drop(place);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+fn builder(limits: &ConnectionLimits, protocols: Protocols) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    if protocols == Protocols::Http2 {
+        builder = builder.http2_only();
+    }
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(limits.header_timeout_ms))
+        .keep_alive(true);
+    let keepalive = Duration::from_millis(limits.grpc_keepalive_ms);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(keepalive)
+        .keep_alive_timeout(keepalive)
+        .max_concurrent_streams(limits.grpc_max_streams);
+    builder
+}
+
+/// Raises this process's soft limit on open files to its hard limit;
+/// returns the limit now in force (`None` where there is none to raise).
+pub fn raise_open_files() -> Option<u64> {
+    rlimit::increase_nofile_limit(u64::MAX).ok()
+}
