@@ -82,7 +82,10 @@ pub async fn serve<S, B>(
             },
         };
         let Ok(place) = places.clone().try_acquire_owned() else {
-            if REFUSED.fetch_add(1, Ordering::Relaxed).is_multiple_of(1_000) {
+            if REFUSED
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1_000)
+            {
                 tracing::warn!(
                     max_connections = limits.max_connections,
                     "connection refused: server.limits.max_connections are open"

@@ -270,3 +270,61 @@ fn single_rules_match_over_long_runs() {
         }
     }
 }
+
+/// A reload changes a rule's parameters but not its name: the bucket keeps
+/// its key, so both engines read a state written under the old limit.
+#[test]
+fn states_written_under_another_limit_match() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let params = [
+        (7u64, 700u64, 9u64),
+        (3, 250, 4),
+        (12, 1_000, 20),
+        (1, 60, 1),
+    ];
+    for algorithm in Algorithm::ALL {
+        let clock = Arc::new(ManualClock::new(1_764_460_800_123));
+        let memory = MemoryStore::with_clock(1_000, clock.clone());
+        let keys = KeySet {
+            current: Keyer::new("sl", &pepper()),
+            previous: None,
+        };
+        let redis = runtime
+            .block_on(RedisStore::connect(
+                &server.url(),
+                keys,
+                &ConnectOptions::with_timeout(Duration::from_secs(5)),
+            ))
+            .unwrap()
+            .with_time(TimeSource::Client(clock.clone()));
+        for (round, (limit, per, burst)) in params.into_iter().cycle().take(8).enumerate() {
+            let yaml = format!(
+                "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: same, algorithm: {}, limit: {limit}, per: {per}ms{} }}]\n",
+                algorithm.name(),
+                if algorithm.has_burst() {
+                    format!(", burst: {burst}")
+                } else {
+                    String::new()
+                }
+            );
+            let policy = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
+            let rules = policy.applicable("tenant-r", "GET /", false).rules;
+            for i in 0..40u64 {
+                clock.advance([0, 3, 41, 0, 170][(i % 5) as usize]);
+                let cost = 1 + i % rules[0].rule().capacity().min(3);
+                let batch = Batch::new("tenant-r", None, cost, rules);
+                let expected = memory.decide_now(&batch).unwrap();
+                let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+                assert_eq!(
+                    expected.as_slice(),
+                    actual.as_slice(),
+                    "{algorithm} round {round} ({limit}/{per}ms) step {i}"
+                );
+            }
+        }
+    }
+}
