@@ -5,9 +5,14 @@
 //! tree one entry at a time, each level is tried in this order:
 //!
 //! 1. the node named `key_value` exactly;
-//! 2. a node whose value ends with `*` and whose `key_value` prefix matches
+//! 2. a node whose value holds `*` (anywhere, any number of them: each
+//!    matches any run of characters) and whose `key_value` pattern matches
 //!    (first in file order);
 //! 3. the node named `key` alone (any value).
+//!
+//! A wildcard node with `share_threshold` counts every value it matches in
+//! one bucket (its pattern stands for the value in the bucket's name);
+//! without it each value counts on its own.
 //!
 //! The limit applies only if the node matched for the *last* entry has one:
 //! a descriptor with more entries than the tree is deep matches nothing.
@@ -31,6 +36,9 @@ pub struct DescriptorLimit {
     pub blocks: bool,
     /// Shadow mode: counted, never enforced.
     pub shadow: bool,
+    /// Quota mode: its rules never block alone (they are decided as shadow
+    /// rules); the request is over when every quota descriptor is.
+    pub quota: bool,
     /// The limit's name, for `replaces`.
     pub name: Option<String>,
     /// Names this limit replaces.
@@ -44,9 +52,45 @@ pub struct DescriptorLimit {
 #[derive(Debug, Default)]
 struct Node {
     children: HashMap<String, Node>,
-    /// `(prefix of key_value, composite key of the child)`, file order.
-    wildcards: Vec<(String, String)>,
+    /// `(pattern split on '*', composite key of the child)`, file order.
+    wildcards: Vec<(Vec<String>, String)>,
     limit: Option<DescriptorLimit>,
+    /// `share_threshold` on this (wildcard) node.
+    share_threshold: bool,
+}
+
+/// A descriptor's limit, with the entries a `share_threshold` wildcard
+/// matched: `(index, value pattern)`, to count under the pattern.
+#[derive(Debug, Clone)]
+pub struct Found<'p> {
+    /// The limit.
+    pub limit: &'p DescriptorLimit,
+    /// Entries counted under their wildcard pattern instead of their value.
+    pub shared: Vec<(usize, &'p str)>,
+}
+
+/// Whether `text` matches `parts` (a pattern split on `*`): it starts with
+/// the first part, ends with the last, and holds the others in order in
+/// between.
+fn wildcard_match(parts: &[String], text: &str) -> bool {
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return false;
+    };
+    if parts.len() == 1 {
+        return first == text;
+    }
+    let fixed: usize = parts.iter().map(String::len).sum();
+    if text.len() < fixed || !text.starts_with(first.as_str()) || !text.ends_with(last.as_str()) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part.as_str()) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// Compiled envoyproxy/ratelimit domains.
@@ -87,24 +131,42 @@ impl DescriptorPolicy {
         domain: &str,
         entries: &[(&'k str, &'k str)],
     ) -> Option<&DescriptorLimit> {
+        self.find(domain, entries).map(|found| found.limit)
+    }
+
+    /// The limit for one request descriptor, with the entries that count
+    /// under a shared wildcard.
+    pub fn find<'k>(&self, domain: &str, entries: &[(&'k str, &'k str)]) -> Option<Found<'_>> {
         let mut node = self.domains.get(domain)?;
         let mut found = None;
+        let mut shared = Vec::new();
         let mut composite = String::new();
         for (i, (key, value)) in entries.iter().enumerate() {
             composite.clear();
             composite.push_str(key);
             composite.push('_');
             composite.push_str(value);
-            let next = node
-                .children
-                .get(&composite)
-                .or_else(|| {
-                    node.wildcards
-                        .iter()
-                        .find(|(prefix, _)| composite.starts_with(prefix.as_str()))
-                        .and_then(|(_, child)| node.children.get(child))
-                })
-                .or_else(|| node.children.get(*key))?;
+            let next = match node.children.get(&composite) {
+                Some(next) => next,
+                None => match node
+                    .wildcards
+                    .iter()
+                    .find(|(parts, _)| wildcard_match(parts, &composite))
+                {
+                    Some((_, pattern)) => {
+                        let next = node.children.get(pattern)?;
+                        if next.share_threshold {
+                            let value = pattern
+                                .strip_prefix(*key)
+                                .and_then(|p| p.strip_prefix('_'))
+                                .unwrap_or(pattern);
+                            shared.push((i, value));
+                        }
+                        next
+                    }
+                    None => node.children.get(*key)?,
+                },
+            };
             if i + 1 == entries.len() {
                 found = next.limit.as_ref();
             }
@@ -113,21 +175,24 @@ impl DescriptorPolicy {
             }
             node = next;
         }
-        found
+        found.map(|limit| Found { limit, shared })
     }
 }
 
 fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limit: f64) {
     let composite = descriptor.composite_key();
     let path = format!("{path}.{composite}");
-    let mut node = Node::default();
+    let mut node = Node {
+        share_threshold: descriptor.share_threshold,
+        ..Node::default()
+    };
     if let Some(limit) = &descriptor.limit {
         let rules = limit
             .rules
             .iter()
             .map(|named| {
                 let named = NamedRule {
-                    shadow: named.shadow || descriptor.shadow,
+                    shadow: named.shadow || descriptor.shadow || descriptor.quota,
                     ..named.clone()
                 };
                 BoundRule::new(Scope::Descriptor, &path, &named, near_limit)
@@ -138,6 +203,7 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
             unlimited: limit.unlimited,
             blocks: limit.blocks(),
             shadow: descriptor.shadow,
+            quota: descriptor.quota,
             name: limit.name.clone(),
             replaces: limit.replaces.clone(),
             requests_per_unit: limit.requests_per_unit,
@@ -147,10 +213,9 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
     for child in &descriptor.children {
         insert(&mut node, &path, child, near_limit);
     }
-    if let Some(prefix) = composite.strip_suffix('*') {
-        parent
-            .wildcards
-            .push((prefix.to_owned(), composite.clone()));
+    if composite.contains('*') {
+        let parts = composite.split('*').map(str::to_owned).collect();
+        parent.wildcards.push((parts, composite.clone()));
     }
     parent.children.insert(composite, node);
 }
@@ -196,6 +261,40 @@ descriptors:
         assert_eq!(rpu(&p, &[("path", "/api/v1/x")]), Some(7));
         assert!(p.lookup("d", &[("path", "/api/health")]).unwrap().unlimited);
         assert_eq!(rpu(&p, &[("path", "/web")]), None);
+    }
+
+    #[test]
+    fn a_star_matches_anywhere_and_more_than_once() {
+        let p = policy(
+            r#"
+domain: d
+descriptors:
+  - key: path
+    value: "/v1/*/invoices/*"
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: path
+    value: "*.pdf"
+    rate_limit: { unit: second, requests_per_unit: 2 }
+  - key: path
+    value: "/files/*"
+    share_threshold: true
+    rate_limit: { unit: second, requests_per_unit: 3 }
+"#,
+        );
+        assert_eq!(rpu(&p, &[("path", "/v1/acme/invoices/7")]), Some(1));
+        assert_eq!(rpu(&p, &[("path", "/v1/acme/invoices/")]), Some(1));
+        assert_eq!(rpu(&p, &[("path", "/v1/acme/bills/7")]), None);
+        assert_eq!(rpu(&p, &[("path", "/a/b.pdf")]), Some(2));
+        assert_eq!(rpu(&p, &[("path", "/a/b.pdfx")]), None);
+        let found = p.find("d", &[("path", "/files/a.csv")]).unwrap();
+        assert_eq!(found.limit.requests_per_unit, 3);
+        assert_eq!(found.shared, vec![(0, "/files/*")]);
+        assert!(
+            p.find("d", &[("path", "/a/b.pdf")])
+                .unwrap()
+                .shared
+                .is_empty()
+        );
     }
 
     #[test]

@@ -256,8 +256,9 @@ fn descriptor_partition(domain: &str, entries: &[(&str, &str)]) -> String {
 enum Found<'p> {
     /// No limit (also: unlimited, replaced, or counting 0 units).
     None,
-    /// From the configuration.
-    Config(&'p DescriptorLimit),
+    /// From the configuration, with the entries a `share_threshold`
+    /// wildcard counts under its pattern.
+    Config(&'p DescriptorLimit, Vec<(usize, &'p str)>),
     /// From the descriptor's `limit` override.
     Override(DescriptorLimit),
 }
@@ -266,7 +267,7 @@ impl Found<'_> {
     fn limit(&self) -> Option<&DescriptorLimit> {
         match self {
             Found::None => None,
-            Found::Config(limit) => Some(limit),
+            Found::Config(limit, _) => Some(limit),
             Found::Override(limit) => Some(limit),
         }
     }
@@ -310,11 +311,27 @@ fn override_limit(
         rules,
         unlimited: false,
         shadow: false,
+        quota: false,
         name: None,
         replaces: Vec::new(),
         requests_per_unit,
         unit: Some(unit),
     }
+}
+
+/// A descriptor's entries as its bucket counts them: values matched by a
+/// `share_threshold` wildcard are replaced by the pattern.
+fn counted_entries<'e>(
+    entries: &[(&'e str, &'e str)],
+    shared: &[(usize, &'e str)],
+) -> Vec<(&'e str, &'e str)> {
+    let mut counted = entries.to_vec();
+    for &(i, pattern) in shared {
+        if let Some(entry) = counted.get_mut(i) {
+            entry.1 = pattern;
+        }
+    }
+    counted
 }
 
 /// The configured form of a descriptor's limit: requests per unit, unit,
@@ -327,6 +344,8 @@ struct Decided<'p> {
     /// The rules each descriptor answers for (indices into the decision's
     /// rules).
     owners: Vec<Vec<usize>>,
+    /// Per descriptor: in quota mode.
+    quota: Vec<bool>,
     /// Per descriptor: blocked by `requests_per_unit: 0`.
     blocked: Vec<bool>,
     /// Per descriptor: the configured form of its limit, for `current_limit`.
@@ -356,8 +375,8 @@ impl RateLimitService for RateLimiter {
                         Found::Override(override_limit(domain, d, near_limit, 1))
                     } else {
                         envoy
-                            .lookup(domain, &d.entries)
-                            .map_or(Found::None, Found::Config)
+                            .find(domain, &d.entries)
+                            .map_or(Found::None, |f| Found::Config(f.limit, f.shared))
                     }
                 })
                 .collect();
@@ -415,9 +434,24 @@ impl RateLimiter {
         rules: &'p [BoundRule],
         owner: &[usize],
     ) -> Decided<'p> {
+        // A replaced limit does not apply at all, a blocking one included.
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(Found::limit)
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        let applies =
+            |l: &DescriptorLimit| !l.name.as_deref().is_some_and(|n| replaced.contains(&n));
         let blocked: Vec<bool> = found
             .iter()
-            .map(|f| f.limit().is_some_and(|l| l.blocks && !l.unlimited))
+            .map(|f| {
+                f.limit()
+                    .is_some_and(|l| l.blocks && !l.unlimited && applies(l))
+            })
+            .collect();
+        let quota: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.quota && applies(l)))
             .collect();
         let configured: Vec<_> = found
             .iter()
@@ -429,7 +463,7 @@ impl RateLimiter {
         let enforced_block = found
             .iter()
             .zip(&blocked)
-            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow));
+            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow || l.quota));
         let mut owners = vec![Vec::new(); descriptors.len()];
         for (index, descriptor) in owner.iter().enumerate() {
             owners[*descriptor].push(index);
@@ -442,7 +476,13 @@ impl RateLimiter {
         } else {
             let partitions_text: Vec<String> = owner
                 .iter()
-                .map(|d| descriptor_partition(domain, &descriptors[*d].entries))
+                .map(|&d| {
+                    let shared = match &found[d] {
+                        Found::Config(_, shared) => &shared[..],
+                        _ => &[],
+                    };
+                    descriptor_partition(domain, &counted_entries(&descriptors[d].entries, shared))
+                })
                 .collect();
             let partitions: Vec<Partition<'_>> = partitions_text
                 .iter()
@@ -463,6 +503,7 @@ impl RateLimiter {
             decision,
             owners,
             blocked,
+            quota,
             configured,
         }
     }
@@ -533,6 +574,7 @@ impl RateLimiter {
                 decision,
                 owners,
                 blocked,
+                quota: Vec::new(),
                 configured,
             }
         } else {
@@ -593,6 +635,7 @@ impl RateLimiter {
                     decision,
                     owners,
                     blocked,
+                    quota: Vec::new(),
                     configured,
                 },
                 started,
@@ -613,6 +656,7 @@ impl RateLimiter {
             decision,
             owners,
             blocked,
+            quota,
             configured,
         } = decided;
         self.app.metrics.decision(&decision, started.elapsed());
@@ -620,9 +664,21 @@ impl RateLimiter {
             tracing::debug!("a shadow-mode descriptor would have denied this request");
         }
         let statuses: Vec<DescriptorStatus> = (0..descriptors)
-            .map(|i| descriptor_status(&decision, &owners[i], blocked[i], &configured[i]))
+            .map(|i| {
+                let quota = quota.get(i).copied().unwrap_or(false);
+                descriptor_status(&decision, &owners[i], blocked[i], quota, &configured[i])
+            })
             .collect();
-        let over = !decision.allowed;
+        // Quota descriptors never block alone: the request is over when
+        // every one of them is (as envoyproxy/ratelimit answers).
+        let quotas = statuses
+            .iter()
+            .zip(&quota)
+            .filter(|(_, q)| **q)
+            .map(|(s, _)| s.code == Code::OverLimit as i32);
+        let (quota_count, quota_over) =
+            quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));
+        let over = !decision.allowed || (quota_count > 0 && quota_count == quota_over);
         let mut headers = Vec::new();
         let policy_header = if decision.policy_header().is_empty() {
             decision
@@ -670,6 +726,7 @@ fn descriptor_status(
     decision: &Decision<'_>,
     owned: &[usize],
     blocked: bool,
+    quota: bool,
     configured: &Configured,
 ) -> DescriptorStatus {
     if blocked {
@@ -687,9 +744,11 @@ fn descriptor_status(
         .iter()
         .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
         .collect();
+    // A quota descriptor's rules are decided as shadow rules, but its
+    // status still says when it is over.
     let denied = known
         .iter()
-        .any(|(r, o)| !o.allowed && !decision.rules[*r].shadow());
+        .any(|(r, o)| !o.allowed && (quota || !decision.rules[*r].shadow()));
     // The store was unreachable and the failure policy denied: every
     // descriptor with rules is over.
     let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();

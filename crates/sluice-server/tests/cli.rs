@@ -21,6 +21,53 @@ fn validate_accepts_the_example() {
 }
 
 #[test]
+fn validate_checks_envoyproxy_files_directories_and_what_a_config_points_to() {
+    let dir = std::env::temp_dir().join(format!("sluice-validate-envoy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = "domain: d\ndescriptors:\n  - key: path\n    value: \"/a/*/b*\"\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    std::fs::write(dir.join("good.yaml"), good).unwrap();
+    let ok = |path: &std::path::Path| {
+        let out = sluice().arg("validate").arg(path).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = ok(&dir.join("good.yaml"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("ok (1 domains"), "{stdout}");
+    let (code, stdout, _) = ok(&dir);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("ok (1 domains"), "{stdout}");
+    // A limit sluice would not enforce as written is refused, with where.
+    let bad = "domain: e\ndescriptors:\n  - key: path\n    value: exact\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    std::fs::write(dir.join("bad.yaml"), bad).unwrap();
+    let (code, _, stderr) = ok(&dir);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("bad.yaml:5:22: share_threshold can only be used with wildcard values"),
+        "{stderr}"
+    );
+    // A sluice configuration is checked with the files it points to, as
+    // `serve` would load them.
+    let config = temp_file(
+        "points-to-envoy.yaml",
+        &format!("envoy:\n  config: {}\n", dir.display()),
+    );
+    let (code, _, stderr) = ok(&config);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("share_threshold"), "{stderr}");
+    std::fs::remove_file(dir.join("bad.yaml")).unwrap();
+    let (code, stdout, stderr) = ok(&config);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("ok (1 domains"), "{stdout}");
+    // What validate accepts, serve starts with (here: Envoy alone, no plans).
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    server.stop();
+}
+
+#[test]
 fn validate_reports_file_line_column_and_fails() {
     let path = temp_file(
         "bad.yaml",

@@ -54,9 +54,16 @@ plans:
 "#;
 
 fn start(storage: &str, name: &str) -> Server {
+    start_with(storage, name, &[("edge.yaml", ENVOY_CONFIG)])
+}
+
+/// `sluice serve` with `files` as its envoyproxy/ratelimit directory.
+fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
     let dir = std::env::temp_dir().join(format!("sluice-rls-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("edge.yaml"), ENVOY_CONFIG).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
     let config = temp_file(
         &format!("{name}.yaml"),
         &format!("{storage}{SLUICE_CONFIG}"),
@@ -657,5 +664,118 @@ async fn sharded_tenants_get_their_whole_limit_through_envoy() {
     }
     assert_eq!(admitted, 100, "the plan's tenant-minute, over all shards");
     drop(c);
+    server.stop();
+}
+
+/// envoyproxy/ratelimit's current configuration language, as its own
+/// tests exercise it: wildcards anywhere, share_threshold, quota_mode,
+/// replaces of a blocking limit, and the keys that only shape stats.
+const CURRENT_LANGUAGE: &str = r#"
+domain: lang
+descriptors:
+  - key: path
+    value: "/v1/*/invoices/*"
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: file
+    value: "*.pdf"
+    share_threshold: true
+    detailed_metric: true
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: file
+    value: "*.csv"
+    value_to_metric: true
+    metadata: { owner: { team: billing }, tags: [a, b] }
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: quota_a
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: quota_b
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: closed
+    rate_limit: { unit: second, requests_per_unit: 0, name: closed }
+  - key: opener
+    rate_limit: { unit: hour, requests_per_unit: 5, replaces: [{ name: closed }] }
+"#;
+
+async fn current_language(server: &Server) {
+    let mut c = client(server).await;
+    let one = |k: &str, v: &str| vec![descriptor(&[(k, v)])];
+    // Matching: a `*` in the middle, and more than one.
+    let r = ask(&mut c, "lang", one("path", "/v1/acme/invoices/7"), 0).await;
+    assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 0));
+    let r = ask(&mut c, "lang", one("path", "/v1/acme/invoices/8"), 0).await;
+    assert_eq!(overall(&r), Code::Ok, "each value counts on its own");
+    let r = ask(&mut c, "lang", one("path", "/v1/acme/bills/7"), 0).await;
+    assert!(r.statuses[0].current_limit.is_none(), "no limit matched");
+    // Counting: share_threshold puts every matched value in one bucket;
+    // without it each value has its own.
+    for (value, code) in [
+        ("a.pdf", Code::Ok),
+        ("b.pdf", Code::Ok),
+        ("c.pdf", Code::OverLimit),
+    ] {
+        assert_eq!(
+            overall(&ask(&mut c, "lang", one("file", value), 0).await),
+            code,
+            "{value}"
+        );
+    }
+    for value in ["a.csv", "b.csv"] {
+        assert_eq!(
+            overall(&ask(&mut c, "lang", one("file", value), 0).await),
+            Code::Ok,
+            "{value}"
+        );
+    }
+    // Quota mode: a quota descriptor over its limit says so, but the
+    // request is over only when every quota descriptor is.
+    let quotas = || {
+        vec![
+            descriptor(&[("quota_a", "x")]),
+            descriptor(&[("quota_b", "x")]),
+        ]
+    };
+    let r = ask(&mut c, "lang", vec![descriptor(&[("quota_a", "x")])], 0).await;
+    assert_eq!(overall(&r), Code::Ok);
+    let r = ask(&mut c, "lang", quotas(), 0).await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+    assert_eq!(overall(&r), Code::Ok, "quota_b still had room");
+    let r = ask(&mut c, "lang", quotas(), 0).await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::OverLimit]);
+    assert_eq!(
+        overall(&r),
+        Code::OverLimit,
+        "every quota descriptor is over"
+    );
+    // Replaces: a limit that replaces a blocking one lifts the block.
+    let r = ask(&mut c, "lang", one("closed", "x"), 0).await;
+    assert_eq!(overall(&r), Code::OverLimit);
+    let r = ask(
+        &mut c,
+        "lang",
+        vec![
+            descriptor(&[("closed", "x")]),
+            descriptor(&[("opener", "x")]),
+        ],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
+    assert_eq!(r.statuses[1].limit_remaining, 4);
+}
+
+#[tokio::test]
+async fn the_current_configuration_language_on_memory_and_redis() {
+    let mut server = start_with("", "lang-memory", &[("lang.yaml", CURRENT_LANGUAGE)]);
+    current_language(&server).await;
+    server.stop();
+    let redis = RedisServer::start();
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        redis.url()
+    );
+    let mut server = start_with(&storage, "lang-redis", &[("lang.yaml", CURRENT_LANGUAGE)]);
+    current_language(&server).await;
     server.stop();
 }

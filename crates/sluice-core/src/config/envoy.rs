@@ -2,9 +2,11 @@
 //! it, into sluice rules.
 //!
 //! Each file holds one `domain` and a tree of `descriptors`: `key`, optional
-//! `value` (a trailing `*` matches by prefix), optional `rate_limit`
-//! (`unit`, `requests_per_unit`, `unlimited`, `name`, `replaces`),
-//! `shadow_mode`, `detailed_metric` and nested `descriptors`. A limit is a
+//! `value` (each `*` in it matches any run of characters), optional
+//! `rate_limit` (`unit`, `requests_per_unit`, `unlimited`, `name`,
+//! `replaces`), `shadow_mode`, `quota_mode`, `share_threshold` (wildcard
+//! values only), `detailed_metric`, `value_to_metric`, `metadata` (any
+//! shape) and nested `descriptors`. A limit is a
 //! fixed window aligned to the calendar, as envoyproxy/ratelimit counts.
 //!
 //! Two sluice extensions, documented in docs/ENVOY.md:
@@ -119,6 +121,17 @@ pub struct EnvoyDescriptor {
     pub limit: Option<EnvoyLimit>,
     /// Shadow mode: counted, never enforced.
     pub shadow: bool,
+    /// Quota mode: over the limit, its status says so, but the request is
+    /// over only when every quota descriptor of it is.
+    pub quota: bool,
+    /// `share_threshold`: every value the wildcard matches shares one
+    /// counter.
+    pub share_threshold: bool,
+    /// `detailed_metric`: stats name the request's values.
+    pub detailed_metric: bool,
+    /// `value_to_metric`: stats name the value where a wildcard or a
+    /// key-only node matched it.
+    pub value_to_metric: bool,
     /// Nested descriptors.
     pub children: Vec<EnvoyDescriptor>,
 }
@@ -173,7 +186,14 @@ struct RawDescriptor {
     rate_limit: Option<S<RawRateLimit>>,
     descriptors: Option<Vec<S<RawDescriptor>>>,
     shadow_mode: Option<bool>,
+    quota_mode: Option<bool>,
     detailed_metric: Option<bool>,
+    value_to_metric: Option<bool>,
+    share_threshold: Option<S<bool>>,
+    /// Passed to Envoy by envoyproxy/ratelimit as response metadata; any
+    /// shape, no effect on decisions.
+    #[allow(dead_code)]
+    metadata: Option<serde::de::IgnoredAny>,
     rules: Option<Vec<S<RawRule>>>,
 }
 
@@ -284,7 +304,17 @@ fn descriptors(
             v.push(at, format!("duplicate descriptor composite key '{path}'"));
             continue;
         }
-        let _ = raw.detailed_metric;
+        let share_threshold = match raw.share_threshold {
+            Some(share) if share.value && !composite.contains('*') => {
+                v.push(
+                    share.referenced,
+                    format!("share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"),
+                );
+                false
+            }
+            Some(share) => share.value,
+            None => false,
+        };
         let limit = match (raw.rate_limit, raw.rules) {
             (Some(_), Some(rules)) => {
                 v.push(
@@ -313,6 +343,10 @@ fn descriptors(
             value,
             limit,
             shadow: raw.shadow_mode.unwrap_or(false),
+            quota: raw.quota_mode.unwrap_or(false),
+            share_threshold,
+            detailed_metric: raw.detailed_metric.unwrap_or(false),
+            value_to_metric: raw.value_to_metric.unwrap_or(false),
             children,
         });
     }

@@ -19,6 +19,8 @@ use crate::request::{MAX_ROUTE_BYTES, MAX_TENANT_BYTES};
 
 /// Most shards a tenant may be split over.
 const MAX_SHARDS: i64 = 1024;
+/// The one (empty) plan of a configuration for Envoy alone.
+const ENVOY_ONLY_PLAN: &str = "default";
 const MAX_NAME_BYTES: usize = 64;
 const MAX_TIMEOUT_MS: u64 = 10_000;
 
@@ -134,7 +136,12 @@ impl<'a> Validator<'a> {
         let server = self.server(raw.server.unwrap_or_default());
         let storage = self.storage(raw.storage.unwrap_or_default());
         let keys = self.keys(raw.keys.unwrap_or_default(), &storage.backend);
+        // A configuration for Envoy alone (an `envoy:` section, no plans)
+        // gets one empty plan: every request outside the envoyproxy/ratelimit
+        // domains is unlimited.
+        let envoy_only = raw.envoy.is_some() && raw.plans.is_none() && raw.default_plan.is_none();
         let limits = self.limits(
+            envoy_only,
             raw.default_plan,
             raw.near_limit,
             raw.plans,
@@ -584,6 +591,7 @@ impl<'a> Validator<'a> {
 
     fn limits(
         &mut self,
+        envoy_only: bool,
         default_plan: Option<S<String>>,
         near_limit: Option<S<f64>>,
         plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
@@ -621,7 +629,15 @@ impl<'a> Validator<'a> {
             }
             specs.push(self.plan(name, plan, &global_names));
         }
-        if specs.is_empty() {
+        if envoy_only {
+            specs.push(PlanSpec {
+                name: ENVOY_ONLY_PLAN.to_owned(),
+                tenant: Vec::new(),
+                routes: Vec::new(),
+                subject: Vec::new(),
+                on_error: None,
+            });
+        } else if specs.is_empty() {
             self.push(plans_at, "`plans` must define at least one plan");
         }
         let plan_list = || {
@@ -632,6 +648,7 @@ impl<'a> Validator<'a> {
                 .join(", ")
         };
         let default_plan = match default_plan {
+            None if envoy_only => ENVOY_ONLY_PLAN.to_owned(),
             None => {
                 self.push(TOP, "`default_plan` is missing: name the plan that tenants not listed under `tenants` get");
                 String::new()

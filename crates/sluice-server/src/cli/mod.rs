@@ -120,7 +120,9 @@ pub struct InspectArgs {
 /// `sluice validate`.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// The configuration file.
+    /// A sluice configuration file (with the envoyproxy/ratelimit files its
+    /// `envoy.config` names), or envoyproxy/ratelimit files: one file, or a
+    /// directory of them.
     file: PathBuf,
 }
 

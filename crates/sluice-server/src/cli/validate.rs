@@ -4,7 +4,35 @@ use sluice_core::Config;
 
 use super::ValidateArgs;
 
+/// An envoyproxy/ratelimit file names its `domain` at the top level.
+fn is_envoy_file(text: &str) -> bool {
+    text.lines().any(|l| l.starts_with("domain:"))
+}
+
+/// Checks envoyproxy/ratelimit files (a file or a directory of them) as
+/// `serve` loads them, as upstream's `ratelimit_config_check` does.
+fn envoy(path: &std::path::Path) -> ExitCode {
+    match crate::envoy::load_envoy_config(path) {
+        Ok(domains) => {
+            let descriptors: usize = domains.iter().map(|d| d.descriptors.len()).sum();
+            println!(
+                "{}: ok ({} domains, {descriptors} top-level descriptors)",
+                path.display(),
+                domains.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 pub(super) fn run(args: ValidateArgs) -> ExitCode {
+    if args.file.is_dir() {
+        return envoy(&args.file);
+    }
     let origin = args.file.display().to_string();
     let text = match std::fs::read_to_string(&args.file) {
         Ok(text) => text,
@@ -13,8 +41,17 @@ pub(super) fn run(args: ValidateArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if is_envoy_file(&text) {
+        return envoy(&args.file);
+    }
     match Config::from_yaml(&text, &origin) {
         Ok(config) => {
+            // What `serve` would load with it.
+            if let Some(path) = &config.envoy.config_path
+                && envoy(path) != ExitCode::SUCCESS
+            {
+                return ExitCode::FAILURE;
+            }
             let rules: usize = config
                 .limits
                 .plans
