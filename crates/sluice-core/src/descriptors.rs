@@ -28,6 +28,9 @@ use crate::policy::{BoundRule, Scope};
 /// A limit found for a descriptor.
 #[derive(Debug, Clone)]
 pub struct DescriptorLimit {
+    /// Where it sits: `domain.key_value.key…`, as envoyproxy/ratelimit
+    /// names it.
+    pub key: String,
     /// The rules enforced (empty when unlimited or blocking).
     pub rules: Box<[BoundRule]>,
     /// Never limited, never counted.
@@ -125,6 +128,32 @@ impl DescriptorPolicy {
         self.domains.keys().map(String::as_str)
     }
 
+    /// Every limit, one line each and sorted, as envoyproxy/ratelimit's
+    /// `/rlconfig` prints them: `key: unit=… requests_per_unit=…,
+    /// shadow_mode: …, quota_mode: …`.
+    pub fn dump(&self) -> String {
+        fn walk(node: &Node, lines: &mut Vec<String>) {
+            if let Some(l) = &node.limit {
+                let unit = l
+                    .unit
+                    .map_or("UNKNOWN".to_owned(), |u| u.name().to_uppercase());
+                lines.push(format!(
+                    "{}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                    l.key, l.requests_per_unit, l.shadow, l.quota
+                ));
+            }
+            for child in node.children.values() {
+                walk(child, lines);
+            }
+        }
+        let mut lines = Vec::new();
+        for root in self.domains.values() {
+            walk(root, &mut lines);
+        }
+        lines.sort();
+        lines.into_iter().map(|l| l + "\n").collect()
+    }
+
     /// The limit for one request descriptor, if any.
     pub fn lookup<'k>(
         &self,
@@ -199,6 +228,7 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
             })
             .collect();
         node.limit = Some(DescriptorLimit {
+            key: path.clone(),
             rules,
             unlimited: limit.unlimited,
             blocks: limit.blocks(),

@@ -307,6 +307,7 @@ fn override_limit(
         Err(_) => Box::new([]),
     };
     DescriptorLimit {
+        key: path,
         blocks: rules.is_empty(),
         rules,
         unlimited: false,

@@ -779,3 +779,74 @@ async fn the_current_configuration_language_on_memory_and_redis() {
     current_language(&server).await;
     server.stop();
 }
+
+#[tokio::test]
+async fn envoyproxy_http_endpoints_healthcheck_json_and_rlconfig() {
+    let mut server = start("", "upstream-http");
+    let http = reqwest::Client::new();
+    let health = http
+        .get(format!("{}/healthcheck", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "OK");
+    // `POST /json`: ShouldRateLimit in protobuf's JSON form.
+    let ask_json = |body: serde_json::Value| {
+        let http = http.clone();
+        let url = format!("{}/json", server.base);
+        async move {
+            let response = http.post(url).json(&body).send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+    let request = serde_json::json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}]}],
+        "hitsAddend": 1
+    });
+    let (status, body) = ask_json(request.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    assert_eq!(answer["statuses"][0]["code"], "OK");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 2);
+    assert_eq!(answer["statuses"][0]["currentLimit"]["requestsPerUnit"], 3);
+    assert_eq!(answer["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    // snake_case names, as protobuf's JSON parser also takes them.
+    let snake = serde_json::json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}], "hits_addend": "2"}]
+    });
+    let (status, body) = ask_json(snake).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ask_json(request).await;
+    assert_eq!(status, 429, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["overallCode"], "OVER_LIMIT");
+    for bad in [
+        serde_json::json!({"domain": "edge", "descriptors": []}),
+        serde_json::json!({"domain": "edge", "bogus": 1}),
+    ] {
+        let (status, body) = ask_json(bad).await;
+        assert_eq!(status, 400, "{body}");
+    }
+    // `/rlconfig`: the loaded limits, keys and numbers only.
+    let dump = http
+        .get(format!("{}/rlconfig", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        dump.contains(
+            "edge.remote_address: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false"
+        ),
+        "{dump}"
+    );
+    assert!(!dump.contains("3e1d9c7b"), "no secrets");
+    server.stop();
+}

@@ -7,6 +7,7 @@
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
 //! | `GET /metrics` | Prometheus metrics |
+//! | `GET /healthcheck`, `POST /json`, `GET /rlconfig` | envoyproxy/ratelimit's endpoints (`upstream.rs`) |
 //!
 //! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;
 //! a denial is a 429 with `Retry-After` and an RFC 9457 problem body. Bad
@@ -16,6 +17,7 @@ mod check;
 mod forward_auth;
 mod health;
 mod respond;
+mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +44,9 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .route("/healthcheck", get(upstream::healthcheck))
+        .route("/json", post(upstream::json))
+        .route("/rlconfig", get(upstream::rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
             MAX_BODY_BYTES,
