@@ -359,12 +359,7 @@ async fn envoyproxy_configuration_on_the_memory_store() {
             .await
             .unwrap()
     };
-    let count = |text: &str, prefix: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(prefix))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
-    };
+    let count = common::metric_total;
     // A `requests_per_unit: 0` descriptor counts as denied, never allowed.
     let before = metrics().await;
     let mut c = client(&server).await;
@@ -833,14 +828,7 @@ async fn envoyproxy_http_endpoints_healthcheck_json_and_rlconfig() {
         assert_eq!(status, 400, "{body}");
     }
     // `/rlconfig`: the loaded limits, keys and numbers only.
-    let dump = http
-        .get(format!("{}/rlconfig", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let dump = common::get_text(&http, &server, "/rlconfig").await;
     assert!(
         dump.contains(
             "edge.remote_address: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false"

@@ -27,24 +27,10 @@ fn documented() -> BTreeSet<String> {
     names
 }
 
-/// The sum of every sample whose line starts with `prefix`.
-fn total(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(prefix))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
+use common::metric_total as total;
 
 async fn metrics(client: &reqwest::Client, server: &Server) -> String {
-    client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    common::get_text(client, server, "/metrics").await
 }
 
 fn config(redis: &RedisServer, limit: &str) -> String {

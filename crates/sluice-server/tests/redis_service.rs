@@ -231,21 +231,8 @@ async fn serve_starts_while_redis_is_down_reports_not_ready_and_recovers() {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 
-    let metrics = client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let total = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
-    };
+    let metrics = common::get_text(&client, &server, "/metrics").await;
+    let total = |prefix: &str| common::metric_total(&metrics, prefix);
     assert!(
         total("sluice_failure_policy_decisions_total{policy=\"local\"}") > 0.0,
         "{metrics}"

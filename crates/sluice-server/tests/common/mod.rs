@@ -133,6 +133,28 @@ pub async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Va
     (status, response.json().await.unwrap())
 }
 
+/// The text of `GET {server}{path}`.
+pub async fn get_text(client: &reqwest::Client, server: &Server, path: &str) -> String {
+    client
+        .get(format!("{}{path}", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of every sample of a Prometheus text whose line starts with
+/// `prefix`.
+pub fn metric_total(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
 /// The whitespace-separated cells of the row of `policy` in a table printed
 /// by `sluice inspect` (scope, policy, algorithm, limit, used, remaining,
 /// full in, key).
