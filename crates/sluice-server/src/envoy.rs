@@ -347,6 +347,9 @@ struct Decided<'p> {
     owners: Vec<Vec<usize>>,
     /// Per descriptor: in quota mode.
     quota: Vec<bool>,
+    /// Per descriptor: `unlimited: true` matched (answered with the largest
+    /// remaining, as envoyproxy/ratelimit answers).
+    unlimited: Vec<bool>,
     /// Per descriptor: blocked by `requests_per_unit: 0`.
     blocked: Vec<bool>,
     /// Per descriptor: the configured form of its limit, for `current_limit`.
@@ -454,6 +457,10 @@ impl RateLimiter {
             .iter()
             .map(|f| f.limit().is_some_and(|l| l.quota && applies(l)))
             .collect();
+        let unlimited: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
+            .collect();
         let configured: Vec<_> = found
             .iter()
             .map(|f| {
@@ -505,6 +512,7 @@ impl RateLimiter {
             owners,
             blocked,
             quota,
+            unlimited,
             configured,
         }
     }
@@ -576,6 +584,7 @@ impl RateLimiter {
                 owners,
                 blocked,
                 quota: Vec::new(),
+                unlimited: Vec::new(),
                 configured,
             }
         } else {
@@ -637,6 +646,7 @@ impl RateLimiter {
                     owners,
                     blocked,
                     quota: Vec::new(),
+                    unlimited: Vec::new(),
                     configured,
                 },
                 started,
@@ -658,6 +668,7 @@ impl RateLimiter {
             owners,
             blocked,
             quota,
+            unlimited,
             configured,
         } = decided;
         self.app.metrics.decision(&decision, started.elapsed());
@@ -666,6 +677,13 @@ impl RateLimiter {
         }
         let statuses: Vec<DescriptorStatus> = (0..descriptors)
             .map(|i| {
+                if unlimited.get(i).copied().unwrap_or(false) {
+                    return DescriptorStatus {
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
+                        ..Default::default()
+                    };
+                }
                 let quota = quota.get(i).copied().unwrap_or(false);
                 descriptor_status(&decision, &owners[i], blocked[i], quota, &configured[i])
             })
@@ -777,9 +795,11 @@ fn descriptor_status(
         } as i32,
         current_limit,
         limit_remaining: tightest.map_or(0, |(_, o)| o.remaining),
+        // Whole seconds, rounded up, as envoyproxy/ratelimit reports them
+        // (never before the window actually resets).
         duration_until_reset: tightest.map(|(_, o)| ProtoDuration {
-            seconds: (o.reset_after_ms / 1_000) as i64,
-            nanos: ((o.reset_after_ms % 1_000) * 1_000_000) as i32,
+            seconds: o.reset_after_ms.div_ceil(1_000) as i64,
+            nanos: 0,
         }),
         ..Default::default()
     }
