@@ -147,6 +147,12 @@ impl Store for Backend {
             Backend::Redis(_) | Backend::Cluster(_) => None,
         }
     }
+
+    fn maintain(&self) {
+        if let Backend::Memory(store) = self {
+            store.maintain();
+        }
+    }
 }
 
 /// Timeouts and TLS settings for the Redis backends.

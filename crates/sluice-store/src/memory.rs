@@ -333,6 +333,11 @@ impl Store for MemoryStore {
     fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
         Some(self.decide_now(batch))
     }
+
+    fn maintain(&self) {
+        self.clock.resync();
+        self.sweep();
+    }
 }
 
 #[cfg(test)]

@@ -118,4 +118,10 @@ pub trait Store: Send + Sync {
         let _ = batch;
         None
     }
+
+    /// Periodic upkeep of a store that lives in this process (the memory
+    /// store drops keys that are as good as fresh and follows the wall
+    /// clock's drift); nothing for a store across the network, whose keys
+    /// expire there. [`Limiter::sweep`](crate::Limiter::sweep) calls it.
+    fn maintain(&self) {}
 }

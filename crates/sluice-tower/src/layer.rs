@@ -1,8 +1,9 @@
 //! The [`Layer`] that wraps services in [`RateLimit`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sluice_store::Limiter;
+use sluice_store::{Limiter, Store};
 use tower::Layer;
 
 use crate::service::RateLimit;
@@ -24,9 +25,16 @@ impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
     }
 }
 
-impl<S, E> RateLimitLayer<S, E> {
-    /// Limits requests with `limiter`, by the keys `extract` reads.
+/// How often an embedded limiter sweeps (as `storage.sweep_interval`
+/// defaults to in the server).
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+impl<S: Store + 'static, E> RateLimitLayer<S, E> {
+    /// Limits requests with `limiter`, by the keys `extract` reads. The
+    /// limiter is kept healthy from here on ([`Limiter::keep_healthy`]:
+    /// idle keys swept, clocks maintained), so an app needs no server.
     pub fn new(limiter: Arc<Limiter<S>>, extract: E) -> RateLimitLayer<S, E> {
+        Limiter::keep_healthy(&limiter, SWEEP_EVERY);
         RateLimitLayer { limiter, extract }
     }
 }

@@ -108,11 +108,10 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
+            // The store's own upkeep included (memory: idle keys, clock).
             app.limiter.sweep();
             if let Some(memory) = app.limiter.store().memory() {
-                memory.clock().resync();
-                let dropped = memory.sweep();
-                tracing::debug!(dropped, held = memory.len(), "swept idle keys");
+                tracing::debug!(held = memory.len(), "swept idle keys");
             }
         }
     });

@@ -95,6 +95,8 @@ pub struct Limiter<S> {
     live_instances: AtomicU64,
     /// Spreads sharded tenants' decisions over their shards in turn.
     turns: shard::Turns,
+    /// Whether [`keep_healthy`](Self::keep_healthy) runs for it.
+    maintained: std::sync::atomic::AtomicBool,
 }
 
 impl<S> std::fmt::Debug for Limiter<S> {
@@ -123,6 +125,7 @@ impl<S: Store> Limiter<S> {
             local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone()),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
             turns: shard::Turns::default(),
+            maintained: std::sync::atomic::AtomicBool::new(false),
             options,
         }
     }
@@ -164,8 +167,11 @@ impl<S: Store> Limiter<S> {
             .store(instances.max(1), Ordering::Relaxed);
     }
 
-    /// Drops expired remembered denials and idle local-fallback keys, and
-    /// resynchronises the limiter's clock with the wall clock.
+    /// Drops expired remembered denials, idle local-fallback keys and the
+    /// in-process store's idle keys, and lets the clocks follow the wall
+    /// clock's drift. The server calls it every `storage.sweep_interval`;
+    /// an embedded limiter calls it through
+    /// [`keep_healthy`](Self::keep_healthy).
     pub fn sweep(&self) {
         self.options.clock.resync();
         let now = self.options.clock.now_ms();
@@ -173,6 +179,37 @@ impl<S: Store> Limiter<S> {
             denials.sweep(now);
         }
         self.local.sweep();
+        self.store.maintain();
+    }
+
+    /// Keeps an embedded limiter healthy without a server: a thread of its
+    /// own (`sluice-sweeper`) calls [`sweep`](Self::sweep) every `every`
+    /// until the limiter is dropped. Without it a memory store holding its
+    /// `max_entries` keys would refuse new tenants for ever. Calling it
+    /// again for the same limiter does nothing.
+    pub fn keep_healthy(limiter: &Arc<Limiter<S>>, every: Duration)
+    where
+        S: 'static,
+    {
+        if limiter.maintained.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(limiter);
+        let spawned = std::thread::Builder::new()
+            .name("sluice-sweeper".to_owned())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    match weak.upgrade() {
+                        Some(limiter) => limiter.sweep(),
+                        None => return,
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the limiter's sweeper");
+            limiter.maintained.store(false, Ordering::Release);
+        }
     }
 
     /// Decides one request under `policy`.
