@@ -43,6 +43,7 @@ use tonic::{Response, Status};
 
 use crate::Fallible;
 use crate::app::App;
+use crate::metrics::UpstreamStatus;
 
 /// Most descriptors in one request.
 const MAX_DESCRIPTORS: usize = 64;
@@ -354,6 +355,9 @@ struct Decided<'p> {
     blocked: Vec<bool>,
     /// Per descriptor: the configured form of its limit, for `current_limit`.
     configured: Vec<Configured>,
+    /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
+    /// whether it is in shadow mode, and its hits, for upstream's stats.
+    stats: Vec<Option<(String, bool, u64)>>,
 }
 
 #[tonic::async_trait]
@@ -461,6 +465,15 @@ impl RateLimiter {
             .iter()
             .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
             .collect();
+        let stats = found
+            .iter()
+            .zip(descriptors)
+            .map(|(f, d)| {
+                f.limit()
+                    .filter(|l| applies(l) && !l.unlimited)
+                    .map(|l| (l.key.clone(), l.shadow, d.cost))
+            })
+            .collect();
         let configured: Vec<_> = found
             .iter()
             .map(|f| {
@@ -514,6 +527,7 @@ impl RateLimiter {
             quota,
             unlimited,
             configured,
+            stats,
         }
     }
 
@@ -586,6 +600,7 @@ impl RateLimiter {
                 quota: Vec::new(),
                 unlimited: Vec::new(),
                 configured,
+                stats: Vec::new(),
             }
         } else {
             // Overrides add descriptor rules to the plan's: decided together.
@@ -648,6 +663,7 @@ impl RateLimiter {
                     quota: Vec::new(),
                     unlimited: Vec::new(),
                     configured,
+                    stats: Vec::new(),
                 },
                 started,
                 descriptors.len(),
@@ -670,7 +686,26 @@ impl RateLimiter {
             quota,
             unlimited,
             configured,
+            stats,
         } = decided;
+        for (i, stat) in stats.iter().enumerate() {
+            let Some((key, shadow, hits)) = stat else {
+                continue;
+            };
+            let known = || {
+                owners[i]
+                    .iter()
+                    .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
+            };
+            let over = blocked[i] || known().any(|(_, o)| !o.allowed);
+            let status = if over {
+                UpstreamStatus::Over { shadow: *shadow }
+            } else {
+                let near = known().any(|(r, o)| decision.rules[r].is_near(o.remaining.into()));
+                UpstreamStatus::Within { near }
+            };
+            self.app.metrics.upstream_descriptor(key, *hits, status);
+        }
         self.app.metrics.decision(&decision, started.elapsed());
         if decision.shadow_denied {
             tracing::debug!("a shadow-mode descriptor would have denied this request");

@@ -102,6 +102,9 @@ pub struct Metrics {
     shadow_denials: Counter,
     reloads: [Counter; 2],
     live_instances: Gauge,
+    /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
+    upstream_registry: Registry,
+    upstream: UpstreamStats,
     unlogged_failovers: AtomicU64,
     last_failover_log_ms: AtomicU64,
 }
@@ -208,8 +211,12 @@ impl Metrics {
             "sluice instances sharing the store, from heartbeats",
             live_instances.clone(),
         );
+        let mut upstream_registry = Registry::default();
+        let upstream = UpstreamStats::register(&mut upstream_registry);
         Metrics {
             registry,
+            upstream_registry,
+            upstream,
             id: REGISTRIES.fetch_add(1, Ordering::Relaxed),
             decisions,
             decision_seconds,
@@ -271,6 +278,12 @@ impl Metrics {
         }
     }
 
+    /// Counts one descriptor of an envoyproxy/ratelimit domain under its
+    /// limit's key (`domain.key_value…`), as that project's stats do.
+    pub fn upstream_descriptor(&self, key: &str, hits: u64, status: UpstreamStatus) {
+        self.upstream.count(key, hits, status);
+    }
+
     /// Counts a configuration reload.
     pub fn reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
@@ -284,9 +297,12 @@ impl Metrics {
 
     /// The metrics in the Prometheus/OpenMetrics text format.
     pub fn encode(&self) -> String {
-        let mut text = String::with_capacity(8 * 1024);
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        use prometheus_client::encoding::text;
+        let mut out = String::with_capacity(8 * 1024);
+        let _ = text::encode_registry(&mut out, &self.registry);
+        let _ = text::encode_registry(&mut out, &self.upstream_registry);
+        let _ = text::encode_eof(&mut out);
+        out
     }
 }
 
@@ -351,5 +367,85 @@ impl Telemetry for Metrics {
 
     fn denial_cache_hit(&self) {
         self.denial_cache_hits.inc();
+    }
+}
+
+/// How one descriptor of an envoyproxy/ratelimit domain fared, for its
+/// stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamStatus {
+    /// Admitted; `near` when past `near_limit` of its limit afterwards.
+    Within {
+        /// Past `near_limit`.
+        near: bool,
+    },
+    /// Over its limit; `shadow` when in shadow mode (not enforced).
+    Over {
+        /// In shadow mode.
+        shadow: bool,
+    },
+}
+
+/// envoyproxy/ratelimit's per-descriptor stats under the names its
+/// statsd-to-Prometheus mapping gives them
+/// (`ratelimit_service_rate_limit_total_hits{domain, key1, key2}`, …), so
+/// dashboards keep working. They are exported as gauges that only grow:
+/// OpenMetrics would append `_total` to counters and change the names.
+/// Labels come from the configured limit's key (`domain.key1.key2`), never
+/// from request values, so series are bounded by the configuration.
+struct UpstreamStats {
+    families: [Family<Vec<(&'static str, String)>, Gauge>; 5],
+}
+
+impl UpstreamStats {
+    const NAMES: [&'static str; 5] = [
+        "total_hits",
+        "over_limit",
+        "near_limit",
+        "within_limit",
+        "shadow_mode",
+    ];
+
+    /// The families, registered in `registry` (which has no prefix).
+    fn register(registry: &mut Registry) -> UpstreamStats {
+        let families: [Family<Vec<(&'static str, String)>, Gauge>; 5] = Default::default();
+        for (name, family) in Self::NAMES.iter().zip(&families) {
+            registry.register(
+                format!("ratelimit_service_rate_limit_{name}"),
+                format!("envoyproxy/ratelimit's {name} per configured limit (grows only)"),
+                family.clone(),
+            );
+        }
+        UpstreamStats { families }
+    }
+
+    fn count(&self, key: &str, hits: u64, status: UpstreamStatus) {
+        let mut parts = key.split('.');
+        let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
+        if let Some(key1) = parts.next() {
+            labels.push(("key1", key1.to_owned()));
+        }
+        if let Some(key2) = parts.next() {
+            labels.push(("key2", key2.to_owned()));
+        }
+        let hits = i64::try_from(hits).unwrap_or(i64::MAX);
+        let add = |i: usize| {
+            self.families[i].get_or_create(&labels).inc_by(hits);
+        };
+        add(0);
+        match status {
+            UpstreamStatus::Within { near } => {
+                add(3);
+                if near {
+                    add(2);
+                }
+            }
+            UpstreamStatus::Over { shadow } => {
+                add(1);
+                if shadow {
+                    add(4);
+                }
+            }
+        }
     }
 }

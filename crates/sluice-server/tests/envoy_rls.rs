@@ -379,6 +379,34 @@ async fn envoyproxy_configuration_on_the_memory_store() {
         .find(|l| l.starts_with("sluice_shadow_denials_total"))
         .unwrap();
     assert!(!shadow.ends_with(" 0"), "{shadow}");
+    // envoyproxy/ratelimit's stats, under its statsd-to-Prometheus names,
+    // labelled by the configured key, never by a request's value.
+    let stat = |name: &str, labels: &str| {
+        count(
+            &metrics,
+            &format!("ratelimit_service_rate_limit_{name}{{{labels}}}"),
+        )
+    };
+    let remote = "domain=\"edge\",key1=\"remote_address\"";
+    assert!(stat("total_hits", remote) >= 4.0, "{metrics}");
+    assert!(stat("over_limit", remote) >= 1.0, "{metrics}");
+    assert!(stat("within_limit", remote) >= 3.0, "{metrics}");
+    assert!(stat("near_limit", remote) >= 1.0, "{metrics}");
+    assert!(
+        stat("shadow_mode", "domain=\"edge\",key1=\"user\"") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        stat(
+            "total_hits",
+            "domain=\"edge\",key1=\"tenant\",key2=\"plan_premium\""
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("10.0.0.1"),
+        "request values are never labels"
+    );
     server.stop();
 }
 
