@@ -54,6 +54,9 @@ impl App {
                 route_key: "route".to_owned(),
                 subject_key: "subject".to_owned(),
                 config_path: None,
+                all_files: false,
+                merge_domains: false,
+                shadow_mode: false,
             },
         })
     }

@@ -56,14 +56,28 @@ const MAX_ENTRY_BYTES: usize = 1024;
 /// `*.yaml`/`*.yml` file of a directory (in name order), as that project's
 /// runtime directory holds them.
 pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
+    load_envoy_files(path, false, false)
+}
+
+/// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
+/// directory: its `*.yaml` files, or with `all_files` every file but dot
+/// files, following symlinks as a ConfigMap's `..data` swap needs), with
+/// split domains merged when `merge` is set.
+pub fn load_envoy_files(path: &Path, all_files: bool, merge: bool) -> Fallible<Vec<EnvoyDomain>> {
     let mut paths = Vec::new();
     if path.is_dir() {
         for entry in
             std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
         {
             let file = entry?.path();
-            let yaml = file.extension().is_some_and(|e| e == "yaml" || e == "yml");
-            if yaml && file.is_file() {
+            let wanted = if all_files {
+                !file
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            } else {
+                file.extension().is_some_and(|e| e == "yaml" || e == "yml")
+            };
+            if wanted && file.is_file() {
                 paths.push(file);
             }
         }
@@ -77,7 +91,7 @@ pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
             .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
         files.push((file.display().to_string(), text));
     }
-    Ok(sluice_core::config::envoy::load(&files)?)
+    Ok(sluice_core::config::envoy::load_with(&files, merge)?)
 }
 
 /// Serves the Rate Limit Service and `grpc.health.v1` on `listener` until
@@ -732,7 +746,8 @@ impl RateLimiter {
             .map(|(s, _)| s.code == Code::OverLimit as i32);
         let (quota_count, quota_over) =
             quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));
-        let over = !decision.allowed || (quota_count > 0 && quota_count == quota_over);
+        let over = (!decision.allowed || (quota_count > 0 && quota_count == quota_over))
+            && !self.app.envoy.shadow_mode;
         let mut headers = Vec::new();
         let policy_header = if decision.policy_header().is_empty() {
             decision

@@ -5,6 +5,8 @@
 //!   and reloading it on change or SIGHUP.
 //! - [`bench`]: the load generator behind `sluice bench`.
 //! - [`backend`]: the store chosen by `storage.backend`.
+//! - [`compat`]: envoyproxy/ratelimit's environment variables, read as a
+//!   configuration (`serve --envoyproxy-env`).
 //! - [`app`]: what every request handler shares.
 //! - [`envoy`]: the Envoy Rate Limit Service (gRPC), including
 //!   envoyproxy/ratelimit configurations.
@@ -21,6 +23,7 @@ pub mod app;
 pub mod backend;
 pub mod bench;
 pub mod cli;
+pub mod compat;
 pub mod envoy;
 pub mod http;
 pub mod listen;

@@ -45,6 +45,9 @@ const SETTLE_AT_MOST: Duration = Duration::from_secs(30);
 pub struct Source {
     file: Option<PathBuf>,
     envoy_config: Option<PathBuf>,
+    /// A configuration made from envoyproxy/ratelimit's environment
+    /// (`serve --envoyproxy-env`), in place of a file.
+    generated: Option<String>,
 }
 
 impl Source {
@@ -53,6 +56,18 @@ impl Source {
         Source {
             file: path,
             envoy_config: None,
+            generated: None,
+        }
+    }
+
+    /// A configuration made from envoyproxy/ratelimit's environment
+    /// ([`crate::compat`]); its envoyproxy/ratelimit files are watched like
+    /// a file's.
+    pub fn generated(text: String) -> Source {
+        Source {
+            file: None,
+            envoy_config: None,
+            generated: Some(text),
         }
     }
 
@@ -65,16 +80,17 @@ impl Source {
 
     /// How errors name this source.
     pub fn origin(&self) -> String {
-        match &self.file {
-            None => "<embedded examples/sluice.yaml>".to_owned(),
-            Some(path) => path.display().to_string(),
+        match (&self.file, &self.generated) {
+            (Some(path), _) => path.display().to_string(),
+            (None, Some(_)) => "<envoyproxy/ratelimit environment>".to_owned(),
+            (None, None) => "<embedded examples/sluice.yaml>".to_owned(),
         }
     }
 
     /// The raw text.
     pub fn text(&self) -> Fallible<String> {
         match &self.file {
-            None => Ok(EXAMPLE.to_owned()),
+            None => Ok(self.generated.clone().unwrap_or_else(|| EXAMPLE.to_owned())),
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()).into()),
         }
@@ -136,7 +152,7 @@ pub struct Loaded(String);
 /// was `loaded` from. Returns at once; the work happens on a background
 /// task.
 pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Loaded) {
-    if source.file.is_none() {
+    if source.file.is_none() && source.generated.is_none() {
         return;
     }
     tokio::spawn(async move {
@@ -220,7 +236,11 @@ async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String,
 pub(crate) fn descriptors(config: &Config) -> Fallible<DescriptorPolicy> {
     Ok(match &config.envoy.config_path {
         Some(path) => DescriptorPolicy::compile(
-            &crate::envoy::load_envoy_config(path)?,
+            &crate::envoy::load_envoy_files(
+                path,
+                config.envoy.all_files,
+                config.envoy.merge_domains,
+            )?,
             config.limits.near_limit,
         ),
         None => DescriptorPolicy::default(),

@@ -216,8 +216,19 @@ struct RawReplace {
 }
 
 /// Reads envoyproxy/ratelimit configuration files, each `(origin, text)`;
-/// every problem of every file is reported.
+/// every problem of every file is reported. A domain in two files is
+/// refused.
 pub fn load(files: &[(String, String)]) -> Result<Vec<EnvoyDomain>, ConfigErrors> {
+    load_with(files, false)
+}
+
+/// [`load`], with domains split over several files merged when `merge` is
+/// set (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`): their descriptors
+/// join, a descriptor defined twice at the top level is still refused.
+pub fn load_with(
+    files: &[(String, String)],
+    merge: bool,
+) -> Result<Vec<EnvoyDomain>, ConfigErrors> {
     let mut errors = Vec::new();
     let mut domains: Vec<(EnvoyDomain, String)> = Vec::new();
     for (origin, text) in files {
@@ -238,7 +249,27 @@ pub fn load(files: &[(String, String)]) -> Result<Vec<EnvoyDomain>, ConfigErrors
                 }
             };
         if let Some(domain) = raw.and_then(|raw| envoy_domain(&mut v, raw)) {
-            match domains.iter().find(|(d, _)| d.domain == domain.domain) {
+            match domains.iter_mut().find(|(d, _)| d.domain == domain.domain) {
+                Some((existing, _)) if merge => {
+                    for descriptor in domain.descriptors {
+                        let key = descriptor.composite_key();
+                        if existing
+                            .descriptors
+                            .iter()
+                            .any(|d| d.composite_key() == key)
+                        {
+                            v.push(
+                                Location::UNKNOWN,
+                                format!(
+                                    "duplicate descriptor composite key '{}.{key}'",
+                                    existing.domain
+                                ),
+                            );
+                        } else {
+                            existing.descriptors.push(descriptor);
+                        }
+                    }
+                }
                 Some((_, first)) => v.push(
                     Location::UNKNOWN,
                     format!(

@@ -46,6 +46,15 @@ pub struct EnvoyServiceConfig {
     /// envoyproxy/ratelimit configuration: a YAML file, or a directory of
     /// `*.yaml` files.
     pub config_path: Option<PathBuf>,
+    /// A directory's files: `*.yaml` only, or every file but dot files (as
+    /// envoyproxy/ratelimit's runtime directory loads them).
+    pub all_files: bool,
+    /// Domains split over several files are merged (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`) instead of refused.
+    pub merge_domains: bool,
+    /// Every answer is OK, would-be denials only counted (its global
+    /// `SHADOW_MODE`).
+    pub shadow_mode: bool,
 }
 
 /// `server:`.

@@ -33,6 +33,9 @@ pub(crate) struct RawEnvoy {
     pub route_key: Option<S<String>>,
     pub subject_key: Option<S<String>>,
     pub config: Option<S<String>>,
+    pub files: Option<S<String>>,
+    pub merge_domains: Option<bool>,
+    pub shadow_mode: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -173,6 +173,20 @@ impl<'a> Validator<'a> {
             route_key: text(raw.route_key, "envoy.route_key", "route"),
             subject_key: text(raw.subject_key, "envoy.subject_key", "subject"),
             config_path: raw.config.map(|c| PathBuf::from(c.value)),
+            all_files: match raw.files {
+                None => false,
+                Some(f) if f.value == "yaml" => false,
+                Some(f) if f.value == "all" => true,
+                Some(f) => {
+                    self.push(
+                        f.referenced,
+                        format!("`envoy.files` must be `yaml` or `all`, got `{}`", f.value),
+                    );
+                    false
+                }
+            },
+            merge_domains: raw.merge_domains.unwrap_or(false),
+            shadow_mode: raw.shadow_mode.unwrap_or(false),
         }
     }
 

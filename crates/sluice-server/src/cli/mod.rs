@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// them), overriding `envoy.config`.
     #[arg(long)]
     envoy_config: Option<PathBuf>,
+    /// Configure from envoyproxy/ratelimit's environment variables
+    /// (`RUNTIME_ROOT`, `REDIS_URL`, `PORT`, …; docs/ENVOY.md) instead of a
+    /// file, so its manifests start sluice.
+    #[arg(long, conflicts_with = "config")]
+    envoyproxy_env: bool,
 }
 
 /// `sluice check`.
@@ -140,11 +145,18 @@ pub fn run(cli: Cli) -> ExitCode {
 /// Logs to stderr; `SLUICE_LOG` sets the filter (default `info`), e.g.
 /// `SLUICE_LOG=sluice_server=debug,info`.
 fn init_logging() {
+    init_logging_with(None);
+}
+
+/// Logging to stderr, filtered by `SLUICE_LOG`, else by `fallback`, else at
+/// `info`.
+fn init_logging_with(fallback: Option<&str>) {
     use tracing_subscriber::filter::Targets;
     use tracing_subscriber::prelude::*;
     let filter = std::env::var("SLUICE_LOG")
         .ok()
         .and_then(|f| f.parse::<Targets>().ok())
+        .or_else(|| fallback.and_then(|f| f.parse::<Targets>().ok()))
         .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

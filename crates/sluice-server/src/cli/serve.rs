@@ -7,14 +7,19 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
-use super::{ServeArgs, init_logging};
+use super::{ServeArgs, init_logging, init_logging_with};
 use crate::Fallible;
 use crate::app::App;
 use crate::listen::{self, Protocols};
 use crate::source::{Source, spawn_reloader};
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
-    init_logging();
+    if args.envoyproxy_env {
+        let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        init_logging_with(crate::compat::log_filter(&vars));
+    } else {
+        init_logging();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -36,7 +41,13 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Fallible<()> {
-    let source = Source::from_arg(args.config).with_envoy_config(args.envoy_config);
+    let source = if args.envoyproxy_env {
+        let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        Source::generated(crate::compat::configuration(&vars)?)
+    } else {
+        Source::from_arg(args.config)
+    }
+    .with_envoy_config(args.envoy_config);
     let (config, loaded) = source.load_as_read()?;
     let open_files = listen::raise_open_files();
     let http = args.http.unwrap_or(config.server.http);

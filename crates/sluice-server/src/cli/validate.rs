@@ -11,8 +11,8 @@ fn is_envoy_file(text: &str) -> bool {
 
 /// Checks envoyproxy/ratelimit files (a file or a directory of them) as
 /// `serve` loads them, as upstream's `ratelimit_config_check` does.
-fn envoy(path: &std::path::Path) -> ExitCode {
-    match crate::envoy::load_envoy_config(path) {
+fn envoy(path: &std::path::Path, all_files: bool, merge: bool) -> ExitCode {
+    match crate::envoy::load_envoy_files(path, all_files, merge) {
         Ok(domains) => {
             let descriptors: usize = domains.iter().map(|d| d.descriptors.len()).sum();
             println!(
@@ -31,7 +31,7 @@ fn envoy(path: &std::path::Path) -> ExitCode {
 
 pub(super) fn run(args: ValidateArgs) -> ExitCode {
     if args.file.is_dir() {
-        return envoy(&args.file);
+        return envoy(&args.file, false, false);
     }
     let origin = args.file.display().to_string();
     let text = match std::fs::read_to_string(&args.file) {
@@ -42,13 +42,14 @@ pub(super) fn run(args: ValidateArgs) -> ExitCode {
         }
     };
     if is_envoy_file(&text) {
-        return envoy(&args.file);
+        return envoy(&args.file, false, false);
     }
     match Config::from_yaml(&text, &origin) {
         Ok(config) => {
             // What `serve` would load with it.
             if let Some(path) = &config.envoy.config_path
-                && envoy(path) != ExitCode::SUCCESS
+                && envoy(path, config.envoy.all_files, config.envoy.merge_domains)
+                    != ExitCode::SUCCESS
             {
                 return ExitCode::FAILURE;
             }
