@@ -350,6 +350,9 @@ fn counted_entries<'e>(
     counted
 }
 
+/// Longest a `hits_addend: 0` check waits for the store.
+const CHECK_ONLY_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The configured form of a descriptor's limit: requests per unit, unit,
 /// name.
 type Configured = Option<(u32, Option<Unit>, Option<String>)>;
@@ -406,7 +409,20 @@ impl RateLimitService for RateLimiter {
             let decided = self
                 .decide_compat(domain, &descriptors, &found, &rules, &owner)
                 .await;
-            return Ok(self.answer(decided, started, descriptors.len()));
+            let mut response = self.answer(decided, started, descriptors.len());
+            // `hits_addend: 0` checks without consuming (Envoy's check now,
+            // debit later): the descriptor's buckets are read, not written.
+            for (i, d) in descriptors.iter().enumerate() {
+                if d.cost != 0 || d.limit_override.is_some() {
+                    continue;
+                }
+                if let Some(found) = envoy.find(domain, &d.entries)
+                    && let Some(status) = self.check_only(domain, d, &found).await
+                {
+                    response.get_mut().statuses[i] = status;
+                }
+            }
+            return Ok(response);
         }
         let native = &self.app.envoy;
         if domain == native.domain {
@@ -448,6 +464,74 @@ fn compat_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
 }
 
 impl RateLimiter {
+    /// The status of a descriptor that consumes nothing (`hits_addend: 0`):
+    /// its buckets as they stand, OK (a denied request consumes nothing in
+    /// sluice, so a bucket is never past its limit), with what remains.
+    /// `None` when it has no rules to read or the store does not answer in
+    /// time (the descriptor is then answered OK without a limit).
+    async fn check_only(
+        &self,
+        domain: &str,
+        d: &Descriptor<'_>,
+        found: &sluice_core::descriptors::Found<'_>,
+    ) -> Option<DescriptorStatus> {
+        let limit = found.limit;
+        if limit.rules.is_empty() || limit.unlimited {
+            return None;
+        }
+        let counted = counted_entries(&d.entries, &found.shared);
+        let partition = descriptor_partition(domain, &counted);
+        let partitions = vec![Partition::Tenant(&partition); limit.rules.len()];
+        let batch = Batch {
+            partitions: &partitions,
+            ..Batch::new(domain, None, 1, &limit.rules)
+        };
+        let store = self.app.limiter.store();
+        let (now, rows): (u64, Vec<(sluice_core::State, Rule)>) = match store.memory() {
+            Some(memory) => (
+                memory.clock().now_ms(),
+                (0..limit.rules.len())
+                    .map(|i| (memory.peek(&batch, i), *limit.rules[i].rule()))
+                    .collect(),
+            ),
+            None => {
+                let peeked = tokio::time::timeout(CHECK_ONLY_BUDGET, store.peek(&batch))
+                    .await
+                    .ok()??
+                    .ok()?;
+                let rows = peeked.rows.into_iter().map(|(_, s, r)| (s, r)).collect();
+                (peeked.now, rows)
+            }
+        };
+        let tightest = rows
+            .iter()
+            .map(|(state, rule)| {
+                let state = rule.repair(state, now).unwrap_or_else(|| state.clone());
+                let (outcome, _) = rule.decide(&state, now, 1);
+                let before = if outcome.allowed {
+                    u64::from(outcome.remaining) + 1
+                } else {
+                    u64::from(outcome.remaining)
+                };
+                (before.min(rule.capacity()), outcome.reset_after_ms)
+            })
+            .min_by_key(|(remaining, _)| *remaining)?;
+        Some(DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(RateLimit {
+                name: limit.name.clone().unwrap_or_default(),
+                requests_per_unit: limit.requests_per_unit,
+                unit: limit.unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+            }),
+            limit_remaining: u32::try_from(tightest.0).unwrap_or(u32::MAX),
+            duration_until_reset: Some(ProtoDuration {
+                seconds: tightest.1.div_ceil(1_000) as i64,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+    }
+
     async fn decide_compat<'p>(
         &self,
         domain: &str,

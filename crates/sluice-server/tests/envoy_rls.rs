@@ -734,6 +734,32 @@ async fn current_language(server: &Server) {
     assert_eq!(overall(&r), Code::Ok, "each value counts on its own");
     let r = ask(&mut c, "lang", one("path", "/v1/acme/bills/7"), 0).await;
     assert!(r.statuses[0].current_limit.is_none(), "no limit matched");
+    // `hits_addend: 0` checks without consuming.
+    let check = |v: &str| {
+        let mut d = descriptor(&[("path", v)]);
+        d.hits_addend = Some(UInt64Value { value: 0 });
+        vec![d]
+    };
+    for _ in 0..3 {
+        let r = ask(&mut c, "lang", check("/v1/x/invoices/1"), 0).await;
+        assert_eq!((overall(&r), r.statuses[0].limit_remaining), (Code::Ok, 1));
+        assert_eq!(
+            r.statuses[0]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            1
+        );
+    }
+    let r = ask(&mut c, "lang", check("/v1/acme/invoices/7"), 0).await;
+    assert_eq!(
+        (overall(&r), r.statuses[0].limit_remaining),
+        (Code::Ok, 0),
+        "spent"
+    );
+    let r = ask(&mut c, "lang", one("path", "/v1/x/invoices/1"), 0).await;
+    assert_eq!(overall(&r), Code::Ok, "the checks consumed nothing");
     // Counting: share_threshold puts every matched value in one bucket;
     // without it each value has its own.
     for (value, code) in [
