@@ -45,12 +45,15 @@ use crate::Fallible;
 use crate::app::App;
 use crate::metrics::UpstreamStatus;
 
+// Bounds well above what Envoy sends (a descriptor per `rate_limits`
+// action list, an entry per action, values up to a header's length); the
+// message itself is bounded by `server.limits.grpc_max_message_bytes`.
 /// Most descriptors in one request.
-const MAX_DESCRIPTORS: usize = 64;
+const MAX_DESCRIPTORS: usize = 256;
 /// Most entries in one descriptor.
-const MAX_ENTRIES: usize = 32;
+const MAX_ENTRIES: usize = 64;
 /// Longest entry key or value, in bytes.
-const MAX_ENTRY_BYTES: usize = 1024;
+const MAX_ENTRY_BYTES: usize = 16 * 1024;
 
 /// Reads envoyproxy/ratelimit configuration: one YAML file, or every
 /// `*.yaml`/`*.yml` file of a directory (in name order), as that project's
@@ -180,9 +183,10 @@ fn read_descriptor(
     d: &RateLimitDescriptor,
     hits: u64,
 ) -> Result<Descriptor<'_>, Status> {
-    if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
+    // An empty descriptor matches no limit (OK), as upstream answers it.
+    if d.entries.len() > MAX_ENTRIES {
         return Err(Status::invalid_argument(format!(
-            "`descriptors[{index}].entries` must hold 1 to {MAX_ENTRIES} entries"
+            "`descriptors[{index}].entries` must hold at most {MAX_ENTRIES} entries"
         )));
     }
     if d.is_negative_hits {

@@ -734,6 +734,19 @@ async fn current_language(server: &Server) {
     assert_eq!(overall(&r), Code::Ok, "each value counts on its own");
     let r = ask(&mut c, "lang", one("path", "/v1/acme/bills/7"), 0).await;
     assert!(r.statuses[0].current_limit.is_none(), "no limit matched");
+    // What Envoy may send is answered: an empty descriptor (no limit), a
+    // long value, many descriptors.
+    let r = ask(&mut c, "lang", vec![descriptor(&[])], 0).await;
+    assert_eq!(codes(&r), [Code::Ok]);
+    let long = format!("/v1/{}/invoices/1", "a".repeat(10_000));
+    assert_eq!(
+        overall(&ask(&mut c, "lang", one("path", &long), 0).await),
+        Code::Ok
+    );
+    let many: Vec<_> = (0..200)
+        .map(|i| descriptor(&[("k", &i.to_string())]))
+        .collect();
+    assert_eq!(ask(&mut c, "lang", many, 0).await.statuses.len(), 200);
     // `hits_addend: 0` checks without consuming.
     let check = |v: &str| {
         let mut d = descriptor(&[("path", v)]);
