@@ -60,6 +60,11 @@ struct Node {
     limit: Option<DescriptorLimit>,
     /// `share_threshold` on this (wildcard) node.
     share_threshold: bool,
+    /// `value_to_metric`: stats name the request's value where this node
+    /// matched it by wildcard or by key alone.
+    value_to_metric: bool,
+    /// `detailed_metric` (on a node with a limit): stats name every value.
+    detailed_metric: bool,
 }
 
 /// A descriptor's limit, with the entries a `share_threshold` wildcard
@@ -70,6 +75,10 @@ pub struct Found<'p> {
     pub limit: &'p DescriptorLimit,
     /// Entries counted under their wildcard pattern instead of their value.
     pub shared: Vec<(usize, &'p str)>,
+    /// The key its stats count under, as envoyproxy/ratelimit names them:
+    /// the limit's configured key, with request values only where
+    /// `detailed_metric` or `value_to_metric` ask for them.
+    pub stats_key: String,
 }
 
 /// Whether `text` matches `parts` (a pattern split on `*`): it starts with
@@ -170,13 +179,17 @@ impl DescriptorPolicy {
         let mut found = None;
         let mut shared = Vec::new();
         let mut composite = String::new();
+        // The stats key as configured, with values where value_to_metric
+        // asks, and fully detailed (share_threshold patterns kept).
+        let mut stats = String::from(domain);
+        let mut detailed = String::from(domain);
         for (i, (key, value)) in entries.iter().enumerate() {
             composite.clear();
             composite.push_str(key);
             composite.push('_');
             composite.push_str(value);
-            let next = match node.children.get(&composite) {
-                Some(next) => next,
+            let (next, named) = match node.children.get(&composite) {
+                Some(next) => (next, composite.clone()),
                 None => match node
                     .wildcards
                     .iter()
@@ -191,20 +204,48 @@ impl DescriptorPolicy {
                                 .unwrap_or(pattern);
                             shared.push((i, value));
                         }
-                        next
+                        let named = if next.value_to_metric && !next.share_threshold {
+                            composite.clone()
+                        } else {
+                            pattern.clone()
+                        };
+                        (next, named)
                     }
-                    None => node.children.get(*key)?,
+                    None => {
+                        let next = node.children.get(*key)?;
+                        let named = if next.value_to_metric {
+                            composite.clone()
+                        } else {
+                            (*key).to_owned()
+                        };
+                        (next, named)
+                    }
                 },
             };
+            stats.push('.');
+            stats.push_str(&named);
+            detailed.push('.');
+            match shared.last() {
+                Some((at, pattern)) if *at == i => {
+                    detailed.push_str(key);
+                    detailed.push('_');
+                    detailed.push_str(pattern);
+                }
+                _ => detailed.push_str(&composite),
+            }
             if i + 1 == entries.len() {
-                found = next.limit.as_ref();
+                found = next.limit.as_ref().map(|l| (l, next.detailed_metric));
             }
             if next.children.is_empty() {
                 break;
             }
             node = next;
         }
-        found.map(|limit| Found { limit, shared })
+        found.map(|(limit, detailed_metric)| Found {
+            limit,
+            shared,
+            stats_key: if detailed_metric { detailed } else { stats },
+        })
     }
 }
 
@@ -213,6 +254,8 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
     let path = format!("{path}.{composite}");
     let mut node = Node {
         share_threshold: descriptor.share_threshold,
+        value_to_metric: descriptor.value_to_metric,
+        detailed_metric: descriptor.detailed_metric,
         ..Node::default()
     };
     if let Some(limit) = &descriptor.limit {
@@ -319,12 +362,36 @@ descriptors:
         let found = p.find("d", &[("path", "/files/a.csv")]).unwrap();
         assert_eq!(found.limit.requests_per_unit, 3);
         assert_eq!(found.shared, vec![(0, "/files/*")]);
+        assert_eq!(found.stats_key, "d.path_/files/*");
         assert!(
             p.find("d", &[("path", "/a/b.pdf")])
                 .unwrap()
                 .shared
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn stats_keys_name_values_only_where_asked() {
+        let p = policy(
+            r#"
+domain: d
+descriptors:
+  - key: user
+    value_to_metric: true
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: path
+    value: "/a/*"
+    detailed_metric: true
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: ip
+    rate_limit: { unit: second, requests_per_unit: 1 }
+"#,
+        );
+        let key = |k: &str, v: &str| p.find("d", &[(k, v)]).unwrap().stats_key;
+        assert_eq!(key("user", "alice"), "d.user_alice");
+        assert_eq!(key("path", "/a/b"), "d.path_/a/b");
+        assert_eq!(key("ip", "10.0.0.1"), "d.ip");
     }
 
     #[test]

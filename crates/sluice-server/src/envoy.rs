@@ -276,8 +276,8 @@ enum Found<'p> {
     /// No limit (also: unlimited, replaced, or counting 0 units).
     None,
     /// From the configuration, with the entries a `share_threshold`
-    /// wildcard counts under its pattern.
-    Config(&'p DescriptorLimit, Vec<(usize, &'p str)>),
+    /// wildcard counts under its pattern and its stats key.
+    Config(sluice_core::descriptors::Found<'p>),
     /// From the descriptor's `limit` override.
     Override(DescriptorLimit),
 }
@@ -286,7 +286,7 @@ impl Found<'_> {
     fn limit(&self) -> Option<&DescriptorLimit> {
         match self {
             Found::None => None,
-            Found::Config(limit, _) => Some(limit),
+            Found::Config(found) => Some(found.limit),
             Found::Override(limit) => Some(limit),
         }
     }
@@ -405,7 +405,7 @@ impl RateLimitService for RateLimiter {
                     } else {
                         envoy
                             .find(domain, &d.entries)
-                            .map_or(Found::None, |f| Found::Config(f.limit, f.shared))
+                            .map_or(Found::None, Found::Config)
                     }
                 })
                 .collect();
@@ -571,9 +571,13 @@ impl RateLimiter {
             .iter()
             .zip(descriptors)
             .map(|(f, d)| {
+                let key = match f {
+                    Found::Config(found) => found.stats_key.clone(),
+                    _ => f.limit()?.key.clone(),
+                };
                 f.limit()
                     .filter(|l| applies(l) && !l.unlimited)
-                    .map(|l| (l.key.clone(), l.shadow, d.cost))
+                    .map(|l| (key, l.shadow, d.cost))
             })
             .collect();
         let configured: Vec<_> = found
@@ -601,7 +605,7 @@ impl RateLimiter {
                 .iter()
                 .map(|&d| {
                     let shared = match &found[d] {
-                        Found::Config(_, shared) => &shared[..],
+                        Found::Config(found) => &found.shared[..],
                         _ => &[],
                     };
                     descriptor_partition(domain, &counted_entries(&descriptors[d].entries, shared))

@@ -828,6 +828,24 @@ async fn current_language(server: &Server) {
     .await;
     assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
     assert_eq!(r.statuses[1].limit_remaining, 4);
+    // Stats name request values only where the file asks: value_to_metric
+    // names each csv; share_threshold keeps the pdf pattern even though
+    // detailed_metric is set; otherwise the configured key. (A `.` splits
+    // labels, as upstream's statsd mapping splits them.)
+    let metrics = common::get_text(&reqwest::Client::new(), server, "/metrics").await;
+    let hits = |labels: &str| {
+        common::metric_total(
+            &metrics,
+            &format!("ratelimit_service_rate_limit_total_hits{{domain=\"lang\",{labels}}}"),
+        )
+    };
+    assert_eq!(hits("key1=\"file_a\",key2=\"csv\""), 1.0, "{metrics}");
+    assert_eq!(hits("key1=\"file_*\",key2=\"pdf\""), 3.0, "{metrics}");
+    assert!(!metrics.contains("file_a.pdf"), "{metrics}");
+    assert!(
+        !metrics.contains("acme"),
+        "values of other limits stay out: {metrics}"
+    );
 }
 
 #[tokio::test]
