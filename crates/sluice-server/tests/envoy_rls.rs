@@ -1,5 +1,20 @@
 //! The Envoy Rate Limit Service, driven by a real gRPC client over loopback
 //! against `sluice serve`, on the memory store and on Redis.
+//!
+//! The conformance with envoyproxy/ratelimit, by its test groups:
+//!
+//! - validation: `cli.rs` (`validate_checks_envoyproxy_files…`) and
+//!   `sluice-core`'s config tests (file:line:column refusals);
+//! - matching: `envoyproxy_semantics`, `current_language` (wildcards
+//!   anywhere, key-only nodes, depth), `sluice-core` `descriptors` tests;
+//! - counting: `envoyproxy_semantics` (per value, replaces, shadow, all or
+//!   nothing), `current_language` (share_threshold, quota_mode,
+//!   `hits_addend: 0`), `sharded_tenants_…`;
+//! - answers: `envoyproxy_semantics`, `current_language`,
+//!   `envoyproxy_http_endpoints_…` (`/json`, `/healthcheck`, `/rlconfig`),
+//!   stats on the memory store;
+//! - reload and deployment: `an_envoyproxy_ratelimit_manifest_starts_sluice`
+//!   (environment, runtime directory, ConfigMap swap) and `cli.rs`.
 
 mod common;
 
