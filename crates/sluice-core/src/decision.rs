@@ -35,6 +35,9 @@ pub enum Reason {
     CostExceedsCapacity,
     /// The store failed and the failure policy is `deny`.
     StoreUnavailable,
+    /// The same submission (tenant, subject, route and fingerprint) was
+    /// admitted less than its route's `dedupe.window` ago.
+    Duplicate,
 }
 
 impl Reason {
@@ -48,6 +51,7 @@ impl Reason {
             Reason::DescriptorLimit => "descriptor_limit",
             Reason::CostExceedsCapacity => "cost_exceeds_capacity",
             Reason::StoreUnavailable => "store_unavailable",
+            Reason::Duplicate => "duplicate",
         }
     }
 }
@@ -265,15 +269,22 @@ impl<'p> Decision<'p> {
                 })
                 .map(|(i, _)| i)
         } else {
-            // Of the enforced rules that denied, the one that makes the caller
-            // wait longest: only then does every rule pass. First one on ties.
-            pairs()
-                .filter(|(i, (_, o))| !o.allowed && enforced(*i))
-                .fold(None::<(usize, u64)>, |best, (i, (_, o))| match best {
-                    Some((_, wait)) if wait >= o.retry_after_ms => best,
-                    _ => Some((i, o.retry_after_ms)),
-                })
-                .map(|(i, _)| i)
+            // A duplicate is answered as one (409), whatever else denied.
+            // Otherwise, of the enforced rules that denied, the one that
+            // makes the caller wait longest: only then does every rule pass.
+            // First one on ties.
+            let duplicate = pairs().find(|(i, (r, o))| {
+                !o.allowed && enforced(*i) && r.scope() == crate::policy::Scope::Dedupe
+            });
+            duplicate.map(|(i, _)| i).or_else(|| {
+                pairs()
+                    .filter(|(i, (_, o))| !o.allowed && enforced(*i))
+                    .fold(None::<(usize, u64)>, |best, (i, (_, o))| match best {
+                        Some((_, wait)) if wait >= o.retry_after_ms => best,
+                        _ => Some((i, o.retry_after_ms)),
+                    })
+                    .map(|(i, _)| i)
+            })
         };
         let near_limit =
             !allowed || pairs().any(|(_, (r, o))| r.advertised() && r.is_near(o.remaining.into()));

@@ -39,6 +39,9 @@ pub enum Scope {
     /// Per Envoy rate-limit descriptor (envoyproxy/ratelimit configuration
     /// and descriptor limit overrides).
     Descriptor,
+    /// The duplicate guard of a route pattern: one admission per window for
+    /// each tenant, subject and fingerprint.
+    Dedupe,
 }
 
 impl Scope {
@@ -50,6 +53,7 @@ impl Scope {
             Scope::Subject => "subject",
             Scope::Global => "global",
             Scope::Descriptor => "descriptor",
+            Scope::Dedupe => "dedupe",
         }
     }
 
@@ -61,6 +65,7 @@ impl Scope {
             Scope::Subject => Reason::SubjectLimit,
             Scope::Global => Reason::GlobalCapacity,
             Scope::Descriptor => Reason::DescriptorLimit,
+            Scope::Dedupe => Reason::Duplicate,
         }
     }
 }
@@ -153,7 +158,7 @@ impl BoundRule {
     /// their remaining capacity would show other tenants' traffic.
     /// Shadow rules are not either: they are not enforced.
     pub fn advertised(&self) -> bool {
-        self.scope != Scope::Global && !self.shadow
+        !matches!(self.scope, Scope::Global | Scope::Dedupe) && !self.shadow
     }
 
     /// This rule's `RateLimit-Policy` item.
@@ -277,6 +282,7 @@ impl Plan {
             .routes
             .iter()
             .chain(&spec.subject)
+            .chain(&spec.dedupe)
             .chain(global)
             .map(|r| &r.pattern)
             .collect();
@@ -302,6 +308,8 @@ impl Plan {
             };
             add(&mut rules, Scope::Route, &spec.routes);
             add(&mut rules, Scope::Global, global);
+            // The duplicate guard applies with or without a subject.
+            add(&mut rules, Scope::Dedupe, &spec.dedupe);
             let without_subject = rules.len();
             add(&mut rules, Scope::Subject, &spec.subject);
             let route = covering.map_or_else(|| "*".to_owned(), RoutePattern::source);
@@ -379,6 +387,9 @@ fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::Pl
         tenant: spec.tenant.iter().map(share).collect(),
         routes: table(&spec.routes),
         subject: table(&spec.subject),
+        // One admission per fingerprint is not divided: its keys stay on
+        // shard 0 (`sluice-store` keys them so).
+        dedupe: spec.dedupe.clone(),
         on_error: spec.on_error,
     }
 }

@@ -12,6 +12,8 @@ pub const MAX_SUBJECT_BYTES: usize = 256;
 pub const MAX_ROUTE_BYTES: usize = 1024;
 /// Largest cost of one request.
 pub const MAX_COST: u64 = 1_000_000;
+/// Longest fingerprint (the duplicate guard's), in bytes.
+pub const MAX_FINGERPRINT_BYTES: usize = 256;
 
 /// What to decide: who, doing what, costing how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,10 @@ pub struct Request<'a> {
     pub subject: Option<&'a str>,
     /// Units consumed (1..=1,000,000).
     pub cost: u64,
+    /// What tells two submissions apart for the duplicate guard (an
+    /// idempotency key, 1..=256 bytes); `None`: one admission per window per
+    /// subject on guarded routes.
+    pub fingerprint: Option<&'a str>,
 }
 
 /// A request field out of bounds.
@@ -65,7 +71,20 @@ impl<'a> Request<'a> {
             route,
             subject,
             cost,
+            fingerprint: None,
         })
+    }
+
+    /// The same request with a fingerprint for the duplicate guard.
+    pub fn with_fingerprint(
+        mut self,
+        fingerprint: Option<&'a str>,
+    ) -> Result<Request<'a>, RequestError> {
+        if let Some(f) = fingerprint {
+            check_len("fingerprint", f, MAX_FINGERPRINT_BYTES)?;
+        }
+        self.fingerprint = fingerprint;
+        Ok(self)
     }
 }
 

@@ -74,7 +74,7 @@ struct ResultLabel {
     result: &'static str,
 }
 
-const REASONS: [Reason; 7] = [
+const REASONS: [Reason; 8] = [
     Reason::TenantLimit,
     Reason::RouteLimit,
     Reason::SubjectLimit,
@@ -82,6 +82,7 @@ const REASONS: [Reason; 7] = [
     Reason::DescriptorLimit,
     Reason::CostExceedsCapacity,
     Reason::StoreUnavailable,
+    Reason::Duplicate,
 ];
 
 /// How often a run of failure-policy decisions is logged, at most.

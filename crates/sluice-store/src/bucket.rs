@@ -37,6 +37,13 @@ impl<'a> KeyRef<'a> {
         partition: Partition<'a>,
         shard: u16,
     ) -> KeyRef<'a> {
+        // A duplicate guard is not divided over a tenant's shards: one
+        // fingerprint, one key, whichever shard the decision uses.
+        let shard = if rule.scope() == sluice_core::Scope::Dedupe {
+            0
+        } else {
+            shard
+        };
         let (tenant, subject): (&[u8], &[u8]) = match partition {
             Partition::Global => (b"", b""),
             Partition::Tenant(t) => (t.as_bytes(), b""),

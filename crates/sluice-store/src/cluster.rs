@@ -23,9 +23,10 @@
 //! deny far more often than valves, and then the valves are never asked);
 //! if they all admit, the valves are asked, concurrently. If any group
 //! denies or fails, what the groups that admitted consumed is given back by
-//! the refund script, sent without waiting. So a denied request still
-//! consumes nothing, at most two round trips are waited for, and between
-//! the reservation and the refund the budgets are briefly lower.
+//! the refund script, and the decision answers once it has landed. So a
+//! denied request still consumes nothing, and the next decision already
+//! sees the budgets whole; an admitted request waits for at most two round
+//! trips, a denied one for three.
 //!
 //! What a group consumed is held by a [`Reservation`], which refunds it when
 //! dropped unless the whole decision admitted. Each group's call runs as a
@@ -261,11 +262,14 @@ impl ClusterStore {
                 }
             }
             if let Some(e) = failed {
+                refund_all(reserved).await;
                 return Err(e);
             }
         }
         if admitted {
             reserved.iter_mut().for_each(Reservation::confirm);
+        } else {
+            refund_all(reserved).await;
         }
         Ok(outcomes)
     }
@@ -434,6 +438,32 @@ struct Reservation {
 impl Reservation {
     fn confirm(&mut self) {
         self.refund = None;
+    }
+
+    /// Sends the refund as a task of its own and waits for it: the
+    /// decision answers once its budgets are whole again. A caller that
+    /// goes away meanwhile leaves the task to finish.
+    async fn refund(mut self) {
+        let Some((evalsha, eval)) = self.refund.take() else {
+            return;
+        };
+        let connection = self.connection.clone();
+        let sent = tokio::spawn(async move { send::<i64>(connection, evalsha, eval).await });
+        if let Ok(Err(e)) = sent.await {
+            tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
+        }
+    }
+}
+
+/// Gives back what every group of a denied (or failed) decision reserved,
+/// concurrently, and waits for it.
+async fn refund_all(reserved: Vec<Reservation>) {
+    let refunds: Vec<_> = reserved
+        .into_iter()
+        .map(|r| tokio::spawn(r.refund()))
+        .collect();
+    for refund in refunds {
+        let _ = refund.await;
     }
 }
 

@@ -88,6 +88,13 @@ async fn every_decision_is_exactly_one_evalsha() {
 }
 
 #[tokio::test]
+async fn one_submission_is_admitted_once() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server, keys(2)).await, store(&server, keys(2)).await);
+    scenarios::one_submission_is_admitted_once(a, b).await;
+}
+
+#[tokio::test]
 async fn concurrent_instances_never_over_admit_and_denials_consume_nothing() {
     let server = RedisServer::start();
     let mut stores = Vec::new();

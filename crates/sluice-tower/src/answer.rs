@@ -64,6 +64,8 @@ struct Problem<'a> {
 }
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// No registered problem type says "duplicate submission": a plain 409.
+const DUPLICATE: &str = "about:blank";
 const REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
@@ -116,19 +118,26 @@ impl Fields {
     }
 }
 
-/// The decision as a whole answer: 200 with it as JSON, or 429 with it as
-/// problem details; both with the headers of [`add_headers`].
+/// The status of a decision's answer: 200, 409 for a duplicate
+/// submission, else 429.
+pub fn status_of(decision: &Decision<'_>) -> StatusCode {
+    match (decision.allowed, decision.reason) {
+        (true, _) => StatusCode::OK,
+        (false, Some(Reason::Duplicate)) => StatusCode::CONFLICT,
+        (false, _) => StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+/// The decision as a whole answer: 200 with it as JSON, or 429 (409 for a
+/// duplicate) with it as problem details; both with the headers of
+/// [`add_headers`].
 pub fn decision_answer(decision: &Decision<'_>) -> Response<Vec<u8>> {
     let view = DecisionView::of(decision);
-    let (status, content_type, body) = if decision.allowed {
-        (
-            StatusCode::OK,
-            "application/json",
-            serde_json::to_vec(&view),
-        )
+    let status = status_of(decision);
+    let (content_type, body) = if decision.allowed {
+        ("application/json", serde_json::to_vec(&view))
     } else {
         (
-            StatusCode::TOO_MANY_REQUESTS,
             "application/problem+json",
             serde_json::to_vec(&problem(decision, view)),
         )
@@ -145,6 +154,13 @@ fn problem<'a>(decision: &'a Decision<'_>, view: DecisionView<'a>) -> Problem<'a
             REDUCED_CAPACITY,
             "Request cannot be satisfied due to temporarily reduced capacity",
             "the rate-limit store is unavailable and the failure policy denies".to_owned(),
+        ),
+        Some(Reason::Duplicate) => (
+            DUPLICATE,
+            "The same submission was accepted moments ago",
+            format!(
+                "a request with this fingerprint was admitted less than the `{policy}` window ago"
+            ),
         ),
         Some(Reason::CostExceedsCapacity) => (
             QUOTA_EXCEEDED,
@@ -163,7 +179,7 @@ fn problem<'a>(decision: &'a Decision<'_>, view: DecisionView<'a>) -> Problem<'a
         kind,
         title,
         detail,
-        status: 429,
+        status: status_of(decision).as_u16(),
         violated_policies: decision.violated_policies().collect(),
         decision: view,
     }

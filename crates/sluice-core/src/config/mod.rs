@@ -103,6 +103,9 @@ pub struct ForwardAuthConfig {
     pub subject_header: Option<String>,
     /// Header carrying the cost, if any (default cost 1).
     pub cost_header: Option<String>,
+    /// Header carrying the fingerprint the duplicate guard compares
+    /// (default `Idempotency-Key`).
+    pub fingerprint_header: String,
 }
 
 /// `storage.backend`.
@@ -232,6 +235,9 @@ pub struct PlanSpec {
     pub routes: Vec<RouteRules>,
     /// Per subject per route.
     pub subject: Vec<RouteRules>,
+    /// Duplicate guards per route pattern (one `fixed_window` rule of 1 per
+    /// `window` each, counted per tenant, subject and fingerprint).
+    pub dedupe: Vec<RouteRules>,
     /// Failure policy for this plan, overriding `storage.on_error`.
     pub on_error: Option<OnError>,
 }
@@ -303,6 +309,8 @@ pub mod defaults {
     pub const GRPC: &str = "127.0.0.1:8081";
     /// `server.forward_auth.tenant_header`.
     pub const TENANT_HEADER: &str = "X-Tenant";
+    /// `server.forward_auth.fingerprint_header`.
+    pub const FINGERPRINT_HEADER: &str = "Idempotency-Key";
     /// `storage.timeout`.
     pub const TIMEOUT_MS: u64 = 50;
     /// `server.limits.max_connections`.

@@ -64,6 +64,7 @@ pub(crate) struct RawForwardAuth {
     pub tenant_header: Option<S<String>>,
     pub subject_header: Option<S<String>>,
     pub cost_header: Option<S<String>>,
+    pub fingerprint_header: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -107,7 +108,14 @@ pub(crate) struct RawPlan {
     pub tenant: Option<Vec<S<RawRule>>>,
     pub routes: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
     pub subject: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    pub dedupe: Option<BTreeMap<String, S<RawDedupe>>>,
     pub on_error: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDedupe {
+    pub window: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

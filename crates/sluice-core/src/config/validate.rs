@@ -202,6 +202,10 @@ impl<'a> Validator<'a> {
         let cost_header = forward
             .cost_header
             .map(|h| self.header_name(&h, "server.forward_auth.cost_header"));
+        let fingerprint_header = match forward.fingerprint_header {
+            Some(h) => self.header_name(&h, "server.forward_auth.fingerprint_header"),
+            None => defaults::FINGERPRINT_HEADER.to_owned(),
+        };
         let limits = raw.limits.unwrap_or_default();
         let limits = ConnectionLimits {
             max_connections: self.integer_in(
@@ -248,6 +252,7 @@ impl<'a> Validator<'a> {
                 tenant_header,
                 subject_header,
                 cost_header,
+                fingerprint_header,
             },
             limits,
         }
@@ -649,6 +654,7 @@ impl<'a> Validator<'a> {
                 tenant: Vec::new(),
                 routes: Vec::new(),
                 subject: Vec::new(),
+                dedupe: Vec::new(),
                 on_error: None,
             });
         } else if specs.is_empty() {
@@ -733,6 +739,7 @@ impl<'a> Validator<'a> {
         let tenant = self.rules(raw.tenant.unwrap_or_default(), "tenant");
         let routes = self.route_table(raw.routes.unwrap_or_default(), "route");
         let subject = self.route_table(raw.subject.unwrap_or_default(), "subject");
+        let dedupe = self.dedupe(raw.dedupe.unwrap_or_default());
         let on_error = raw.on_error.as_ref().map(|o| self.on_error(o, "on_error"));
 
         // A name must say which rule denied: it may not be shared by two
@@ -770,6 +777,7 @@ impl<'a> Validator<'a> {
             tenant,
             routes,
             subject,
+            dedupe,
             on_error,
         }
     }
@@ -787,6 +795,37 @@ impl<'a> Validator<'a> {
                 RouteRules {
                     pattern,
                     rules: self.rules(rules.value, scope),
+                }
+            })
+            .collect()
+    }
+
+    /// `dedupe: { "ROUTE PATTERN": { window: 5s } }`: one rule each, a
+    /// `fixed_window` of 1 per window (opened by the first admission).
+    fn dedupe(&mut self, raw: BTreeMap<String, S<super::raw::RawDedupe>>) -> Vec<RouteRules> {
+        raw.into_iter()
+            .map(|(pattern, entry)| {
+                let at = entry.referenced;
+                let pattern = self.pattern(&pattern, at);
+                let window = match &entry.value.window {
+                    Some(w) => self.duration_in(Some(w), "dedupe.window", 1_000, 10..=86_400_000),
+                    None => {
+                        self.push(
+                            at,
+                            "`dedupe` entries need a `window`, e.g. `{ window: 5s }`",
+                        );
+                        1_000
+                    }
+                };
+                let rule = Rule::new(Algorithm::FixedWindow, 1, window, None, false)
+                    .expect("a window of 1 within bounds is a valid rule");
+                RouteRules {
+                    pattern,
+                    rules: vec![NamedRule {
+                        name: "dedupe".to_owned(),
+                        rule,
+                        shadow: false,
+                    }],
                 }
             })
             .collect()

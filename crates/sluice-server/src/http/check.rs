@@ -1,4 +1,5 @@
-//! `POST /v1/check`: `{"tenant", "route", "subject"?, "cost"?}` → a decision.
+//! `POST /v1/check`: `{"tenant", "route", "subject"?, "cost"?,
+//! "fingerprint"?}` → a decision (409 for a duplicate submission).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ struct CheckBody<'a> {
     #[serde(borrow)]
     subject: Option<Cow<'a, str>>,
     cost: Option<serde_json::Number>,
+    #[serde(borrow)]
+    fingerprint: Option<Cow<'a, str>>,
 }
 
 pub(super) async fn check(
@@ -103,5 +106,6 @@ fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest
             }
         },
     };
-    Ok(Request::new(tenant, route, body.subject.as_deref(), cost)?)
+    Ok(Request::new(tenant, route, body.subject.as_deref(), cost)?
+        .with_fingerprint(body.fingerprint.as_deref())?)
 }

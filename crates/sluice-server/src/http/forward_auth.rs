@@ -61,13 +61,22 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
             },
             None => 1,
         };
-        Ok::<_, InvalidRequest>((tenant, route::from_parts(method, uri), subject, cost))
+        let fingerprint = header(&headers, &config.fingerprint_header)?;
+        Ok::<_, InvalidRequest>((
+            tenant,
+            route::from_parts(method, uri),
+            subject,
+            cost,
+            fingerprint,
+        ))
     })();
-    let (tenant, route, subject, cost) = match parsed {
+    let (tenant, route, subject, cost, fingerprint) = match parsed {
         Ok(parts) => parts,
         Err(problem) => return refusal(&problem),
     };
-    let request = match Request::new(tenant, &route, subject, cost) {
+    let request = match Request::new(tenant, &route, subject, cost)
+        .and_then(|r| r.with_fingerprint(fingerprint))
+    {
         Ok(request) => request,
         Err(e) => return refusal(&InvalidRequest::from(e)),
     };

@@ -29,6 +29,7 @@ use crate::store::{Batch, Store, StoreError};
 use crate::telemetry::{NoTelemetry, Telemetry};
 
 pub mod breaker;
+mod dedupe;
 pub mod denials;
 mod shard;
 
@@ -218,6 +219,12 @@ impl<S: Store> Limiter<S> {
             Ok(prepared) => prepared,
             Err(decided) => return decided,
         };
+        let guarded = dedupe::Guarded::of(&batch, request);
+        let partitions = guarded.partitions(&batch);
+        let batch = Batch {
+            partitions: &partitions,
+            ..batch
+        };
         // In process, without entering the remote path's state machine.
         if applicable.shards <= 1
             && let Some(result) = self.store.decide_in_process(&batch)
@@ -391,6 +398,12 @@ impl Limiter<MemoryStore> {
         let (applicable, batch) = match prepare(policy, request) {
             Err(decided) => return decided,
             Ok(prepared) => prepared,
+        };
+        let guarded = dedupe::Guarded::of(&batch, request);
+        let partitions = guarded.partitions(&batch);
+        let batch = Batch {
+            partitions: &partitions,
+            ..batch
         };
         let shards = applicable.shards.max(1);
         let first = if shards > 1 {

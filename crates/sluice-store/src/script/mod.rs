@@ -60,8 +60,11 @@ impl KeySet {
         // Most rules of a batch share the request's tenant tag: compute it
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
-        let tag_of = |tenant: &str| {
-            if tenant == batch.tenant {
+        let tag_of = |tenant: &str, rule: &BoundRule| {
+            // A duplicate guard's keys stay on shard 0 (see bucket.rs).
+            if rule.scope() == sluice_core::Scope::Dedupe && batch.shard != 0 {
+                keyer.tenant_tag(tenant, 0)
+            } else if tenant == batch.tenant {
                 tenant_tag
             } else {
                 keyer.tenant_tag(tenant, batch.shard)
@@ -75,9 +78,9 @@ impl KeySet {
                 Partition::Global => {
                     keyer.key(&keyer.global_tag(rule, valve.shard(rule)), rule, None)
                 }
-                Partition::Tenant(tenant) => keyer.key(&tag_of(tenant), rule, None),
+                Partition::Tenant(tenant) => keyer.key(&tag_of(tenant, rule), rule, None),
                 Partition::Subject(tenant, subject) => {
-                    keyer.key(&tag_of(tenant), rule, Some(subject))
+                    keyer.key(&tag_of(tenant, rule), rule, Some(subject))
                 }
             })
             .collect()

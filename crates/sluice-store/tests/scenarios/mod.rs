@@ -67,3 +67,72 @@ plans:
     }
     assert_eq!(passed, 60, "the tenant budget shows only the 40 admitted");
 }
+
+/// The duplicate guard on a shared store: two instances see one
+/// submission once, across a sharded tenant's shards too; a duplicate
+/// consumes nothing; a request another rule denies leaves no fingerprint.
+pub async fn one_submission_is_admitted_once<S>(first: S, second: S)
+where
+    S: Store + 'static,
+{
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, algorithm: fixed_window, limit: 3, per: 1h }]
+    dedupe:
+      "POST /pay": { window: 1h }
+tenants:
+  big: { plan: p, shards: 4 }
+"#;
+    let policy =
+        || Policy::compile_for(&Config::from_yaml(yaml, "test.yaml").unwrap().limits, true);
+    let a = Limiter::new(policy(), first, OnError::Deny);
+    let b = Limiter::new(policy(), second, OnError::Deny);
+    for tenant in ["small", "big"] {
+        let (pa, pb) = (a.policy(), b.policy());
+        fn pay<'a>(tenant: &'a str, fingerprint: &'a str) -> Request<'a> {
+            Request::new(tenant, "POST /pay", Some("u"), 1)
+                .unwrap()
+                .with_fingerprint(Some(fingerprint))
+                .unwrap()
+        }
+        let d = a.decide(&pa, &pay(tenant, "f1")).await;
+        assert!(d.allowed, "{tenant}: {d:?}");
+        for _ in 0..4 {
+            // The other instance, and (for "big") other shards in turn.
+            let d = b.decide(&pb, &pay(tenant, "f1")).await;
+            assert_eq!(
+                d.reason,
+                Some(sluice_core::Reason::Duplicate),
+                "{tenant}: {d:?}"
+            );
+        }
+        assert!(b.decide(&pb, &pay(tenant, "f2")).await.allowed, "{tenant}");
+        // "big" has 4 shards of ⌊3/4⌋ → 1 each: 4 in all; "small" 3.
+        let budget = if tenant == "big" { 4 } else { 3 };
+        let mut fingerprints = 3;
+        while a
+            .decide(&pa, &pay(tenant, &format!("f{fingerprints}")))
+            .await
+            .allowed
+        {
+            fingerprints += 1;
+            assert!(fingerprints < 10);
+        }
+        assert_eq!(
+            fingerprints - 1,
+            budget,
+            "{tenant}: duplicates consumed no budget"
+        );
+        // The one the budget refused left no fingerprint: it is refused for
+        // the budget again, not as a duplicate.
+        let last = format!("f{fingerprints}");
+        let d = b.decide(&pb, &pay(tenant, &last)).await;
+        assert_eq!(
+            d.reason,
+            Some(sluice_core::Reason::TenantLimit),
+            "{tenant}: {d:?}"
+        );
+    }
+}
