@@ -53,6 +53,7 @@ impl App {
                 tenant_key: "tenant".to_owned(),
                 route_key: "route".to_owned(),
                 subject_key: "subject".to_owned(),
+                fingerprint_key: "fingerprint".to_owned(),
                 config_path: None,
                 all_files: false,
                 merge_domains: false,

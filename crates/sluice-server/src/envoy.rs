@@ -661,6 +661,7 @@ impl RateLimiter {
         let route = sluice_core::route::normalize(value_of(&native.route_key).unwrap_or("*"));
         let subject = value_of(&native.subject_key);
         let request = Request::new(tenant, &route, subject, hits)
+            .and_then(|r| r.with_fingerprint(value_of(&native.fingerprint_key)))
             .map_err(|e| Status::invalid_argument(format!("descriptor entry {e}")))?;
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());

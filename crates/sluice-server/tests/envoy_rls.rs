@@ -66,6 +66,8 @@ plans:
       "POST /x": [{ name: x, algorithm: fixed_window, limit: 2, per: 1m }]
     subject:
       "*": [{ name: per-user, algorithm: sliding_log, limit: 1, per: 1m }]
+    dedupe:
+      "POST /pay": { window: 1m }
 "#;
 
 fn start(storage: &str, name: &str) -> Server {
@@ -514,6 +516,28 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
     assert_eq!(overall(&r), Code::Ok);
     let r = ask(&mut c, "sluice", vec![descriptor(&route)], 0).await;
     assert_eq!(codes(&r), [Code::OverLimit]);
+
+    // A `fingerprint` entry feeds the duplicate guard: the same submission
+    // is over the limit, another one is not.
+    let pay = |f: &str| {
+        vec![descriptor(&[
+            ("tenant", "acme"),
+            ("route", "POST /pay"),
+            ("fingerprint", f),
+        ])]
+    };
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
+        Code::Ok
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
+        Code::OverLimit
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f2"), 0).await),
+        Code::Ok
+    );
 
     // A tenant is required on the native domain.
     let status = c

@@ -18,6 +18,9 @@ pub struct Keys {
     pub subject: Option<String>,
     /// Units the request consumes (1 for most).
     pub cost: u64,
+    /// What tells two submissions apart for a route's duplicate guard
+    /// (an idempotency key); `None`: one per window per subject.
+    pub fingerprint: Option<String>,
 }
 
 /// Reads a request's [`Keys`]; a refusal is answered 400 with the field at
@@ -51,6 +54,7 @@ pub struct FromHeaders {
     tenant: HeaderName,
     subject: Option<HeaderName>,
     cost: Option<HeaderName>,
+    fingerprint: HeaderName,
 }
 
 impl FromHeaders {
@@ -60,7 +64,15 @@ impl FromHeaders {
             tenant,
             subject: None,
             cost: None,
+            fingerprint: HeaderName::from_static("idempotency-key"),
         }
+    }
+
+    /// The fingerprint of the duplicate guard from `header` (default
+    /// `Idempotency-Key`, as forward-auth reads it).
+    pub fn fingerprint(mut self, header: HeaderName) -> FromHeaders {
+        self.fingerprint = header;
+        self
     }
 
     /// The subject from `header`, when the request has it.
@@ -116,7 +128,9 @@ impl<B> Extract<B> for FromHeaders {
             },
             None => 1,
         };
+        let fingerprint = text(&self.fingerprint)?;
         Ok(Keys {
+            fingerprint,
             tenant,
             route: sluice_core::route::from_parts(request.method().as_str(), request.uri().path()),
             subject,

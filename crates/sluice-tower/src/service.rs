@@ -94,7 +94,9 @@ where
                     &keys.route,
                     keys.subject.as_deref(),
                     keys.cost,
-                ) {
+                )
+                .and_then(|r| r.with_fingerprint(keys.fingerprint.as_deref()))
+                {
                     Ok(asked) => asked,
                     Err(e) => return Ok(InvalidRequest::from(e).answer().map(ResBody::from)),
                 };

@@ -226,6 +226,7 @@ async fn keys_can_come_from_anywhere_in_the_request() {
             route: format!("{} {}", request.method(), request.uri().path()),
             subject: None,
             cost: 1,
+            fingerprint: None,
         })
     };
     let app = Router::new()
@@ -321,4 +322,41 @@ async fn no_spelling_of_a_route_escapes_its_limit() {
         );
     }
     assert_eq!(reached.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_duplicate_submission_never_reaches_the_handler() {
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = MemoryStore::with_clock(1_000, clock);
+    let guarded = format!("{LIMITS}    dedupe:\n      \"POST /v1/invoices\": {{ window: 10s }}\n");
+    let policy = Policy::compile(&Config::from_yaml(&guarded, "limits.yaml").unwrap().limits);
+    let limiter = Arc::new(Limiter::new(policy, store, OnError::Deny));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let app = app(limiter, &reached);
+    let submit = |key: &'static str| [("x-tenant", "dup"), ("idempotency-key", key)];
+    assert_eq!(
+        send(&app, "POST", "/v1/invoices", &submit("inv-1"))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let again = send(&app, "POST", "/v1/invoices", &submit("inv-1")).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "{}", again.body);
+    assert!(
+        again.body.contains("\"reason\":\"duplicate\""),
+        "{}",
+        again.body
+    );
+    assert_eq!(again.headers.get("retry-after").unwrap(), "10");
+    assert_eq!(
+        send(&app, "POST", "/v1/invoices", &submit("inv-2"))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        reached.load(Ordering::Relaxed),
+        2,
+        "the duplicate never ran"
+    );
 }

@@ -43,6 +43,8 @@ pub struct EnvoyServiceConfig {
     pub route_key: String,
     /// Descriptor entry key carrying the subject.
     pub subject_key: String,
+    /// Descriptor entry key carrying the duplicate guard's fingerprint.
+    pub fingerprint_key: String,
     /// envoyproxy/ratelimit configuration: a YAML file, or a directory of
     /// `*.yaml` files.
     pub config_path: Option<PathBuf>,

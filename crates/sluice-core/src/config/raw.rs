@@ -32,6 +32,7 @@ pub(crate) struct RawEnvoy {
     pub tenant_key: Option<S<String>>,
     pub route_key: Option<S<String>>,
     pub subject_key: Option<S<String>>,
+    pub fingerprint_key: Option<S<String>>,
     pub config: Option<S<String>>,
     pub files: Option<S<String>>,
     pub merge_domains: Option<bool>,

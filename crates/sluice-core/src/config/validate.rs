@@ -172,6 +172,7 @@ impl<'a> Validator<'a> {
             tenant_key: text(raw.tenant_key, "envoy.tenant_key", "tenant"),
             route_key: text(raw.route_key, "envoy.route_key", "route"),
             subject_key: text(raw.subject_key, "envoy.subject_key", "subject"),
+            fingerprint_key: text(raw.fingerprint_key, "envoy.fingerprint_key", "fingerprint"),
             config_path: raw.config.map(|c| PathBuf::from(c.value)),
             all_files: match raw.files {
                 None => false,
