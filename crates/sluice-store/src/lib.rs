@@ -5,7 +5,9 @@
 //! - [`memory`]: the embedded backend.
 //! - [`standalone`]: the Redis backend (one node); [`cluster`]: the Redis
 //!   Cluster backend; [`script`]: the Lua scripts they run, one call per
-//!   decision (two with a valve on a cluster).
+//!   decision (two with a valve on a cluster). All three come with the
+//!   `redis` feature (on by default): an app that limits in memory only
+//!   builds without the Redis client and TLS (`default-features = false`).
 //! - [`clock`]: the time stores decide on.
 //! - [`limiter`]: request → rules → store → decision, with the failure
 //!   handling around the store call: [`limiter::breaker`] (circuit
@@ -18,20 +20,26 @@
 
 mod bucket;
 pub mod clock;
+#[cfg(feature = "redis")]
 pub mod cluster;
 pub mod limiter;
 pub mod memory;
+#[cfg(feature = "redis")]
 pub mod script;
+#[cfg(feature = "redis")]
 pub mod standalone;
 pub mod store;
 pub mod telemetry;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(feature = "redis")]
 pub use cluster::ClusterStore;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::{Limiter, LimiterOptions};
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use script::{Heartbeat, KeySet, TimeSource, Valve};
+#[cfg(feature = "redis")]
 pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

@@ -54,7 +54,9 @@ impl RedisServer {
         (ca, cert, key): &(String, String, String),
         extra: &[&str],
     ) -> RedisServer {
-        let tls_port = free_port(false);
+        // With `tls-cluster yes` the cluster bus listens on the TLS port
+        // plus 10000: that one must be free too.
+        let tls_port = free_port(true);
         let dir = server_dir(port);
         for (name, pem) in [("ca.pem", ca), ("server.pem", cert), ("server.key", key)] {
             std::fs::write(dir.join(name), pem).expect("write a certificate");
