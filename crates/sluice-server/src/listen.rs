@@ -68,10 +68,10 @@ pub async fn serve<S, B>(
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // EMFILE and friends: the connections already open keep
                     // working; try again shortly.
@@ -95,7 +95,16 @@ pub async fn serve<S, B>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (builder, service) = (builder.clone(), service.clone());
+        let builder = builder.clone();
+        // Handlers learn who connected (for the client's IP behind
+        // trusted proxies).
+        let service = tower::ServiceExt::map_request(
+            service.clone(),
+            move |mut request: http::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(sluice_tower::Peer(peer));
+                request
+            },
+        );
         let watcher = graceful.watcher();
         let header_timeout = Duration::from_millis(limits.header_timeout_ms);
         tokio::spawn(async move {

@@ -288,3 +288,53 @@ fn serve_refuses_an_invalid_config_and_exits_non_zero() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown plan `nope`"));
 }
+
+/// Per-IP limits through forward-auth: the client is the rightmost hop of
+/// `X-Forwarded-For` that is not a trusted proxy, so a client cannot
+/// escape its limit by writing addresses of its own to the left; from an
+/// untrusted peer the headers are not believed at all.
+#[tokio::test]
+async fn forward_auth_limits_the_client_ip_behind_trusted_proxies_only() {
+    let config = |trusted: &str| {
+        format!(
+            "server:\n  forward_auth:\n    subject_from: client_ip\n    trusted_proxies: [{trusted}]\ndefault_plan: p\nplans:\n  p:\n    subject:\n      \"*\": [{{ limit: 1, per: 1h }}]\n"
+        )
+    };
+    let ask = |server: &Server, xff: &'static str| {
+        let url = format!("{}/v1/forward-auth", server.base);
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .header("X-Tenant", "t")
+                .header("X-Forwarded-Method", "GET")
+                .header("X-Forwarded-Uri", "/x")
+                .header("X-Forwarded-For", xff)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // sluice sees the test's connections from 127.0.0.1: the gateway.
+    let path = temp_file("client-ip.yaml", &config("127.0.0.1/32"));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    assert_eq!(ask(&server, "203.0.113.7").await, 200);
+    assert_eq!(ask(&server, "203.0.113.7").await, 429, "that client's one");
+    assert_eq!(
+        ask(&server, "6.6.6.6, 203.0.113.7").await,
+        429,
+        "an address the client wrote itself changes nothing"
+    );
+    assert_eq!(ask(&server, "203.0.113.8").await, 200, "another client");
+    drop(server);
+    // Nobody trusted: the peer is the client, whatever the headers say.
+    let path = temp_file("client-ip-untrusted.yaml", &config(""));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    assert_eq!(ask(&server, "203.0.113.7").await, 200);
+    assert_eq!(
+        ask(&server, "198.51.100.1").await,
+        429,
+        "spoofed header ignored"
+    );
+}

@@ -55,6 +55,8 @@ pub struct FromHeaders {
     subject: Option<HeaderName>,
     cost: Option<HeaderName>,
     fingerprint: HeaderName,
+    /// The subject is the client's IP, behind these trusted proxies.
+    client_ip: Option<Vec<ipnet::IpNet>>,
 }
 
 impl FromHeaders {
@@ -65,7 +67,19 @@ impl FromHeaders {
             subject: None,
             cost: None,
             fingerprint: HeaderName::from_static("idempotency-key"),
+            client_ip: None,
         }
+    }
+
+    /// The subject is the client's IP address ([`crate::client_ip`]):
+    /// the connection's peer, or behind `trusted` proxies the rightmost
+    /// untrusted hop of `Forwarded` / `X-Forwarded-For`. The server puts
+    /// the peer in the request's extensions as a [`crate::Peer`] (sluice
+    /// does; an axum app maps its `ConnectInfo` to it). Without a peer the
+    /// request has no subject.
+    pub fn client_ip(mut self, trusted: Vec<ipnet::IpNet>) -> FromHeaders {
+        self.client_ip = Some(trusted);
+        self
     }
 
     /// The fingerprint of the duplicate guard from `header` (default
@@ -108,9 +122,13 @@ impl<B> Extract<B> for FromHeaders {
                 format!("header `{}` is required", self.tenant),
             )
         })?;
-        let subject = match &self.subject {
-            Some(name) => text(name)?,
-            None => None,
+        let subject = match (&self.subject, &self.client_ip) {
+            (Some(name), _) => text(name)?,
+            (None, Some(trusted)) => {
+                let peer = request.extensions().get::<crate::Peer>().map(|p| p.0.ip());
+                crate::client_ip(peer, headers, trusted).map(|ip| ip.to_string())
+            }
+            (None, None) => None,
         };
         let cost = match &self.cost {
             Some(name) => match text(name)? {

@@ -10,6 +10,8 @@
 //!   [`Extract`] such as [`FromHeaders`].
 //! - [`answer`]: decisions and refusals as HTTP answers (shared with the
 //!   service).
+//! - [`client_ip`]: the client's address behind trusted proxies, for
+//!   limits per IP.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -42,11 +44,13 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod answer;
+pub mod client_ip;
 pub mod extract;
 pub mod layer;
 pub mod service;
 
 pub use answer::{DecisionView, InvalidRequest};
+pub use client_ip::{Peer, client_ip};
 pub use extract::{Extract, FromHeaders, Keys};
 pub use layer::RateLimitLayer;
 pub use service::RateLimit;

@@ -360,3 +360,51 @@ async fn a_duplicate_submission_never_reaches_the_handler() {
         "the duplicate never ran"
     );
 }
+
+#[tokio::test]
+async fn limits_per_client_ip_believe_trusted_proxies_only() {
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = MemoryStore::with_clock(1_000, clock);
+    let limiter = Arc::new(Limiter::new(policy(), store, OnError::Deny));
+    let extract = FromHeaders::new(HeaderName::from_static("x-tenant"))
+        .client_ip(vec!["10.0.0.0/8".parse().unwrap()]);
+    let app = Router::new()
+        .route("/v1/things", get(|| async { "things" }))
+        .layer(RateLimitLayer::new(limiter, extract));
+    let ask_as = |tenant: &'static str, peer: &str, xff: &str| {
+        let request = Request::get("/v1/things")
+            .header("x-tenant", tenant)
+            .header("x-forwarded-for", xff)
+            .extension(sluice_tower::Peer(peer.parse().unwrap()))
+            .body(Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move { app.oneshot(request).await.unwrap().status() }
+    };
+    let ask = |peer: &str, xff: &str| ask_as("ip", peer, xff);
+    // The per-user rule (4 an hour) counts per client address.
+    for _ in 0..4 {
+        assert_eq!(
+            ask("10.0.0.2:1000", "1.1.1.1, 203.0.113.5").await,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        ask("10.0.0.2:1000", "9.9.9.9, 203.0.113.5").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a spoofed left-hand address does not make a new client"
+    );
+    assert_eq!(ask("10.0.0.2:1000", "203.0.113.6").await, StatusCode::OK);
+    // From an untrusted peer the header is not believed (another tenant,
+    // whose hourly budget is untouched).
+    for _ in 0..4 {
+        let status = ask_as("ip2", "198.51.100.1:1", "203.0.113.77").await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let status = ask_as("ip2", "198.51.100.1:1", "203.0.113.78").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the peer's 4 are spent"
+    );
+}

@@ -108,6 +108,11 @@ pub struct ForwardAuthConfig {
     /// Header carrying the fingerprint the duplicate guard compares
     /// (default `Idempotency-Key`).
     pub fingerprint_header: String,
+    /// The subject is the client's IP address, read from `Forwarded` /
+    /// `X-Forwarded-For` only through `trusted_proxies`.
+    pub client_ip_subject: bool,
+    /// Proxies whose forwarding headers are believed (CIDRs).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// `storage.backend`.

@@ -66,6 +66,8 @@ pub(crate) struct RawForwardAuth {
     pub subject_header: Option<S<String>>,
     pub cost_header: Option<S<String>>,
     pub fingerprint_header: Option<S<String>>,
+    pub subject_from: Option<S<String>>,
+    pub trusted_proxies: Option<Vec<S<String>>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

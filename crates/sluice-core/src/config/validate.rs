@@ -203,6 +203,47 @@ impl<'a> Validator<'a> {
         let cost_header = forward
             .cost_header
             .map(|h| self.header_name(&h, "server.forward_auth.cost_header"));
+        let client_ip_subject = match &forward.subject_from {
+            None => false,
+            Some(f) if f.value == "header" => false,
+            Some(f) if f.value == "client_ip" => {
+                if subject_header.is_some() {
+                    self.push(
+                        f.referenced,
+                        "`server.forward_auth.subject_from: client_ip` and `subject_header` exclude each other",
+                    );
+                }
+                true
+            }
+            Some(f) => {
+                self.push(
+                    f.referenced,
+                    format!(
+                        "`server.forward_auth.subject_from` must be `header` or `client_ip`, got `{}`",
+                        f.value
+                    ),
+                );
+                false
+            }
+        };
+        let mut trusted_proxies = Vec::new();
+        for cidr in forward.trusted_proxies.iter().flatten() {
+            let parsed = cidr.value.parse::<ipnet::IpNet>().or_else(|_| {
+                cidr.value
+                    .parse::<std::net::IpAddr>()
+                    .map(ipnet::IpNet::from)
+            });
+            match parsed {
+                Ok(net) => trusted_proxies.push(net),
+                Err(_) => self.push(
+                    cidr.referenced,
+                    format!(
+                        "`server.forward_auth.trusted_proxies` takes addresses or CIDRs such as 10.0.0.0/8, got `{}`",
+                        cidr.value
+                    ),
+                ),
+            }
+        }
         let fingerprint_header = match forward.fingerprint_header {
             Some(h) => self.header_name(&h, "server.forward_auth.fingerprint_header"),
             None => defaults::FINGERPRINT_HEADER.to_owned(),
@@ -254,6 +295,8 @@ impl<'a> Validator<'a> {
                 subject_header,
                 cost_header,
                 fingerprint_header,
+                client_ip_subject,
+                trusted_proxies,
             },
             limits,
         }

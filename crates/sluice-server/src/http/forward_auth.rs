@@ -24,8 +24,20 @@ use super::respond::{decision_response, refusal};
 use crate::app::App;
 use sluice_tower::InvalidRequest;
 
-pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+pub(super) async fn forward_auth(
+    State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<sluice_tower::Peer>>,
+    headers: HeaderMap,
+) -> Response {
     let config = &app.forward_auth;
+    // The client's address, believed from forwarding headers only through
+    // trusted proxies.
+    let client_ip = if config.client_ip_subject {
+        sluice_tower::client_ip(peer.map(|p| p.0.0.ip()), &headers, &config.trusted_proxies)
+            .map(|ip| ip.to_string())
+    } else {
+        None
+    };
     let parsed = (|| {
         let tenant = header(&headers, &config.tenant_header)?.ok_or_else(|| {
             InvalidRequest::new(
@@ -43,7 +55,7 @@ pub(super) async fn forward_auth(State(app): State<Arc<App>>, headers: HeaderMap
         };
         let subject = match &config.subject_header {
             Some(name) => header(&headers, name)?,
-            None => None,
+            None => client_ip.as_deref(),
         };
         let cost = match &config.cost_header {
             Some(name) => match header(&headers, name)? {
