@@ -2,7 +2,8 @@
 //! services: every request is decided by a [`Limiter`] (memory, Redis or
 //! Redis Cluster) before the service sees it, and answered like the sluice
 //! service answers: `RateLimit` and `RateLimit-Policy` on every response,
-//! 429 problem details with `Retry-After` when denied.
+//! 429 problem details with `Retry-After` when denied, 409 for a duplicate
+//! submission.
 //!
 //! - [`layer`]: [`RateLimitLayer`], which wraps services.
 //! - [`service`]: [`RateLimit`], which decides and calls the inner service.
@@ -13,30 +14,83 @@
 //! - [`client_ip`]: the client's address behind trusted proxies, for
 //!   limits per IP.
 //!
+//! # Guide
+//!
+//! Limits are the same YAML as the service's (docs/CONFIG.md), compiled
+//! into a [`Policy`](sluice_core::Policy). Attach the layer with
+//! `route_layer`, so that only requests that match a route are decided: a
+//! 404 spends no budget.
+//!
 //! ```
 //! use std::sync::Arc;
 //!
-//! use axum::{Router, routing::get};
-//! use http::HeaderName;
+//! use axum::body::Body;
+//! use axum::{Router, routing::post};
+//! use http::{HeaderName, Request, StatusCode};
 //! use sluice_core::config::OnError;
 //! use sluice_core::{Config, Policy};
 //! use sluice_store::{Limiter, MemoryStore};
 //! use sluice_tower::{FromHeaders, RateLimitLayer};
+//! use tower::ServiceExt;
 //!
-//! let config = Config::from_yaml(
-//!     "default_plan: free\nplans:\n  free:\n    tenant: [{ limit: 100, per: 1m }]\n",
-//!     "limits.yaml",
-//! )
-//! .unwrap();
+//! const LIMITS: &str = r#"
+//! default_plan: free
+//! plans:
+//!   free:
+//!     routes:
+//!       "POST /v1/invoices": [{ name: invoices, algorithm: fixed_window, limit: 2, per: 1m }]
+//!     dedupe:
+//!       "POST /v1/invoices": { window: 5s }
+//! "#;
+//! let config = Config::from_yaml(LIMITS, "limits.yaml").unwrap();
 //! let limiter = Arc::new(Limiter::new(
 //!     Policy::compile(&config.limits),
 //!     MemoryStore::new(100_000),
 //!     OnError::Local,
 //! ));
+//! let keys = FromHeaders::new(HeaderName::from_static("x-tenant"));
 //! let app: Router = Router::new()
-//!     .route("/v1/things", get(|| async { "things" }))
-//!     .layer(RateLimitLayer::new(limiter, FromHeaders::new(HeaderName::from_static("x-tenant"))));
+//!     .route("/v1/invoices", post(|| async { (StatusCode::CREATED, "invoice") }))
+//!     .route_layer(RateLimitLayer::new(limiter.clone(), keys));
+//!
+//! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! let send = |method: &str, path: &str, key: &str| {
+//!     let request = Request::builder()
+//!         .method(method)
+//!         .uri(path)
+//!         .header("x-tenant", "acme")
+//!         .header("idempotency-key", key)
+//!         .body(Body::empty())
+//!         .unwrap();
+//!     runtime.block_on(app.clone().oneshot(request)).unwrap().status()
+//! };
+//! // Unmatched routes are not limited and spend nothing.
+//! for _ in 0..5 {
+//!     assert_eq!(send("GET", "/nowhere", "k"), StatusCode::NOT_FOUND);
+//! }
+//! assert_eq!(send("POST", "/v1/invoices", "pay-1"), StatusCode::CREATED);
+//! // The same submission again is a 409, and costs nothing.
+//! assert_eq!(send("POST", "/v1/invoices", "pay-1"), StatusCode::CONFLICT);
+//! assert_eq!(send("POST", "/v1/invoices", "pay-2"), StatusCode::CREATED);
+//! assert_eq!(send("POST", "/v1/invoices", "pay-3"), StatusCode::TOO_MANY_REQUESTS);
+//!
+//! // New limits apply at once, to every route the limiter guards.
+//! let raised = LIMITS.replace("limit: 2", "limit: 3");
+//! let config = Config::from_yaml(&raised, "limits.yaml").unwrap();
+//! limiter.set_policy(Policy::compile(&config.limits));
+//! assert_eq!(send("POST", "/v1/invoices", "pay-3"), StatusCode::CREATED);
 //! ```
+//!
+//! The limiter keeps itself healthy (idle keys swept, clocks followed) from
+//! the moment a [`RateLimitLayer`] is made. Store events (timeouts, errors,
+//! breaker changes) reach a [`Telemetry`](sluice_store::Telemetry) given in
+//! [`LimiterOptions`](sluice_store::LimiterOptions), from which an app
+//! feeds its own metrics; decisions are the layer's answers, which carry
+//! the `RateLimit` fields. On Redis, give every instance the same store
+//! settings and pepper, and the limits hold across the fleet (the `redis`
+//! feature, on by default; an app that limits in memory only turns it off
+//! and builds without the Redis client). `examples/axum_app.rs` serves a
+//! complete app: `cargo run -p sluice-tower --example axum_app`.
 //!
 //! [`Limiter`]: sluice_store::Limiter
 
