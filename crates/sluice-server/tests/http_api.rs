@@ -571,7 +571,9 @@ mod fuzz {
     /// Checks an answer: a decision, or a problem naming a field.
     fn judge(status: StatusCode, body: &Value) -> Result<(), TestCaseError> {
         match status.as_u16() {
-            200 | 429 => prop_assert!(body["allowed"].is_boolean() || body.is_null(), "{body}"),
+            200 | 409 | 429 => {
+                prop_assert!(body["allowed"].is_boolean() || body.is_null(), "{body}")
+            }
             400 | 413 => {
                 let name = &body["invalid-params"][0]["name"];
                 prop_assert!(name.as_str().is_some_and(|n| !n.is_empty()), "{body}");
@@ -600,6 +602,42 @@ mod fuzz {
             let h = harness();
             let (response, value) = runtime.block_on(h.check(body));
             judge(response.status(), &value)?;
+        }
+
+        #[test]
+        fn json_answers_every_body_without_a_5xx(
+            descriptors in prop::collection::vec(
+                prop::collection::vec(("\\PC{0,12}", "\\PC{0,12}"), 0..4), 0..4),
+            domain in prop_oneof![Just("edge".to_owned()), "\\PC{0,10}"],
+            hits in prop::option::of(json_value()),
+            raw in prop::option::of(prop::collection::vec(any::<u8>(), 0..48)),
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let h = harness();
+            let body = match raw {
+                Some(bytes) => bytes,
+                None => {
+                    let descriptors: Vec<Value> = descriptors
+                        .iter()
+                        .map(|entries| json!({"entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()}))
+                        .collect();
+                    let mut request = json!({"domain": domain, "descriptors": descriptors});
+                    if let Some(hits) = hits {
+                        request["hitsAddend"] = hits;
+                    }
+                    request.to_string().into_bytes()
+                }
+            };
+            let request = Request::post("/json").body(Body::from(body)).unwrap();
+            let (response, value) = runtime.block_on(h.send(request));
+            match response.status().as_u16() {
+                200 | 429 => prop_assert!(value["overallCode"].is_string(), "{value}"),
+                400 => {
+                    let name = &value["invalid-params"][0]["name"];
+                    prop_assert!(name.as_str().is_some_and(|n| !n.is_empty()), "{value}");
+                }
+                other => prop_assert!(false, "status {other}: {value}"),
+            }
         }
 
         #[test]

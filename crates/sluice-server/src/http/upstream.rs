@@ -4,7 +4,8 @@
 //! - `GET /healthcheck`: `OK` (200) while the service can decide, else 500;
 //! - `POST /json`: `ShouldRateLimit` in protobuf's JSON form (field names
 //!   in lowerCamelCase or as in the `.proto`, enums by name), answered the
-//!   same way, 429 when over the limit, 400 for a request it refuses;
+//!   same way, 429 when over the limit, 400 (problem details naming the
+//!   field) for a request it refuses;
 //! - `GET /rlconfig`: the loaded envoyproxy/ratelimit limits, one per line
 //!   (no secrets: keys and limits only).
 
@@ -45,13 +46,24 @@ pub(super) async fn rlconfig(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 pub(super) async fn json(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    let request = match serde_json::from_slice::<JsonRequest>(&body) {
+    let mut parser = serde_json::Deserializer::from_slice(&body);
+    let parsed: Result<JsonRequest, _> = serde_path_to_error::deserialize(&mut parser);
+    let request = match parsed {
         Ok(request) => request.into_proto(),
-        Err(e) => return bad_request(&format!("malformed request: {e}")),
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = if path.is_empty() || path == "." {
+                "body".to_owned()
+            } else {
+                path
+            };
+            let inner = e.into_inner();
+            return bad_request(&field, &format!("malformed request: {inner}"));
+        }
     };
     let request = match request {
         Ok(request) => request,
-        Err(e) => return bad_request(&e),
+        Err(e) => return bad_request("descriptors", &e),
     };
     match RateLimiter::new(app)
         .should_rate_limit(tonic::Request::new(request))
@@ -66,12 +78,21 @@ pub(super) async fn json(State(app): State<Arc<App>>, body: Bytes) -> Response {
             };
             (status, axum::Json(response_json(&response))).into_response()
         }
-        Err(status) => bad_request(status.message()),
+        Err(status) => {
+            // The message names the field (`descriptors[0].entries`, …).
+            let message = status.message();
+            let field = message
+                .strip_prefix('`')
+                .and_then(|m| m.split_once('`'))
+                .map_or("body", |(f, _)| f);
+            bad_request(field, message)
+        }
     }
 }
 
-fn bad_request(message: &str) -> Response {
-    (StatusCode::BAD_REQUEST, message.to_owned()).into_response()
+/// A 400 problem naming `field`, as every sluice endpoint refuses input.
+fn bad_request(field: &str, message: &str) -> Response {
+    super::respond::refusal(&sluice_tower::InvalidRequest::new(field, message))
 }
 
 #[derive(Deserialize)]
