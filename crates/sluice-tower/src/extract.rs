@@ -51,7 +51,8 @@ where
 /// the tenant header can spend any tenant's budget.
 #[derive(Debug, Clone)]
 pub struct FromHeaders {
-    tenant: HeaderName,
+    /// `None`: every request is one tenant's (limits declared per route).
+    tenant: Option<HeaderName>,
     subject: Option<HeaderName>,
     cost: Option<HeaderName>,
     fingerprint: HeaderName,
@@ -62,6 +63,12 @@ pub struct FromHeaders {
 impl FromHeaders {
     /// The tenant from `tenant`.
     pub fn new(tenant: HeaderName) -> FromHeaders {
+        FromHeaders::optional_tenant(Some(tenant))
+    }
+
+    /// The tenant from `tenant`, or, when `None`, one tenant (`-`) for
+    /// every request.
+    pub fn optional_tenant(tenant: Option<HeaderName>) -> FromHeaders {
         FromHeaders {
             tenant,
             subject: None,
@@ -116,12 +123,12 @@ impl<B> Extract<B> for FromHeaders {
                 }),
             }
         };
-        let tenant = text(&self.tenant)?.ok_or_else(|| {
-            InvalidRequest::new(
-                self.tenant.as_str(),
-                format!("header `{}` is required", self.tenant),
-            )
-        })?;
+        let tenant = match &self.tenant {
+            None => "-".to_owned(),
+            Some(name) => text(name)?.ok_or_else(|| {
+                InvalidRequest::new(name.as_str(), format!("header `{name}` is required"))
+            })?,
+        };
         let subject = match (&self.subject, &self.client_ip) {
             (Some(name), _) => text(name)?,
             (None, Some(trusted)) => {

@@ -13,6 +13,8 @@
 //!   service).
 //! - [`client_ip`]: the client's address behind trusted proxies, for
 //!   limits per IP.
+//! - [`limits`]: limits declared in code next to a route
+//!   (`Limits::route(…).rule("10/1m").by(…).prevent_duplicate("5s")`).
 //!
 //! # Guide
 //!
@@ -101,6 +103,7 @@ pub mod answer;
 pub mod client_ip;
 pub mod extract;
 pub mod layer;
+pub mod limits;
 pub mod service;
 
 pub use answer::{DecisionView, InvalidRequest};

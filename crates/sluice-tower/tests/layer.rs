@@ -408,3 +408,71 @@ async fn limits_per_client_ip_believe_trusted_proxies_only() {
         "the peer's 4 are spent"
     );
 }
+
+#[tokio::test]
+async fn limits_declared_next_to_the_route() {
+    use sluice_tower::limits::{By, Limits};
+    let layer = Limits::route("POST /v1/payments")
+        .rule("2/1m")
+        .rule("3/1h")
+        .by(By::ClientIp(vec!["10.0.0.0/8".parse().unwrap()]))
+        .prevent_duplicate("5s")
+        .layer(MemoryStore::new(1_000))
+        .unwrap();
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counter = reached.clone();
+    let app = Router::new()
+        .route(
+            "/v1/payments",
+            post(move || async move {
+                counter.fetch_add(1, Ordering::Relaxed);
+                "paid"
+            })
+            .route_layer(layer),
+        )
+        .route("/v1/free", get(|| async { "free" }));
+    let pay = |ip: &str, key: &str| {
+        let request = Request::post("/v1/payments")
+            .header("x-forwarded-for", ip)
+            .header("idempotency-key", key)
+            .extension(sluice_tower::Peer("10.0.0.1:9".parse().unwrap()))
+            .body(Body::empty())
+            .unwrap();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let policy = response
+                .headers()
+                .get("ratelimit-policy")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (response.status(), policy)
+        }
+    };
+    let (status, policy) = pay("203.0.113.1", "a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        policy.as_deref(),
+        Some("\"subject-0\";q=2;w=60, \"subject-1\";q=3;w=3600"),
+        "named and advertised as a configured rule would be"
+    );
+    assert_eq!(pay("203.0.113.1", "a").await.0, StatusCode::CONFLICT);
+    assert_eq!(pay("203.0.113.1", "b").await.0, StatusCode::OK);
+    assert_eq!(
+        pay("203.0.113.1", "c").await.0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        pay("203.0.113.2", "c").await.0,
+        StatusCode::OK,
+        "per client IP"
+    );
+    assert_eq!(reached.load(Ordering::Relaxed), 3);
+    // A declaration that does not compile says what is wrong.
+    let error = Limits::route("POST /x")
+        .rule("ten/1m")
+        .policy()
+        .unwrap_err();
+    assert!(error.message.contains("LIMIT"), "{error}");
+    let error = Limits::route("POST /x").rule("10/1x").policy().unwrap_err();
+    assert!(error.to_string().contains("per"), "{error}");
+}
