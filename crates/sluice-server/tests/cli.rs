@@ -338,3 +338,56 @@ async fn forward_auth_limits_the_client_ip_behind_trusted_proxies_only() {
         "spoofed header ignored"
     );
 }
+
+/// `sluice check --url` asks a running service: its budgets answer, and
+/// they are the service's (spent by the check).
+#[tokio::test]
+async fn check_asks_a_running_service() {
+    let path = temp_file(
+        "check-url.yaml",
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 2, per: 1h }]\n",
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let ask = || {
+        sluice()
+            .args([
+                "check",
+                "--url",
+                &server.base,
+                "--tenant",
+                "t",
+                "--route",
+                "GET /",
+            ])
+            .output()
+            .unwrap()
+    };
+    for remaining in [1, 0] {
+        let out = ask();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(answer["remaining"], remaining);
+    }
+    let out = ask();
+    assert_eq!(out.status.code(), Some(1), "denied");
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["reason"], "tenant_limit");
+    let down = sluice()
+        .args([
+            "check",
+            "--url",
+            "http://127.0.0.1:9",
+            "--tenant",
+            "t",
+            "--route",
+            "GET /",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(down.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&down.stderr).contains("cannot ask"));
+}

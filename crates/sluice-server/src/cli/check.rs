@@ -23,7 +23,44 @@ pub(super) fn run(args: CheckArgs) -> ExitCode {
     runtime.block_on(check(args))
 }
 
+/// Asks the service at `url`; prints its answer; exits as a local check.
+async fn remote(url: &str, args: &CheckArgs) -> ExitCode {
+    let body = serde_json::json!({
+        "tenant": args.tenant,
+        "route": args.route,
+        "subject": args.subject,
+        "cost": args.cost,
+        "fingerprint": args.fingerprint,
+    });
+    let endpoint = format!("{}/v1/check", url.trim_end_matches('/'));
+    let response = reqwest::Client::new()
+        .post(&endpoint)
+        .timeout(std::time::Duration::from_secs(10))
+        .json(&body)
+        .send()
+        .await;
+    match response {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            println!("{text}");
+            match status {
+                200 => ExitCode::SUCCESS,
+                409 | 429 => ExitCode::FAILURE,
+                _ => ExitCode::from(2),
+            }
+        }
+        Err(e) => {
+            eprintln!("error: cannot ask {endpoint}: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 async fn check(args: CheckArgs) -> ExitCode {
+    if let Some(url) = &args.url {
+        return remote(url, &args).await;
+    }
     let config = match Source::from_arg(args.config).load() {
         Ok(config) => config,
         Err(e) => {
@@ -32,7 +69,8 @@ async fn check(args: CheckArgs) -> ExitCode {
         }
     };
     let request = check_cost_signed(args.cost.into())
-        .and_then(|cost| Request::new(&args.tenant, &args.route, args.subject.as_deref(), cost));
+        .and_then(|cost| Request::new(&args.tenant, &args.route, args.subject.as_deref(), cost))
+        .and_then(|r| r.with_fingerprint(args.fingerprint.as_deref()));
     let request = match request {
         Ok(request) => request,
         Err(e) => {

@@ -90,6 +90,13 @@ pub struct CheckArgs {
     /// Configuration file (default: the embedded example).
     #[arg(long, short, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
+    /// Ask a running service instead (its `/v1/check`), e.g.
+    /// `http://127.0.0.1:8080`: the answer counts against its budgets.
+    #[arg(long, conflicts_with = "config")]
+    url: Option<String>,
+    /// The duplicate guard's fingerprint.
+    #[arg(long)]
+    fingerprint: Option<String>,
     /// The tenant.
     #[arg(long)]
     tenant: String,
