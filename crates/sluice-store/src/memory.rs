@@ -152,7 +152,7 @@ impl MemoryStore {
                     continue;
                 }
                 repair(&rule, &mut slot, now);
-                let (outcome, step) = rule.decide(&slot.state, now, cost);
+                let (outcome, step) = rule.decide_repaired(&slot.state, now, cost);
                 if outcome.allowed {
                     rule.commit(&mut slot.state, step);
                     slot.idle_at = rule.idle_at(&slot.state);
@@ -294,7 +294,7 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
         .enumerate()
         .map(|(i, rule)| {
             let rule = rule.rule().share(parts);
-            rule.decide(&guards[slot_of[i]].state, now, batch.cost_of(i))
+            rule.decide_repaired(&guards[slot_of[i]].state, now, batch.cost_of(i))
                 .0
         })
         .collect();
@@ -314,7 +314,7 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
             }
             let slot = &mut guards[slot_of[i]];
             let rule = rule.rule().share(parts);
-            let (_, step) = rule.decide(&slot.state, now, batch.cost_of(i));
+            let (_, step) = rule.decide_repaired(&slot.state, now, batch.cost_of(i));
             rule.commit(&mut slot.state, step);
             slot.idle_at = rule.idle_at(&slot.state);
         }

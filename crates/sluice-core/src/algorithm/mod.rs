@@ -177,6 +177,14 @@ impl Rule {
         }
     }
 
+    /// [`decide`](Self::decide) for a state already [`repair`](Self::repair)ed
+    /// at `now` (stores repair under their lock first, then decide): the
+    /// same answer without checking for a repair again.
+    pub fn decide_repaired(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
+        debug_assert!(self.repair(state, now).is_none(), "repair the state first");
+        self.decide_current(state, now, cost)
+    }
+
     fn decide_current(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
         match (self.algorithm(), state) {
             (Algorithm::Gcra, State::Gcra(tat)) => {

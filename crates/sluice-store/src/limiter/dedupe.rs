@@ -33,6 +33,11 @@ impl Guarded {
         }))
     }
 
+    /// Whether the request's rules hold a duplicate guard.
+    pub(super) fn any(&self) -> bool {
+        self.0.is_some()
+    }
+
     /// Per rule, where it counts: the guard in the request's (subject,
     /// fingerprint), the others as their scope says. Empty (every rule by
     /// scope) when there is no guard.

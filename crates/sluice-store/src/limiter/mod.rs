@@ -220,17 +220,18 @@ impl<S: Store> Limiter<S> {
             Err(decided) => return decided,
         };
         let guarded = dedupe::Guarded::of(&batch, request);
+        // In process, without entering the remote path's state machine.
+        if applicable.shards <= 1
+            && !guarded.any()
+            && let Some(result) = self.store.decide_in_process(&batch)
+        {
+            return self.conclude(applicable, &batch, result);
+        }
         let partitions = guarded.partitions(&batch);
         let batch = Batch {
             partitions: &partitions,
             ..batch
         };
-        // In process, without entering the remote path's state machine.
-        if applicable.shards <= 1
-            && let Some(result) = self.store.decide_in_process(&batch)
-        {
-            return self.conclude(applicable, &batch, result);
-        }
         self.decide_batch(applicable, &batch).await
     }
 
@@ -400,6 +401,11 @@ impl Limiter<MemoryStore> {
             Ok(prepared) => prepared,
         };
         let guarded = dedupe::Guarded::of(&batch, request);
+        if applicable.shards <= 1 && !guarded.any() {
+            // The common case: one shard, no duplicate guard.
+            let result = self.store.decide_now(&batch);
+            return self.conclude(applicable, &batch, result);
+        }
         let partitions = guarded.partitions(&batch);
         let batch = Batch {
             partitions: &partitions,
