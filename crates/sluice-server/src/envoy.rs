@@ -739,8 +739,15 @@ impl RateLimiter {
                 owners[*i].push(*r);
             }
             let probe = Batch::new(request.tenant, request.subject, hits, applicable.rules);
+            // A duplicate guard counts per subject and fingerprint, as in
+            // `Limiter::decide`.
+            let guard =
+                sluice_store::limiter::dedupe::partition_text(request.subject, request.fingerprint);
             let mut partitions: Vec<Partition<'_>> = (0..applicable.rules.len())
-                .map(|r| probe.partition(r, &applicable.rules[r]))
+                .map(|r| match applicable.rules[r].scope() {
+                    Scope::Dedupe => Partition::Subject(request.tenant, &guard),
+                    _ => probe.partition(r, &applicable.rules[r]),
+                })
                 .collect();
             partitions.extend(partitions_text.iter().map(|p| Partition::Tenant(p)));
             let mut costs = vec![hits; applicable.rules.len()];

@@ -13,6 +13,23 @@ use smallvec::SmallVec;
 
 use crate::store::{Batch, Partition};
 
+/// Where a duplicate guard counts for `subject` and `fingerprint`: a
+/// subject partition of this text (callers that build their own batches,
+/// such as the Envoy adapter, use it as [`Limiter::decide`] does).
+///
+/// [`Limiter::decide`]: crate::Limiter::decide
+pub fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -> String {
+    // Lengths first, so that no (subject, fingerprint) pair can be spelled
+    // like another.
+    let subject = subject.unwrap_or("");
+    let fingerprint = fingerprint.unwrap_or("");
+    format!(
+        "{}:{subject}{}:{fingerprint}",
+        subject.len(),
+        fingerprint.len()
+    )
+}
+
 /// The partition text of a request's duplicate guards, when its rules
 /// hold one.
 pub(super) struct Guarded(Option<String>);
@@ -20,17 +37,7 @@ pub(super) struct Guarded(Option<String>);
 impl Guarded {
     pub(super) fn of(batch: &Batch<'_>, request: &Request<'_>) -> Guarded {
         let guarded = batch.rules.iter().any(|r| r.scope() == Scope::Dedupe);
-        Guarded(guarded.then(|| {
-            // Lengths first, so that no (subject, fingerprint) pair can be
-            // spelled like another.
-            let subject = request.subject.unwrap_or("");
-            let fingerprint = request.fingerprint.unwrap_or("");
-            format!(
-                "{}:{subject}{}:{fingerprint}",
-                subject.len(),
-                fingerprint.len()
-            )
-        }))
+        Guarded(guarded.then(|| partition_text(request.subject, request.fingerprint)))
     }
 
     /// Whether the request's rules hold a duplicate guard.

@@ -29,7 +29,7 @@ use crate::store::{Batch, Store, StoreError};
 use crate::telemetry::{NoTelemetry, Telemetry};
 
 pub mod breaker;
-mod dedupe;
+pub mod dedupe;
 pub mod denials;
 mod shard;
 
