@@ -324,3 +324,57 @@ fn a_value_of_the_wrong_type_names_its_field() {
         "{e}"
     );
 }
+
+#[test]
+fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_ranges() {
+    let plan = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 1, per: 1s }]\n";
+    let cases = [
+        (
+            format!("server:\n  limits: {{ max_connections: 0 }}\n{plan}"),
+            "`server.limits.max_connections` must be from 1 to 1000000, got 0",
+        ),
+        (
+            format!("server:\n  limits: {{ header_timeout: 11m }}\n{plan}"),
+            "`server.limits.header_timeout` must be from 100ms to 10m",
+        ),
+        (
+            format!("server:\n  limits: {{ grpc_max_message_bytes: 10 }}\n{plan}"),
+            "`server.limits.grpc_max_message_bytes` must be from 1024 to 16777216",
+        ),
+        (
+            format!("server:\n  forward_auth: {{ subject_from: ip }}\n{plan}"),
+            "`server.forward_auth.subject_from` must be `header` or `client_ip`, got `ip`",
+        ),
+        (
+            format!("server:\n  forward_auth: {{ trusted_proxies: [10.0.0.0/33] }}\n{plan}"),
+            "`server.forward_auth.trusted_proxies` takes addresses or CIDRs",
+        ),
+        (
+            format!("envoy:\n  files: some\n{plan}"),
+            "`envoy.files` must be `yaml` or `all`, got `some`",
+        ),
+        (
+            format!("{plan}    dedupe:\n      \"POST /x\": {{ window: 2d }}\n"),
+            "`dedupe.window` must be from 10ms to 1d",
+        ),
+        (
+            format!("{plan}    dedupe:\n      \"POST /x\": {{}}\n"),
+            "`dedupe` entries need a `window`",
+        ),
+    ];
+    for (yaml, expected) in cases {
+        let found = errors(&yaml);
+        assert!(
+            found.iter().any(|e| e.contains(expected)),
+            "{expected:?} not in {found:?}"
+        );
+    }
+    // At the bounds, accepted.
+    let edge = format!(
+        "server:\n  limits: {{ max_connections: 1000000, header_timeout: 10m, grpc_max_message_bytes: 16777216 }}\n  forward_auth: {{ subject_from: client_ip, trusted_proxies: [\"::1\", 10.0.0.0/8] }}\n{plan}    dedupe:\n      \"POST /x\": {{ window: 1d }}\n"
+    );
+    let config = Config::from_yaml(&edge, "edge.yaml").unwrap();
+    assert_eq!(config.server.limits.max_connections, 1_000_000);
+    assert_eq!(config.server.forward_auth.trusted_proxies.len(), 2);
+    assert_eq!(config.limits.plans[0].dedupe.len(), 1);
+}
