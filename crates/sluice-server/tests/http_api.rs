@@ -330,8 +330,13 @@ async fn oversize_body_is_refused_without_a_500() {
         r#"{{"tenant": "{}", "route": "GET /"}}"#,
         "x".repeat(64 * 1024)
     );
-    let (response, _) = h.check(huge).await;
+    let (response, body) = h.check(huge).await;
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        header(&response, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(body["invalid-params"][0]["name"], "body", "{body}");
 }
 
 fn forward(headers: &[(&str, &str)]) -> Request<Body> {

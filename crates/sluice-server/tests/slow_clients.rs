@@ -105,10 +105,11 @@ async fn hundreds_of_idle_and_slow_clients_do_not_stop_decisions() {
     oversize
         .write_all(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{")
         .unwrap();
-    let mut answer = [0u8; 64];
+    let mut answer = [0u8; 512];
     let n = oversize.read(&mut answer).expect("an answer, not a hang");
     let answer = String::from_utf8_lossy(&answer[..n]);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
     // The server ends them all after its timeouts (1 s; wait up to 6).
     let deadline = Instant::now() + Duration::from_secs(6);
     let (blocking, sb) = (

@@ -33,6 +33,30 @@ use crate::app::App;
 /// Largest request body `/v1/check` reads.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
+/// A request whose `Content-Length` is above [`MAX_BODY_BYTES`] is refused
+/// before its body is read (413, problem details naming `body`): a client
+/// that announces a large body and sends a short one gets its answer at
+/// once instead of a wait.
+async fn refuse_oversize(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let announced = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        let mut problem = InvalidRequest::new(
+            "body",
+            format!("the body may be at most {MAX_BODY_BYTES} bytes"),
+        );
+        problem.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
+        return respond::refusal(&problem);
+    }
+    next.run(request).await
+}
+
 /// The router of the HTTP API, every request bounded by `limits`: a body
 /// above [`MAX_BODY_BYTES`] is refused with 413 (at once when its
 /// `Content-Length` says so), and a request not handled within
@@ -48,9 +72,7 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/json", post(upstream::json))
         .route("/rlconfig", get(upstream::rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(
-            MAX_BODY_BYTES,
-        ))
+        .layer(axum::middleware::from_fn(refuse_oversize))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             Duration::from_millis(limits.request_timeout_ms),
