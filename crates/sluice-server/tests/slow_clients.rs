@@ -150,6 +150,20 @@ async fn hundreds_of_idle_and_slow_clients_do_not_stop_decisions() {
     assert_eq!(status, 200);
 }
 
+#[test]
+fn a_body_sent_too_slowly_gets_a_408_problem() {
+    let server = start("{ request_timeout: 300ms }");
+    let mut slow = connect(&address(&server));
+    slow.write_all(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_are_closed_at_once() {
     let server = start("{ max_connections: 20, header_timeout: 30s }");

@@ -57,6 +57,29 @@ async fn refuse_oversize(
     next.run(request).await
 }
 
+/// A request not answered within `request_timeout` (a client sending its
+/// body slowly) gets 408 with problem details naming `body`.
+async fn answer_in_time(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match tokio::time::timeout(timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let mut problem = InvalidRequest::new(
+                "body",
+                format!(
+                    "the request was not complete within {} ms (server.limits.request_timeout)",
+                    timeout.as_millis()
+                ),
+            );
+            problem.status = axum::http::StatusCode::REQUEST_TIMEOUT;
+            respond::refusal(&problem)
+        }
+    }
+}
+
 /// The router of the HTTP API, every request bounded by `limits`: a body
 /// above [`MAX_BODY_BYTES`] is refused with 413 (at once when its
 /// `Content-Length` says so), and a request not handled within
@@ -73,9 +96,9 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/rlconfig", get(upstream::rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(refuse_oversize))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
+        .layer(axum::middleware::from_fn_with_state(
             Duration::from_millis(limits.request_timeout_ms),
+            answer_in_time,
         ))
         .with_state(app)
 }
