@@ -305,3 +305,64 @@ async fn instances_with_different_peppers_on_one_redis_are_not_ready() {
         assert_eq!(body["live_instances"], 2, "{body}");
     }
 }
+
+/// The promise to each tenant, over HTTP on a shared Redis: noisy tenants
+/// flooding at many times their limit (two instances) never cost a polite
+/// tenant a single 429, and get no more than their own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_noisy_tenant_never_starves_a_polite_one() {
+    let redis = RedisServer::start();
+    let path = temp_file(
+        "isolation.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, algorithm: fixed_window, limit: 50, per: 1h }}]\n",
+            redis.url()
+        ),
+    );
+    let instances: Vec<Server> = (0..2)
+        .map(|_| {
+            Server::start_with_env(
+                &["--config", path.to_str().unwrap()],
+                &[("TEST_SLUICE_PEPPER", PEPPER)],
+            )
+        })
+        .collect();
+    let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
+    let mut tasks = Vec::new();
+    // Four noisy tenants, 250 requests each (5× their limit), spread over
+    // both instances; two polite tenants send 40 each (under their 50).
+    for (tenant, count) in [
+        ("noisy-1", 250),
+        ("noisy-2", 250),
+        ("noisy-3", 250),
+        ("noisy-4", 250),
+        ("polite-1", 40),
+        ("polite-2", 40),
+    ] {
+        let bases = bases.clone();
+        tasks.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            let (mut admitted, mut denied) = (0u32, 0u32);
+            for i in 0..count {
+                let base = &bases[i % bases.len()];
+                let (status, _) =
+                    post(&client, base, json!({"tenant": tenant, "route": "GET /"})).await;
+                match status {
+                    200 => admitted += 1,
+                    429 => denied += 1,
+                    other => panic!("{tenant}: status {other}"),
+                }
+            }
+            (tenant, admitted, denied)
+        }));
+    }
+    for task in tasks {
+        let (tenant, admitted, denied) = task.await.unwrap();
+        if tenant.starts_with("polite") {
+            assert_eq!((admitted, denied), (40, 0), "{tenant} was starved");
+        } else {
+            assert_eq!(admitted, 50, "{tenant} got exactly its own limit");
+            assert_eq!(denied, 200);
+        }
+    }
+}
