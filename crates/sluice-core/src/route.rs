@@ -48,7 +48,12 @@ pub fn from_parts(method: &str, target: &str) -> String {
     let mut out = String::with_capacity(method.len() + 1 + target.len());
     out.extend(method.chars().map(|c| c.to_ascii_uppercase()));
     out.push(' ');
-    push_path(&mut out, target);
+    if is_normal(target) {
+        // The common case: already in its one spelling.
+        out.push_str(target);
+    } else {
+        push_path(&mut out, target);
+    }
     out
 }
 
