@@ -227,6 +227,19 @@ impl<S: Store> Limiter<S> {
         {
             return self.conclude(applicable, &batch, result);
         }
+        // Boxed, so that this future stays small for the in-process path
+        // (moving a large future costs more than the decision itself).
+        Box::pin(self.decide_guarded(applicable, batch, guarded)).await
+    }
+
+    /// The rest of [`decide`](Self::decide): duplicate guards placed, then
+    /// every shard the tenant has, through the time budget.
+    async fn decide_guarded<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: Batch<'_>,
+        guarded: dedupe::Guarded,
+    ) -> Decision<'p> {
         let partitions = guarded.partitions(&batch);
         let batch = Batch {
             partitions: &partitions,
