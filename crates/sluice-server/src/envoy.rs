@@ -55,13 +55,6 @@ const MAX_ENTRIES: usize = 64;
 /// Longest entry key or value, in bytes.
 const MAX_ENTRY_BYTES: usize = 16 * 1024;
 
-/// Reads envoyproxy/ratelimit configuration: one YAML file, or every
-/// `*.yaml`/`*.yml` file of a directory (in name order), as that project's
-/// runtime directory holds them.
-pub fn load_envoy_config(path: &Path) -> Fallible<Vec<EnvoyDomain>> {
-    load_envoy_files(path, false, false)
-}
-
 /// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
 /// directory: its `*.yaml` files, or with `all_files` every file but dot
 /// files, following symlinks as a ConfigMap's `..data` swap needs), with

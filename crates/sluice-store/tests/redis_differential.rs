@@ -122,6 +122,29 @@ fn pepper() -> Pepper {
     Pepper::parse(&[42u8; 32]).unwrap()
 }
 
+/// A memory store and a Redis store on one hand-driven clock, so that the
+/// same steps meet the same times.
+fn paired(
+    server: &RedisServer,
+    runtime: &tokio::runtime::Runtime,
+) -> (Arc<ManualClock>, MemoryStore, RedisStore) {
+    let clock = Arc::new(ManualClock::new(1_764_460_800_123));
+    let memory = MemoryStore::with_clock(1_000, clock.clone());
+    let keys = KeySet {
+        current: Keyer::new("sl", &pepper()),
+        previous: None,
+    };
+    let redis = runtime
+        .block_on(RedisStore::connect(
+            &server.url(),
+            keys,
+            &ConnectOptions::with_timeout(Duration::from_secs(5)),
+        ))
+        .unwrap()
+        .with_time(TimeSource::Client(clock.clone()));
+    (clock, memory, redis)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 96,
@@ -234,20 +257,7 @@ fn single_rules_match_over_long_runs() {
             )
         );
         let policy = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
-        let clock = Arc::new(ManualClock::new(1_764_460_800_123));
-        let memory = MemoryStore::with_clock(1_000, clock.clone());
-        let keys = KeySet {
-            current: Keyer::new("sl", &pepper()),
-            previous: None,
-        };
-        let redis = runtime
-            .block_on(RedisStore::connect(
-                &server.url(),
-                keys,
-                &ConnectOptions::with_timeout(Duration::from_secs(5)),
-            ))
-            .unwrap()
-            .with_time(TimeSource::Client(clock.clone()));
+        let (clock, memory, redis) = paired(&server, &runtime);
         let rules = policy.applicable(algorithm.name(), "GET /", false).rules;
         for i in 0..400u64 {
             clock.advance([0, 13, 97, 1, 350, 0, 701][(i % 7) as usize]);
@@ -287,20 +297,7 @@ fn states_written_under_another_limit_match() {
         (1, 60, 1),
     ];
     for algorithm in Algorithm::ALL {
-        let clock = Arc::new(ManualClock::new(1_764_460_800_123));
-        let memory = MemoryStore::with_clock(1_000, clock.clone());
-        let keys = KeySet {
-            current: Keyer::new("sl", &pepper()),
-            previous: None,
-        };
-        let redis = runtime
-            .block_on(RedisStore::connect(
-                &server.url(),
-                keys,
-                &ConnectOptions::with_timeout(Duration::from_secs(5)),
-            ))
-            .unwrap()
-            .with_time(TimeSource::Client(clock.clone()));
+        let (clock, memory, redis) = paired(&server, &runtime);
         for (round, (limit, per, burst)) in params.into_iter().cycle().take(8).enumerate() {
             let yaml = format!(
                 "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: same, algorithm: {}, limit: {limit}, per: {per}ms{} }}]\n",

@@ -221,6 +221,12 @@ impl InvalidRequest {
         }
     }
 
+    /// The same problem answered with `status` (413, 408, …) instead of 400.
+    pub fn with_status(mut self, status: StatusCode) -> InvalidRequest {
+        self.status = status;
+        self
+    }
+
     /// The answer.
     pub fn answer(&self) -> Response<Vec<u8>> {
         let body = InvalidBody {

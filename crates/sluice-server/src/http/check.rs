@@ -37,8 +37,8 @@ pub(super) async fn check(
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
-            let mut problem = InvalidRequest::new("body", rejection.body_text());
-            problem.status = rejection.status();
+            let problem =
+                InvalidRequest::new("body", rejection.body_text()).with_status(rejection.status());
             return refusal(&problem);
         }
     };

@@ -47,11 +47,11 @@ async fn refuse_oversize(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        let mut problem = InvalidRequest::new(
+        let problem = InvalidRequest::new(
             "body",
             format!("the body may be at most {MAX_BODY_BYTES} bytes"),
-        );
-        problem.status = axum::http::StatusCode::PAYLOAD_TOO_LARGE;
+        )
+        .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         return respond::refusal(&problem);
     }
     next.run(request).await
@@ -67,14 +67,14 @@ async fn answer_in_time(
     match tokio::time::timeout(timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
-            let mut problem = InvalidRequest::new(
+            let problem = InvalidRequest::new(
                 "body",
                 format!(
                     "the request was not complete within {} ms (server.limits.request_timeout)",
                     timeout.as_millis()
                 ),
-            );
-            problem.status = axum::http::StatusCode::REQUEST_TIMEOUT;
+            )
+            .with_status(axum::http::StatusCode::REQUEST_TIMEOUT);
             respond::refusal(&problem)
         }
     }
