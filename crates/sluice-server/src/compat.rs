@@ -16,6 +16,9 @@
 //! | `NEAR_LIMIT_RATIO` | `0.8` | `near_limit` |
 //! | `SHADOW_MODE` | `false` | `envoy.shadow_mode` |
 //! | `LOG_LEVEL` | `WARN` | the log filter, unless `SLUICE_LOG` is set |
+//! | `USE_PROMETHEUS`, `PROMETHEUS_ADDR`, `PROMETHEUS_PATH` | `false`, `:9090`, `/metrics` | `server.metrics` (the metrics also stay on `PORT`'s `/metrics`) |
+//! | `QUOTA_MODE` | `false` | `true` is refused: mark descriptors `quota_mode: true` instead |
+//! | `USE_STATSD`, `STATSD_HOST`, `STATSD_PORT` | `true`, … | nothing is pushed; the same counters are on `/metrics` |
 //!
 //! One addition the manifest needs: the pepper keys are derived with
 //! (`SLUICE_PEPPER`, or a file named by `SLUICE_PEPPER_FILE`), since sluice
@@ -68,6 +71,11 @@ pub fn configuration(vars: &HashMap<String, String>) -> Fallible<String> {
                 format!("BACKEND_TYPE `{other}` is not supported by sluice; use redis").into(),
             );
         }
+    }
+    if flag("QUOTA_MODE")? {
+        return Err(
+            "QUOTA_MODE (every descriptor in quota mode) is not supported by sluice; mark descriptors `quota_mode: true` in the files".into(),
+        );
     }
     let tls = flag("REDIS_TLS")?;
     let scheme = if tls { "rediss" } else { "redis" };
@@ -129,13 +137,47 @@ pub fn configuration(vars: &HashMap<String, String>) -> Fallible<String> {
     } else {
         "  pepper_env: SLUICE_PEPPER\n".to_owned()
     };
+    let metrics = if flag("USE_PROMETHEUS")? {
+        let addr = var("PROMETHEUS_ADDR", ":9090");
+        let listen = match addr.rsplit_once(':') {
+            Some(("", port)) => format!("0.0.0.0:{port}"),
+            Some(("localhost", port)) => format!("127.0.0.1:{port}"),
+            _ => addr.clone(),
+        };
+        if listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(format!(
+                "PROMETHEUS_ADDR must be `:port` or an IP address and port such as 0.0.0.0:9090, got `{addr}`"
+            )
+            .into());
+        }
+        format!(
+            "  metrics:\n    listen: {}\n    path: {}\n",
+            quoted(&listen),
+            quoted(&var("PROMETHEUS_PATH", "/metrics"))
+        )
+    } else {
+        String::new()
+    };
     Ok(format!(
-        "server:\n  http: {http}\n  grpc: {grpc}\nstorage:\n{storage}  denial_cache: {}\nkeys:\n{pepper}near_limit: {near}\nenvoy:\n  config: {}\n  files: all\n  merge_domains: {}\n  shadow_mode: {}\n",
+        "server:\n  http: {http}\n  grpc: {grpc}\n{metrics}storage:\n{storage}  denial_cache: {}\nkeys:\n{pepper}near_limit: {near}\nenvoy:\n  config: {}\n  files: all\n  merge_domains: {}\n  shadow_mode: {}\n",
         cache > 0,
         quoted(&dir.display().to_string()),
         flag("MERGE_DOMAIN_CONFIG")?,
         flag("SHADOW_MODE")?,
     ))
+}
+
+/// What the environment asks for that sluice does not do, to be logged at
+/// start.
+pub fn notices(vars: &HashMap<String, String>) -> Vec<&'static str> {
+    let statsd = vars
+        .get("USE_STATSD")
+        .is_none_or(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"));
+    let mut notices = Vec::new();
+    if statsd {
+        notices.push("USE_STATSD: sluice pushes no statsd; the same counters are on /metrics (ratelimit_service_rate_limit_*)");
+    }
+    notices
 }
 
 /// The log filter `LOG_LEVEL` asks for (envoyproxy/ratelimit's names).
@@ -210,12 +252,54 @@ mod tests {
     }
 
     #[test]
+    fn statsd_is_said_not_to_be_pushed_unless_turned_off() {
+        assert_eq!(notices(&env(&[])).len(), 1);
+        assert_eq!(notices(&env(&[("USE_STATSD", "true")])).len(), 1);
+        assert!(notices(&env(&[("USE_STATSD", "false")])).is_empty());
+    }
+
+    #[test]
+    fn prometheus_settings_become_a_metrics_listener() {
+        let config = |pairs: &[(&str, &str)]| {
+            sluice_core::Config::from_yaml(&configuration(&env(pairs)).unwrap(), "env")
+                .unwrap()
+                .server
+                .metrics
+        };
+        assert_eq!(config(&[]), None);
+        let m = config(&[("USE_PROMETHEUS", "true")]).unwrap();
+        assert_eq!(
+            (m.listen.to_string(), m.path.as_str()),
+            ("0.0.0.0:9090".to_owned(), "/metrics")
+        );
+        let m = config(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "localhost:9102"),
+            ("PROMETHEUS_PATH", "/stats/prometheus"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (m.listen.to_string(), m.path.as_str()),
+            ("127.0.0.1:9102".to_owned(), "/stats/prometheus")
+        );
+        let error = configuration(&env(&[
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "metrics.svc:9090"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("PROMETHEUS_ADDR"), "{error}");
+    }
+
+    #[test]
     fn what_sluice_cannot_do_is_refused_by_name() {
         for (name, value) in [
             ("BACKEND_TYPE", "memcache"),
             ("REDIS_TYPE", "SENTINEL"),
             ("SHADOW_MODE", "maybe"),
             ("PORT", "http"),
+            ("USE_PROMETHEUS", "yes"),
+            ("QUOTA_MODE", "true"),
         ] {
             let error = configuration(&env(&[(name, value)]))
                 .unwrap_err()

@@ -235,14 +235,17 @@ async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String,
 /// when it points nowhere).
 pub(crate) fn descriptors(config: &Config) -> Fallible<DescriptorPolicy> {
     Ok(match &config.envoy.config_path {
-        Some(path) => DescriptorPolicy::compile(
-            &crate::envoy::load_envoy_files(
+        Some(path) => {
+            let domains = crate::envoy::load_envoy_files(
                 path,
                 config.envoy.all_files,
                 config.envoy.merge_domains,
-            )?,
-            config.limits.near_limit,
-        ),
+            )?;
+            for note in domains.iter().flat_map(|d| &d.notes) {
+                warn!("{note}");
+            }
+            DescriptorPolicy::compile(&domains, config.limits.near_limit)
+        }
         None => DescriptorPolicy::default(),
     })
 }

@@ -49,6 +49,29 @@ fn validate_checks_envoyproxy_files_directories_and_what_a_config_points_to() {
         stderr.contains("bad.yaml:5:22: share_threshold can only be used with wildcard values"),
         "{stderr}"
     );
+    // Upstream's keys out of place: a limit written on the descriptor is
+    // refused (upstream would load it and never apply it); a mark inside
+    // `rate_limit` loads, as upstream loads it, with a note saying where.
+    let misplaced =
+        "domain: f\ndescriptors:\n  - key: a\n    unit: minute\n    requests_per_unit: 5\n";
+    std::fs::write(dir.join("misplaced.yaml"), misplaced).unwrap();
+    let (code, _, stderr) = ok(&dir.join("misplaced.yaml"));
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("misplaced.yaml:4:11: `unit` has no effect on a descriptor"),
+        "{stderr}"
+    );
+    let noted = "domain: g\ndescriptors:\n  - key: a\n    rate_limit: { unit: minute, requests_per_unit: 5, shadow_mode: true }\n";
+    std::fs::write(dir.join("misplaced.yaml"), noted).unwrap();
+    let (code, _, stderr) = ok(&dir.join("misplaced.yaml"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("note: ")
+            && stderr.contains("misplaced.yaml:4:")
+            && stderr.contains("`shadow_mode` has no effect inside `rate_limit`"),
+        "{stderr}"
+    );
+    std::fs::remove_file(dir.join("misplaced.yaml")).unwrap();
     // A sluice configuration is checked with the files it points to, as
     // `serve` would load them.
     let config = temp_file(

@@ -1004,6 +1004,7 @@ async fn an_envoyproxy_ratelimit_manifest_starts_sluice() {
     );
     let port = redis.port().to_string();
     let root_text = root.display().to_string();
+    let prometheus = format!("127.0.0.1:{}", sluice_testkit::free_port(false));
     let mut server = Server::start_with_env(
         &["--envoyproxy-env"],
         &[
@@ -1014,6 +1015,9 @@ async fn an_envoyproxy_ratelimit_manifest_starts_sluice() {
             ("REDIS_URL", &format!("127.0.0.1:{port}")),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
             ("LOG_LEVEL", "info"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &prometheus),
+            ("PROMETHEUS_PATH", "/stats"),
             (
                 "SLUICE_PEPPER",
                 "6c1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f72",
@@ -1040,6 +1044,19 @@ async fn an_envoyproxy_ratelimit_manifest_starts_sluice() {
         .query(&mut redis.connection())
         .unwrap();
     assert!(!keys.is_empty() && keys.iter().all(|k| !k.contains("user")));
+    // The scrape the manifest points at PROMETHEUS_ADDR still finds
+    // upstream's stats; statsd is said not to be pushed.
+    let stats = reqwest::get(format!("http://{prometheus}/stats"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        stats.contains(r#"ratelimit_service_rate_limit_over_limit{domain="k8s",key1="user"} 1"#),
+        "{stats}"
+    );
+    server.wait_for_log("sluice pushes no statsd");
     // A ConfigMap update (the `..data` swap) is picked up.
     configmap(
         &config,

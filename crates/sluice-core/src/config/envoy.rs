@@ -18,16 +18,26 @@
 //!
 //! Files are refused as envoyproxy/ratelimit refuses them (empty domain,
 //! duplicate domain, empty key, duplicate descriptor, bad unit, unit with
-//! `unlimited`, bad `replaces`, unknown fields), with `file:line:column`.
+//! `unlimited`, bad `replaces`, unknown keys), with `file:line:column`.
+//!
+//! envoyproxy/ratelimit accepts any of its keys at any level and ignores
+//! the ones out of place. sluice accepts them too, so that a directory
+//! upstream loads still loads, but never silently: a misplaced key that
+//! only names or marks (`shadow_mode` inside `rate_limit`, `name` on a
+//! descriptor) becomes a [note](EnvoyDomain::notes) that `validate` prints
+//! and `serve` logs; a misplaced key that would carry a limit (`unit` on a
+//! descriptor, `descriptors` inside `rate_limit`) is refused, since
+//! upstream would load a limit that never applies.
 
 use std::collections::BTreeSet;
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_saphyr::{Location, Options};
 
 use super::raw::{RawRule, S};
 use super::validate::Validator;
-use super::{ConfigErrors, NamedRule};
+use super::{ConfigError, ConfigErrors, NamedRule};
 use crate::rule::{Algorithm, Rule};
 
 /// A `unit` of envoyproxy/ratelimit, with its length.
@@ -108,6 +118,9 @@ pub struct EnvoyDomain {
     pub domain: String,
     /// Its top-level descriptors, in file order.
     pub descriptors: Vec<EnvoyDescriptor>,
+    /// Keys accepted but without effect, as envoyproxy/ratelimit ignores
+    /// them, each with its place.
+    pub notes: Vec<ConfigError>,
 }
 
 /// A descriptor node.
@@ -176,7 +189,25 @@ impl EnvoyLimit {
 struct RawRoot {
     domain: Option<S<String>>,
     descriptors: Option<Vec<S<RawDescriptor>>>,
+    // Upstream's keys that have no effect here.
+    key: Stray,
+    value: Stray,
+    rate_limit: Stray,
+    unit: Stray,
+    requests_per_unit: Stray,
+    unlimited: Stray,
+    name: Stray,
+    replaces: Stray,
+    shadow_mode: Stray,
+    quota_mode: Stray,
+    detailed_metric: Stray,
+    value_to_metric: Stray,
+    share_threshold: Stray,
+    metadata: Stray,
 }
+
+/// One of envoyproxy/ratelimit's keys where it has no effect.
+type Stray = Option<S<IgnoredAny>>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -193,8 +224,15 @@ struct RawDescriptor {
     /// Passed to Envoy by envoyproxy/ratelimit as response metadata; any
     /// shape, no effect on decisions.
     #[allow(dead_code)]
-    metadata: Option<serde::de::IgnoredAny>,
+    metadata: Option<IgnoredAny>,
     rules: Option<Vec<S<RawRule>>>,
+    // Upstream's keys that have no effect here.
+    domain: Stray,
+    unit: Stray,
+    requests_per_unit: Stray,
+    unlimited: Stray,
+    name: Stray,
+    replaces: Stray,
 }
 
 #[derive(Debug, Deserialize)]
@@ -207,12 +245,77 @@ struct RawRateLimit {
     replaces: Option<Vec<S<RawReplace>>>,
     algorithm: Option<S<String>>,
     burst: Option<S<i64>>,
+    // Upstream's keys that have no effect here.
+    domain: Stray,
+    key: Stray,
+    value: Stray,
+    descriptors: Stray,
+    rate_limit: Stray,
+    shadow_mode: Stray,
+    quota_mode: Stray,
+    detailed_metric: Stray,
+    value_to_metric: Stray,
+    share_threshold: Stray,
+    metadata: Stray,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawReplace {
     name: Option<S<String>>,
+    // Upstream's keys that have no effect here.
+    domain: Stray,
+    key: Stray,
+    value: Stray,
+    descriptors: Stray,
+    rate_limit: Stray,
+    unit: Stray,
+    requests_per_unit: Stray,
+    unlimited: Stray,
+    replaces: Stray,
+    shadow_mode: Stray,
+    quota_mode: Stray,
+    detailed_metric: Stray,
+    value_to_metric: Stray,
+    share_threshold: Stray,
+    metadata: Stray,
+}
+
+/// Keys that would carry a limit: out of place, upstream loads a limit
+/// that never applies, so sluice refuses them.
+const CARRY_LIMITS: [&str; 7] = [
+    "rate_limit",
+    "descriptors",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "replaces",
+    "rules",
+];
+
+/// [`strays`] over the named fields of `raw`.
+macro_rules! strays {
+    ($v:expr, $place:expr, $raw:expr, [$($key:ident),* $(,)?]) => {
+        strays($v, $place, &[$((stringify!($key), &$raw.$key)),*])
+    };
+}
+
+/// Refuses or notes each of upstream's keys found out of `place`.
+fn strays(v: &mut Validator<'_>, place: &str, keys: &[(&str, &Stray)]) {
+    for (key, stray) in keys {
+        let Some(stray) = stray else { continue };
+        if CARRY_LIMITS.contains(key) {
+            v.push(
+                stray.referenced,
+                format!("`{key}` has no effect {place}: envoyproxy/ratelimit would load it and never apply it, so sluice refuses it; move it where it belongs"),
+            );
+        } else {
+            v.note(
+                stray.referenced,
+                format!("`{key}` has no effect {place}, as in envoyproxy/ratelimit; ignored"),
+            );
+        }
+    }
 }
 
 /// Reads envoyproxy/ratelimit configuration files, each `(origin, text)`;
@@ -248,9 +351,11 @@ pub fn load_with(
                     None
                 }
             };
-        if let Some(domain) = raw.and_then(|raw| envoy_domain(&mut v, raw)) {
+        if let Some(mut domain) = raw.and_then(|raw| envoy_domain(&mut v, raw)) {
+            domain.notes = v.take_notes();
             match domains.iter_mut().find(|(d, _)| d.domain == domain.domain) {
                 Some((existing, _)) if merge => {
+                    existing.notes.append(&mut domain.notes);
                     for descriptor in domain.descriptors {
                         let key = descriptor.composite_key();
                         if existing
@@ -301,10 +406,32 @@ fn envoy_domain(v: &mut Validator<'_>, raw: RawRoot) -> Option<EnvoyDomain> {
             return None;
         }
     };
+    strays!(
+        v,
+        "at the top of a file",
+        raw,
+        [
+            key,
+            value,
+            rate_limit,
+            unit,
+            requests_per_unit,
+            unlimited,
+            name,
+            replaces,
+            shadow_mode,
+            quota_mode,
+            detailed_metric,
+            value_to_metric,
+            share_threshold,
+            metadata
+        ]
+    );
     let descriptors = descriptors(v, &domain, raw.descriptors.unwrap_or_default());
     Some(EnvoyDomain {
         domain,
         descriptors,
+        notes: Vec::new(),
     })
 }
 
@@ -318,6 +445,12 @@ fn descriptors(
     for descriptor in raw {
         let at = descriptor.referenced;
         let raw = descriptor.value;
+        strays!(
+            v,
+            "on a descriptor (it belongs in `rate_limit`)",
+            raw,
+            [domain, unit, requests_per_unit, unlimited, name, replaces]
+        );
         let key = match raw.key {
             Some(k) if !k.value.is_empty() => k.value,
             _ => {
@@ -387,6 +520,24 @@ fn descriptors(
 fn rate_limit(v: &mut Validator<'_>, path: &str, raw: S<RawRateLimit>) -> Option<EnvoyLimit> {
     let at = raw.referenced;
     let raw = raw.value;
+    strays!(
+        v,
+        "inside `rate_limit` (it belongs on the descriptor)",
+        raw,
+        [
+            domain,
+            key,
+            value,
+            descriptors,
+            rate_limit,
+            shadow_mode,
+            quota_mode,
+            detailed_metric,
+            value_to_metric,
+            share_threshold,
+            metadata
+        ]
+    );
     let unlimited = raw.unlimited.unwrap_or(false);
     let unit = raw.unit.as_ref().and_then(|u| Unit::from_name(&u.value));
     if unlimited && unit.is_some() {
@@ -412,6 +563,29 @@ fn rate_limit(v: &mut Validator<'_>, path: &str, raw: S<RawRateLimit>) -> Option
         .filter(|n| !n.is_empty());
     let mut replaces = Vec::new();
     for replace in raw.replaces.unwrap_or_default() {
+        let r = &replace.value;
+        strays!(
+            v,
+            "in a `replaces` entry (only `name` counts there)",
+            r,
+            [
+                domain,
+                key,
+                value,
+                descriptors,
+                rate_limit,
+                unit,
+                requests_per_unit,
+                unlimited,
+                replaces,
+                shadow_mode,
+                quota_mode,
+                detailed_metric,
+                value_to_metric,
+                share_threshold,
+                metadata
+            ]
+        );
         match replace.value.name {
             Some(n) if n.value.is_empty() => {
                 v.push(n.referenced, "should not have an empty replaces entry")
@@ -574,6 +748,11 @@ mod tests {
                 "ratelimit",
             ),
         ];
+        assert_refused(&cases);
+    }
+
+    /// Each text is refused with an error containing its expected words.
+    fn assert_refused(cases: &[(&str, &str)]) {
         for (text, expected) in cases {
             let errors = load_one(text).expect_err(text);
             assert!(
@@ -581,6 +760,56 @@ mod tests {
                 "{text}: {errors:?}"
             );
         }
+    }
+
+    #[test]
+    fn upstream_keys_out_of_place_are_noted_or_refused_never_silently_dropped() {
+        // Accepted as upstream accepts them, each with a note where it is.
+        let domains = load_one(
+            "domain: d\nshadow_mode: true\ndescriptors:\n  - key: a\n    name: marked\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      shadow_mode: true\n      quota_mode: true\n      metadata: { any: [shape] }\n      replaces: [{ name: b, shadow_mode: true }]\n",
+        )
+        .unwrap();
+        let d = &domains[0];
+        let notes: Vec<_> = d
+            .notes
+            .iter()
+            .map(|n| (n.line, n.message.split(' ').next().unwrap().to_owned()))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                (2, "`shadow_mode`".to_owned()),
+                (5, "`name`".to_owned()),
+                (9, "`shadow_mode`".to_owned()),
+                (10, "`quota_mode`".to_owned()),
+                (11, "`metadata`".to_owned()),
+                (12, "`shadow_mode`".to_owned()),
+            ]
+        );
+        // The same decisions as upstream: the marks out of place do nothing.
+        let a = &d.descriptors[0];
+        assert!(!a.shadow && !a.quota);
+        assert_eq!(a.limit.as_ref().unwrap().replaces, ["b"]);
+        // A key that would carry a limit out of place is refused, with where.
+        let cases = [
+            (
+                "domain: d\nrate_limit: { unit: second, requests_per_unit: 1 }\n",
+                "2:13: `rate_limit` has no effect at the top of a file",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    requests_per_unit: 5\n",
+                "4:24: `requests_per_unit` has no effect on a descriptor",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    unlimited: true\n",
+                "4:16: `unlimited` has no effect",
+            ),
+            (
+                "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      descriptors: [{ key: b }]\n",
+                "7:20: `descriptors` has no effect inside `rate_limit`",
+            ),
+        ];
+        assert_refused(&cases);
     }
 
     #[test]

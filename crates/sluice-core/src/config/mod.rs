@@ -70,6 +70,18 @@ pub struct ServerConfig {
     pub forward_auth: ForwardAuthConfig,
     /// What one client may hold of the server.
     pub limits: ConnectionLimits,
+    /// `server.metrics`: a listener of its own for the metrics, besides
+    /// `/metrics` on `http` (envoyproxy/ratelimit's `PROMETHEUS_ADDR`).
+    pub metrics: Option<MetricsListener>,
+}
+
+/// `server.metrics: {listen, path}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsListener {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The one path served there (default `/metrics`).
+    pub path: String,
 }
 
 /// `server.limits:` what one client may hold of the server, so that slow

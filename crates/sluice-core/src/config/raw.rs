@@ -46,6 +46,14 @@ pub(crate) struct RawServer {
     pub grpc: Option<S<String>>,
     pub forward_auth: Option<RawForwardAuth>,
     pub limits: Option<RawLimits>,
+    pub metrics: Option<S<RawMetrics>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMetrics {
+    pub listen: Option<S<String>>,
+    pub path: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -350,6 +350,20 @@ fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_r
             "`server.forward_auth.trusted_proxies` takes addresses or CIDRs",
         ),
         (
+            format!("server:\n  metrics: {{ path: /m }}\n{plan}"),
+            "`server.metrics` needs `listen`",
+        ),
+        (
+            format!("server:\n  metrics: {{ listen: 9090 }}\n{plan}"),
+            "`server.metrics.listen` must be an IP address and port",
+        ),
+        (
+            format!(
+                "server:\n  metrics: {{ listen: \"0.0.0.0:9090\", path: \"metrics?x\" }}\n{plan}"
+            ),
+            "`server.metrics.path` must be a path such as /metrics",
+        ),
+        (
             format!("envoy:\n  files: some\n{plan}"),
             "`envoy.files` must be `yaml` or `all`, got `some`",
         ),

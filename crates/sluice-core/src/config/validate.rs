@@ -9,8 +9,8 @@ use serde_saphyr::{Location, Options};
 use super::raw::{RawConfig, RawKeys, RawPlan, RawRule, RawServer, RawStorage, S};
 use super::{
     Backend, Config, ConfigError, ConfigErrors, ConnectionLimits, EnvoyServiceConfig,
-    ForwardAuthConfig, KeysConfig, Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules,
-    SecretSource, ServerConfig, StorageConfig, TenantSpec, defaults,
+    ForwardAuthConfig, KeysConfig, Limits, MetricsListener, NamedRule, OnError, PlanSpec,
+    RoutePattern, RouteRules, SecretSource, ServerConfig, StorageConfig, TenantSpec, defaults,
 };
 use crate::duration::{HumanDuration, parse_duration_ms};
 use crate::rule::{Algorithm, Rule};
@@ -25,10 +25,7 @@ const MAX_NAME_BYTES: usize = 64;
 const MAX_TIMEOUT_MS: u64 = 10_000;
 
 pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
-    let mut v = Validator {
-        origin,
-        errors: Vec::new(),
-    };
+    let mut v = Validator::new(origin);
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
@@ -100,6 +97,7 @@ fn field_at(text: &str, at: Location) -> Option<String> {
 pub(super) struct Validator<'a> {
     origin: &'a str,
     errors: Vec<ConfigError>,
+    notes: Vec<ConfigError>,
 }
 
 /// The start of the file, for problems with no better place.
@@ -110,6 +108,32 @@ impl<'a> Validator<'a> {
         Validator {
             origin,
             errors: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// What was accepted without effect, noted since the last call.
+    pub(super) fn take_notes(&mut self) -> Vec<ConfigError> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// Notes something accepted that has no effect.
+    pub(super) fn note(&mut self, at: Location, message: impl Into<String>) {
+        let error = self.error(at, message);
+        self.notes.push(error);
+    }
+
+    fn error(&self, at: Location, message: impl Into<String>) -> ConfigError {
+        let (line, column) = if at == Location::UNKNOWN {
+            (1, 1)
+        } else {
+            (at.line(), at.column())
+        };
+        ConfigError {
+            origin: self.origin.to_owned(),
+            line,
+            column,
+            message: message.into(),
         }
     }
 
@@ -119,17 +143,8 @@ impl<'a> Validator<'a> {
     }
 
     pub(super) fn push(&mut self, at: Location, message: impl Into<String>) {
-        let (line, column) = if at == Location::UNKNOWN {
-            (1, 1)
-        } else {
-            (at.line(), at.column())
-        };
-        self.errors.push(ConfigError {
-            origin: self.origin.to_owned(),
-            line,
-            column,
-            message: message.into(),
-        });
+        let error = self.error(at, message);
+        self.errors.push(error);
     }
 
     fn config(&mut self, raw: RawConfig) -> Config {
@@ -287,7 +302,34 @@ impl<'a> Validator<'a> {
                 1_024..=16 * 1024 * 1024,
             ),
         };
+        let metrics = raw.metrics.map(|m| {
+            let at = m.referenced;
+            let m = m.value;
+            if m.listen.is_none() {
+                self.push(at, "`server.metrics` needs `listen`, an IP address and port such as 0.0.0.0:9090");
+            }
+            let path = match m.path {
+                None => "/metrics".to_owned(),
+                Some(p) => {
+                    let ok = p.value.starts_with('/')
+                        && p.value.len() <= 256
+                        && p.value.bytes().all(|b| b.is_ascii_graphic() && b != b'?' && b != b'#');
+                    if !ok {
+                        self.push(
+                            p.referenced,
+                            format!("`server.metrics.path` must be a path such as /metrics (at most 256 characters, no query), got `{}`", p.value),
+                        );
+                    }
+                    p.value
+                }
+            };
+            MetricsListener {
+                listen: self.address(m.listen, "server.metrics.listen", "0.0.0.0:9090"),
+                path,
+            }
+        });
         ServerConfig {
+            metrics,
             http: self.address(raw.http, "server.http", defaults::HTTP),
             grpc: self.address(raw.grpc, "server.grpc", defaults::GRPC),
             forward_auth: ForwardAuthConfig {

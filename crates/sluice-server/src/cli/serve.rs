@@ -17,6 +17,9 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
     if args.envoyproxy_env {
         let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
         init_logging_with(crate::compat::log_filter(&vars));
+        for notice in crate::compat::notices(&vars) {
+            info!("{notice}");
+        }
     } else {
         init_logging();
     }
@@ -61,6 +64,18 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let grpc_listener = TcpListener::bind(grpc)
         .await
         .map_err(|e| format!("cannot listen on {grpc}: {e}"))?;
+    let metrics_listener = match &config.server.metrics {
+        Some(m) => Some((
+            TcpListener::bind(m.listen)
+                .await
+                .map_err(|e| format!("cannot listen on {} (server.metrics): {e}", m.listen))?,
+            m.path.clone(),
+        )),
+        None => None,
+    };
+    if let Some((listener, path)) = &metrics_listener {
+        info!(metrics = %listener.local_addr()?, path = %path, "metrics listening");
+    }
     info!(
         http = %http_listener.local_addr()?,
         grpc = %grpc_listener.local_addr()?,
@@ -81,6 +96,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     });
     let grpc_server =
         crate::envoy::serve_grpc(app.clone(), grpc_listener, limits, until(stopped.clone()));
+    let app_for_metrics = app.clone();
     let http_server = listen::serve(
         http_listener,
         crate::http::router(app, &limits),
@@ -88,7 +104,20 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         Protocols::Any,
         until(stopped.clone()),
     );
-    let servers = async { tokio::join!(http_server, grpc_server) };
+    let metrics_stopped = stopped.clone();
+    let metrics_server = async move {
+        if let Some((listener, path)) = metrics_listener {
+            listen::serve(
+                listener,
+                crate::http::metrics_router(app_for_metrics, &path, &limits),
+                &limits,
+                Protocols::Any,
+                until(metrics_stopped),
+            )
+            .await;
+        }
+    };
+    let servers = async { tokio::join!(http_server, grpc_server, metrics_server) };
     // Once asked to stop, requests in flight get DRAIN to finish; idle
     // connections (Envoy keeps its gRPC connections open) do not hold the
     // exit.
@@ -97,7 +126,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         tokio::time::sleep(DRAIN).await;
     };
     tokio::select! {
-        ((), grpc_result) = servers => grpc_result?,
+        ((), grpc_result, ()) = servers => grpc_result?,
         () = drain => info!("connections still open after the drain period; closing them"),
     }
     info!("sluice stopped");

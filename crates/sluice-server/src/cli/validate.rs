@@ -14,6 +14,9 @@ fn is_envoy_file(text: &str) -> bool {
 fn envoy(path: &std::path::Path, all_files: bool, merge: bool) -> ExitCode {
     match crate::envoy::load_envoy_files(path, all_files, merge) {
         Ok(domains) => {
+            for note in domains.iter().flat_map(|d| &d.notes) {
+                eprintln!("note: {note}");
+            }
             let descriptors: usize = domains.iter().map(|d| d.descriptors.len()).sum();
             println!(
                 "{}: ok ({} domains, {descriptors} top-level descriptors)",

@@ -102,3 +102,15 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         ))
         .with_state(app)
 }
+
+/// The router of a metrics listener of its own (`server.metrics`): the
+/// metrics at `path`, nothing else.
+pub fn metrics_router(app: Arc<App>, path: &str, limits: &ConnectionLimits) -> Router {
+    Router::new()
+        .route(path, get(health::metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            Duration::from_millis(limits.request_timeout_ms),
+            answer_in_time,
+        ))
+        .with_state(app)
+}
