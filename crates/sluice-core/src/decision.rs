@@ -145,7 +145,7 @@ impl<'p> Decision<'p> {
         let index = applicable
             .rules
             .iter()
-            .position(|r| cost > r.rule().capacity())?;
+            .position(|r| r.rule().units(cost) > r.rule().capacity())?;
         Some(Decision::new(
             applicable,
             false,

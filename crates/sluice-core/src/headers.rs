@@ -24,6 +24,10 @@ use crate::rule::Rule;
 /// One `RateLimit-Policy` item, computed once per rule when the policy is
 /// compiled.
 pub fn policy_item(name: &str, rule: &Rule) -> String {
+    if rule.is_concurrency() {
+        // Requests in flight, not per window.
+        return format!("\"{name}\";q={};qu=\"concurrent-requests\"", rule.limit());
+    }
     format!(
         "\"{name}\";q={};w={}",
         rule.capacity(),

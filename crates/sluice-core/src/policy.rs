@@ -201,13 +201,7 @@ impl Cell {
             handles: OnceLock::new(),
         };
         let classes = [class(&rules[..without_subject]), class(&rules)];
-        let max_cost = |rules: &[BoundRule]| {
-            rules
-                .iter()
-                .map(|r| r.rule.capacity())
-                .min()
-                .unwrap_or(u64::MAX)
-        };
+        let max_cost = |rules: &[BoundRule]| max_cost(rules.iter().map(BoundRule::rule));
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
             rules: rules.into(),
@@ -367,10 +361,26 @@ impl Plan {
     }
 }
 
+/// The largest cost every one of `rules` can hold (a lease is one slot
+/// whatever the cost, so concurrency rules hold any).
+fn max_cost<'r>(rules: impl Iterator<Item = &'r Rule>) -> u64 {
+    rules
+        .filter(|r| !r.is_concurrency())
+        .map(Rule::capacity)
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
 /// A plan whose tenant, route and subject rules are cut to one shard's share.
 fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
+    // Leases are not divided: a concurrency rule's keys stay on shard 0
+    // (`sluice-store` keys them so), like the duplicate guard's.
     let share = |named: &NamedRule| NamedRule {
-        rule: named.rule.share(u64::from(shards)),
+        rule: if named.rule.is_concurrency() {
+            named.rule
+        } else {
+            named.rule.share(u64::from(shards))
+        },
         ..named.clone()
     };
     let table = |rules: &[RouteRules]| -> Vec<RouteRules> {
@@ -461,11 +471,7 @@ impl<'p> Applicable<'p> {
             shards: 1,
             rules,
             class: &ADHOC,
-            max_cost: rules
-                .iter()
-                .map(|r| r.rule().capacity())
-                .min()
-                .unwrap_or(u64::MAX),
+            max_cost: max_cost(rules.iter().map(BoundRule::rule)),
         }
     }
 

@@ -24,6 +24,11 @@ pub const MAX_SCALED: u64 = 1 << 52;
 /// `sliding_log` keeps one entry per admitted unit, so its memory is
 /// O(limit); above this limit use `sliding_window`.
 pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
+/// `concurrency` keeps one entry per lease held, so its `limit` is capped
+/// like `sliding_log`'s.
+pub const CONCURRENCY_MAX_LIMIT: u64 = 10_000;
+/// The longest `lease` of a `concurrency` rule: one day.
+pub const MAX_LEASE_MS: u64 = 86_400_000;
 
 /// The rate-limiting algorithms sluice implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,16 +44,20 @@ pub enum Algorithm {
     SlidingWindow,
     /// One counter per window; exact per window.
     FixedWindow,
+    /// At most `limit` leases held at once, each expiring `per` (the
+    /// `lease`) after it was taken unless released first; exact.
+    Concurrency,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order the documentation lists them.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::Gcra,
         Algorithm::TokenBucket,
         Algorithm::SlidingLog,
         Algorithm::SlidingWindow,
         Algorithm::FixedWindow,
+        Algorithm::Concurrency,
     ];
 
     /// The name used in configuration files.
@@ -59,6 +68,7 @@ impl Algorithm {
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -132,6 +142,14 @@ pub enum RuleError {
         "sliding_log keeps one entry per admitted unit, so `limit` is capped at {SLIDING_LOG_MAX_LIMIT} (got {0}); use sliding_window for larger limits"
     )]
     SlidingLogTooLarge(u64),
+    /// `concurrency` above its cap.
+    #[error(
+        "concurrency keeps one entry per lease held, so `limit` is capped at {CONCURRENCY_MAX_LIMIT} (got {0})"
+    )]
+    ConcurrencyTooLarge(u64),
+    /// A `concurrency` lease outside 1ms..=1d.
+    #[error("`lease` must be from 1ms to 1d, got {}", HumanDuration(*.0))]
+    Lease(u64),
 }
 
 impl Rule {
@@ -183,6 +201,14 @@ impl Rule {
         if algorithm == Algorithm::SlidingLog && limit > SLIDING_LOG_MAX_LIMIT {
             return Err(RuleError::SlidingLogTooLarge(limit));
         }
+        if algorithm == Algorithm::Concurrency {
+            if limit > CONCURRENCY_MAX_LIMIT {
+                return Err(RuleError::ConcurrencyTooLarge(limit));
+            }
+            if period_ms > MAX_LEASE_MS {
+                return Err(RuleError::Lease(period_ms));
+            }
+        }
         Ok(Rule {
             algorithm,
             limit,
@@ -202,7 +228,7 @@ impl Rule {
         self.limit
     }
 
-    /// The period in milliseconds.
+    /// The period in milliseconds (a `concurrency` rule's lease).
     pub fn period_ms(&self) -> u64 {
         self.period_ms
     }
@@ -239,6 +265,27 @@ impl Rule {
     /// one unit per share).
     pub fn shares(&self, most: u64) -> u64 {
         most.min(self.limit).min(self.burst).max(1)
+    }
+
+    /// A `concurrency` rule of `limit` leases at once, each expiring
+    /// `lease_ms` after it was taken.
+    pub fn concurrency(limit: i128, lease_ms: u64) -> Result<Rule, RuleError> {
+        if !(1..=MAX_LEASE_MS).contains(&lease_ms) {
+            return Err(RuleError::Lease(lease_ms));
+        }
+        Rule::new(Algorithm::Concurrency, limit, lease_ms, None, false)
+    }
+
+    /// Whether this rule holds leases (`concurrency`) rather than counting
+    /// units over time.
+    pub fn is_concurrency(&self) -> bool {
+        self.algorithm == Algorithm::Concurrency
+    }
+
+    /// The units one request consumes of this rule when it costs `cost`:
+    /// a lease is one slot whatever the request costs.
+    pub fn units(&self, cost: u64) -> u64 {
+        if self.is_concurrency() { 1 } else { cost }
     }
 
     /// The most units one decision can ever consume: `burst` for gcra and

@@ -261,11 +261,15 @@ fn a_clock_stepping_back_an_hour_neither_locks_out_nor_grants_budget() {
             let label = format!("{algorithm} aligned={aligned}");
             let mut state = State::Fresh;
             let t = 1_764_460_800_250;
+            // A concurrency rule takes a lease per admission (never
+            // released here).
+            let leases = std::cell::Cell::new(0u128);
             let decide = |state: &mut State, now: u64| {
                 if let Some(repaired) = rule.repair(state, now) {
                     *state = repaired;
                 }
-                let (outcome, step) = rule.decide(state, now, 1);
+                leases.set(leases.get() + 1);
+                let (outcome, step) = rule.decide_lease(state, now, 1, Some(leases.get()));
                 rule.commit(state, step);
                 outcome
             };
@@ -306,9 +310,10 @@ fn deciding_repairs_what_it_reads() {
             .into_iter()
             .enumerate()
         {
-            let direct = rule.decide(&state, now, 1);
+            let lease = Some(i as u128);
+            let direct = rule.decide_lease(&state, now, 1, lease);
             let repaired = rule.repair(&state, now).unwrap_or_else(|| state.clone());
-            let (outcome, _) = rule.decide(&repaired, now, 1);
+            let (outcome, _) = rule.decide_lease(&repaired, now, 1, lease);
             assert_eq!(direct.0, outcome, "{algorithm} step {i}");
             rule.commit(&mut state, direct.1);
         }

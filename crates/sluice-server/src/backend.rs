@@ -141,6 +141,14 @@ impl Store for Backend {
         }
     }
 
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        match self {
+            Backend::Memory(store) => store.release(batch).await,
+            Backend::Redis(store) => store.release(batch).await,
+            Backend::Cluster(store) => store.release(batch).await,
+        }
+    }
+
     fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
         match self {
             Backend::Memory(store) => store.decide_in_process(batch),

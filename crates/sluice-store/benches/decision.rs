@@ -104,15 +104,7 @@ fn decisions(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("sluice_store_only", "single_gcra"), |b| {
         b.iter(|| {
             i = (i + 1) % TENANTS;
-            let batch = Batch {
-                tenant: &tenants[i],
-                subject: None,
-                shard: 0,
-                cost: 1,
-                rules,
-                partitions: &[],
-                costs: &[],
-            };
+            let batch = Batch::new(&tenants[i], None, 1, rules);
             black_box(single.store().decide_now(&batch).unwrap()[0].allowed)
         })
     });

@@ -34,8 +34,13 @@ async fn main() {
             if cost > 1 && algorithm != Algorithm::SlidingLog {
                 continue;
             }
+            let window = if algorithm == Algorithm::Concurrency {
+                "lease"
+            } else {
+                "per"
+            };
             let yaml = format!(
-                "default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: {}, limit: 100, per: 1h }}]\n",
+                "default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: {}, limit: 100, {window}: 1h }}]\n",
                 algorithm.name()
             );
             let policy = Policy::compile(
@@ -45,15 +50,7 @@ async fn main() {
             );
             let tenant = format!("{}-{cost}", algorithm.name());
             let rules = policy.applicable(&tenant, "GET /", false).rules;
-            let batch = Batch {
-                tenant: &tenant,
-                subject: None,
-                shard: 0,
-                cost,
-                rules,
-                partitions: &[],
-                costs: &[],
-            };
+            let batch = Batch::new(&tenant, None, cost, rules);
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);
             let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE).remove(0);

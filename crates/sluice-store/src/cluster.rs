@@ -306,6 +306,8 @@ impl ClusterStore {
                 let refund = RefundPlan {
                     shadow: group.iter().map(|&i| batch.rules[i].shadow()).collect(),
                     args: script::refund_args(batch, selection, &vec![0; group.len()]),
+                    lease: batch.lease,
+                    time: self.time.clone(),
                     keys: group_keys,
                 };
                 let (connection, script, timeout_ms) =
@@ -379,6 +381,9 @@ impl ClusterStore {
 struct RefundPlan {
     keys: Vec<String>,
     args: Vec<u64>,
+    /// The lease the decision takes of concurrency rules.
+    lease: Option<u128>,
+    time: TimeSource,
     /// Per rule of the group, whether it is a shadow rule.
     shadow: Vec<bool>,
 }
@@ -419,7 +424,8 @@ impl RefundPlan {
         }
         args[0] = keys.len() as u64;
         Some(Reservation {
-            refund: (!keys.is_empty()).then(|| script::refund_commands(&script, &keys, &args)),
+            refund: (!keys.is_empty())
+                .then(|| script::refund_commands(&script, &keys, &args, self.lease, &self.time)),
             connection,
         })
     }
@@ -547,7 +553,7 @@ async fn read_raw(
     key: &str,
     rule: &BoundRule,
 ) -> redis::RedisResult<Raw> {
-    if rule.rule().algorithm() == sluice_core::Algorithm::SlidingLog {
+    if script::is_sorted_set(rule) {
         let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
             .arg(key)
             .arg(0)
@@ -569,5 +575,45 @@ async fn read_raw(
 impl Store for ClusterStore {
     async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         self.run(batch).await
+    }
+
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        if batch.lease.is_none() || batch.rules.is_empty() {
+            return Ok(false);
+        }
+        let valve_parts = u64::from(self.valve_shards);
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let (first, valves) = slot_groups(batch, &keys);
+        let connection = self.connection()?;
+        // One refund per slot, concurrently; each is idempotent.
+        let calls: Vec<_> = first
+            .into_iter()
+            .chain(valves)
+            .map(|group| {
+                let selection = Selection {
+                    indices: Some(&group),
+                    valve_parts,
+                };
+                let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
+                let args = script::refund_args(batch, selection, &vec![0; group.len()]);
+                let (evalsha, eval) = script::refund_commands(
+                    &self.refund,
+                    &group_keys,
+                    &args,
+                    batch.lease,
+                    &self.time,
+                );
+                tokio::spawn(send::<u64>(connection.clone(), evalsha, eval))
+            })
+            .collect();
+        let mut released = 0;
+        for call in calls {
+            match call.await {
+                Ok(Ok(n)) => released += n,
+                Ok(Err(e)) => return Err(self.error(&e)),
+                Err(e) => return Err(StoreError::Unavailable(format!("release task failed: {e}"))),
+            }
+        }
+        Ok(released > 0)
     }
 }

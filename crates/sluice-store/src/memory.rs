@@ -152,7 +152,8 @@ impl MemoryStore {
                     continue;
                 }
                 repair(&rule, &mut slot, now);
-                let (outcome, step) = rule.decide_repaired(&slot.state, now, cost);
+                let (outcome, step) =
+                    rule.decide_repaired_lease(&slot.state, now, cost, batch.lease);
                 if outcome.allowed {
                     rule.commit(&mut slot.state, step);
                     slot.idle_at = rule.idle_at(&slot.state);
@@ -194,20 +195,39 @@ impl MemoryStore {
 
     /// Gives back what an admitted decision of `batch` at `at` consumed,
     /// from every rule of the batch, with the arithmetic of the Redis
-    /// refund script (`Rule::refund`).
-    pub fn refund(&self, batch: &Batch<'_>, at: u64) {
+    /// refund script (`Rule::refund`), and releases `batch.lease` from its
+    /// concurrency rules (`Rule::release`). Returns how many concurrency
+    /// rules still held that lease.
+    pub fn refund(&self, batch: &Batch<'_>, at: u64) -> u64 {
+        let now = self.clock.now_ms();
         let guard = self.map.guard();
+        let mut released = 0;
         for (i, rule) in batch.rules.iter().enumerate() {
             let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
             let Some(entry) = self.map.get(&key, &guard) else {
                 continue;
             };
             let mut slot = entry.slot.lock();
-            if let Some(state) = rule.rule().refund(&slot.state, at, batch.cost_of(i)) {
+            let next = match batch.lease {
+                Some(lease) if rule.rule().is_concurrency() => {
+                    let (held, next) = rule.rule().release(&slot.state, now, lease);
+                    released += u64::from(held);
+                    next
+                }
+                _ => rule.rule().refund(&slot.state, at, batch.cost_of(i)),
+            };
+            if let Some(state) = next {
                 slot.state = state;
                 slot.idle_at = rule.rule().idle_at(&slot.state);
             }
         }
+        released
+    }
+
+    /// [`Store::release`], synchronously.
+    pub fn release_now(&self, batch: &Batch<'_>) -> bool {
+        debug_assert!(batch.rules.iter().all(|r| r.rule().is_concurrency()));
+        batch.lease.is_some() && self.refund(batch, 0) > 0
     }
 
     /// The state stored for rule `index` of a request, without changing it
@@ -294,8 +314,13 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
         .enumerate()
         .map(|(i, rule)| {
             let rule = rule.rule().share(parts);
-            rule.decide_repaired(&guards[slot_of[i]].state, now, batch.cost_of(i))
-                .0
+            rule.decide_repaired_lease(
+                &guards[slot_of[i]].state,
+                now,
+                batch.cost_of(i),
+                batch.lease,
+            )
+            .0
         })
         .collect();
     // Shadow rules never block the others; they consume only when they
@@ -314,7 +339,8 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
             }
             let slot = &mut guards[slot_of[i]];
             let rule = rule.rule().share(parts);
-            let (_, step) = rule.decide_repaired(&slot.state, now, batch.cost_of(i));
+            let (_, step) =
+                rule.decide_repaired_lease(&slot.state, now, batch.cost_of(i), batch.lease);
             rule.commit(&mut slot.state, step);
             slot.idle_at = rule.idle_at(&slot.state);
         }
@@ -332,6 +358,10 @@ impl Store for MemoryStore {
 
     fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
         Some(self.decide_now(batch))
+    }
+
+    fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        std::future::ready(Ok(self.release_now(batch)))
     }
 
     fn maintain(&self) {

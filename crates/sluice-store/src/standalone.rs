@@ -179,22 +179,24 @@ impl RedisStore {
 
     /// Gives back what an admitted decision of `batch` at `at` (the
     /// admission time its reply named) consumed, with the refund script
-    /// Redis Cluster uses; every rule of the batch is refunded.
-    pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<(), StoreError> {
+    /// Redis Cluster uses; every rule of the batch is refunded, and
+    /// `batch.lease` released from its concurrency rules. Returns how many
+    /// concurrency rules still held that lease.
+    pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
         let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let admitted_at = vec![at; batch.rules.len()];
         let args = script::refund_args(batch, script::Selection::ALL, &admitted_at);
         let refund = redis::Script::new(script::REFUND_LUA);
-        let (evalsha, eval) = script::refund_commands(&refund, &keys, &args);
+        let (evalsha, eval) =
+            script::refund_commands(&refund, &keys, &args, batch.lease, &self.time);
         let mut connection = self.connection.clone();
-        let sent: redis::RedisResult<i64> = match evalsha.query_async(&mut connection).await {
+        let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 eval.query_async(&mut connection).await
             }
             other => other,
         };
-        sent.map(drop)
-            .map_err(|e| script::store_error(&e, self.timeout_ms))
+        sent.map_err(|e| script::store_error(&e, self.timeout_ms))
     }
 
     /// The stored state of every rule of `batch`, read without changing
@@ -204,7 +206,7 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
         for (key, rule) in keys.iter().zip(batch.rules) {
-            if rule.rule().algorithm() == sluice_core::Algorithm::SlidingLog {
+            if script::is_sorted_set(rule) {
                 pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
             } else {
                 pipe.cmd("GET").arg(key);
@@ -234,7 +236,7 @@ impl RedisStore {
 }
 
 fn raw(rule: &BoundRule, value: &redis::Value) -> Raw {
-    if rule.rule().algorithm() == sluice_core::Algorithm::SlidingLog {
+    if script::is_sorted_set(rule) {
         let members: Vec<(String, u64)> = redis::from_redis_value_ref(value).unwrap_or_default();
         if members.is_empty() {
             Raw::Missing
@@ -255,5 +257,12 @@ impl Store for RedisStore {
         batch: &Batch<'_>,
     ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
         self.run(batch)
+    }
+
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        if batch.lease.is_none() || batch.rules.is_empty() {
+            return Ok(false);
+        }
+        Ok(self.refund(batch, 0).await? > 0)
     }
 }

@@ -30,6 +30,9 @@ pub struct Batch<'a> {
     /// Per rule, the units it consumes, overriding `cost` (Envoy
     /// descriptors carry their own `hits_addend`). Empty: `cost` for all.
     pub costs: &'a [u64],
+    /// The lease an admission takes of every `concurrency` rule (random,
+    /// chosen by the caller); `None`: concurrency rules only check.
+    pub lease: Option<u128>,
 }
 
 /// Whose bucket a rule counts in.
@@ -60,6 +63,7 @@ impl<'a> Batch<'a> {
             rules,
             partitions: &[],
             costs: &[],
+            lease: None,
         }
     }
 
@@ -75,9 +79,13 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// The units rule `index` consumes.
+    /// The units rule `index` consumes (one slot of a concurrency rule).
     pub fn cost_of(&self, index: usize) -> u64 {
-        self.costs.get(index).copied().unwrap_or(self.cost)
+        let cost = self.costs.get(index).copied().unwrap_or(self.cost);
+        match self.rules.get(index) {
+            Some(rule) => rule.rule().units(cost),
+            None => cost,
+        }
     }
 }
 
@@ -118,6 +126,13 @@ pub trait Store: Send + Sync {
         let _ = batch;
         None
     }
+
+    /// Releases `batch.lease` from every concurrency rule of `batch` (the
+    /// other rules are left alone): true when one of them still held it,
+    /// false when it had expired, was released already or was never taken
+    /// here. Releasing is idempotent, so it needs no atomicity across
+    /// rules.
+    fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Periodic upkeep of a store that lives in this process (the memory
     /// store drops keys that are as good as fresh and follows the wall

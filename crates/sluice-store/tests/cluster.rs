@@ -447,6 +447,13 @@ async fn a_store_made_before_the_cluster_is_up_connects_when_it_is() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_never_exceed_their_limits() {
+    let cluster = RedisCluster::start(3, 0);
+    let (a, b) = (store(&cluster, 1).await, store(&cluster, 1).await);
+    scenarios::leases_never_exceed_their_limits(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_submission_is_admitted_once() {
     let cluster = RedisCluster::start(3, 0);
     let (a, b) = (store(&cluster, 1).await, store(&cluster, 1).await);

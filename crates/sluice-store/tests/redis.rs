@@ -88,6 +88,13 @@ async fn every_decision_is_exactly_one_evalsha() {
 }
 
 #[tokio::test]
+async fn leases_never_exceed_their_limits() {
+    let server = RedisServer::start();
+    let (a, b) = (store(&server, keys(2)).await, store(&server, keys(2)).await);
+    scenarios::leases_never_exceed_their_limits(a, b).await;
+}
+
+#[tokio::test]
 async fn one_submission_is_admitted_once() {
     let server = RedisServer::start();
     let (a, b) = (store(&server, keys(2)).await, store(&server, keys(2)).await);
@@ -365,15 +372,7 @@ async fn the_store_reports_a_dead_redis_as_an_error_not_a_hang() {
     let p = policy(FOUR_SCOPES, true);
     server.stop();
     let rules = p.applicable("t", "GET /", false).rules;
-    let batch = Batch {
-        tenant: "t",
-        subject: None,
-        shard: 0,
-        cost: 1,
-        rules,
-        partitions: &[],
-        costs: &[],
-    };
+    let batch = Batch::new("t", None, 1, rules);
     let started = std::time::Instant::now();
     let result = store.decide(&batch).await;
     assert!(result.is_err());

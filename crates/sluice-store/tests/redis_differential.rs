@@ -7,8 +7,9 @@
 //! a failover to a node whose clock differs) and refund admitted decisions
 //! (what Redis Cluster does when a valve denies), so the Lua repair and
 //! refund are held to their Rust twins (`Rule::repair`, `Rule::refund`);
-//! rules near the documented bounds and states left by another limit are
-//! covered too.
+//! concurrency rules take a lease at every admission and random earlier
+//! leases are released, some twice (`Rule::release`); rules near the
+//! documented bounds and states left by another limit are covered too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use sluice_core::keys::{Keyer, Pepper};
-use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS, MAX_SCALED, SLIDING_LOG_MAX_LIMIT};
+use sluice_core::rule::{
+    CONCURRENCY_MAX_LIMIT, MAX_LEASE_MS, MAX_LIMIT, MAX_PERIOD_MS, MAX_SCALED,
+    SLIDING_LOG_MAX_LIMIT,
+};
 use sluice_core::{Algorithm, Config, Policy, Rule};
 use sluice_store::{
     Batch, Clock, ConnectOptions, KeySet, ManualClock, MemoryStore, RedisStore, Store, TimeSource,
@@ -41,8 +45,13 @@ fn shadow_rule_yaml(
     aligned: bool,
     shadow: bool,
 ) -> String {
+    let window = if algorithm == Algorithm::Concurrency {
+        "lease"
+    } else {
+        "per"
+    };
     let mut s = format!(
-        "{{ algorithm: {}, limit: {limit}, per: {per_ms}ms",
+        "{{ algorithm: {}, limit: {limit}, {window}: {per_ms}ms",
         algorithm.name()
     );
     if shadow {
@@ -65,6 +74,7 @@ fn any_algorithm() -> impl Strategy<Value = Algorithm> {
         Just(Algorithm::SlidingLog),
         Just(Algorithm::SlidingWindow),
         Just(Algorithm::FixedWindow),
+        Just(Algorithm::Concurrency),
     ]
 }
 
@@ -82,6 +92,8 @@ fn any_rule() -> impl Strategy<Value = (Algorithm, u64, u64, Option<u64>, bool)>
         let (limit, per) = match (a, long) {
             (Algorithm::SlidingLog, false) => (SLIDING_LOG_MAX_LIMIT, 1_000),
             (Algorithm::SlidingLog, true) => (SLIDING_LOG_MAX_LIMIT, MAX_PERIOD_MS),
+            (Algorithm::Concurrency, false) => (CONCURRENCY_MAX_LIMIT, 1_000),
+            (Algorithm::Concurrency, true) => (CONCURRENCY_MAX_LIMIT, MAX_LEASE_MS),
             (_, false) => (MAX_LIMIT, MAX_SCALED / MAX_LIMIT),
             (_, true) => (MAX_SCALED / MAX_PERIOD_MS, MAX_PERIOD_MS),
         };
@@ -102,6 +114,9 @@ enum Event {
     Forward,
     /// The previous decision, if every rule admitted it, is refunded.
     Refund,
+    /// The lease of an earlier admitted decision is released (perhaps
+    /// again).
+    Release,
 }
 
 const HOUR: u64 = 3_600_000;
@@ -114,6 +129,7 @@ fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, bool, Event)>> {
         1 => Just(Event::Back),
         1 => Just(Event::Forward),
         3 => Just(Event::Refund),
+        3 => Just(Event::Release),
     ];
     proptest::collection::vec((gap, 1u64..=14, any::<bool>(), any::<bool>(), event), 1..60)
 }
@@ -182,8 +198,11 @@ proptest! {
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));
 
-        // The last decision every rule admitted: (time, subject, cost, costs).
-        let mut refundable: Option<(u64, bool, u64, Vec<u64>)> = None;
+        // The last decision every rule admitted: (time, subject, cost,
+        // costs, lease).
+        let mut refundable: Option<(u64, bool, u64, Vec<u64>, u128)> = None;
+        // Every lease taken: (id, with a subject).
+        let mut leases: Vec<(u128, bool)> = Vec::new();
         for (i, (gap, cost, with_subject, each_own, event)) in steps.into_iter().enumerate() {
             clock.advance(gap);
             match event {
@@ -191,16 +210,31 @@ proptest! {
                 Event::Back => clock.set(clock.now_ms() - HOUR),
                 Event::Forward => clock.advance(HOUR),
                 Event::Refund => {
-                    if let Some((at, with_subject, cost, costs)) = refundable.take() {
+                    if let Some((at, with_subject, cost, costs, lease)) = refundable.take() {
                         let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
                         let batch = Batch {
                             costs: &costs,
+                            lease: Some(lease),
                             ..Batch::new("tenant-a", with_subject.then_some("user-1"), cost, applicable.rules)
                         };
-                        memory.refund(&batch, at);
-                        runtime.block_on(redis.refund(&batch, at)).unwrap();
+                        let expected = memory.refund(&batch, at);
+                        let actual = runtime.block_on(redis.refund(&batch, at)).unwrap();
+                        prop_assert_eq!(expected, actual, "step {}: refund released", i);
                     }
                 }
+                Event::Release if !leases.is_empty() => {
+                    let (lease, with_subject) = leases[gap as usize % leases.len()];
+                    let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
+                    let rules: Vec<_> = applicable.rules.iter().filter(|r| r.rule().is_concurrency()).cloned().collect();
+                    let batch = Batch {
+                        lease: Some(lease),
+                        ..Batch::new("tenant-a", with_subject.then_some("user-1"), 1, &rules)
+                    };
+                    let expected = memory.release_now(&batch);
+                    let actual = runtime.block_on(redis.release(&batch)).unwrap();
+                    prop_assert_eq!(expected, actual, "step {} at {}: released", i, clock.now_ms());
+                }
+                Event::Release => {}
             }
             let applicable = policy.applicable("tenant-a", "GET /x", with_subject);
             // Per-rule costs, each within its rule's capacity.
@@ -212,8 +246,10 @@ proptest! {
             if costs.is_empty() && cost > applicable.max_cost {
                 continue;
             }
+            let lease = (i as u128) << 64 | u128::from(start);
             let batch = Batch {
                 costs: &costs,
+                lease: Some(lease),
                 ..Batch::new("tenant-a", with_subject.then_some("user-1"), cost, applicable.rules)
             };
             let expected = memory.decide_now(&batch).unwrap();
@@ -229,7 +265,8 @@ proptest! {
                 yaml
             );
             if expected.iter().all(|o| o.allowed) {
-                refundable = Some((clock.now_ms(), with_subject, cost, costs.clone()));
+                refundable = Some((clock.now_ms(), with_subject, cost, costs.clone(), lease));
+                leases.push((lease, with_subject));
             }
         }
     }
@@ -262,13 +299,8 @@ fn single_rules_match_over_long_runs() {
         for i in 0..400u64 {
             clock.advance([0, 13, 97, 1, 350, 0, 701][(i % 7) as usize]);
             let batch = Batch {
-                tenant: algorithm.name(),
-                subject: None,
-                shard: 0,
-                cost: 1 + i % 3,
-                rules,
-                partitions: &[],
-                costs: &[],
+                lease: Some(u128::from(i)),
+                ..Batch::new(algorithm.name(), None, 1 + i % 3, rules)
             };
             let expected = memory.decide_now(&batch).unwrap();
             let actual = runtime.block_on(redis.decide(&batch)).unwrap();
@@ -292,16 +324,23 @@ fn states_written_under_another_limit_match() {
         .unwrap();
     let params = [
         (7u64, 700u64, 9u64),
+        // Lowered under the same period: more held than the new limit.
+        (2, 700, 3),
         (3, 250, 4),
         (12, 1_000, 20),
         (1, 60, 1),
     ];
     for algorithm in Algorithm::ALL {
         let (clock, memory, redis) = paired(&server, &runtime);
-        for (round, (limit, per, burst)) in params.into_iter().cycle().take(8).enumerate() {
+        for (round, (limit, per, burst)) in params.into_iter().cycle().take(10).enumerate() {
             let yaml = format!(
-                "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: same, algorithm: {}, limit: {limit}, per: {per}ms{} }}]\n",
+                "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: same, algorithm: {}, limit: {limit}, {}: {per}ms{} }}]\n",
                 algorithm.name(),
+                if algorithm == Algorithm::Concurrency {
+                    "lease"
+                } else {
+                    "per"
+                },
                 if algorithm.has_burst() {
                     format!(", burst: {burst}")
                 } else {
@@ -313,7 +352,10 @@ fn states_written_under_another_limit_match() {
             for i in 0..40u64 {
                 clock.advance([0, 3, 41, 0, 170][(i % 5) as usize]);
                 let cost = 1 + i % rules[0].rule().capacity().min(3);
-                let batch = Batch::new("tenant-r", None, cost, rules);
+                let batch = Batch {
+                    lease: Some(u128::from(i) + 1_000 * round as u128),
+                    ..Batch::new("tenant-r", None, cost, rules)
+                };
                 let expected = memory.decide_now(&batch).unwrap();
                 let actual = runtime.block_on(redis.decide(&batch)).unwrap();
                 assert_eq!(

@@ -25,6 +25,10 @@ impl Store for Remote {
     async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         self.0.decide_now(batch)
     }
+
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        Ok(self.0.release_now(batch))
+    }
 }
 
 fn clock() -> Arc<ManualClock> {

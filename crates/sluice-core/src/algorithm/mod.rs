@@ -27,6 +27,7 @@
 //! refunds the tenant's rules when a valve denies after them); it is the
 //! twin of `refund.lua`.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;
@@ -89,8 +90,10 @@ pub enum State {
     FixedWindow(fixed_window::Window),
     /// `sliding_window`.
     SlidingWindow(sliding_window::Windows),
-    /// `sliding_log` (boxed: it is the only large state).
+    /// `sliding_log` (boxed: it is large).
     SlidingLog(Box<sliding_log::Log>),
+    /// `concurrency` (boxed: it is large).
+    Leases(Box<concurrency::Leases>),
 }
 
 /// What admitting a request changes; apply it with [`Rule::commit`].
@@ -111,12 +114,25 @@ impl Rule {
     /// is read as fresh. Callers check [`Rule::capacity`] first: a cost above
     /// it can never pass and is reported as such, not decided here.
     pub fn decide(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
-        debug_assert!(cost >= 1 && cost <= self.capacity());
+        self.decide_lease(state, now, cost, None)
+    }
+
+    /// [`decide`](Self::decide), taking lease `lease` when this is a
+    /// `concurrency` rule and a slot is free (without one, a concurrency
+    /// rule only checks). Other algorithms ignore `lease`.
+    pub fn decide_lease(
+        &self,
+        state: &State,
+        now: u64,
+        cost: u64,
+        lease: Option<u128>,
+    ) -> (Outcome, Step) {
+        debug_assert!(cost >= 1 && self.units(cost) <= self.capacity());
         if let Some(repaired) = self.repair(state, now) {
             // Decide on the repaired state and hand back the whole result:
             // a store that did not persist the repair still writes a state
             // that is consistent.
-            let (outcome, step) = self.decide_current(&repaired, now, cost);
+            let (outcome, step) = self.decide_current(&repaired, now, cost, lease);
             return match step {
                 Step::Keep => (outcome, Step::Keep),
                 step => {
@@ -126,7 +142,7 @@ impl Rule {
                 }
             };
         }
-        self.decide_current(state, now, cost)
+        self.decide_current(state, now, cost, lease)
     }
 
     /// `state` as it must be read at `now`, when it is stamped later than
@@ -148,14 +164,33 @@ impl Rule {
             (Algorithm::SlidingLog, State::SlidingLog(log)) => {
                 sliding_log::repair(log, now).map(|l| State::SlidingLog(Box::new(l)))
             }
+            (Algorithm::Concurrency, State::Leases(leases)) => {
+                concurrency::repair(self, leases, now).map(|l| State::Leases(Box::new(l)))
+            }
             _ => None,
+        }
+    }
+
+    /// Gives back lease `lease` of a `concurrency` rule at `now`:
+    /// `(released, state to write)`, `released` only when the lease was
+    /// still held; see [`concurrency::release`]. The twin of
+    /// `refund.lua`'s concurrency branch.
+    pub fn release(&self, state: &State, now: u64, lease: u128) -> (bool, Option<State>) {
+        match state {
+            State::Leases(leases) if self.is_concurrency() => {
+                let (released, next) = concurrency::release(leases, lease, now);
+                (released, next.map(|l| State::Leases(Box::new(l))))
+            }
+            _ => (false, None),
         }
     }
 
     /// Gives back `cost` units that a request admitted at `at` consumed,
     /// from the state as it is now (others may have consumed since); `None`
     /// when there is nothing to give back (the state moved on, or is of
-    /// another algorithm). The twin of `refund.lua`.
+    /// another algorithm; a `concurrency` lease is given back by
+    /// [`release`](Self::release), which names it). The twin of
+    /// `refund.lua`.
     pub fn refund(&self, state: &State, at: u64, cost: u64) -> Option<State> {
         match (self.algorithm(), state) {
             (Algorithm::Gcra, State::Gcra(tat)) => {
@@ -181,12 +216,38 @@ impl Rule {
     /// at `now` (stores repair under their lock first, then decide): the
     /// same answer without checking for a repair again.
     pub fn decide_repaired(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
-        debug_assert!(self.repair(state, now).is_none(), "repair the state first");
-        self.decide_current(state, now, cost)
+        self.decide_repaired_lease(state, now, cost, None)
     }
 
-    fn decide_current(&self, state: &State, now: u64, cost: u64) -> (Outcome, Step) {
+    /// [`decide_lease`](Self::decide_lease) for a state already repaired.
+    pub fn decide_repaired_lease(
+        &self,
+        state: &State,
+        now: u64,
+        cost: u64,
+        lease: Option<u128>,
+    ) -> (Outcome, Step) {
+        debug_assert!(self.repair(state, now).is_none(), "repair the state first");
+        self.decide_current(state, now, cost, lease)
+    }
+
+    fn decide_current(
+        &self,
+        state: &State,
+        now: u64,
+        cost: u64,
+        lease: Option<u128>,
+    ) -> (Outcome, Step) {
         match (self.algorithm(), state) {
+            (Algorithm::Concurrency, State::Leases(leases)) => {
+                wrap(concurrency::decide(self, leases, now, lease), |l| {
+                    State::Leases(Box::new(l))
+                })
+            }
+            (Algorithm::Concurrency, _) => wrap(
+                concurrency::decide(self, &concurrency::Leases::default(), now, lease),
+                |l| State::Leases(Box::new(l)),
+            ),
             (Algorithm::Gcra, State::Gcra(tat)) => {
                 wrap(gcra::decide(self, *tat, now, cost), State::Gcra)
             }
@@ -257,6 +318,7 @@ impl Rule {
             State::FixedWindow(w) => fixed_window::idle_at(self, *w),
             State::SlidingWindow(w) => sliding_window::idle_at(self, *w),
             State::SlidingLog(log) => sliding_log::idle_at(self, log),
+            State::Leases(leases) => concurrency::idle_at(leases),
         }
     }
 }

@@ -318,6 +318,9 @@ fn strays(v: &mut Validator<'_>, place: &str, keys: &[(&str, &Stray)]) {
     }
 }
 
+/// Why a descriptor cannot hold a concurrency rule.
+const ENVOY_NO_LEASES: &str = "`algorithm: concurrency` cannot apply to Envoy descriptors: Envoy never releases what it asked for; use /v1/acquire or the tower layer";
+
 /// Reads envoyproxy/ratelimit configuration files, each `(origin, text)`;
 /// every problem of every file is reported. A domain in two files is
 /// refused.
@@ -489,7 +492,11 @@ fn descriptors(
             }
             (Some(limit), None) => rate_limit(v, &path, limit),
             (None, Some(rules)) => {
+                let at = rules.first().map_or(at, |r| r.referenced);
                 let named = v.rules(rules, "descriptor");
+                if named.iter().any(|r| r.rule.is_concurrency()) {
+                    v.push(at, ENVOY_NO_LEASES);
+                }
                 Some(EnvoyLimit {
                     unlimited: false,
                     name: None,
@@ -623,6 +630,10 @@ fn rate_limit(v: &mut Validator<'_>, path: &str, raw: S<RawRateLimit>) -> Option
         let algorithm = match &raw.algorithm {
             None => Algorithm::FixedWindow,
             Some(a) => match Algorithm::from_name(&a.value) {
+                Some(Algorithm::Concurrency) => {
+                    v.push(a.referenced, ENVOY_NO_LEASES);
+                    return None;
+                }
                 Some(algorithm) => algorithm,
                 None => {
                     let allowed: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();

@@ -146,4 +146,5 @@ pub(crate) struct RawRule {
     pub burst: Option<S<i64>>,
     pub aligned: Option<S<bool>>,
     pub shadow: Option<S<bool>>,
+    pub lease: Option<S<String>>,
 }

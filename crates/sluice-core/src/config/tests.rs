@@ -375,6 +375,26 @@ fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_r
             format!("{plan}    dedupe:\n      \"POST /x\": {{}}\n"),
             "`dedupe` entries need a `window`",
         ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: concurrency, limit: 2, per: 1s }]\n".to_owned(),
+            "`per` is not for `algorithm: concurrency`",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: concurrency, limit: 2 }]\n".to_owned(),
+            "a concurrency rule needs `lease`",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: concurrency, limit: 2, lease: 2d }]\n".to_owned(),
+            "`lease` must be from 1ms to 1d, got 2d",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: concurrency, limit: 10001, lease: 1s }]\n".to_owned(),
+            "`limit` is capped at 10000 (got 10001)",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 2, per: 1s, lease: 1s }]\n".to_owned(),
+            "`lease` is only for `algorithm: concurrency`",
+        ),
     ];
     for (yaml, expected) in cases {
         let found = errors(&yaml);

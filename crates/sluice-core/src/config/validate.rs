@@ -1001,6 +1001,16 @@ impl<'a> Validator<'a> {
                 }
             },
         };
+        if algorithm == Algorithm::Concurrency {
+            return self.concurrency_rule(&raw, at);
+        }
+        if let Some(lease) = &raw.lease {
+            self.push(
+                lease.referenced,
+                "`lease` is only for `algorithm: concurrency`; rate rules take `per`",
+            );
+            return None;
+        }
         let Some(limit) = &raw.limit else {
             self.push(at, "rule needs `limit`, the number of units per `per`");
             return None;
@@ -1035,6 +1045,53 @@ impl<'a> Validator<'a> {
                         raw.burst.as_ref().map_or(at, |b| b.referenced)
                     }
                     E::AlignedNotAllowed(..) => raw.aligned.as_ref().map_or(at, |a| a.referenced),
+                    E::ConcurrencyTooLarge(_) | E::Lease(_) => at,
+                };
+                self.push(place, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// `{algorithm: concurrency, limit, lease}`.
+    fn concurrency_rule(&mut self, raw: &RawRule, at: Location) -> Option<Rule> {
+        for (field, place) in [
+            ("per", raw.per.as_ref().map(|p| p.referenced)),
+            ("burst", raw.burst.as_ref().map(|b| b.referenced)),
+            ("aligned", raw.aligned.as_ref().map(|a| a.referenced)),
+        ] {
+            if let Some(place) = place {
+                self.push(
+                    place,
+                    format!("`{field}` is not for `algorithm: concurrency`, which takes `limit` (leases at once) and `lease` (how long one may be held)"),
+                );
+                return None;
+            }
+        }
+        let Some(limit) = &raw.limit else {
+            self.push(
+                at,
+                "a concurrency rule needs `limit`, the number of leases held at once",
+            );
+            return None;
+        };
+        let Some(lease) = &raw.lease else {
+            self.push(at, "a concurrency rule needs `lease`, how long one may be held before it expires, such as 30s");
+            return None;
+        };
+        let lease_ms = match parse_duration_ms(&lease.value) {
+            Ok(ms) => ms,
+            Err(e) => {
+                self.push(lease.referenced, format!("`lease`: {e}"));
+                return None;
+            }
+        };
+        match Rule::concurrency(limit.value.into(), lease_ms) {
+            Ok(rule) => Some(rule),
+            Err(e) => {
+                let place = match e {
+                    crate::rule::RuleError::Lease(_) => lease.referenced,
+                    _ => limit.referenced,
                 };
                 self.push(place, e.to_string());
                 None

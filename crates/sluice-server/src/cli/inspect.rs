@@ -68,6 +68,7 @@ async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
             rules: &rules,
             partitions: &[],
             costs: &[],
+            lease: None,
         };
         let peeked = store
             .peek(&batch)

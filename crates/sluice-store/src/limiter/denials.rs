@@ -121,7 +121,13 @@ impl DenialCache {
     pub fn record(&self, epoch: u64, batch: &Batch<'_>, outcomes: &[Outcome], now: u64) {
         let map = self.map.pin();
         for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
-            if outcome.allowed || rule.shadow() || outcome.retry_after_ms == 0 {
+            // A concurrency denial lasts until a release, which can come
+            // at any moment: never remembered.
+            if outcome.allowed
+                || rule.shadow()
+                || outcome.retry_after_ms == 0
+                || rule.rule().is_concurrency()
+            {
                 continue;
             }
             let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
@@ -187,15 +193,7 @@ mod tests {
         let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 5, per: 1s }]\n    routes:\n      \"*\": [{ limit: 50, per: 1s }]\n";
         let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
         let rules = policy.applicable("a", "GET /", false).rules;
-        let batch = |tenant, cost| Batch {
-            tenant,
-            subject: None,
-            shard: 0,
-            cost,
-            rules,
-            partitions: &[],
-            costs: &[],
-        };
+        let batch = |tenant, cost| Batch::new(tenant, None, cost, rules);
         let cache = DenialCache::default();
         let denied = Outcome {
             allowed: false,

@@ -21,7 +21,7 @@ use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
-use sluice_core::{Decision, Policy, Request};
+use sluice_core::{BoundRule, Decision, Policy, Request};
 
 use crate::clock::{Clock, SystemClock};
 use crate::memory::MemoryStore;
@@ -213,12 +213,85 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// Decides one request under `policy`.
+    /// Decides one request under `policy`. Concurrency rules only check
+    /// here (a slot is free or not): [`acquire`](Self::acquire) takes one.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        let (applicable, batch) = match prepare(policy, request) {
+        self.decide_leasing(policy, request, None).await
+    }
+
+    /// Decides one request under `policy` and, when it is admitted, takes a
+    /// lease of every concurrency rule that applies: the decision, and the
+    /// lease's id when one was taken (`None` when denied, or when no
+    /// concurrency rule applies). Give it back with
+    /// [`release`](Self::release); unreleased, it expires after the rule's
+    /// `lease`.
+    pub async fn acquire<'p>(
+        &self,
+        policy: &'p Policy,
+        request: &Request<'_>,
+    ) -> (Decision<'p>, Option<u128>) {
+        let leasing = policy
+            .applicable(request.tenant, request.route, request.subject.is_some())
+            .rules
+            .iter()
+            .any(|r| r.rule().is_concurrency());
+        if !leasing {
+            return (self.decide(policy, request).await, None);
+        }
+        let id = new_lease_id();
+        let decision = self.decide_leasing(policy, request, Some(id)).await;
+        let taken = decision.allowed.then_some(id);
+        (decision, taken)
+    }
+
+    /// Gives back lease `id` that [`acquire`](Self::acquire) took for
+    /// `request` under `policy`: true when it was still held, false when
+    /// it had expired, was released already or is unknown (releasing twice
+    /// is harmless).
+    pub async fn release(
+        &self,
+        policy: &Policy,
+        request: &Request<'_>,
+        id: u128,
+    ) -> Result<bool, StoreError> {
+        let applicable =
+            policy.applicable(request.tenant, request.route, request.subject.is_some());
+        let rules: Vec<BoundRule> = applicable
+            .rules
+            .iter()
+            .filter(|r| r.rule().is_concurrency())
+            .cloned()
+            .collect();
+        if rules.is_empty() {
+            return Ok(false);
+        }
+        let batch = Batch {
+            lease: Some(id),
+            ..Batch::new(request.tenant, request.subject, 1, &rules)
+        };
+        // Taken while the store was unreachable (`on_error: local`), the
+        // lease is in the local fallback.
+        let local = self.local.release_now(&batch);
+        let remote = match self.options.timeout {
+            Some(budget) => tokio::time::timeout(budget, self.store.release(&batch))
+                .await
+                .map_err(|_| StoreError::Timeout(budget.as_millis() as u64))??,
+            None => self.store.release(&batch).await?,
+        };
+        Ok(local || remote)
+    }
+
+    async fn decide_leasing<'p>(
+        &self,
+        policy: &'p Policy,
+        request: &Request<'_>,
+        lease: Option<u128>,
+    ) -> Decision<'p> {
+        let (applicable, mut batch) = match prepare(policy, request) {
             Ok(prepared) => prepared,
             Err(decided) => return decided,
         };
+        batch.lease = lease;
         let guarded = dedupe::Guarded::of(&batch, request);
         // In process, without entering the remote path's state machine.
         if applicable.shards <= 1
@@ -447,6 +520,22 @@ impl Limiter<MemoryStore> {
     }
 }
 
+/// A fresh lease id: 128 random bits, so that a lease cannot be guessed
+/// (holding its id is what allows releasing it).
+fn new_lease_id() -> u128 {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No entropy source: still unique within this process.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return t ^ (u128::from(n) << 64);
+    }
+    u128::from_le_bytes(bytes)
+}
+
 /// Everything decided before the store is asked: the applicable rules, and
 /// the answer itself when no store call is needed (no rule applies, or the
 /// cost can never pass).
@@ -477,6 +566,7 @@ where
         rules: applicable.rules,
         partitions: &[],
         costs: &[],
+        lease: None,
     };
     Ok((applicable, batch))
 }
@@ -492,6 +582,10 @@ mod tests {
 
     impl Store for Broken {
         async fn decide(&self, _: &Batch<'_>) -> Result<Outcomes, StoreError> {
+            Err(StoreError::Unavailable("down".to_owned()))
+        }
+
+        async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
             Err(StoreError::Unavailable("down".to_owned()))
         }
     }
@@ -568,6 +662,10 @@ tenants:
     const ADMIT: u8 = 2;
 
     impl Store for Scripted {
+        async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+
         async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
             match self.0.load(Ordering::SeqCst) {
                 FAIL => Err(StoreError::Unavailable("down".to_owned())),

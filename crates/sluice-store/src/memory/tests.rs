@@ -34,15 +34,12 @@ fn batch<'a>(
     subject: Option<&'a str>,
     cost: u64,
 ) -> Batch<'a> {
-    Batch {
+    Batch::new(
         tenant,
         subject,
-        shard: 0,
         cost,
-        rules: p.applicable(tenant, route, subject.is_some()).rules,
-        partitions: &[],
-        costs: &[],
-    }
+        p.applicable(tenant, route, subject.is_some()).rules,
+    )
 }
 
 #[test]

@@ -35,3 +35,10 @@ local function dec(value)
   return out
 end
 
+
+-- The time in ms: arg, or the server's clock (TIME) when arg is "".
+local function now_ms(arg)
+  if arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end

@@ -11,10 +11,13 @@
 --                     sluice sends "" except in tests
 -- ARGV[2]             n, the number of rules
 -- ARGV[3]             1 when previous-pepper keys follow, else 0
--- ARGV[4 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned,
+-- ARGV[4]             the lease an admission takes of each concurrency
+--                     rule (32 hex digits), or "": concurrency rules only
+--                     check
+-- ARGV[5 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned,
 --                     cost, shadow (algorithm: 1 gcra, 2 token_bucket,
---                     3 sliding_log, 4 sliding_window, 5 fixed_window;
---                     shadow: 1 when the rule only observes)
+--                     3 sliding_log, 4 sliding_window, 5 fixed_window,
+--                     6 concurrency; shadow: 1 when the rule only observes)
 --
 -- Returns five integers per rule: allowed (1 or 0), remaining,
 -- reset_after_ms, retry_after_ms, and the admission time (ms) a refund of
@@ -227,6 +230,37 @@ local function sliding_log(key, now, cost, limit, per)
   return 0, math.max(0, limit - count), math.max(0, newest + per - now), math.max(1, retry)
 end
 
+-- concurrency keeps one sorted-set member per lease held, named by the
+-- lease and scored by when it expires (per, the lease, after it was taken).
+local function concurrency(key, now, limit, per, lease)
+  -- Leases expiring later than one taken now would (this clock is behind
+  -- the one that wrote them) expire one lease from now; written at once.
+  local latest = now + per
+  local ahead = redis.call('ZRANGEBYSCORE', key, '(' .. latest, '+inf')
+  if #ahead > 0 then
+    for i = 1, #ahead, 1000 do
+      local args = {}
+      for j = i, math.min(i + 999, #ahead) do
+        args[#args + 1] = latest
+        args[#args + 1] = ahead[j]
+      end
+      redis.call('ZADD', key, unpack(args))
+    end
+    redis.call('PEXPIRE', key, per + SLACK)
+  end
+  local live = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+  if live < limit then
+    local state
+    if lease ~= '' then state = lease end
+    return 1, limit - live - 1, per, 0, state, latest
+  end
+  -- A slot frees when enough leases have expired to bring the count under
+  -- the limit (a release may free one sooner, never later).
+  local needed = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', live - limit, 1)
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return 0, 0, tonumber(newest[2]) - now, math.max(1, tonumber(needed[2]) - now)
+end
+
 local function log_append(key, at, cost, now, idle)
   -- idle is at + per: what expired by at goes.
   redis.call('ZREMRANGEBYSCORE', key, '-inf', at - (idle - at))
@@ -234,15 +268,10 @@ local function log_append(key, at, cost, now, idle)
   redis.call('PEXPIRE', key, idle - now + SLACK)
 end
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-else
-  now = tonumber(ARGV[1])
-end
+local now = now_ms(ARGV[1])
 local n = tonumber(ARGV[2])
 local rotating = ARGV[3] == '1'
+local lease = ARGV[4]
 
 -- Rotation: a bucket not yet under the new pepper starts from its state
 -- under the previous one, so a rotation neither resets nor doubles budgets.
@@ -258,7 +287,7 @@ local reply = {}
 local writes = {}
 local all_allowed = true
 for i = 1, n do
-  local base = 4 + 7 * (i - 1)
+  local base = 5 + 7 * (i - 1)
   local algorithm = tonumber(ARGV[base])
   local limit = tonumber(ARGV[base + 1])
   local per = tonumber(ARGV[base + 2])
@@ -270,6 +299,8 @@ for i = 1, n do
   local allowed, remaining, reset, retry, state, idle, fix, fix_idle
   if algorithm == 3 then
     allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+  elseif algorithm == 6 then
+    allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
   else
     local value = redis.call('GET', key)
     if not value then value = nil end
@@ -301,6 +332,10 @@ for i = 1, n do
   if all_allowed and w[2] ~= nil then
     if w[1] == 3 then
       log_append(KEYS[i], w[2], w[4], now, w[3])
+    elseif w[1] == 6 then
+      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+      redis.call('ZADD', KEYS[i], w[3], w[2])
+      redis.call('PEXPIRE', KEYS[i], w[3] - now + SLACK)
     else
       redis.call('SET', KEYS[i], w[2], 'PX', math.max(1, w[3] - now + SLACK))
     end

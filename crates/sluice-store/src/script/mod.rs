@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use sluice_core::algorithm::{
-    State, fixed_window, gcra, sliding_log, sliding_window, token_bucket,
+    State, concurrency, fixed_window, gcra, sliding_log, sliding_window, token_bucket,
 };
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Tag};
@@ -61,8 +61,11 @@ impl KeySet {
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
         let tag_of = |tenant: &str, rule: &BoundRule| {
-            // A duplicate guard's keys stay on shard 0 (see bucket.rs).
-            if rule.scope() == sluice_core::Scope::Dedupe && batch.shard != 0 {
+            // A duplicate guard's and a concurrency rule's keys stay on
+            // shard 0 (see bucket.rs).
+            if (rule.scope() == sluice_core::Scope::Dedupe || rule.rule().is_concurrency())
+                && batch.shard != 0
+            {
                 keyer.tenant_tag(tenant, 0)
             } else if tenant == batch.tenant {
                 tenant_tag
@@ -156,6 +159,29 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
         Algorithm::SlidingLog => 3,
         Algorithm::SlidingWindow => 4,
         Algorithm::FixedWindow => 5,
+        Algorithm::Concurrency => 6,
+    }
+}
+
+/// Whether a rule's state is a sorted set (sliding_log's entries,
+/// concurrency's leases) rather than a string.
+pub fn is_sorted_set(rule: &BoundRule) -> bool {
+    matches!(
+        rule.rule().algorithm(),
+        Algorithm::SlidingLog | Algorithm::Concurrency
+    )
+}
+
+/// A lease as the scripts name it: 32 hex digits ("" for none).
+pub fn lease_arg(lease: Option<u128>) -> String {
+    lease.map_or_else(String::new, |id| format!("{id:032x}"))
+}
+
+/// The script's "now" argument: "" for the server's clock.
+fn now_arg(time: &TimeSource) -> String {
+    match time {
+        TimeSource::Server => String::new(),
+        TimeSource::Client(clock) => clock.now_ms().to_string(),
     }
 }
 
@@ -241,13 +267,11 @@ pub fn prepare<'s>(
     for key in keys.iter().chain(previous.into_iter().flatten()) {
         invocation.key(key);
     }
-    match time {
-        TimeSource::Server => invocation.arg(""),
-        TimeSource::Client(clock) => invocation.arg(clock.now_ms()),
-    };
     invocation
+        .arg(now_arg(time))
         .arg(selection.len(batch.rules.len()))
-        .arg(u8::from(previous.is_some()));
+        .arg(u8::from(previous.is_some()))
+        .arg(lease_arg(batch.lease));
     for i in selection.each(batch.rules.len()) {
         let rule = &batch.rules[i];
         rule_args(&mut invocation, &enforced(rule, selection.valve_parts));
@@ -268,12 +292,10 @@ pub fn commands(
     time: &TimeSource,
 ) -> (redis::Cmd, redis::Cmd) {
     let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 7 * keys.len());
-    args.push(match time {
-        TimeSource::Server => Vec::new(),
-        TimeSource::Client(clock) => clock.now_ms().to_string().into_bytes(),
-    });
+    args.push(now_arg(time).into_bytes());
     args.push(selection.len(batch.rules.len()).to_string().into_bytes());
     args.push(b"0".to_vec());
+    args.push(lease_arg(batch.lease).into_bytes());
     for i in selection.each(batch.rules.len()) {
         let rule = &batch.rules[i];
         let r = enforced(rule, selection.valve_parts);
@@ -311,14 +333,22 @@ fn evalsha_and_eval(
     (evalsha, eval)
 }
 
-/// The refund as `EVALSHA` and as `EVAL`, from [`refund_args`].
+/// The refund as `EVALSHA` and as `EVAL`, from [`refund_args`], giving
+/// back `lease` of the concurrency rules among them.
 pub fn refund_commands(
     script: &redis::Script,
     keys: &[String],
     args: &[u64],
+    lease: Option<u128>,
+    time: &TimeSource,
 ) -> (redis::Cmd, redis::Cmd) {
-    let args: Vec<Vec<u8>> = args.iter().map(|a| a.to_string().into_bytes()).collect();
-    evalsha_and_eval(script, REFUND_LUA, keys, &args)
+    let (n, rules) = args.split_first().expect("refund_args starts with n");
+    let mut all: Vec<Vec<u8>> = Vec::with_capacity(args.len() + 2);
+    all.push(now_arg(time).into_bytes());
+    all.push(n.to_string().into_bytes());
+    all.push(lease_arg(lease).into_bytes());
+    all.extend(rules.iter().map(|a| a.to_string().into_bytes()));
+    evalsha_and_eval(script, REFUND_LUA, keys, &all)
 }
 
 /// The refund script's source.
@@ -392,6 +422,13 @@ pub fn decode(rule: &BoundRule, raw: &Raw) -> State {
     let numbers = |v: &str| -> Vec<u64> { v.split(':').filter_map(|p| p.parse().ok()).collect() };
     match (rule.rule().algorithm(), raw) {
         (_, Raw::Missing) => State::Fresh,
+        (Algorithm::Concurrency, Raw::Log(members)) => {
+            State::Leases(Box::new(concurrency::Leases::from_held(
+                members.iter().filter_map(|(id, expires)| {
+                    Some((*expires, u128::from_str_radix(id, 16).ok()?))
+                }),
+            )))
+        }
         (Algorithm::SlidingLog, Raw::Log(members)) => {
             let mut entries: Vec<(u64, u64)> = Vec::new();
             for (_, at) in members {

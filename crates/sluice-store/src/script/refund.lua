@@ -5,21 +5,31 @@
 -- the tenant's rules admitted, this script undoes the tenant's consumption,
 -- so that a denied request consumes nothing.
 --
+-- It also releases a concurrency lease (`/v1/release`, the end of a
+-- response): the same call, naming the lease.
+--
 -- KEYS[1..n]          the keys the decision wrote
--- ARGV[1]             n
--- ARGV[2 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
+-- ARGV[1]             now in ms, or "" to read the server clock (TIME)
+-- ARGV[2]             n
+-- ARGV[3]             the lease taken of concurrency rules, or ""
+-- ARGV[4 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
 --                     admission time (ms, as the decision script returned it)
+--
+-- Returns how many concurrency rules held the lease, unexpired.
 --
 -- Each undo is the inverse of the admission, applied to the state as it is
 -- now (others may have consumed since): gcra moves its TAT back by
 -- cost·per/limit, token_bucket adds the tokens back, the window algorithms
 -- take the units off the window they were counted in (if it is still
--- there), sliding_log removes that many entries of the admission time.
--- TTLs are kept.
+-- there), sliding_log removes that many entries of the admission time,
+-- concurrency removes the lease. TTLs are kept.
 
-local n = tonumber(ARGV[1])
+local now = now_ms(ARGV[1])
+local n = tonumber(ARGV[2])
+local lease = ARGV[3]
+local released = 0
 for i = 1, n do
-  local base = 2 + 7 * (i - 1)
+  local base = 4 + 7 * (i - 1)
   local algorithm = tonumber(ARGV[base])
   local limit = tonumber(ARGV[base + 1])
   local per = tonumber(ARGV[base + 2])
@@ -27,7 +37,15 @@ for i = 1, n do
   local cost = tonumber(ARGV[base + 5])
   local at = tonumber(ARGV[base + 6])
   local key = KEYS[i]
-  if algorithm == 3 then
+  if algorithm == 6 then
+    if lease ~= '' then
+      local expires = redis.call('ZSCORE', key, lease)
+      if expires then
+        redis.call('ZREM', key, lease)
+        if tonumber(expires) > now then released = released + 1 end
+      end
+    end
+  elseif algorithm == 3 then
     local members = redis.call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, cost)
     if #members > 0 then
       redis.call('ZREM', key, unpack(members))
@@ -70,4 +88,4 @@ for i = 1, n do
     end
   end
 end
-return n
+return released

@@ -136,3 +136,144 @@ tenants:
         );
     }
 }
+
+/// Concurrency limits on a shared store: two instances, many tasks each
+/// acquiring, holding and releasing, never see more leases in flight than
+/// the limits (a tenant's, a sharded tenant's, a global one across
+/// tenants); a check takes no slot; a lease not released expires; a
+/// release names its lease only (twice, or expired, it frees nothing).
+pub async fn leases_never_exceed_their_limits<S>(first: S, second: S)
+where
+    S: Store + 'static,
+{
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: rate, algorithm: gcra, limit: 100000, per: 1s }]
+    routes:
+      "POST /export": [{ name: exports, algorithm: concurrency, limit: 3, lease: 30s }]
+      "POST /short": [{ name: short, algorithm: concurrency, limit: 2, lease: 400ms }]
+tenants:
+  big: { plan: p, shards: 4 }
+global:
+  "POST /export": [{ name: all-exports, algorithm: concurrency, limit: 5, lease: 30s }]
+"#;
+    let policy =
+        || Policy::compile_for(&Config::from_yaml(yaml, "test.yaml").unwrap().limits, true);
+    let instances = [
+        Arc::new(Limiter::new(policy(), first, OnError::Deny)),
+        Arc::new(Limiter::new(policy(), second, OnError::Deny)),
+    ];
+    // In flight as the tasks count them: raised after a lease is taken,
+    // lowered before it is given back, so never above what the store holds.
+    #[derive(Default)]
+    struct Flight {
+        now: AtomicU64,
+        most: AtomicU64,
+    }
+    impl Flight {
+        fn enter(&self) {
+            let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+        }
+        fn leave(&self) {
+            self.now.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let tenants = ["acme", "big"];
+    let per_tenant: Arc<[Flight; 2]> = Arc::new(Default::default());
+    let overall = Arc::new(Flight::default());
+    let taken = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for limiter in &instances {
+        for task in 0..8 {
+            let (limiter, per_tenant, overall, taken) = (
+                limiter.clone(),
+                per_tenant.clone(),
+                overall.clone(),
+                taken.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let which = task % 2;
+                let policy = limiter.policy();
+                let request = Request::new(tenants[which], "POST /export", None, 1).unwrap();
+                for _ in 0..20 {
+                    let (decision, lease) = limiter.acquire(&policy, &request).await;
+                    assert!(decision.degraded.is_none(), "{decision:?}");
+                    let Some(lease) = lease else {
+                        assert!(!decision.allowed);
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                        continue;
+                    };
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    per_tenant[which].enter();
+                    overall.enter();
+                    tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+                    overall.leave();
+                    per_tenant[which].leave();
+                    let released = limiter.release(&policy, &request, lease).await.unwrap();
+                    assert!(released, "a lease held is released");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for (tenant, flight) in tenants.iter().zip(per_tenant.iter()) {
+        let most = flight.most.load(Ordering::SeqCst);
+        assert!(most <= 3, "{tenant}: {most} in flight, limit 3");
+        assert!(most >= 2, "{tenant}: the tasks did contend ({most})");
+    }
+    let most = overall.most.load(Ordering::SeqCst);
+    assert!(most <= 5, "{most} in flight across tenants, global limit 5");
+    assert!(taken.load(Ordering::Relaxed) >= 20, "leases were taken");
+
+    // Nothing leaked: all three slots are free again, and only three.
+    let (a, b) = (&instances[0], &instances[1]);
+    let (pa, pb) = (a.policy(), b.policy());
+    let export = Request::new("acme", "POST /export", None, 1).unwrap();
+    // A check takes no slot.
+    for _ in 0..10 {
+        assert!(a.decide(&pa, &export).await.allowed);
+    }
+    let mut held = Vec::new();
+    for limiter in [a, b, a] {
+        let policy = limiter.policy();
+        let (d, lease) = limiter.acquire(&policy, &export).await;
+        assert!(d.allowed, "{d:?}");
+        held.push(lease.unwrap());
+    }
+    let (full, none) = b.acquire(&pb, &export).await;
+    assert!(!full.allowed && none.is_none(), "{full:?}");
+    assert!(full.retry_after_ms().is_some_and(|ms| ms <= 30_000));
+    assert!(!a.decide(&pa, &export).await.allowed, "the check says full");
+    // Released by the other instance: freed once.
+    assert!(b.release(&pb, &export, held[0]).await.unwrap());
+    assert!(!a.release(&pa, &export, held[0]).await.unwrap(), "twice");
+    assert!(!a.release(&pa, &export, 42).await.unwrap(), "unknown");
+    let (d, again) = a.acquire(&pa, &export).await;
+    assert!(d.allowed);
+    for lease in held.into_iter().skip(1).chain(again) {
+        assert!(a.release(&pa, &export, lease).await.unwrap());
+    }
+
+    // A holder that never releases loses its slot when the lease ends.
+    let short = Request::new("acme", "POST /short", None, 1).unwrap();
+    let (_, first) = a.acquire(&pa, &short).await;
+    let (_, second) = b.acquire(&pb, &short).await;
+    let (d, none) = a.acquire(&pa, &short).await;
+    assert!(
+        first.is_some() && second.is_some() && none.is_none(),
+        "{d:?}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (d, third) = a.acquire(&pa, &short).await;
+    assert!(d.allowed, "expired leases free their slots: {d:?}");
+    assert!(
+        !a.release(&pa, &short, first.unwrap()).await.unwrap(),
+        "an expired lease is not released"
+    );
+    assert!(a.release(&pa, &short, third.unwrap()).await.unwrap());
+}
