@@ -31,6 +31,8 @@ plans:
         - { name: invoices, algorithm: gcra, limit: 2, per: 1s }
       "GET /v1/reports/*":
         - { name: reports, algorithm: sliding_log, limit: 3, per: 10s }
+      "POST /v1/exports":
+        - { name: exports, algorithm: concurrency, limit: 2, lease: 30s }
     subject:
       "*":
         - { name: per-user, algorithm: token_bucket, limit: 1, per: 2s, burst: 2 }
@@ -90,6 +92,14 @@ impl Harness {
 
     async fn check_json(&self, body: Value) -> (Response<()>, Value) {
         self.check(body.to_string()).await
+    }
+
+    async fn post(&self, path: &str, body: impl Into<Body>) -> (Response<()>, Value) {
+        let request = Request::post(path)
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap();
+        self.send(request).await
     }
 }
 
@@ -610,6 +620,43 @@ mod fuzz {
         }
 
         #[test]
+        fn acquire_and_release_answer_every_body_without_a_5xx(
+            body in body(),
+            lease in prop_oneof![
+                "\\PC{0,40}".prop_map(|l| json!({"lease": l}).to_string().into_bytes()),
+                // Leases of the right form naming random requests and ids.
+                (any::<u128>(), "\\PC{0,8}", "\\PC{0,12}").prop_map(|(id, t, r)| {
+                    let mut bytes = vec![1u8];
+                    bytes.extend_from_slice(&id.to_be_bytes());
+                    for part in [t, r] {
+                        bytes.push(1);
+                        bytes.extend_from_slice(&(part.len() as u16).to_be_bytes());
+                        bytes.extend_from_slice(part.as_bytes());
+                    }
+                    bytes.push(0);
+                    use base64::Engine;
+                    let lease = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+                    json!({"lease": lease}).to_string().into_bytes()
+                }),
+                prop::collection::vec(any::<u8>(), 0..48),
+            ],
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let h = harness();
+            let (response, value) = runtime.block_on(h.post("/v1/acquire", body));
+            judge(response.status(), &value)?;
+            let (response, value) = runtime.block_on(h.post("/v1/release", lease));
+            match response.status().as_u16() {
+                200 => prop_assert_eq!(value, json!({"released": true})),
+                400 | 404 => {
+                    let name = &value["invalid-params"][0]["name"];
+                    prop_assert!(name.as_str().is_some_and(|n| !n.is_empty()), "{value}");
+                }
+                other => prop_assert!(false, "status {other}: {value}"),
+            }
+        }
+
+        #[test]
         fn json_answers_every_body_without_a_5xx(
             descriptors in prop::collection::vec(
                 prop::collection::vec(("\\PC{0,12}", "\\PC{0,12}"), 0..4), 0..4),
@@ -815,4 +862,109 @@ async fn a_request_another_rule_denies_leaves_no_fingerprint() {
     // Once the bucket refills, "c" is a first submission, not a duplicate.
     h.clock.advance(2_000);
     assert_eq!(pay("c").await.0.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn leases_are_acquired_released_once_and_expire() {
+    let h = harness();
+    let export = json!({"tenant": "acme", "route": "POST /v1/exports"}).to_string();
+    // A check says whether a slot is free and takes none.
+    for _ in 0..3 {
+        assert_eq!(h.check(export.clone()).await.0.status(), StatusCode::OK);
+    }
+    let (response, first) = h.post("/v1/acquire", export.clone()).await;
+    assert_eq!(response.status(), StatusCode::OK, "{first}");
+    assert_eq!(first["allowed"], true);
+    let lease = first["lease"].as_str().expect("a lease").to_owned();
+    // Advertised as requests in flight, not per window.
+    let policy = Parser::new(header(&response, "ratelimit-policy").unwrap())
+        .parse::<sfv::List>()
+        .unwrap();
+    let exports = policy
+        .iter()
+        .find_map(|entry| match entry {
+            ListEntry::Item(item)
+                if item.bare_item
+                    == BareItem::String(
+                        sfv::String::from_string("exports".to_owned()).unwrap(),
+                    ) =>
+            {
+                Some(item)
+            }
+            _ => None,
+        })
+        .expect("exports advertised");
+    let params: Vec<(String, String)> = exports
+        .params
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), format!("{v:?}")))
+        .collect();
+    assert_eq!(params.len(), 2, "{params:?}");
+    assert!(
+        params[0].0 == "q" && params[0].1.contains('2'),
+        "{params:?}"
+    );
+    assert!(
+        params[1].0 == "qu" && params[1].1.contains("concurrent-requests"),
+        "{params:?}"
+    );
+    let (_, second) = h.post("/v1/acquire", export.clone()).await;
+    let second = second["lease"].as_str().unwrap().to_owned();
+    // Full: the third is denied, and so is a check.
+    let (response, denied) = h.post("/v1/acquire", export.clone()).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{denied}");
+    assert_eq!(denied["reason"], "route_limit");
+    assert!(denied.get("lease").is_none());
+    assert!(header(&response, "retry-after").is_some());
+    assert_eq!(
+        h.check(export.clone()).await.0.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Released once; twice, garbled or unknown: 404, freeing nothing.
+    let release = |lease: &str| json!({ "lease": lease }).to_string();
+    let (response, body) = h.post("/v1/release", release(&lease)).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body, json!({"released": true}));
+    // Another id for the same request (one character of the id changed).
+    let other_char = if &lease[10..11] == "A" { "B" } else { "A" };
+    let forged = format!("{}{other_char}{}", &lease[..10], &lease[11..]);
+    for other in [lease.as_str(), "nonsense", forged.as_str()] {
+        let (response, body) = h.post("/v1/release", release(other)).await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{other}: {body}");
+        assert_eq!(body["invalid-params"][0]["name"], "lease");
+    }
+    for bad in [
+        json!({}),
+        json!({"lease": "x", "extra": 1}),
+        json!({"lease": 5}),
+    ] {
+        let (response, _) = h.post("/v1/release", bad.to_string()).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (response, third) = h.post("/v1/acquire", export.clone()).await;
+    assert_eq!(response.status(), StatusCode::OK, "{third}");
+    assert_eq!(
+        h.post("/v1/acquire", export.clone()).await.0.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Leases not released run out: the slots are free again, and an
+    // expired lease is not released.
+    h.clock.advance(30_000);
+    assert_eq!(
+        h.post("/v1/acquire", export.clone()).await.0.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        h.post("/v1/release", release(&second)).await.0.status(),
+        StatusCode::NOT_FOUND
+    );
+    // Where no concurrency rule applies, there is nothing to release.
+    let (response, body) = h
+        .post(
+            "/v1/acquire",
+            json!({"tenant": "acme", "route": "POST /v1/invoices"}).to_string(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body["lease"], Value::Null);
 }

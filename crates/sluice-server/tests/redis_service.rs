@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Server, inspect_row, post, sluice, temp_file};
+use common::{Server, inspect_row, post, post_to, sluice, temp_file};
 use serde_json::json;
 use sluice_testkit::RedisServer;
 
@@ -251,6 +251,18 @@ async fn serve_starts_while_redis_is_down_reports_not_ready_and_recovers() {
 }
 
 /// `/readyz` of a server, as (status, body).
+/// Two instances of one configuration, sharing its Redis.
+fn two_instances(path: &std::path::Path) -> Vec<Server> {
+    (0..2)
+        .map(|_| {
+            Server::start_with_env(
+                &["--config", path.to_str().unwrap()],
+                &[("TEST_SLUICE_PEPPER", PEPPER)],
+            )
+        })
+        .collect()
+}
+
 async fn readyz(client: &reqwest::Client, server: &Server) -> (u16, serde_json::Value) {
     let response = client
         .get(format!("{}/readyz", server.base))
@@ -319,14 +331,7 @@ async fn a_noisy_tenant_never_starves_a_polite_one() {
             redis.url()
         ),
     );
-    let instances: Vec<Server> = (0..2)
-        .map(|_| {
-            Server::start_with_env(
-                &["--config", path.to_str().unwrap()],
-                &[("TEST_SLUICE_PEPPER", PEPPER)],
-            )
-        })
-        .collect();
+    let instances = two_instances(&path);
     let bases: Vec<String> = instances.iter().map(|s| s.base.clone()).collect();
     let mut tasks = Vec::new();
     // Four noisy tenants, 250 requests each (5× their limit), spread over
@@ -365,4 +370,68 @@ async fn a_noisy_tenant_never_starves_a_polite_one() {
             assert_eq!(denied, 200);
         }
     }
+}
+
+/// Two instances on one Redis: a lease taken through one is released
+/// through the other, and concurrent holders over both never exceed the
+/// limit.
+#[tokio::test]
+async fn leases_taken_on_one_instance_are_released_on_another() {
+    let redis = RedisServer::start();
+    let path = temp_file(
+        "leases.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\ndefault_plan: p\nplans:\n  p:\n    routes:\n      \"POST /export\": [{{ name: exports, algorithm: concurrency, limit: 3, lease: 1m }}]\n",
+            redis.url()
+        ),
+    );
+    let instances = two_instances(&path);
+    let client = reqwest::Client::new();
+    let export = json!({"tenant": "acme", "route": "POST /export"});
+    let mut leases = Vec::new();
+    for i in 0..4 {
+        let base = &instances[i % 2].base;
+        let (status, body) = post_to(&client, &format!("{base}/v1/acquire"), export.clone()).await;
+        if i < 3 {
+            assert_eq!(status, 200, "{body}");
+            leases.push(body["lease"].as_str().unwrap().to_owned());
+        } else {
+            assert_eq!(status, 429, "the fourth over both instances: {body}");
+        }
+    }
+    for (i, lease) in leases.iter().enumerate() {
+        // Released through the instance that did not take it.
+        let base = &instances[(i + 1) % 2].base;
+        let (status, body) = post_to(
+            &client,
+            &format!("{base}/v1/release"),
+            json!({ "lease": lease }),
+        )
+        .await;
+        assert_eq!((status, body), (200, json!({"released": true})));
+    }
+    let (status, _) = post_to(
+        &client,
+        &format!("{}/v1/release", instances[0].base),
+        json!({ "lease": leases[0] }),
+    )
+    .await;
+    assert_eq!(status, 404, "released already");
+    let (status, _) = post_to(
+        &client,
+        &format!("{}/v1/acquire", instances[1].base),
+        export,
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Nothing in Redis names the tenant or the route.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        keys.iter()
+            .all(|k| !k.contains("acme") && !k.contains("export")),
+        "{keys:?}"
+    );
 }

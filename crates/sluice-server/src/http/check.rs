@@ -18,7 +18,7 @@ use sluice_tower::InvalidRequest;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CheckBody<'a> {
+pub(super) struct CheckBody<'a> {
     #[serde(borrow)]
     tenant: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -34,23 +34,14 @@ pub(super) async fn check(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
+    let body = match bytes(body) {
         Ok(body) => body,
-        Err(rejection) => {
-            let problem =
-                InvalidRequest::new("body", rejection.body_text()).with_status(rejection.status());
-            return refusal(&problem);
-        }
+        Err(problem) => return refusal(&problem),
     };
-    let mut parsed = match parse(&body) {
+    let parsed = match parse_normalized(&body) {
         Ok(parsed) => parsed,
         Err(problem) => return refusal(&problem),
     };
-    if let Some(route) = &mut parsed.route
-        && let Cow::Owned(normal) = sluice_core::route::normalize(route)
-    {
-        *route = Cow::Owned(normal);
-    }
     let request = match to_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
@@ -62,6 +53,28 @@ pub(super) async fn check(
     decision_response(&decision)
 }
 
+/// The body as read, or the refusal of a body that could not be (too
+/// large, too slow).
+pub(super) fn bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, InvalidRequest> {
+    body.map_err(|rejection| {
+        InvalidRequest::new("body", rejection.body_text()).with_status(rejection.status())
+    })
+}
+
+/// [`parse`], with the route in its one spelling (see
+/// `sluice_core::route`).
+pub(super) fn parse_normalized(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
+    let mut parsed = parse(body)?;
+    if let Some(route) = &mut parsed.route
+        && let Cow::Owned(normal) = sluice_core::route::normalize(route)
+    {
+        *route = Cow::Owned(normal);
+    }
+    Ok(parsed)
+}
+
+/// The body of `/v1/check` (and `/v1/acquire`), each problem naming its
+/// member.
 fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
     let mut json = serde_json::Deserializer::from_slice(body);
     let parsed: CheckBody<'_> = serde_path_to_error::deserialize(&mut json).map_err(|e| {
@@ -82,7 +95,7 @@ fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
     Ok(parsed)
 }
 
-fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
+pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
     let tenant = body
         .tenant
         .as_deref()

@@ -3,6 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/check` | one decision, JSON in and out |
+//! | `POST /v1/acquire`, `POST /v1/release` | a decision that takes a lease of each concurrency rule; the lease given back |
 //! | `ANY /v1/forward-auth` | one decision from a gateway's forwarded headers |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
@@ -16,6 +17,7 @@
 mod check;
 mod forward_auth;
 mod health;
+mod lease;
 mod respond;
 mod upstream;
 
@@ -87,6 +89,8 @@ async fn answer_in_time(
 pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
     Router::new()
         .route("/v1/check", post(check::check))
+        .route("/v1/acquire", post(lease::acquire))
+        .route("/v1/release", post(lease::release))
         .route("/v1/forward-auth", any(forward_auth::forward_auth))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

@@ -123,12 +123,12 @@ impl Drop for Server {
 }
 
 pub async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
-    let response = client
-        .post(format!("{base}/v1/check"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    post_to(client, &format!("{base}/v1/check"), body).await
+}
+
+/// `POST url` with a JSON body: the status and the JSON answer.
+pub async fn post_to(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
+    let response = client.post(url).json(&body).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap())
 }
