@@ -103,6 +103,7 @@ pub mod answer;
 pub mod client_ip;
 pub mod extract;
 pub mod layer;
+pub mod lease;
 pub mod limits;
 pub mod service;
 
@@ -110,4 +111,5 @@ pub use answer::{DecisionView, InvalidRequest};
 pub use client_ip::{Peer, client_ip};
 pub use extract::{Extract, FromHeaders, Keys};
 pub use layer::RateLimitLayer;
+pub use lease::{Lease, LeaseBody};
 pub use service::RateLimit;

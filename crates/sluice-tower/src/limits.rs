@@ -10,6 +10,7 @@
 //! let payments = Limits::route("POST /v1/payments")
 //!     .rule("10/1m")
 //!     .rule("20/2m")
+//!     .concurrent(2, "30s")
 //!     .by(By::ClientIp(vec!["10.0.0.0/8".parse().unwrap()]))
 //!     .prevent_duplicate("5s")
 //!     .layer(MemoryStore::new(100_000))
@@ -54,10 +55,19 @@ pub enum By {
 #[derive(Debug, Clone)]
 pub struct Limits {
     route: String,
-    rules: Vec<String>,
+    rules: Vec<Declared>,
     by: By,
     dedupe: Option<String>,
     tenant: Option<HeaderName>,
+}
+
+/// One declared rule.
+#[derive(Debug, Clone)]
+enum Declared {
+    /// `LIMIT/PER`.
+    Rate(String),
+    /// At most `limit` in flight, each lease lasting at most `lease`.
+    Concurrent(u64, String),
 }
 
 /// A declaration that does not compile, with the configuration's own
@@ -86,7 +96,17 @@ impl Limits {
     /// A rule, `LIMIT/PER` (`10/1m`, `500/1s`): a `gcra` rule of `LIMIT`
     /// per `PER`. Every rule must pass.
     pub fn rule(mut self, rule: &str) -> Limits {
-        self.rules.push(rule.to_owned());
+        self.rules.push(Declared::Rate(rule.to_owned()));
+        self
+    }
+
+    /// At most `limit` requests in flight at once (a `concurrency` rule):
+    /// each holds a slot from before the handler runs until its response
+    /// body ends or is dropped, and at most `lease` (`30s`) if it is
+    /// never given back.
+    pub fn concurrent(mut self, limit: u64, lease: &str) -> Limits {
+        self.rules
+            .push(Declared::Concurrent(limit, lease.to_owned()));
         self
     }
 
@@ -118,7 +138,17 @@ impl Limits {
             message,
         };
         let mut rules = Vec::new();
-        for rule in &self.rules {
+        for declared in &self.rules {
+            let rule = match declared {
+                Declared::Concurrent(limit, lease) => {
+                    rules.push(format!(
+                        "{{ algorithm: concurrency, limit: {limit}, lease: {} }}",
+                        serde_json::to_string(lease.trim()).expect("strings serialise")
+                    ));
+                    continue;
+                }
+                Declared::Rate(rule) => rule,
+            };
             let (limit, per) = rule.split_once('/').ok_or_else(|| {
                 error(format!(
                     "a rule is `LIMIT/PER` such as `10/1m`, got `{rule}`"

@@ -11,6 +11,7 @@ use tower::Service;
 
 use crate::answer::{Fields, InvalidRequest, decision_answer};
 use crate::extract::Extract;
+use crate::lease::{Lease, LeaseBody};
 
 /// The future of a [`RateLimit`] call.
 pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
@@ -23,7 +24,9 @@ pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, 
 ///   `Retry-After`, as the sluice service answers; the inner service is not
 ///   called, and the request consumed nothing.
 /// - Admitted: the inner service's response, with `RateLimit` and
-///   `RateLimit-Policy` added.
+///   `RateLimit-Policy` added. Where concurrency rules apply, the request
+///   holds a lease of each from before the inner service runs until the
+///   response body ends or is dropped (see [`LeaseBody`]).
 ///
 /// The response body type must be buildable from bytes (`From<Vec<u8>>`:
 /// axum's `Body`, `http_body_util::Full<Bytes>`, …) for the answers made
@@ -66,9 +69,9 @@ where
     ReqBody: Send + 'static,
     ResBody: From<Vec<u8>> + Send + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<LeaseBody<ResBody>>;
     type Error = T::Error;
-    type Future = ResponseFuture<ResBody, T::Error>;
+    type Future = ResponseFuture<LeaseBody<ResBody>, T::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -78,7 +81,7 @@ where
         let keys = match self.extract.extract(&request) {
             Ok(keys) => keys,
             Err(problem) => {
-                let answer = problem.answer().map(ResBody::from);
+                let answer = problem.answer().map(LeaseBody::from);
                 return Box::pin(std::future::ready(Ok(answer)));
             }
         };
@@ -88,7 +91,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
-            let fields = {
+            let (fields, lease) = {
                 let asked = match sluice_core::Request::new(
                     &keys.tenant,
                     &keys.route,
@@ -98,16 +101,22 @@ where
                 .and_then(|r| r.with_fingerprint(keys.fingerprint.as_deref()))
                 {
                     Ok(asked) => asked,
-                    Err(e) => return Ok(InvalidRequest::from(e).answer().map(ResBody::from)),
+                    Err(e) => return Ok(InvalidRequest::from(e).answer().map(LeaseBody::from)),
                 };
                 let policy = limiter.policy();
-                let decision = limiter.decide(&policy, &asked).await;
+                let (decision, lease) = limiter.acquire(&policy, &asked).await;
                 if !decision.allowed {
-                    return Ok(decision_answer(&decision).map(ResBody::from));
+                    return Ok(decision_answer(&decision).map(LeaseBody::from));
                 }
-                Fields::of(&decision)
+                // Held from here: given back if the inner service fails or
+                // this future is dropped, else when the body ends.
+                let lease = lease.map(|id| {
+                    Lease::new(limiter.clone(), keys.tenant, keys.route, keys.subject, id)
+                });
+                (Fields::of(&decision), lease)
             };
-            let mut response = inner.call(request).await?;
+            let response = inner.call(request).await?;
+            let mut response = response.map(|body| LeaseBody::new(body, lease));
             fields.add_to(response.headers_mut());
             Ok(response)
         })

@@ -476,3 +476,104 @@ async fn limits_declared_next_to_the_route() {
     let error = Limits::route("POST /x").rule("10/1x").policy().unwrap_err();
     assert!(error.to_string().contains("per"), "{error}");
 }
+
+/// A route of at most two exports in flight, declared next to its handler:
+/// a slot is held from before the handler runs until the response body
+/// ends or is dropped, and given back when the call is abandoned.
+#[tokio::test]
+async fn concurrent_requests_hold_a_slot_until_their_body_ends_or_drops() {
+    use sluice_tower::limits::{By, Limits};
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let reached = Arc::new(AtomicUsize::new(0));
+    let (g, r) = (gate.clone(), reached.clone());
+    let exports = Limits::route("POST /v1/exports")
+        .concurrent(2, "30s")
+        .by(By::Header(HeaderName::from_static("x-user")))
+        .layer(MemoryStore::new(1_000))
+        .unwrap();
+    let app: Router = Router::new().route(
+        "/v1/exports",
+        post(move || async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            g.acquire().await.unwrap().forget();
+            "export"
+        })
+        .route_layer(exports),
+    );
+    let call = |app: &Router| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let request = Request::post("/v1/exports").header("x-user", "u1");
+            app.oneshot(request.body(Body::empty()).unwrap())
+                .await
+                .unwrap()
+        })
+    };
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("{what}");
+    }
+    // Two in the handler; a third is refused without reaching it.
+    let (first, second) = (call(&app), call(&app));
+    until("two handlers run", || reached.load(Ordering::SeqCst) == 2).await;
+    // A refusal answers at once; a call let through would wait at the gate.
+    let at_once = |app: &Router| {
+        let call = call(app);
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .expect("refused at once, not let through to the handler")
+                .unwrap()
+        }
+    };
+    let refused = at_once(&app).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let policy = refused.headers()["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(policy.contains(r#"qu="concurrent-requests""#), "{policy}");
+    assert_eq!(reached.load(Ordering::SeqCst), 2);
+    // The first handler answers: its slot is held until its body ends.
+    gate.add_permits(1);
+    let answered = first.await.unwrap();
+    assert_eq!(answered.status(), StatusCode::OK);
+    assert_eq!(
+        at_once(&app).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the body has not ended"
+    );
+    let body = answered.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"export");
+    // Given back (by a task) once the body ended: a third gets in.
+    let third = call(&app);
+    until("the third handler runs", || {
+        reached.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    // A response dropped unread gives its slot back too.
+    gate.add_permits(1);
+    drop(second.await.unwrap());
+    let fourth = call(&app);
+    until("the fourth handler runs", || {
+        reached.load(Ordering::SeqCst) == 4
+    })
+    .await;
+    // An abandoned call (the client went away while the handler ran).
+    third.abort();
+    assert!(third.await.unwrap_err().is_cancelled());
+    let fifth = call(&app);
+    until("the fifth handler runs", || {
+        reached.load(Ordering::SeqCst) == 5
+    })
+    .await;
+    gate.add_permits(2);
+    for call in [fourth, fifth] {
+        assert_eq!(call.await.unwrap().status(), StatusCode::OK);
+    }
+}

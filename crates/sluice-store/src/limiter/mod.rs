@@ -216,7 +216,7 @@ impl<S: Store> Limiter<S> {
     /// Decides one request under `policy`. Concurrency rules only check
     /// here (a slot is free or not): [`acquire`](Self::acquire) takes one.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        self.decide_leasing(policy, request, None).await
+        self.decide_leasing(policy, request, false).await.0
     }
 
     /// Decides one request under `policy` and, when it is admitted, takes a
@@ -230,18 +230,7 @@ impl<S: Store> Limiter<S> {
         policy: &'p Policy,
         request: &Request<'_>,
     ) -> (Decision<'p>, Option<u128>) {
-        let leasing = policy
-            .applicable(request.tenant, request.route, request.subject.is_some())
-            .rules
-            .iter()
-            .any(|r| r.rule().is_concurrency());
-        if !leasing {
-            return (self.decide(policy, request).await, None);
-        }
-        let id = new_lease_id();
-        let decision = self.decide_leasing(policy, request, Some(id)).await;
-        let taken = decision.allowed.then_some(id);
-        (decision, taken)
+        self.decide_leasing(policy, request, true).await
     }
 
     /// Gives back lease `id` that [`acquire`](Self::acquire) took for
@@ -285,13 +274,26 @@ impl<S: Store> Limiter<S> {
         &self,
         policy: &'p Policy,
         request: &Request<'_>,
-        lease: Option<u128>,
-    ) -> Decision<'p> {
+        leasing: bool,
+    ) -> (Decision<'p>, Option<u128>) {
         let (applicable, mut batch) = match prepare(policy, request) {
             Ok(prepared) => prepared,
-            Err(decided) => return decided,
+            Err(decided) => return (decided, None),
         };
-        batch.lease = lease;
+        if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
+            batch.lease = Some(new_lease_id());
+        }
+        let decision = self.decide_prepared(applicable, batch, request).await;
+        let lease = batch.lease.filter(|_| decision.allowed);
+        (decision, lease)
+    }
+
+    async fn decide_prepared<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: Batch<'_>,
+        request: &Request<'_>,
+    ) -> Decision<'p> {
         let guarded = dedupe::Guarded::of(&batch, request);
         // In process, without entering the remote path's state machine.
         if applicable.shards <= 1

@@ -1,0 +1,130 @@
+//! Leases of concurrency rules, held for as long as a response is.
+//!
+//! [`RateLimit`](crate::RateLimit) takes a lease before the inner service
+//! runs and hands it to the response body: it is given back when the body
+//! ends, fails, or is dropped (the client went away), and when the inner
+//! service fails or its future is dropped before answering. A lease never
+//! given back (the process died) expires after the rule's `lease`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use sluice_store::{Limiter, Store};
+
+/// A lease taken for one request; given back when dropped.
+pub struct Lease {
+    give_back: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("held", &self.give_back.is_some())
+            .finish()
+    }
+}
+
+impl Lease {
+    /// Lease `id`, taken by `limiter` for the request of `tenant`, `route`
+    /// and `subject`.
+    pub(crate) fn new<S: Store + 'static>(
+        limiter: Arc<Limiter<S>>,
+        tenant: String,
+        route: String,
+        subject: Option<String>,
+        id: u128,
+    ) -> Lease {
+        let give_back = move || {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                tracing::warn!("no runtime to give a lease back; it expires by itself");
+                return;
+            };
+            runtime.spawn(async move {
+                let Ok(request) = sluice_core::Request::new(&tenant, &route, subject.as_deref(), 1)
+                else {
+                    return;
+                };
+                let policy = limiter.policy();
+                if let Err(e) = limiter.release(&policy, &request, id).await {
+                    tracing::warn!(error = %e, "a lease could not be given back; it expires by itself");
+                }
+            });
+        };
+        Lease {
+            give_back: Some(Box::new(give_back)),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(give_back) = self.give_back.take() {
+            give_back();
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body holding the lease its request took, if any, until
+    /// the body ends, fails or is dropped.
+    pub struct LeaseBody<B> {
+        #[pin]
+        inner: B,
+        lease: Option<Lease>,
+    }
+}
+
+impl<B> LeaseBody<B> {
+    /// `inner`, holding `lease`.
+    pub(crate) fn new(inner: B, lease: Option<Lease>) -> LeaseBody<B> {
+        LeaseBody { inner, lease }
+    }
+
+    /// The body inside.
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: From<Vec<u8>>> From<Vec<u8>> for LeaseBody<B> {
+    fn from(bytes: Vec<u8>) -> LeaseBody<B> {
+        LeaseBody::new(B::from(bytes), None)
+    }
+}
+
+impl<B: Body> Body for LeaseBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            // The response is over: its slot is free for the next.
+            this.lease.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for LeaseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseBody")
+            .field("inner", &self.inner)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
