@@ -90,7 +90,9 @@ impl FromHeaders {
     }
 
     /// The fingerprint of the duplicate guard from `header` (default
-    /// `Idempotency-Key`, as forward-auth reads it).
+    /// `Idempotency-Key`, as forward-auth reads it); without the header,
+    /// the digest of the body when a
+    /// [`BodyDigestLayer`](crate::digest::BodyDigestLayer) runs first.
     pub fn fingerprint(mut self, header: HeaderName) -> FromHeaders {
         self.fingerprint = header;
         self
@@ -153,7 +155,15 @@ impl<B> Extract<B> for FromHeaders {
             },
             None => 1,
         };
-        let fingerprint = text(&self.fingerprint)?;
+        // The header, else the digest of the body when a `BodyDigestLayer`
+        // took one.
+        let fingerprint = match text(&self.fingerprint)? {
+            Some(header) => Some(header),
+            None => request
+                .extensions()
+                .get::<crate::digest::BodyDigest>()
+                .map(|d| d.0.clone()),
+        };
         Ok(Keys {
             fingerprint,
             tenant,

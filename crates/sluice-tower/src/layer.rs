@@ -27,7 +27,7 @@ impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
 
 /// How often an embedded limiter sweeps (as `storage.sweep_interval`
 /// defaults to in the server).
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 impl<S: Store + 'static, E> RateLimitLayer<S, E> {
     /// Limits requests with `limiter`, by the keys `extract` reads. The

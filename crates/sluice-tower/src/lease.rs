@@ -11,7 +11,48 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
+use sluice_core::Decision;
 use sluice_store::{Limiter, Store};
+
+use crate::answer::{Fields, InvalidRequest};
+use crate::extract::Keys;
+
+/// Why a request does not go on to the inner service.
+pub(crate) enum Refusal<R> {
+    /// Its keys are not a valid request.
+    Invalid(InvalidRequest),
+    /// A rule denied it: the answer made of the decision.
+    Denied(R),
+}
+
+/// Decides the request of `keys`, taking a lease of its concurrency rules:
+/// the fields to answer with and the lease to hold while the response
+/// lasts, or why not (a denial answered by `denied`).
+pub(crate) async fn admit<S: Store + 'static, R>(
+    limiter: Arc<Limiter<S>>,
+    keys: Keys,
+    denied: impl FnOnce(&Decision<'_>) -> R,
+) -> Result<(Fields, Option<Lease>), Refusal<R>> {
+    let asked = sluice_core::Request::new(
+        &keys.tenant,
+        &keys.route,
+        keys.subject.as_deref(),
+        keys.cost,
+    )
+    .and_then(|r| r.with_fingerprint(keys.fingerprint.as_deref()))
+    .map_err(|e| Refusal::Invalid(InvalidRequest::from(e)))?;
+    let policy = limiter.policy();
+    let (decision, lease) = limiter.acquire(&policy, &asked).await;
+    if !decision.allowed {
+        return Err(Refusal::Denied(denied(&decision)));
+    }
+    let fields = Fields::of(&decision);
+    // Held from here: given back if the inner service fails or the call is
+    // abandoned, else when the body ends.
+    let lease =
+        lease.map(|id| Lease::new(limiter.clone(), keys.tenant, keys.route, keys.subject, id));
+    Ok((fields, lease))
+}
 
 /// A lease taken for one request; given back when dropped.
 pub struct Lease {

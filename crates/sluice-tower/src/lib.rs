@@ -14,7 +14,13 @@
 //! - [`client_ip`]: the client's address behind trusted proxies, for
 //!   limits per IP.
 //! - [`limits`]: limits declared in code next to a route
-//!   (`Limits::route(…).rule("10/1m").by(…).prevent_duplicate("5s")`).
+//!   (`Limits::route(…).rule("10/1m").concurrent(2, "30s").by(…).prevent_duplicate("5s")`).
+//! - [`lease`]: concurrency limits' leases, held by the response body
+//!   until it ends or is dropped.
+//! - [`digest`]: the body's SHA-256 as the duplicate guard's fingerprint
+//!   when a request has no `Idempotency-Key`.
+//! - `grpc` (feature `tonic`, on by default): the same for tonic servers,
+//!   denials as `RESOURCE_EXHAUSTED` with `RetryInfo`.
 //!
 //! # Guide
 //!
@@ -101,7 +107,10 @@
 
 pub mod answer;
 pub mod client_ip;
+pub mod digest;
 pub mod extract;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 pub mod layer;
 pub mod lease;
 pub mod limits;

@@ -9,9 +9,9 @@ use http::{Request, Response};
 use sluice_store::{Limiter, Store};
 use tower::Service;
 
-use crate::answer::{Fields, InvalidRequest, decision_answer};
+use crate::answer::decision_answer;
 use crate::extract::Extract;
-use crate::lease::{Lease, LeaseBody};
+use crate::lease::{LeaseBody, Refusal, admit};
 
 /// The future of a [`RateLimit`] call.
 pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
@@ -91,30 +91,14 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
-            let (fields, lease) = {
-                let asked = match sluice_core::Request::new(
-                    &keys.tenant,
-                    &keys.route,
-                    keys.subject.as_deref(),
-                    keys.cost,
-                )
-                .and_then(|r| r.with_fingerprint(keys.fingerprint.as_deref()))
-                {
-                    Ok(asked) => asked,
-                    Err(e) => return Ok(InvalidRequest::from(e).answer().map(LeaseBody::from)),
+            let (fields, lease) =
+                match admit(limiter, keys, |d| decision_answer(d).map(LeaseBody::from)).await {
+                    Ok(admitted) => admitted,
+                    Err(Refusal::Invalid(problem)) => {
+                        return Ok(problem.answer().map(LeaseBody::from));
+                    }
+                    Err(Refusal::Denied(answer)) => return Ok(answer),
                 };
-                let policy = limiter.policy();
-                let (decision, lease) = limiter.acquire(&policy, &asked).await;
-                if !decision.allowed {
-                    return Ok(decision_answer(&decision).map(LeaseBody::from));
-                }
-                // Held from here: given back if the inner service fails or
-                // this future is dropped, else when the body ends.
-                let lease = lease.map(|id| {
-                    Lease::new(limiter.clone(), keys.tenant, keys.route, keys.subject, id)
-                });
-                (Fields::of(&decision), lease)
-            };
             let response = inner.call(request).await?;
             let mut response = response.map(|body| LeaseBody::new(body, lease));
             fields.add_to(response.headers_mut());

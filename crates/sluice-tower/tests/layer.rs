@@ -577,3 +577,58 @@ async fn concurrent_requests_hold_a_slot_until_their_body_ends_or_drops() {
         assert_eq!(call.await.unwrap().status(), StatusCode::OK);
     }
 }
+
+/// Without an `Idempotency-Key`, the same body twice is the same
+/// submission; the handler still reads the whole body.
+#[tokio::test]
+async fn a_body_digest_fingerprints_submissions_without_a_key() {
+    use sluice_tower::digest::BodyDigestLayer;
+    use sluice_tower::limits::Limits;
+    let payments = Limits::route("POST /v1/payments")
+        .prevent_duplicate("5s")
+        .layer(MemoryStore::new(1_000))
+        .unwrap();
+    let app: Router = Router::new().route(
+        "/v1/payments",
+        post(|body: String| async move { format!("paid {body}") })
+            .route_layer(payments)
+            .route_layer(BodyDigestLayer::new(64)),
+    );
+    let pay = |body: &str, key: Option<&str>| {
+        let mut request = Request::post("/v1/payments");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        app.clone()
+            .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+    };
+    let first = pay(r#"{"amount": 10}"#, None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        &body[..],
+        br#"paid {"amount": 10}"#,
+        "the handler got the body"
+    );
+    assert_eq!(
+        pay(r#"{"amount": 10}"#, None).await.unwrap().status(),
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        pay(r#"{"amount": 11}"#, None).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // The header, when present, is the fingerprint.
+    assert_eq!(pay("a", Some("k1")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        pay("b", Some("k1")).await.unwrap().status(),
+        StatusCode::CONFLICT
+    );
+    // Above the bound: 413 before anything is decided.
+    let large = pay(&"x".repeat(65), None).await.unwrap();
+    assert_eq!(large.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        pay(&"x".repeat(64), None).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
