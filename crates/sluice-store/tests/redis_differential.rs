@@ -8,7 +8,8 @@
 //! (what Redis Cluster does when a valve denies), so the Lua repair and
 //! refund are held to their Rust twins (`Rule::repair`, `Rule::refund`);
 //! concurrency rules take a lease at every admission and random earlier
-//! leases are released, some twice (`Rule::release`); rules near the
+//! leases are released, some twice (`Rule::release`); a route's duplicate
+//! guard is decided with the other rules; rules near the
 //! documented bounds and states left by another limit are covered too.
 
 use std::sync::Arc;
@@ -172,6 +173,7 @@ proptest! {
     fn redis_and_memory_decide_identically(
         tenant_rules in proptest::collection::vec((any_rule(), proptest::bool::weighted(0.2)), 1..=2),
         subject_rule in any_rule(),
+        dedupe_ms in prop::option::weighted(0.3, 10u64..=3_000),
         start in prop_oneof![Just(1_764_460_800_000u64), 1_700_000_000_000u64..1_800_000_000_000],
         steps in steps(),
     ) {
@@ -180,11 +182,15 @@ proptest! {
             .map(|&((a, l, p, b, al), shadow)| shadow_rule_yaml(a, l, p, b, al, shadow))
             .collect();
         let (a, l, p, b, al) = subject_rule;
-        let yaml = format!(
+        let mut yaml = format!(
             "default_plan: p\nplans:\n  p:\n    tenant: [{}]\n    subject:\n      \"*\": [{}]\n",
             tenant.join(", "),
             rule_yaml(a, l, p, b, al)
         );
+        // The duplicate guard: its rule decided with the others.
+        if let Some(ms) = dedupe_ms {
+            yaml.push_str(&format!("    dedupe:\n      \"GET /x\": {{ window: {ms}ms }}\n"));
+        }
         let config = Config::from_yaml(&yaml, "differential.yaml").unwrap();
         let policy = Policy::compile(&config.limits);
 
