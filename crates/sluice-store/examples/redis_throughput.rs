@@ -135,7 +135,7 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
             "10000",
             "-q",
         ])
-        // now (server clock), 2 rules, not rotating; then per rule:
+        // now (server clock), 2 rules, not rotating, no lease; then per rule:
         // algorithm, limit, per, burst, aligned, cost, shadow.
         .args([
             "EVALSHA",
@@ -146,6 +146,7 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
             "",
             "2",
             "0",
+            "",
         ])
         .args(["1", "1000000", "1000", "1000000", "0", "1", "0"])
         .args(["2", "1000000", "1000", "1000000", "0", "1", "0"])

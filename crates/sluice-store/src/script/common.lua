@@ -1,8 +1,11 @@
 -- sluice: helpers shared by the scripts (prepended to each).
 
+-- Globals read once per call: each global access is a table lookup.
+local floor, max, min, tonumber, call = math.floor, math.max, math.min, tonumber, redis.call
+
 -- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -19,26 +22,29 @@ local function ceil_div(a, b)
   return q
 end
 
-local function enc(...)
-  local parts = {}
-  for i, v in ipairs({...}) do
-    parts[i] = string.format('%d', v)
-  end
-  return table.concat(parts, ':')
+-- A state as "a", "a:b" or "a:b:c" (whole numbers), and back.
+local format, find, sub = string.format, string.find, string.sub
+
+local function enc(a, b, c)
+  if c then return format('%d:%d:%d', a, b, c) end
+  if b then return format('%d:%d', a, b) end
+  return format('%d', a)
 end
 
 local function dec(value)
-  local out = {}
-  for part in string.gmatch(value, '[^:]+') do
-    out[#out + 1] = tonumber(part)
+  local i = find(value, ':', 1, true)
+  if not i then return { tonumber(value) } end
+  local j = find(value, ':', i + 1, true)
+  if not j then
+    return { tonumber(sub(value, 1, i - 1)), tonumber(sub(value, i + 1)) }
   end
-  return out
+  return { tonumber(sub(value, 1, i - 1)), tonumber(sub(value, i + 1, j - 1)),
+    tonumber(sub(value, j + 1)) }
 end
-
 
 -- The time in ms: arg, or the server's clock (TIME) when arg is "".
 local function now_ms(arg)
   if arg ~= '' then return tonumber(arg) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end

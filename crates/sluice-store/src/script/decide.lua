@@ -83,7 +83,7 @@ local function gcra(value, now, cost, limit, per, burst)
   if capacity > base_ahead then remaining = idiv(capacity - base_ahead, per) end
   local bround = 0
   if bfrac > 0 then bround = 1 end
-  return 0, remaining, bms - now + bround, math.max(1, ceil_div(next_ahead - capacity, limit)),
+  return 0, remaining, bms - now + bround, max(1, ceil_div(next_ahead - capacity, limit)),
     nil, nil, fix, fix_idle
 end
 
@@ -97,9 +97,9 @@ local function token_bucket(value, now, cost, limit, per, burst)
       -- Refilled "later" than now: the same tokens, refilling from now.
       t[2] = now
       fix = enc(t[1], now)
-      fix_idle = now + ceil_div(math.max(0, capacity - t[1]), limit)
+      fix_idle = now + ceil_div(max(0, capacity - t[1]), limit)
     end
-    available = math.min(capacity, t[1] + (now - t[2]) * limit)
+    available = min(capacity, t[1] + (now - t[2]) * limit)
   end
   local need = cost * per
   if available >= need then
@@ -108,7 +108,7 @@ local function token_bucket(value, now, cost, limit, per, burst)
     return 1, idiv(left, per), full_in, 0, enc(left, last), last + full_in, fix, fix_idle
   end
   return 0, idiv(available, per), ceil_div(capacity - available, limit),
-    math.max(1, ceil_div(need - available, limit)), nil, nil, fix, fix_idle
+    max(1, ceil_div(need - available, limit)), nil, nil, fix, fix_idle
 end
 
 local function fixed_window(value, now, cost, limit, per, aligned)
@@ -130,12 +130,12 @@ local function fixed_window(value, now, cost, limit, per, aligned)
   elseif count == 0 or now >= start + per then
     start, count = now, 0
   end
-  local ends_in = math.max(1, start + per - now)
+  local ends_in = max(1, start + per - now)
   if count + cost <= limit then
     return 1, limit - count - cost, ends_in, 0, enc(start, count + cost), start + per,
       fix, fix_idle
   end
-  return 0, math.max(0, limit - count), ends_in, ends_in, nil, nil, fix, fix_idle
+  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, fix, fix_idle
 end
 
 local function sliding_window(value, now, cost, limit, per)
@@ -171,15 +171,15 @@ local function sliding_window(value, now, cost, limit, per)
   if c > 0 then reset = start + 2 * per - now end
   local retry
   if c + cost <= limit and p > 0 then
-    local at = per - math.min(idiv((limit - c - cost) * per, p), per)
+    local at = per - min(idiv((limit - c - cost) * per, p), per)
     if at < per then retry = at - elapsed end
   end
   if not retry then
     local at = 0
-    if c > 0 then at = per - math.min(idiv((limit - cost) * per, c), per) end
+    if c > 0 then at = per - min(idiv((limit - cost) * per, c), per) end
     retry = per - elapsed + at
   end
-  return 0, remaining, reset, math.max(1, retry), nil, nil, fix, fix_idle
+  return 0, remaining, reset, max(1, retry), nil, nil, fix, fix_idle
 end
 
 -- sliding_log keeps one sorted-set member per admitted unit, scored by its
@@ -189,7 +189,7 @@ end
 -- name collide with one still there (a collision would record nothing).
 local function log_add(key, at, units)
   local seq = 0
-  local top = redis.call('ZREVRANGEBYSCORE', key, at, at, 'LIMIT', 0, 1)
+  local top = call('ZREVRANGEBYSCORE', key, at, at, 'LIMIT', 0, 1)
   if top[1] then
     local sep = string.find(top[1], ';', 1, true)
     if sep then seq = tonumber(string.sub(top[1], sep + 1)) end
@@ -199,35 +199,35 @@ local function log_add(key, at, units)
     args[#args + 1] = at
     args[#args + 1] = string.format('%d;%010d', at, seq + i)
     if #args >= 2000 then
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
       args = {}
     end
   end
-  if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  if #args > 0 then call('ZADD', key, unpack(args)) end
 end
 
 local function sliding_log(key, now, cost, limit, per)
   -- Members admitted "later" than now count as admitted now (written at
   -- once: the repair happens whatever the decision).
-  local future = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
+  local future = call('ZRANGEBYSCORE', key, '(' .. now, '+inf')
   if #future > 0 then
     for i = 1, #future, 2000 do
-      redis.call('ZREM', key, unpack(future, i, math.min(i + 1999, #future)))
+      call('ZREM', key, unpack(future, i, min(i + 1999, #future)))
     end
     log_add(key, now, #future)
-    redis.call('PEXPIRE', key, per + SLACK)
+    call('PEXPIRE', key, per + SLACK)
   end
   -- Members at or before now - per no longer count. They are removed only
   -- when something is admitted: a denial writes nothing but its repair.
   local live = '(' .. (now - per)
-  local count = redis.call('ZCOUNT', key, live, '+inf')
+  local count = call('ZCOUNT', key, live, '+inf')
   if count + cost <= limit then
     return 1, limit - count - cost, per, 0, now, now + per
   end
-  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-  local oldest_needed = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
+  local newest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local oldest_needed = call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
   local retry = tonumber(oldest_needed[2]) + per - now
-  return 0, math.max(0, limit - count), math.max(0, newest + per - now), math.max(1, retry)
+  return 0, max(0, limit - count), max(0, newest + per - now), max(1, retry)
 end
 
 -- concurrency keeps one sorted-set member per lease held, named by the
@@ -236,19 +236,19 @@ local function concurrency(key, now, limit, per, lease)
   -- Leases expiring later than one taken now would (this clock is behind
   -- the one that wrote them) expire one lease from now; written at once.
   local latest = now + per
-  local ahead = redis.call('ZRANGEBYSCORE', key, '(' .. latest, '+inf')
+  local ahead = call('ZRANGEBYSCORE', key, '(' .. latest, '+inf')
   if #ahead > 0 then
     for i = 1, #ahead, 1000 do
       local args = {}
-      for j = i, math.min(i + 999, #ahead) do
+      for j = i, min(i + 999, #ahead) do
         args[#args + 1] = latest
         args[#args + 1] = ahead[j]
       end
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
     end
-    redis.call('PEXPIRE', key, per + SLACK)
+    call('PEXPIRE', key, per + SLACK)
   end
-  local live = redis.call('ZCOUNT', key, '(' .. now, '+inf')
+  local live = call('ZCOUNT', key, '(' .. now, '+inf')
   if live < limit then
     local state
     if lease ~= '' then state = lease end
@@ -256,16 +256,16 @@ local function concurrency(key, now, limit, per, lease)
   end
   -- A slot frees when enough leases have expired to bring the count under
   -- the limit (a release may free one sooner, never later).
-  local needed = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', live - limit, 1)
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return 0, 0, tonumber(newest[2]) - now, math.max(1, tonumber(needed[2]) - now)
+  local needed = call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', live - limit, 1)
+  local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return 0, 0, tonumber(newest[2]) - now, max(1, tonumber(needed[2]) - now)
 end
 
 local function log_append(key, at, cost, now, idle)
   -- idle is at + per: what expired by at goes.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', at - (idle - at))
+  call('ZREMRANGEBYSCORE', key, '-inf', at - (idle - at))
   log_add(key, at, cost)
-  redis.call('PEXPIRE', key, idle - now + SLACK)
+  call('PEXPIRE', key, idle - now + SLACK)
 end
 
 local now = now_ms(ARGV[1])
@@ -277,13 +277,14 @@ local lease = ARGV[4]
 -- under the previous one, so a rotation neither resets nor doubles budgets.
 if rotating then
   for i = 1, n do
-    if redis.call('EXISTS', KEYS[i]) == 0 and redis.call('EXISTS', KEYS[n + i]) == 1 then
-      redis.call('COPY', KEYS[n + i], KEYS[i])
+    if call('EXISTS', KEYS[i]) == 0 and call('EXISTS', KEYS[n + i]) == 1 then
+      call('COPY', KEYS[n + i], KEYS[i])
     end
   end
 end
 
 local reply = {}
+-- What each rule would write, flat: state, idle, repaired state, its idle.
 local writes = {}
 local all_allowed = true
 for i = 1, n do
@@ -291,10 +292,7 @@ for i = 1, n do
   local algorithm = tonumber(ARGV[base])
   local limit = tonumber(ARGV[base + 1])
   local per = tonumber(ARGV[base + 2])
-  local burst = tonumber(ARGV[base + 3])
-  local aligned = tonumber(ARGV[base + 4])
   local cost = tonumber(ARGV[base + 5])
-  local shadow = ARGV[base + 6] == '1'
   local key = KEYS[i]
   local allowed, remaining, reset, retry, state, idle, fix, fix_idle
   if algorithm == 3 then
@@ -302,46 +300,50 @@ for i = 1, n do
   elseif algorithm == 6 then
     allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
   else
-    local value = redis.call('GET', key)
+    local value = call('GET', key)
     if not value then value = nil end
     if algorithm == 1 then
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle = gcra(value, now, cost, limit, per, burst)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+        gcra(value, now, cost, limit, per, tonumber(ARGV[base + 3]))
     elseif algorithm == 2 then
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle = token_bucket(value, now, cost, limit, per, burst)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+        token_bucket(value, now, cost, limit, per, tonumber(ARGV[base + 3]))
     elseif algorithm == 4 then
       allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
     else
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle = fixed_window(value, now, cost, limit, per, aligned)
+      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+        fixed_window(value, now, cost, limit, per, tonumber(ARGV[base + 4]))
     end
   end
-  if allowed == 0 and not shadow then all_allowed = false end
-  writes[i] = { algorithm, state, idle, cost, fix, fix_idle }
-  reply[#reply + 1] = allowed
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = retry
+  if allowed == 0 and ARGV[base + 6] ~= '1' then all_allowed = false end
+  local w = 4 * (i - 1)
+  writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
+  local r = 5 * (i - 1)
+  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
   if algorithm == 3 and state then
-    reply[#reply + 1] = state
+    reply[r + 5] = state
   else
-    reply[#reply + 1] = now
+    reply[r + 5] = now
   end
 end
 
 for i = 1, n do
-  local w = writes[i]
-  if all_allowed and w[2] ~= nil then
-    if w[1] == 3 then
-      log_append(KEYS[i], w[2], w[4], now, w[3])
-    elseif w[1] == 6 then
-      redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-      redis.call('ZADD', KEYS[i], w[3], w[2])
-      redis.call('PEXPIRE', KEYS[i], w[3] - now + SLACK)
+  local w = 4 * (i - 1)
+  local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
+  if all_allowed and state then
+    local algorithm = ARGV[5 + 7 * (i - 1)]
+    if algorithm == '3' then
+      log_append(KEYS[i], state, tonumber(ARGV[5 + 7 * (i - 1) + 5]), now, idle)
+    elseif algorithm == '6' then
+      call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+      call('ZADD', KEYS[i], idle, state)
+      call('PEXPIRE', KEYS[i], idle - now + SLACK)
     else
-      redis.call('SET', KEYS[i], w[2], 'PX', math.max(1, w[3] - now + SLACK))
+      call('SET', KEYS[i], state, 'PX', max(1, idle - now + SLACK))
     end
-  elseif w[5] ~= nil then
+  elseif fix then
     -- Nothing consumed, but the repaired state is kept.
-    redis.call('SET', KEYS[i], w[5], 'PX', math.max(1, w[6] - now + SLACK))
+    call('SET', KEYS[i], fix, 'PX', max(1, writes[w + 4] - now + SLACK))
   end
 end
 

@@ -39,19 +39,19 @@ for i = 1, n do
   local key = KEYS[i]
   if algorithm == 6 then
     if lease ~= '' then
-      local expires = redis.call('ZSCORE', key, lease)
+      local expires = call('ZSCORE', key, lease)
       if expires then
-        redis.call('ZREM', key, lease)
+        call('ZREM', key, lease)
         if tonumber(expires) > now then released = released + 1 end
       end
     end
   elseif algorithm == 3 then
-    local members = redis.call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, cost)
+    local members = call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, cost)
     if #members > 0 then
-      redis.call('ZREM', key, unpack(members))
+      call('ZREM', key, unpack(members))
     end
   else
-    local value = redis.call('GET', key)
+    local value = call('GET', key)
     if value then
       local t = dec(value)
       local updated
@@ -69,21 +69,21 @@ for i = 1, n do
         end
         if frac == 0 then updated = enc(ms) else updated = enc(ms, frac) end
       elseif algorithm == 2 then
-        updated = enc(math.min(burst * per, t[1] + cost * per), t[2])
+        updated = enc(min(burst * per, t[1] + cost * per), t[2])
       elseif algorithm == 4 then
         local window = idiv(at, per) * per
         if t[1] == window then
-          updated = enc(t[1], t[2], math.max(0, t[3] - cost))
+          updated = enc(t[1], t[2], max(0, t[3] - cost))
         elseif t[1] == window + per then
-          updated = enc(t[1], math.max(0, t[2] - cost), t[3])
+          updated = enc(t[1], max(0, t[2] - cost), t[3])
         end
       else
         if at >= t[1] and at < t[1] + per then
-          updated = enc(t[1], math.max(0, t[2] - cost))
+          updated = enc(t[1], max(0, t[2] - cost))
         end
       end
       if updated then
-        redis.call('SET', key, updated, 'KEEPTTL')
+        call('SET', key, updated, 'KEEPTTL')
       end
     end
   end
