@@ -40,24 +40,77 @@ enum Command {
 /// `sluice bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// The Envoy Rate Limit Service to load, e.g. http://127.0.0.1:8081.
-    #[arg(long, default_value = "http://127.0.0.1:8081")]
-    target: String,
-    /// The rate-limit domain of every request.
+    /// `closed`: `--concurrency` workers on the Envoy RLS, each sending
+    /// when the previous answer came; `isolation`: polite tenants alone,
+    /// then with noisy ones (open loop); `throughput`: rising rates until
+    /// p99 passes 5 ms (open loop).
+    #[arg(long, value_enum, default_value_t = Scenario::Closed)]
+    scenario: Scenario,
+    /// The API the open-loop scenarios load.
+    #[arg(long, value_enum, default_value_t = Api::Http)]
+    api: Api,
+    /// The service: its HTTP base (default http://127.0.0.1:8080) or its
+    /// gRPC address (default http://127.0.0.1:8081).
+    #[arg(long)]
+    target: Option<String>,
+    /// The rate-limit domain of every request (gRPC).
     #[arg(long, default_value = "sluice")]
     domain: String,
-    /// The descriptor entry key; values cycle over `--values` distinct ones.
+    /// The descriptor entry key; values cycle over `--values` distinct ones
+    /// (`closed`).
     #[arg(long, default_value = "tenant")]
     key: String,
-    /// How many distinct values (buckets).
+    /// How many distinct values (buckets) (`closed`).
     #[arg(long, default_value_t = 10_000)]
     values: usize,
-    /// Requests in flight at once.
+    /// Requests in flight at once (`closed`).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// How long to run, in seconds (at most 600).
+    /// How long to run (each phase of an open-loop scenario), in seconds,
+    /// 1 to 600.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// The route of every request (open loop).
+    #[arg(long, default_value = "POST /v1/bench")]
+    route: String,
+    /// Polite tenants, `COUNT:RATE` (requests per second each).
+    #[arg(long, default_value = "4:2")]
+    polite: String,
+    /// Noisy tenants, `COUNT:RATE` (requests per second each).
+    #[arg(long, default_value = "4:200")]
+    noisy: String,
+    /// Tenants of the throughput scenario.
+    #[arg(long, default_value_t = 10_000)]
+    tenants: usize,
+    /// The throughput scenario's first rate, requests per second.
+    #[arg(long, default_value_t = 1_000.0)]
+    start_rate: f64,
+    /// The most requests in flight at once (open loop), 1 to 100000.
+    #[arg(long, default_value_t = 1_024)]
+    max_in_flight: usize,
+    /// Print the result as JSON (and no progress lines).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `sluice bench --scenario`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Closed loop on the Envoy RLS.
+    Closed,
+    /// Polite tenants with and without noisy ones.
+    Isolation,
+    /// The highest rate with p99 under 5 ms.
+    Throughput,
+}
+
+/// `sluice bench --api`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// `POST /v1/check`.
+    Http,
+    /// Envoy RLS `ShouldRateLimit`, native domain.
+    Grpc,
 }
 
 /// `sluice serve`.

@@ -126,3 +126,6 @@ pub async fn rls(
     total.elapsed = started.elapsed();
     Ok(total)
 }
+
+pub mod open;
+pub mod scenario;

@@ -1,0 +1,405 @@
+//! Open-loop load: requests sent on a schedule, whatever the answers do.
+//!
+//! Each class of tenants sends `rate` requests per second per tenant,
+//! spread evenly, tenants in turn. A request's latency is measured from
+//! the moment the schedule meant to send it, not from when it was sent, so
+//! a service (or client) that falls behind shows it in the percentiles
+//! instead of hiding it by slowing the load (coordinated omission).
+//! Latencies go into an HDR histogram per class (1 µs to 60 s, 3
+//! significant digits).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use hdrhistogram::Histogram;
+use std::sync::Mutex;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::Fallible;
+
+/// Where the load goes.
+#[derive(Debug, Clone)]
+pub enum Api {
+    /// `POST {base}/v1/check`.
+    Http(String),
+    /// `ShouldRateLimit` on the native domain (`tenant` and `route`
+    /// entries).
+    Grpc {
+        /// `http://host:port`.
+        target: String,
+        /// The native domain (`envoy.domain`).
+        domain: String,
+    },
+}
+
+/// Tenants that behave alike.
+#[derive(Debug, Clone)]
+pub struct Class {
+    /// Shown in reports; also the tenants' name prefix.
+    pub name: String,
+    /// How many tenants.
+    pub tenants: usize,
+    /// Requests per second per tenant.
+    pub rate: f64,
+}
+
+/// What one class saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassReport {
+    /// The class.
+    pub class: String,
+    /// Tenants in it.
+    pub tenants: usize,
+    /// Requests sent.
+    pub sent: u64,
+    /// Admitted.
+    pub allowed: u64,
+    /// Denied (429, or `OVER_LIMIT`).
+    pub denied: u64,
+    /// Failed (no answer, or another status).
+    pub errors: u64,
+    /// The most any one tenant of the class had admitted.
+    pub most_admitted_per_tenant: u64,
+    /// The fewest any one tenant of the class had admitted.
+    pub least_admitted_per_tenant: u64,
+    /// The limit the service answered with (its tightest rule), if any.
+    pub limit: Option<u64>,
+    /// Latency percentiles from the intended send time, in µs.
+    pub p50_us: u64,
+    /// 90th percentile.
+    pub p90_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// The slowest.
+    pub max_us: u64,
+}
+
+impl ClassReport {
+    /// The share of requests denied, in percent.
+    pub fn denied_percent(&self) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            100.0 * self.denied as f64 / self.sent as f64
+        }
+    }
+
+    /// One human line.
+    pub fn line(&self) -> String {
+        format!(
+            "{:<10} {:>5} tenants  sent {:>8}  allowed {:>8}  denied {:>8} ({:>5.1}%)  errors {:>5}  p50 {:>7}µs p90 {:>7}µs p99 {:>7}µs p99.9 {:>7}µs max {:>7}µs",
+            self.class,
+            self.tenants,
+            self.sent,
+            self.allowed,
+            self.denied,
+            self.denied_percent(),
+            self.errors,
+            self.p50_us,
+            self.p90_us,
+            self.p99_us,
+            self.p999_us,
+            self.max_us
+        )
+    }
+}
+
+/// Counters of one class while it runs.
+struct Tally {
+    sent: AtomicU64,
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    errors: AtomicU64,
+    limit: AtomicU64,
+    per_tenant: Vec<AtomicU64>,
+    latencies: Mutex<Histogram<u64>>,
+}
+
+impl Tally {
+    fn new(tenants: usize) -> Tally {
+        Tally {
+            sent: AtomicU64::new(0),
+            allowed: AtomicU64::new(0),
+            denied: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            limit: AtomicU64::new(0),
+            per_tenant: (0..tenants).map(|_| AtomicU64::new(0)).collect(),
+            latencies: Mutex::new(
+                Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds"),
+            ),
+        }
+    }
+
+    fn report(&self, class: &Class) -> ClassReport {
+        let h = self.latencies.lock().expect("histogram lock");
+        let admitted: Vec<u64> = self
+            .per_tenant
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect();
+        let limit = self.limit.load(Ordering::Relaxed);
+        ClassReport {
+            class: class.name.clone(),
+            tenants: class.tenants,
+            sent: self.sent.load(Ordering::Relaxed),
+            allowed: self.allowed.load(Ordering::Relaxed),
+            denied: self.denied.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            most_admitted_per_tenant: admitted.iter().copied().max().unwrap_or(0),
+            least_admitted_per_tenant: admitted.iter().copied().min().unwrap_or(0),
+            limit: (limit > 0).then_some(limit),
+            p50_us: h.value_at_quantile(0.5),
+            p90_us: h.value_at_quantile(0.9),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+        }
+    }
+}
+
+/// One answer, as the load sees it.
+enum Answer {
+    Allowed(Option<u64>),
+    Denied(Option<u64>),
+    Failed,
+}
+
+/// A client for `api`.
+#[derive(Clone)]
+enum Client {
+    Http(reqwest::Client, String),
+    Grpc(RateLimitServiceClient<tonic::transport::Channel>, String),
+}
+
+impl Client {
+    async fn connect(api: &Api) -> Fallible<Client> {
+        Ok(match api {
+            Api::Http(base) => Client::Http(
+                reqwest::Client::builder()
+                    .pool_max_idle_per_host(1024)
+                    .build()?,
+                format!("{}/v1/check", base.trim_end_matches('/')),
+            ),
+            Api::Grpc { target, domain } => {
+                let channel = tonic::transport::Channel::from_shared(target.clone())?
+                    .connect()
+                    .await?;
+                Client::Grpc(RateLimitServiceClient::new(channel), domain.clone())
+            }
+        })
+    }
+
+    async fn ask(&mut self, tenant: &str, route: &str, read_limit: bool) -> Answer {
+        match self {
+            Client::Http(http, url) => {
+                let body = serde_json::json!({ "tenant": tenant, "route": route });
+                let Ok(response) = http.post(url.as_str()).json(&body).send().await else {
+                    return Answer::Failed;
+                };
+                let status = response.status().as_u16();
+                let limit = if read_limit {
+                    response
+                        .json::<serde_json::Value>()
+                        .await
+                        .ok()
+                        .and_then(|v| v["limit"].as_u64())
+                } else {
+                    // Read to the end so the connection is reused.
+                    let _ = response.bytes().await;
+                    None
+                };
+                match status {
+                    200 => Answer::Allowed(limit),
+                    429 => Answer::Denied(limit),
+                    _ => Answer::Failed,
+                }
+            }
+            Client::Grpc(grpc, domain) => {
+                let entry = |key: &str, value: &str| Entry {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                };
+                let request = RateLimitRequest {
+                    domain: domain.clone(),
+                    descriptors: vec![
+                        RateLimitDescriptor {
+                            entries: vec![entry("tenant", tenant)],
+                            ..Default::default()
+                        },
+                        RateLimitDescriptor {
+                            entries: vec![entry("tenant", tenant), entry("route", route)],
+                            ..Default::default()
+                        },
+                    ],
+                    hits_addend: 1,
+                };
+                let Ok(answer) = grpc.should_rate_limit(request).await else {
+                    return Answer::Failed;
+                };
+                let answer = answer.into_inner();
+                let limit = answer
+                    .statuses
+                    .iter()
+                    .filter_map(|s| s.current_limit.as_ref())
+                    .map(|l| u64::from(l.requests_per_unit))
+                    .min();
+                if answer.overall_code == Code::OverLimit as i32 {
+                    Answer::Denied(limit)
+                } else {
+                    Answer::Allowed(limit)
+                }
+            }
+        }
+    }
+}
+
+/// How a run is shaped.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Where it goes.
+    pub api: Api,
+    /// The route of every request.
+    pub route: String,
+    /// Who sends.
+    pub classes: Vec<Class>,
+    /// For how long.
+    pub duration: Duration,
+    /// The most requests in flight at once; the schedule waits for a free
+    /// one (and the wait counts in the latencies).
+    pub max_in_flight: usize,
+    /// A prefix making this run's tenants its own (fresh budgets).
+    pub run: String,
+    /// Print a progress line to stderr every second.
+    pub progress: bool,
+}
+
+/// Runs `load` and reports each class.
+pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
+    let client = Client::connect(&load.api).await?;
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(load.max_in_flight.max(1)));
+    let started = Instant::now();
+    let deadline = started + load.duration;
+    let tallies: Vec<Arc<Tally>> = load
+        .classes
+        .iter()
+        .map(|c| Arc::new(Tally::new(c.tenants)))
+        .collect();
+    let mut schedulers = Vec::new();
+    for (class, tally) in load.classes.iter().zip(&tallies) {
+        let total_rate = class.rate * class.tenants as f64;
+        if total_rate <= 0.0 || class.tenants == 0 {
+            continue;
+        }
+        let gap = Duration::from_secs_f64(1.0 / total_rate);
+        let tenants: Arc<Vec<String>> = Arc::new(
+            (0..class.tenants)
+                .map(|i| format!("{}-{}-{i}", load.run, class.name))
+                .collect(),
+        );
+        let (client, in_flight, tally, route) = (
+            client.clone(),
+            in_flight.clone(),
+            tally.clone(),
+            load.route.clone(),
+        );
+        schedulers.push(tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            let mut k: u64 = 0;
+            loop {
+                let intended = started + gap.mul_f64(k as f64);
+                if intended >= deadline {
+                    break;
+                }
+                tokio::time::sleep_until(intended).await;
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let which = (k % tenants.len() as u64) as usize;
+                let (mut client, tally, tenants, route) = (
+                    client.clone(),
+                    tally.clone(),
+                    tenants.clone(),
+                    route.clone(),
+                );
+                let read_limit = tally.limit.load(Ordering::Relaxed) == 0;
+                tally.sent.fetch_add(1, Ordering::Relaxed);
+                tasks.push(tokio::spawn(async move {
+                    let answer = client.ask(&tenants[which], &route, read_limit).await;
+                    let waited = intended.elapsed().as_micros() as u64;
+                    drop(permit);
+                    let limit = match answer {
+                        Answer::Allowed(limit) => {
+                            tally.allowed.fetch_add(1, Ordering::Relaxed);
+                            tally.per_tenant[which].fetch_add(1, Ordering::Relaxed);
+                            limit
+                        }
+                        Answer::Denied(limit) => {
+                            tally.denied.fetch_add(1, Ordering::Relaxed);
+                            limit
+                        }
+                        Answer::Failed => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                    };
+                    if let Some(limit) = limit {
+                        tally.limit.store(limit, Ordering::Relaxed);
+                    }
+                    let mut h = tally.latencies.lock().expect("histogram lock");
+                    let _ = h.record(waited.clamp(1, 60_000_000));
+                }));
+                k += 1;
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+        }));
+    }
+    let progress = load.progress.then(|| {
+        let (tallies, classes) = (tallies.clone(), load.classes.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let line: Vec<String> = classes
+                    .iter()
+                    .zip(&tallies)
+                    .map(|(c, t)| {
+                        format!(
+                            "{}: {} sent, {} allowed, {} denied, {} errors",
+                            c.name,
+                            t.sent.load(Ordering::Relaxed),
+                            t.allowed.load(Ordering::Relaxed),
+                            t.denied.load(Ordering::Relaxed),
+                            t.errors.load(Ordering::Relaxed)
+                        )
+                    })
+                    .collect();
+                eprintln!("[{:>3}s] {}", started.elapsed().as_secs(), line.join(" | "));
+            }
+        })
+    });
+    for scheduler in schedulers {
+        scheduler.await?;
+    }
+    if let Some(progress) = progress {
+        progress.abort();
+    }
+    Ok(load
+        .classes
+        .iter()
+        .zip(&tallies)
+        .map(|(c, t)| t.report(c))
+        .collect())
+}

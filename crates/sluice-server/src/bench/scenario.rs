@@ -1,0 +1,160 @@
+//! The scenarios `sluice bench` runs: what a prospect asks a limiter to
+//! prove, in one command each.
+//!
+//! - **isolation**: polite tenants under their limit, first alone, then
+//!   with noisy tenants sending many times theirs. It passes when no
+//!   polite request was denied and no noisy tenant got more than the limit
+//!   the service answered with; it reports polite latency with and without
+//!   the noise.
+//! - **throughput**: one class of tenants at rising rates: the highest
+//!   rate at which p99 stays under 5 ms (and nothing failed).
+
+use serde::Serialize;
+
+use super::open::{self, Class, ClassReport, Load};
+use crate::Fallible;
+
+/// One phase of a scenario and what each class saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct Phase {
+    /// What the phase was.
+    pub name: String,
+    /// The offered rate, requests per second (all classes).
+    pub offered_per_second: f64,
+    /// Per class.
+    pub classes: Vec<ClassReport>,
+}
+
+/// A scenario's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// `isolation` or `throughput`.
+    pub scenario: &'static str,
+    /// Every phase, in order.
+    pub phases: Vec<Phase>,
+    /// Whether what the scenario proves held.
+    pub passed: bool,
+    /// What it found, in one sentence.
+    pub verdict: String,
+}
+
+fn offered(classes: &[Class]) -> f64 {
+    classes.iter().map(|c| c.rate * c.tenants as f64).sum()
+}
+
+/// Isolation: `polite` alone, then `polite` with `noisy`.
+pub async fn isolation(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome> {
+    let alone = Load {
+        classes: vec![polite.clone()],
+        run: format!("{}-alone", base.run),
+        ..base.clone()
+    };
+    let quiet = open::run(&alone).await?;
+    let together = Load {
+        classes: vec![polite.clone(), noisy.clone()],
+        run: format!("{}-noisy", base.run),
+        ..base.clone()
+    };
+    let loud = open::run(&together).await?;
+    let (polite_report, noisy_report) = (&loud[0], &loud[1]);
+    let polite_denied = polite_report.denied + quiet[0].denied;
+    let errors: u64 = quiet.iter().chain(&loud).map(|c| c.errors).sum();
+    let over = noisy_report
+        .limit
+        .map(|limit| noisy_report.most_admitted_per_tenant > limit);
+    let passed = polite_denied == 0 && errors == 0 && over == Some(false);
+    let verdict = format!(
+        "polite tenants: {} of {} denied ({:.2}%) with the noise, p99 {}µs alone and {}µs with it; noisy tenants: at most {} admitted each against a limit of {}{}",
+        polite_report.denied,
+        polite_report.sent,
+        polite_report.denied_percent(),
+        quiet[0].p99_us,
+        polite_report.p99_us,
+        noisy_report.most_admitted_per_tenant,
+        noisy_report
+            .limit
+            .map_or("unknown (never denied)".to_owned(), |l| l.to_string()),
+        if errors > 0 {
+            format!("; {errors} requests failed")
+        } else {
+            String::new()
+        }
+    );
+    Ok(Outcome {
+        scenario: "isolation",
+        phases: vec![
+            Phase {
+                name: "polite alone".into(),
+                offered_per_second: offered(&alone.classes),
+                classes: quiet,
+            },
+            Phase {
+                name: "polite with noisy".into(),
+                offered_per_second: offered(&together.classes),
+                classes: loud,
+            },
+        ],
+        passed,
+        verdict,
+    })
+}
+
+/// p99 under this is "keeping up".
+const P99_BOUND_US: u64 = 5_000;
+
+/// Throughput: `class` at rates from `start` per second, doubling while
+/// p99 stays under 5 ms, then halving the step three times between the
+/// last rate that kept up and the first that did not; each step lasts
+/// `base.duration`.
+pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outcome> {
+    let mut phases = Vec::new();
+    let step = |rate: f64, n: usize| {
+        let per_tenant = rate / class.tenants.max(1) as f64;
+        Load {
+            classes: vec![Class {
+                rate: per_tenant,
+                ..class.clone()
+            }],
+            run: format!("{}-step{n}", base.run),
+            ..base.clone()
+        }
+    };
+    let keeps_up = |r: &ClassReport| r.errors == 0 && r.p99_us < P99_BOUND_US;
+    let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
+    let mut rate = start.max(1.0);
+    for n in 0..12 {
+        let load = step(rate, n);
+        let report = open::run(&load).await?;
+        let ok = keeps_up(&report[0]);
+        phases.push(Phase {
+            name: format!("{rate:.0}/s"),
+            offered_per_second: rate,
+            classes: report,
+        });
+        if ok {
+            good = Some(rate);
+        } else {
+            bad = Some(rate);
+        }
+        rate = match (good, bad) {
+            (Some(_), None) => rate * 2.0,
+            (None, Some(_)) => rate / 2.0,
+            (Some(g), Some(b)) if (b - g) / b > 0.1 && n < 11 => (g + b) / 2.0,
+            _ => break,
+        };
+        if rate < 1.0 {
+            break;
+        }
+    }
+    let passed = good.is_some();
+    let verdict = match good {
+        Some(g) => format!("highest rate with p99 under 5 ms and no errors: {g:.0} requests/s"),
+        None => "p99 stayed above 5 ms (or requests failed) at every rate tried".to_owned(),
+    };
+    Ok(Outcome {
+        scenario: "throughput",
+        phases,
+        passed,
+        verdict,
+    })
+}

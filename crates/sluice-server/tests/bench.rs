@@ -1,0 +1,89 @@
+//! `sluice bench` against a running `sluice serve`: the isolation scenario,
+//! short, over HTTP and gRPC. Noisy tenants at 25× their limit get exactly
+//! their limit; polite tenants under theirs are never denied.
+
+mod common;
+
+use common::{Server, sluice, temp_file};
+use serde_json::Value;
+
+const LIMITS: &str = r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /v1/bench": [{ name: bench, algorithm: gcra, limit: 16, per: 1h }]
+"#;
+
+fn isolation(target: &str, api: &str) -> (Option<i32>, Value) {
+    let out = sluice()
+        .args([
+            "bench",
+            "--scenario",
+            "isolation",
+            "--api",
+            api,
+            "--target",
+            target,
+        ])
+        .args([
+            "--seconds",
+            "2",
+            "--polite",
+            "2:3",
+            "--noisy",
+            "2:200",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "JSON expected ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), json)
+}
+
+#[test]
+fn the_isolation_scenario_proves_noisy_tenants_cannot_starve_polite_ones() {
+    let config = temp_file("bench-limits.yaml", LIMITS);
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    for (api, target) in [("http", server.base.clone()), ("grpc", server.grpc.clone())] {
+        let (code, json) = isolation(&target, api);
+        assert_eq!(code, Some(0), "{api}: {json:#}");
+        assert_eq!(json["passed"], true, "{api}");
+        let phases = json["phases"].as_array().unwrap();
+        assert_eq!(phases.len(), 2);
+        let polite = &phases[1]["classes"][0];
+        let noisy = &phases[1]["classes"][1];
+        assert_eq!(polite["class"], "polite");
+        // Polite: about 6 each, under 16, none denied, alone or not.
+        assert_eq!(polite["denied"], 0, "{api}: {polite:#}");
+        assert_eq!(phases[0]["classes"][0]["denied"], 0, "{api}");
+        assert!(polite["sent"].as_u64().unwrap() >= 10, "{api}: {polite:#}");
+        // Noisy: about 400 each sent, exactly the limit admitted each.
+        assert_eq!(noisy["limit"], 16, "{api}: {noisy:#}");
+        assert_eq!(noisy["most_admitted_per_tenant"], 16, "{api}: {noisy:#}");
+        assert_eq!(noisy["least_admitted_per_tenant"], 16, "{api}: {noisy:#}");
+        assert!(noisy["denied"].as_u64().unwrap() > 600, "{api}: {noisy:#}");
+        assert_eq!(noisy["errors"], 0, "{api}");
+        for field in ["p50_us", "p99_us", "p999_us", "max_us"] {
+            assert!(polite[field].as_u64().unwrap() > 0, "{api}: {field}");
+        }
+    }
+    server.stop();
+}
+
+#[test]
+fn bench_refuses_bad_classes_by_name() {
+    let out = sluice()
+        .args(["bench", "--scenario", "isolation", "--noisy", "4"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--noisy takes COUNT:RATE"), "{stderr}");
+}
