@@ -142,6 +142,16 @@ impl Keyer {
         digest[..8].iter().map(|b| format!("{b:02x}")).collect()
     }
 
+    /// A secret for `purpose` derived from the pepper (its own domain: no
+    /// key derivation hashes these labels), e.g. to encrypt what the admin
+    /// API stores.
+    pub fn derive(&self, purpose: &str) -> [u8; 32] {
+        let mut mac = self.mac.clone();
+        mac.update(b"D\0");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     /// The tag of a tenant's keys in `shard`.
     pub fn tenant_tag(&self, tenant: &str, shard: u16) -> Tag {
         let mut mac = self.mac.clone();

@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 use foldhash::fast::RandomState;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Limits, NamedRule, OnError, RoutePattern, RouteRules};
+use crate::config::{Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules};
 use crate::decision::Reason;
 use crate::headers;
 use crate::rule::Rule;
@@ -371,6 +371,73 @@ fn max_cost<'r>(rules: impl Iterator<Item = &'r Rule>) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// A tenant's override at runtime (the admin API's): another plan, its
+/// plan's limits scaled, rules of its own, shadow mode.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TenantOverride {
+    /// The plan instead of the configured one.
+    pub plan: Option<String>,
+    /// Every limit and burst of the plan multiplied by this.
+    pub factor: Option<f64>,
+    /// The tenant-scope rules instead of the plan's.
+    pub tenant_rules: Option<Vec<NamedRule>>,
+    /// The route rules instead of the plan's.
+    pub route_rules: Option<Vec<RouteRules>>,
+    /// The subject rules instead of the plan's.
+    pub subject_rules: Option<Vec<RouteRules>>,
+    /// Never deny: every rule decided and counted, none enforced.
+    pub shadow: bool,
+}
+
+/// The largest `factor` of an override.
+pub const MAX_FACTOR: f64 = 1_000.0;
+
+impl TenantOverride {
+    /// `base` as this override changes it (the plan itself is chosen by
+    /// the caller); an error names the field at fault and what is allowed.
+    pub fn apply(&self, base: &PlanSpec) -> Result<PlanSpec, String> {
+        let mut spec = base.clone();
+        if let Some(rules) = &self.tenant_rules {
+            spec.tenant = rules.clone();
+        }
+        if let Some(rules) = &self.route_rules {
+            spec.routes = rules.clone();
+        }
+        if let Some(rules) = &self.subject_rules {
+            spec.subject = rules.clone();
+        }
+        if let Some(factor) = self.factor {
+            if !(factor > 0.0 && factor <= MAX_FACTOR) {
+                return Err(format!(
+                    "`factor` must be above 0 and at most {MAX_FACTOR}, got {factor}"
+                ));
+            }
+            let scale = |named: &mut NamedRule| -> Result<(), String> {
+                named.rule = named.rule.scaled(factor).map_err(|e| {
+                    format!("`factor` {factor} makes rule `{}` invalid: {e}", named.name)
+                })?;
+                Ok(())
+            };
+            spec.tenant.iter_mut().try_for_each(scale)?;
+            for table in [&mut spec.routes, &mut spec.subject] {
+                for route in table.iter_mut() {
+                    route.rules.iter_mut().try_for_each(scale)?;
+                }
+            }
+        }
+        if self.shadow {
+            let shadow = |named: &mut NamedRule| named.shadow = true;
+            spec.tenant.iter_mut().for_each(shadow);
+            for table in [&mut spec.routes, &mut spec.subject, &mut spec.dedupe] {
+                for route in table.iter_mut() {
+                    route.rules.iter_mut().for_each(shadow);
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
 /// A plan whose tenant, route and subject rules are cut to one shard's share.
 fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
     // Leases are not divided: a concurrency rule's keys stay on shard 0
@@ -444,7 +511,7 @@ pub struct Policy {
     near_limit: f64,
     /// The envoyproxy/ratelimit domains compiled from the same
     /// configuration: one snapshot, swapped as one.
-    descriptors: crate::descriptors::DescriptorPolicy,
+    descriptors: Arc<crate::descriptors::DescriptorPolicy>,
 }
 
 /// The rules that apply to one request.
@@ -531,6 +598,64 @@ impl Policy {
         }
     }
 
+    /// [`compile_for`](Self::compile_for), with each tenant of `overrides`
+    /// on its override's plan (see [`TenantOverride::apply`]). The
+    /// overridden plans keep their base plan's name, so metrics stay
+    /// labelled by configured plans, and their rules' names, so a scaled
+    /// limit keeps the budget already used.
+    pub fn compile_overridden(
+        limits: &Limits,
+        sharded: bool,
+        overrides: &[(&str, &TenantOverride)],
+    ) -> Policy {
+        let mut policy = Policy::compile_for(limits, sharded);
+        if overrides.is_empty() {
+            return policy;
+        }
+        let mut plans: Vec<Plan> = std::mem::take(&mut policy.plans).into_vec();
+        for (tenant, tenant_override) in overrides {
+            let listed = limits.tenants.iter().find(|t| t.id == *tenant);
+            let base_name = tenant_override
+                .plan
+                .as_deref()
+                .or(listed.map(|t| t.plan.as_str()))
+                .unwrap_or(&limits.default_plan);
+            let Some(base) = limits.plans.iter().find(|p| p.name == base_name) else {
+                continue;
+            };
+            let Ok(spec) = tenant_override.apply(base) else {
+                continue;
+            };
+            let shards = if sharded {
+                listed.map_or(1, |t| t.shards)
+            } else {
+                1
+            };
+            let spec = if shards > 1 {
+                shard_share(&spec, shards)
+            } else {
+                spec
+            };
+            plans.push(Plan::compile(&spec, &limits.global, limits.near_limit));
+            policy.tenants.insert(
+                (*tenant).into(),
+                TenantEntry {
+                    plan: plans.len() - 1,
+                    shards,
+                },
+            );
+        }
+        policy.plans = plans.into();
+        policy
+    }
+
+    /// This policy with the envoyproxy/ratelimit domains of `other` (one
+    /// snapshot shared, not copied).
+    pub fn sharing_descriptors(mut self, other: &Policy) -> Policy {
+        self.descriptors = other.descriptors.clone();
+        self
+    }
+
     /// The rules for a request. `with_subject` says whether the request
     /// names a subject (subject rules apply only then).
     pub fn applicable(&self, tenant: &str, route: &str, with_subject: bool) -> Applicable<'_> {
@@ -557,7 +682,7 @@ impl Policy {
     /// The same policy with the envoyproxy/ratelimit domains compiled
     /// from the same configuration, so that a reload swaps both at once.
     pub fn with_descriptors(mut self, descriptors: crate::descriptors::DescriptorPolicy) -> Policy {
-        self.descriptors = descriptors;
+        self.descriptors = Arc::new(descriptors);
         self
     }
 
@@ -591,6 +716,44 @@ mod tests {
 
     fn policy(yaml: &str) -> Policy {
         Policy::compile(&Config::from_yaml(yaml, "test.yaml").unwrap().limits)
+    }
+
+    #[test]
+    fn an_override_changes_one_tenant_and_keeps_rule_names() {
+        let limits = Config::from_yaml(
+            "default_plan: free\nplans:\n  free:\n    tenant: [{ name: t, limit: 10, per: 1m }]\n  pro:\n    tenant: [{ name: t, limit: 100, per: 1m, burst: 150 }]\n",
+            "o.yaml",
+        )
+        .unwrap()
+        .limits;
+        let doubled = TenantOverride {
+            factor: Some(2.5),
+            ..Default::default()
+        };
+        let pro_shadow = TenantOverride {
+            plan: Some("pro".into()),
+            shadow: true,
+            ..Default::default()
+        };
+        let p = Policy::compile_overridden(&limits, false, &[("a", &doubled), ("b", &pro_shadow)]);
+        let rule = |tenant: &str| p.applicable(tenant, "GET /", false).rules[0].clone();
+        assert_eq!((rule("a").name(), rule("a").rule().limit()), ("t", 25));
+        assert_eq!(rule("a").uid(), rule("c").uid(), "the same bucket");
+        assert_eq!(rule("b").rule().burst(), 150);
+        assert!(rule("b").shadow() && !rule("c").shadow());
+        assert_eq!(
+            p.applicable("a", "GET /", false).plan.unwrap().name(),
+            "free"
+        );
+        let bad = TenantOverride {
+            factor: Some(1e9),
+            ..Default::default()
+        };
+        assert!(
+            bad.apply(&limits.plans[0])
+                .unwrap_err()
+                .contains("`factor`")
+        );
     }
 
     fn names(a: &Applicable<'_>) -> Vec<String> {

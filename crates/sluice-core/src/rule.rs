@@ -259,6 +259,23 @@ impl Rule {
         }
     }
 
+    /// This rule with its limit and burst multiplied by `factor` (rounded
+    /// down, at least 1), checked like any rule.
+    pub fn scaled(&self, factor: f64) -> Result<Rule, RuleError> {
+        let scale = |v: u64| ((v as f64) * factor).floor().max(1.0) as i128;
+        if self.is_concurrency() {
+            return Rule::concurrency(scale(self.limit), self.period_ms);
+        }
+        let burst = self.algorithm.has_burst().then(|| scale(self.burst));
+        Rule::new(
+            self.algorithm,
+            scale(self.limit),
+            self.period_ms,
+            burst,
+            self.aligned,
+        )
+    }
+
     /// Into how many shares, of at most `most`, this rule can be cut without
     /// rounding a share up: no more than its limit and its burst, so that
     /// the shares add up to at most the rule (and at least the rule minus

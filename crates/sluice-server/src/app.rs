@@ -33,14 +33,27 @@ pub struct App {
     pub other_peppers: AtomicU64,
     /// How Envoy rate-limit requests map onto sluice.
     pub envoy: EnvoyServiceConfig,
+    /// The admin API and the overrides it keeps.
+    pub admin: crate::admin::Admin,
 }
 
 impl App {
-    /// Wraps a limiter for the handlers.
+    /// Wraps a limiter for the handlers (the admin API off).
     pub fn new(
         limiter: Limiter<Backend>,
         forward_auth: ForwardAuthConfig,
         metrics: Arc<Metrics>,
+    ) -> Arc<App> {
+        App::new_with(limiter, forward_auth, metrics, crate::admin::Admin::off())
+    }
+
+    /// [`App::new`] with `admin`; install the configuration's limits in it
+    /// next ([`Admin::install`](crate::admin::Admin::install)).
+    pub fn new_with(
+        limiter: Limiter<Backend>,
+        forward_auth: ForwardAuthConfig,
+        metrics: Arc<Metrics>,
+        admin: crate::admin::Admin,
     ) -> Arc<App> {
         Arc::new(App {
             limiter,
@@ -59,6 +72,7 @@ impl App {
                 merge_domains: false,
                 shadow_mode: false,
             },
+            admin,
         })
     }
 
@@ -92,6 +106,12 @@ impl App {
             }
         };
         let policy = policy.with_descriptors(crate::source::descriptors(config)?);
+        let token = match &config.admin_token {
+            None => None,
+            Some(source) => Some(crate::admin::read_token(source)?),
+        };
+        let admin = crate::admin::Admin::new(token, &backend);
+        let sharded = backend.shards_tenants();
         let limiter = Limiter::with_options(policy, backend, options);
         let app = Arc::new(App {
             limiter,
@@ -100,7 +120,11 @@ impl App {
             store_reachable: AtomicBool::new(reachable),
             other_peppers: AtomicU64::new(0),
             envoy: config.envoy.clone(),
+            admin,
         });
+        app.admin.install(&app, &config.limits, sharded);
+        // Overrides already stored by other instances apply from the start.
+        app.admin.sync(&app, true).await;
         Ok(app)
     }
 

@@ -55,6 +55,15 @@ impl Backend {
         }
     }
 
+    /// The key derivation of a shared backend (`None` for memory).
+    pub fn keyer(&self) -> Option<&sluice_core::keys::Keyer> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(store) => Some(&store.keys().current),
+            Backend::Cluster(store) => Some(&store.keys().current),
+        }
+    }
+
     /// The backend's configuration name.
     pub fn name(&self) -> &'static str {
         match self {

@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
 pub mod app;
 pub mod backend;
 pub mod bench;

@@ -271,10 +271,11 @@ fn apply(app: &App, running: &Config, next: Config) -> Fallible<Config> {
             "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
         );
     }
-    app.limiter.set_policy(
-        Policy::compile_for(&next.limits, app.limiter.store().shards_tenants())
-            .with_descriptors(descriptors),
-    );
+    let sharded = app.limiter.store().shards_tenants();
+    app.limiter
+        .set_policy(Policy::compile_for(&next.limits, sharded).with_descriptors(descriptors));
+    // Overrides stay in force over the new limits.
+    app.admin.install(app, &next.limits, sharded);
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),

@@ -48,7 +48,9 @@ struct Harness {
     clock: Arc<ManualClock>,
 }
 
-fn harness() -> Harness {
+/// The test configuration's limiter on a memory store and a hand-set
+/// clock.
+fn limiter() -> (Config, Arc<ManualClock>, Limiter<Backend>) {
     let config = Config::from_yaml(CONFIG, "test.yaml").unwrap();
     let clock = Arc::new(ManualClock::new(1_764_460_800_500));
     let store = MemoryStore::with_clock(100_000, clock.clone());
@@ -57,6 +59,11 @@ fn harness() -> Harness {
         Backend::Memory(store),
         config.storage.on_error,
     );
+    (config, clock, limiter)
+}
+
+fn harness() -> Harness {
+    let (config, clock, limiter) = limiter();
     let app = App::new(
         limiter,
         config.server.forward_auth.clone(),
@@ -967,4 +974,207 @@ async fn leases_are_acquired_released_once_and_expire() {
         .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(body["lease"], Value::Null);
+}
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// The harness with the admin API on.
+fn admin_harness() -> (Harness, Arc<App>) {
+    let (config, clock, limiter) = limiter();
+    let admin = sluice_server::admin::Admin::new(Some(TOKEN.as_bytes().to_vec()), limiter.store());
+    let app = App::new_with(
+        limiter,
+        config.server.forward_auth.clone(),
+        Default::default(),
+        admin,
+    );
+    app.admin.install(&app, &config.limits, false);
+    let harness = Harness {
+        router: router(app.clone(), &config.server.limits),
+        clock,
+    };
+    (harness, app)
+}
+
+impl Harness {
+    async fn admin(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        token: Option<&str>,
+    ) -> (Response<()>, Value) {
+        let mut request = Request::builder().method(method).uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        self.send(request.body(body).unwrap()).await
+    }
+}
+
+#[tokio::test]
+async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
+    let h = harness();
+    let (response, _) = h
+        .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let (h, _) = admin_harness();
+    for token in [
+        None,
+        Some("wrong"),
+        Some("test-admin-token-012345678"),
+        Some("test-admin-token-0123456789x"),
+    ] {
+        let (response, body) = h.admin("GET", "/v1/admin/overrides", None, token).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{token:?}");
+        assert_eq!(body["invalid-params"][0]["name"], "Authorization");
+        assert_eq!(header(&response, "www-authenticate"), Some("Bearer"));
+    }
+    let (response, body) = h
+        .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body, json!({"overrides": []}));
+}
+
+#[tokio::test]
+async fn overrides_scale_shadow_and_expire_one_tenant_only() {
+    let (h, app) = admin_harness();
+    let invoice = |tenant: &str| json!({"tenant": tenant, "route": "POST /v1/invoices"});
+    async fn admitted(h: &Harness, tenant: &str) -> u32 {
+        let body = json!({"tenant": tenant, "route": "POST /v1/invoices"});
+        let mut n = 0;
+        while h.check_json(body.clone()).await.0.status() == StatusCode::OK {
+            n += 1;
+            assert!(n < 100);
+        }
+        n
+    }
+    // Doubled for acme (invoices: 2 → 5 with factor 2.5); globex keeps 2.
+    let (response, stored) = h
+        .admin(
+            "PUT",
+            "/v1/admin/overrides/acme",
+            Some(json!({"factor": 2.5})),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{stored}");
+    assert_eq!(stored["tenant"], "acme");
+    let version = stored["version"].as_u64().unwrap();
+    assert_eq!(
+        header(&response, "etag"),
+        Some(format!("\"{version}\"").as_str())
+    );
+    assert_eq!(admitted(&h, "acme").await, 5);
+    assert_eq!(admitted(&h, "globex").await, 2);
+    // A stale If-Match is refused; the right one goes through.
+    let mut stale = Request::put("/v1/admin/overrides/acme")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("if-match", format!("\"{}\"", version + 7))
+        .body(Body::from(json!({"shadow": true}).to_string()))
+        .unwrap();
+    let (response, _) = h.send(stale).await;
+    assert_eq!(response.status(), StatusCode::PRECONDITION_FAILED);
+    stale = Request::put("/v1/admin/overrides/acme")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("if-match", format!("\"{version}\""))
+        .body(Body::from(
+            json!({"shadow": true, "expires_in": "1s"}).to_string(),
+        ))
+        .unwrap();
+    let (response, stored) = h.send(stale).await;
+    assert_eq!(response.status(), StatusCode::OK, "{stored}");
+    // Shadow: never denied, the would-be denial marked.
+    for _ in 0..5 {
+        let (response, body) = h.check_json(invoice("acme")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        if body.get("shadow_denied") == Some(&json!(true)) {
+            break;
+        }
+    }
+    let (response, body) = h.check_json(invoice("acme")).await;
+    assert_eq!(
+        (response.status(), &body["shadow_denied"]),
+        (StatusCode::OK, &json!(true)),
+        "{body}"
+    );
+    let (_, list) = h
+        .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
+        .await;
+    assert_eq!(list["overrides"].as_array().unwrap().len(), 1);
+    // Expired, it no longer applies nor lists.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    app.admin.sync(&app, false).await;
+    let (response, _) = h
+        .admin("GET", "/v1/admin/overrides/acme", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        h.check_json(invoice("acme")).await.0.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Removed: 204, then 404.
+    let (response, _) = h
+        .admin("PUT", "/v1/admin/overrides/globex", Some(json!({"plan": "free", "rules": {"routes": {"POST /v1/invoices": [{"name": "invoices", "limit": 3, "per": "1s"}]}}})), Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    h.clock.advance(1_000);
+    assert_eq!(admitted(&h, "globex").await, 3, "its own rules");
+    let (response, _) = h
+        .admin("DELETE", "/v1/admin/overrides/globex", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let (response, _) = h
+        .admin("DELETE", "/v1/admin/overrides/globex", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
+    let (h, _) = admin_harness();
+    let cases = [
+        (json!({}), "body"),
+        (json!({"plan": "platinum"}), "plan"),
+        (json!({"factor": 0}), "factor"),
+        (json!({"factor": 5000}), "factor"),
+        (json!({"factor": "two"}), "factor"),
+        (json!({"shadow": "yes"}), "shadow"),
+        (
+            json!({"rules": {"tenant": [{"limit": 0, "per": "1s"}]}}),
+            "rules",
+        ),
+        (json!({"rules": {"everything": []}}), "rules.everything"),
+        (json!({"rules": 5}), "rules"),
+        (json!({"factor": 2, "expires_in": "forever"}), "expires_in"),
+        (json!({"factor": 2, "expires_in": "500ms"}), "expires_in"),
+        (json!({"factor": 2, "colour": "red"}), "colour"),
+    ];
+    for (body, field) in cases {
+        let (response, problem) = h
+            .admin(
+                "PUT",
+                "/v1/admin/overrides/acme",
+                Some(body.clone()),
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::BAD_REQUEST,
+            "{body}: {problem}"
+        );
+        let named = problem["invalid-params"][0]["name"].as_str().unwrap();
+        assert!(
+            named == field || named.starts_with(field),
+            "{body}: {problem}"
+        );
+    }
+    let (_, list) = h
+        .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
+        .await;
+    assert_eq!(list, json!({"overrides": []}), "nothing half-applied");
 }

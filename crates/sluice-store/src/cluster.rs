@@ -324,6 +324,15 @@ impl ClusterStore {
             .collect())
     }
 
+    /// Runs one command on the cluster, routed by its key (the admin API's
+    /// own keys, which share one slot).
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let mut connection = self.connection()?;
+        cmd.query_async(&mut connection)
+            .await
+            .map_err(|e| self.error(&e))
+    }
+
     /// Checks that the cluster answers (`PING` on a node), within the budget
     /// (at least 250 ms).
     pub async fn ping(&self) -> Result<(), StoreError> {

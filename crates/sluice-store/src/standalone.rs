@@ -199,6 +199,13 @@ impl RedisStore {
         sent.map_err(|e| script::store_error(&e, self.timeout_ms))
     }
 
+    /// Runs one command on this Redis (the admin API's own keys).
+    pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        cmd.query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| script::store_error(&e, self.timeout_ms))
+    }
+
     /// The stored state of every rule of `batch`, read without changing
     /// anything, with the server's time (for `sluice inspect`).
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {

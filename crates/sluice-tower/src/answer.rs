@@ -30,6 +30,9 @@ pub struct DecisionView<'a> {
     /// `null`, or the failure policy (`local`, `allow`, `deny`) that decided
     /// because the store could not.
     pub degraded: Option<&'static str>,
+    /// A shadow-mode rule would have denied (present only then).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub shadow_denied: bool,
 }
 
 impl<'a> DecisionView<'a> {
@@ -45,6 +48,7 @@ impl<'a> DecisionView<'a> {
             retry_after_ms: decision.retry_after_ms(),
             near_limit: decision.near_limit,
             degraded: decision.degraded.map(|p| p.name()),
+            shadow_denied: decision.shadow_denied,
         }
     }
 }

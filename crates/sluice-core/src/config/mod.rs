@@ -30,6 +30,9 @@ pub struct Config {
     pub limits: Limits,
     /// The Envoy Rate Limit Service.
     pub envoy: EnvoyServiceConfig,
+    /// `admin:` where the admin API's bearer token is read from; `None`:
+    /// the admin API is off.
+    pub admin_token: Option<SecretSource>,
 }
 
 /// `envoy:` — how Envoy rate-limit requests map onto sluice.

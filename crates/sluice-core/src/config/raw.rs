@@ -23,6 +23,14 @@ pub(crate) struct RawConfig {
     pub tenants: Option<BTreeMap<String, S<RawTenant>>>,
     pub global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
     pub envoy: Option<RawEnvoy>,
+    pub admin: Option<RawAdmin>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub token_env: Option<S<String>>,
+    pub token_file: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -164,12 +164,15 @@ impl<'a> Validator<'a> {
             raw.global,
         );
         let envoy = self.envoy(raw.envoy.unwrap_or_default());
+        let admin = raw.admin.unwrap_or_default();
+        let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         Config {
             server,
             storage,
             keys,
             limits,
             envoy,
+            admin_token,
         }
     }
 

@@ -76,23 +76,7 @@ pub(super) fn parse_normalized(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequ
 /// The body of `/v1/check` (and `/v1/acquire`), each problem naming its
 /// member.
 fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
-    let mut json = serde_json::Deserializer::from_slice(body);
-    let parsed: CheckBody<'_> = serde_path_to_error::deserialize(&mut json).map_err(|e| {
-        // The path names the member at fault ("tenant", "cost"); errors
-        // about the document itself have none.
-        let path = e.path().to_string();
-        let named = path.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        let field = if named && !path.is_empty() {
-            path
-        } else {
-            "body".to_owned()
-        };
-        let inner = e.into_inner();
-        InvalidRequest::new(field, format!("malformed JSON body: {inner}"))
-    })?;
-    json.end()
-        .map_err(|e| InvalidRequest::new("body", format!("malformed JSON body: {e}")))?;
-    Ok(parsed)
+    crate::http::parse_json(body, "JSON body")
 }
 
 pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {

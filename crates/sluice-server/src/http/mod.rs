@@ -82,12 +82,46 @@ async fn answer_in_time(
     }
 }
 
+/// A JSON body as `T`, the whole of it; a problem names the member at
+/// fault (`body` for the document itself) and says what `what` is.
+pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
+    body: &'de [u8],
+    what: &str,
+) -> Result<T, sluice_tower::InvalidRequest> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let parsed: T = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        // A path that starts with a member's name names it; errors about
+        // the document itself (`.`, `[0]`) have none.
+        let named = path.starts_with(|c: char| c.is_ascii_alphabetic());
+        let field = if named {
+            path
+        } else {
+            "body".to_owned()
+        };
+        sluice_tower::InvalidRequest::new(field, format!("malformed {what}: {}", e.into_inner()))
+    })?;
+    json.end()
+        .map_err(|e| sluice_tower::InvalidRequest::new("body", format!("malformed {what}: {e}")))?;
+    Ok(parsed)
+}
+
 /// The router of the HTTP API, every request bounded by `limits`: a body
 /// above [`MAX_BODY_BYTES`] is refused with 413 (at once when its
 /// `Content-Length` says so), and a request not handled within
 /// `request_timeout` (a client sending its body slowly) gets 408.
 pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
+    // The admin API exists only with a token.
+    let admin = if app.admin.enabled() {
+        crate::admin::http::routes().route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            crate::admin::http::authorise,
+        ))
+    } else {
+        Router::new()
+    };
     Router::new()
+        .merge(admin)
         .route("/v1/check", post(check::check))
         .route("/v1/acquire", post(lease::acquire))
         .route("/v1/release", post(lease::release))

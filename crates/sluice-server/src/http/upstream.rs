@@ -46,20 +46,9 @@ pub(super) async fn rlconfig(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 pub(super) async fn json(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    let mut parser = serde_json::Deserializer::from_slice(&body);
-    let parsed: Result<JsonRequest, _> = serde_path_to_error::deserialize(&mut parser);
-    let request = match parsed {
+    let request = match crate::http::parse_json::<JsonRequest>(&body, "request") {
         Ok(request) => request.into_proto(),
-        Err(e) => {
-            let path = e.path().to_string();
-            let field = if path.is_empty() || path == "." {
-                "body".to_owned()
-            } else {
-                path
-            };
-            let inner = e.into_inner();
-            return bad_request(&field, &format!("malformed request: {inner}"));
-        }
+        Err(problem) => return bad_request(&problem.field, &problem.detail),
     };
     let request = match request {
         Ok(request) => request,

@@ -1,0 +1,227 @@
+//! `/v1/admin/*`: every call needs `Authorization: Bearer <token>` (401
+//! otherwise); absent when no token is configured.
+//!
+//! | call | answer |
+//! |---|---|
+//! | `PUT /v1/admin/overrides/{tenant}` `{"plan"?, "factor"?, "rules"?, "shadow"?, "expires_in"?}` | 200 the stored override (`ETag`: its version); 400 naming the field; 412 when `If-Match` names another version |
+//! | `GET /v1/admin/overrides` | 200 `{"overrides": [...]}` |
+//! | `GET /v1/admin/overrides/{tenant}` | 200 the override, 404 when none |
+//! | `DELETE /v1/admin/overrides/{tenant}` | 204, 404 when none |
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use sluice_core::duration::parse_duration_ms;
+use sluice_tower::InvalidRequest;
+
+use super::{Refused, Stored, now_ms};
+use crate::app::App;
+
+/// The admin routes, behind the bearer-token check.
+pub fn routes() -> Router<Arc<App>> {
+    Router::new().route("/v1/admin/overrides", get(list)).route(
+        "/v1/admin/overrides/{tenant}",
+        get(read).put(put).delete(remove),
+    )
+}
+
+/// 401 unless the request carries the token.
+pub async fn authorise(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or_default();
+    if !app.admin.authorised(presented) {
+        let problem = InvalidRequest::new(
+            "Authorization",
+            "the admin API needs `Authorization: Bearer <token>` with the configured token",
+        )
+        .with_status(StatusCode::UNAUTHORIZED);
+        let mut response = problem.answer().map(Body::from).into_response();
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, "Bearer".parse().expect("valid"));
+        return response;
+    }
+    next.run(request).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutBody {
+    plan: Option<String>,
+    factor: Option<f64>,
+    rules: Option<serde_json::Value>,
+    shadow: Option<bool>,
+    expires_in: Option<String>,
+}
+
+fn json(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+fn problem(field: &str, detail: String, status: StatusCode) -> Response {
+    InvalidRequest::new(field, detail)
+        .with_status(status)
+        .answer()
+        .map(Body::from)
+        .into_response()
+}
+
+fn refused(why: Refused) -> Response {
+    match why {
+        Refused::Invalid(field, detail) => problem(&field, detail, StatusCode::BAD_REQUEST),
+        Refused::Conflict(version) => problem(
+            "If-Match",
+            format!("the override changed meanwhile: its version is now {version}; read it again"),
+            StatusCode::PRECONDITION_FAILED,
+        ),
+        Refused::Missing => not_found(),
+        Refused::Store(e) => problem(
+            "store",
+            format!("the store did not take the change: {e}; nothing changed"),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    }
+}
+
+fn not_found() -> Response {
+    problem(
+        "tenant",
+        "no override for this tenant".to_owned(),
+        StatusCode::NOT_FOUND,
+    )
+}
+
+/// `If-Match: "7"` (or `7`) as a version; `Err(())` when unreadable
+/// (answered by [`bad_if_match`]).
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ()> {
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().trim_matches('"').parse().ok())
+        .map(Some)
+        .ok_or(())
+}
+
+fn bad_if_match() -> Response {
+    problem(
+        "If-Match",
+        "`If-Match` takes the version an override was read at, such as \"7\"".to_owned(),
+        StatusCode::BAD_REQUEST,
+    )
+}
+
+fn with_etag(stored: &Stored) -> Response {
+    let mut response = json(StatusCode::OK, stored);
+    if let Ok(etag) = format!("\"{}\"", stored.version).parse() {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}
+
+async fn list(State(app): State<Arc<App>>) -> Response {
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "overrides": app.admin.list() }),
+    )
+}
+
+async fn read(State(app): State<Arc<App>>, Path(tenant): Path<String>) -> Response {
+    match app.admin.get(&tenant) {
+        Some(stored) => with_etag(&stored),
+        None => not_found(),
+    }
+}
+
+async fn remove(
+    State(app): State<Arc<App>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let Ok(expected) = if_match(&headers) else {
+        return bad_if_match();
+    };
+    match app.admin.delete(&app, &tenant, expected).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(why) => refused(why),
+    }
+}
+
+async fn put(
+    State(app): State<Arc<App>>,
+    Path(tenant): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Ok(expected) = if_match(&headers) else {
+        return bad_if_match();
+    };
+    if let Err(e) = sluice_core::Request::new(&tenant, "GET /", None, 1) {
+        return problem("tenant", e.to_string(), StatusCode::BAD_REQUEST);
+    }
+    let parsed: PutBody = match crate::http::parse_json(&body, "override") {
+        Ok(parsed) => parsed,
+        Err(problem) => return problem.answer().map(Body::from).into_response(),
+    };
+    if parsed.plan.is_none()
+        && parsed.factor.is_none()
+        && parsed.rules.is_none()
+        && parsed.shadow.is_none()
+    {
+        return problem(
+            "body",
+            "an override needs at least one of `plan`, `factor`, `rules`, `shadow`".to_owned(),
+            StatusCode::BAD_REQUEST,
+        );
+    }
+    let expires_at_ms = match &parsed.expires_in {
+        None => None,
+        Some(text) => match parse_duration_ms(text) {
+            Ok(ms) if (1_000..=366 * 86_400_000).contains(&ms) => Some(now_ms() + ms),
+            Ok(_) => {
+                return problem(
+                    "expires_in",
+                    format!("`expires_in` must be from 1s to 366d, got {text}"),
+                    StatusCode::BAD_REQUEST,
+                );
+            }
+            Err(e) => {
+                return problem(
+                    "expires_in",
+                    format!("`expires_in`: {e}"),
+                    StatusCode::BAD_REQUEST,
+                );
+            }
+        },
+    };
+    let wanted = Stored {
+        tenant,
+        plan: parsed.plan,
+        factor: parsed.factor,
+        rules: parsed.rules,
+        shadow: parsed.shadow.unwrap_or(false),
+        expires_at_ms,
+        version: 0,
+    };
+    match app.admin.put(&app, wanted, expected).await {
+        Ok(stored) => with_etag(&stored),
+        Err(why) => refused(why),
+    }
+}

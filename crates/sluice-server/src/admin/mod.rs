@@ -1,0 +1,443 @@
+//! The admin API's state: per-tenant overrides (another plan, limits
+//! scaled, rules of their own, shadow mode), each with an optional expiry,
+//! applied on top of the configuration's limits.
+//!
+//! On the memory backend overrides live in this process. On Redis and
+//! Redis Cluster they live in Redis (see [`persist`]), so that every
+//! instance applies the same ones: a change bumps a version counter, and
+//! every instance reads the counter twice a second, reloading the
+//! overrides when it moved. A change therefore reaches every instance
+//! within one second, and an instance that missed one (restarted, cut off
+//! for a while) heals on its next read. Writes are compare-and-set on a
+//! per-tenant version (`If-Match`), so concurrent edits cannot silently
+//! overwrite each other.
+
+pub mod http;
+pub mod persist;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::config::Limits;
+use sluice_core::policy::TenantOverride;
+use sluice_core::{Config, Policy};
+
+use crate::app::App;
+use crate::backend::Backend;
+
+/// What an operator asked for, as stored and listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The tenant.
+    pub tenant: String,
+    /// The plan instead of the configured one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// Limits and bursts multiplied by this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    /// Rules of the tenant's own (`tenant`, `routes`, `subject`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+    /// Never deny this tenant.
+    pub shadow: bool,
+    /// When it stops applying (ms since the Unix epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at_ms: Option<u64>,
+    /// Its version: `If-Match` names it to change it safely.
+    pub version: u64,
+}
+
+impl Stored {
+    /// The override the policy applies, checked against `limits`: an error
+    /// names the field at fault and what is allowed.
+    pub fn compile(&self, limits: &Limits) -> Result<TenantOverride, (String, String)> {
+        if let Some(plan) = &self.plan
+            && !limits.plans.iter().any(|p| &p.name == plan)
+        {
+            let known: Vec<&str> = limits.plans.iter().map(|p| p.name.as_str()).collect();
+            return Err((
+                "plan".into(),
+                format!("no plan `{plan}`; configured: {}", known.join(", ")),
+            ));
+        }
+        let mut out = TenantOverride {
+            plan: self.plan.clone(),
+            factor: self.factor,
+            shadow: self.shadow,
+            ..Default::default()
+        };
+        if let Some(rules) = &self.rules {
+            let parts = rules_of(rules)?;
+            out.tenant_rules = parts.0;
+            out.route_rules = parts.1;
+            out.subject_rules = parts.2;
+        }
+        let base = self
+            .plan
+            .as_deref()
+            .or_else(|| {
+                limits
+                    .tenants
+                    .iter()
+                    .find(|t| t.id == self.tenant)
+                    .map(|t| t.plan.as_str())
+            })
+            .unwrap_or(&limits.default_plan);
+        if let Some(base) = limits.plans.iter().find(|p| p.name == base) {
+            out.apply(base).map_err(|e| {
+                let field = if e.contains("`factor`") {
+                    "factor"
+                } else {
+                    "rules"
+                };
+                (field.to_owned(), e)
+            })?;
+        }
+        Ok(out)
+    }
+}
+
+type Parts = (
+    Option<Vec<sluice_core::config::NamedRule>>,
+    Option<Vec<sluice_core::config::RouteRules>>,
+    Option<Vec<sluice_core::config::RouteRules>>,
+);
+
+/// `{"tenant": [...], "routes": {...}, "subject": {...}}` read as the
+/// configuration reads a plan's rules (JSON is YAML), with its errors.
+fn rules_of(rules: &serde_json::Value) -> Result<Parts, (String, String)> {
+    let object = rules.as_object().ok_or_else(|| {
+        (
+            "rules".to_owned(),
+            "`rules` is an object of `tenant`, `routes` and `subject`".to_owned(),
+        )
+    })?;
+    if let Some(other) = object
+        .keys()
+        .find(|k| !matches!(k.as_str(), "tenant" | "routes" | "subject"))
+    {
+        return Err((
+            format!("rules.{other}"),
+            format!("unknown `rules.{other}`; allowed: tenant, routes, subject"),
+        ));
+    }
+    let mut yaml = String::from("default_plan: o\nplans:\n  o:\n");
+    for part in ["tenant", "routes", "subject"] {
+        if let Some(value) = object.get(part) {
+            yaml.push_str(&format!("    {part}: {value}\n"));
+        }
+    }
+    let config = Config::from_yaml(&yaml, "rules").map_err(|errors| {
+        let message: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
+        ("rules".to_owned(), message.join("; "))
+    })?;
+    let plan = config
+        .limits
+        .plans
+        .into_iter()
+        .next()
+        .expect("one plan was given");
+    Ok((
+        object.contains_key("tenant").then_some(plan.tenant),
+        object.contains_key("routes").then_some(plan.routes),
+        object.contains_key("subject").then_some(plan.subject),
+    ))
+}
+
+/// Why a change was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// A field is invalid: which, and why.
+    Invalid(String, String),
+    /// `If-Match` named another version than the stored one.
+    Conflict(u64),
+    /// No override for the tenant.
+    Missing,
+    /// The store did not answer.
+    Store(String),
+}
+
+/// The admin API's state.
+#[derive(Debug)]
+pub struct Admin {
+    token: Option<Vec<u8>>,
+    inner: Mutex<State>,
+    persist: Option<persist::Persist>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    overrides: BTreeMap<String, Stored>,
+    /// The configuration's limits and whether the store shards tenants.
+    limits: Option<(Limits, bool)>,
+    /// The last version read from (or written to) the store.
+    version: u64,
+}
+
+impl Admin {
+    /// The admin API with `token` (`None`: off), persisting overrides in
+    /// `backend` when it is shared.
+    pub fn new(token: Option<Vec<u8>>, backend: &Backend) -> Admin {
+        Admin {
+            token,
+            inner: Mutex::new(State::default()),
+            persist: persist::Persist::for_backend(backend),
+        }
+    }
+
+    /// An admin API that is off (no token).
+    pub fn off() -> Admin {
+        Admin {
+            token: None,
+            inner: Mutex::new(State::default()),
+            persist: None,
+        }
+    }
+
+    /// Whether it answers at all.
+    pub fn enabled(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Whether `presented` is the token, compared in constant time.
+    pub fn authorised(&self, presented: &[u8]) -> bool {
+        let Some(token) = &self.token else {
+            return false;
+        };
+        let mut differ = u8::from(presented.len() != token.len());
+        for (i, byte) in token.iter().enumerate() {
+            differ |= byte ^ presented.get(i).copied().unwrap_or(!byte);
+        }
+        differ == 0
+    }
+
+    /// Takes `limits` (the configuration's, just installed in `app`'s
+    /// limiter) as the base the overrides apply to, and applies them.
+    pub fn install(&self, app: &App, limits: &Limits, sharded: bool) {
+        let mut state = self.inner.lock().expect("admin state");
+        state.limits = Some((limits.clone(), sharded));
+        if !state.overrides.is_empty() {
+            self.apply(app, &state);
+        }
+    }
+
+    /// Applies the current overrides to the running policy.
+    fn apply(&self, app: &App, state: &State) {
+        if let Some(policy) = compiled(state, now_ms()) {
+            let current = app.limiter.policy();
+            app.limiter.set_policy(policy.sharing_descriptors(&current));
+        }
+    }
+
+    /// Every override in force.
+    pub fn list(&self) -> Vec<Stored> {
+        let state = self.inner.lock().expect("admin state");
+        let now = now_ms();
+        state
+            .overrides
+            .values()
+            .filter(|o| o.expires_at_ms.is_none_or(|at| at > now))
+            .cloned()
+            .collect()
+    }
+
+    /// The override of `tenant`, if one is in force.
+    pub fn get(&self, tenant: &str) -> Option<Stored> {
+        self.list().into_iter().find(|o| o.tenant == tenant)
+    }
+
+    /// Stores `wanted` (its version ignored) for its tenant, when `expected`
+    /// (an `If-Match`) is the stored version or absent.
+    pub async fn put(
+        &self,
+        app: &App,
+        mut wanted: Stored,
+        expected: Option<u64>,
+    ) -> Result<Stored, Refused> {
+        let limits = {
+            let state = self.inner.lock().expect("admin state");
+            state.limits.as_ref().map(|(l, _)| l.clone())
+        };
+        if let Some(limits) = &limits {
+            wanted
+                .compile(limits)
+                .map_err(|(field, why)| Refused::Invalid(field, why))?;
+        }
+        match &self.persist {
+            Some(persist) => {
+                let version = persist
+                    .write(app.limiter.store(), &wanted.tenant, Some(&wanted), expected)
+                    .await?;
+                wanted.version = version;
+                self.sync(app, true).await;
+            }
+            None => {
+                let mut state = self.inner.lock().expect("admin state");
+                let stored = state.overrides.get(&wanted.tenant).map_or(0, |o| o.version);
+                if let Some(expected) = expected
+                    && expected != stored
+                {
+                    return Err(Refused::Conflict(stored));
+                }
+                state.version += 1;
+                wanted.version = state.version;
+                state
+                    .overrides
+                    .insert(wanted.tenant.clone(), wanted.clone());
+                self.apply(app, &state);
+            }
+        }
+        tracing::info!(
+            target: "sluice::audit",
+            by = "admin token",
+            action = "put",
+            tenant = %wanted.tenant,
+            version = wanted.version,
+            change = %serde_json::to_string(&wanted).unwrap_or_default(),
+            "override stored"
+        );
+        Ok(wanted)
+    }
+
+    /// Removes `tenant`'s override.
+    pub async fn delete(
+        &self,
+        app: &App,
+        tenant: &str,
+        expected: Option<u64>,
+    ) -> Result<(), Refused> {
+        if self.get(tenant).is_none() {
+            return Err(Refused::Missing);
+        }
+        match &self.persist {
+            Some(persist) => {
+                persist
+                    .write(app.limiter.store(), tenant, None, expected)
+                    .await?;
+                self.sync(app, true).await;
+            }
+            None => {
+                let mut state = self.inner.lock().expect("admin state");
+                let stored = state.overrides.get(tenant).map_or(0, |o| o.version);
+                if let Some(expected) = expected
+                    && expected != stored
+                {
+                    return Err(Refused::Conflict(stored));
+                }
+                state.overrides.remove(tenant);
+                state.version += 1;
+                self.apply(app, &state);
+            }
+        }
+        tracing::info!(target: "sluice::audit", by = "admin token", action = "delete", tenant = %tenant, "override removed");
+        Ok(())
+    }
+
+    /// Reads the overrides from the store when their version moved (or
+    /// when `force`d), drops expired ones, and applies what changed.
+    pub async fn sync(&self, app: &App, force: bool) {
+        let Some(persist) = &self.persist else {
+            let mut state = self.inner.lock().expect("admin state");
+            let now = now_ms();
+            let before = state.overrides.len();
+            state
+                .overrides
+                .retain(|_, o| o.expires_at_ms.is_none_or(|at| at > now));
+            if state.overrides.len() != before {
+                self.apply(app, &state);
+            }
+            return;
+        };
+        let known = self.inner.lock().expect("admin state").version;
+        let version = match persist.version(app.limiter.store()).await {
+            Ok(version) => version,
+            Err(e) => {
+                tracing::debug!(error = ?e, "overrides not synchronised");
+                return;
+            }
+        };
+        let expiring = {
+            let state = self.inner.lock().expect("admin state");
+            let now = now_ms();
+            state
+                .overrides
+                .values()
+                .any(|o| o.expires_at_ms.is_some_and(|at| at <= now))
+        };
+        if version == known && !force && !expiring {
+            return;
+        }
+        let overrides = match persist.read_all(app.limiter.store()).await {
+            Ok(overrides) => overrides,
+            Err(e) => {
+                tracing::warn!(error = ?e, "overrides not read; the previous ones stay in force");
+                return;
+            }
+        };
+        let mut state = self.inner.lock().expect("admin state");
+        state.version = version;
+        state.overrides = overrides
+            .into_iter()
+            .map(|o| (o.tenant.clone(), o))
+            .collect();
+        self.apply(app, &state);
+    }
+
+    /// Keeps the overrides in step: every 500 ms, forever.
+    pub fn spawn_sync(app: &Arc<App>) {
+        if !app.admin.enabled() && app.admin.persist.is_none() {
+            return;
+        }
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                app.admin.sync(&app, false).await;
+            }
+        });
+    }
+}
+
+/// The policy of `state`'s limits with the overrides in force at `now`
+/// (`None` before any limits were installed).
+fn compiled(state: &State, now: u64) -> Option<Policy> {
+    let (limits, sharded) = state.limits.as_ref()?;
+    let active: Vec<(String, TenantOverride)> = state
+        .overrides
+        .values()
+        .filter(|o| o.expires_at_ms.is_none_or(|at| at > now))
+        .filter_map(|o| o.compile(limits).ok().map(|c| (o.tenant.clone(), c)))
+        .collect();
+    let refs: Vec<(&str, &TenantOverride)> = active.iter().map(|(t, o)| (t.as_str(), o)).collect();
+    Some(Policy::compile_overridden(limits, *sharded, &refs))
+}
+
+/// Reads the admin token. Errors name where it was looked for, never its
+/// value.
+pub fn read_token(source: &sluice_core::config::SecretSource) -> crate::Fallible<Vec<u8>> {
+    use sluice_core::config::SecretSource;
+    let token = match source {
+        SecretSource::Env(name) => std::env::var(name).map_err(|_| {
+            format!("admin.token_env names the environment variable {name}, which is not set")
+        })?,
+        SecretSource::File(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read admin.token_file {}: {e}", path.display()))?,
+    };
+    let token = token.trim();
+    if token.len() < 16 {
+        return Err("the admin token must be at least 16 characters (generate one with `openssl rand -hex 32`)".into());
+    }
+    Ok(token.as_bytes().to_vec())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,166 @@
+//! Overrides in Redis (Redis Cluster included), shared by every instance.
+//!
+//! Three keys in one slot (`{prefix}:{admin}:…`): a hash of overrides by
+//! field, a hash of their versions, and a version counter bumped by every
+//! change. A field is the tenant's opaque tag (an HMAC under the pepper,
+//! as every key is); a value is the override encrypted with
+//! ChaCha20-Poly1305 under a key derived from the pepper, so nothing in
+//! Redis names a tenant. A change is one script call that checks the
+//! version it was based on (`If-Match`), so concurrent edits cannot
+//! silently overwrite each other.
+
+use chacha20poly1305::aead::{Aead, KeyInit};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use sluice_core::keys::Keyer;
+use sluice_store::StoreError;
+
+use super::{Refused, Stored};
+use crate::backend::Backend;
+
+/// Check-and-set of one override: KEYS = overrides, versions, counter;
+/// ARGV = field, expected version ("" for any), value ("" to delete).
+/// Returns {1, version} when done, {-1, stored version} on a mismatch.
+const WRITE_LUA: &str = r"
+local stored = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= stored then return {-1, stored} end
+local version = redis.call('INCR', KEYS[3])
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  redis.call('HSET', KEYS[2], ARGV[1], version)
+end
+return {1, version}
+";
+
+/// Where and how overrides are kept.
+pub struct Persist {
+    keyer: Keyer,
+    cipher: ChaCha20Poly1305,
+    keys: [String; 3],
+}
+
+impl std::fmt::Debug for Persist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Persist")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Persist {
+    /// For a shared backend; `None` for the memory store.
+    pub fn for_backend(backend: &Backend) -> Option<Persist> {
+        let keyer = backend.keyer()?.clone();
+        let secret = keyer.derive("admin overrides v1");
+        let cipher = ChaCha20Poly1305::new(Key::from_slice(&secret));
+        let prefix = keyer.prefix();
+        Some(Persist {
+            keys: [
+                format!("{prefix}:{{admin}}:overrides"),
+                format!("{prefix}:{{admin}}:versions"),
+                format!("{prefix}:{{admin}}:version"),
+            ],
+            keyer,
+            cipher,
+        })
+    }
+
+    fn field(&self, tenant: &str) -> String {
+        self.keyer.tenant_tag(tenant, 0).as_str().to_owned()
+    }
+
+    fn seal(&self, stored: &Stored) -> String {
+        let mut nonce = [0u8; 12];
+        if getrandom::fill(&mut nonce).is_err() {
+            // A nonce must never repeat under one key: fall back on time
+            // and a counter.
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            nonce[..8].copy_from_slice(&super::now_ms().to_be_bytes());
+            nonce[8..].copy_from_slice(&n.to_be_bytes());
+        }
+        let plain = serde_json::to_vec(stored).expect("overrides serialise");
+        let sealed = self
+            .cipher
+            .encrypt(Nonce::from_slice(&nonce), plain.as_slice())
+            .expect("encryption of a small message");
+        let mut out = nonce.to_vec();
+        out.extend(sealed);
+        out.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn open(&self, value: &str) -> Option<Stored> {
+        let bytes: Vec<u8> = (0..value.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(value.get(i..i + 2)?, 16).ok())
+            .collect::<Option<_>>()?;
+        let (nonce, sealed) = bytes.split_at_checked(12)?;
+        let plain = self.cipher.decrypt(Nonce::from_slice(nonce), sealed).ok()?;
+        serde_json::from_slice(&plain).ok()
+    }
+
+    /// Stores (or with `None` removes) `tenant`'s override if its version
+    /// is `expected`: the new version.
+    pub async fn write(
+        &self,
+        backend: &Backend,
+        tenant: &str,
+        stored: Option<&Stored>,
+        expected: Option<u64>,
+    ) -> Result<u64, Refused> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(WRITE_LUA).arg(3).arg(&self.keys[..]);
+        cmd.arg(self.field(tenant))
+            .arg(expected.map_or_else(String::new, |v| v.to_string()))
+            .arg(stored.map_or_else(String::new, |s| self.seal(s)));
+        let (done, version): (i64, u64) = query(backend, &cmd).await.map_err(store)?;
+        if done < 0 {
+            return Err(Refused::Conflict(version));
+        }
+        Ok(version)
+    }
+
+    /// The change counter.
+    pub async fn version(&self, backend: &Backend) -> Result<u64, StoreError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(&self.keys[2]);
+        let version: Option<u64> = query(backend, &cmd).await?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// Every stored override that opens (others were written under another
+    /// pepper), with its version.
+    pub async fn read_all(&self, backend: &Backend) -> Result<Vec<Stored>, StoreError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(&self.keys[0]);
+        let values: std::collections::HashMap<String, String> = query(backend, &cmd).await?;
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(&self.keys[1]);
+        let versions: std::collections::HashMap<String, u64> = query(backend, &cmd).await?;
+        Ok(values
+            .iter()
+            .filter_map(|(field, value)| {
+                let mut stored = self.open(value)?;
+                stored.version = versions.get(field).copied().unwrap_or(0);
+                Some(stored)
+            })
+            .collect())
+    }
+}
+
+async fn query<T: redis::FromRedisValue>(
+    backend: &Backend,
+    cmd: &redis::Cmd,
+) -> Result<T, StoreError> {
+    match backend {
+        Backend::Redis(store) => store.query(cmd).await,
+        Backend::Cluster(store) => store.query(cmd).await,
+        Backend::Memory(_) => Err(StoreError::Unavailable("no shared store".into())),
+    }
+}
+
+fn store(e: StoreError) -> Refused {
+    Refused::Store(e.to_string())
+}
