@@ -94,11 +94,7 @@ pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
         // A path that starts with a member's name names it; errors about
         // the document itself (`.`, `[0]`) have none.
         let named = path.starts_with(|c: char| c.is_ascii_alphabetic());
-        let field = if named {
-            path
-        } else {
-            "body".to_owned()
-        };
+        let field = if named { path } else { "body".to_owned() };
         sluice_tower::InvalidRequest::new(field, format!("malformed {what}: {}", e.into_inner()))
     })?;
     json.end()
