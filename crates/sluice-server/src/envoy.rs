@@ -762,6 +762,7 @@ impl RateLimiter {
             } else {
                 self.app.limiter.decide_batch(combined, &batch).await
             };
+            self.app.admin.record(request.tenant, decision.allowed);
             return Ok(self.answer(
                 Decided {
                     decision,
@@ -776,6 +777,9 @@ impl RateLimiter {
                 descriptors.len(),
             ));
         };
+        self.app
+            .admin
+            .record(request.tenant, decided.decision.allowed);
         Ok(self.answer(decided, started, descriptors.len()))
     }
 

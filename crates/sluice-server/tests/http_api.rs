@@ -1178,3 +1178,72 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
         .await;
     assert_eq!(list, json!({"overrides": []}), "nothing half-applied");
 }
+
+#[tokio::test]
+async fn heavy_hitters_name_the_most_denied_tenants_to_the_admin_api_only() {
+    let (h, _) = admin_harness();
+    for (tenant, requests) in [("flood", 30), ("drizzle", 6), ("polite", 2)] {
+        for _ in 0..requests {
+            h.check_json(json!({"tenant": tenant, "route": "POST /v1/invoices"}))
+                .await;
+        }
+    }
+    let (response, top) = h
+        .admin(
+            "GET",
+            "/v1/admin/heavy-hitters?by=denied&limit=2",
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{top}");
+    assert!(top["window_s"].as_u64().unwrap() >= 60);
+    assert_eq!(
+        top["tenants"],
+        json!([
+            {"tenant": "flood", "denied": 28, "admitted": 2},
+            {"tenant": "drizzle", "denied": 4, "admitted": 2}
+        ])
+    );
+    let (_, admitted) = h
+        .admin(
+            "GET",
+            "/v1/admin/heavy-hitters?by=admitted",
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(admitted["tenants"].as_array().unwrap().len(), 3);
+    for bad in [
+        "by=cost",
+        "limit=0",
+        "limit=1001",
+        "limit=ten",
+        "colour=red",
+    ] {
+        let (response, problem) = h
+            .admin(
+                "GET",
+                &format!("/v1/admin/heavy-hitters?{bad}"),
+                None,
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::BAD_REQUEST,
+            "{bad}: {problem}"
+        );
+    }
+    let (response, _) = h.admin("GET", "/v1/admin/heavy-hitters", None, None).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    // Never in the metrics.
+    let response = h
+        .router
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(!String::from_utf8_lossy(&text).contains("flood"));
+}

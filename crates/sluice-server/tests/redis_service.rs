@@ -529,6 +529,42 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
     for server in [&a, &b] {
         assert!(!server.log.lock().unwrap().contains(TOKEN));
     }
+    // Heavy hitters add up both instances' counts: 10 requests from
+    // globex over A and B, 8 of them denied.
+    let started = std::time::Instant::now();
+    loop {
+        let top: serde_json::Value = client
+            .get(format!("{}/v1/admin/heavy-hitters?by=denied", a.base))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let globex = top["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tenant"] == "globex")
+            .cloned();
+        if globex == Some(json!({"tenant": "globex", "denied": 8, "admitted": 2})) {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{top}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // What instances publish of them names no tenant either.
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.iter().any(|k| k.ends_with(":heavy")), "{keys:?}");
+    for key in &keys {
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut conn).unwrap();
+        let text = String::from_utf8_lossy(&dump);
+        assert!(!text.contains("globex") && !text.contains("acme"), "{key}");
+    }
     // Removed through B, gone on A too.
     let gone = admin(&b.base, reqwest::Method::DELETE, "acme")
         .send()

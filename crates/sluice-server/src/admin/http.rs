@@ -7,6 +7,7 @@
 //! | `GET /v1/admin/overrides` | 200 `{"overrides": [...]}` |
 //! | `GET /v1/admin/overrides/{tenant}` | 200 the override, 404 when none |
 //! | `DELETE /v1/admin/overrides/{tenant}` | 204, 404 when none |
+//! | `GET /v1/admin/heavy-hitters?by=denied\|admitted&limit=N` | 200 `{"window_s", "tenants": [{"tenant", "denied", "admitted"}]}` (see [`super::heavy`]) |
 
 use std::sync::Arc;
 
@@ -26,10 +27,13 @@ use crate::app::App;
 
 /// The admin routes, behind the bearer-token check.
 pub fn routes() -> Router<Arc<App>> {
-    Router::new().route("/v1/admin/overrides", get(list)).route(
-        "/v1/admin/overrides/{tenant}",
-        get(read).put(put).delete(remove),
-    )
+    Router::new()
+        .route("/v1/admin/overrides", get(list))
+        .route(
+            "/v1/admin/overrides/{tenant}",
+            get(read).put(put).delete(remove),
+        )
+        .route("/v1/admin/heavy-hitters", get(heavy_hitters))
 }
 
 /// 401 unless the request carries the token.
@@ -224,4 +228,53 @@ async fn put(
         Ok(stored) => with_etag(&stored),
         Err(why) => refused(why),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeavyQuery {
+    by: Option<String>,
+    limit: Option<String>,
+}
+
+async fn heavy_hitters(
+    State(app): State<Arc<App>>,
+    query: Result<axum::extract::Query<HeavyQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(axum::extract::Query(query)) = query else {
+        return problem(
+            "query",
+            "takes `by` (denied or admitted) and `limit` (1 to 1000) only".to_owned(),
+            StatusCode::BAD_REQUEST,
+        );
+    };
+    let by = match query.by.as_deref() {
+        None | Some("denied") => super::heavy::By::Denied,
+        Some("admitted") => super::heavy::By::Admitted,
+        Some(other) => {
+            return problem(
+                "by",
+                format!("`by` must be `denied` or `admitted`, got `{other}`"),
+                StatusCode::BAD_REQUEST,
+            );
+        }
+    };
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
+        None => 10,
+        Some(Ok(n)) if (1..=1_000).contains(&n) => n,
+        Some(_) => {
+            return problem(
+                "limit",
+                format!(
+                    "`limit` must be a whole number from 1 to 1000, got `{}`",
+                    query.limit.unwrap_or_default()
+                ),
+                StatusCode::BAD_REQUEST,
+            );
+        }
+    };
+    json(
+        StatusCode::OK,
+        &app.admin.heavy_hitters(&app, by, limit).await,
+    )
 }

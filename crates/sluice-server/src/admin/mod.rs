@@ -12,6 +12,7 @@
 //! per-tenant version (`If-Match`), so concurrent edits cannot silently
 //! overwrite each other.
 
+pub mod heavy;
 pub mod http;
 pub mod persist;
 
@@ -166,6 +167,20 @@ pub struct Admin {
     token: Option<Vec<u8>>,
     inner: Mutex<State>,
     persist: Option<persist::Persist>,
+    /// Decisions per tenant, for heavy hitters (counted only where the
+    /// admin API can serve them: a token here, or a shared store).
+    heavy: heavy::HeavyHitters,
+    /// This instance's name among those publishing heavy hitters.
+    instance: String,
+}
+
+/// One instance's heavy-hitter windows, as published.
+#[derive(Debug, Serialize, Deserialize)]
+struct Published {
+    /// The number of the window `current` counts.
+    number: u64,
+    previous: heavy::Window,
+    current: heavy::Window,
 }
 
 #[derive(Debug, Default)]
@@ -185,6 +200,8 @@ impl Admin {
             token,
             inner: Mutex::new(State::default()),
             persist: persist::Persist::for_backend(backend),
+            heavy: heavy::HeavyHitters::default(),
+            instance: instance_name(),
         }
     }
 
@@ -194,6 +211,72 @@ impl Admin {
             token: None,
             inner: Mutex::new(State::default()),
             persist: None,
+            heavy: heavy::HeavyHitters::default(),
+            instance: instance_name(),
+        }
+    }
+
+    /// Counts a decision of `tenant` for heavy hitters.
+    pub fn record(&self, tenant: &str, allowed: bool) {
+        if self.token.is_some() || self.persist.is_some() {
+            self.heavy.record(tenant, allowed, now_ms());
+        }
+    }
+
+    /// The top `limit` tenants `by` a count, over the recent window, this
+    /// instance's counts added to every other live instance's on a shared
+    /// store.
+    pub async fn heavy_hitters(&self, app: &App, by: heavy::By, limit: usize) -> heavy::Report {
+        let now = now_ms();
+        let (number, previous, current) = self.heavy.snapshot(now);
+        let mut windows = vec![previous, current];
+        if let Some(persist) = &self.persist {
+            match persist.read_heavy::<Published>(app.limiter.store()).await {
+                Ok(published) => {
+                    for (instance, p) in published {
+                        if instance == self.instance {
+                            continue;
+                        }
+                        if p.number == number {
+                            windows.push(p.previous);
+                            windows.push(p.current);
+                        } else if p.number + 1 == number {
+                            windows.push(p.current);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "other instances' heavy hitters not read; this instance's only")
+                }
+            }
+        }
+        heavy::report(&windows, by, limit, now)
+    }
+
+    /// Publishes this instance's heavy-hitter windows, and forgets those
+    /// of instances silent for two windows.
+    async fn publish_heavy(&self, app: &App) {
+        let Some(persist) = &self.persist else { return };
+        let (number, previous, current) = self.heavy.snapshot(now_ms());
+        let published = Published {
+            number,
+            previous,
+            current,
+        };
+        let backend = app.limiter.store();
+        if let Err(e) = persist
+            .publish_heavy(backend, &self.instance, &published)
+            .await
+        {
+            tracing::debug!(error = %e, "heavy hitters not published");
+            return;
+        }
+        if let Ok(all) = persist.read_heavy::<Published>(backend).await {
+            for (instance, p) in all {
+                if p.number + 2 <= number {
+                    let _ = persist.forget_heavy(backend, &instance).await;
+                }
+            }
         }
     }
 
@@ -395,9 +478,12 @@ impl Admin {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
+            for n in 0u64.. {
                 tick.tick().await;
                 app.admin.sync(&app, false).await;
+                if n % 2 == 0 {
+                    app.admin.publish_heavy(&app).await;
+                }
             }
         });
     }
@@ -415,6 +501,13 @@ fn compiled(state: &State, now: u64) -> Option<Policy> {
         .collect();
     let refs: Vec<(&str, &TenantOverride)> = active.iter().map(|(t, o)| (t.as_str(), o)).collect();
     Some(Policy::compile_overridden(limits, *sharded, &refs))
+}
+
+/// A random name for this instance.
+fn instance_name() -> String {
+    let mut bytes = [0u8; 8];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Reads the admin token. Errors name where it was looked for, never its

@@ -71,7 +71,8 @@ impl Persist {
         self.keyer.tenant_tag(tenant, 0).as_str().to_owned()
     }
 
-    fn seal(&self, stored: &Stored) -> String {
+    /// `value` as JSON, encrypted, in hex.
+    pub fn seal<T: serde::Serialize>(&self, value: &T) -> String {
         let mut nonce = [0u8; 12];
         if getrandom::fill(&mut nonce).is_err() {
             // A nonce must never repeat under one key: fall back on time
@@ -81,7 +82,7 @@ impl Persist {
             nonce[..8].copy_from_slice(&super::now_ms().to_be_bytes());
             nonce[8..].copy_from_slice(&n.to_be_bytes());
         }
-        let plain = serde_json::to_vec(stored).expect("overrides serialise");
+        let plain = serde_json::to_vec(value).expect("admin state serialises");
         let sealed = self
             .cipher
             .encrypt(Nonce::from_slice(&nonce), plain.as_slice())
@@ -91,7 +92,8 @@ impl Persist {
         out.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    fn open(&self, value: &str) -> Option<Stored> {
+    /// What [`seal`](Self::seal) sealed; `None` for anything else.
+    pub fn open<T: serde::de::DeserializeOwned>(&self, value: &str) -> Option<T> {
         let bytes: Vec<u8> = (0..value.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(value.get(i..i + 2)?, 16).ok())
@@ -122,6 +124,49 @@ impl Persist {
         Ok(version)
     }
 
+    /// Publishes this instance's heavy-hitter windows (`snapshot`, sealed)
+    /// under `instance`.
+    pub async fn publish_heavy(
+        &self,
+        backend: &Backend,
+        instance: &str,
+        snapshot: &impl serde::Serialize,
+    ) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(format!("{}:heavy", self.base()))
+            .arg(instance)
+            .arg(self.seal(snapshot));
+        query::<i64>(backend, &cmd).await.map(drop)
+    }
+
+    /// Every instance's published heavy-hitter windows, by instance.
+    pub async fn read_heavy<T: serde::de::DeserializeOwned>(
+        &self,
+        backend: &Backend,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(format!("{}:heavy", self.base()));
+        let values: std::collections::HashMap<String, String> = query(backend, &cmd).await?;
+        Ok(values
+            .into_iter()
+            .filter_map(|(instance, value)| Some((instance, self.open(&value)?)))
+            .collect())
+    }
+
+    /// Removes the windows `instance` published (gone stale).
+    pub async fn forget_heavy(&self, backend: &Backend, instance: &str) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(format!("{}:heavy", self.base())).arg(instance);
+        query::<i64>(backend, &cmd).await.map(drop)
+    }
+
+    /// `{prefix}:{admin}`: every admin key's start, one slot.
+    fn base(&self) -> &str {
+        self.keys[0]
+            .strip_suffix(":overrides")
+            .expect("the overrides key")
+    }
+
     /// The change counter.
     pub async fn version(&self, backend: &Backend) -> Result<u64, StoreError> {
         let mut cmd = redis::cmd("GET");
@@ -142,7 +187,7 @@ impl Persist {
         Ok(values
             .iter()
             .filter_map(|(field, value)| {
-                let mut stored = self.open(value)?;
+                let mut stored: Stored = self.open(value)?;
                 stored.version = versions.get(field).copied().unwrap_or(0);
                 Some(stored)
             })
