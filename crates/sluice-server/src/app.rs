@@ -35,6 +35,8 @@ pub struct App {
     pub envoy: EnvoyServiceConfig,
     /// The admin API and the overrides it keeps.
     pub admin: crate::admin::Admin,
+    /// The usage ledger, when on.
+    pub ledger: Option<crate::ledger::Ledger>,
 }
 
 impl App {
@@ -73,6 +75,7 @@ impl App {
                 shadow_mode: false,
             },
             admin,
+            ledger: None,
         })
     }
 
@@ -111,6 +114,13 @@ impl App {
             Some(source) => Some(crate::admin::read_token(source)?),
         };
         let admin = crate::admin::Admin::new(token, &backend);
+        let ledger = match &config.ledger {
+            Some(ledger) => Some(crate::ledger::Ledger::open(
+                ledger,
+                backend.keyer().cloned(),
+            )?),
+            None => None,
+        };
         let sharded = backend.shards_tenants();
         let limiter = Limiter::with_options(policy, backend, options);
         let app = Arc::new(App {
@@ -121,11 +131,35 @@ impl App {
             other_peppers: AtomicU64::new(0),
             envoy: config.envoy.clone(),
             admin,
+            ledger,
         });
         app.admin.install(&app, &config.limits, sharded);
         // Overrides already stored by other instances apply from the start.
         app.admin.sync(&app, true).await;
         Ok(app)
+    }
+
+    /// Accounts for one decided request: heavy hitters, and the usage
+    /// ledger when on.
+    pub fn account(
+        &self,
+        request: &sluice_core::Request<'_>,
+        decision: &sluice_core::Decision<'_>,
+    ) {
+        self.admin.record(request.tenant, decision.allowed);
+        if let Some(ledger) = &self.ledger {
+            let route = match decision.class.route() {
+                "" => "*",
+                route => route,
+            };
+            ledger.record(
+                request.tenant,
+                route,
+                request.cost,
+                decision.allowed,
+                crate::admin::now_ms(),
+            );
+        }
     }
 
     /// Whether the service can decide with its store: the store answers,

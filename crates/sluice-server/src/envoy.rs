@@ -762,7 +762,7 @@ impl RateLimiter {
             } else {
                 self.app.limiter.decide_batch(combined, &batch).await
             };
-            self.app.admin.record(request.tenant, decision.allowed);
+            self.app.account(&request, &decision);
             return Ok(self.answer(
                 Decided {
                     decision,

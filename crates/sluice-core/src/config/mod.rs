@@ -33,6 +33,25 @@ pub struct Config {
     /// `admin:` where the admin API's bearer token is read from; `None`:
     /// the admin API is off.
     pub admin_token: Option<SecretSource>,
+    /// `ledger:` the durable usage record, when on.
+    pub ledger: Option<LedgerConfig>,
+}
+
+/// `ledger:` usage per tenant, route pattern and minute, appended to
+/// JSON-lines files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerConfig {
+    /// The directory the files go in.
+    pub dir: PathBuf,
+    /// Tenant ids as they are (`clear`) or as HMACs under the pepper
+    /// (`hmac`).
+    pub hmac_tenants: bool,
+    /// How often what was counted is appended (and synced to disk).
+    pub flush_every_ms: u64,
+    /// A file is closed and a new one begun above this size.
+    pub max_file_bytes: u64,
+    /// … or when it is older than this.
+    pub max_file_age_ms: u64,
 }
 
 /// `envoy:` — how Envoy rate-limit requests map onto sluice.

@@ -24,6 +24,17 @@ pub(crate) struct RawConfig {
     pub global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
     pub envoy: Option<RawEnvoy>,
     pub admin: Option<RawAdmin>,
+    pub ledger: Option<S<RawLedger>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLedger {
+    pub dir: Option<S<String>>,
+    pub tenants: Option<S<String>>,
+    pub flush_every: Option<S<String>>,
+    pub max_file_bytes: Option<S<i64>>,
+    pub max_file_age: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -166,6 +166,7 @@ impl<'a> Validator<'a> {
         let envoy = self.envoy(raw.envoy.unwrap_or_default());
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
+        let ledger = raw.ledger.map(|l| self.ledger(l));
         Config {
             server,
             storage,
@@ -173,6 +174,60 @@ impl<'a> Validator<'a> {
             limits,
             envoy,
             admin_token,
+            ledger,
+        }
+    }
+
+    fn ledger(&mut self, raw: S<super::raw::RawLedger>) -> super::LedgerConfig {
+        let at = raw.referenced;
+        let raw = raw.value;
+        let dir = match raw.dir {
+            Some(d) if !d.value.is_empty() => PathBuf::from(d.value),
+            Some(d) => {
+                self.push(d.referenced, "`ledger.dir` must be a directory path");
+                PathBuf::new()
+            }
+            None => {
+                self.push(at, "`ledger` needs `dir`, the directory its files go in");
+                PathBuf::new()
+            }
+        };
+        let hmac_tenants = match raw.tenants {
+            None => false,
+            Some(t) if t.value == "clear" => false,
+            Some(t) if t.value == "hmac" => true,
+            Some(t) => {
+                self.push(
+                    t.referenced,
+                    format!(
+                        "`ledger.tenants` must be `clear` or `hmac`, got `{}`",
+                        t.value
+                    ),
+                );
+                false
+            }
+        };
+        super::LedgerConfig {
+            dir,
+            hmac_tenants,
+            flush_every_ms: self.duration_in(
+                raw.flush_every.as_ref(),
+                "ledger.flush_every",
+                10_000,
+                100..=60_000,
+            ),
+            max_file_bytes: self.integer_in(
+                raw.max_file_bytes.as_ref(),
+                "ledger.max_file_bytes",
+                64 * 1024 * 1024,
+                4_096..=(1 << 40),
+            ),
+            max_file_age_ms: self.duration_in(
+                raw.max_file_age.as_ref(),
+                "ledger.max_file_age",
+                3_600_000,
+                60_000..=31 * 86_400_000,
+            ),
         }
     }
 

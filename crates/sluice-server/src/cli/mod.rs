@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod inspect;
 mod serve;
+mod usage;
 mod validate;
 
 use std::net::SocketAddr;
@@ -35,6 +36,35 @@ enum Command {
     /// Generate load against a running service and report decisions per
     /// second and latency percentiles.
     Bench(BenchArgs),
+    /// Sum usage-ledger files per tenant and period.
+    Usage(UsageArgs),
+}
+
+/// `sluice usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Ledger files (`usage-*.jsonl`) or directories of them.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The period to sum over.
+    #[arg(long, value_enum, default_value_t = Period::Day)]
+    by: Period,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `sluice usage --by`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Period {
+    /// Per minute (as written).
+    Minute,
+    /// Per hour.
+    Hour,
+    /// Per day (UTC).
+    Day,
+    /// Everything in the files.
+    All,
 }
 
 /// `sluice bench`.
@@ -199,6 +229,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Validate(args) => validate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Usage(args) => usage::run(args),
     }
 }
 

@@ -59,6 +59,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_heartbeat(&app);
     crate::admin::Admin::spawn_sync(&app);
+    spawn_ledger(&app);
     let http_listener = TcpListener::bind(http)
         .await
         .map_err(|e| format!("cannot listen on {http}: {e}"))?;
@@ -98,6 +99,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let grpc_server =
         crate::envoy::serve_grpc(app.clone(), grpc_listener, limits, until(stopped.clone()));
     let app_for_metrics = app.clone();
+    let app_for_ledger = app.clone();
     let http_server = listen::serve(
         http_listener,
         crate::http::router(app, &limits),
@@ -130,6 +132,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         ((), grpc_result, ()) = servers => grpc_result?,
         () = drain => info!("connections still open after the drain period; closing them"),
     }
+    flush_ledger(&app_for_ledger).await;
     info!("sluice stopped");
     Ok(())
 }
@@ -156,6 +159,40 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
             }
         }
     });
+}
+
+/// Appends the ledger's counts every `ledger.flush_every`.
+fn spawn_ledger(app: &Arc<App>) {
+    let Some(ledger) = &app.ledger else { return };
+    let (app, every) = (app.clone(), ledger.flush_every());
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await;
+        loop {
+            interval.tick().await;
+            flush_ledger(&app).await;
+        }
+    });
+}
+
+/// Appends what the ledger counted, off the runtime's threads.
+async fn flush_ledger(app: &Arc<App>) {
+    if app.ledger.is_none() {
+        return;
+    }
+    let app = app.clone();
+    let flushed = tokio::task::spawn_blocking(move || {
+        app.ledger
+            .as_ref()
+            .map_or(Ok(()), |l| l.flush(crate::admin::now_ms()))
+    })
+    .await;
+    match flushed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "ledger: counts not written; they are lost"),
+        Err(e) => error!(error = %e, "ledger: flush task failed"),
+    }
 }
 
 /// How often an instance announces itself in a shared store.

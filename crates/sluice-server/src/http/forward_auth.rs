@@ -96,7 +96,7 @@ pub(super) async fn forward_auth(
     let policy = app.limiter.policy();
     let decision = app.limiter.decide(&policy, &request).await;
     app.metrics.decision(&decision, started.elapsed());
-    app.admin.record(request.tenant, decision.allowed);
+    app.account(&request, &decision);
     decision_response(&decision)
 }
 

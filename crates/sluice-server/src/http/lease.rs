@@ -53,7 +53,7 @@ pub(super) async fn acquire(
     let policy = app.limiter.policy();
     let (decision, lease) = app.limiter.acquire(&policy, &request).await;
     app.metrics.decision(&decision, started.elapsed());
-    app.admin.record(request.tenant, decision.allowed);
+    app.account(&request, &decision);
     let answer = decision_answer(&decision);
     if !decision.allowed {
         return answer.map(Body::from).into_response();

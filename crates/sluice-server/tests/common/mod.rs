@@ -122,6 +122,14 @@ impl Drop for Server {
     }
 }
 
+/// What `command` prints, after asserting it succeeded: (stdout, stderr).
+pub fn succeeds(command: &mut Command) -> (String, String) {
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
 pub async fn post(client: &reqwest::Client, base: &str, body: Value) -> (u16, Value) {
     post_to(client, &format!("{base}/v1/check"), body).await
 }

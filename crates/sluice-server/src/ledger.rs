@@ -1,0 +1,271 @@
+//! The usage ledger: per tenant, route pattern and minute, the units
+//! admitted and denied, appended durably to JSON-lines files — the record
+//! a billing system reads (Redis alone is no basis for it: keys expire,
+//! a flush or a failover forgets).
+//!
+//! Decisions are counted in memory; every `flush_every` what was counted
+//! since the last flush is appended as one line per (tenant, route
+//! pattern, minute), each line a delta to add up, then the file is synced
+//! to disk (`fsync`) before the next flush begins. So a crash (`kill -9`,
+//! power loss) loses at most the last `flush_every` of counts, and never
+//! writes a line twice: every line carries this instance's name and a
+//! sequence number. A line cut short by a crash is removed when sluice next
+//! starts with the same directory (it truncates each file after its last
+//! complete line), and `sluice usage` skips one it meets.
+//!
+//! Files are `usage-<start ms>-<instance>.jsonl`, closed and a new one
+//! begun above `max_file_bytes` or after `max_file_age`. Ship them with
+//! any log shipper that tails files; a closed file is never written again.
+//!
+//! ```json
+//! {"minute":1764593880000,"tenant":"acme","route":"POST /v1/invoices","admitted":42,"denied":3,"instance":"5f1c…","seq":17}
+//! ```
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use sluice_core::config::LedgerConfig;
+use sluice_core::keys::Keyer;
+
+use crate::Fallible;
+
+/// One line of a ledger file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Line {
+    /// The minute counted, as ms since the Unix epoch at its start.
+    pub minute: u64,
+    /// The tenant, or its HMAC (`ledger.tenants: hmac`).
+    pub tenant: String,
+    /// The route pattern the requests matched (`*` for none).
+    pub route: String,
+    /// Units admitted.
+    pub admitted: u64,
+    /// Units denied.
+    pub denied: u64,
+    /// The instance that wrote it.
+    pub instance: String,
+    /// Its sequence number within that instance's run.
+    pub seq: u64,
+}
+
+/// What one line counts: (tenant, route pattern, minute).
+type Cell = (String, String, u64);
+
+struct Open {
+    file: File,
+    opened_ms: u64,
+    bytes: u64,
+}
+
+/// Counts usage and appends it to the ledger's files.
+pub struct Ledger {
+    config: LedgerConfig,
+    keyer: Option<Keyer>,
+    instance: String,
+    seq: AtomicU64,
+    counts: Mutex<HashMap<Cell, (u64, u64)>>,
+    file: Mutex<Option<Open>>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("dir", &self.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Opens the ledger in `config.dir` (created if missing), first
+    /// removing any line a crash cut short. `keyer` HMACs tenant ids when
+    /// the configuration asks for it.
+    pub fn open(config: &LedgerConfig, keyer: Option<Keyer>) -> Fallible<Ledger> {
+        if config.hmac_tenants && keyer.is_none() {
+            return Err(
+                "ledger.tenants: hmac needs a pepper (keys.pepper_env or keys.pepper_file)".into(),
+            );
+        }
+        std::fs::create_dir_all(&config.dir)
+            .map_err(|e| format!("cannot create ledger.dir {}: {e}", config.dir.display()))?;
+        for entry in std::fs::read_dir(&config.dir)
+            .map_err(|e| format!("cannot read ledger.dir {}: {e}", config.dir.display()))?
+        {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "jsonl") {
+                repair(&path)?;
+            }
+        }
+        let mut instance = [0u8; 8];
+        let _ = getrandom::fill(&mut instance);
+        Ok(Ledger {
+            config: config.clone(),
+            keyer: keyer.filter(|_| config.hmac_tenants),
+            instance: instance.iter().map(|b| format!("{b:02x}")).collect(),
+            seq: AtomicU64::new(0),
+            counts: Mutex::new(HashMap::new()),
+            file: Mutex::new(None),
+        })
+    }
+
+    /// Counts one decision: `cost` units of `tenant` on `route` (the
+    /// pattern), admitted or denied, at `now_ms`.
+    pub fn record(&self, tenant: &str, route: &str, cost: u64, admitted: bool, now_ms: u64) {
+        let minute = now_ms - now_ms % 60_000;
+        let tenant = match &self.keyer {
+            Some(keyer) => keyer.tenant_tag(tenant, 0).as_str().to_owned(),
+            None => tenant.to_owned(),
+        };
+        let mut counts = self.counts.lock().expect("ledger counts");
+        let entry = counts
+            .entry((tenant, route.to_owned(), minute))
+            .or_default();
+        if admitted {
+            entry.0 += cost;
+        } else {
+            entry.1 += cost;
+        }
+    }
+
+    /// How often to flush.
+    pub fn flush_every(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.flush_every_ms)
+    }
+
+    /// Appends what was counted since the last flush and syncs it to disk.
+    /// Blocking: call it off the async runtime.
+    pub fn flush(&self, now_ms: u64) -> std::io::Result<()> {
+        let counted = std::mem::take(&mut *self.counts.lock().expect("ledger counts"));
+        if counted.is_empty() {
+            return Ok(());
+        }
+        let mut lines: Vec<_> = counted.into_iter().collect();
+        lines.sort();
+        let mut text = String::with_capacity(lines.len() * 128);
+        for ((tenant, route, minute), (admitted, denied)) in lines {
+            let line = Line {
+                minute,
+                tenant,
+                route,
+                admitted,
+                denied,
+                instance: self.instance.clone(),
+                seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            };
+            text.push_str(&serde_json::to_string(&line).expect("lines serialise"));
+            text.push('\n');
+        }
+        let mut file = self.file.lock().expect("ledger file");
+        let rotate = file.as_ref().is_some_and(|open| {
+            open.bytes >= self.config.max_file_bytes
+                || now_ms.saturating_sub(open.opened_ms) >= self.config.max_file_age_ms
+        });
+        if rotate {
+            *file = None;
+        }
+        let open = match file.as_mut() {
+            Some(open) => open,
+            None => {
+                let path = self.path(now_ms);
+                let handle = OpenOptions::new().create(true).append(true).open(&path)?;
+                file.insert(Open {
+                    file: handle,
+                    opened_ms: now_ms,
+                    bytes: 0,
+                })
+            }
+        };
+        // One write of whole lines, then to disk before anything else.
+        open.file.write_all(text.as_bytes())?;
+        open.file.sync_data()?;
+        open.bytes += text.len() as u64;
+        Ok(())
+    }
+
+    fn path(&self, now_ms: u64) -> PathBuf {
+        self.config
+            .dir
+            .join(format!("usage-{now_ms}-{}.jsonl", self.instance))
+    }
+}
+
+/// Truncates `path` after its last complete line (a crash may have cut
+/// the last one short).
+fn repair(path: &Path) -> Fallible<()> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open ledger file {}: {e}", path.display()))?;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    let mut text = Vec::with_capacity(len as usize);
+    file.seek(SeekFrom::Start(0))?;
+    file.read_to_end(&mut text)?;
+    let keep = text.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    file.set_len(keep as u64)?;
+    file.sync_all()?;
+    tracing::warn!(
+        file = %path.display(),
+        removed_bytes = len - keep as u64,
+        "ledger: removed a line a crash cut short"
+    );
+    Ok(())
+}
+
+/// The date and time of `ms` since the Unix epoch, `YYYY-MM-DDTHH:MMZ`.
+pub fn minute_text(ms: u64) -> String {
+    let minutes = ms / 60_000;
+    let (days, minute_of_day) = (minutes / 1_440, minutes % 1_440);
+    // Days to a civil date (proleptic Gregorian), as in H. Hinnant's
+    // `civil_from_days`.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}Z",
+        minute_of_day / 60,
+        minute_of_day % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minutes_read_as_dates() {
+        assert_eq!(minute_text(0), "1970-01-01T00:00Z");
+        assert_eq!(minute_text(1_764_593_880_000), "2025-12-01T12:58Z");
+        assert_eq!(minute_text(951_782_400_000), "2000-02-29T00:00Z");
+    }
+
+    #[test]
+    fn a_torn_last_line_is_removed_and_whole_lines_stay() {
+        let path = std::env::temp_dir().join(format!("ledger-repair-{}.jsonl", std::process::id()));
+        std::fs::write(&path, b"{\"a\":1}\n{\"b\":2}\n{\"c\":").unwrap();
+        repair(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
+        repair(&path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -1,0 +1,180 @@
+//! The usage ledger on a real `sluice serve`: what it appends, what
+//! `sluice usage` sums, what a `kill -9` leaves, and tenant ids as HMACs.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{Server, post, sluice, succeeds, temp_file};
+use serde_json::{Value, json};
+use sluice_testkit::RedisServer;
+
+fn config(dir: &std::path::Path, storage: &str, extra: &str) -> std::path::PathBuf {
+    temp_file(
+        &format!("ledger-{}.yaml", dir.file_name().unwrap().to_string_lossy()),
+        &format!(
+            "{storage}ledger:\n  dir: {}\n  flush_every: 100ms\n{extra}default_plan: p\nplans:\n  p:\n    routes:\n      \"POST /v1/invoices\": [{{ name: invoices, algorithm: fixed_window, limit: 5, per: 1h }}]\n",
+            dir.display()
+        ),
+    )
+}
+
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-ledger-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// `sluice usage DIR --by all --json`, by tenant.
+fn usage(dir: &std::path::Path) -> (Vec<Value>, String) {
+    let (stdout, stderr) = succeeds(sluice().args(["usage", "--by", "all", "--json"]).arg(dir));
+    let lines = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (lines, stderr)
+}
+
+/// Every line of every file in `dir`.
+fn lines(dir: &std::path::Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        assert!(
+            text.is_empty() || text.ends_with('\n'),
+            "a torn line: {text:?}"
+        );
+        for line in text.lines() {
+            out.push(serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")));
+        }
+    }
+    out
+}
+
+async fn send(client: &reqwest::Client, server: &Server, tenant: &str, n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        let body = json!({"tenant": tenant, "route": "POST /v1/invoices"});
+        admitted += usize::from(post(client, &server.base, body).await.0 == 200);
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn usage_is_appended_per_tenant_route_and_minute_and_summed() {
+    let dir = fresh_dir("sum");
+    let mut server = Server::start(&["--config", config(&dir, "", "").to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    assert_eq!(send(&client, &server, "acme", 8).await, 5);
+    assert_eq!(send(&client, &server, "globex", 2).await, 2);
+    let want = json!([
+        {"tenant": "acme", "period": null, "admitted": 5, "denied": 3},
+        {"tenant": "globex", "period": null, "admitted": 2, "denied": 0}
+    ]);
+    let started = Instant::now();
+    while Value::Array(usage(&dir).0) != want {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            usage(&dir)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let line = &lines(&dir)[0];
+    assert_eq!(line["route"], "POST /v1/invoices");
+    assert_eq!(line["minute"].as_u64().unwrap() % 60_000, 0);
+    // Stopping flushes what was counted last.
+    assert_eq!(send(&client, &server, "globex", 1).await, 1);
+    server.stop();
+    let (summed, note) = usage(&dir);
+    assert_eq!(summed[1]["admitted"], 3, "{summed:?}");
+    assert!(note.is_empty(), "{note}");
+}
+
+#[tokio::test]
+async fn a_kill_minus_nine_leaves_no_torn_or_repeated_line() {
+    let dir = fresh_dir("kill");
+    let path = config(&dir, "", "");
+    let mut server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    let load = tokio::spawn(async move {
+        let mut admitted = 0u64;
+        for i in 0.. {
+            let body = json!({"tenant": format!("t{}", i % 50), "route": "POST /v1/invoices"});
+            match client
+                .post(format!("{base}/v1/check"))
+                .json(&body)
+                .send()
+                .await
+            {
+                Ok(r) => admitted += u64::from(r.status() == 200),
+                Err(_) => break,
+            }
+        }
+        admitted
+    });
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let answered = load.await.unwrap();
+    // Whatever the kill interrupted, a restart leaves only whole lines.
+    let mut again = Server::start(&["--config", path.to_str().unwrap()]);
+    again.stop();
+    let all = lines(&dir);
+    assert!(!all.is_empty());
+    let ids: HashSet<(String, u64)> = all
+        .iter()
+        .map(|l| {
+            (
+                l["instance"].as_str().unwrap().to_owned(),
+                l["seq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ids.len(), all.len(), "no line twice");
+    let admitted: u64 = all.iter().map(|l| l["admitted"].as_u64().unwrap()).sum();
+    assert!(
+        admitted <= answered,
+        "{admitted} recorded, {answered} admitted"
+    );
+    assert!(admitted > 0);
+    assert!(usage(&dir).1.is_empty(), "nothing to skip");
+}
+
+#[tokio::test]
+async fn tenant_ids_can_be_hmacs() {
+    let redis = RedisServer::start();
+    let dir = fresh_dir("hmac");
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_LEDGER_PEPPER\n",
+        redis.url()
+    );
+    let path = config(&dir, &storage, "  tenants: hmac\n");
+    let mut server = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[(
+            "TEST_LEDGER_PEPPER",
+            "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
+        )],
+    );
+    let client = reqwest::Client::new();
+    send(&client, &server, "acme", 2).await;
+    server.stop();
+    let all = lines(&dir);
+    assert!(!all.is_empty());
+    for line in &all {
+        let tenant = line["tenant"].as_str().unwrap();
+        assert!(tenant != "acme" && tenant.len() == 32, "{line}");
+    }
+    // Without a pepper there is nothing to HMAC with: refused at start.
+    let memory = config(&fresh_dir("hmac-memory"), "", "  tenants: hmac\n");
+    let out = sluice()
+        .args(["serve", "--config"])
+        .arg(&memory)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ledger.tenants: hmac needs a pepper"));
+}
