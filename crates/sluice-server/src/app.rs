@@ -146,7 +146,10 @@ impl App {
         request: &sluice_core::Request<'_>,
         decision: &sluice_core::Decision<'_>,
     ) {
-        self.admin.record(request.tenant, decision.allowed);
+        // A shadow rule's would-be denial counts as a denial here: heavy
+        // hitters show whom a dark-launched limit would deny.
+        self.admin
+            .record(request.tenant, decision.allowed && !decision.shadow_denied);
         if let Some(ledger) = &self.ledger {
             let route = match decision.class.route() {
                 "" => "*",

@@ -1101,6 +1101,16 @@ async fn overrides_scale_shadow_and_expire_one_tenant_only() {
         (StatusCode::OK, &json!(true)),
         "{body}"
     );
+    // …and in heavy hitters as a denial.
+    let (_, top) = h
+        .admin(
+            "GET",
+            "/v1/admin/heavy-hitters?by=denied",
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(top["tenants"][0]["tenant"], "acme", "{top}");
     let (_, list) = h
         .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
         .await;
