@@ -27,6 +27,7 @@ pub mod cli;
 pub mod compat;
 pub mod envoy;
 pub mod http;
+pub mod inspect;
 pub mod ledger;
 pub mod listen;
 pub mod metrics;

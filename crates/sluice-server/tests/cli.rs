@@ -414,3 +414,68 @@ async fn check_asks_a_running_service() {
     assert_eq!(down.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&down.stderr).contains("cannot ask"));
 }
+
+/// `sluice inspect --url` asks a running service's admin API: the memory
+/// store's buckets too, as its live policy (overrides included) sees them.
+#[tokio::test]
+async fn inspect_asks_a_running_memory_backed_service() {
+    const TOKEN: &str = "inspect-admin-token-0123456789";
+    let config = temp_file(
+        "inspect-memory.yaml",
+        "admin:\n  token_env: TEST_INSPECT_ADMIN\ndefault_plan: p\nplans:\n  p:\n    tenant: [{ name: day, algorithm: fixed_window, limit: 100, per: 1d }]\n    routes:\n      \"POST /v1/invoices\": [{ name: invoices, algorithm: gcra, limit: 5, per: 1h }]\n",
+    );
+    let mut server = Server::start_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[("TEST_INSPECT_ADMIN", TOKEN)],
+    );
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let body = serde_json::json!({"tenant": "acme", "route": "POST /v1/invoices"});
+        common::post(&client, &server.base, body).await;
+    }
+    let inspect = |token: Option<&str>| {
+        let mut command = sluice();
+        command
+            .args(["inspect", "--url", &server.base, "--tenant", "acme"])
+            .args(["--route", "POST /v1/invoices"]);
+        match token {
+            Some(token) => command.env("SLUICE_ADMIN_TOKEN", token),
+            None => command.env_remove("SLUICE_ADMIN_TOKEN"),
+        };
+        command.output().unwrap()
+    };
+    let out = inspect(Some(TOKEN));
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(common::inspect_row(&table, "invoices")[4], "3", "{table}");
+    assert_eq!(common::inspect_row(&table, "day")[4], "3", "{table}");
+    // An override shows: the route doubled.
+    let put = client
+        .put(format!("{}/v1/admin/overrides/acme", server.base))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({"factor": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let table = String::from_utf8_lossy(&inspect(Some(TOKEN)).stdout).to_string();
+    assert!(
+        common::inspect_row(&table, "invoices")[3].starts_with("10/1h"),
+        "{table}"
+    );
+    // Without the token it says why.
+    for token in [None, Some("wrong-token-0000000000")] {
+        let out = inspect(token);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("SLUICE_ADMIN_TOKEN") || stderr.contains("401"),
+            "{stderr}"
+        );
+    }
+    server.stop();
+}

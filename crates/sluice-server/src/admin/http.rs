@@ -7,6 +7,7 @@
 //! | `GET /v1/admin/overrides` | 200 `{"overrides": [...]}` |
 //! | `GET /v1/admin/overrides/{tenant}` | 200 the override, 404 when none |
 //! | `DELETE /v1/admin/overrides/{tenant}` | 204, 404 when none |
+//! | `GET /v1/admin/inspect?tenant=T&route=R&subject=S` | 200 the tenant's buckets as the live policy sees them (any store) |
 //! | `GET /v1/admin/heavy-hitters?by=denied\|admitted&limit=N` | 200 `{"window_s", "tenants": [{"tenant", "denied", "admitted"}]}` (see [`super::heavy`]) |
 
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub fn routes() -> Router<Arc<App>> {
             get(read).put(put).delete(remove),
         )
         .route("/v1/admin/heavy-hitters", get(heavy_hitters))
+        .route("/v1/admin/inspect", get(inspect))
 }
 
 /// 401 unless the request carries the token.
@@ -277,4 +279,64 @@ async fn heavy_hitters(
         StatusCode::OK,
         &app.admin.heavy_hitters(&app, by, limit).await,
     )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InspectQuery {
+    tenant: Option<String>,
+    route: Option<String>,
+    subject: Option<String>,
+}
+
+async fn inspect(
+    State(app): State<Arc<App>>,
+    query: Result<axum::extract::Query<InspectQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(axum::extract::Query(query)) = query else {
+        return problem(
+            "query",
+            "takes `tenant` (required), `route` and `subject` only".to_owned(),
+            StatusCode::BAD_REQUEST,
+        );
+    };
+    let Some(tenant) = query.tenant else {
+        return problem(
+            "tenant",
+            "`tenant` is required".to_owned(),
+            StatusCode::BAD_REQUEST,
+        );
+    };
+    let route = query
+        .route
+        .as_deref()
+        .map(|r| sluice_core::route::normalize(r).into_owned());
+    if let Err(e) = sluice_core::Request::new(
+        &tenant,
+        route.as_deref().unwrap_or("*"),
+        query.subject.as_deref(),
+        1,
+    ) {
+        return InvalidRequest::from(e)
+            .answer()
+            .map(Body::from)
+            .into_response();
+    }
+    let policy = app.limiter.policy();
+    match crate::inspect::inspect(
+        &policy,
+        app.limiter.store(),
+        &tenant,
+        route.as_deref(),
+        query.subject.as_deref(),
+    )
+    .await
+    {
+        Ok(inspection) => json(StatusCode::OK, &inspection),
+        Err(e) => problem(
+            "store",
+            format!("the store could not be read: {e}"),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+    }
 }

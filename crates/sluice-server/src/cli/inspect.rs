@@ -1,11 +1,10 @@
 use std::process::ExitCode;
 
-use sluice_core::duration::HumanDuration;
-use sluice_core::{BoundRule, Policy, Request, Rule, Scope, State};
-use sluice_store::Batch;
+use sluice_core::Policy;
 
 use super::InspectArgs;
 use crate::backend::Backend;
+use crate::inspect::{Inspection, inspect as read, table};
 use crate::source::Source;
 
 pub(super) fn run(args: InspectArgs) -> ExitCode {
@@ -19,8 +18,15 @@ pub(super) fn run(args: InspectArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(inspect(args)) {
-        Ok(()) => ExitCode::SUCCESS,
+    let inspected = match &args.url {
+        Some(url) => runtime.block_on(through_admin(url, &args)),
+        None => runtime.block_on(from_store(&args)),
+    };
+    match inspected {
+        Ok(inspection) => {
+            print!("{}", table(&inspection));
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
@@ -28,125 +34,51 @@ pub(super) fn run(args: InspectArgs) -> ExitCode {
     }
 }
 
-async fn inspect(args: InspectArgs) -> crate::Fallible<()> {
-    let config = Source::from_arg(args.config).load()?;
+/// Straight from the shared store a configuration names.
+async fn from_store(args: &InspectArgs) -> crate::Fallible<Inspection> {
+    let config = Source::from_arg(args.config.clone()).load()?;
     let store = Backend::connect(&config.storage, &config.keys).await?;
     if store.memory().is_some() {
-        return Err("inspect reads a shared store; with `storage.backend: memory` each `sluice serve` keeps its state in its own process".into());
+        return Err("inspect reads a shared store; with `storage.backend: memory` each `sluice serve` keeps its state in its own process: ask it with --url (its admin API)".into());
     }
     let policy = Policy::compile_for(&config.limits, store.shards_tenants());
-    // Without --route only the tenant's own rules are shown.
-    let route = args.route.as_deref().unwrap_or("*");
-    let request = Request::new(&args.tenant, route, args.subject.as_deref(), 1)?;
-    let applicable = policy.applicable(request.tenant, route, request.subject.is_some());
-    let rules: Vec<BoundRule> = applicable
-        .rules
-        .iter()
-        .filter(|r| args.route.is_some() || r.scope() == Scope::Tenant)
-        .cloned()
-        .collect();
-    println!(
-        "tenant {:?}: plan {}, {} shard{}",
-        args.tenant,
-        applicable.plan.map_or("-", |p| p.name()),
-        applicable.shards,
-        if applicable.shards == 1 { "" } else { "s" }
-    );
-    println!(
-        "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  key",
-        "scope", "policy", "algorithm", "limit", "used", "remaining", "full in"
-    );
-    for shard in 0..applicable.shards {
-        if applicable.shards > 1 {
-            println!("shard {shard}:");
-        }
-        let batch = Batch {
-            tenant: request.tenant,
-            subject: request.subject,
-            shard,
-            cost: 1,
-            rules: &rules,
-            partitions: &[],
-            costs: &[],
-            lease: None,
-        };
-        let peeked = store
-            .peek(&batch)
-            .await
-            .ok_or("the memory store cannot be inspected")??;
-        for (rule, (key, state, enforced)) in rules.iter().zip(peeked.rows) {
-            print_row(rule, &enforced, &key, &state, peeked.now);
-        }
-    }
-    if let Backend::Cluster(cluster) = &store
-        && rules.iter().any(|r| r.scope() == Scope::Global)
-    {
-        println!(
-            "global limits are split over up to {} keys on Redis Cluster (storage.global_shards): their rows show shard 0 and its share",
-            cluster.valve_shards()
-        );
-    }
-    Ok(())
+    read(
+        &policy,
+        &store,
+        &args.tenant,
+        args.route.as_deref(),
+        args.subject.as_deref(),
+    )
+    .await
 }
 
-/// One rule's row; `r` is the rule as the store enforces it (on Redis
-/// Cluster, a global valve's shard holds a share of the limit).
-fn print_row(rule: &BoundRule, r: &Rule, key: &str, state: &State, now: u64) {
-    let capacity = r.capacity();
-    // What one more unit would find: its `remaining` is after that unit.
-    let (probe, _) = r.decide(state, now, 1);
-    let remaining = if probe.allowed {
-        u64::from(probe.remaining) + 1
-    } else {
-        u64::from(probe.remaining)
-    };
-    let full_in = r.idle_at(state).saturating_sub(now);
-    let mut limit = format!("{}/{}", r.limit(), HumanDuration(r.period_ms()));
-    if r.algorithm().has_burst() && r.burst() != r.limit() {
-        limit.push_str(&format!(" burst {}", r.burst()));
+/// From a running service's admin API (its live policy, overrides
+/// included; any store, memory too).
+async fn through_admin(url: &str, args: &InspectArgs) -> crate::Fallible<Inspection> {
+    let token = std::env::var(&args.token_env).map_err(|_| {
+        format!(
+            "--url needs the admin token in the environment variable {} (--token-env)",
+            args.token_env
+        )
+    })?;
+    let mut query = vec![("tenant", args.tenant.clone())];
+    if let Some(route) = &args.route {
+        query.push(("route", route.clone()));
     }
-    let full_in = if full_in == 0 {
-        "full".to_owned()
-    } else {
-        approximately(full_in)
-    };
-    println!(
-        "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  {key}",
-        rule.scope().name(),
-        rule.name(),
-        r.algorithm().name(),
-        limit,
-        capacity.saturating_sub(remaining),
-        remaining,
-        full_in,
-    );
-}
-
-/// A wait for people to read: its two largest units (`1h5m`, `4.2s`).
-fn approximately(ms: u64) -> String {
-    const S: u64 = 1_000;
-    const M: u64 = 60 * S;
-    const H: u64 = 60 * M;
-    const D: u64 = 24 * H;
-    match ms {
-        0..S => format!("{ms}ms"),
-        S..M => format!("{}.{}s", ms / S, ms % S / 100),
-        M..H => format!("{}m{}s", ms / M, ms % M / S),
-        H..D => format!("{}h{}m", ms / H, ms % H / M),
-        _ => format!("{}d{}h", ms / D, ms % D / H),
+    if let Some(subject) = &args.subject {
+        query.push(("subject", subject.clone()));
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::approximately;
-
-    #[test]
-    fn waits_read_in_their_two_largest_units() {
-        assert_eq!(approximately(8), "8ms");
-        assert_eq!(approximately(4_250), "4.2s");
-        assert_eq!(approximately(3_599_968), "59m59s");
-        assert_eq!(approximately(86_399_960), "23h59m");
-        assert_eq!(approximately(90_000_000), "1d1h");
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/admin/inspect", url.trim_end_matches('/')))
+        .bearer_auth(token.trim())
+        .query(&query)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(format!("{url} answered {status}: {body}").into());
     }
+    Ok(response.json().await?)
 }

@@ -200,6 +200,13 @@ pub struct InspectArgs {
     /// Configuration file (its storage and keys say where to look).
     #[arg(long, short, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
+    /// Ask a running service instead (its admin API: any store, the
+    /// memory store too, overrides included), e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    url: Option<String>,
+    /// The environment variable holding the admin token (with --url).
+    #[arg(long, default_value = "SLUICE_ADMIN_TOKEN")]
+    token_env: String,
     /// The tenant.
     #[arg(long)]
     tenant: String,

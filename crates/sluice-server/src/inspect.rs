@@ -1,0 +1,201 @@
+//! What a tenant's buckets hold, read without changing them: for
+//! `sluice inspect` (straight from a shared store) and the admin API's
+//! `GET /v1/admin/inspect` (a running service, memory store included, with
+//! its overrides).
+
+use serde::Serialize;
+use sluice_core::duration::HumanDuration;
+use sluice_core::{BoundRule, Policy, Request, Rule, Scope, State};
+use sluice_store::Batch;
+
+use crate::Fallible;
+use crate::backend::Backend;
+
+/// One bucket.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Row {
+    /// The tenant's shard it is in.
+    pub shard: u16,
+    /// `tenant`, `route`, `subject`, `global`, …
+    pub scope: String,
+    /// The policy name.
+    pub policy: String,
+    /// The algorithm.
+    pub algorithm: String,
+    /// `LIMIT/PER` (and the burst).
+    pub limit: String,
+    /// Units used.
+    pub used: u64,
+    /// Units that would pass now.
+    pub remaining: u64,
+    /// Milliseconds until it is full again (0: full).
+    pub full_in_ms: u64,
+    /// Its key in the store.
+    pub key: String,
+}
+
+/// A tenant's buckets.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Inspection {
+    /// The tenant.
+    pub tenant: String,
+    /// Its plan.
+    pub plan: String,
+    /// Its shards.
+    pub shards: u16,
+    /// Every bucket, shard by shard.
+    pub rows: Vec<Row>,
+    /// A note on what the rows cannot show, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Reads `tenant`'s buckets under `policy`: its own rules, and with
+/// `route` that route's (and with `subject` the subject's).
+pub async fn inspect(
+    policy: &Policy,
+    store: &Backend,
+    tenant: &str,
+    route: Option<&str>,
+    subject: Option<&str>,
+) -> Fallible<Inspection> {
+    let pattern = route.unwrap_or("*");
+    let request = Request::new(tenant, pattern, subject, 1)?;
+    let applicable = policy.applicable(request.tenant, pattern, request.subject.is_some());
+    let rules: Vec<BoundRule> = applicable
+        .rules
+        .iter()
+        .filter(|r| route.is_some() || r.scope() == Scope::Tenant)
+        .cloned()
+        .collect();
+    let mut rows = Vec::new();
+    for shard in 0..applicable.shards {
+        let batch = Batch {
+            shard,
+            ..Batch::new(request.tenant, request.subject, 1, &rules)
+        };
+        let peeked = store
+            .peek(&batch)
+            .await
+            .ok_or("this store cannot be inspected")??;
+        for (rule, (key, state, enforced)) in rules.iter().zip(peeked.rows) {
+            rows.push(row(shard, rule, &enforced, key, &state, peeked.now));
+        }
+    }
+    let note = match store {
+        Backend::Cluster(cluster) if rules.iter().any(|r| r.scope() == Scope::Global) => {
+            Some(format!(
+                "global limits are split over up to {} keys on Redis Cluster (storage.global_shards): their rows show shard 0 and its share",
+                cluster.valve_shards()
+            ))
+        }
+        _ => None,
+    };
+    Ok(Inspection {
+        tenant: tenant.to_owned(),
+        plan: applicable.plan.map_or("-", |p| p.name()).to_owned(),
+        shards: applicable.shards,
+        rows,
+        note,
+    })
+}
+
+/// One rule's row; `r` is the rule as the store enforces it (on Redis
+/// Cluster, a global valve's shard holds a share of the limit).
+fn row(shard: u16, rule: &BoundRule, r: &Rule, key: String, state: &State, now: u64) -> Row {
+    let capacity = r.capacity();
+    // What one more unit would find: its `remaining` is after that unit.
+    let (probe, _) = r.decide(state, now, 1);
+    let remaining = if probe.allowed {
+        u64::from(probe.remaining) + 1
+    } else {
+        u64::from(probe.remaining)
+    };
+    let mut limit = format!("{}/{}", r.limit(), HumanDuration(r.period_ms()));
+    if r.algorithm().has_burst() && r.burst() != r.limit() {
+        limit.push_str(&format!(" burst {}", r.burst()));
+    }
+    Row {
+        shard,
+        scope: rule.scope().name().to_owned(),
+        policy: rule.name().to_owned(),
+        algorithm: r.algorithm().name().to_owned(),
+        limit,
+        used: capacity.saturating_sub(remaining),
+        remaining,
+        full_in_ms: r.idle_at(state).saturating_sub(now),
+        key,
+    }
+}
+
+/// The inspection as the table `sluice inspect` prints.
+pub fn table(inspection: &Inspection) -> String {
+    let mut out = format!(
+        "tenant {:?}: plan {}, {} shard{}\n",
+        inspection.tenant,
+        inspection.plan,
+        inspection.shards,
+        if inspection.shards == 1 { "" } else { "s" }
+    );
+    out.push_str(&format!(
+        "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  key\n",
+        "scope", "policy", "algorithm", "limit", "used", "remaining", "full in"
+    ));
+    let mut shard = None;
+    for row in &inspection.rows {
+        if inspection.shards > 1 && shard != Some(row.shard) {
+            out.push_str(&format!("shard {}:\n", row.shard));
+            shard = Some(row.shard);
+        }
+        let full_in = if row.full_in_ms == 0 {
+            "full".to_owned()
+        } else {
+            approximately(row.full_in_ms)
+        };
+        out.push_str(&format!(
+            "{:<8} {:<16} {:<15} {:<22} {:>10} {:>10} {:>10}  {}\n",
+            row.scope,
+            row.policy,
+            row.algorithm,
+            row.limit,
+            row.used,
+            row.remaining,
+            full_in,
+            row.key
+        ));
+    }
+    if let Some(note) = &inspection.note {
+        out.push_str(note);
+        out.push('\n');
+    }
+    out
+}
+
+/// A wait for people to read: its two largest units (`1h5m`, `4.2s`).
+fn approximately(ms: u64) -> String {
+    const S: u64 = 1_000;
+    const M: u64 = 60 * S;
+    const H: u64 = 60 * M;
+    const D: u64 = 24 * H;
+    match ms {
+        0..S => format!("{ms}ms"),
+        S..M => format!("{}.{}s", ms / S, ms % S / 100),
+        M..H => format!("{}m{}s", ms / M, ms % M / S),
+        H..D => format!("{}h{}m", ms / H, ms % H / M),
+        _ => format!("{}d{}h", ms / D, ms % D / H),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approximately;
+
+    #[test]
+    fn waits_read_in_their_two_largest_units() {
+        assert_eq!(approximately(8), "8ms");
+        assert_eq!(approximately(4_250), "4.2s");
+        assert_eq!(approximately(3_599_968), "59m59s");
+        assert_eq!(approximately(86_399_960), "23h59m");
+        assert_eq!(approximately(90_000_000), "1d1h");
+    }
+}
