@@ -387,6 +387,8 @@ pub struct TenantOverride {
     pub subject_rules: Option<Vec<RouteRules>>,
     /// Never deny: every rule decided and counted, none enforced.
     pub shadow: bool,
+    /// Only these policies (rule names) in shadow mode.
+    pub shadow_policies: Vec<String>,
 }
 
 /// The largest `factor` of an override.
@@ -423,6 +425,28 @@ impl TenantOverride {
                 for route in table.iter_mut() {
                     route.rules.iter_mut().try_for_each(scale)?;
                 }
+            }
+        }
+        if !self.shadow_policies.is_empty() {
+            let mut known = std::collections::BTreeSet::new();
+            let mut mark = |named: &mut NamedRule| {
+                known.insert(named.name.clone());
+                if self.shadow_policies.contains(&named.name) {
+                    named.shadow = true;
+                }
+            };
+            spec.tenant.iter_mut().for_each(&mut mark);
+            for table in [&mut spec.routes, &mut spec.subject] {
+                for route in table.iter_mut() {
+                    route.rules.iter_mut().for_each(&mut mark);
+                }
+            }
+            if let Some(unknown) = self.shadow_policies.iter().find(|p| !known.contains(*p)) {
+                let names: Vec<&str> = known.iter().map(String::as_str).collect();
+                return Err(format!(
+                    "`shadow` names policy `{unknown}`, which the tenant's plan does not have; it has: {}",
+                    names.join(", ")
+                ));
             }
         }
         if self.shadow {

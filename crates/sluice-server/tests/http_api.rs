@@ -1162,6 +1162,8 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
         (json!({"factor": 2, "expires_in": "forever"}), "expires_in"),
         (json!({"factor": 2, "expires_in": "500ms"}), "expires_in"),
         (json!({"factor": 2, "colour": "red"}), "colour"),
+        (json!({"shadow": ["no-such-policy"]}), "shadow"),
+        (json!({"shadow": [1]}), "shadow"),
     ];
     for (body, field) in cases {
         let (response, problem) = h
@@ -1256,4 +1258,41 @@ async fn heavy_hitters_name_the_most_denied_tenants_to_the_admin_api_only() {
         .unwrap();
     let text = response.into_body().collect().await.unwrap().to_bytes();
     assert!(!String::from_utf8_lossy(&text).contains("flood"));
+}
+
+#[tokio::test]
+async fn a_shadow_override_can_name_some_policies_only() {
+    let (h, _) = admin_harness();
+    // Shadow for `invoices` only: never denied by it, its would-be
+    // denials marked; `per-user` still enforced.
+    let (response, stored) = h
+        .admin(
+            "PUT",
+            "/v1/admin/overrides/acme",
+            Some(json!({"shadow": ["invoices"]})),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{stored}");
+    assert_eq!(stored["shadow"], json!(["invoices"]));
+    let mut marked = false;
+    for _ in 0..5 {
+        let (response, body) = h
+            .check_json(json!({"tenant": "acme", "route": "POST /v1/invoices"}))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        marked |= body.get("shadow_denied") == Some(&json!(true));
+    }
+    assert!(marked, "the would-be denials are marked");
+    let with_user = json!({"tenant": "acme", "route": "POST /v1/invoices", "subject": "u1"});
+    let statuses = [
+        h.check_json(with_user.clone()).await.0.status(),
+        h.check_json(with_user.clone()).await.0.status(),
+        h.check_json(with_user.clone()).await.0.status(),
+    ];
+    assert_eq!(
+        statuses[2],
+        StatusCode::TOO_MANY_REQUESTS,
+        "per-user is enforced"
+    );
 }

@@ -66,7 +66,7 @@ struct PutBody {
     plan: Option<String>,
     factor: Option<f64>,
     rules: Option<serde_json::Value>,
-    shadow: Option<bool>,
+    shadow: Option<super::Shadow>,
     expires_in: Option<String>,
 }
 
@@ -222,7 +222,7 @@ async fn put(
         plan: parsed.plan,
         factor: parsed.factor,
         rules: parsed.rules,
-        shadow: parsed.shadow.unwrap_or(false),
+        shadow: parsed.shadow.unwrap_or(super::Shadow::All(false)),
         expires_at_ms,
         version: 0,
     };

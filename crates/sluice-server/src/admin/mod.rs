@@ -28,6 +28,16 @@ use sluice_core::{Config, Policy};
 use crate::app::App;
 use crate::backend::Backend;
 
+/// `shadow`: the whole tenant, or some of its policies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Shadow {
+    /// `true`: every rule; `false`: none.
+    All(bool),
+    /// Only the rules of these names.
+    Policies(Vec<String>),
+}
+
 /// What an operator asked for, as stored and listed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stored {
@@ -42,8 +52,8 @@ pub struct Stored {
     /// Rules of the tenant's own (`tenant`, `routes`, `subject`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rules: Option<serde_json::Value>,
-    /// Never deny this tenant.
-    pub shadow: bool,
+    /// Never deny this tenant (`true`), or only under these policies.
+    pub shadow: Shadow,
     /// When it stops applying (ms since the Unix epoch).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at_ms: Option<u64>,
@@ -67,7 +77,11 @@ impl Stored {
         let mut out = TenantOverride {
             plan: self.plan.clone(),
             factor: self.factor,
-            shadow: self.shadow,
+            shadow: self.shadow == Shadow::All(true),
+            shadow_policies: match &self.shadow {
+                Shadow::Policies(names) => names.clone(),
+                Shadow::All(_) => Vec::new(),
+            },
             ..Default::default()
         };
         if let Some(rules) = &self.rules {
@@ -89,8 +103,10 @@ impl Stored {
             .unwrap_or(&limits.default_plan);
         if let Some(base) = limits.plans.iter().find(|p| p.name == base) {
             out.apply(base).map_err(|e| {
-                let field = if e.contains("`factor`") {
+                let field = if e.starts_with("`factor`") {
                     "factor"
+                } else if e.starts_with("`shadow`") {
+                    "shadow"
                 } else {
                     "rules"
                 };
