@@ -1,0 +1,265 @@
+//! The gateway recipes in `deploy/gateways/`, run with the real gateway
+//! (Debian's package) on free loopback ports, in front of a tiny app, with
+//! a real `sluice serve` as forward-auth.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use common::{Server, temp_file};
+use sluice_testkit::free_port;
+
+const LIMITS: &str = r#"
+server:
+  forward_auth: { tenant_header: X-Tenant }
+default_plan: p
+plans:
+  p:
+    routes:
+      "GET /orders": [{ name: orders, algorithm: fixed_window, limit: 2, per: 1h }]
+"#;
+
+/// The app behind the gateway: counts requests, answers with the tenant
+/// the gateway passed on.
+async fn app() -> (u16, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let router = axum::Router::new().route(
+        "/orders",
+        axum::routing::get(move |headers: HeaderMap| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let tenant = headers
+                    .get("x-tenant")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_owned();
+                format!("orders of {tenant}")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (port, hits)
+}
+
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its workers too (SIGKILL would leave
+        // them running).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+fn need(program: &str, package: &str) {
+    let found = Command::new(program).arg("-v").output();
+    assert!(
+        found.is_ok(),
+        "`{program}` is needed by this test: install Debian's {package} package (apt-get install {package})"
+    );
+}
+
+/// The recipe `file` with its addresses moved to these ports.
+fn recipe(file: &str, gateway: u16, sluice: u16, app: u16) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy/gateways")
+        .join(file);
+    std::fs::read_to_string(path)
+        .unwrap()
+        .replace("127.0.0.1:8000", &format!("127.0.0.1:{gateway}"))
+        .replace("127.0.0.1:8080", &format!("127.0.0.1:{sluice}"))
+        .replace("127.0.0.1:9000", &format!("127.0.0.1:{app}"))
+}
+
+async fn wait_for(port: u16) {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "nothing listens on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What every recipe must do, checked through the gateway at `base`.
+async fn behaves(base: &str, sluice: &mut Server, hits: &AtomicUsize, fails_open: bool) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let get = |user: &str, forged: Option<&str>| {
+        let mut request = client
+            .get(format!("{base}/orders"))
+            .basic_auth(user, Some(format!("{user}-secret")));
+        if let Some(tenant) = forged {
+            request = request.header("X-Tenant", tenant);
+        }
+        request.send()
+    };
+    // Allowed: the app sees the authenticated tenant, not the forged one;
+    // the client gets the RateLimit fields.
+    for left in [1, 0] {
+        let response = get("acme", Some("globex")).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let headers = response.headers().clone();
+        assert_eq!(response.text().await.unwrap(), "orders of acme");
+        let ratelimit = headers["ratelimit"].to_str().unwrap();
+        assert!(
+            ratelimit.contains(&format!("\"orders\";r={left}")),
+            "{ratelimit}"
+        );
+        assert!(
+            headers["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .contains("\"orders\";q=2")
+        );
+    }
+    // Denied: 429 with Retry-After, the fields and a problem; the app never
+    // sees it.
+    let response = get("acme", None).await.unwrap();
+    assert_eq!(response.status(), 429);
+    let headers = response.headers().clone();
+    assert!(
+        headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert!(
+        headers["ratelimit"]
+            .to_str()
+            .unwrap()
+            .contains("\"orders\";r=0")
+    );
+    assert!(headers.contains_key("ratelimit-policy"));
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/problem+json")
+    );
+    let problem: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(problem["status"], 429);
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    // The forged header spent nothing of globex's budget.
+    for _ in 0..2 {
+        assert_eq!(get("globex", None).await.unwrap().status(), 200);
+    }
+    // Without the gateway's authentication, nothing gets through.
+    let anonymous = client.get(format!("{base}/orders")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    // sluice down: the recipe's documented choice.
+    sluice.stop();
+    let response = get("acme", None).await.unwrap();
+    if fails_open {
+        assert_eq!(response.status(), 200, "fails open");
+        assert_eq!(hits.load(Ordering::SeqCst), 5);
+    } else {
+        assert_eq!(response.status(), 502, "fails closed");
+        assert_eq!(hits.load(Ordering::SeqCst), 4);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
+    need("nginx", "nginx");
+    let config = temp_file("gateway-limits.yaml", LIMITS);
+    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
+    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
+    let (app_port, hits) = app().await;
+    let port = free_port(false);
+    let dir = std::env::temp_dir().join(format!("sluice-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    std::fs::write(
+        dir.join("users.htpasswd"),
+        "acme:{PLAIN}acme-secret\nglobex:{PLAIN}globex-secret\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("nginx.conf"),
+        recipe("nginx.conf", port, sluice_port, app_port),
+    )
+    .unwrap();
+    let _nginx = Gateway(
+        Command::new("nginx")
+            .arg("-p")
+            .arg(&dir)
+            .args(["-c", "nginx.conf", "-g", "daemon off;"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(port).await;
+    behaves(
+        &format!("http://127.0.0.1:{port}"),
+        &mut sluice,
+        &hits,
+        true,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
+    need("caddy", "caddy");
+    let config = temp_file("gateway-limits-caddy.yaml", LIMITS);
+    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
+    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
+    let (app_port, hits) = app().await;
+    let port = free_port(false);
+    let dir = std::env::temp_dir().join(format!("sluice-caddy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("Caddyfile"),
+        recipe("Caddyfile", port, sluice_port, app_port),
+    )
+    .unwrap();
+    let hash = |password: &str| {
+        let out = Command::new("caddy")
+            .args(["hash-password", "--plaintext", password])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let _caddy = Gateway(
+        Command::new("caddy")
+            .args(["run", "--adapter", "caddyfile", "--config"])
+            .arg(dir.join("Caddyfile"))
+            .env("ACME_PASSWORD_HASH", hash("acme-secret"))
+            .env("GLOBEX_PASSWORD_HASH", hash("globex-secret"))
+            .env("HOME", &dir)
+            .env("XDG_DATA_HOME", &dir)
+            .env("XDG_CONFIG_HOME", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(port).await;
+    behaves(
+        &format!("http://127.0.0.1:{port}"),
+        &mut sluice,
+        &hits,
+        false,
+    )
+    .await;
+}
