@@ -263,3 +263,37 @@ async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_haproxy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
+    need("haproxy", "haproxy");
+    let config = temp_file("gateway-limits-haproxy.yaml", LIMITS);
+    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
+    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
+    let (app_port, hits) = app().await;
+    let port = free_port(false);
+    let dir = std::env::temp_dir().join(format!("sluice-haproxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lua = dir.join("sluice.lua");
+    std::fs::write(&lua, recipe("sluice.lua", port, sluice_port, app_port)).unwrap();
+    let cfg = recipe("haproxy.cfg", port, sluice_port, app_port)
+        .replace("/etc/haproxy/sluice.lua", lua.to_str().unwrap());
+    std::fs::write(dir.join("haproxy.cfg"), cfg).unwrap();
+    let _haproxy = Gateway(
+        Command::new("haproxy")
+            .arg("-f")
+            .arg(dir.join("haproxy.cfg"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(port).await;
+    behaves(
+        &format!("http://127.0.0.1:{port}"),
+        &mut sluice,
+        &hits,
+        true,
+    )
+    .await;
+}
