@@ -30,8 +30,8 @@ use crate::Fallible;
 pub enum Api {
     /// `POST {base}/v1/check`.
     Http(String),
-    /// `ShouldRateLimit` on the native domain (`tenant` and `route`
-    /// entries).
+    /// `ShouldRateLimit` on the native domain (one descriptor of `tenant`
+    /// and `route` entries).
     Grpc {
         /// `http://host:port`.
         target: String,
@@ -231,16 +231,13 @@ impl Client {
                 };
                 let request = RateLimitRequest {
                     domain: domain.clone(),
-                    descriptors: vec![
-                        RateLimitDescriptor {
-                            entries: vec![entry("tenant", tenant)],
-                            ..Default::default()
-                        },
-                        RateLimitDescriptor {
-                            entries: vec![entry("tenant", tenant), entry("route", route)],
-                            ..Default::default()
-                        },
-                    ],
+                    // One descriptor, as one Envoy rate-limit action with
+                    // the tenant and the route makes it: the plan's rules
+                    // for that route, as `/v1/check` decides them.
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![entry("tenant", tenant), entry("route", route)],
+                        ..Default::default()
+                    }],
                     hits_addend: 1,
                 };
                 let Ok(answer) = grpc.should_rate_limit(request).await else {

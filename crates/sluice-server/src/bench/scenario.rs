@@ -158,3 +158,32 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
         verdict,
     })
 }
+
+/// Steady: `class` at `rate` requests per second for `base.duration`.
+/// Passes when nothing failed.
+pub async fn steady(base: &Load, class: Class, rate: f64) -> Fallible<Outcome> {
+    let load = Load {
+        classes: vec![Class {
+            rate: rate / class.tenants.max(1) as f64,
+            ..class
+        }],
+        run: format!("{}-steady", base.run),
+        ..base.clone()
+    };
+    let report = open::run(&load).await?;
+    let errors = report[0].errors;
+    let verdict = format!(
+        "{} sent at {rate:.0}/s: p50 {}µs, p99 {}µs, {errors} errors",
+        report[0].sent, report[0].p50_us, report[0].p99_us
+    );
+    Ok(Outcome {
+        scenario: "steady",
+        phases: vec![Phase {
+            name: format!("{rate:.0}/s"),
+            offered_per_second: rate,
+            classes: report,
+        }],
+        passed: errors == 0,
+        verdict,
+    })
+}

@@ -65,7 +65,7 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             };
             runtime.block_on(scenario::isolation(&base, polite, noisy))
         }
-        Scenario::Throughput => {
+        Scenario::Throughput | Scenario::Steady => {
             if args.tenants == 0 || !(args.start_rate > 0.0 && args.start_rate <= 1e7) {
                 eprintln!(
                     "error: --tenants must be at least 1 and --start-rate from 1 to 10000000"
@@ -77,7 +77,11 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
                 tenants: args.tenants,
                 rate: 0.0,
             };
-            runtime.block_on(scenario::throughput(&base, class, args.start_rate))
+            if args.scenario == Scenario::Steady {
+                runtime.block_on(scenario::steady(&base, class, args.start_rate))
+            } else {
+                runtime.block_on(scenario::throughput(&base, class, args.start_rate))
+            }
         }
         Scenario::Closed => unreachable!("handled above"),
     };

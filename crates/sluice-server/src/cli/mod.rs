@@ -73,7 +73,7 @@ pub struct BenchArgs {
     /// `closed`: `--concurrency` workers on the Envoy RLS, each sending
     /// when the previous answer came; `isolation`: polite tenants alone,
     /// then with noisy ones (open loop); `throughput`: rising rates until
-    /// p99 passes 5 ms (open loop).
+    /// p99 passes 5 ms (open loop); `steady`: one rate (open loop).
     #[arg(long, value_enum, default_value_t = Scenario::Closed)]
     scenario: Scenario,
     /// The API the open-loop scenarios load.
@@ -132,6 +132,9 @@ pub enum Scenario {
     Isolation,
     /// The highest rate with p99 under 5 ms.
     Throughput,
+    /// `--start-rate` requests per second over `--tenants` for
+    /// `--seconds` (to measure at a known load).
+    Steady,
 }
 
 /// `sluice bench --api`.

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Service CPU per decision over HTTP and gRPC, side by side: starts
+# `sluice serve` (memory store, one gcra rule per tenant, every request
+# admitted) on free loopback ports, sends the same steady open-loop load
+# over each API with `sluice bench --scenario steady`, and reads the
+# service's CPU time (utime + stime, /proc) around each run.
+#   scripts/service_cpu.sh [RATE] [SECONDS] [RUNS]   (default 5000 10 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
+cargo build --release -q -p sluice-server
+bin=target/release/sluice
+config=$(mktemp --suffix=.yaml)
+cat > "$config" <<YAML
+default_plan: p
+plans:
+  p:
+    routes:
+      "*": [{ name: r, algorithm: gcra, limit: 1000000000, per: 1s }]
+YAML
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+http=$(port); grpc=$(port)
+SLUICE_LOG=warn "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
+pid=$!
+trap 'kill $pid 2>/dev/null; rm -f "$config"' EXIT
+sleep 1
+ticks=$(getconf CLK_TCK)
+cpu() { awk '{print $14 + $15}' /proc/$pid/stat; }
+for run in $(seq "$runs"); do
+  for api in http grpc; do
+    target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
+    before=$(cpu)
+    sent=$("$bin" bench --scenario steady --api $api --target "$target" --tenants 10000 \
+      --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
+    after=$(cpu)
+    python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision ({$sent} decisions at $rate/s)')"
+  done
+done
