@@ -135,8 +135,10 @@ async fn a_kill_minus_nine_leaves_no_torn_or_repeated_line() {
         .collect();
     assert_eq!(ids.len(), all.len(), "no line twice");
     let admitted: u64 = all.iter().map(|l| l["admitted"].as_u64().unwrap()).sum();
+    // The load sends one request at a time: at most one decision was
+    // counted whose answer the kill kept from the client.
     assert!(
-        admitted <= answered,
+        admitted <= answered + 1,
         "{admitted} recorded, {answered} admitted"
     );
     assert!(admitted > 0);
