@@ -216,7 +216,21 @@ impl<S: Store> Limiter<S> {
     /// Decides one request under `policy`. Concurrency rules only check
     /// here (a slot is free or not): [`acquire`](Self::acquire) takes one.
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        self.decide_leasing(policy, request, false).await.0
+        // The common path, without `acquire`'s lease bookkeeping: this
+        // future stays as small as the in-process decision needs.
+        let (applicable, batch) = match prepare(policy, request) {
+            Ok(prepared) => prepared,
+            Err(decided) => return decided,
+        };
+        let guarded = dedupe::Guarded::of(&batch, request);
+        // In process, without entering the remote path's state machine.
+        if applicable.shards <= 1
+            && !guarded.any()
+            && let Some(result) = self.store.decide_in_process(&batch)
+        {
+            return self.conclude(applicable, &batch, result);
+        }
+        Box::pin(self.decide_guarded(applicable, batch, guarded)).await
     }
 
     /// Decides one request under `policy` and, when it is admitted, takes a
