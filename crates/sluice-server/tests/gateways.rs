@@ -82,6 +82,34 @@ fn recipe(file: &str, gateway: u16, sluice: u16, app: u16) -> String {
         .replace("127.0.0.1:9000", &format!("127.0.0.1:{app}"))
 }
 
+/// What each gateway test starts with: sluice, the app, the gateway's
+/// port and a directory of its own.
+struct Setup {
+    sluice: Server,
+    sluice_port: u16,
+    app_port: u16,
+    hits: Arc<AtomicUsize>,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+async fn setup(gateway: &str) -> Setup {
+    let config = temp_file(&format!("gateway-limits-{gateway}.yaml"), LIMITS);
+    let sluice = Server::start(&["--config", config.to_str().unwrap()]);
+    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
+    let (app_port, hits) = app().await;
+    let dir = std::env::temp_dir().join(format!("sluice-{gateway}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    Setup {
+        sluice,
+        sluice_port,
+        app_port,
+        hits,
+        port: free_port(false),
+        dir,
+    }
+}
+
 async fn wait_for(port: u16) {
     let started = Instant::now();
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -181,12 +209,14 @@ async fn behaves(base: &str, sluice: &mut Server, hits: &AtomicUsize, fails_open
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("nginx", "nginx");
-    let config = temp_file("gateway-limits.yaml", LIMITS);
-    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
-    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
-    let (app_port, hits) = app().await;
-    let port = free_port(false);
-    let dir = std::env::temp_dir().join(format!("sluice-nginx-{}", std::process::id()));
+    let Setup {
+        mut sluice,
+        sluice_port,
+        app_port,
+        hits,
+        port,
+        dir,
+    } = setup("nginx").await;
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
     std::fs::write(
         dir.join("users.htpasswd"),
@@ -221,13 +251,14 @@ async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("caddy", "caddy");
-    let config = temp_file("gateway-limits-caddy.yaml", LIMITS);
-    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
-    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
-    let (app_port, hits) = app().await;
-    let port = free_port(false);
-    let dir = std::env::temp_dir().join(format!("sluice-caddy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let Setup {
+        mut sluice,
+        sluice_port,
+        app_port,
+        hits,
+        port,
+        dir,
+    } = setup("caddy").await;
     std::fs::write(
         dir.join("Caddyfile"),
         recipe("Caddyfile", port, sluice_port, app_port),
@@ -267,13 +298,14 @@ async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_haproxy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("haproxy", "haproxy");
-    let config = temp_file("gateway-limits-haproxy.yaml", LIMITS);
-    let mut sluice = Server::start(&["--config", config.to_str().unwrap()]);
-    let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
-    let (app_port, hits) = app().await;
-    let port = free_port(false);
-    let dir = std::env::temp_dir().join(format!("sluice-haproxy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let Setup {
+        mut sluice,
+        sluice_port,
+        app_port,
+        hits,
+        port,
+        dir,
+    } = setup("haproxy").await;
     let lua = dir.join("sluice.lua");
     std::fs::write(&lua, recipe("sluice.lua", port, sluice_port, app_port)).unwrap();
     let cfg = recipe("haproxy.cfg", port, sluice_port, app_port)
