@@ -1,33 +1,58 @@
-//! Redis CPU per decision: the decision script against a floor, a minimal
-//! script that issues the same Redis commands (TIME, then GET and SET PX
+//! Redis CPU per decision: the decision against a floor, a minimal
+//! function that issues the same Redis commands (TIME, then GET and SET PX
 //! per rule) and nothing else, measured side by side in one run.
 //!
 //! Starts its own `redis-server` on a free loopback port. For 1, 2 and 3
-//! gcra rules, `redis-benchmark` sends each script `CALLS` times (64
-//! connections, 10,000 random tenants, every request admitted), `RUNS`
-//! rounds alternating the two; Redis CPU per call is `usec_per_call` of
-//! `EVALSHA` in `INFO commandstats`. Prints the medians, the ratio to the
-//! floor and what each further rule adds.
+//! gcra rules, `redis-benchmark` sends each `CALLS` times (64 connections,
+//! 10,000 random tenants, every request admitted), `RUNS` rounds
+//! alternating: the decision as sluice sends it (`FCALL`), the floor
+//! (`FCALL`), and both as scripts (`EVALSHA`, sluice's fallback where
+//! functions are unavailable). Redis CPU per call is `usec_per_call` in
+//! `INFO commandstats`. Prints the medians, the ratios to the floor and what
+//! each further rule adds.
 //!
 //! Run: `cargo run --release -p sluice-store --example redis_cost`.
 
-use sluice_store::script::DECIDE_LUA;
+use sluice_store::script::{DECIDE_LUA, Decide};
 use sluice_testkit::{RedisServer, command_usec};
 
 const CALLS: u32 = 100_000;
 const RUNS: usize = 5;
 
 /// The same commands as a gcra decision, no arithmetic.
-const FLOOR_LUA: &str = "local t = redis.call('TIME')
-for i = 1, #KEYS do
-  redis.call('GET', KEYS[i])
-  redis.call('SET', KEYS[i], t[1], 'PX', 61000)
+const FLOOR_BODY: &str = "local function floor(KEYS)
+  local t = redis.call('TIME')
+  for i = 1, #KEYS do
+    redis.call('GET', KEYS[i])
+    redis.call('SET', KEYS[i], t[1], 'PX', 61000)
+  end
+  return 1
 end
-return 1";
+";
 
 fn main() {
     let server = RedisServer::start();
     let mut conn = server.connection();
+    let decide = Decide::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let mut connection = server
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connects");
+        decide.load(&mut connection).await.expect("FUNCTION LOAD");
+    });
+    let _: () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(format!(
+            "#!lua name=floor\n{FLOOR_BODY}redis.register_function('floor', floor)\n"
+        ))
+        .query(&mut conn)
+        .expect("floor loads");
     let load = |source: &str| -> String {
         redis::cmd("SCRIPT")
             .arg("LOAD")
@@ -35,12 +60,13 @@ fn main() {
             .query(&mut server.connection())
             .expect("script loads")
     };
-    let (decide, floor) = (load(DECIDE_LUA), load(FLOOR_LUA));
+    let decide_sha = load(DECIDE_LUA);
+    let floor_sha = load(&format!("{FLOOR_BODY}return floor(KEYS)\n"));
     println!(
-        "{:<6} {:>12} {:>12} {:>8} {:>14}",
-        "rules", "sluice µs", "floor µs", "ratio", "per rule µs"
+        "{:<6} {:>8} {:>8} {:>6} {:>9}   {:>8} {:>8} {:>6} {:>9}",
+        "rules", "FCALL", "floor", "ratio", "per rule", "EVALSHA", "floor", "ratio", "per rule"
     );
-    let mut previous: Option<f64> = None;
+    let mut previous: Option<(f64, f64)> = None;
     for rules in 1..=3 {
         let keys: Vec<String> = (0..rules)
             .map(|r| format!("sl:{{t__rand_int__}}:r{r}"))
@@ -54,26 +80,40 @@ fn main() {
                 args.push(v.to_owned());
             }
         }
-        let (mut ours, mut floors) = (Vec::new(), Vec::new());
+        let mut samples: [Vec<f64>; 4] = Default::default();
         for _ in 0..RUNS {
-            ours.push(cost(&server, &mut conn, &decide, &keys, &args));
-            floors.push(cost(&server, &mut conn, &floor, &keys, &[]));
+            let calls = [
+                ("fcall", decide.function_name(), &args[..]),
+                ("fcall", "floor", &[][..]),
+                ("evalsha", decide_sha.as_str(), &args[..]),
+                ("evalsha", floor_sha.as_str(), &[][..]),
+            ];
+            for (sample, (command, name, args)) in samples.iter_mut().zip(calls) {
+                sample.push(cost(&server, &mut conn, command, name, &keys, args));
+            }
         }
-        let (ours, floor) = (median(ours), median(floors));
-        let added = previous.map_or(String::new(), |p| format!("{:.1}", ours - p));
+        let [fcall, fcall_floor, evalsha, evalsha_floor] = samples.map(median);
+        let added = |now: f64, before: Option<f64>| {
+            before.map_or(String::new(), |p| format!("+{:.1}", now - p))
+        };
         println!(
-            "{rules:<6} {ours:>12.1} {floor:>12.1} {:>8.2} {added:>14}",
-            ours / floor
+            "{rules:<6} {fcall:>8.1} {fcall_floor:>8.1} {:>6.2} {:>9}   {evalsha:>8.1} {evalsha_floor:>8.1} {:>6.2} {:>9}",
+            fcall / fcall_floor,
+            added(fcall, previous.map(|p| p.0)),
+            evalsha / evalsha_floor,
+            added(evalsha, previous.map(|p| p.1)),
         );
-        previous = Some(ours);
+        previous = Some((fcall, evalsha));
     }
 }
 
-/// Redis CPU µs per call of script `sha` over `keys` with `args`.
+/// Redis CPU µs per call of `command` (`fcall` or `evalsha`) of `name`
+/// over `keys` with `args`.
 fn cost(
     server: &RedisServer,
     conn: &mut redis::Connection,
-    sha: &str,
+    command: &str,
+    name: &str,
     keys: &[String],
     args: &[String],
 ) -> f64 {
@@ -92,7 +132,7 @@ fn cost(
             "-q",
         ])
         .args(["-n", &CALLS.to_string()])
-        .args(["EVALSHA", sha, &keys.len().to_string()])
+        .args([command, name, &keys.len().to_string()])
         .args(keys)
         .args(args)
         .output()
@@ -102,7 +142,7 @@ fn cost(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (calls, usec) = command_usec(conn, "evalsha").expect("evalsha stats");
+    let (calls, usec) = command_usec(conn, command).expect("command stats");
     assert!(calls >= u64::from(CALLS), "every call ran: {calls}");
     usec as f64 / calls as f64
 }

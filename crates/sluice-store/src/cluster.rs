@@ -8,7 +8,7 @@
 //! # Key layout
 //!
 //! - A tenant's keys (tenant, route and subject scopes) share the hash tag
-//!   of the tenant (`{T}`), so they are in one slot and one `EVALSHA`
+//!   of the tenant (`{T}`), so they are in one slot and one call
 //!   decides them all. A tenant with `shards: N` has N tags, on N slots.
 //! - A global valve would be one hot key; it is split over
 //!   `storage.global_shards` keys with tags of their own (spread over the
@@ -58,7 +58,7 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 pub struct ClusterStore {
     client: ClusterClient,
     connection: Arc<ArcSwapOption<ClusterConnection>>,
-    decide: redis::Script,
+    decide: script::Decide,
     refund: redis::Script,
     keys: KeySet,
     time: TimeSource,
@@ -112,7 +112,7 @@ impl ClusterStore {
         let store = ClusterStore {
             client: client.clone(),
             connection: Arc::new(ArcSwapOption::empty()),
-            decide: redis::Script::new(script::DECIDE_LUA),
+            decide: script::Decide::new(),
             refund: redis::Script::new(script::REFUND_LUA),
             keys,
             time: TimeSource::Server,
@@ -200,9 +200,10 @@ impl ClusterStore {
                 valve_parts,
             };
             let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-            let (evalsha, eval) =
-                script::commands(&self.decide, batch, selection, &group_keys, &self.time);
-            let reply: Vec<i64> = send(connection, evalsha, eval)
+            let call = script::DecideCall::new(batch, selection, group_keys, None, &self.time);
+            let reply: Vec<i64> = self
+                .decide
+                .call(&mut connection.clone(), |cmd| call.fill(cmd))
                 .await
                 .map_err(|e| self.error(&e))?;
             let decided = script::outcomes(&reply, group.len())?;
@@ -299,8 +300,8 @@ impl ClusterStore {
                     valve_parts,
                 };
                 let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-                let (evalsha, eval) =
-                    script::commands(&self.decide, batch, selection, &group_keys, &self.time);
+                let call =
+                    script::DecideCall::new(batch, selection, group_keys.clone(), None, &self.time);
                 // The refund's arguments with the admission times still to
                 // be filled in from the reply.
                 let refund = RefundPlan {
@@ -310,10 +311,15 @@ impl ClusterStore {
                     time: self.time.clone(),
                     keys: group_keys,
                 };
-                let (connection, script, timeout_ms) =
-                    (connection.clone(), self.refund.clone(), self.timeout_ms);
+                let (connection, decide, script, timeout_ms) = (
+                    connection.clone(),
+                    self.decide.clone(),
+                    self.refund.clone(),
+                    self.timeout_ms,
+                );
                 tokio::spawn(async move {
-                    let reply: Vec<i64> = send(connection.clone(), evalsha, eval)
+                    let reply: Vec<i64> = decide
+                        .call(&mut connection.clone(), |cmd| call.fill(cmd))
                         .await
                         .map_err(|e| script::store_error(&e, timeout_ms))?;
                     let decided = script::outcomes(&reply, refund.keys.len())?;

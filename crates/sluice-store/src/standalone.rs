@@ -1,11 +1,12 @@
 //! The Redis backend: one Redis 7+ node shared by a fleet of sluice
 //! instances.
 //!
-//! Every decision is one `EVALSHA` of `script/decide.lua` over a
+//! Every decision is one call of `script/decide.lua` (an `FCALL` of it as a
+//! Redis Function, or `EVALSHA` where functions are unavailable) over a
 //! multiplexed connection that reconnects on its own: concurrent decisions
-//! are pipelined on one socket. The script is loaded when the store
-//! connects and reloaded transparently after `NOSCRIPT` (a restart, a
-//! failover, `SCRIPT FLUSH`).
+//! are pipelined on one socket. The function is loaded when the store
+//! connects and reloaded transparently when the node lacks it (a restart, a
+//! failover, `FUNCTION FLUSH`; `NOSCRIPT` for the script).
 
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use crate::store::{Batch, Store, StoreError};
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
-    script: redis::Script,
+    decide: script::Decide,
     keys: KeySet,
     time: TimeSource,
     timeout_ms: u64,
@@ -105,16 +106,15 @@ impl RedisStore {
             .map_err(|e| script::store_error(&e, timeout_ms))?;
         let store = RedisStore {
             connection,
-            script: redis::Script::new(script::DECIDE_LUA),
+            decide: script::Decide::new(),
             keys,
             time: TimeSource::Server,
             timeout_ms,
         };
-        // Preload the script when Redis is there; when it is not, the first
-        // call after it comes back loads it (NOSCRIPT is handled per call).
+        // Preload the function when Redis is there; when it is not, the
+        // first call after it comes back loads it (see script::Decide).
         let mut connection = store.connection.clone();
-        let invocation = store.script.prepare_invoke();
-        let load = invocation.load_async(&mut connection);
+        let load = store.decide.load(&mut connection);
         let _ = tokio::time::timeout(timeout.max(Duration::from_secs(1)), load).await;
         Ok(store)
     }
@@ -162,16 +162,16 @@ impl RedisStore {
             .previous
             .as_ref()
             .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
-        let invocation = script::prepare(
-            &self.script,
+        let call = script::DecideCall::new(
             batch,
             script::Selection::ALL,
-            &keys,
+            keys.into_vec(),
             previous.as_deref(),
             &self.time,
         );
-        let reply: Vec<i64> = invocation
-            .invoke_async(&mut self.connection.clone())
+        let reply: Vec<i64> = self
+            .decide
+            .call(&mut self.connection.clone(), |cmd| call.fill(cmd))
             .await
             .map_err(|e| script::store_error(&e, self.timeout_ms))?;
         script::outcomes(&reply, batch.rules.len())

@@ -163,9 +163,9 @@ async fn a_restarted_redis_is_used_again_scripts_and_all() {
         restarted.elapsed()
     );
     assert!(took < Duration::from_secs(10));
-    // The new server had no scripts: the first calls reloaded them.
+    // The new server had no function: the first calls loaded it again.
     let calls = command_calls(&mut server.connection());
-    assert!(calls.get("evalsha").copied().unwrap_or(0) > 0);
+    assert!(calls.get("fcall").copied().unwrap_or(0) > 0, "{calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,10 +223,7 @@ async fn a_flooding_tenant_costs_redis_about_one_call_per_admission_and_reset() 
     let server = RedisServer::start();
     let limiter = limiter(&server, yaml, OnError::Deny).await;
     let mut conn = server.connection();
-    let before = command_calls(&mut conn)
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0);
+    let before = command_calls(&mut conn).get("fcall").copied().unwrap_or(0);
     let until = Instant::now() + Duration::from_secs(3);
 
     let flood = {
@@ -261,11 +258,7 @@ async fn a_flooding_tenant_costs_redis_about_one_call_per_admission_and_reset() 
     };
     let (flood_sent, flood_admitted) = flood.await.unwrap();
     let (polite_sent, polite_admitted) = polite.await.unwrap();
-    let calls = command_calls(&mut conn)
-        .get("evalsha")
-        .copied()
-        .unwrap_or(0)
-        - before;
+    let calls = command_calls(&mut conn).get("fcall").copied().unwrap_or(0) - before;
     let flood_calls = calls - polite_sent;
     println!(
         "flood: {flood_sent} requests, {flood_admitted} admitted, {flood_calls} Redis calls; polite: {polite_admitted}/{polite_sent} admitted"

@@ -53,36 +53,68 @@ global:
   "POST /v1/invoices-secret-route": [{ name: valve, algorithm: gcra, limit: 100000, per: 1h }]
 "#;
 
-#[tokio::test]
-async fn every_decision_is_exactly_one_evalsha() {
-    let server = RedisServer::start();
-    let limiter = Limiter::new(
-        policy(FOUR_SCOPES, true),
-        store(&server, keys(1)).await,
-        OnError::Deny,
-    );
+/// Sends 50 decisions of five rules; returns what clients sent (MONITOR)
+/// and how many of each script command Redis ran.
+async fn fifty_decisions(server: &RedisServer, store: RedisStore) -> (Vec<String>, u64, u64) {
+    let limiter = Limiter::new(policy(FOUR_SCOPES, true), store, OnError::Deny);
     let policy = limiter.policy();
     let request = Request::new("acme", "POST /v1/invoices-secret-route", Some("alice"), 2).unwrap();
-    // Warm up: the script is loaded at connect time.
+    // Warm up: the function is loaded at connect time, or the fallback
+    // found on the first call.
     assert!(limiter.decide(&policy, &request).await.allowed);
     assert_eq!(
         policy.applicable("acme", request.route, true).rules.len(),
         5
     );
-
     let mut conn = server.connection();
     let before = command_calls(&mut conn);
-    let monitor = Monitor::start(&server);
+    let monitor = Monitor::start(server);
     for _ in 0..50 {
         assert!(limiter.decide(&policy, &request).await.allowed);
     }
     let sent = monitor.stop();
     let after = command_calls(&mut conn);
-    let evalsha =
-        |m: &std::collections::HashMap<String, u64>| m.get("evalsha").copied().unwrap_or(0);
-    assert_eq!(evalsha(&after) - evalsha(&before), 50);
-    // INFO commandstats also counts what the script runs inside Redis;
-    // MONITOR tells what clients sent: 50 EVALSHA and nothing else.
+    let ran =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    (sent, ran("fcall"), ran("evalsha"))
+}
+
+#[tokio::test]
+async fn every_decision_is_exactly_one_fcall() {
+    let server = RedisServer::start();
+    let (sent, fcall, evalsha) = fifty_decisions(&server, store(&server, keys(1)).await).await;
+    assert_eq!((fcall, evalsha), (50, 0));
+    // INFO commandstats also counts what the function runs inside Redis;
+    // MONITOR tells what clients sent: 50 FCALL and nothing else.
+    assert_eq!(sent.len(), 50, "{sent:#?}");
+    assert!(sent.iter().all(|command| command == "fcall"), "{sent:#?}");
+}
+
+#[tokio::test]
+async fn without_functions_every_decision_is_exactly_one_evalsha() {
+    // A user that may run scripts but not functions (as on Redis 6, where
+    // FCALL is an unknown command).
+    let server = RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "scripts",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-fcall",
+            "-function",
+        ])
+        .query(&mut server.connection())
+        .unwrap();
+    let url = format!("redis://scripts:pw@127.0.0.1:{}", server.port());
+    let store = RedisStore::connect(&url, keys(1), &ConnectOptions::with_timeout(TIMEOUT))
+        .await
+        .unwrap();
+    let (sent, fcall, evalsha) = fifty_decisions(&server, store).await;
+    assert_eq!((fcall, evalsha), (0, 50));
     assert_eq!(sent.len(), 50, "{sent:#?}");
     assert!(sent.iter().all(|command| command == "evalsha"), "{sent:#?}");
 }
@@ -237,8 +269,16 @@ plans:
     }
 }
 
+fn function_loaded(server: &RedisServer) -> bool {
+    let libraries: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    format!("{libraries:?}").contains("sluice_decide_")
+}
+
 #[tokio::test]
-async fn scripts_survive_script_flush_and_a_restart() {
+async fn decisions_survive_function_flush_script_flush_and_a_restart() {
     let mut server = RedisServer::start();
     let limiter = Limiter::new(
         policy(FOUR_SCOPES, true),
@@ -248,16 +288,22 @@ async fn scripts_survive_script_flush_and_a_restart() {
     let policy = limiter.policy();
     let request = Request::new("acme", "POST /v1/invoices-secret-route", Some("a"), 1).unwrap();
     assert!(limiter.decide(&policy, &request).await.allowed);
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query(&mut server.connection())
-        .unwrap();
-    let decision = limiter.decide(&policy, &request).await;
-    assert!(decision.allowed, "{decision:?}");
-    assert_eq!(
-        decision.outcomes.len(),
-        5,
-        "decided by the script, not by a failure policy"
+    for flush in ["FUNCTION", "SCRIPT"] {
+        let _: () = redis::cmd(flush)
+            .arg("FLUSH")
+            .query(&mut server.connection())
+            .unwrap();
+        let decision = limiter.decide(&policy, &request).await;
+        assert!(decision.allowed, "after {flush} FLUSH: {decision:?}");
+        assert_eq!(
+            decision.outcomes.len(),
+            5,
+            "decided by the function, not by a failure policy"
+        );
+    }
+    assert!(
+        function_loaded(&server),
+        "the function was loaded again after FUNCTION FLUSH"
     );
 
     server.restart();
@@ -275,6 +321,14 @@ async fn scripts_survive_script_flush_and_a_restart() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The new server started empty: the store loaded the function again
+    // rather than falling back to scripts.
+    assert!(
+        function_loaded(&server),
+        "the function was loaded on the restarted server"
+    );
+    let calls = command_calls(&mut server.connection());
+    assert!(calls.get("fcall").copied().unwrap_or(0) > 0, "{calls:?}");
 }
 
 #[tokio::test]

@@ -1,7 +1,14 @@
 -- sluice: helpers shared by the scripts (prepended to each).
 
--- Globals read once per call: each global access is a table lookup.
-local floor, max, min, tonumber, call = math.floor, math.max, math.min, tonumber, redis.call
+-- Globals read once (each global access is a table lookup), by bind():
+-- a Redis Function's library is loaded where no global is visible, so it
+-- binds them on its first call; a script binds them on every call.
+local floor, max, min, num, call, format, find, sub
+
+local function bind()
+  floor, max, min, num, call = math.floor, math.max, math.min, tonumber, redis.call
+  format, find, sub = string.format, string.find, string.sub
+end
 
 -- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.
 local function idiv(a, b)
@@ -23,8 +30,6 @@ local function ceil_div(a, b)
 end
 
 -- A state as "a", "a:b" or "a:b:c" (whole numbers), and back.
-local format, find, sub = string.format, string.find, string.sub
-
 local function enc(a, b, c)
   if c then return format('%d:%d:%d', a, b, c) end
   if b then return format('%d:%d', a, b) end
@@ -33,18 +38,15 @@ end
 
 local function dec(value)
   local i = find(value, ':', 1, true)
-  if not i then return { tonumber(value) } end
+  if not i then return num(value) end
   local j = find(value, ':', i + 1, true)
-  if not j then
-    return { tonumber(sub(value, 1, i - 1)), tonumber(sub(value, i + 1)) }
-  end
-  return { tonumber(sub(value, 1, i - 1)), tonumber(sub(value, i + 1, j - 1)),
-    tonumber(sub(value, j + 1)) }
+  if not j then return num(sub(value, 1, i - 1)), num(sub(value, i + 1)) end
+  return num(sub(value, 1, i - 1)), num(sub(value, i + 1, j - 1)), num(sub(value, j + 1))
 end
 
 -- The time in ms: arg, or the server's clock (TIME) when arg is "".
 local function now_ms(arg)
-  if arg ~= '' then return tonumber(arg) end
+  if arg ~= '' then return num(arg) end
   local t = call('TIME')
-  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
+  return num(t[1]) * 1000 + floor(num(t[2]) / 1000)
 end

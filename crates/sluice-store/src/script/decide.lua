@@ -43,8 +43,8 @@ local SLACK = 1000
 local function gcra(value, now, cost, limit, per, burst)
   local ms, frac = 0, 0
   if value then
-    local t = dec(value)
-    ms, frac = t[1], t[2] or 0
+    ms, frac = dec(value)
+    frac = frac or 0
   end
   if frac >= limit then
     local q = idiv(frac, limit)
@@ -92,14 +92,14 @@ local function token_bucket(value, now, cost, limit, per, burst)
   local available, last = capacity, now
   local fix, fix_idle
   if value then
-    local t = dec(value)
-    if t[2] > now then
+    local tokens, at = dec(value)
+    if at > now then
       -- Refilled "later" than now: the same tokens, refilling from now.
-      t[2] = now
-      fix = enc(t[1], now)
-      fix_idle = now + ceil_div(max(0, capacity - t[1]), limit)
+      at = now
+      fix = enc(tokens, now)
+      fix_idle = now + ceil_div(max(0, capacity - tokens), limit)
     end
-    available = min(capacity, t[1] + (now - t[2]) * limit)
+    available = min(capacity, tokens + (now - at) * limit)
   end
   local need = cost * per
   if available >= need then
@@ -114,8 +114,7 @@ end
 local function fixed_window(value, now, cost, limit, per, aligned)
   local start, count = 0, 0
   if value then
-    local t = dec(value)
-    start, count = t[1], t[2]
+    start, count = dec(value)
   end
   local fix, fix_idle
   local current = now
@@ -141,8 +140,7 @@ end
 local function sliding_window(value, now, cost, limit, per)
   local wstart, prev, cur = 0, 0, 0
   if value then
-    local t = dec(value)
-    wstart, prev, cur = t[1], t[2], t[3]
+    wstart, prev, cur = dec(value)
   end
   local start = idiv(now, per) * per
   local fix, fix_idle
@@ -192,7 +190,7 @@ local function log_add(key, at, units)
   local top = call('ZREVRANGEBYSCORE', key, at, at, 'LIMIT', 0, 1)
   if top[1] then
     local sep = string.find(top[1], ';', 1, true)
-    if sep then seq = tonumber(string.sub(top[1], sep + 1)) end
+    if sep then seq = num(string.sub(top[1], sep + 1)) end
   end
   local args = {}
   for i = 1, units do
@@ -224,9 +222,9 @@ local function sliding_log(key, now, cost, limit, per)
   if count + cost <= limit then
     return 1, limit - count - cost, per, 0, now, now + per
   end
-  local newest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  local newest = num(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   local oldest_needed = call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', count + cost - limit - 1, 1)
-  local retry = tonumber(oldest_needed[2]) + per - now
+  local retry = num(oldest_needed[2]) + per - now
   return 0, max(0, limit - count), max(0, newest + per - now), max(1, retry)
 end
 
@@ -258,7 +256,7 @@ local function concurrency(key, now, limit, per, lease)
   -- the limit (a release may free one sooner, never later).
   local needed = call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', live - limit, 1)
   local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return 0, 0, tonumber(newest[2]) - now, max(1, tonumber(needed[2]) - now)
+  return 0, 0, num(newest[2]) - now, max(1, num(needed[2]) - now)
 end
 
 local function log_append(key, at, cost, now, idle)
@@ -268,83 +266,88 @@ local function log_append(key, at, cost, now, idle)
   call('PEXPIRE', key, idle - now + SLACK)
 end
 
-local now = now_ms(ARGV[1])
-local n = tonumber(ARGV[2])
-local rotating = ARGV[3] == '1'
-local lease = ARGV[4]
+-- The decision: a script calls it with its KEYS and ARGV, a Redis
+-- Function with the keys and arguments of its FCALL.
+local function decide(KEYS, ARGV)
+  if not call then bind() end
+  local now = now_ms(ARGV[1])
+  local n = num(ARGV[2])
+  local rotating = ARGV[3] == '1'
+  local lease = ARGV[4]
 
--- Rotation: a bucket not yet under the new pepper starts from its state
--- under the previous one, so a rotation neither resets nor doubles budgets.
-if rotating then
+  -- Rotation: a bucket not yet under the new pepper starts from its state
+  -- under the previous one, so a rotation neither resets nor doubles budgets.
+  if rotating then
+    for i = 1, n do
+      if call('EXISTS', KEYS[i]) == 0 and call('EXISTS', KEYS[n + i]) == 1 then
+        call('COPY', KEYS[n + i], KEYS[i])
+      end
+    end
+  end
+
+  local reply = {}
+  -- What each rule would write, flat: state, idle, repaired state, its idle.
+  local writes = {}
+  local all_allowed = true
   for i = 1, n do
-    if call('EXISTS', KEYS[i]) == 0 and call('EXISTS', KEYS[n + i]) == 1 then
-      call('COPY', KEYS[n + i], KEYS[i])
-    end
-  end
-end
-
-local reply = {}
--- What each rule would write, flat: state, idle, repaired state, its idle.
-local writes = {}
-local all_allowed = true
-for i = 1, n do
-  local base = 5 + 7 * (i - 1)
-  local algorithm = tonumber(ARGV[base])
-  local limit = tonumber(ARGV[base + 1])
-  local per = tonumber(ARGV[base + 2])
-  local cost = tonumber(ARGV[base + 5])
-  local key = KEYS[i]
-  local allowed, remaining, reset, retry, state, idle, fix, fix_idle
-  if algorithm == 3 then
-    allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
-  elseif algorithm == 6 then
-    allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
-  else
-    local value = call('GET', key)
-    if not value then value = nil end
-    if algorithm == 1 then
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-        gcra(value, now, cost, limit, per, tonumber(ARGV[base + 3]))
-    elseif algorithm == 2 then
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-        token_bucket(value, now, cost, limit, per, tonumber(ARGV[base + 3]))
-    elseif algorithm == 4 then
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
+    local base = 5 + 7 * (i - 1)
+    local algorithm = num(ARGV[base])
+    local limit = num(ARGV[base + 1])
+    local per = num(ARGV[base + 2])
+    local cost = num(ARGV[base + 5])
+    local key = KEYS[i]
+    local allowed, remaining, reset, retry, state, idle, fix, fix_idle
+    if algorithm == 3 then
+      allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+    elseif algorithm == 6 then
+      allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
     else
-      allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-        fixed_window(value, now, cost, limit, per, tonumber(ARGV[base + 4]))
+      local value = call('GET', key)
+      if not value then value = nil end
+      if algorithm == 1 then
+        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+          gcra(value, now, cost, limit, per, num(ARGV[base + 3]))
+      elseif algorithm == 2 then
+        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+          token_bucket(value, now, cost, limit, per, num(ARGV[base + 3]))
+      elseif algorithm == 4 then
+        allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
+      else
+        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
+          fixed_window(value, now, cost, limit, per, num(ARGV[base + 4]))
+      end
     end
-  end
-  if allowed == 0 and ARGV[base + 6] ~= '1' then all_allowed = false end
-  local w = 4 * (i - 1)
-  writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
-  local r = 5 * (i - 1)
-  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
-  if algorithm == 3 and state then
-    reply[r + 5] = state
-  else
-    reply[r + 5] = now
-  end
-end
-
-for i = 1, n do
-  local w = 4 * (i - 1)
-  local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
-  if all_allowed and state then
-    local algorithm = ARGV[5 + 7 * (i - 1)]
-    if algorithm == '3' then
-      log_append(KEYS[i], state, tonumber(ARGV[5 + 7 * (i - 1) + 5]), now, idle)
-    elseif algorithm == '6' then
-      call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-      call('ZADD', KEYS[i], idle, state)
-      call('PEXPIRE', KEYS[i], idle - now + SLACK)
+    if allowed == 0 and ARGV[base + 6] ~= '1' then all_allowed = false end
+    local w = 4 * (i - 1)
+    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
+    local r = 5 * (i - 1)
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
+    if algorithm == 3 and state then
+      reply[r + 5] = state
     else
-      call('SET', KEYS[i], state, 'PX', max(1, idle - now + SLACK))
+      reply[r + 5] = now
     end
-  elseif fix then
-    -- Nothing consumed, but the repaired state is kept.
-    call('SET', KEYS[i], fix, 'PX', max(1, writes[w + 4] - now + SLACK))
   end
-end
 
-return reply
+  for i = 1, n do
+    local w = 4 * (i - 1)
+    local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
+    if all_allowed and state then
+      local algorithm = ARGV[5 + 7 * (i - 1)]
+      if algorithm == '3' then
+        log_append(KEYS[i], state, num(ARGV[5 + 7 * (i - 1) + 5]), now, idle)
+      elseif algorithm == '6' then
+        call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+        call('ZADD', KEYS[i], idle, state)
+        call('PEXPIRE', KEYS[i], idle - now + SLACK)
+      else
+        call('SET', KEYS[i], state, 'PX', max(1, idle - now + SLACK))
+      end
+    elseif fix then
+      -- Nothing consumed, but the repaired state is kept.
+      call('SET', KEYS[i], fix, 'PX', max(1, writes[w + 4] - now + SLACK))
+    end
+  end
+
+  return reply
+end

@@ -16,11 +16,23 @@ use sluice_core::keys::{Keyer, Tag};
 use sluice_core::{Algorithm, BoundRule, Outcome};
 use smallvec::SmallVec;
 
+mod function;
+
+pub use function::Decide;
+
 use crate::clock::Clock;
 use crate::store::{Batch, Partition, StoreError};
 
-/// The decision script's source.
-pub const DECIDE_LUA: &str = concat!(include_str!("common.lua"), include_str!("decide.lua"));
+/// The decision's code: the helpers and `decide(KEYS, ARGV)`.
+const DECIDE_BODY: &str = concat!(include_str!("common.lua"), include_str!("decide.lua"));
+
+/// The decision script's source (as `EVAL` runs it; see [`Decide`] for the
+/// Redis Function).
+pub const DECIDE_LUA: &str = concat!(
+    include_str!("common.lua"),
+    include_str!("decide.lua"),
+    "return decide(KEYS, ARGV)\n"
+);
 
 /// The heartbeat script's source: instances count themselves so that
 /// `on_error: local` can divide limits among them.
@@ -243,75 +255,59 @@ pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule 
     }
 }
 
-fn rule_args(invocation: &mut redis::ScriptInvocation<'_>, rule: &sluice_core::Rule) {
-    invocation
-        .arg(algorithm_code(rule.algorithm()))
-        .arg(rule.limit())
-        .arg(rule.period_ms())
-        .arg(rule.burst())
-        .arg(u8::from(rule.aligned()));
+/// One decision's keys and arguments for the decision script, owned so
+/// that a call can go out from a task of its own.
+#[derive(Debug, Clone)]
+pub struct DecideCall {
+    keys: Vec<String>,
+    now: String,
+    rules: usize,
+    rotating: bool,
+    lease: String,
+    /// Seven values per rule (see decide.lua).
+    values: SmallVec<[u64; 14]>,
 }
 
-/// Adds the selected rules of a batch to an invocation of the decision
-/// script: `keys` are theirs (in selection order), `previous` the same
-/// buckets under the previous pepper when rotating.
-pub fn prepare<'s>(
-    script: &'s redis::Script,
-    batch: &Batch<'_>,
-    selection: Selection<'_>,
-    keys: &[String],
-    previous: Option<&[String]>,
-    time: &TimeSource,
-) -> redis::ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
-    for key in keys.iter().chain(previous.into_iter().flatten()) {
-        invocation.key(key);
-    }
-    invocation
-        .arg(now_arg(time))
-        .arg(selection.len(batch.rules.len()))
-        .arg(u8::from(previous.is_some()))
-        .arg(lease_arg(batch.lease));
-    for i in selection.each(batch.rules.len()) {
-        let rule = &batch.rules[i];
-        rule_args(&mut invocation, &enforced(rule, selection.valve_parts));
-        invocation
-            .arg(batch.cost_of(i))
-            .arg(u8::from(rule.shadow()));
-    }
-    invocation
-}
-
-/// The selected rules of a batch as an `EVALSHA` of the decision script,
-/// and the same call as `EVAL` (for a node that lacks the script).
-pub fn commands(
-    script: &redis::Script,
-    batch: &Batch<'_>,
-    selection: Selection<'_>,
-    keys: &[String],
-    time: &TimeSource,
-) -> (redis::Cmd, redis::Cmd) {
-    let mut args: Vec<Vec<u8>> = Vec::with_capacity(4 + 7 * keys.len());
-    args.push(now_arg(time).into_bytes());
-    args.push(selection.len(batch.rules.len()).to_string().into_bytes());
-    args.push(b"0".to_vec());
-    args.push(lease_arg(batch.lease).into_bytes());
-    for i in selection.each(batch.rules.len()) {
-        let rule = &batch.rules[i];
-        let r = enforced(rule, selection.valve_parts);
-        for v in [
-            u64::from(algorithm_code(r.algorithm())),
-            r.limit(),
-            r.period_ms(),
-            r.burst(),
-            u64::from(r.aligned()),
-            batch.cost_of(i),
-            u64::from(rule.shadow()),
-        ] {
-            args.push(v.to_string().into_bytes());
+impl DecideCall {
+    /// The selected rules of a batch: `keys` are theirs (in selection
+    /// order), `previous` the same buckets under the previous pepper when
+    /// rotating.
+    pub fn new(
+        batch: &Batch<'_>,
+        selection: Selection<'_>,
+        mut keys: Vec<String>,
+        previous: Option<&[String]>,
+        time: &TimeSource,
+    ) -> DecideCall {
+        let mut values = SmallVec::new();
+        for i in selection.each(batch.rules.len()) {
+            values.extend(rule_values(batch, i, selection.valve_parts));
+            values.push(u64::from(batch.rules[i].shadow()));
+        }
+        keys.extend(previous.into_iter().flatten().cloned());
+        DecideCall {
+            keys,
+            now: now_arg(time),
+            rules: selection.len(batch.rules.len()),
+            rotating: previous.is_some(),
+            lease: lease_arg(batch.lease),
+            values,
         }
     }
-    evalsha_and_eval(script, DECIDE_LUA, keys, &args)
+
+    /// Appends the key count, the keys and the arguments to `cmd` (an
+    /// `FCALL`, `EVALSHA` or `EVAL` named already).
+    pub fn fill(&self, cmd: &mut redis::Cmd) {
+        cmd.arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.now)
+            .arg(self.rules)
+            .arg(u8::from(self.rotating))
+            .arg(&self.lease);
+        for v in &self.values {
+            cmd.arg(*v);
+        }
+    }
 }
 
 fn evalsha_and_eval(
@@ -360,18 +356,24 @@ pub const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("r
 pub fn refund_args(batch: &Batch<'_>, selection: Selection<'_>, admitted_at: &[u64]) -> Vec<u64> {
     let mut args = vec![selection.len(batch.rules.len()) as u64];
     for (i, at) in selection.each(batch.rules.len()).zip(admitted_at) {
-        let rule = enforced(&batch.rules[i], selection.valve_parts);
-        args.extend([
-            u64::from(algorithm_code(rule.algorithm())),
-            rule.limit(),
-            rule.period_ms(),
-            rule.burst(),
-            u64::from(rule.aligned()),
-            batch.cost_of(i),
-            *at,
-        ]);
+        args.extend(rule_values(batch, i, selection.valve_parts));
+        args.push(*at);
     }
     args
+}
+
+/// What both scripts take of rule `i` of a batch: algorithm, limit, per,
+/// burst, aligned, cost.
+fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 6] {
+    let rule = enforced(&batch.rules[i], valve_parts);
+    [
+        u64::from(algorithm_code(rule.algorithm())),
+        rule.limit(),
+        rule.period_ms(),
+        rule.burst(),
+        u64::from(rule.aligned()),
+        batch.cost_of(i),
+    ]
 }
 
 /// Values per rule in the decision script's reply.

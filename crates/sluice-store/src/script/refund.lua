@@ -24,25 +24,26 @@
 -- there), sliding_log removes that many entries of the admission time,
 -- concurrency removes the lease. TTLs are kept.
 
+bind()
 local now = now_ms(ARGV[1])
-local n = tonumber(ARGV[2])
+local n = num(ARGV[2])
 local lease = ARGV[3]
 local released = 0
 for i = 1, n do
   local base = 4 + 7 * (i - 1)
-  local algorithm = tonumber(ARGV[base])
-  local limit = tonumber(ARGV[base + 1])
-  local per = tonumber(ARGV[base + 2])
-  local burst = tonumber(ARGV[base + 3])
-  local cost = tonumber(ARGV[base + 5])
-  local at = tonumber(ARGV[base + 6])
+  local algorithm = num(ARGV[base])
+  local limit = num(ARGV[base + 1])
+  local per = num(ARGV[base + 2])
+  local burst = num(ARGV[base + 3])
+  local cost = num(ARGV[base + 5])
+  local at = num(ARGV[base + 6])
   local key = KEYS[i]
   if algorithm == 6 then
     if lease ~= '' then
       local expires = call('ZSCORE', key, lease)
       if expires then
         call('ZREM', key, lease)
-        if tonumber(expires) > now then released = released + 1 end
+        if num(expires) > now then released = released + 1 end
       end
     end
   elseif algorithm == 3 then
@@ -53,7 +54,7 @@ for i = 1, n do
   else
     local value = call('GET', key)
     if value then
-      local t = dec(value)
+      local t = { dec(value) }
       local updated
       if algorithm == 1 then
         -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
