@@ -98,6 +98,24 @@ pub async fn serve_grpc(
     limits: sluice_core::config::ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Fallible<()> {
+    let routes = grpc_routes(app, &limits).await;
+    crate::listen::serve(
+        listener,
+        routes,
+        &limits,
+        crate::listen::Protocols::Http2,
+        shutdown,
+        crate::listen::places(&limits),
+    )
+    .await;
+    Ok(())
+}
+
+/// The Rate Limit Service and `grpc.health.v1`, reporting serving.
+pub async fn grpc_routes(
+    app: Arc<App>,
+    limits: &sluice_core::config::ConnectionLimits,
+) -> tonic::service::Routes {
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -106,18 +124,9 @@ pub async fn serve_grpc(
     let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
     let service =
         RateLimitServiceServer::new(RateLimiter::new(app)).max_decoding_message_size(max_message);
-    let routes = tonic::service::Routes::new(health_service)
+    tonic::service::Routes::new(health_service)
         .add_service(service)
-        .prepare();
-    crate::listen::serve(
-        listener,
-        routes,
-        &limits,
-        crate::listen::Protocols::Http2,
-        shutdown,
-    )
-    .await;
-    Ok(())
+        .prepare()
 }
 
 /// The gRPC service.

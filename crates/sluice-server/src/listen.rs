@@ -9,6 +9,13 @@
 //! descriptors does not stop the accept loop: it waits a moment and goes
 //! on, while the decisions on open connections continue.
 //!
+//! [`on_threads`] runs the listeners on one single-threaded runtime per
+//! core, each accepting from the same sockets and running its connections
+//! start to finish: a request never hops between threads. On a
+//! work-stealing runtime every HTTP/2 stream is a task that another
+//! thread wakes up for, which made a gRPC decision cost a third more
+//! service CPU than an HTTP one (BENCHMARKS.md).
+//!
 //! [`raise_open_files`] lifts the soft limit on open files to the hard one
 //! at start-up: the common soft limit of 1024 would otherwise cap the
 //! connections long before `max_connections`.
@@ -39,15 +46,25 @@ pub enum Protocols {
 /// (logged once per thousand).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 
+/// The places of one listener: `server.limits.max_connections`, shared by
+/// the threads that accept from it.
+pub fn places(limits: &ConnectionLimits) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(
+        usize::try_from(limits.max_connections).unwrap_or(usize::MAX),
+    ))
+}
+
 /// Serves `service` on `listener` within `limits` until `shutdown`
-/// resolves; then stops accepting and waits for the open connections to
-/// finish their requests (idle ones are closed).
+/// resolves, a connection taking one of `places` (shared by the threads
+/// accepting from the same socket); then stops accepting and waits for the
+/// open connections to finish their requests (idle ones are closed).
 pub async fn serve<S, B>(
     listener: TcpListener,
     service: S,
     limits: &ConnectionLimits,
     protocols: Protocols,
     shutdown: impl std::future::Future<Output = ()>,
+    places: Arc<Semaphore>,
 ) where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
@@ -61,9 +78,6 @@ pub async fn serve<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let places = Arc::new(Semaphore::new(
-        usize::try_from(limits.max_connections).unwrap_or(usize::MAX),
-    ));
     let builder = builder(limits, protocols);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -145,6 +159,51 @@ fn builder(limits: &ConnectionLimits, protocols: Protocols) -> auto::Builder<Tok
         .keep_alive_timeout(keepalive)
         .max_concurrent_streams(limits.grpc_max_streams);
     builder
+}
+
+/// How many listener threads [`on_threads`] starts: one per core.
+pub fn io_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Runs `serve` on `threads` threads, each with a single-threaded runtime
+/// of its own, and resolves once every one has returned. `serve` is called
+/// on each thread, inside its runtime (where it turns duplicates of the
+/// listening sockets into its own listeners).
+pub async fn on_threads<F, Fut>(threads: usize, serve: F) -> Result<(), String>
+where
+    F: Fn() -> Result<Fut, String> + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let serve = Arc::new(serve);
+    let mut finished = Vec::with_capacity(threads);
+    for i in 0..threads.max(1) {
+        let (done, finish) = tokio::sync::oneshot::channel::<Result<(), String>>();
+        let serve = serve.clone();
+        std::thread::Builder::new()
+            .name(format!("sluice-io-{i}"))
+            .spawn(move || {
+                let ran = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start a listener runtime: {e}"))
+                    .and_then(|runtime| {
+                        runtime.block_on(async {
+                            serve()?.await;
+                            Ok(())
+                        })
+                    });
+                let _ = done.send(ran);
+            })
+            .map_err(|e| format!("cannot start a listener thread: {e}"))?;
+        finished.push(finish);
+    }
+    for finish in finished {
+        finish
+            .await
+            .map_err(|_| "a listener thread stopped unexpectedly".to_owned())??;
+    }
+    Ok(())
 }
 
 /// Raises this process's soft limit on open files to its hard limit;

@@ -96,17 +96,46 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         signal.await;
         let _ = stop.send(true);
     });
-    let grpc_server =
-        crate::envoy::serve_grpc(app.clone(), grpc_listener, limits, until(stopped.clone()));
+    // The HTTP and gRPC listeners run on threads of their own, one
+    // single-threaded runtime per core (see listen.rs); everything else
+    // (reload, heartbeat, sweeper, admin sync, metrics) stays here.
+    let routes = crate::envoy::grpc_routes(app.clone(), &limits).await;
+    let router = crate::http::router(app.clone(), &limits);
+    let (http_places, grpc_places) = (listen::places(&limits), listen::places(&limits));
+    let http_socket = http_listener.into_std()?;
+    let grpc_socket = grpc_listener.into_std()?;
+    let io_stopped = stopped.clone();
+    let servers_on_threads = listen::on_threads(listen::io_threads(), move || {
+        let socket = |s: &std::net::TcpListener, name: &str| {
+            s.try_clone()
+                .and_then(TcpListener::from_std)
+                .map_err(|e| format!("cannot share the {name} listener: {e}"))
+        };
+        let (http, grpc) = (socket(&http_socket, "HTTP")?, socket(&grpc_socket, "gRPC")?);
+        let (router, routes, stopped) = (router.clone(), routes.clone(), io_stopped.clone());
+        let (http_places, grpc_places) = (http_places.clone(), grpc_places.clone());
+        Ok(async move {
+            let http_server = listen::serve(
+                http,
+                router,
+                &limits,
+                Protocols::Any,
+                until(stopped.clone()),
+                http_places,
+            );
+            let grpc_server = listen::serve(
+                grpc,
+                routes,
+                &limits,
+                Protocols::Http2,
+                until(stopped),
+                grpc_places,
+            );
+            tokio::join!(http_server, grpc_server);
+        })
+    });
     let app_for_metrics = app.clone();
     let app_for_ledger = app.clone();
-    let http_server = listen::serve(
-        http_listener,
-        crate::http::router(app, &limits),
-        &limits,
-        Protocols::Any,
-        until(stopped.clone()),
-    );
     let metrics_stopped = stopped.clone();
     let metrics_server = async move {
         if let Some((listener, path)) = metrics_listener {
@@ -116,11 +145,12 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
                 &limits,
                 Protocols::Any,
                 until(metrics_stopped),
+                listen::places(&limits),
             )
             .await;
         }
     };
-    let servers = async { tokio::join!(http_server, grpc_server, metrics_server) };
+    let servers = async { tokio::join!(servers_on_threads, metrics_server) };
     // Once asked to stop, requests in flight get DRAIN to finish; idle
     // connections (Envoy keeps its gRPC connections open) do not hold the
     // exit.
@@ -129,7 +159,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         tokio::time::sleep(DRAIN).await;
     };
     tokio::select! {
-        ((), grpc_result, ()) = servers => grpc_result?,
+        (served, ()) = servers => served?,
         () = drain => info!("connections still open after the drain period; closing them"),
     }
     flush_ledger(&app_for_ledger).await;
