@@ -5,6 +5,7 @@
 # over each API with `sluice bench --scenario steady`, and reads the
 # service's CPU time (utime + stime, /proc) around each run.
 #   scripts/service_cpu.sh [RATE] [SECONDS] [RUNS]   (default 5000 10 3)
+# With JSON=1 each run is one JSON line (for scripts/bench.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
@@ -33,6 +34,10 @@ for run in $(seq "$runs"); do
     sent=$("$bin" bench --scenario steady --api $api --target "$target" --tenants 10000 \
       --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
     after=$(cpu)
-    python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision ({$sent} decisions at $rate/s)')"
+    if [ "${JSON:-}" = 1 ]; then
+      python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2)}))"
+    else
+      python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision ({$sent} decisions at $rate/s)')"
+    fi
   done
 done

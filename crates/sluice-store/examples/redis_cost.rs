@@ -11,13 +11,20 @@
 //! `INFO commandstats`. Prints the medians, the ratios to the floor and what
 //! each further rule adds.
 //!
-//! Run: `cargo run --release -p sluice-store --example redis_cost`.
+//! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]`
+//! (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the defaults of 100,000
+//! calls and 5 rounds; `--json` prints one line per rule count with every
+//! sample, for `scripts/bench.sh`).
 
 use sluice_store::script::{DECIDE_LUA, Decide};
 use sluice_testkit::{RedisServer, command_usec};
 
-const CALLS: u32 = 100_000;
-const RUNS: usize = 5;
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} must be a whole number, not {v:?}"))
+    })
+}
 
 /// The same commands as a gcra decision, no arithmetic.
 const FLOOR_BODY: &str = "local function floor(KEYS)
@@ -31,6 +38,9 @@ end
 ";
 
 fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let calls = setting("REDIS_COST_CALLS", 100_000);
+    let runs = setting("REDIS_COST_RUNS", 5);
     let server = RedisServer::start();
     let mut conn = server.connection();
     let decide = Decide::new();
@@ -62,10 +72,12 @@ fn main() {
     };
     let decide_sha = load(DECIDE_LUA);
     let floor_sha = load(&format!("{FLOOR_BODY}return floor(KEYS)\n"));
-    println!(
-        "{:<6} {:>8} {:>8} {:>6} {:>9}   {:>8} {:>8} {:>6} {:>9}",
-        "rules", "FCALL", "floor", "ratio", "per rule", "EVALSHA", "floor", "ratio", "per rule"
-    );
+    if !json {
+        println!(
+            "{:<6} {:>8} {:>8} {:>6} {:>9}   {:>8} {:>8} {:>6} {:>9}",
+            "rules", "FCALL", "floor", "ratio", "per rule", "EVALSHA", "floor", "ratio", "per rule"
+        );
+    }
     let mut previous: Option<(f64, f64)> = None;
     for rules in 1..=3 {
         let keys: Vec<String> = (0..rules)
@@ -81,16 +93,23 @@ fn main() {
             }
         }
         let mut samples: [Vec<f64>; 4] = Default::default();
-        for _ in 0..RUNS {
-            let calls = [
+        for _ in 0..runs {
+            let commands = [
                 ("fcall", decide.function_name(), &args[..]),
                 ("fcall", "floor", &[][..]),
                 ("evalsha", decide_sha.as_str(), &args[..]),
                 ("evalsha", floor_sha.as_str(), &[][..]),
             ];
-            for (sample, (command, name, args)) in samples.iter_mut().zip(calls) {
-                sample.push(cost(&server, &mut conn, command, name, &keys, args));
+            for (sample, (command, name, args)) in samples.iter_mut().zip(commands) {
+                sample.push(cost(&server, &mut conn, calls, command, name, &keys, args));
             }
+        }
+        if json {
+            let [a, b, c, d] = &samples;
+            println!(
+                "{{\"suite\":\"redis_cost\",\"rules\":{rules},\"fcall\":{a:?},\"fcall_floor\":{b:?},\"evalsha\":{c:?},\"evalsha_floor\":{d:?}}}"
+            );
+            continue;
         }
         let [fcall, fcall_floor, evalsha, evalsha_floor] = samples.map(median);
         let added = |now: f64, before: Option<f64>| {
@@ -112,6 +131,7 @@ fn main() {
 fn cost(
     server: &RedisServer,
     conn: &mut redis::Connection,
+    calls: usize,
     command: &str,
     name: &str,
     keys: &[String],
@@ -131,7 +151,7 @@ fn cost(
             "10000",
             "-q",
         ])
-        .args(["-n", &CALLS.to_string()])
+        .args(["-n", &calls.to_string()])
         .args([command, name, &keys.len().to_string()])
         .args(keys)
         .args(args)
@@ -142,9 +162,9 @@ fn cost(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (calls, usec) = command_usec(conn, command).expect("command stats");
-    assert!(calls >= u64::from(CALLS), "every call ran: {calls}");
-    usec as f64 / calls as f64
+    let (ran, usec) = command_usec(conn, command).expect("command stats");
+    assert!(ran >= calls as u64, "every call ran: {ran}");
+    usec as f64 / ran as f64
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

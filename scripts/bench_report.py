@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Rewrites the section of docs/BENCHMARKS.md between its bench.sh markers
+from the JSON lines scripts/bench.sh collected: medians of the runs, the
+ratios the project's targets are stated in, and a "noisy" flag on every
+figure whose runs spread more than NOISY around their median.
+
+Usage: scripts/bench_report.py target/bench/results.jsonl docs/BENCHMARKS.md
+"""
+
+import json
+import statistics
+import sys
+
+BEGIN = "<!-- bench.sh:begin -->"
+END = "<!-- bench.sh:end -->"
+NOISY = 0.20
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values):
+    """(max - min) / median of a figure's runs."""
+    if len(values) < 2:
+        return 0.0
+    m = median(values)
+    return (max(values) - min(values)) / m if m else 0.0
+
+
+def flag(values, extra=""):
+    s = spread(values)
+    note = f" (runs ±{s * 50:.0f}%{extra})" if len(values) > 1 else extra
+    return note + (" **noisy**" if s > NOISY else "")
+
+
+def fmt(value, digits=1):
+    return f"{value:,.{digits}f}"
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def embedded(lines):
+    crit = {(l["group"], l["case"]): l for l in lines if l["suite"] == "criterion"}
+    rows = []
+
+    def get(group, case):
+        return crit.get((group, case))
+
+    def row(label, ours, theirs, name):
+        if not ours:
+            return
+        o = ours["median_ns"]
+        cells = [label, f"{fmt(o)} ns ±{fmt(ours['mad_ns'])}"]
+        if theirs:
+            t = theirs["median_ns"]
+            cells += [f"{name} {fmt(t)} ns ±{fmt(theirs['mad_ns'])}", f"{o / t:.2f}"]
+        else:
+            cells += ["", ""]
+        noisy = any(x and x["mad_ns"] / x["median_ns"] > NOISY / 2 for x in (ours, theirs))
+        rows.append("| " + " | ".join(cells) + (" **noisy** |" if noisy else " |"))
+
+    g = "embedded_decision"
+    row("one gcra rule, `Limiter::decide_now`", get(g, "sluice/single_gcra"), get(g, "governor/single_gcra"), "governor keyed")
+    row("one gcra rule, async `Limiter::decide`", get(g, "sluice_async/single_gcra"), get(g, "governor/single_gcra"), "governor keyed")
+    row("three rules (tenant, route, subject), atomic", get(g, "sluice/three_scopes"), get(g, "governor/three_scopes"), "three governor checks")
+    p = "one_limit_per_key"
+    row("one fixed_window rule", get(p, "sluice_fixed_window"), get(p, "limitador_fixed_window"), "limitador in memory")
+    row("one gcra rule", get(p, "sluice_gcra"), get(p, "governor_gcra"), "governor keyed")
+    if not rows:
+        return []
+    return [
+        "### In process (criterion medians ± median absolute deviation)",
+        "",
+        "`cargo bench -p sluice-store --bench decision` and `cargo bench --manifest-path bench/peers/Cargo.toml --bench embedded`: "
+        "10,000 keys cycled, every request admitted.",
+        "",
+        "| case | sluice | peer | ratio sluice / peer |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        "Targets: one gcra decision no slower than governor (ratio ≤ 1.00), three rules at most 2.5× that.",
+        "",
+    ]
+
+
+def redis_cost(lines):
+    rows, previous = [], None
+    for l in sorted((l for l in lines if l["suite"] == "redis_cost"), key=lambda l: l["rules"]):
+        f, ff, e, ef = (median(l[k]) for k in ("fcall", "fcall_floor", "evalsha", "evalsha_floor"))
+        added = f"+{fmt(f - previous)} µs" if previous is not None else ""
+        previous = f
+        rows.append(
+            f"| {l['rules']} | {fmt(f)} µs{flag(l['fcall'])} | {fmt(ff)} µs{flag(l['fcall_floor'])} | {f / ff:.2f} | {added} "
+            f"| {fmt(e)} µs | {fmt(ef)} µs | {e / ef:.2f} |"
+        )
+    if not rows:
+        return []
+    return [
+        "### Redis CPU per decision against a floor",
+        "",
+        "`REDIS_COST_CALLS=50000 REDIS_COST_RUNS=N cargo run --release -p sluice-store --example redis_cost`: "
+        "`usec_per_call` of the decision with 1–3 gcra rules next to a floor that issues the same Redis commands "
+        "(`TIME`, then `GET` and `SET PX` per rule) and nothing else, as a function (`FCALL`, what sluice sends) "
+        "and as a script (`EVALSHA`, its fallback); `redis-benchmark`, 64 connections, 10,000 tenants, rounds alternating.",
+        "",
+        "| rules | FCALL | floor | ratio | each further rule | EVALSHA | floor | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "Targets: ratio ≤ 1.5 for one rule, each further rule ≤ +2 µs.",
+        "",
+    ]
+
+
+def peers(lines):
+    by = {}
+    for l in lines:
+        if l["suite"] in ("redis_peers", "node_peers", "python_peers"):
+            by.setdefault((l["peer"], l["backend"]), []).append(l)
+    if not by:
+        return []
+    base = by.get(("sluice_fixed_window", "redis"))
+    base_cpu = median([l["redis_process_us_per_decision"] for l in base]) if base else None
+    rows = []
+    for (peer, backend), runs in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rate = [l["decisions_per_s"] for l in runs]
+        cells = [peer, backend, f"{fmt(median(rate), 0)}{flag(rate)}"]
+        if backend == "redis":
+            cmd = [l["redis_command_us_per_decision"] for l in runs]
+            cpu = [l["redis_process_us_per_decision"] for l in runs]
+            ratio = f"{median(cpu) / base_cpu:.2f}" if base_cpu else ""
+            cells += [f"{fmt(median(cmd), 2)}", f"{fmt(median(cpu), 2)}{flag(cpu)}", ratio]
+        else:
+            cells += ["", "", ""]
+        rows.append("| " + " | ".join(cells) + " |")
+    return [
+        "### Peers in memory and on one Redis",
+        "",
+        "`target/peers/release/redis_peers` (sluice `Limiter` over `RedisStore`, limitador `AsyncRedisStorage`: "
+        "64 tasks in one process), `node bench/peers/node/bench.mjs` (rate-limiter-flexible, 64 concurrent callers), "
+        "`python bench/peers/python/bench.py` (limits, synchronous, one thread): one limit per key over 10,000 keys, "
+        "every request admitted, the same `redis-server`. Decisions per second depend on each client's concurrency "
+        "and runtime; Redis CPU per decision (commands' time from `INFO commandstats`, and the process's CPU) is what "
+        "carries over.",
+        "",
+        "| peer | backend | decisions/s | Redis command µs / decision | Redis process µs / decision | process CPU ratio to sluice fixed_window |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def service(lines):
+    by = {}
+    for l in lines:
+        if l["suite"] == "service_cpu":
+            by.setdefault(l["api"], []).append(l["service_us_per_decision"])
+    if "http" not in by or "grpc" not in by:
+        return []
+    h, g = median(by["http"]), median(by["grpc"])
+    rate = next(l["rate"] for l in lines if l["suite"] == "service_cpu")
+    return [
+        "### Service CPU per decision: HTTP and gRPC",
+        "",
+        f"`JSON=1 scripts/service_cpu.sh {rate} SECONDS RUNS`: `sluice serve` (memory store, one gcra rule per tenant) "
+        f"under a steady open-loop load of {rate:,}/s, service utime + stime per decision.",
+        "",
+        "| API | runs (µs) | median |",
+        "|---|---|---|",
+        f"| HTTP `/v1/check` | {', '.join(fmt(v) for v in by['http'])} | {fmt(h)} µs{flag(by['http'], '')} |",
+        f"| gRPC `ShouldRateLimit` | {', '.join(fmt(v) for v in by['grpc'])} | {fmt(g)} µs{flag(by['grpc'], '')} |",
+        "",
+        f"Ratio gRPC / HTTP: {g / h:.2f} (target ≤ 1.1).",
+        "",
+    ]
+
+
+def throughput(lines):
+    by = {}
+    for l in lines:
+        if l["suite"] == "throughput":
+            by.setdefault((l["backend"], l["api"]), []).append(l)
+    rows = []
+    for (backend, api), runs in by.items():
+        best = []
+        for l in runs:
+            good = [p["rate"] for p in l["phases"] if p["errors"] == 0 and p["p99_us"] < 5000]
+            best.append(max(good) if good else 0.0)
+        rows.append(f"| {backend} | {api} | {fmt(median(best), 0)}/s{flag(best)} | {', '.join(fmt(b, 0) for b in best)} |")
+    if not rows:
+        return []
+    return [
+        "### Throughput with p99 under 5 ms",
+        "",
+        "`sluice bench --scenario throughput --api http|grpc --tenants 10000 --start-rate 2000 --seconds 2` against "
+        "`sluice serve` (one gcra rule per tenant) on the memory store and on the Redis above: rates double from "
+        "2,000/s while p99 (from each request's intended send time) stays under 5 ms, then bisect. The generator "
+        "shares the cores, so these are floors for the service.",
+        "",
+        "| backend | API | highest rate with p99 < 5 ms (median) | runs |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def main():
+    results, doc = sys.argv[1], sys.argv[2]
+    lines = load(results)
+    machine = next((l for l in lines if l["suite"] == "machine"), None)
+    versions = ", ".join(f"{l['package']} {l['version']}" for l in lines if l["suite"] == "version")
+    body = [
+        BEGIN,
+        "## Side by side: `scripts/bench.sh`",
+        "",
+        "Written by `scripts/bench.sh` (edits between the markers are overwritten). Medians of the runs; "
+        f"a figure whose runs spread more than {NOISY:.0%} around their median is marked **noisy**.",
+        "",
+    ]
+    if machine:
+        body += [
+            f"Run {machine['date']} on {machine['cores']} × {machine['cpu']} (Linux {machine['kernel']}, load {machine['load']} at the end), "
+            f"Redis {machine['redis']}, rustc {machine['rustc']}, Node {machine['node']}, Python {machine['python']}; "
+            f"{machine['runs']} runs of {machine['seconds']} s. Peers: {versions}.",
+            "",
+        ]
+    for part in (embedded, redis_cost, peers, service, throughput):
+        body += part(lines)
+    body.append(END)
+    text = open(doc).read()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        text = head + "\n".join(body) + tail
+    else:
+        first_section = text.index("\n## ")
+        text = text[: first_section + 1] + "\n".join(body) + "\n\n" + text[first_section + 1 :]
+    open(doc, "w").write(text)
+
+
+if __name__ == "__main__":
+    main()
