@@ -225,7 +225,7 @@ def main():
         body += [
             f"Run {machine['date']} on {machine['cores']} × {machine['cpu']} (Linux {machine['kernel']}, load {machine['load']} at the end), "
             f"Redis {machine['redis']}, rustc {machine['rustc']}, Node {machine['node']}, Python {machine['python']}; "
-            f"{machine['runs']} runs of {machine['seconds']} s. Peers: {versions}.",
+            f"{machine['runs']} runs of {machine['seconds']} s." + (f" Peers: {versions}." if versions else ""),
             "",
         ]
     for part in (embedded, redis_cost, peers, service, throughput):

@@ -87,3 +87,55 @@ fn bench_refuses_bad_classes_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--noisy takes COUNT:RATE"), "{stderr}");
 }
+
+/// `scripts/bench_report.py` rewrites only its section of a document, from
+/// the medians of the runs, flags figures whose runs spread, and replaces
+/// (never repeats) the section when run again.
+#[test]
+fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
+    let results = [
+        r#"{"suite":"machine","date":"2026-12-01","cpu":"test cpu","cores":2,"kernel":"k","redis":"7.0.15","rustc":"1","node":"v20","python":"3","runs":3,"seconds":5,"load":0.5}"#,
+        // Steady runs: median 10.0, spread 4% (not noisy).
+        r#"{"suite":"service_cpu","api":"http","run":1,"rate":4000,"decisions":1,"service_us_per_decision":10.0}"#,
+        r#"{"suite":"service_cpu","api":"http","run":2,"rate":4000,"decisions":1,"service_us_per_decision":10.2}"#,
+        r#"{"suite":"service_cpu","api":"http","run":3,"rate":4000,"decisions":1,"service_us_per_decision":9.8}"#,
+        // Runs of 12, 13 and 30: median 13, spread far over 20% (noisy).
+        r#"{"suite":"service_cpu","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":12.0}"#,
+        r#"{"suite":"service_cpu","api":"grpc","run":2,"rate":4000,"decisions":1,"service_us_per_decision":30.0}"#,
+        r#"{"suite":"service_cpu","api":"grpc","run":3,"rate":4000,"decisions":1,"service_us_per_decision":13.0}"#,
+    ]
+    .join("\n");
+    let results_file = temp_file("results.jsonl", &results);
+    let doc = temp_file(
+        "BENCHMARKS.md",
+        "# Benchmarks\n\nIntro.\n\n## Kept by hand\n\nUntouched text.\n",
+    );
+    let report = || {
+        let status = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../scripts/bench_report.py"
+            ))
+            .args([&results_file, &doc])
+            .status()
+            .expect("python3 runs (apt-get install python3)");
+        assert!(status.success());
+        std::fs::read_to_string(&doc).unwrap()
+    };
+    let once = report();
+    assert!(
+        once.contains("## Kept by hand\n\nUntouched text."),
+        "{once}"
+    );
+    assert!(once.starts_with("# Benchmarks\n\nIntro.\n"), "{once}");
+    assert!(
+        once.contains("| HTTP `/v1/check` | 10.0, 10.2, 9.8 | 10.0 µs (runs ±2%) |"),
+        "{once}"
+    );
+    assert!(once.contains("| 13.0 µs (runs ±69%) **noisy** |"), "{once}");
+    assert!(once.contains("Ratio gRPC / HTTP: 1.30"), "{once}");
+    assert!(once.contains("2 × test cpu"), "{once}");
+    let twice = report();
+    assert_eq!(once, twice, "a second run replaces the section");
+    assert_eq!(twice.matches("<!-- bench.sh:begin -->").count(), 1);
+}
