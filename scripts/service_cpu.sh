@@ -5,14 +5,24 @@
 # over each API with `sluice bench --scenario steady`, and reads the
 # service's CPU time (utime + stime, /proc) around each run.
 #   scripts/service_cpu.sh [RATE] [SECONDS] [RUNS]   (default 5000 10 3)
-# With JSON=1 each run is one JSON line (for scripts/bench.sh).
+# With JSON=1 each run is one JSON line (for scripts/bench.sh). SLUICE_BIN
+# runs another build of the service (the load still comes from this tree's);
+# REDIS_URL puts the service on that Redis instead of the memory store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
 cargo build --release -q -p sluice-server
-bin=target/release/sluice
+bench=target/release/sluice
+bin=${SLUICE_BIN:-$bench}
 config=$(mktemp --suffix=.yaml)
+storage=""
+if [ -n "${REDIS_URL:-}" ]; then
+  export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+  storage="storage: { backend: redis, url: \"$REDIS_URL\" }
+keys: { pepper_env: SERVICE_CPU_PEPPER }"
+fi
 cat > "$config" <<YAML
+$storage
 default_plan: p
 plans:
   p:
@@ -31,7 +41,7 @@ for run in $(seq "$runs"); do
   for api in http grpc; do
     target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
     before=$(cpu)
-    sent=$("$bin" bench --scenario steady --api $api --target "$target" --tenants 10000 \
+    sent=$("$bench" bench --scenario steady --api $api --target "$target" --tenants 10000 \
       --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
     after=$(cpu)
     if [ "${JSON:-}" = 1 ]; then
