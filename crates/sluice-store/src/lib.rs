@@ -23,6 +23,8 @@ pub mod clock;
 #[cfg(feature = "redis")]
 pub mod cluster;
 pub mod limiter;
+#[cfg(feature = "redis")]
+mod local_connection;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod script;

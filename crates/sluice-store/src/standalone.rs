@@ -14,6 +14,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, State};
 
+use crate::local_connection::LocalConnections;
 use crate::script::{self, Heartbeat, KeySet, Raw, TimeSource, Valve};
 use crate::store::{Batch, Store, StoreError};
 
@@ -21,6 +22,8 @@ use crate::store::{Batch, Store, StoreError};
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
+    /// Decisions go over a connection of the deciding thread's own.
+    local: LocalConnections,
     decide: script::Decide,
     keys: KeySet,
     time: TimeSource,
@@ -102,10 +105,11 @@ impl RedisStore {
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(250))))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
+        let connection = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
             .map_err(|e| script::store_error(&e, timeout_ms))?;
         let store = RedisStore {
             connection,
+            local: LocalConnections::new(client, config),
             decide: script::Decide::new(),
             keys,
             time: TimeSource::Server,
@@ -171,7 +175,7 @@ impl RedisStore {
         );
         let reply: Vec<i64> = self
             .decide
-            .call(&mut self.connection.clone(), |cmd| call.fill(cmd))
+            .call(&mut self.local.get(&self.connection), |cmd| call.fill(cmd))
             .await
             .map_err(|e| script::store_error(&e, self.timeout_ms))?;
         script::outcomes(&reply, batch.rules.len())
@@ -189,7 +193,7 @@ impl RedisStore {
         let refund = redis::Script::new(script::REFUND_LUA);
         let (evalsha, eval) =
             script::refund_commands(&refund, &keys, &args, batch.lease, &self.time);
-        let mut connection = self.connection.clone();
+        let mut connection = self.local.get(&self.connection);
         let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 eval.query_async(&mut connection).await

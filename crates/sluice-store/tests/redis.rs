@@ -543,3 +543,77 @@ async fn heartbeats_tell_other_peppers_apart_but_not_a_rolling_rotation() {
         }
     }
 }
+
+fn decide_on(runtime: &tokio::runtime::Runtime, limiter: &Limiter<RedisStore>) -> bool {
+    runtime.block_on(async {
+        let policy = limiter.policy();
+        let request = Request::new("acme", "GET /v1/x", None, 1).unwrap();
+        limiter.decide(&policy, &request).await.allowed
+    })
+}
+
+fn clients(server: &RedisServer) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.connection())
+        .unwrap();
+    list.lines().count()
+}
+
+/// Each thread decides over a connection of its own (driven on its own
+/// runtime, as sluice-server's listener threads are), and a thread whose
+/// runtime went away decides again at once on its next runtime (on Deny,
+/// a decision Redis did not make would be a denial).
+#[test]
+fn each_thread_decides_over_its_own_connection_and_outlives_its_runtime() {
+    let server = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let store = first.block_on(store(&server, keys(9)));
+    let limiter = std::sync::Arc::new(Limiter::new(
+        policy(FOUR_SCOPES, true),
+        store,
+        OnError::Deny,
+    ));
+    let before = clients(&server);
+    assert!(decide_on(&first, &limiter));
+    // Two more threads decide, and keep their runtimes until counted.
+    let (decided, counted) = (
+        std::sync::Arc::new(std::sync::Barrier::new(3)),
+        std::sync::Arc::new(std::sync::Barrier::new(3)),
+    );
+    let others: Vec<_> = (0..2)
+        .map(|_| {
+            let (limiter, decided, counted) = (limiter.clone(), decided.clone(), counted.clone());
+            std::thread::spawn(move || {
+                let runtime = runtime();
+                let all = (0..5).all(|_| decide_on(&runtime, &limiter));
+                decided.wait();
+                counted.wait();
+                all
+            })
+        })
+        .collect();
+    decided.wait();
+    let during = clients(&server);
+    counted.wait();
+    for other in others {
+        assert!(other.join().unwrap(), "decided by Redis on another thread");
+    }
+    assert_eq!(
+        during,
+        before + 3,
+        "one connection per deciding thread ({before} before)"
+    );
+    drop(first);
+    let second = runtime();
+    assert!(
+        decide_on(&second, &limiter),
+        "the first decision on a new runtime is made by Redis"
+    );
+}
