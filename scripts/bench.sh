@@ -86,7 +86,8 @@ step "limits (PyPI)"
 "$out/venv/bin/pip" install -q -r bench/peers/python/requirements.txt >&2
 "$out/venv/bin/python" bench/peers/python/bench.py "$runs" "$seconds" >> "$results"
 
-step "service CPU per decision, HTTP and gRPC"
+step "service CPU per decision, HTTP and gRPC, memory store and Redis"
+env -u REDIS_URL JSON=1 scripts/service_cpu.sh 4000 "$seconds" "$runs" >> "$results"
 JSON=1 scripts/service_cpu.sh 4000 "$seconds" "$runs" >> "$results"
 
 step "throughput with p99 under 5 ms, per backend and API"

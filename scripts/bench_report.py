@@ -158,23 +158,29 @@ def service(lines):
     by = {}
     for l in lines:
         if l["suite"] == "service_cpu":
-            by.setdefault(l["api"], []).append(l["service_us_per_decision"])
-    if "http" not in by or "grpc" not in by:
+            by.setdefault((l.get("store", "memory"), l["api"]), []).append(l["service_us_per_decision"])
+    rows, ratios = [], []
+    for store in ("memory", "redis"):
+        h, g = by.get((store, "http")), by.get((store, "grpc"))
+        if not (h and g):
+            continue
+        for label, runs in (("HTTP `/v1/check`", h), ("gRPC `ShouldRateLimit`", g)):
+            rows.append(f"| {store} | {label} | {', '.join(fmt(v) for v in runs)} | {fmt(median(runs))} µs{flag(runs, '')} |")
+        ratios.append(f"{store} {median(g) / median(h):.2f}")
+    if not rows:
         return []
-    h, g = median(by["http"]), median(by["grpc"])
     rate = next(l["rate"] for l in lines if l["suite"] == "service_cpu")
     return [
         "### Service CPU per decision: HTTP and gRPC",
         "",
-        f"`JSON=1 scripts/service_cpu.sh {rate} SECONDS RUNS`: `sluice serve` (memory store, one gcra rule per tenant) "
-        f"under a steady open-loop load of {rate:,}/s, service utime + stime per decision.",
+        f"`JSON=1 scripts/service_cpu.sh {rate} SECONDS RUNS`, and the same with `REDIS_URL` set: `sluice serve` "
+        f"(one gcra rule per tenant) under a steady open-loop load of {rate:,}/s, service utime + stime per decision.",
         "",
-        "| API | runs (µs) | median |",
-        "|---|---|---|",
-        f"| HTTP `/v1/check` | {', '.join(fmt(v) for v in by['http'])} | {fmt(h)} µs{flag(by['http'], '')} |",
-        f"| gRPC `ShouldRateLimit` | {', '.join(fmt(v) for v in by['grpc'])} | {fmt(g)} µs{flag(by['grpc'], '')} |",
+        "| store | API | runs (µs) | median |",
+        "|---|---|---|---|",
+        *rows,
         "",
-        f"Ratio gRPC / HTTP: {g / h:.2f} (target ≤ 1.1).",
+        f"Ratio gRPC / HTTP: {', '.join(ratios)} (target ≤ 1.1).",
         "",
     ]
 

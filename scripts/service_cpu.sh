@@ -15,8 +15,9 @@ cargo build --release -q -p sluice-server
 bench=target/release/sluice
 bin=${SLUICE_BIN:-$bench}
 config=$(mktemp --suffix=.yaml)
-storage=""
+storage=""; store=memory
 if [ -n "${REDIS_URL:-}" ]; then
+  store=redis
   export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
   storage="storage: { backend: redis, url: \"$REDIS_URL\" }
 keys: { pepper_env: SERVICE_CPU_PEPPER }"
@@ -45,7 +46,7 @@ for run in $(seq "$runs"); do
       --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
     after=$(cpu)
     if [ "${JSON:-}" = 1 ]; then
-      python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2)}))"
+      python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'store': '$store', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2)}))"
     else
       python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision ({$sent} decisions at $rate/s)')"
     fi

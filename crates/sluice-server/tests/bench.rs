@@ -133,7 +133,7 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         "{once}"
     );
     assert!(once.contains("| 13.0 µs (runs ±69%) **noisy** |"), "{once}");
-    assert!(once.contains("Ratio gRPC / HTTP: 1.30"), "{once}");
+    assert!(once.contains("Ratio gRPC / HTTP: memory 1.30"), "{once}");
     assert!(once.contains("2 × test cpu"), "{once}");
     let twice = report();
     assert_eq!(once, twice, "a second run replaces the section");
