@@ -4,7 +4,7 @@
 //! A script's body runs from the top on every `EVALSHA`, creating each of
 //! its helpers (a dozen closures) before it decides anything; a function's
 //! library runs once, when it is loaded, so a call only decides. Measured
-//! with `examples/redis_cost`, that is about 2 µs of Redis CPU per decision
+//! with `examples/redis_cost`, that is 2–5 µs of Redis CPU per decision
 //! (see docs/BENCHMARKS.md).
 //!
 //! The library is named after a hash of its source, so that instances of
