@@ -7,7 +7,8 @@
 //! turn: first decisions with two tenant-slot rules (tenant gcra + route
 //! token_bucket: one script call), then the same with a global valve added
 //! (on the cluster: a second call on the valve's slot; the valve is split
-//! over 16 keys). Redis CPU per decision is the `EVALSHA` time from
+//! over 16 keys). Redis CPU per decision is the decision calls' time
+//! (`FCALL`, and `EVALSHA`/`EVAL` for the refund script) from
 //! `INFO commandstats`, summed over the nodes.
 //!
 //! Run: `cargo run --release -p sluice-store --example cluster_throughput`.
@@ -81,7 +82,7 @@ fn main() {
     ] {
         reset(&mut [&mut server.connection()]);
         let one = runtime.block_on(load(&standalone, route, rules));
-        let one_cpu = evalsha_usec(&mut [&mut server.connection()]) / one.0;
+        let one_cpu = script_usec(&mut [&mut server.connection()]) / one.0;
         let mut nodes: Vec<redis::Connection> = cluster
             .master_ports()
             .into_iter()
@@ -89,7 +90,7 @@ fn main() {
             .collect();
         reset(&mut nodes.iter_mut().collect::<Vec<_>>());
         let three = runtime.block_on(load(&clustered, route, rules));
-        let three_cpu = evalsha_usec(&mut nodes.iter_mut().collect::<Vec<_>>()) / three.0;
+        let three_cpu = script_usec(&mut nodes.iter_mut().collect::<Vec<_>>()) / three.0;
         println!("{label}:");
         println!(
             "{:<34} {:>14.0} {:>22.2}",
@@ -112,13 +113,13 @@ fn reset(connections: &mut [&mut redis::Connection]) {
     }
 }
 
-/// Microseconds spent in `EVALSHA` (and `EVAL`, for a node's first call),
-/// summed over the nodes.
-fn evalsha_usec(connections: &mut [&mut redis::Connection]) -> f64 {
+/// Microseconds spent in `FCALL` (the decisions) and `EVALSHA`/`EVAL`
+/// (refunds), summed over the nodes.
+fn script_usec(connections: &mut [&mut redis::Connection]) -> f64 {
     connections
         .iter_mut()
         .map(|c| {
-            ["evalsha", "eval"]
+            ["fcall", "evalsha", "eval"]
                 .iter()
                 .filter_map(|command| command_usec(c, command))
                 .map(|(_, usec)| usec as f64)

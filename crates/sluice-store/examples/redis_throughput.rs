@@ -1,10 +1,10 @@
 //! Decisions per second through the Redis store, next to the ceiling
-//! `redis-benchmark` reaches with the same script on the same server.
+//! `redis-benchmark` reaches with the same call on the same server.
 //!
 //! Starts its own `redis-server` on a free loopback port. Phase 1: one
 //! process, `TASKS` concurrent tasks deciding for 10,000 tenants (tenant
-//! gcra + route token_bucket: two rules, one EVALSHA) for `SECONDS`.
-//! Phase 2: `redis-benchmark` sends the same EVALSHA (same script, two
+//! gcra + route token_bucket: two rules, one FCALL) for `SECONDS`.
+//! Phase 2: `redis-benchmark` sends the same FCALL (same function, two
 //! keys, same arguments, random keys) with 64 connections. Redis CPU per
 //! decision comes from `INFO commandstats`.
 //!
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::script::DECIDE_LUA;
+use sluice_store::script::Decide;
 use sluice_store::{ConnectOptions, KeySet, Limiter, RedisStore};
 use sluice_testkit::{RedisServer, command_usec};
 
@@ -42,7 +42,7 @@ fn main() {
         .expect("runtime");
     let per_second = runtime.block_on(through_the_store(&server));
     let mut conn = server.connection();
-    let (calls, usec) = command_usec(&mut conn, "evalsha").expect("evalsha stats");
+    let (calls, usec) = command_usec(&mut conn, "fcall").expect("fcall stats");
     let store_usec = usec as f64 / calls as f64;
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -50,7 +50,7 @@ fn main() {
         .expect("reset stats");
 
     let ceiling = redis_benchmark(&server);
-    let (calls, usec) = command_usec(&mut conn, "evalsha").expect("evalsha stats");
+    let (calls, usec) = command_usec(&mut conn, "fcall").expect("fcall stats");
     let bench_usec = usec as f64 / calls as f64;
 
     println!(
@@ -65,7 +65,7 @@ fn main() {
     );
     println!(
         "{:<44} {:>14.0} {:>22.2}",
-        "redis-benchmark EVALSHA, 64 connections", ceiling, bench_usec
+        "redis-benchmark FCALL, 64 connections", ceiling, bench_usec
     );
     println!(
         "ratio sluice / redis-benchmark: {:.2}",
@@ -118,10 +118,10 @@ async fn through_the_store(server: &RedisServer) -> f64 {
     decided.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Runs redis-benchmark with the decision script and returns its
-/// requests per second.
+/// Runs redis-benchmark with the decision function (loaded by the store)
+/// and returns its requests per second.
 fn redis_benchmark(server: &RedisServer) -> f64 {
-    let sha = redis::Script::new(DECIDE_LUA).get_hash().to_owned();
+    let decide = Decide::new();
     let total = 200_000.to_string();
     let out = std::process::Command::new("redis-benchmark")
         .args([
@@ -138,8 +138,8 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
         // now (server clock), 2 rules, not rotating, no lease; then per rule:
         // algorithm, limit, per, burst, aligned, cost, shadow.
         .args([
-            "EVALSHA",
-            &sha,
+            "FCALL",
+            decide.function_name(),
             "2",
             "sl:{t__rand_int__}:a",
             "sl:{t__rand_int__}:b",
@@ -153,7 +153,7 @@ fn redis_benchmark(server: &RedisServer) -> f64 {
         .output()
         .expect("redis-benchmark runs (install redis-tools)");
     let text = String::from_utf8_lossy(&out.stdout);
-    // "EVALSHA ...: 61983.24 requests per second, p50=..."
+    // "FCALL ...: 61983.24 requests per second, p50=..."
     let last = text.rsplit('\r').next().unwrap_or(&text);
     last.split(" requests per second")
         .next()
