@@ -223,11 +223,7 @@ impl<S: Store> Limiter<S> {
             Err(decided) => return decided,
         };
         let guarded = dedupe::Guarded::of(&batch, request);
-        // In process, without entering the remote path's state machine.
-        if applicable.shards <= 1
-            && !guarded.any()
-            && let Some(result) = self.store.decide_in_process(&batch)
-        {
+        if let Some(result) = self.in_process(&applicable, &batch, &guarded) {
             return self.conclude(applicable, &batch, result);
         }
         Box::pin(self.decide_guarded(applicable, batch, guarded)).await
@@ -309,16 +305,28 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
     ) -> Decision<'p> {
         let guarded = dedupe::Guarded::of(&batch, request);
-        // In process, without entering the remote path's state machine.
-        if applicable.shards <= 1
-            && !guarded.any()
-            && let Some(result) = self.store.decide_in_process(&batch)
-        {
+        if let Some(result) = self.in_process(&applicable, &batch, &guarded) {
             return self.conclude(applicable, &batch, result);
         }
         // Boxed, so that this future stays small for the in-process path
         // (moving a large future costs more than the decision itself).
         Box::pin(self.decide_guarded(applicable, batch, guarded)).await
+    }
+
+    /// The store's answer in process, without entering the remote path's
+    /// state machine, when the store can give one and neither shards nor a
+    /// duplicate guard need that path.
+    fn in_process(
+        &self,
+        applicable: &Applicable<'_>,
+        batch: &Batch<'_>,
+        guarded: &dedupe::Guarded,
+    ) -> Option<Result<Outcomes, StoreError>> {
+        if applicable.shards <= 1 && !guarded.any() {
+            self.store.decide_in_process(batch)
+        } else {
+            None
+        }
     }
 
     /// The rest of [`decide`](Self::decide): duplicate guards placed, then

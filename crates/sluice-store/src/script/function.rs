@@ -68,15 +68,8 @@ impl Decide {
         }
     }
 
-    /// Only scripts, never functions (as on Redis 6).
-    pub fn scripts_only() -> Decide {
-        let decide = Decide::new();
-        decide.inner.functions.store(false, Ordering::Relaxed);
-        decide
-    }
-
     /// Whether calls go out as `FCALL`.
-    pub fn uses_functions(&self) -> bool {
+    fn uses_functions(&self) -> bool {
         self.inner.functions.load(Ordering::Relaxed)
     }
 
