@@ -36,7 +36,7 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 step() { echo "== $* ($(date +%T))" >&2; }
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -70,7 +70,7 @@ REDIS_COST_CALLS=50000 REDIS_COST_RUNS=$runs target/release/examples/redis_cost 
 step "sluice and limitador on one Redis"
 target/peers/release/redis_peers "$runs" "$seconds" >> "$results"
 
-redis_port=$(port)
+redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null &
 pids+=($!)
 for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
@@ -94,18 +94,9 @@ step "throughput with p99 under 5 ms, per backend and API"
 config=$out/throughput.yaml
 pepper=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
 for backend in memory redis; do
-  storage=""
-  [ $backend = redis ] && storage="storage: { backend: redis, url: \"$REDIS_URL\" }
-keys: { pepper_env: BENCH_PEPPER }"
-  cat > "$config" <<YAML
-$storage
-default_plan: p
-plans:
-  p:
-    routes:
-      "*": [{ name: r, algorithm: gcra, limit: 1000000000, per: 1s }]
-YAML
-  http=$(port); grpc=$(port)
+  url=""; [ $backend = redis ] && url=$REDIS_URL
+  bench_config "$config" "$url" BENCH_PEPPER
+  http=$(free_port); grpc=$(free_port)
   BENCH_PEPPER=$pepper SLUICE_LOG=warn target/release/sluice serve --config "$config" \
     --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
   serve=$!; pids+=($serve)

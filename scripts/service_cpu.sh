@@ -14,24 +14,15 @@ rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
 cargo build --release -q -p sluice-server
 bench=target/release/sluice
 bin=${SLUICE_BIN:-$bench}
+. scripts/lib.sh
 config=$(mktemp --suffix=.yaml)
-storage=""; store=memory
+store=memory
 if [ -n "${REDIS_URL:-}" ]; then
   store=redis
   export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
-  storage="storage: { backend: redis, url: \"$REDIS_URL\" }
-keys: { pepper_env: SERVICE_CPU_PEPPER }"
 fi
-cat > "$config" <<YAML
-$storage
-default_plan: p
-plans:
-  p:
-    routes:
-      "*": [{ name: r, algorithm: gcra, limit: 1000000000, per: 1s }]
-YAML
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-http=$(port); grpc=$(port)
+bench_config "$config" "${REDIS_URL:-}" SERVICE_CPU_PEPPER
+http=$(free_port); grpc=$(free_port)
 SLUICE_LOG=warn "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
 pid=$!
 trap 'kill $pid 2>/dev/null; rm -f "$config"' EXIT
