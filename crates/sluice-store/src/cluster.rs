@@ -46,6 +46,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, Rule, State};
 use smallvec::SmallVec;
 
+use crate::local_connection::LocalConnections;
 use crate::script::{self, Heartbeat, KeySet, Raw, Selection, TimeSource, Valve};
 use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Partition, Store, StoreError};
@@ -58,6 +59,9 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 pub struct ClusterStore {
     client: ClusterClient,
     connection: Arc<ArcSwapOption<ClusterConnection>>,
+    /// Calls go over a connection of the calling thread's own once it is
+    /// up (see `local_connection`), over `connection` until then.
+    local: LocalConnections,
     decide: script::Decide,
     refund: redis::Script,
     keys: KeySet,
@@ -112,6 +116,7 @@ impl ClusterStore {
         let store = ClusterStore {
             client: client.clone(),
             connection: Arc::new(ArcSwapOption::empty()),
+            local: LocalConnections::new(),
             decide: script::Decide::new(),
             refund: redis::Script::new(script::REFUND_LUA),
             keys,
@@ -137,12 +142,18 @@ impl ClusterStore {
     /// Connects in the background, retrying every second. (Once connected,
     /// the client follows failovers and resharding by itself.)
     fn connect_in_background(&self) {
-        let (client, slot, budget) = (
-            self.client.clone(),
-            self.connection.clone(),
-            self.connect_budget(),
-        );
-        tokio::spawn(async move {
+        self.keep_connecting(&tokio::runtime::Handle::current(), self.connection.clone());
+    }
+
+    /// Puts a connection in `slot` once one is made on `runtime` (which
+    /// then drives it), trying every second until then.
+    fn keep_connecting(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        slot: Arc<ArcSwapOption<ClusterConnection>>,
+    ) {
+        let (client, budget) = (self.client.clone(), self.connect_budget());
+        runtime.spawn(async move {
             loop {
                 if let Ok(Ok(connection)) =
                     tokio::time::timeout(budget, client.get_async_connection()).await
@@ -172,7 +183,16 @@ impl ClusterStore {
         self.valve_shards
     }
 
+    /// The calling thread's connection when it is up, else the shared one.
     fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        let local = self.local.get(|runtime| {
+            let slot = Arc::new(ArcSwapOption::empty());
+            self.keep_connecting(runtime, slot.clone());
+            Some(slot)
+        });
+        if let Some(connection) = local.and_then(|slot| slot.load_full()) {
+            return Ok((*connection).clone());
+        }
         self.connection
             .load_full()
             .map(|c| (*c).clone())

@@ -22,8 +22,11 @@ use crate::store::{Batch, Store, StoreError};
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
-    /// Decisions go over a connection of the deciding thread's own.
+    /// Decisions go over a connection of the deciding thread's own, made
+    /// from `client` and `config` as `connection` was.
     local: LocalConnections,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
     decide: script::Decide,
     keys: KeySet,
     time: TimeSource,
@@ -109,7 +112,9 @@ impl RedisStore {
             .map_err(|e| script::store_error(&e, timeout_ms))?;
         let store = RedisStore {
             connection,
-            local: LocalConnections::new(client, config),
+            local: LocalConnections::new(),
+            client,
+            config,
             decide: script::Decide::new(),
             keys,
             time: TimeSource::Server,
@@ -175,10 +180,21 @@ impl RedisStore {
         );
         let reply: Vec<i64> = self
             .decide
-            .call(&mut self.local.get(&self.connection), |cmd| call.fill(cmd))
+            .call(&mut self.deciding_connection(), |cmd| call.fill(cmd))
             .await
             .map_err(|e| script::store_error(&e, self.timeout_ms))?;
         script::outcomes(&reply, batch.rules.len())
+    }
+
+    /// The deciding thread's own connection, or the shared one where the
+    /// thread cannot have one (off a runtime).
+    fn deciding_connection(&self) -> ConnectionManager {
+        self.local
+            .get(|_| {
+                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                    .ok()
+            })
+            .unwrap_or_else(|| self.connection.clone())
     }
 
     /// Gives back what an admitted decision of `batch` at `at` (the
@@ -193,7 +209,7 @@ impl RedisStore {
         let refund = redis::Script::new(script::REFUND_LUA);
         let (evalsha, eval) =
             script::refund_commands(&refund, &keys, &args, batch.lease, &self.time);
-        let mut connection = self.local.get(&self.connection);
+        let mut connection = self.deciding_connection();
         let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 eval.query_async(&mut connection).await

@@ -708,3 +708,77 @@ async fn a_decision_dropped_between_reserve_and_refund_consumes_nothing() {
     }
     assert_eq!(passed, 3, "dropped decisions left valve budget consumed");
 }
+
+/// A decision on `runtime`; the runtime runs its other tasks (a thread's
+/// connection being made) while it waits.
+fn decide_on(runtime: &tokio::runtime::Runtime, limiter: &Limiter<ClusterStore>) -> bool {
+    runtime.block_on(async {
+        let policy = limiter.policy();
+        let request = Request::new("acme", "GET /v1/x", None, 1).unwrap();
+        let allowed = limiter.decide(&policy, &request).await.allowed;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        allowed
+    })
+}
+
+/// Clients connected to the first master.
+fn clients(cluster: &RedisCluster) -> usize {
+    let client = redis::Client::open(cluster.urls()[0].as_str()).unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut client.get_connection().unwrap())
+        .unwrap();
+    // Less the connection asking.
+    list.lines().count() - 1
+}
+
+/// As on one Redis: each thread calls the cluster over a connection of
+/// its own, driven on its own runtime, once it is up, and a thread whose
+/// runtime went away gets a new one on its next runtime (on Deny, a
+/// decision the cluster did not make would be a denial).
+#[test]
+fn each_thread_calls_the_cluster_over_its_own_connection() {
+    let cluster = RedisCluster::start(3, 0);
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // The store's shared connection on a runtime of its own, as the
+    // server's main runtime: a thread's first call goes over it.
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = limiter(
+        first.block_on(store(&cluster, 1)),
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 1000, per: 1h }]\n",
+        OnError::Deny,
+    );
+    let before = clients(&cluster);
+    assert!((0..3).all(|_| decide_on(&first, &limiter)));
+    let deciding = limiter.clone();
+    let (decided, during) = sluice_testkit::while_threads_stand(
+        2,
+        move || {
+            let runtime = runtime();
+            ((0..5).all(|_| decide_on(&runtime, &deciding)), runtime)
+        },
+        || clients(&cluster),
+    );
+    assert!(decided, "decided by the cluster on other threads");
+    assert_eq!(
+        during,
+        before + 3,
+        "one connection per calling thread to each master ({before} before)"
+    );
+    // The shared connection was driven by the first runtime: gone with it.
+    drop(first);
+    let second = runtime();
+    assert!(
+        (0..40).any(|_| decide_on(&second, &limiter)),
+        "a thread on a new runtime decides over a new connection of its own"
+    );
+}

@@ -583,28 +583,16 @@ fn each_thread_decides_over_its_own_connection_and_outlives_its_runtime() {
     let before = clients(&server);
     assert!(decide_on(&first, &limiter));
     // Two more threads decide, and keep their runtimes until counted.
-    let (decided, counted) = (
-        std::sync::Arc::new(std::sync::Barrier::new(3)),
-        std::sync::Arc::new(std::sync::Barrier::new(3)),
+    let deciding = limiter.clone();
+    let (decided, during) = sluice_testkit::while_threads_stand(
+        2,
+        move || {
+            let runtime = runtime();
+            ((0..5).all(|_| decide_on(&runtime, &deciding)), runtime)
+        },
+        || clients(&server),
     );
-    let others: Vec<_> = (0..2)
-        .map(|_| {
-            let (limiter, decided, counted) = (limiter.clone(), decided.clone(), counted.clone());
-            std::thread::spawn(move || {
-                let runtime = runtime();
-                let all = (0..5).all(|_| decide_on(&runtime, &limiter));
-                decided.wait();
-                counted.wait();
-                all
-            })
-        })
-        .collect();
-    decided.wait();
-    let during = clients(&server);
-    counted.wait();
-    for other in others {
-        assert!(other.join().unwrap(), "decided by Redis on another thread");
-    }
+    assert!(decided, "decided by Redis on other threads");
     assert_eq!(
         during,
         before + 3,

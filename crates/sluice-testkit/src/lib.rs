@@ -297,6 +297,43 @@ pub fn free_port(with_bus: bool) -> u16 {
     panic!("no free loopback port found");
 }
 
+/// Runs `work` on `threads` new threads at once and calls `meanwhile` once
+/// every thread has returned from it but before any ends, while what
+/// `work` keeps (its second value: a runtime, say) still stands. Returns
+/// whether `work` said true on every thread, and what `meanwhile` returned.
+pub fn while_threads_stand<K, T>(
+    threads: usize,
+    work: impl Fn() -> (bool, K) + Send + Sync + 'static,
+    meanwhile: impl FnOnce() -> T,
+) -> (bool, T) {
+    use std::sync::{Arc, Barrier};
+    let work = Arc::new(work);
+    let (worked, seen) = (
+        Arc::new(Barrier::new(threads + 1)),
+        Arc::new(Barrier::new(threads + 1)),
+    );
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (work, worked, seen) = (work.clone(), worked.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let (ok, kept) = work();
+                worked.wait();
+                seen.wait();
+                drop(kept);
+                ok
+            })
+        })
+        .collect();
+    worked.wait();
+    let result = meanwhile();
+    seen.wait();
+    let oks: Vec<bool> = handles
+        .into_iter()
+        .map(|h| h.join().expect("a working thread"))
+        .collect();
+    (oks.into_iter().all(|ok| ok), result)
+}
+
 /// Numbers from `INFO commandstats`: calls per command (lowercase name).
 pub fn command_calls(conn: &mut redis::Connection) -> std::collections::HashMap<String, u64> {
     let info: String = redis::cmd("INFO")
