@@ -7,7 +7,8 @@
 #   scripts/service_cpu.sh [RATE] [SECONDS] [RUNS]   (default 5000 10 3)
 # With JSON=1 each run is one JSON line (for scripts/bench.sh). SLUICE_BIN
 # runs another build of the service (the load still comes from this tree's);
-# REDIS_URL puts the service on that Redis instead of the memory store.
+# REDIS_URL puts the service on that Redis instead of the memory store,
+# REDIS_CLUSTER_NODES (comma-separated node URLs) on that Redis Cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
@@ -16,12 +17,11 @@ bench=target/release/sluice
 bin=${SLUICE_BIN:-$bench}
 . scripts/lib.sh
 config=$(mktemp --suffix=.yaml)
-store=memory
-if [ -n "${REDIS_URL:-}" ]; then
-  store=redis
-  export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
-fi
-bench_config "$config" "${REDIS_URL:-}" SERVICE_CPU_PEPPER
+store=memory; url=${REDIS_URL:-}
+[ -n "$url" ] && store=redis
+if [ -n "${REDIS_CLUSTER_NODES:-}" ]; then store=redis-cluster; url=$REDIS_CLUSTER_NODES; fi
+export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+bench_config "$config" "$url" SERVICE_CPU_PEPPER "$store"
 http=$(free_port); grpc=$(free_port)
 SLUICE_LOG=warn "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
 pid=$!
