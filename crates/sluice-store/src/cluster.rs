@@ -183,8 +183,9 @@ impl ClusterStore {
         self.valve_shards
     }
 
-    /// The calling thread's connection when it is up, else the shared one.
-    fn connection(&self) -> Result<ClusterConnection, StoreError> {
+    /// For decisions, refunds and releases: the calling thread's own
+    /// connection when it is up, else the shared one.
+    fn deciding_connection(&self) -> Result<ClusterConnection, StoreError> {
         let local = self.local.get(|runtime| {
             let slot = Arc::new(ArcSwapOption::empty());
             self.keep_connecting(runtime, slot.clone());
@@ -193,6 +194,11 @@ impl ClusterStore {
         if let Some(connection) = local.and_then(|slot| slot.load_full()) {
             return Ok((*connection).clone());
         }
+        self.connection()
+    }
+
+    /// The shared connection (heartbeats, admin, inspection).
+    fn connection(&self) -> Result<ClusterConnection, StoreError> {
         self.connection
             .load_full()
             .map(|c| (*c).clone())
@@ -214,7 +220,7 @@ impl ClusterStore {
         if first.len() + valves.len() == 1 {
             // One slot: one script call, atomic on its own.
             let group = first.into_iter().chain(valves).next().expect("one group");
-            let connection = self.connection()?;
+            let connection = self.deciding_connection()?;
             let selection = Selection {
                 indices: Some(&group),
                 valve_parts,
@@ -311,7 +317,7 @@ impl ClusterStore {
         Vec<tokio::task::JoinHandle<Result<(Outcomes, Option<Reservation>), StoreError>>>,
         StoreError,
     > {
-        let connection = self.connection()?;
+        let connection = self.deciding_connection()?;
         Ok(phase
             .iter()
             .map(|group| {
@@ -619,7 +625,7 @@ impl Store for ClusterStore {
         let valve_parts = u64::from(self.valve_shards);
         let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let (first, valves) = slot_groups(batch, &keys);
-        let connection = self.connection()?;
+        let connection = self.deciding_connection()?;
         // One refund per slot, concurrently; each is idempotent.
         let calls: Vec<_> = first
             .into_iter()
