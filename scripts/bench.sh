@@ -4,7 +4,8 @@
 # limitador (criterion), Redis CPU per decision against a floor, sluice,
 # limitador, rate-limiter-flexible (Node) and limits (Python) on one Redis
 # this script starts on a free loopback port, service CPU over HTTP and
-# gRPC, and the highest rate with p99 under 5 ms per backend and API.
+# gRPC (memory store, that Redis, and a 3-master Redis Cluster it starts
+# too), and the highest rate with p99 under 5 ms per backend and API.
 # The peers are installed from crates.io, npm and PyPI under target/bench
 # (never committed). Results go to target/bench/results.jsonl, then
 # scripts/bench_report.py rewrites the section with medians, ratios and
@@ -86,9 +87,11 @@ step "limits (PyPI)"
 "$out/venv/bin/pip" install -q -r bench/peers/python/requirements.txt >&2
 "$out/venv/bin/python" bench/peers/python/bench.py "$runs" "$seconds" >> "$results"
 
-step "service CPU per decision, HTTP and gRPC, memory store and Redis"
+step "service CPU per decision, HTTP and gRPC, memory store, Redis and Redis Cluster"
 env -u REDIS_URL JSON=1 scripts/service_cpu.sh 4000 "$seconds" "$runs" >> "$results"
 JSON=1 scripts/service_cpu.sh 4000 "$seconds" "$runs" >> "$results"
+start_cluster "$out/cluster" 3
+REDIS_CLUSTER_NODES=$cluster_nodes env -u REDIS_URL JSON=1 scripts/service_cpu.sh 4000 "$seconds" "$runs" >> "$results"
 
 step "throughput with p99 under 5 ms, per backend and API"
 config=$out/throughput.yaml

@@ -160,7 +160,7 @@ def service(lines):
         if l["suite"] == "service_cpu":
             by.setdefault((l.get("store", "memory"), l["api"]), []).append(l["service_us_per_decision"])
     rows, ratios = [], []
-    for store in ("memory", "redis"):
+    for store in ("memory", "redis", "redis-cluster"):
         h, g = by.get((store, "http")), by.get((store, "grpc"))
         if not (h and g):
             continue
@@ -173,7 +173,8 @@ def service(lines):
     return [
         "### Service CPU per decision: HTTP and gRPC",
         "",
-        f"`JSON=1 scripts/service_cpu.sh {rate} SECONDS RUNS`, and the same with `REDIS_URL` set: `sluice serve` "
+        f"`JSON=1 scripts/service_cpu.sh {rate} SECONDS RUNS`, and the same with `REDIS_URL` set (the Redis above) and "
+        f"with `REDIS_CLUSTER_NODES` set (a 3-master cluster bench.sh starts, no replicas): `sluice serve` "
         f"(one gcra rule per tenant) under a steady open-loop load of {rate:,}/s, service utime + stime per decision.",
         "",
         "| store | API | runs (µs) | median |",

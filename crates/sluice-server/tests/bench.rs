@@ -103,6 +103,9 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         r#"{"suite":"service_cpu","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":12.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":2,"rate":4000,"decisions":1,"service_us_per_decision":30.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":3,"rate":4000,"decisions":1,"service_us_per_decision":13.0}"#,
+        // The same on Redis Cluster, one run each.
+        r#"{"suite":"service_cpu","store":"redis-cluster","api":"http","run":1,"rate":4000,"decisions":1,"service_us_per_decision":80.0}"#,
+        r#"{"suite":"service_cpu","store":"redis-cluster","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":88.0}"#,
     ]
     .join("\n");
     let results_file = temp_file("results.jsonl", &results);
@@ -133,7 +136,14 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         "{once}"
     );
     assert!(once.contains("| 13.0 µs (runs ±69%) **noisy** |"), "{once}");
-    assert!(once.contains("Ratio gRPC / HTTP: memory 1.30"), "{once}");
+    assert!(
+        once.contains("Ratio gRPC / HTTP: memory 1.30, redis-cluster 1.10"),
+        "{once}"
+    );
+    assert!(
+        once.contains("| redis-cluster | HTTP `/v1/check` | 80.0 | 80.0 µs"),
+        "{once}"
+    );
     assert!(once.contains("2 × test cpu"), "{once}");
     let twice = report();
     assert_eq!(once, twice, "a second run replaces the section");
