@@ -6,23 +6,27 @@
 //! decision would cross from its listener thread to the connection's and
 //! back, two wake-ups per call. Each thread that decides gets a connection
 //! of its own instead, driven on its own runtime, made on the thread's
-//! first decision and given up when that runtime goes away. Both stores
+//! first decision and given up when that runtime goes away, or on the
+//! thread's next call to any store once its store is dropped. Both stores
 //! keep theirs here: Redis a connection manager (made at once, connecting
 //! lazily), Redis Cluster a slot its connection is put in once connected.
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 /// One store's connections, one per thread.
 #[derive(Clone)]
 pub(crate) struct LocalConnections {
-    /// Which store the connections are for (never reused).
-    id: u64,
+    /// Which store the connections are for: shared by the store's clones,
+    /// gone with the last of them.
+    store: Arc<()>,
 }
 
 struct Local {
-    store: u64,
+    /// Its store, while that lives: a thread gives up the connections of
+    /// stores dropped since its last call.
+    store: Weak<()>,
     /// The store's connection type.
     connection: Box<dyn Any>,
     /// Closed once the runtime that drives `connection` is gone: its
@@ -34,12 +38,10 @@ thread_local! {
     static LOCAL: RefCell<Vec<Local>> = const { RefCell::new(Vec::new()) };
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
 impl LocalConnections {
     pub(crate) fn new() -> LocalConnections {
         LocalConnections {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            store: Arc::new(()),
         }
     }
 
@@ -51,8 +53,9 @@ impl LocalConnections {
         make: impl FnOnce(&tokio::runtime::Handle) -> Option<C>,
     ) -> Option<C> {
         LOCAL.with_borrow_mut(|locals| {
-            locals.retain(|l| !l.alive.is_closed());
-            if let Some(local) = locals.iter().find(|l| l.store == self.id) {
+            locals.retain(|l| !l.alive.is_closed() && l.store.strong_count() > 0);
+            let store = Arc::as_ptr(&self.store);
+            if let Some(local) = locals.iter().find(|l| l.store.as_ptr() == store) {
                 return local.connection.downcast_ref::<C>().cloned();
             }
             let runtime = tokio::runtime::Handle::try_current().ok()?;
@@ -62,7 +65,7 @@ impl LocalConnections {
                 let _ = gone.await;
             });
             locals.push(Local {
-                store: self.id,
+                store: Arc::downgrade(&self.store),
                 connection: Box::new(connection.clone()),
                 alive,
             });

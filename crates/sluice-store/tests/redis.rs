@@ -605,3 +605,38 @@ fn each_thread_decides_over_its_own_connection_and_outlives_its_runtime() {
         "the first decision on a new runtime is made by Redis"
     );
 }
+
+/// A dropped store's connections go: a thread gives its own up on its next
+/// call to any store, though its runtime lives on.
+#[test]
+fn a_dropped_store_leaves_no_connection_behind() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = |runtime: &tokio::runtime::Runtime| {
+        Limiter::new(
+            policy(FOUR_SCOPES, true),
+            runtime.block_on(store(&server, keys(9))),
+            OnError::Deny,
+        )
+    };
+    let before = clients(&server);
+    let first = limiter(&runtime);
+    assert!(decide_on(&runtime, &first));
+    assert_eq!(clients(&server), before + 2, "shared and this thread's");
+    drop(first);
+    let second = limiter(&runtime);
+    assert!(decide_on(&runtime, &second));
+    // Redis sees a closed connection go a moment later.
+    let settled = (0..50).any(|_| {
+        runtime.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(20)).await });
+        clients(&server) == before + 2
+    });
+    assert!(
+        settled,
+        "only the second store's two connections are left ({} now, {before} before)",
+        clients(&server)
+    );
+}
