@@ -59,8 +59,9 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 pub struct ClusterStore {
     client: ClusterClient,
     connection: Arc<ArcSwapOption<ClusterConnection>>,
-    /// Calls go over a connection of the calling thread's own once it is
-    /// up (see `local_connection`), over `connection` until then.
+    /// Decisions, refunds and releases go over a connection of the calling
+    /// thread's own once it is up (see `local_connection`), over
+    /// `connection` until then.
     local: LocalConnections,
     decide: script::Decide,
     refund: redis::Script,
