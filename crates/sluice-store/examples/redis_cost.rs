@@ -3,21 +3,24 @@
 //! per rule) and nothing else, measured side by side in one run.
 //!
 //! Starts its own `redis-server` on a free loopback port. For 1, 2 and 3
-//! gcra rules, `redis-benchmark` sends each `CALLS` times (64 connections,
-//! 10,000 random tenants, every request admitted), `RUNS` rounds
-//! alternating: the decision as sluice sends it (`FCALL`), the floor
-//! (`FCALL`), and both as scripts (`EVALSHA`, sluice's fallback where
-//! functions are unavailable). Redis CPU per call is `usec_per_call` in
-//! `INFO commandstats`. Prints the medians, the ratios to the floor and what
-//! each further rule adds.
+//! gcra rules, the calls go out `CALLS` times (64 in flight, 10,000 random
+//! tenants, every request admitted), `RUNS` rounds alternating: the
+//! decision exactly as sluice sends it (`FCALL`, its keys and packed
+//! arguments made by the store's own code), the floor (`FCALL`), and both as
+//! scripts (`EVALSHA`, sluice's fallback where functions are unavailable).
+//! Redis CPU per call is `usec_per_call` in `INFO commandstats`. Prints the
+//! medians, the ratios to the floor and what each further rule adds.
 //!
 //! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]`
 //! (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the defaults of 100,000
 //! calls and 5 rounds; `--json` prints one line per rule count with every
 //! sample, for `scripts/bench.sh`).
 
-use sluice_store::script::{DECIDE_LUA, Decide};
-use sluice_testkit::{RedisServer, command_usec};
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::{Config, Policy};
+use sluice_store::script::{DECIDE_LUA, Decide, DecideCall, Selection};
+use sluice_store::{Batch, KeySet, TimeSource, Valve};
+use sluice_testkit::{RedisServer, command_usec, replay};
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).map_or(default, |v| {
@@ -36,6 +39,20 @@ const FLOOR_BODY: &str = "local function floor(KEYS)
   return 1
 end
 ";
+
+/// Three gcra rules on the tenant (different limits, so different keys),
+/// every request admitted.
+const YAML: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { algorithm: gcra, limit: 1000000, per: 1s, burst: 1000000 }
+      - { algorithm: gcra, limit: 1000001, per: 1s, burst: 1000000 }
+      - { algorithm: gcra, limit: 1000002, per: 1s, burst: 1000000 }
+"#;
+
+const TENANTS: u64 = 10_000;
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
@@ -72,6 +89,10 @@ fn main() {
     };
     let decide_sha = load(DECIDE_LUA);
     let floor_sha = load(&format!("{FLOOR_BODY}return floor(KEYS)\n"));
+    let policy = Policy::compile(&Config::from_yaml(YAML, "cost.yaml").expect("valid").limits);
+    let all = policy.applicable("any", "GET /", false).rules;
+    let keyer = Keyer::new("sl", &Pepper::parse(&[b'x'; 32]).expect("valid pepper"));
+    let tenants: Vec<String> = (0..TENANTS).map(|t| format!("tenant-{t:05}")).collect();
     if !json {
         println!(
             "{:<6} {:>8} {:>8} {:>6} {:>9}   {:>8} {:>8} {:>6} {:>9}",
@@ -80,28 +101,33 @@ fn main() {
     }
     let mut previous: Option<(f64, f64)> = None;
     for rules in 1..=3 {
-        let keys: Vec<String> = (0..rules)
-            .map(|r| format!("sl:{{t__rand_int__}}:r{r}"))
-            .collect();
-        // now (server clock), n rules, not rotating, no lease; per rule:
-        // gcra, limit, per, burst, aligned, cost, shadow.
-        let mut args: Vec<String> =
-            vec![String::new(), rules.to_string(), "0".into(), String::new()];
-        for _ in 0..rules {
-            for v in ["1", "1000000", "1000", "1000000", "0", "1", "0"] {
-                args.push(v.to_owned());
+        // What sluice sends for a tenant's decision: its keys, and the
+        // call's arguments after the function or script.
+        let call = |tenant: u64, command: &str, name: &str, floor: bool| {
+            let batch = Batch::new(&tenants[tenant as usize], None, 1, &all[..rules]);
+            let keys = KeySet::keys(&keyer, &batch, Valve::WHOLE).into_vec();
+            let mut cmd = redis::cmd(command);
+            cmd.arg(name);
+            if floor {
+                cmd.arg(keys.len()).arg(keys);
+            } else {
+                let time = TimeSource::Server;
+                DecideCall::new(&batch, Selection::ALL, keys, None, &time).fill(&mut cmd);
             }
-        }
+            cmd
+        };
         let mut samples: [Vec<f64>; 4] = Default::default();
         for _ in 0..runs {
             let commands = [
-                ("fcall", decide.function_name(), &args[..]),
-                ("fcall", "floor", &[][..]),
-                ("evalsha", decide_sha.as_str(), &args[..]),
-                ("evalsha", floor_sha.as_str(), &[][..]),
+                ("fcall", decide.function_name(), false),
+                ("fcall", "floor", true),
+                ("evalsha", decide_sha.as_str(), false),
+                ("evalsha", floor_sha.as_str(), true),
             ];
-            for (sample, (command, name, args)) in samples.iter_mut().zip(commands) {
-                sample.push(cost(&server, &mut conn, calls, command, name, &keys, args));
+            for (sample, (command, name, floor)) in samples.iter_mut().zip(commands) {
+                sample.push(cost(&server, &mut conn, calls, command, |t| {
+                    call(t, command, name, floor)
+                }));
             }
         }
         if json {
@@ -126,42 +152,20 @@ fn main() {
     }
 }
 
-/// Redis CPU µs per call of `command` (`fcall` or `evalsha`) of `name`
-/// over `keys` with `args`.
+/// Redis CPU µs per call of `command` (`fcall` or `evalsha`), each call
+/// made by `call` for a tenant.
 fn cost(
     server: &RedisServer,
     conn: &mut redis::Connection,
     calls: usize,
     command: &str,
-    name: &str,
-    keys: &[String],
-    args: &[String],
+    call: impl Fn(u64) -> redis::Cmd + Sync,
 ) -> f64 {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query(conn)
         .expect("reset stats");
-    let out = std::process::Command::new("redis-benchmark")
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "-c",
-            "64",
-            "-r",
-            "10000",
-            "-q",
-        ])
-        .args(["-n", &calls.to_string()])
-        .args([command, name, &keys.len().to_string()])
-        .args(keys)
-        .args(args)
-        .output()
-        .expect("redis-benchmark runs (install redis-tools)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    replay(server.port(), 4, 16, calls, TENANTS, call);
     let (ran, usec) = command_usec(conn, command).expect("command stats");
     assert!(ran >= calls as u64, "every call ran: {ran}");
     usec as f64 / ran as f64

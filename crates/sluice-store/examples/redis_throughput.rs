@@ -4,8 +4,8 @@
 //! Starts its own `redis-server` on a free loopback port. Phase 1: one
 //! process, `TASKS` concurrent tasks deciding for 10,000 tenants (tenant
 //! gcra + route token_bucket: two rules, one FCALL) for `SECONDS`.
-//! Phase 2: `redis-benchmark` sends the same FCALL (same function, two
-//! keys, same arguments, random keys) with 64 connections. Redis CPU per
+//! Phase 2: the same FCALL (same function, keys and arguments, random
+//! tenants) replayed like `redis-benchmark`, 64 in flight. Redis CPU per
 //! decision comes from `INFO commandstats`.
 //!
 //! Run: `cargo run --release -p sluice-store --example redis_throughput`.
@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::script::Decide;
-use sluice_store::{ConnectOptions, KeySet, Limiter, RedisStore};
-use sluice_testkit::{RedisServer, command_usec};
+use sluice_store::script::{Decide, DecideCall, Selection};
+use sluice_store::{Batch, ConnectOptions, KeySet, Limiter, RedisStore, TimeSource, Valve};
+use sluice_testkit::{RedisServer, command_usec, replay};
 
 const TASKS: usize = 64;
 const SECONDS: u64 = 5;
@@ -40,7 +40,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let per_second = runtime.block_on(through_the_store(&server));
+    let limiter = runtime.block_on(limiter(&server));
+    let per_second = runtime.block_on(through_the_store(limiter.clone()));
     let mut conn = server.connection();
     let (calls, usec) = command_usec(&mut conn, "fcall").expect("fcall stats");
     let store_usec = usec as f64 / calls as f64;
@@ -49,7 +50,7 @@ fn main() {
         .query(&mut conn)
         .expect("reset stats");
 
-    let ceiling = redis_benchmark(&server);
+    let ceiling = redis_benchmark(&server, &limiter);
     let (calls, usec) = command_usec(&mut conn, "fcall").expect("fcall stats");
     let bench_usec = usec as f64 / calls as f64;
 
@@ -65,15 +66,12 @@ fn main() {
     );
     println!(
         "{:<44} {:>14.0} {:>22.2}",
-        "redis-benchmark FCALL, 64 connections", ceiling, bench_usec
+        "the same FCALL replayed, 64 in flight", ceiling, bench_usec
     );
-    println!(
-        "ratio sluice / redis-benchmark: {:.2}",
-        per_second / ceiling
-    );
+    println!("ratio sluice / replayed: {:.2}", per_second / ceiling);
 }
 
-async fn through_the_store(server: &RedisServer) -> f64 {
+async fn limiter(server: &RedisServer) -> Arc<Limiter<RedisStore>> {
     let keys = KeySet {
         current: Keyer::new("sl", &Pepper::parse(&[b'x'; 32]).expect("valid pepper")),
         previous: None,
@@ -89,7 +87,10 @@ async fn through_the_store(server: &RedisServer) -> f64 {
         &Config::from_yaml(YAML, "bench.yaml").expect("valid").limits,
         true,
     );
-    let limiter = Arc::new(Limiter::new(policy, store, OnError::Deny));
+    Arc::new(Limiter::new(policy, store, OnError::Deny))
+}
+
+async fn through_the_store(limiter: Arc<Limiter<RedisStore>>) -> f64 {
     let tenants: Arc<Vec<String>> =
         Arc::new((0..TENANTS).map(|i| format!("tenant-{i:05}")).collect());
     let decided = Arc::new(AtomicU64::new(0));
@@ -118,46 +119,27 @@ async fn through_the_store(server: &RedisServer) -> f64 {
     decided.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Runs redis-benchmark with the decision function (loaded by the store)
-/// and returns its requests per second.
-fn redis_benchmark(server: &RedisServer) -> f64 {
+/// Replays the decision function's call (loaded by the store) with the
+/// keys and packed arguments the store sends, as `redis-benchmark` would
+/// (64 in flight, random tenants), and returns calls per second.
+fn redis_benchmark(server: &RedisServer, limiter: &Limiter<RedisStore>) -> f64 {
     let decide = Decide::new();
-    let total = 200_000.to_string();
-    let out = std::process::Command::new("redis-benchmark")
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "-c",
-            "64",
-            "-n",
-            &total,
-            "-r",
-            "10000",
-            "-q",
-        ])
-        // now (server clock), 2 rules, not rotating, no lease; then per rule:
-        // algorithm, limit, per, burst, aligned, cost, shadow.
-        .args([
-            "FCALL",
-            decide.function_name(),
-            "2",
-            "sl:{t__rand_int__}:a",
-            "sl:{t__rand_int__}:b",
-            "",
-            "2",
-            "0",
-            "",
-        ])
-        .args(["1", "1000000", "1000", "1000000", "0", "1", "0"])
-        .args(["2", "1000000", "1000", "1000000", "0", "1", "0"])
-        .output()
-        .expect("redis-benchmark runs (install redis-tools)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "FCALL ...: 61983.24 requests per second, p50=..."
-    let last = text.rsplit('\r').next().unwrap_or(&text);
-    last.split(" requests per second")
-        .next()
-        .and_then(|head| head.split_whitespace().last())
-        .and_then(|number| number.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("cannot read redis-benchmark output: {text}"))
+    let policy = limiter.policy();
+    let rules = policy.applicable("any", "GET /v1/things", false).rules;
+    let tenants: Vec<String> = (0..TENANTS).map(|i| format!("tenant-{i:05}")).collect();
+    replay(server.port(), 4, 16, 200_000, TENANTS as u64, |t| {
+        let batch = Batch::new(&tenants[t as usize], None, 1, rules);
+        let keys = KeySet::keys(&limiter.store().keys().current, &batch, Valve::WHOLE);
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(decide.function_name());
+        DecideCall::new(
+            &batch,
+            Selection::ALL,
+            keys.into_vec(),
+            None,
+            &TimeSource::Server,
+        )
+        .fill(&mut cmd);
+        cmd
+    })
 }

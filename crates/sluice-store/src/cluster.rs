@@ -228,12 +228,12 @@ impl ClusterStore {
             };
             let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
             let call = script::DecideCall::new(batch, selection, group_keys, None, &self.time);
-            let reply: Vec<i64> = self
+            let reply: Vec<u8> = self
                 .decide
                 .call(&mut connection.clone(), |cmd| call.fill(cmd))
                 .await
                 .map_err(|e| self.error(&e))?;
-            let decided = script::outcomes(&reply, group.len())?;
+            let decided = script::reply(&reply, group.len())?.outcomes;
             let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
             for (&i, outcome) in group.iter().zip(decided) {
                 outcomes[i] = outcome;
@@ -345,13 +345,13 @@ impl ClusterStore {
                     self.timeout_ms,
                 );
                 tokio::spawn(async move {
-                    let reply: Vec<i64> = decide
+                    let reply: Vec<u8> = decide
                         .call(&mut connection.clone(), |cmd| call.fill(cmd))
                         .await
                         .map_err(|e| script::store_error(&e, timeout_ms))?;
-                    let decided = script::outcomes(&reply, refund.keys.len())?;
-                    let reservation = refund.reservation(&decided, &reply, connection, script);
-                    Ok((decided, reservation))
+                    let reply = script::reply(&reply, refund.keys.len())?;
+                    let reservation = refund.reservation(&reply, connection, script);
+                    Ok((reply.outcomes, reservation))
                 })
             })
             .collect())
@@ -440,11 +440,11 @@ impl RefundPlan {
     /// (it wrote nothing).
     fn reservation(
         mut self,
-        decided: &Outcomes,
-        reply: &[i64],
+        reply: &script::Reply,
         connection: ClusterConnection,
         script: redis::Script,
     ) -> Option<Reservation> {
+        let decided = &reply.outcomes;
         let admitted = decided
             .iter()
             .zip(&self.shadow)
@@ -452,7 +452,6 @@ impl RefundPlan {
         if !admitted {
             return None;
         }
-        let times: Vec<u64> = script::admission_times(reply).collect();
         let mut keys = Vec::new();
         let mut args = vec![0];
         for (k, key) in self.keys.drain(..).enumerate() {
@@ -461,7 +460,7 @@ impl RefundPlan {
             }
             let rule = &self.args[1 + k * REFUND_WIDTH..1 + (k + 1) * REFUND_WIDTH];
             args.extend_from_slice(&rule[..REFUND_WIDTH - 1]);
-            args.push(times[k]);
+            args.push(reply.admitted_at);
             keys.push(key);
         }
         args[0] = keys.len() as u64;

@@ -178,12 +178,12 @@ impl RedisStore {
             previous.as_deref(),
             &self.time,
         );
-        let reply: Vec<i64> = self
+        let reply: Vec<u8> = self
             .decide
             .call(&mut self.deciding_connection(), |cmd| call.fill(cmd))
             .await
             .map_err(|e| script::store_error(&e, self.timeout_ms))?;
-        script::outcomes(&reply, batch.rules.len())
+        Ok(script::reply(&reply, batch.rules.len())?.outcomes)
     }
 
     /// The deciding thread's own connection, or the shared one where the

@@ -9,19 +9,24 @@
 --                     under the previous pepper
 -- ARGV[1]             now in ms, or "" to read the server clock (TIME);
 --                     sluice sends "" except in tests
--- ARGV[2]             n, the number of rules
--- ARGV[3]             1 when previous-pepper keys follow, else 0
--- ARGV[4]             the lease an admission takes of each concurrency
+-- ARGV[2]             the lease an admission takes of each concurrency
 --                     rule (32 hex digits), or "": concurrency rules only
 --                     check
--- ARGV[5 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned,
---                     cost, shadow (algorithm: 1 gcra, 2 token_bucket,
---                     3 sliding_log, 4 sliding_window, 5 fixed_window,
---                     6 concurrency; shadow: 1 when the rule only observes)
+-- ARGV[2 + i]         rule i, packed (struct '<BBBdddd', see RULE):
+--                     algorithm, aligned, shadow, limit, per, burst, cost
+--                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
+--                     4 sliding_window, 5 fixed_window, 6 concurrency;
+--                     aligned and shadow: 1 or 0). Packed, the numbers
+--                     cost no string parsing (tonumber is the dearest step
+--                     of a call), and a call has few arguments to set up.
 --
--- Returns five integers per rule: allowed (1 or 0), remaining,
--- reset_after_ms, retry_after_ms, and the admission time (ms) a refund of
--- this decision would name. Every rule is checked first; only when
+-- n is #ARGV - 2; previous-pepper keys follow when #KEYS is 2n.
+--
+-- Returns a string of little-endian doubles: the admission time (ms) a
+-- refund of this decision would name, then per rule allowed (1 or 0),
+-- remaining, reset_after_ms and retry_after_ms; converting a string costs
+-- Redis a fraction of what a table of integers does. Every rule is checked
+-- first; only when
 -- every enforced rule admits is anything written, so a denied request
 -- consumes nothing. A shadow rule never blocks the others and consumes only
 -- when it admits. Every key written expires when its state is as good as
@@ -34,6 +39,14 @@
 -- waits out the step.
 
 local SLACK = 1000
+
+-- A rule's argument, and the reply's layout for n rules (made once per n).
+local RULE = '<BBBdddd'
+local REPLY = {}
+
+-- Reused by every call of a loaded library (one call runs at a time): a
+-- table built afresh costs its allocation, growth and collection.
+local reply, writes = {}, {}
 
 -- Each algorithm returns allowed, remaining, reset, retry and, when it
 -- admits, the state to write and when that state goes idle; when the
@@ -271,9 +284,9 @@ end
 local function decide(KEYS, ARGV)
   if not call then bind() end
   local now = now_ms(ARGV[1])
-  local n = num(ARGV[2])
-  local rotating = ARGV[3] == '1'
-  local lease = ARGV[4]
+  local lease = ARGV[2]
+  local n = #ARGV - 2
+  local rotating = #KEYS > n
 
   -- Rotation: a bucket not yet under the new pepper starts from its state
   -- under the previous one, so a rotation neither resets nor doubles budgets.
@@ -285,16 +298,11 @@ local function decide(KEYS, ARGV)
     end
   end
 
-  local reply = {}
+  reply[1] = now
   -- What each rule would write, flat: state, idle, repaired state, its idle.
-  local writes = {}
   local all_allowed = true
   for i = 1, n do
-    local base = 5 + 7 * (i - 1)
-    local algorithm = num(ARGV[base])
-    local limit = num(ARGV[base + 1])
-    local per = num(ARGV[base + 2])
-    local cost = num(ARGV[base + 5])
+    local algorithm, aligned, shadow, limit, per, burst, cost = sunpack(RULE, ARGV[2 + i])
     local key = KEYS[i]
     local allowed, remaining, reset, retry, state, idle, fix, fix_idle
     if algorithm == 3 then
@@ -306,37 +314,32 @@ local function decide(KEYS, ARGV)
       if not value then value = nil end
       if algorithm == 1 then
         allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          gcra(value, now, cost, limit, per, num(ARGV[base + 3]))
+          gcra(value, now, cost, limit, per, burst)
       elseif algorithm == 2 then
         allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          token_bucket(value, now, cost, limit, per, num(ARGV[base + 3]))
+          token_bucket(value, now, cost, limit, per, burst)
       elseif algorithm == 4 then
         allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
       else
         allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          fixed_window(value, now, cost, limit, per, num(ARGV[base + 4]))
+          fixed_window(value, now, cost, limit, per, aligned)
       end
     end
-    if allowed == 0 and ARGV[base + 6] ~= '1' then all_allowed = false end
+    if allowed == 0 and shadow == 0 then all_allowed = false end
     local w = 4 * (i - 1)
     writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
-    local r = 5 * (i - 1)
-    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
-    if algorithm == 3 and state then
-      reply[r + 5] = state
-    else
-      reply[r + 5] = now
-    end
+    local r = 4 * i - 2
+    reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = allowed, remaining, reset, retry
   end
 
   for i = 1, n do
     local w = 4 * (i - 1)
     local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
     if all_allowed and state then
-      local algorithm = ARGV[5 + 7 * (i - 1)]
-      if algorithm == '3' then
-        log_append(KEYS[i], state, num(ARGV[5 + 7 * (i - 1) + 5]), now, idle)
-      elseif algorithm == '6' then
+      local algorithm, _, _, _, _, _, cost = sunpack(RULE, ARGV[2 + i])
+      if algorithm == 3 then
+        log_append(KEYS[i], state, cost, now, idle)
+      elseif algorithm == 6 then
         call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
         call('ZADD', KEYS[i], idle, state)
         call('PEXPIRE', KEYS[i], idle - now + SLACK)
@@ -349,5 +352,10 @@ local function decide(KEYS, ARGV)
     end
   end
 
-  return reply
+  local format = REPLY[n]
+  if not format then
+    format = '<' .. string.rep('d', 1 + 4 * n)
+    REPLY[n] = format
+  end
+  return spack(format, unpack(reply, 1, 1 + 4 * n))
 end

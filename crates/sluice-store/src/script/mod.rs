@@ -261,11 +261,31 @@ pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule 
 pub struct DecideCall {
     keys: Vec<String>,
     now: String,
-    rules: usize,
-    rotating: bool,
     lease: String,
-    /// Seven values per rule (see decide.lua).
-    values: SmallVec<[u64; 14]>,
+    /// One packed argument per rule (see [`pack_rule`]).
+    rules: SmallVec<[PackedRule; 2]>,
+}
+
+/// A rule as the decision script takes it: struct `'<BBBdddd'`.
+type PackedRule = [u8; 35];
+
+/// Packs what the decision script takes of a rule: algorithm, aligned and
+/// shadow as bytes, then limit, per, burst and cost as little-endian
+/// doubles (every one is below 2^53, so exact; see `sluice_core::rule`).
+fn pack_rule(values: [u64; 6], shadow: bool) -> PackedRule {
+    let [algorithm, limit, per, burst, aligned, cost] = values;
+    let mut packed = [0; 35];
+    packed[0] = algorithm as u8;
+    packed[1] = aligned as u8;
+    packed[2] = u8::from(shadow);
+    for (slot, v) in packed[3..]
+        .chunks_exact_mut(8)
+        .zip([limit, per, burst, cost])
+    {
+        debug_assert!(v < 1 << 53, "{v} is not exact as a double");
+        slot.copy_from_slice(&(v as f64).to_le_bytes());
+    }
+    packed
 }
 
 impl DecideCall {
@@ -279,19 +299,21 @@ impl DecideCall {
         previous: Option<&[String]>,
         time: &TimeSource,
     ) -> DecideCall {
-        let mut values = SmallVec::new();
-        for i in selection.each(batch.rules.len()) {
-            values.extend(rule_values(batch, i, selection.valve_parts));
-            values.push(u64::from(batch.rules[i].shadow()));
-        }
+        let rules = selection
+            .each(batch.rules.len())
+            .map(|i| {
+                pack_rule(
+                    rule_values(batch, i, selection.valve_parts),
+                    batch.rules[i].shadow(),
+                )
+            })
+            .collect();
         keys.extend(previous.into_iter().flatten().cloned());
         DecideCall {
             keys,
             now: now_arg(time),
-            rules: selection.len(batch.rules.len()),
-            rotating: previous.is_some(),
             lease: lease_arg(batch.lease),
-            values,
+            rules,
         }
     }
 
@@ -301,11 +323,9 @@ impl DecideCall {
         cmd.arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.now)
-            .arg(self.rules)
-            .arg(u8::from(self.rotating))
             .arg(&self.lease);
-        for v in &self.values {
-            cmd.arg(*v);
+        for rule in &self.rules {
+            cmd.arg(&rule[..]);
         }
     }
 }
@@ -376,35 +396,48 @@ fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 6] {
     ]
 }
 
-/// Values per rule in the decision script's reply.
-const REPLY_WIDTH: usize = 5;
+/// Values per rule in the decision script's reply (after the admission
+/// time).
+const REPLY_WIDTH: usize = 4;
 
-/// Reads the decision script's reply.
-pub fn outcomes(reply: &[i64], rules: usize) -> Result<Outcomes, StoreError> {
-    if reply.len() != REPLY_WIDTH * rules {
-        return Err(StoreError::Unavailable(format!(
-            "unexpected script reply: {} values for {rules} rules",
-            reply.len()
-        )));
-    }
-    let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
-    Ok(reply
-        .chunks_exact(REPLY_WIDTH)
-        .map(|v| Outcome {
-            allowed: v[0] == 1,
-            remaining: u32::try_from(nonneg(v[1])).unwrap_or(u32::MAX),
-            reset_after_ms: nonneg(v[2]),
-            retry_after_ms: nonneg(v[3]),
-        })
-        .collect())
+/// The decision script's reply, read: each rule's outcome, and the
+/// admission time (ms) a refund of this decision names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// One per rule decided, in call order.
+    pub outcomes: Outcomes,
+    /// When the script decided, on its clock.
+    pub admitted_at: u64,
 }
 
-/// The admission time of each rule in a decision script's reply, which a
-/// refund names.
-pub fn admission_times(reply: &[i64]) -> impl Iterator<Item = u64> + '_ {
-    reply
-        .chunks_exact(REPLY_WIDTH)
-        .map(|v| u64::try_from(v[REPLY_WIDTH - 1]).unwrap_or(0))
+/// Reads the decision script's reply (little-endian doubles: the admission
+/// time, then allowed, remaining, reset and retry per rule; see decide.lua).
+pub fn reply(bytes: &[u8], rules: usize) -> Result<Reply, StoreError> {
+    if bytes.len() != 8 * (1 + REPLY_WIDTH * rules) {
+        return Err(StoreError::Unavailable(format!(
+            "unexpected script reply: {} bytes for {rules} rules",
+            bytes.len()
+        )));
+    }
+    // Whole numbers below 2^53 as the script computes them; anything else
+    // (which it never sends) saturates rather than wraps.
+    let values: SmallVec<[u64; 17]> = bytes
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64)
+        .collect();
+    let (&admitted_at, rules) = values.split_first().expect("at least the time");
+    Ok(Reply {
+        outcomes: rules
+            .chunks_exact(REPLY_WIDTH)
+            .map(|v| Outcome {
+                allowed: v[0] == 1,
+                remaining: u32::try_from(v[1]).unwrap_or(u32::MAX),
+                reset_after_ms: v[2],
+                retry_after_ms: v[3],
+            })
+            .collect(),
+        admitted_at,
+    })
 }
 
 /// What `GET` (or `ZRANGE … WITHSCORES` for sliding_log) returned for a key.
@@ -481,5 +514,63 @@ pub fn store_error(error: &redis::RedisError, timeout_ms: u64) -> StoreError {
         StoreError::Refused(error.to_string())
     } else {
         StoreError::Unavailable(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doubles(values: &[u64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|v| (*v as f64).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_reply_reads_as_the_time_then_four_values_per_rule() {
+        let bytes = doubles(&[1_764_600_000_123, 1, 9, 100, 0, 0, 0, 250, 40]);
+        let read = reply(&bytes, 2).unwrap();
+        assert_eq!(read.admitted_at, 1_764_600_000_123);
+        assert_eq!(
+            read.outcomes.as_slice(),
+            [
+                Outcome {
+                    allowed: true,
+                    remaining: 9,
+                    reset_after_ms: 100,
+                    retry_after_ms: 0
+                },
+                Outcome {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after_ms: 250,
+                    retry_after_ms: 40
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reply_of_another_length_is_an_error_not_a_guess() {
+        let bytes = doubles(&[1, 1, 9, 100, 0]);
+        let error = reply(&bytes, 2).unwrap_err();
+        assert!(
+            error.to_string().contains("40 bytes for 2 rules"),
+            "{error}"
+        );
+        assert!(reply(&bytes[..39], 1).is_err());
+    }
+
+    #[test]
+    fn a_packed_rule_carries_its_numbers_exactly() {
+        let packed = pack_rule([5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000], true);
+        assert_eq!(packed[..3], [5, 1, 1]);
+        let numbers: Vec<u64> = packed[3..]
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()) as u64)
+            .collect();
+        assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000]);
     }
 }
