@@ -56,9 +56,27 @@ const TENANTS: u64 = 10_000;
 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
-    let calls = setting("REDIS_COST_CALLS", 100_000);
-    let runs = setting("REDIS_COST_RUNS", 5);
-    let server = RedisServer::start();
+    let counting = std::env::args().any(|a| a == "--instructions");
+    let calls = setting("REDIS_COST_CALLS", if counting { 5_000 } else { 100_000 });
+    let runs = setting("REDIS_COST_RUNS", if counting { 1 } else { 5 });
+    let dumps = std::env::temp_dir().join(format!("redis-cost-{}", std::process::id()));
+    let server = if counting {
+        std::fs::create_dir_all(&dumps).expect("a directory for callgrind's dumps");
+        RedisServer::start_under(&[
+            "valgrind",
+            "--tool=callgrind",
+            "--toggle-collect=fcallCommand",
+            "--toggle-collect=evalShaCommand",
+            &format!("--callgrind-out-file={}", dumps.join("cg.out").display()),
+        ])
+    } else {
+        RedisServer::start()
+    };
+    let meter = if counting {
+        Meter::Instructions(&dumps)
+    } else {
+        Meter::Time
+    };
     let mut conn = server.connection();
     let decide = Decide::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -125,7 +143,7 @@ fn main() {
                 ("evalsha", floor_sha.as_str(), true),
             ];
             for (sample, (command, name, floor)) in samples.iter_mut().zip(commands) {
-                sample.push(cost(&server, &mut conn, calls, command, |t| {
+                sample.push(cost(&server, &mut conn, meter, calls, command, |t| {
                     call(t, command, name, floor)
                 }));
             }
@@ -152,23 +170,76 @@ fn main() {
     }
 }
 
-/// Redis CPU µs per call of `command` (`fcall` or `evalsha`), each call
-/// made by `call` for a tenant.
+/// What a call's cost is measured in.
+#[derive(Clone, Copy)]
+enum Meter<'a> {
+    /// Redis CPU µs (`usec_per_call`): what sizing needs, but noisy on a
+    /// shared machine.
+    Time,
+    /// Thousands of instructions the server executes in the command
+    /// (callgrind, dumps in this directory): deterministic, so a change
+    /// worth a few percent shows.
+    Instructions(&'a std::path::Path),
+}
+
+/// The cost per call of `command` (`fcall` or `evalsha`), each call made by
+/// `call` for a tenant.
 fn cost(
     server: &RedisServer,
     conn: &mut redis::Connection,
+    meter: Meter<'_>,
     calls: usize,
     command: &str,
     call: impl Fn(u64) -> redis::Cmd + Sync,
 ) -> f64 {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(conn)
-        .expect("reset stats");
-    replay(server.port(), 4, 16, calls, TENANTS, call);
-    let (ran, usec) = command_usec(conn, command).expect("command stats");
-    assert!(ran >= calls as u64, "every call ran: {ran}");
-    usec as f64 / ran as f64
+    let Meter::Instructions(dumps) = meter else {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(conn)
+            .expect("reset stats");
+        replay(server.port(), 4, 16, calls, TENANTS, call);
+        let (ran, usec) = command_usec(conn, command).expect("command stats");
+        assert!(ran >= calls as u64, "every call ran: {ran}");
+        return usec as f64 / ran as f64;
+    };
+    // Every tenant's keys exist first (a fresh key is a cheaper call), then
+    // only the measured calls are counted.
+    replay(server.port(), 4, 16, 2 * TENANTS as usize, TENANTS, &call);
+    callgrind(server, "--zero");
+    replay(server.port(), 4, 16, calls, TENANTS, &call);
+    callgrind(server, "--dump");
+    // The dump just asked for; the files are removed so that the next
+    // measurement finds only its own.
+    let mut total = None;
+    for entry in std::fs::read_dir(dumps).expect("callgrind's dumps") {
+        let path = entry.expect("a dump").path();
+        let text = std::fs::read_to_string(&path).expect("a readable dump");
+        if text.contains("desc: Trigger: dump") {
+            total = text
+                .lines()
+                .find_map(|l| l.strip_prefix("summary: "))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+        }
+        std::fs::remove_file(&path).expect("remove a dump");
+    }
+    let total = total.expect("callgrind wrote a dump with a summary");
+    // replay sends the same number on each of its 4 connections.
+    let sent = calls.div_ceil(4) * 4;
+    total as f64 / sent as f64 / 1000.0
+}
+
+/// Runs `callgrind_control OPTION` on the server (zero or dump its counts).
+fn callgrind(server: &RedisServer, option: &str) {
+    let out = std::process::Command::new("callgrind_control")
+        .arg(option)
+        .arg(server.pid().to_string())
+        .output()
+        .expect("callgrind_control runs (install valgrind)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

@@ -1,5 +1,5 @@
-//! Decisions per second through the Redis store, next to the ceiling
-//! `redis-benchmark` reaches with the same call on the same server.
+//! Decisions per second through the Redis store, next to the same call
+//! replayed on the same server without the store.
 //!
 //! Starts its own `redis-server` on a free loopback port. Phase 1: one
 //! process, `TASKS` concurrent tasks deciding for 10,000 tenants (tenant

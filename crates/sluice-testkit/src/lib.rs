@@ -23,6 +23,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// A program `redis-server` runs under (with its arguments), if any.
+    wrapper: Vec<String>,
 }
 
 impl RedisServer {
@@ -80,6 +82,7 @@ impl RedisServer {
             port,
             dir,
             extra: args,
+            wrapper: Vec::new(),
         };
         server.launch();
         server
@@ -108,15 +111,46 @@ impl RedisServer {
             port,
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            wrapper: Vec::new(),
         };
         server.launch();
         server
     }
 
+    /// Starts a standalone server run under `wrapper` (a program and its
+    /// arguments, `redis-server` and its own following), e.g. valgrind to
+    /// count the instructions a command costs. Slow programs get 60 s to
+    /// answer.
+    pub fn start_under(wrapper: &[&str]) -> RedisServer {
+        let port = free_port(false);
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir: server_dir(port),
+            extra: Vec::new(),
+            wrapper: wrapper.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    /// The server's own directory (its log, its files).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     fn launch(&mut self) {
         let log =
             std::fs::File::create(self.dir.join("redis.log")).expect("create the server's log");
-        let child = Command::new("redis-server")
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg("redis-server");
+                command
+            }
+            None => Command::new("redis-server"),
+        };
+        let child = command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
@@ -131,6 +165,9 @@ impl RedisServer {
             .spawn();
         let child = match child {
             Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !self.wrapper.is_empty() => {
+                panic!("cannot start {}: {e} (is it installed?)", self.wrapper[0])
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL}"),
             Err(e) => panic!("cannot start redis-server: {e}"),
         };
@@ -139,7 +176,8 @@ impl RedisServer {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(15);
+        let patience = if self.wrapper.is_empty() { 15 } else { 60 };
+        let deadline = Instant::now() + Duration::from_secs(patience);
         loop {
             if let Ok(mut conn) = self
                 .client()
@@ -178,7 +216,8 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// The server process id (for `SIGSTOP`/`SIGCONT` in chaos tests).
+    /// The server process id (for `SIGSTOP`/`SIGCONT` in chaos tests; under
+    /// a wrapper, the wrapper's, which runs the server).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("the server is running").id()
     }

@@ -299,7 +299,8 @@ local function decide(KEYS, ARGV)
   end
 
   reply[1] = now
-  -- What each rule would write, flat: state, idle, repaired state, its idle.
+  -- What each rule would write, flat: state, idle, repaired state, its
+  -- idle, and the algorithm and cost it is written for.
   local all_allowed = true
   for i = 1, n do
     local algorithm, aligned, shadow, limit, per, burst, cost = sunpack(RULE, ARGV[2 + i])
@@ -326,17 +327,18 @@ local function decide(KEYS, ARGV)
       end
     end
     if allowed == 0 and shadow == 0 then all_allowed = false end
-    local w = 4 * (i - 1)
+    local w = 6 * (i - 1)
     writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
+    writes[w + 5], writes[w + 6] = algorithm, cost
     local r = 4 * i - 2
     reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = allowed, remaining, reset, retry
   end
 
   for i = 1, n do
-    local w = 4 * (i - 1)
+    local w = 6 * (i - 1)
     local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
     if all_allowed and state then
-      local algorithm, _, _, _, _, _, cost = sunpack(RULE, ARGV[2 + i])
+      local algorithm, cost = writes[w + 5], writes[w + 6]
       if algorithm == 3 then
         log_append(KEYS[i], state, cost, now, idle)
       elseif algorithm == 6 then
