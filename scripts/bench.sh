@@ -23,7 +23,7 @@ results=$out/results.jsonl; : > "$results"
 # (libclang-dev: limitador's Redis storage builds RocksDB, through bindgen).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
