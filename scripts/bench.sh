@@ -13,6 +13,9 @@
 #
 #   scripts/bench.sh [RUNS] [SECONDS]     (default 3 runs of 5 s each)
 #   NO_REPORT=1 scripts/bench.sh          (measure, leave the docs alone)
+#   LIMITADOR_BIN=PATH scripts/bench.sh   (also limitador-server's gRPC, in
+#                                          memory: not on crates.io, so built
+#                                          from its repository by hand)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}; seconds=${2:-5}

@@ -167,8 +167,18 @@ def service(lines):
         for label, runs in (("HTTP `/v1/check`", h), ("gRPC `ShouldRateLimit`", g)):
             rows.append(f"| {store} | {label} | {', '.join(fmt(v) for v in runs)} | {fmt(median(runs))} µs{flag(runs, '')} |")
         ratios.append(f"{store} {median(g) / median(h):.2f}")
+    peer = by.get(("memory", "limitador"))
+    if rows and peer:
+        rows.append(f"| memory | limitador-server gRPC (peer) | {', '.join(fmt(v) for v in peer)} | {fmt(median(peer))} µs{flag(peer, '')} |")
     if not rows:
         return []
+    versus = []
+    if peer and by.get(("memory", "grpc")):
+        versus = [
+            f"Ratio sluice gRPC / limitador-server gRPC, memory: {median(by[('memory', 'grpc')]) / median(peer):.2f} "
+            "(target ≤ 0.6; limitador-server is not on crates.io: `LIMITADOR_BIN=… scripts/bench.sh` with one built from its repository).",
+            "",
+        ]
     rate = next(l["rate"] for l in lines if l["suite"] == "service_cpu")
     return [
         "### Service CPU per decision: HTTP and gRPC",
@@ -183,6 +193,7 @@ def service(lines):
         "",
         f"Ratio gRPC / HTTP: {', '.join(ratios)} (target ≤ 1.1).",
         "",
+        *versus,
     ]
 
 

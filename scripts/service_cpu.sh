@@ -9,6 +9,9 @@
 # runs another build of the service (the load still comes from this tree's);
 # REDIS_URL puts the service on that Redis instead of the memory store,
 # REDIS_CLUSTER_NODES (comma-separated node URLs) on that Redis Cluster.
+# LIMITADOR_BIN (a limitador-server binary; it is not on crates.io, build
+# it from its repository) also measures limitador's gRPC RLS, in memory,
+# under the same load: one limit per tenant, every request admitted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
@@ -25,17 +28,36 @@ bench_config "$config" "$url" SERVICE_CPU_PEPPER "$store"
 http=$(free_port); grpc=$(free_port)
 SLUICE_LOG=warn "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -f "$config"' EXIT
+peer=""; limits=$(mktemp --suffix=.yaml)
+if [ -n "${LIMITADOR_BIN:-}" ] && [ $store != memory ]; then
+  echo "LIMITADOR_BIN: limitador is measured in memory only; left out with $store" >&2
+elif [ -n "${LIMITADOR_BIN:-}" ]; then
+  cat > "$limits" <<YAML
+- namespace: sluice
+  max_value: 1000000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0]['tenant']"]
+YAML
+  peer_grpc=$(free_port)
+  RUST_LOG=warn "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$peer_grpc" \
+    --http-ip 127.0.0.1 --http-port "$(free_port)" "$limits" memory >/dev/null 2>&1 &
+  peer=$!
+fi
+trap 'kill $pid $peer 2>/dev/null; rm -f "$config" "$limits"' EXIT
 sleep 1
 ticks=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' /proc/$pid/stat; }
+cpu() { awk '{print $14 + $15}' /proc/${1:-$pid}/stat; }
 for run in $(seq "$runs"); do
-  for api in http grpc; do
+  apis="http grpc"; [ -n "$peer" ] && apis="http grpc limitador"
+  for api in $apis; do
     target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
-    before=$(cpu)
-    sent=$("$bench" bench --scenario steady --api $api --target "$target" --tenants 10000 \
+    server=$pid; kind=$api
+    if [ $api = limitador ]; then target=http://127.0.0.1:$peer_grpc; server=$peer; kind=grpc; fi
+    before=$(cpu $server)
+    sent=$("$bench" bench --scenario steady --api $kind --target "$target" --tenants 10000 \
       --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
-    after=$(cpu)
+    after=$(cpu $server)
     if [ "${JSON:-}" = 1 ]; then
       python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'store': '$store', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2)}))"
     else

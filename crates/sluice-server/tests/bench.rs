@@ -103,6 +103,8 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         r#"{"suite":"service_cpu","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":12.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":2,"rate":4000,"decisions":1,"service_us_per_decision":30.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":3,"rate":4000,"decisions":1,"service_us_per_decision":13.0}"#,
+        // limitador-server's gRPC under the same load (LIMITADOR_BIN).
+        r#"{"suite":"service_cpu","api":"limitador","run":1,"rate":4000,"decisions":1,"service_us_per_decision":26.0}"#,
         // The same on Redis Cluster, one run each.
         r#"{"suite":"service_cpu","store":"redis-cluster","api":"http","run":1,"rate":4000,"decisions":1,"service_us_per_decision":80.0}"#,
         r#"{"suite":"service_cpu","store":"redis-cluster","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":88.0}"#,
@@ -142,6 +144,14 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
     );
     assert!(
         once.contains("| redis-cluster | HTTP `/v1/check` | 80.0 | 80.0 µs"),
+        "{once}"
+    );
+    assert!(
+        once.contains("| memory | limitador-server gRPC (peer) | 26.0 | 26.0 µs |"),
+        "{once}"
+    );
+    assert!(
+        once.contains("Ratio sluice gRPC / limitador-server gRPC, memory: 0.50 (target ≤ 0.6"),
         "{once}"
     );
     assert!(once.contains("2 × test cpu"), "{once}");
