@@ -45,7 +45,10 @@ local RULE = '<BBBdddd'
 local REPLY = {}
 
 -- Reused by every call of a loaded library (one call runs at a time): a
--- table built afresh costs its allocation, growth and collection.
+-- table built afresh costs its allocation, growth and collection. A call
+-- sets every slot it reads. writes holds, per rule, flat: the state to
+-- write, when it goes idle, the repaired state, when that goes idle, and
+-- the algorithm and cost it is written for.
 local reply, writes = {}, {}
 
 -- Each algorithm returns allowed, remaining, reset, retry and, when it
@@ -299,8 +302,6 @@ local function decide(KEYS, ARGV)
   end
 
   reply[1] = now
-  -- What each rule would write, flat: state, idle, repaired state, its
-  -- idle, and the algorithm and cost it is written for.
   local all_allowed = true
   for i = 1, n do
     local algorithm, aligned, shadow, limit, per, burst, cost = sunpack(RULE, ARGV[2 + i])
