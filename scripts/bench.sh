@@ -30,6 +30,7 @@ command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
 if ((${#missing[@]})); then
@@ -70,6 +71,8 @@ PY
 
 step "Redis CPU per decision against the floor"
 REDIS_COST_CALLS=50000 REDIS_COST_RUNS=$runs target/release/examples/redis_cost --json >> "$results"
+step "instructions per call against the floor (callgrind)"
+target/release/examples/redis_cost --instructions --json >> "$results"
 
 step "sluice and limitador on one Redis"
 target/peers/release/redis_peers "$runs" "$seconds" >> "$results"

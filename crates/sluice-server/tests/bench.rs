@@ -103,6 +103,9 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         r#"{"suite":"service_cpu","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":12.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":2,"rate":4000,"decisions":1,"service_us_per_decision":30.0}"#,
         r#"{"suite":"service_cpu","api":"grpc","run":3,"rate":4000,"decisions":1,"service_us_per_decision":13.0}"#,
+        // Instruction counts (thousands), one sample each.
+        r#"{"suite":"redis_instructions","rules":1,"fcall":[64.5],"fcall_floor":[35.9],"evalsha":[109.1],"evalsha_floor":[36.9]}"#,
+        r#"{"suite":"redis_instructions","rules":2,"fcall":[107.2],"fcall_floor":[59.1],"evalsha":[155.7],"evalsha_floor":[60.1]}"#,
         // limitador-server's gRPC under the same load (LIMITADOR_BIN).
         r#"{"suite":"service_cpu","api":"limitador","run":1,"rate":4000,"decisions":1,"service_us_per_decision":26.0}"#,
         // The same on Redis Cluster, one run each.
@@ -152,6 +155,14 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
     );
     assert!(
         once.contains("Ratio sluice gRPC / limitador-server gRPC, memory: 0.50 (target ≤ 0.6"),
+        "{once}"
+    );
+    assert!(
+        once.contains("| 1 | 64.5 | 35.9 | 1.80 |  | 109.1 | 36.9 | 2.96 |"),
+        "{once}"
+    );
+    assert!(
+        once.contains("| 2 | 107.2 | 59.1 | 1.81 | +42.7 | 155.7 | 60.1 | 2.59 |"),
         "{once}"
     );
     assert!(once.contains("2 × test cpu"), "{once}");

@@ -11,10 +11,15 @@
 //! Redis CPU per call is `usec_per_call` in `INFO commandstats`. Prints the
 //! medians, the ratios to the floor and what each further rule adds.
 //!
-//! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]`
-//! (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the defaults of 100,000
-//! calls and 5 rounds; `--json` prints one line per rule count with every
-//! sample, for `scripts/bench.sh`).
+//! With `--instructions` the cost is counted in thousands of instructions
+//! Redis executes in the command instead (the server runs under valgrind's
+//! callgrind; deterministic, where µs are noisy on a shared machine).
+//!
+//! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]
+//! [--instructions]` (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the
+//! defaults of 100,000 calls and 5 rounds, 5,000 and 1 when counting;
+//! `--json` prints one line per rule count with every sample, for
+//! `scripts/bench.sh`).
 
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy};
@@ -150,8 +155,13 @@ fn main() {
         }
         if json {
             let [a, b, c, d] = &samples;
+            let suite = if counting {
+                "redis_instructions"
+            } else {
+                "redis_cost"
+            };
             println!(
-                "{{\"suite\":\"redis_cost\",\"rules\":{rules},\"fcall\":{a:?},\"fcall_floor\":{b:?},\"evalsha\":{c:?},\"evalsha_floor\":{d:?}}}"
+                "{{\"suite\":\"{suite}\",\"rules\":{rules},\"fcall\":{a:?},\"fcall_floor\":{b:?},\"evalsha\":{c:?},\"evalsha_floor\":{d:?}}}"
             );
             continue;
         }
