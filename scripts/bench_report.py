@@ -87,13 +87,24 @@ def embedded(lines):
     ]
 
 
-def redis_instructions(lines):
+def floor_rows(lines, suite, unit, flags):
+    """Table rows of a suite measured against the floor (redis_cost's
+    µs or its instruction counts): medians, ratios, each further rule."""
     rows, previous = [], None
-    for l in sorted((l for l in lines if l["suite"] == "redis_instructions"), key=lambda l: l["rules"]):
+    for l in sorted((l for l in lines if l["suite"] == suite), key=lambda l: l["rules"]):
         f, ff, e, ef = (median(l[k]) for k in ("fcall", "fcall_floor", "evalsha", "evalsha_floor"))
-        added = f"+{fmt(f - previous)}" if previous is not None else ""
+        added = f"+{fmt(f - previous)}{unit}" if previous is not None else ""
         previous = f
-        rows.append(f"| {l['rules']} | {fmt(f)} | {fmt(ff)} | {f / ff:.2f} | {added} | {fmt(e)} | {fmt(ef)} | {e / ef:.2f} |")
+        note = (lambda k: flag(l[k])) if flags else (lambda k: "")
+        rows.append(
+            f"| {l['rules']} | {fmt(f)}{unit}{note('fcall')} | {fmt(ff)}{unit}{note('fcall_floor')} | {f / ff:.2f} | {added} "
+            f"| {fmt(e)}{unit} | {fmt(ef)}{unit} | {e / ef:.2f} |"
+        )
+    return rows
+
+
+def redis_instructions(lines):
+    rows = floor_rows(lines, "redis_instructions", "", flags=False)
     if not rows:
         return []
     return [
@@ -111,15 +122,7 @@ def redis_instructions(lines):
 
 
 def redis_cost(lines):
-    rows, previous = [], None
-    for l in sorted((l for l in lines if l["suite"] == "redis_cost"), key=lambda l: l["rules"]):
-        f, ff, e, ef = (median(l[k]) for k in ("fcall", "fcall_floor", "evalsha", "evalsha_floor"))
-        added = f"+{fmt(f - previous)} µs" if previous is not None else ""
-        previous = f
-        rows.append(
-            f"| {l['rules']} | {fmt(f)} µs{flag(l['fcall'])} | {fmt(ff)} µs{flag(l['fcall_floor'])} | {f / ff:.2f} | {added} "
-            f"| {fmt(e)} µs | {fmt(ef)} µs | {e / ef:.2f} |"
-        )
+    rows = floor_rows(lines, "redis_cost", " µs", flags=True)
     if not rows:
         return []
     return [
