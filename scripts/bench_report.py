@@ -112,7 +112,7 @@ def redis_instructions(lines):
         "",
         "`cargo run --release -p sluice-store --example redis_cost -- --instructions`: the same calls and floor, "
         "counted in thousands of instructions Redis executes in the command (`redis-server` under valgrind's callgrind, "
-        "5,000 calls after 20,000 that create every tenant's keys); deterministic to about 1%, where the µs above are not.",
+        "5,000 calls after 20,000 that create every tenant's keys); the same code counts the same to about 1%, where the µs above are not. The `FCALL` floor shares the functions' Lua VM with sluice's library (the garbage collector steps every 50 calls, whichever function runs), so compare ratios within one run.",
         "",
         "| rules | FCALL | floor | ratio | each further rule | EVALSHA | floor | ratio |",
         "|---|---|---|---|---|---|---|---|",

@@ -13,7 +13,8 @@
 //!
 //! With `--instructions` the cost is counted in thousands of instructions
 //! Redis executes in the command instead (the server runs under valgrind's
-//! callgrind; deterministic, where µs are noisy on a shared machine).
+//! callgrind; the same code counts the same to about 1%, where µs are
+//! noisy on a shared machine).
 //!
 //! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]
 //! [--instructions]` (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the
@@ -187,8 +188,8 @@ enum Meter<'a> {
     /// shared machine.
     Time,
     /// Thousands of instructions the server executes in the command
-    /// (callgrind, dumps in this directory): deterministic, so a change
-    /// worth a few percent shows.
+    /// (callgrind, dumps in this directory): the same code counts the same
+    /// to about 1%, so a change worth a few percent shows.
     Instructions(&'a std::path::Path),
 }
 
