@@ -60,6 +60,10 @@ plans:
 
 const TENANTS: u64 = 10_000;
 
+/// The load: this many connections, each keeping `DEPTH` calls in flight.
+const CONNECTIONS: usize = 4;
+const DEPTH: usize = 16;
+
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let counting = std::env::args().any(|a| a == "--instructions");
@@ -179,6 +183,10 @@ fn main() {
         );
         previous = Some((fcall, evalsha));
     }
+    // The server writes a last dump as it stops: stop it, then remove them.
+    drop(conn);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dumps);
 }
 
 /// What a call's cost is measured in.
@@ -208,16 +216,23 @@ fn cost(
             .arg("RESETSTAT")
             .query(conn)
             .expect("reset stats");
-        replay(server.port(), 4, 16, calls, TENANTS, call);
+        replay(server.port(), CONNECTIONS, DEPTH, calls, TENANTS, call);
         let (ran, usec) = command_usec(conn, command).expect("command stats");
         assert!(ran >= calls as u64, "every call ran: {ran}");
         return usec as f64 / ran as f64;
     };
     // Every tenant's keys exist first (a fresh key is a cheaper call), then
     // only the measured calls are counted.
-    replay(server.port(), 4, 16, 2 * TENANTS as usize, TENANTS, &call);
+    replay(
+        server.port(),
+        CONNECTIONS,
+        DEPTH,
+        2 * TENANTS as usize,
+        TENANTS,
+        &call,
+    );
     callgrind(server, "--zero");
-    replay(server.port(), 4, 16, calls, TENANTS, &call);
+    replay(server.port(), CONNECTIONS, DEPTH, calls, TENANTS, &call);
     callgrind(server, "--dump");
     // The dump just asked for; the files are removed so that the next
     // measurement finds only its own.
@@ -234,8 +249,8 @@ fn cost(
         std::fs::remove_file(&path).expect("remove a dump");
     }
     let total = total.expect("callgrind wrote a dump with a summary");
-    // replay sends the same number on each of its 4 connections.
-    let sent = calls.div_ceil(4) * 4;
+    // replay sends the same number on each of its connections.
+    let sent = calls.div_ceil(CONNECTIONS) * CONNECTIONS;
     total as f64 / sent as f64 / 1000.0
 }
 

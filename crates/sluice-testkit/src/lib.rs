@@ -134,11 +134,6 @@ impl RedisServer {
         server
     }
 
-    /// The server's own directory (its log, its files).
-    pub fn dir(&self) -> &std::path::Path {
-        &self.dir
-    }
-
     fn launch(&mut self) {
         let log =
             std::fs::File::create(self.dir.join("redis.log")).expect("create the server's log");
