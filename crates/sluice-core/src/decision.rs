@@ -138,6 +138,7 @@ impl<'p> Decision<'p> {
     /// The decision for a request whose `cost` is above some rule's capacity,
     /// or `None` when every rule can hold it. Checked before the store is
     /// asked: such a request can never pass, so waiting would be a lie.
+    #[inline]
     pub fn cost_exceeds_capacity(applicable: Applicable<'p>, cost: u64) -> Option<Decision<'p>> {
         if cost <= applicable.max_cost {
             return None;
@@ -304,10 +305,12 @@ impl<'p> Decision<'p> {
     /// The rule the summary fields describe: the one that denied (the
     /// longest wait when several did), or the advertised one closest to its
     /// limit.
+    #[inline]
     pub fn policy(&self) -> Option<&'p BoundRule> {
         self.summary.map(|i| &self.rules[usize::from(i)])
     }
 
+    #[inline]
     fn summary_outcome(&self) -> Option<&Outcome> {
         let index = usize::from(self.summary?);
         if self.outcomes.len() == self.rules.len() {
@@ -323,6 +326,7 @@ impl<'p> Decision<'p> {
     }
 
     /// Units left under [`policy`](Self::policy) (0 when it was not asked).
+    #[inline]
     pub fn remaining(&self) -> Option<u64> {
         self.policy()
             .map(|_| self.summary_outcome().map_or(0, |o| u64::from(o.remaining)))

@@ -17,11 +17,13 @@
 //!   envoyproxy/ratelimit configuration ([`config::envoy`] reads it).
 //! - [`headers`]: the IETF `RateLimit` and `RateLimit-Policy` fields.
 //! - [`keys`]: opaque storage keys derived with HMAC-SHA256.
+//! - [`bytes`]: byte comparisons for short ids, without libc's `memcmp`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod algorithm;
+pub mod bytes;
 pub mod config;
 pub mod decision;
 pub mod descriptors;

@@ -348,13 +348,14 @@ impl Plan {
         self.on_error
     }
 
+    #[inline]
     fn cell(&self, route: &str) -> &Cell {
         let index = match self.exact.get(route) {
             Some(&index) => index,
             None => self
                 .prefixes
                 .iter()
-                .find(|(prefix, _)| route.starts_with(&**prefix))
+                .find(|(prefix, _)| crate::bytes::starts_with(route.as_bytes(), prefix.as_bytes()))
                 .map_or(self.fallback, |(_, index)| *index),
         };
         &self.cells[index]
@@ -682,6 +683,7 @@ impl Policy {
 
     /// The rules for a request. `with_subject` says whether the request
     /// names a subject (subject rules apply only then).
+    #[inline]
     pub fn applicable(&self, tenant: &str, route: &str, with_subject: bool) -> Applicable<'_> {
         let entry = self.tenants.get(tenant).copied().unwrap_or(TenantEntry {
             plan: self.default_plan,

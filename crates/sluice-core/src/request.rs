@@ -54,6 +54,7 @@ impl RequestError {
 
 impl<'a> Request<'a> {
     /// Checks every bound.
+    #[inline]
     pub fn new(
         tenant: &'a str,
         route: &'a str,
@@ -88,6 +89,7 @@ impl<'a> Request<'a> {
     }
 }
 
+#[inline]
 fn check_len(field: &'static str, value: &str, max: usize) -> Result<(), RequestError> {
     if value.is_empty() || value.len() > max {
         return Err(RequestError::new(
@@ -104,6 +106,7 @@ pub fn check_cost_signed(cost: i128) -> Result<u64, RequestError> {
     check_cost(cost).map(|()| cost)
 }
 
+#[inline]
 fn check_cost(cost: u64) -> Result<(), RequestError> {
     if (1..=MAX_COST).contains(&cost) {
         Ok(())

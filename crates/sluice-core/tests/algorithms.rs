@@ -319,3 +319,49 @@ fn deciding_repairs_what_it_reads() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    /// A single rule decided in place (`admit_repaired_lease`, the memory
+    /// store's one-rule path) answers and stores exactly what deciding and
+    /// committing the step does, whatever the algorithm, the costs, the
+    /// leases and a clock that also steps back.
+    #[test]
+    fn admitting_in_place_is_deciding_then_committing(
+        (rule, start, reqs, back) in any_algorithm_or_concurrency()
+            .prop_flat_map(rule_strategy)
+            .prop_flat_map(|r| (Just(r), start_time(), requests(r), proptest::collection::vec(any::<bool>(), 200)))
+    ) {
+        let mut by_step = State::Fresh;
+        let mut in_place = State::Fresh;
+        let mut now = start + 10_000;
+        for (i, &(gap, cost)) in reqs.iter().enumerate() {
+            // Now and then the clock steps back by up to ten seconds.
+            now = if back[i] && i % 3 == 0 { now.saturating_sub(gap.min(10_000)) } else { now + gap };
+            let cost = cost.min(rule.capacity());
+            let lease = Some(i as u128);
+            if let Some(repaired) = rule.repair(&by_step, now) {
+                by_step = repaired;
+            }
+            if let Some(repaired) = rule.repair(&in_place, now) {
+                in_place = repaired;
+            }
+            let (expected, step) = rule.decide_repaired_lease(&by_step, now, cost, lease);
+            if expected.allowed {
+                rule.commit(&mut by_step, step);
+            }
+            let outcome = rule.admit_repaired_lease(&mut in_place, now, cost, lease);
+            prop_assert_eq!(outcome, expected, "request {}", i);
+            prop_assert_eq!(&in_place, &by_step, "state after request {}", i);
+        }
+    }
+}
+
+fn any_algorithm_or_concurrency() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![any_algorithm(), Just(Algorithm::Concurrency)]
+}

@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use foldhash::fast::RandomState;
 use papaya::Equivalent;
-use sluice_core::BoundRule;
+use sluice_core::{BoundRule, bytes};
 use smallvec::SmallVec;
 
 use crate::store::Partition;
@@ -111,31 +111,8 @@ impl Equivalent<Key> for KeyRef<'_> {
         let (len, rest) = key.bytes.split_at(2);
         let tenant_len = usize::from(u16::from_le_bytes([len[0], len[1]]));
         let (tenant, subject) = rest.split_at(tenant_len);
-        same_bytes(tenant, self.tenant) && same_bytes(subject, self.subject)
+        bytes::same(tenant, self.tenant) && bytes::same(subject, self.subject)
     }
-}
-
-/// Byte equality for short ids, eight bytes at a time. The keys compared are
-/// a few dozen bytes at most, where libc's `memcmp` costs more in call and
-/// vector-unit set-up than the comparison itself (measured: 40% of a
-/// decision; see docs/BENCHMARKS.md).
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut a_words = a.chunks_exact(8);
-    let mut b_words = b.chunks_exact(8);
-    let words_equal = a_words.by_ref().zip(b_words.by_ref()).all(|(x, y)| {
-        u64::from_ne_bytes(x.try_into().expect("8 bytes"))
-            == u64::from_ne_bytes(y.try_into().expect("8 bytes"))
-    });
-    words_equal
-        && a_words
-            .remainder()
-            .iter()
-            .zip(b_words.remainder())
-            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
-            == 0
 }
 
 /// Keys carry their hash already; the map only needs to pass it through.

@@ -49,6 +49,7 @@ pub enum Partition<'a> {
 impl<'a> Batch<'a> {
     /// A batch of `rules` for one request, every rule costing `cost`, on
     /// shard 0.
+    #[inline]
     pub fn new(
         tenant: &'a str,
         subject: Option<&'a str>,

@@ -231,6 +231,45 @@ impl Rule {
         self.decide_current(state, now, cost, lease)
     }
 
+    /// [`decide_repaired_lease`](Self::decide_repaired_lease) and, when the
+    /// request is admitted, [`commit`](Self::commit), in place: for a store
+    /// deciding one rule alone, with nothing to hold back for other rules.
+    /// The same arithmetic, without building the step (the embedded hot
+    /// path; `tests/algorithms.rs` holds the two to the same answers).
+    #[inline]
+    pub fn admit_repaired_lease(
+        &self,
+        state: &mut State,
+        now: u64,
+        cost: u64,
+        lease: Option<u128>,
+    ) -> Outcome {
+        debug_assert!(self.repair(state, now).is_none(), "repair the state first");
+        fn keep<S>(slot: &mut S, (outcome, next): (Outcome, Option<S>)) -> Outcome {
+            if let Some(next) = next {
+                *slot = next;
+            }
+            outcome
+        }
+        match (self.algorithm(), &mut *state) {
+            (Algorithm::Gcra, State::Gcra(tat)) => keep(tat, gcra::decide(self, *tat, now, cost)),
+            (Algorithm::TokenBucket, State::TokenBucket(b)) => {
+                keep(b, token_bucket::decide(self, Some(*b), now, cost))
+            }
+            (Algorithm::FixedWindow, State::FixedWindow(w)) => {
+                keep(w, fixed_window::decide(self, *w, now, cost))
+            }
+            (Algorithm::SlidingWindow, State::SlidingWindow(w)) => {
+                keep(w, sliding_window::decide(self, *w, now, cost))
+            }
+            _ => {
+                let (outcome, step) = self.decide_current(state, now, cost, lease);
+                self.commit(state, step);
+                outcome
+            }
+        }
+    }
+
     fn decide_current(
         &self,
         state: &State,

@@ -218,10 +218,16 @@ impl<S: Store> Limiter<S> {
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
         // The common path, without `acquire`'s lease bookkeeping: this
         // future stays as small as the in-process decision needs.
-        let (applicable, batch) = match prepare(policy, request) {
-            Ok(prepared) => prepared,
+        let applicable = match prepare(policy, request) {
+            Ok(applicable) => applicable,
             Err(decided) => return decided,
         };
+        let batch = Batch::new(
+            request.tenant,
+            request.subject,
+            request.cost,
+            applicable.rules,
+        );
         let guarded = dedupe::Guarded::of(&batch, request);
         if let Some(result) = self.in_process(&applicable, &batch, &guarded) {
             return self.conclude(applicable, &batch, result);
@@ -286,10 +292,16 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
         leasing: bool,
     ) -> (Decision<'p>, Option<u128>) {
-        let (applicable, mut batch) = match prepare(policy, request) {
-            Ok(prepared) => prepared,
+        let applicable = match prepare(policy, request) {
+            Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
         };
+        let mut batch = Batch::new(
+            request.tenant,
+            request.subject,
+            request.cost,
+            applicable.rules,
+        );
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(new_lease_id());
         }
@@ -455,6 +467,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The decision from an in-process store's answer.
+    #[inline]
     fn conclude<'p>(
         &self,
         applicable: Applicable<'p>,
@@ -506,10 +519,16 @@ impl Limiter<MemoryStore> {
     /// Decides one request on the memory store, synchronously: the
     /// in-process path, for callers that are not async.
     pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        let (applicable, batch) = match prepare(policy, request) {
+        let applicable = match prepare(policy, request) {
             Err(decided) => return decided,
-            Ok(prepared) => prepared,
+            Ok(applicable) => applicable,
         };
+        let batch = Batch::new(
+            request.tenant,
+            request.subject,
+            request.cost,
+            applicable.rules,
+        );
         let guarded = dedupe::Guarded::of(&batch, request);
         if applicable.shards <= 1 && !guarded.any() {
             // The common case: one shard, no duplicate guard.
@@ -560,16 +579,12 @@ fn new_lease_id() -> u128 {
     u128::from_le_bytes(bytes)
 }
 
-/// Everything decided before the store is asked: the applicable rules, and
+/// Everything decided before the store is asked: the applicable rules, or
 /// the answer itself when no store call is needed (no rule applies, or the
-/// cost can never pass).
-fn prepare<'p, 'r>(
-    policy: &'p Policy,
-    request: &Request<'r>,
-) -> Result<(Applicable<'p>, Batch<'r>), Decision<'p>>
-where
-    'p: 'r,
-{
+/// cost can never pass). The batch for the store is
+/// [`Batch::new`] of the request and these rules.
+#[inline]
+fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'p>, Decision<'p>> {
     let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
     if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
         return Err(decision);
@@ -582,17 +597,7 @@ where
             &[],
         ));
     }
-    let batch = Batch {
-        tenant: request.tenant,
-        subject: request.subject,
-        shard: 0,
-        cost: request.cost,
-        rules: applicable.rules,
-        partitions: &[],
-        costs: &[],
-        lease: None,
-    };
-    Ok((applicable, batch))
+    Ok(applicable)
 }
 
 #[cfg(test)]
