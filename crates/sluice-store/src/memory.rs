@@ -42,8 +42,8 @@ use papaya::Guard;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
-use sluice_core::State;
 use sluice_core::decision::Outcomes;
+use sluice_core::{State, Step};
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
@@ -310,21 +310,18 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     for (i, rule) in batch.rules.iter().enumerate() {
         repair(&rule.rule().share(parts), &mut guards[slot_of[i]], now);
     }
-    let outcomes: Outcomes = batch
-        .rules
-        .iter()
-        .enumerate()
-        .map(|(i, rule)| {
-            let rule = rule.rule().share(parts);
-            rule.decide_repaired_lease(
-                &guards[slot_of[i]].state,
-                now,
-                batch.cost_of(i),
-                batch.lease,
-            )
-            .0
-        })
-        .collect();
+    let mut outcomes = Outcomes::new();
+    let mut steps: SmallVec<[Step; 4]> = SmallVec::with_capacity(batch.rules.len());
+    for (i, rule) in batch.rules.iter().enumerate() {
+        let (outcome, step) = rule.rule().share(parts).decide_repaired_lease(
+            &guards[slot_of[i]].state,
+            now,
+            batch.cost_of(i),
+            batch.lease,
+        );
+        outcomes.push(outcome);
+        steps.push(step);
+    }
     // Shadow rules never block the others; they consume only when they
     // admit, as an enforced rule would.
     let enforced_admit = batch
@@ -333,16 +330,12 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
         .zip(&outcomes)
         .all(|(rule, outcome)| outcome.allowed || rule.shadow());
     if enforced_admit {
-        // Deciding is pure, so deciding again yields the same step to commit;
-        // that is cheaper than keeping every step aside.
-        for (i, rule) in batch.rules.iter().enumerate() {
+        for (i, (rule, step)) in batch.rules.iter().zip(steps).enumerate() {
             if !outcomes[i].allowed {
                 continue;
             }
             let slot = &mut guards[slot_of[i]];
             let rule = rule.rule().share(parts);
-            let (_, step) =
-                rule.decide_repaired_lease(&slot.state, now, batch.cost_of(i), batch.lease);
             rule.commit(&mut slot.state, step);
             slot.idle_at = rule.idle_at(&slot.state);
         }

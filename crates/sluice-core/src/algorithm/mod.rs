@@ -220,6 +220,7 @@ impl Rule {
     }
 
     /// [`decide_lease`](Self::decide_lease) for a state already repaired.
+    #[inline]
     pub fn decide_repaired_lease(
         &self,
         state: &State,
