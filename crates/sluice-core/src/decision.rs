@@ -231,14 +231,60 @@ impl<'p> Decision<'p> {
     /// what they had before it: `remaining` goes back up by their cost
     /// (exact for every algorithm), and `reset_after_ms` stays the
     /// post-admission figure, an upper bound.
+    #[inline]
     pub fn from_outcomes(
+        applicable: Applicable<'p>,
+        outcomes: Outcomes,
+        cost: u64,
+        costs: &[u64],
+    ) -> Decision<'p> {
+        let rules = applicable.rules;
+        debug_assert_eq!(rules.len(), outcomes.len());
+        if let ([rule], [outcome]) = (rules, &outcomes[..]) {
+            return Decision::from_one(applicable, rule, *outcome, outcomes);
+        }
+        Decision::combine(applicable, outcomes, cost, costs)
+    }
+
+    /// [`from_outcomes`](Self::from_outcomes) for one rule, the embedded
+    /// path's common case: what [`combine`](Self::combine) comes to for
+    /// one rule, without its passes over the rules (a test holds the two
+    /// equal). A lone denied rule consumed nothing already, so nothing is
+    /// given back.
+    #[inline]
+    fn from_one(
+        applicable: Applicable<'p>,
+        rule: &BoundRule,
+        outcome: Outcome,
+        outcomes: Outcomes,
+    ) -> Decision<'p> {
+        let allowed = outcome.allowed || rule.shadow();
+        let summary = if allowed {
+            rule.advertised().then_some(0)
+        } else {
+            Some(0)
+        };
+        Decision {
+            near_limit: !allowed || (rule.advertised() && rule.is_near(outcome.remaining.into())),
+            shadow_denied: !outcome.allowed && allowed,
+            outcomes,
+            ..Decision::new(
+                applicable,
+                allowed,
+                (!allowed).then(|| rule.scope().reason()),
+                summary,
+            )
+        }
+    }
+
+    /// [`from_outcomes`](Self::from_outcomes) for any number of rules.
+    fn combine(
         applicable: Applicable<'p>,
         mut outcomes: Outcomes,
         cost: u64,
         costs: &[u64],
     ) -> Decision<'p> {
         let rules = applicable.rules;
-        debug_assert_eq!(rules.len(), outcomes.len());
         let enforced = |i: usize| !rules[i].shadow();
         let allowed = outcomes
             .iter()
@@ -370,7 +416,7 @@ impl<'p> Decision<'p> {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::policy::Policy;
+    use crate::policy::{Policy, TenantOverride};
 
     fn policy() -> Policy {
         let yaml = r#"
@@ -450,6 +496,70 @@ global:
             outcome(true, 90, 0),
         ];
         assert!(Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]).near_limit);
+    }
+
+    #[test]
+    fn one_rule_decides_as_the_general_combination_does() {
+        // Each single-rule applicable set: tenant, route (shadowed by an
+        // override), subject, the global valve, a duplicate guard.
+        let limits = Config::from_yaml(
+            r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, limit: 10, per: 1s }]
+  q:
+    routes:
+      "*": [{ name: r, limit: 10, per: 1s }]
+  s:
+    subject:
+      "*": [{ name: u, limit: 10, per: 1s }]
+  v: {}
+  d:
+    dedupe:
+      "*": { window: 5s }
+global:
+  "GET /valve": [{ name: valve, limit: 10, per: 1s }]
+tenants:
+  q: { plan: q }
+  shadowed: { plan: q }
+  s: { plan: s }
+  v: { plan: v }
+  d: { plan: d }
+"#,
+            "one.yaml",
+        )
+        .unwrap()
+        .limits;
+        let shadow = TenantOverride {
+            shadow: true,
+            ..Default::default()
+        };
+        let p = Policy::compile_overridden(&limits, false, &[("shadowed", &shadow)]);
+        let cases = [
+            ("t", "GET /", false),
+            ("q", "GET /", false),
+            ("shadowed", "GET /", false),
+            ("s", "GET /", true),
+            ("v", "GET /valve", false),
+            ("d", "GET /", false),
+        ];
+        for (tenant, route, subject) in cases {
+            let a = p.applicable(tenant, route, subject);
+            assert_eq!(a.rules.len(), 1, "{tenant}: one rule");
+            for allowed in [true, false] {
+                for remaining in [0, 1, 2, 5, 9, 10] {
+                    let o: Outcomes = smallvec::smallvec![outcome(allowed, remaining, 250)];
+                    let one = Decision::from_outcomes(a, o.clone(), 1, &[]);
+                    let general = Decision::combine(a, o, 1, &[]);
+                    assert_eq!(
+                        format!("{one:?}"),
+                        format!("{general:?}"),
+                        "{tenant} {route}, allowed {allowed}, remaining {remaining}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

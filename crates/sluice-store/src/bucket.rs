@@ -11,13 +11,15 @@ use smallvec::SmallVec;
 use crate::store::Partition;
 
 /// A stored key: the rule's uid and the partition's bytes
-/// (`tenant length (u16 LE) ‖ tenant ‖ subject`), with its hash computed once.
+/// (`tenant ‖ subject`, and where the tenant ends), with its hash computed
+/// once.
 /// Short partitions are held inline: one allocation and one cache miss less
 /// per lookup.
 pub(crate) struct Key {
     hash: u64,
     rule: u64,
     shard: u16,
+    tenant_len: u32,
     bytes: SmallVec<[u8; 30]>,
 }
 
@@ -51,12 +53,15 @@ impl<'a> KeyRef<'a> {
             Partition::Tenant(t) => (t.as_bytes(), b""),
             Partition::Subject(t, s) => (t.as_bytes(), s.as_bytes()),
         };
+        // Equality compares every part; the hash only has to spread them.
+        // foldhash's `write` mixes in the length, so where the tenant ends
+        // is part of the hash without a separator.
         let mut h = hasher.build_hasher();
-        h.write_u64(rule.uid());
-        h.write_u16(shard);
+        h.write_u64(rule.uid() ^ u64::from(shard).rotate_right(16));
         h.write(tenant);
-        h.write_u8(0xff);
-        h.write(subject);
+        if !subject.is_empty() {
+            h.write(subject);
+        }
         KeyRef {
             hash: h.finish(),
             rule: rule.uid(),
@@ -67,14 +72,17 @@ impl<'a> KeyRef<'a> {
     }
 
     pub(crate) fn to_key(&self) -> Key {
-        let mut bytes = SmallVec::with_capacity(2 + self.tenant.len() + self.subject.len());
-        bytes.extend_from_slice(&(self.tenant.len() as u16).to_le_bytes());
+        let mut bytes = SmallVec::with_capacity(self.tenant.len() + self.subject.len());
         bytes.extend_from_slice(self.tenant);
         bytes.extend_from_slice(self.subject);
         Key {
             hash: self.hash,
             rule: self.rule,
             shard: self.shard,
+            // A request's tenant is at most 256 bytes; an Envoy partition
+            // (descriptor entries joined) is bounded by the gRPC message
+            // size, far below 4 GiB.
+            tenant_len: u32::try_from(self.tenant.len()).unwrap_or(u32::MAX),
             bytes,
         }
     }
@@ -97,6 +105,7 @@ impl PartialEq for Key {
         self.hash == other.hash
             && self.rule == other.rule
             && self.shard == other.shard
+            && self.tenant_len == other.tenant_len
             && self.bytes == other.bytes
     }
 }
@@ -108,9 +117,12 @@ impl Equivalent<Key> for KeyRef<'_> {
         if self.hash != key.hash || self.rule != key.rule || self.shard != key.shard {
             return false;
         }
-        let (len, rest) = key.bytes.split_at(2);
-        let tenant_len = usize::from(u16::from_le_bytes([len[0], len[1]]));
-        let (tenant, subject) = rest.split_at(tenant_len);
+        if key.tenant_len as usize != self.tenant.len()
+            || key.bytes.len() != self.tenant.len() + self.subject.len()
+        {
+            return false;
+        }
+        let (tenant, subject) = key.bytes.split_at(self.tenant.len());
         bytes::same(tenant, self.tenant) && bytes::same(subject, self.subject)
     }
 }

@@ -25,6 +25,7 @@ pub struct Tat {
 }
 
 /// Decides a request; `Some(new TAT)` when admitted.
+#[inline]
 pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Tat>) {
     let limit = rule.limit();
     let per = rule.period_ms();
@@ -62,6 +63,7 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
 /// a node whose clock was ahead): an exhausted bucket as of `now`. Nothing
 /// consumed is forgotten, and a full recovery takes `burst` emission
 /// intervals from `now`, never the size of the step.
+#[inline]
 pub fn repair(rule: &Rule, tat: Tat, now: u64) -> Option<Tat> {
     let limit = rule.limit();
     let capacity = rule.burst() * rule.period_ms();
@@ -80,6 +82,7 @@ pub fn repair(rule: &Rule, tat: Tat, now: u64) -> Option<Tat> {
 
 /// The same TAT with `frac` below `limit` (a state written under a smaller
 /// limit can hold more).
+#[inline]
 fn normal(tat: Tat, limit: u64) -> Tat {
     if tat.frac < limit {
         tat
@@ -110,6 +113,7 @@ pub fn refund(rule: &Rule, tat: Tat, cost: u64) -> Tat {
 }
 
 /// A TAT in the past is a full bucket.
+#[inline]
 pub fn idle_at(_rule: &Rule, tat: Tat) -> u64 {
     tat.ms + u64::from(tat.frac > 0)
 }

@@ -149,6 +149,7 @@ impl Rule {
     /// `now` allows (see the module documentation); `None` when it can be
     /// read as it is. A state of another algorithm needs no repair (it
     /// reads as fresh).
+    #[inline]
     pub fn repair(&self, state: &State, now: u64) -> Option<State> {
         match (self.algorithm(), state) {
             (Algorithm::Gcra, State::Gcra(tat)) => gcra::repair(self, *tat, now).map(State::Gcra),
@@ -350,6 +351,7 @@ impl Rule {
     /// The moment (ms) from which `state` is indistinguishable from a fresh
     /// one, so a store may forget it. Expiry times (Redis TTLs, the memory
     /// sweeper) derive from this.
+    #[inline]
     pub fn idle_at(&self, state: &State) -> u64 {
         match state {
             State::Fresh => 0,
