@@ -89,6 +89,7 @@ pub struct Decision<'p> {
 }
 
 impl<'p> Decision<'p> {
+    #[inline]
     fn new(
         applicable: Applicable<'p>,
         allowed: bool,
@@ -240,40 +241,36 @@ impl<'p> Decision<'p> {
     ) -> Decision<'p> {
         let rules = applicable.rules;
         debug_assert_eq!(rules.len(), outcomes.len());
-        if let ([rule], [outcome]) = (rules, &outcomes[..]) {
-            return Decision::from_one(applicable, rule, *outcome, outcomes);
+        if let [outcome] = outcomes[..]
+            && rules.len() == 1
+        {
+            return Decision::from_outcome(applicable, outcome);
         }
         Decision::combine(applicable, outcomes, cost, costs)
     }
 
-    /// [`from_outcomes`](Self::from_outcomes) for one rule, the embedded
-    /// path's common case: what [`combine`](Self::combine) comes to for
-    /// one rule, without its passes over the rules (a test holds the two
-    /// equal). A lone denied rule consumed nothing already, so nothing is
-    /// given back.
+    /// [`from_outcomes`](Self::from_outcomes) when exactly one rule
+    /// applies, the embedded path's common case: what the general
+    /// combination comes to for one rule, without its passes over the rules
+    /// (a test holds the two equal). A lone denied rule consumed nothing
+    /// already, so nothing is given back.
     #[inline]
-    fn from_one(
-        applicable: Applicable<'p>,
-        rule: &BoundRule,
-        outcome: Outcome,
-        outcomes: Outcomes,
-    ) -> Decision<'p> {
+    pub fn from_outcome(applicable: Applicable<'p>, outcome: Outcome) -> Decision<'p> {
+        debug_assert_eq!(applicable.rules.len(), 1);
+        let rule = &applicable.rules[0];
         let allowed = outcome.allowed || rule.shadow();
-        let summary = if allowed {
-            rule.advertised().then_some(0)
-        } else {
-            Some(0)
-        };
+        // Written out rather than through `Decision::new`: built in place,
+        // where the update syntax built a second one and copied it.
         Decision {
+            allowed,
+            reason: (!allowed).then(|| rule.scope().reason()),
             near_limit: !allowed || (rule.advertised() && rule.is_near(outcome.remaining.into())),
+            degraded: None,
             shadow_denied: !outcome.allowed && allowed,
-            outcomes,
-            ..Decision::new(
-                applicable,
-                allowed,
-                (!allowed).then(|| rule.scope().reason()),
-                summary,
-            )
+            summary: (!allowed || rule.advertised()).then_some(0),
+            rules: applicable.rules,
+            outcomes: smallvec::smallvec![outcome],
+            class: applicable.class,
         }
     }
 

@@ -247,6 +247,7 @@ impl Rule {
     /// and `max(1, ⌊burst/parts⌋)`. Used when `parts` stores (tenant shards,
     /// or sluice instances falling back to local limits) each enforce a part
     /// of one limit.
+    #[inline]
     pub fn share(&self, parts: u64) -> Rule {
         if parts <= 1 {
             return *self;

@@ -33,6 +33,7 @@ pub(crate) struct KeyRef<'a> {
 }
 
 impl<'a> KeyRef<'a> {
+    #[inline]
     pub(crate) fn new(
         hasher: &RandomState,
         rule: &BoundRule,

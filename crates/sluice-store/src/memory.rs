@@ -43,7 +43,7 @@ use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use sluice_core::decision::Outcomes;
-use sluice_core::{State, Step};
+use sluice_core::{Outcome, State, Step};
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
@@ -142,27 +142,13 @@ impl MemoryStore {
     /// sluice instances enforces limits locally while the shared store is
     /// unreachable.
     pub fn decide_parts(&self, batch: &Batch<'_>, parts: u64) -> Result<Outcomes, StoreError> {
+        if let [_] = batch.rules {
+            return self
+                .decide_one(batch, parts)
+                .map(|outcome| smallvec::smallvec![outcome]);
+        }
         let now = self.clock.now_ms();
         let guard = self.map.guard();
-        if let [rule] = batch.rules {
-            // One rule: one lookup, one lock, nothing to order.
-            let key = KeyRef::new(&self.hasher, rule, batch.partition(0, rule), batch.shard);
-            let rule = rule.rule().share(parts);
-            let cost = batch.cost_of(0);
-            loop {
-                let entry = self.entry(&key, &guard)?;
-                let mut slot = entry.slot.lock();
-                if slot.dead {
-                    continue;
-                }
-                repair(&rule, &mut slot, now);
-                let outcome = rule.admit_repaired_lease(&mut slot.state, now, cost, batch.lease);
-                if outcome.allowed {
-                    slot.idle_at = rule.idle_at(&slot.state);
-                }
-                return Ok(smallvec::smallvec![outcome]);
-            }
-        }
         loop {
             let mut entries: SmallVec<[&Entry; 4]> = SmallVec::with_capacity(batch.rules.len());
             for (i, rule) in batch.rules.iter().enumerate() {
@@ -173,6 +159,32 @@ impl MemoryStore {
                 return Ok(outcomes);
             }
             // An entry was swept between lookup and lock: look up again.
+        }
+    }
+
+    /// [`decide_parts`](Self::decide_parts) for a batch of one rule: one
+    /// lookup, one lock, nothing to order, and the outcome alone.
+    #[inline]
+    pub(crate) fn decide_one(&self, batch: &Batch<'_>, parts: u64) -> Result<Outcome, StoreError> {
+        debug_assert_eq!(batch.rules.len(), 1);
+        let now = self.clock.now_ms();
+        let guard = self.map.guard();
+        let bound = &batch.rules[0];
+        let key = KeyRef::new(&self.hasher, bound, batch.partition(0, bound), batch.shard);
+        let rule = bound.rule().share(parts);
+        let cost = batch.cost_of(0);
+        loop {
+            let entry = self.entry(&key, &guard)?;
+            let mut slot = entry.slot.lock();
+            if slot.dead {
+                continue;
+            }
+            repair(&rule, &mut slot, now);
+            let outcome = rule.admit_repaired_lease(&mut slot.state, now, cost, batch.lease);
+            if outcome.allowed {
+                slot.idle_at = rule.idle_at(&slot.state);
+            }
+            return Ok(outcome);
         }
     }
 
@@ -275,6 +287,7 @@ impl MemoryStore {
 
 /// Re-dates a state stamped later than `now` (the clock stepped back), and
 /// keeps the repair whatever the decision: see `sluice_core::algorithm`.
+#[inline]
 fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
     if let Some(repaired) = rule.repair(&slot.state, now) {
         slot.state = repaired;

@@ -531,7 +531,14 @@ impl Limiter<MemoryStore> {
         );
         let guarded = dedupe::Guarded::of(&batch, request);
         if applicable.shards <= 1 && !guarded.any() {
-            // The common case: one shard, no duplicate guard.
+            // The common case: one shard, no duplicate guard; most often
+            // one rule.
+            if let [_] = batch.rules {
+                return match self.store.decide_one(&batch, 1) {
+                    Ok(outcome) => Decision::from_outcome(applicable, outcome),
+                    Err(error) => self.conclude(applicable, &batch, Err(error)),
+                };
+            }
             let result = self.store.decide_now(&batch);
             return self.conclude(applicable, &batch, result);
         }
