@@ -310,13 +310,16 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     let mut guards: SmallVec<[MutexGuard<'_, Slot>; 4]> = SmallVec::with_capacity(entries.len());
     let mut slot_of: SmallVec<[usize; 4]> = SmallVec::from_elem(0, entries.len());
     let mut previous = 0;
-    for (address, i) in order {
+    for &(address, i) in &order[..] {
         if address != previous || guards.is_empty() {
             guards.push(entries[i].slot.lock());
             previous = address;
         }
         slot_of[i] = guards.len() - 1;
     }
+    // Indexed through slices from here: indexing a `SmallVec` checks where
+    // its items live on every access.
+    let (guards, slot_of) = (&mut guards[..], &slot_of[..]);
     if guards.iter().any(|slot| slot.dead) {
         return None;
     }
@@ -340,16 +343,20 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     let enforced_admit = batch
         .rules
         .iter()
-        .zip(&outcomes)
+        .zip(&outcomes[..])
         .all(|(rule, outcome)| outcome.allowed || rule.shadow());
     if enforced_admit {
-        for (i, (rule, step)) in batch.rules.iter().zip(steps).enumerate() {
-            if !outcomes[i].allowed {
+        let steps = &mut steps[..];
+        for (i, (rule, outcome)) in batch.rules.iter().zip(&outcomes[..]).enumerate() {
+            if !outcome.allowed {
                 continue;
             }
             let slot = &mut guards[slot_of[i]];
             let rule = rule.rule().share(parts);
-            rule.commit(&mut slot.state, step);
+            rule.commit(
+                &mut slot.state,
+                std::mem::replace(&mut steps[i], Step::Keep),
+            );
             slot.idle_at = rule.idle_at(&slot.state);
         }
     }
