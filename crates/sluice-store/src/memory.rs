@@ -375,6 +375,10 @@ impl Store for MemoryStore {
         Some(self.decide_now(batch))
     }
 
+    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
+        Some(self.decide_one(batch, 1))
+    }
+
     fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(Ok(self.release_now(batch)))
     }

@@ -8,6 +8,7 @@
 
 use std::future::Future;
 
+use sluice_core::Outcome;
 use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, Scope};
 
@@ -124,6 +125,14 @@ pub trait Store: Send + Sync {
     /// decision cannot time out or be unreachable, so the limiter skips the
     /// time budget, the breaker and the over-limit cache for it.
     fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+        let _ = batch;
+        None
+    }
+
+    /// [`decide_in_process`](Self::decide_in_process) for a batch of
+    /// exactly one rule, its outcome alone (the common case, without a
+    /// vector of one to carry).
+    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
         let _ = batch;
         None
     }

@@ -229,8 +229,8 @@ impl<S: Store> Limiter<S> {
             applicable.rules,
         );
         let guarded = dedupe::Guarded::of(&batch, request);
-        if let Some(result) = self.in_process(&applicable, &batch, &guarded) {
-            return self.conclude(applicable, &batch, result);
+        if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
+            return decision;
         }
         Box::pin(self.decide_guarded(applicable, batch, guarded)).await
     }
@@ -317,8 +317,8 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
     ) -> Decision<'p> {
         let guarded = dedupe::Guarded::of(&batch, request);
-        if let Some(result) = self.in_process(&applicable, &batch, &guarded) {
-            return self.conclude(applicable, &batch, result);
+        if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
+            return decision;
         }
         // Boxed, so that this future stays small for the in-process path
         // (moving a large future costs more than the decision itself).
@@ -328,17 +328,25 @@ impl<S: Store> Limiter<S> {
     /// The store's answer in process, without entering the remote path's
     /// state machine, when the store can give one and neither shards nor a
     /// duplicate guard need that path.
-    fn in_process(
+    #[inline]
+    fn in_process<'p>(
         &self,
-        applicable: &Applicable<'_>,
+        applicable: Applicable<'p>,
         batch: &Batch<'_>,
         guarded: &dedupe::Guarded,
-    ) -> Option<Result<Outcomes, StoreError>> {
-        if applicable.shards <= 1 && !guarded.any() {
-            self.store.decide_in_process(batch)
-        } else {
-            None
+    ) -> Option<Decision<'p>> {
+        if applicable.shards > 1 || guarded.any() {
+            return None;
         }
+        if let [_] = batch.rules {
+            // One rule, most often: its outcome alone, no vector of one.
+            return match self.store.decide_one_in_process(batch)? {
+                Ok(outcome) => Some(Decision::from_outcome(applicable, outcome)),
+                Err(error) => Some(self.conclude(applicable, batch, Err(error))),
+            };
+        }
+        let result = self.store.decide_in_process(batch)?;
+        Some(self.conclude(applicable, batch, result))
     }
 
     /// The rest of [`decide`](Self::decide): duplicate guards placed, then
@@ -765,5 +773,37 @@ tenants:
             decide(&limiter, "c").await;
         }
         assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    }
+
+    #[tokio::test]
+    async fn a_full_memory_store_denies_new_keys_whatever_the_number_of_rules() {
+        // One rule takes the single-rule path, two rules the general one;
+        // the synchronous and the async decision alike.
+        for tenant_rules in [
+            "[{ limit: 10, per: 1h }]",
+            "[{ limit: 10, per: 1h }, { limit: 20, per: 1d }]",
+        ] {
+            let yaml = format!("default_plan: p\nplans:\n  p:\n    tenant: {tenant_rules}\n");
+            let policy = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
+            let rules = policy.applicable("a", "GET /", false).rules.len();
+            let limiter = Limiter::new(policy, MemoryStore::new(2 * rules), OnError::Allow);
+            let policy = limiter.policy();
+            let request = |t: &'static str| Request::new(t, "GET /", None, 1).unwrap();
+            assert!(limiter.decide_now(&policy, &request("a")).allowed);
+            assert!(limiter.decide(&policy, &request("b")).await.allowed);
+            for denied in [
+                limiter.decide_now(&policy, &request("c")),
+                limiter.decide(&policy, &request("c")).await,
+            ] {
+                assert!(!denied.allowed, "{rules} rules: a new key on a full store");
+                assert_eq!(denied.reason, Some(Reason::StoreUnavailable));
+                assert_eq!(denied.degraded, Some(OnError::Deny), "not the plan's allow");
+            }
+            assert!(
+                limiter.decide_now(&policy, &request("a")).allowed,
+                "held keys work"
+            );
+            assert!(limiter.decide(&policy, &request("b")).await.allowed);
+        }
     }
 }
