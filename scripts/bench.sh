@@ -32,7 +32,8 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v callgrind_control >/dev/null 2>&1 || missing+=(valgrind)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+# (libclang itself: libclang-cpp, which other packages bring, is not what bindgen loads)
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || missing+=(libclang-dev)
 if ((${#missing[@]})); then
   echo "installing ${missing[*]}" >&2
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
