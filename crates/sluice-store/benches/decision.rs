@@ -17,56 +17,19 @@
 //!
 //! Run: `cargo bench -p sluice-store --bench decision`.
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use governor::{Quota, RateLimiter};
-use sluice_core::{Config, Policy, Request};
-use sluice_store::{Batch, Limiter, MemoryStore};
+use sluice_core::Request;
+use sluice_store::Batch;
 
-const TENANTS: usize = 10_000;
-
-/// The memory store answers without waiting: poll once.
-fn now<F: Future>(future: F) -> F::Output {
-    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!("the memory store never waits"),
-    }
-}
-
-fn limiter(yaml: &str) -> Limiter<MemoryStore> {
-    let config = Config::from_yaml(yaml, "bench.yaml").unwrap();
-    Limiter::new(
-        Policy::compile(&config.limits),
-        MemoryStore::new(1_000_000),
-        config.storage.on_error,
-    )
-}
-
-const SINGLE: &str = r#"
-default_plan: p
-plans:
-  p:
-    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
-"#;
-
-const THREE: &str = r#"
-default_plan: p
-plans:
-  p:
-    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
-    routes:
-      "*": [{ algorithm: token_bucket, limit: 1000000, per: 1s }]
-    subject:
-      "*": [{ algorithm: sliding_window, limit: 1000000, per: 1s }]
-"#;
+mod cases;
+use cases::{SINGLE, TENANTS, THREE, limiter, now};
 
 fn decisions(c: &mut Criterion) {
-    let tenants: Vec<String> = (0..TENANTS).map(|i| format!("tenant-{i:05}")).collect();
+    let tenants = cases::tenants();
     let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
 
     let mut group = c.benchmark_group("embedded_decision");

@@ -15,38 +15,19 @@
 //! Run: `cargo run --release -p sluice-store --example embedded_instructions`
 //! (needs valgrind: `apt-get install valgrind`).
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::process::Command;
-use std::task::{Context, Poll, Waker};
 
 use governor::{Quota, RateLimiter};
-use sluice_core::{Config, Policy, Request};
-use sluice_store::{Limiter, MemoryStore};
+use sluice_core::Request;
 
-const TENANTS: usize = 10_000;
+#[path = "../benches/cases/mod.rs"]
+mod cases;
+use cases::{SINGLE, TENANTS, THREE, limiter, now};
+
 const SMALL: usize = 50_000;
 const LARGE: usize = 250_000;
-
-const SINGLE: &str = r#"
-default_plan: p
-plans:
-  p:
-    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
-"#;
-
-const THREE: &str = r#"
-default_plan: p
-plans:
-  p:
-    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
-    routes:
-      "*": [{ algorithm: token_bucket, limit: 1000000, per: 1s }]
-    subject:
-      "*": [{ algorithm: sliding_window, limit: 1000000, per: 1s }]
-"#;
 
 const CASES: [&str; 5] = [
     "sluice_single_gcra",
@@ -97,26 +78,9 @@ fn count(me: &std::path::Path, case: &str, n: usize) -> u64 {
         .unwrap_or_else(|| panic!("no instruction count in callgrind's output: {stderr}"))
 }
 
-/// The memory store answers without waiting: poll once.
-fn now<F: Future>(future: F) -> F::Output {
-    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(output) => output,
-        Poll::Pending => unreachable!("the memory store never waits"),
-    }
-}
-
-fn limiter(yaml: &str) -> Limiter<MemoryStore> {
-    let config = Config::from_yaml(yaml, "embedded_instructions.yaml").unwrap();
-    Limiter::new(
-        Policy::compile(&config.limits),
-        MemoryStore::new(1_000_000),
-        config.storage.on_error,
-    )
-}
-
 /// `n` decisions of `case` after every tenant's keys are in place.
 fn run(case: &str, n: usize) {
-    let tenants: Vec<String> = (0..TENANTS).map(|i| format!("tenant-{i:05}")).collect();
+    let tenants = cases::tenants();
     let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
     let mut admitted = 0usize;
     match case {
