@@ -113,8 +113,9 @@ for backend in memory redis; do
   for _ in $(seq 50); do curl -fs http://127.0.0.1:$http/healthz >/dev/null 2>&1 && break; sleep 0.1; done
   for run in $(seq "$runs"); do for api in http grpc; do
     target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
-    target/release/sluice bench --scenario throughput --api $api --target "$target" --tenants 10000 \
-      --start-rate 2000 --seconds 2 --json \
+    # (exit status 1 when no rate kept p99 under 5 ms: recorded as 0/s, not fatal)
+    { target/release/sluice bench --scenario throughput --api $api --target "$target" --tenants 10000 \
+      --start-rate 2000 --seconds 2 --json || [ $? = 1 ]; } \
       | python3 -c "import json,sys; o=json.load(sys.stdin); print(json.dumps({'suite':'throughput','backend':'$backend','api':'$api','run':$run,'phases':[{'rate':p['offered_per_second'],'p50_us':p['classes'][0]['p50_us'],'p99_us':p['classes'][0]['p99_us'],'errors':p['classes'][0]['errors']} for p in o['phases']]}))" >> "$results"
   done; done
   kill $serve; wait $serve 2>/dev/null || true

@@ -73,6 +73,12 @@ fn the_isolation_scenario_proves_noisy_tenants_cannot_starve_polite_ones() {
         for field in ["p50_us", "p99_us", "p999_us", "max_us"] {
             assert!(polite[field].as_u64().unwrap() > 0, "{api}: {field}");
         }
+        // The load's own lag is reported, and is part of the latency.
+        let lag = polite["send_lag_p99_us"].as_u64().unwrap();
+        assert!(
+            lag <= polite["max_us"].as_u64().unwrap(),
+            "{api}: {polite:#}"
+        );
     }
     server.stop();
 }
