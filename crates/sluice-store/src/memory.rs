@@ -375,6 +375,7 @@ impl Store for MemoryStore {
         Some(self.decide_now(batch))
     }
 
+    #[inline]
     fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
         Some(self.decide_one(batch, 1))
     }

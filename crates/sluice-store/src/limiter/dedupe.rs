@@ -35,6 +35,7 @@ pub fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -> Strin
 pub(super) struct Guarded(Option<String>);
 
 impl Guarded {
+    #[inline]
     pub(super) fn of(batch: &Batch<'_>, request: &Request<'_>) -> Guarded {
         let guarded = batch.rules.iter().any(|r| r.scope() == Scope::Dedupe);
         Guarded(guarded.then(|| partition_text(request.subject, request.fingerprint)))
