@@ -114,7 +114,6 @@ impl PartialEq for Key {
 impl Eq for Key {}
 
 impl Equivalent<Key> for KeyRef<'_> {
-    #[inline]
     fn equivalent(&self, key: &Key) -> bool {
         if self.hash != key.hash || self.rule != key.rule || self.shard != key.shard {
             return false;
