@@ -1,6 +1,7 @@
 //! `sluice bench` against a running `sluice serve`: the isolation scenario,
 //! short, over HTTP and gRPC. Noisy tenants at 25× their limit get exactly
-//! their limit; polite tenants under theirs are never denied.
+//! their limit; polite tenants under theirs are never denied. A scenario
+//! file runs a mix of classes, and flags win over it.
 
 mod common;
 
@@ -14,6 +15,17 @@ plans:
     routes:
       "POST /v1/bench": [{ name: bench, algorithm: gcra, limit: 16, per: 1h }]
 "#;
+
+/// `sluice bench --json`'s output, or a panic showing what it printed.
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "JSON expected ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
 
 fn isolation(target: &str, api: &str) -> (Option<i32>, Value) {
     let out = sluice()
@@ -37,13 +49,7 @@ fn isolation(target: &str, api: &str) -> (Option<i32>, Value) {
         ])
         .output()
         .unwrap();
-    let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "JSON expected ({e}): {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let json = json_of(&out);
     (out.status.code(), json)
 }
 
@@ -92,6 +98,91 @@ fn bench_refuses_bad_classes_by_name() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--noisy takes COUNT:RATE"), "{stderr}");
+}
+
+/// A scenario file gives the scenario, the API and the classes of a mix;
+/// a flag on the command line wins over the file (the file's 30 seconds
+/// would have made this run 30 times longer and each class send 30 times
+/// more).
+#[test]
+fn a_scenario_file_runs_a_mix_of_classes_and_flags_win_over_it() {
+    let config = temp_file("bench-mix-limits.yaml", LIMITS);
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    let scenario = temp_file(
+        "mix-scenario.yaml",
+        "scenario: mix\napi: http\nseconds: 30\nclasses:\n  - { name: gold, tenants: 2, rate: 4 }\n  - { name: abuser, tenants: 1, rate: 100 }\n",
+    );
+    let out = sluice()
+        .args(["bench", "--file", scenario.to_str().unwrap()])
+        .args(["--target", &server.base, "--seconds", "1", "--json"])
+        .output()
+        .unwrap();
+    let json = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{json:#}");
+    assert_eq!(json["scenario"], "mix");
+    assert_eq!(json["passed"], true);
+    let classes = json["phases"][0]["classes"].as_array().unwrap();
+    let (gold, abuser) = (&classes[0], &classes[1]);
+    assert_eq!(gold["class"], "gold");
+    assert_eq!(abuser["class"], "abuser");
+    // One second: 2 × 4 and 100 requests, not 30 times as many.
+    let gold_sent = gold["sent"].as_u64().unwrap();
+    assert!((6..=10).contains(&gold_sent), "{gold:#}");
+    let abuser_sent = abuser["sent"].as_u64().unwrap();
+    assert!((90..=110).contains(&abuser_sent), "{abuser:#}");
+    // Gold stays under its 16 and is never denied; the abuser gets 16.
+    assert_eq!(gold["denied"], 0, "{gold:#}");
+    assert_eq!(abuser["most_admitted_per_tenant"], 16, "{abuser:#}");
+    assert_eq!(abuser["denied"].as_u64().unwrap(), abuser_sent - 16);
+    server.stop();
+}
+
+/// What is wrong with a scenario file or a class is named, with the
+/// allowed range, before any load is sent (exit 2).
+#[test]
+fn bench_refuses_a_bad_scenario_file_or_class_by_name() {
+    let refused = |args: &[&str], expected: &str| {
+        let out = sluice().arg("bench").args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    };
+    let misspelt = temp_file("misspelt-scenario.yaml", "scenario: mix\nsecnods: 5\n");
+    refused(&["--file", misspelt.to_str().unwrap()], "secnods");
+    refused(
+        &["--file", misspelt.to_str().unwrap()],
+        "misspelt-scenario.yaml",
+    );
+    let zero = temp_file(
+        "zero-scenario.yaml",
+        "classes:\n  - { name: gold, tenants: 0, rate: 4 }\n",
+    );
+    refused(
+        &["--file", zero.to_str().unwrap()],
+        "class gold: tenants must be 1 to 100000",
+    );
+    let slow = temp_file("slow-scenario.yaml", "seconds: 601\n");
+    refused(
+        &["--file", slow.to_str().unwrap()],
+        "--seconds must be 1 to 600; got 601",
+    );
+    refused(&["--scenario", "mix"], "the mix scenario needs classes");
+    refused(
+        &["--scenario", "mix", "--class", "gold:4"],
+        "--class takes NAME:COUNT:RATE",
+    );
+    refused(
+        &["--scenario", "mix", "--class", "a:1:1", "--class", "a:2:2"],
+        "class `a` is given twice",
+    );
+    refused(
+        &["--scenario", "mix", "--class", "g/old:1:1"],
+        "a class name must be 1 to 32 letters",
+    );
+    refused(
+        &["--polite", "4:0"],
+        "--polite: tenants must be 1 to 100000",
+    );
 }
 
 /// `scripts/bench_report.py` rewrites only its section of a document, from

@@ -127,5 +127,6 @@ pub async fn rls(
     Ok(total)
 }
 
+pub mod file;
 pub mod open;
 pub mod scenario;

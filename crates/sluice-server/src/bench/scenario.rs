@@ -8,6 +8,9 @@
 //!   the noise.
 //! - **throughput**: one class of tenants at rising rates: the highest
 //!   rate at which p99 stays under 5 ms (and nothing failed).
+//! - **steady**: one class at one rate, to measure at a known load.
+//! - **mix**: any classes of tenants together (from `--class` or a
+//!   scenario file), each reported; passes when nothing failed.
 
 use serde::Serialize;
 
@@ -28,7 +31,7 @@ pub struct Phase {
 /// A scenario's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
-    /// `isolation` or `throughput`.
+    /// `isolation`, `throughput`, `steady` or `mix`.
     pub scenario: &'static str,
     /// Every phase, in order.
     pub phases: Vec<Phase>,
@@ -181,6 +184,42 @@ pub async fn steady(base: &Load, class: Class, rate: f64) -> Fallible<Outcome> {
         phases: vec![Phase {
             name: format!("{rate:.0}/s"),
             offered_per_second: rate,
+            classes: report,
+        }],
+        passed: errors == 0,
+        verdict,
+    })
+}
+
+/// Mix: every class of `classes` at once for `base.duration`. Passes when
+/// nothing failed.
+pub async fn mix(base: &Load, classes: Vec<Class>) -> Fallible<Outcome> {
+    let load = Load {
+        classes,
+        run: format!("{}-mix", base.run),
+        ..base.clone()
+    };
+    let report = open::run(&load).await?;
+    let errors: u64 = report.iter().map(|c| c.errors).sum();
+    let verdict = report
+        .iter()
+        .map(|c| {
+            format!(
+                "{}: {} sent, {:.2}% denied, p99 {}µs",
+                c.class,
+                c.sent,
+                c.denied_percent(),
+                c.p99_us
+            )
+        })
+        .chain((errors > 0).then(|| format!("{errors} requests failed")))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Ok(Outcome {
+        scenario: "mix",
+        phases: vec![Phase {
+            name: "all classes together".into(),
+            offered_per_second: offered(&load.classes),
             classes: report,
         }],
         passed: errors == 0,

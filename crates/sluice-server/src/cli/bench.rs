@@ -2,19 +2,129 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::{Api, BenchArgs, Scenario};
+use crate::bench::file::ScenarioFile;
 use crate::bench::open::{self, Class, Load};
 use crate::bench::scenario::{self, Outcome};
 
+/// What a run is: the flags over the scenario file over the defaults.
+struct Settings {
+    scenario: Scenario,
+    api: Api,
+    target: Option<String>,
+    domain: String,
+    key: String,
+    values: usize,
+    concurrency: usize,
+    seconds: u64,
+    route: String,
+    polite: Class,
+    noisy: Class,
+    classes: Vec<Class>,
+    tenants: usize,
+    start_rate: f64,
+    max_in_flight: usize,
+    json: bool,
+}
+
+impl Settings {
+    /// Merges and checks: the error names the setting and its range.
+    fn of(args: BenchArgs) -> Result<Settings, String> {
+        let file = match &args.file {
+            Some(path) => ScenarioFile::read(path)?,
+            None => ScenarioFile::default(),
+        };
+        let polite = match (&args.polite, file.polite) {
+            (Some(spec), _) => class("polite", spec)?,
+            (None, Some(c)) => checked("polite", "polite", c.tenants, c.rate)?,
+            (None, None) => class("polite", "4:2")?,
+        };
+        let noisy = match (&args.noisy, file.noisy) {
+            (Some(spec), _) => class("noisy", spec)?,
+            (None, Some(c)) => checked("noisy", "noisy", c.tenants, c.rate)?,
+            (None, None) => class("noisy", "4:200")?,
+        };
+        let classes = if args.classes.is_empty() {
+            let named = file.classes.unwrap_or_default();
+            named
+                .into_iter()
+                .map(|c| named_class(c.name, c.tenants, c.rate))
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            args.classes
+                .iter()
+                .map(|spec| mix_class(spec))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        if let Some(twice) = classes
+            .iter()
+            .enumerate()
+            .find(|(i, c)| classes[..*i].iter().any(|d| d.name == c.name))
+        {
+            return Err(format!(
+                "class `{}` is given twice: each class needs a name of its own",
+                twice.1.name
+            ));
+        }
+        let settings = Settings {
+            scenario: args.scenario.or(file.scenario).unwrap_or(Scenario::Closed),
+            api: args.api.or(file.api).unwrap_or(Api::Http),
+            target: args.target.or(file.target),
+            domain: args
+                .domain
+                .or(file.domain)
+                .unwrap_or_else(|| "sluice".into()),
+            key: args.key.or(file.key).unwrap_or_else(|| "tenant".into()),
+            values: args.values.or(file.values).unwrap_or(10_000),
+            concurrency: args.concurrency.or(file.concurrency).unwrap_or(64),
+            seconds: args.seconds.or(file.seconds).unwrap_or(10),
+            route: args
+                .route
+                .or(file.route)
+                .unwrap_or_else(|| "POST /v1/bench".into()),
+            polite,
+            noisy,
+            classes,
+            tenants: args.tenants.or(file.tenants).unwrap_or(10_000),
+            start_rate: args.start_rate.or(file.start_rate).unwrap_or(1_000.0),
+            max_in_flight: args.max_in_flight.or(file.max_in_flight).unwrap_or(1_024),
+            json: args.json,
+        };
+        let within = |name: &str, value: u64, low: u64, high: u64| {
+            if (low..=high).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{name} must be {low} to {high}; got {value}"))
+            }
+        };
+        within("--seconds", settings.seconds, 1, 600)?;
+        within("--concurrency", settings.concurrency as u64, 1, 10_000)?;
+        within("--values", settings.values as u64, 1, 10_000_000)?;
+        within("--max-in-flight", settings.max_in_flight as u64, 1, 100_000)?;
+        within("--tenants", settings.tenants as u64, 1, 1_000_000)?;
+        if !(settings.start_rate >= 1.0 && settings.start_rate <= 1e7) {
+            return Err(format!(
+                "--start-rate must be 1 to 10000000; got {}",
+                settings.start_rate
+            ));
+        }
+        if settings.scenario == Scenario::Mix && settings.classes.is_empty() {
+            return Err(
+                "the mix scenario needs classes: --class NAME:COUNT:RATE (repeated), or `classes:` in --file"
+                    .into(),
+            );
+        }
+        Ok(settings)
+    }
+}
+
 pub(super) fn run(args: BenchArgs) -> ExitCode {
-    if args.seconds == 0 || args.seconds > 600 || args.concurrency == 0 || args.concurrency > 10_000
-    {
-        eprintln!("error: --seconds must be 1 to 600 and --concurrency 1 to 10000");
-        return ExitCode::from(2);
-    }
-    if args.max_in_flight == 0 || args.max_in_flight > 100_000 {
-        eprintln!("error: --max-in-flight must be 1 to 100000");
-        return ExitCode::from(2);
-    }
+    let settings = match Settings::of(args) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -25,69 +135,59 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.scenario == Scenario::Closed {
-        return closed(&runtime, &args);
+    if settings.scenario == Scenario::Closed {
+        return closed(&runtime, &settings);
     }
-    let api = match args.api {
+    let api = match settings.api {
         Api::Http => open::Api::Http(
-            args.target
+            settings
+                .target
                 .clone()
                 .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned()),
         ),
         Api::Grpc => open::Api::Grpc {
-            target: args
+            target: settings
                 .target
                 .clone()
                 .unwrap_or_else(|| "http://127.0.0.1:8081".to_owned()),
-            domain: args.domain.clone(),
+            domain: settings.domain.clone(),
         },
     };
     let base = Load {
         api,
-        route: args.route.clone(),
+        route: settings.route.clone(),
         classes: Vec::new(),
-        duration: Duration::from_secs(args.seconds),
-        max_in_flight: args.max_in_flight,
+        duration: Duration::from_secs(settings.seconds),
+        max_in_flight: settings.max_in_flight,
         // Fresh tenants on every run: budgets left by an earlier run do not
         // count.
         run: format!("bench{}", std::process::id()),
-        progress: !args.json,
+        progress: !settings.json,
     };
-    let outcome = match args.scenario {
-        Scenario::Isolation => {
-            let (polite, noisy) = match (class("polite", &args.polite), class("noisy", &args.noisy))
-            {
-                (Ok(p), Ok(n)) => (p, n),
-                (Err(e), _) | (_, Err(e)) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            runtime.block_on(scenario::isolation(&base, polite, noisy))
-        }
+    let outcome = match settings.scenario {
+        Scenario::Isolation => runtime.block_on(scenario::isolation(
+            &base,
+            settings.polite.clone(),
+            settings.noisy.clone(),
+        )),
         Scenario::Throughput | Scenario::Steady => {
-            if args.tenants == 0 || !(args.start_rate > 0.0 && args.start_rate <= 1e7) {
-                eprintln!(
-                    "error: --tenants must be at least 1 and --start-rate from 1 to 10000000"
-                );
-                return ExitCode::from(2);
-            }
             let class = Class {
                 name: "all".into(),
-                tenants: args.tenants,
+                tenants: settings.tenants,
                 rate: 0.0,
             };
-            if args.scenario == Scenario::Steady {
-                runtime.block_on(scenario::steady(&base, class, args.start_rate))
+            if settings.scenario == Scenario::Steady {
+                runtime.block_on(scenario::steady(&base, class, settings.start_rate))
             } else {
-                runtime.block_on(scenario::throughput(&base, class, args.start_rate))
+                runtime.block_on(scenario::throughput(&base, class, settings.start_rate))
             }
         }
+        Scenario::Mix => runtime.block_on(scenario::mix(&base, settings.classes.clone())),
         Scenario::Closed => unreachable!("handled above"),
     };
     match outcome {
         Ok(outcome) => {
-            print(&outcome, args.json);
+            print(&outcome, settings.json);
             if outcome.passed {
                 ExitCode::SUCCESS
             } else {
@@ -111,9 +211,44 @@ fn class(name: &str, spec: &str) -> Result<Class, String> {
     let (count, rate) = spec.split_once(':').ok_or_else(bad)?;
     let tenants: usize = count.trim().parse().map_err(|_| bad())?;
     let rate: f64 = rate.trim().parse().map_err(|_| bad())?;
+    checked(&format!("--{name}"), name, tenants, rate)
+}
+
+/// `NAME:COUNT:RATE` as a class of `mix`.
+fn mix_class(spec: &str) -> Result<Class, String> {
+    let bad = || {
+        format!(
+            "--class takes NAME:COUNT:RATE (a name, tenants, requests per second each), such as gold:10:50; got `{spec}`"
+        )
+    };
+    let (name, rest) = spec.split_once(':').ok_or_else(bad)?;
+    let (count, rate) = rest.split_once(':').ok_or_else(bad)?;
+    let tenants: usize = count.trim().parse().map_err(|_| bad())?;
+    let rate: f64 = rate.trim().parse().map_err(|_| bad())?;
+    named_class(name.trim().to_owned(), tenants, rate)
+}
+
+/// A class of `mix` with its name checked: tenants' names start with it.
+fn named_class(name: String, tenants: usize, rate: f64) -> Result<Class, String> {
+    let fine = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !fine {
+        return Err(format!(
+            "a class name must be 1 to 32 letters, digits, '-' or '_'; got `{name}`"
+        ));
+    }
+    checked(&format!("class {name}"), &name, tenants, rate)
+}
+
+/// `tenants` at `rate` each as class `name`, within the ranges; errors
+/// begin with `label` (the flag, or where in the file).
+fn checked(label: &str, name: &str, tenants: usize, rate: f64) -> Result<Class, String> {
     if !((1..=100_000).contains(&tenants) && rate > 0.0 && rate <= 1e6) {
         return Err(format!(
-            "--{name}: COUNT must be 1 to 100000 and RATE above 0 and at most 1000000; got `{spec}`"
+            "{label}: tenants must be 1 to 100000 and rate above 0 and at most 1000000; got {tenants} tenants at {rate}/s"
         ));
     }
     Ok(Class {
@@ -144,7 +279,7 @@ fn print(outcome: &Outcome, json: bool) {
     println!("{} {mark}: {}", outcome.scenario, outcome.verdict);
 }
 
-fn closed(runtime: &tokio::runtime::Runtime, args: &BenchArgs) -> ExitCode {
+fn closed(runtime: &tokio::runtime::Runtime, args: &Settings) -> ExitCode {
     let target = args
         .target
         .clone()

@@ -67,64 +67,83 @@ pub enum Period {
     All,
 }
 
-/// `sluice bench`.
+/// `sluice bench`. Every setting may also come from a scenario file
+/// (`--file`); a flag given on the command line wins over the file.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// A scenario file (YAML): the settings below by their names
+    /// (`max_in_flight`, `start_rate`; `polite` and `noisy` as
+    /// `{ tenants, rate }`) and, for `mix`, `classes: [{ name, tenants,
+    /// rate }]`.
+    #[arg(long)]
+    file: Option<PathBuf>,
     /// `closed`: `--concurrency` workers on the Envoy RLS, each sending
     /// when the previous answer came; `isolation`: polite tenants alone,
     /// then with noisy ones (open loop); `throughput`: rising rates until
-    /// p99 passes 5 ms (open loop); `steady`: one rate (open loop).
-    #[arg(long, value_enum, default_value_t = Scenario::Closed)]
-    scenario: Scenario,
-    /// The API the open-loop scenarios load.
-    #[arg(long, value_enum, default_value_t = Api::Http)]
-    api: Api,
+    /// p99 passes 5 ms (open loop); `steady`: one rate (open loop); `mix`:
+    /// the `--class`es together (open loop). Default `closed`.
+    #[arg(long, value_enum)]
+    scenario: Option<Scenario>,
+    /// The API the open-loop scenarios load. Default `http`.
+    #[arg(long, value_enum)]
+    api: Option<Api>,
     /// The service: its HTTP base (default http://127.0.0.1:8080) or its
     /// gRPC address (default http://127.0.0.1:8081).
     #[arg(long)]
     target: Option<String>,
-    /// The rate-limit domain of every request (gRPC).
-    #[arg(long, default_value = "sluice")]
-    domain: String,
+    /// The rate-limit domain of every request (gRPC). Default `sluice`.
+    #[arg(long)]
+    domain: Option<String>,
     /// The descriptor entry key; values cycle over `--values` distinct ones
-    /// (`closed`).
-    #[arg(long, default_value = "tenant")]
-    key: String,
-    /// How many distinct values (buckets) (`closed`).
-    #[arg(long, default_value_t = 10_000)]
-    values: usize,
-    /// Requests in flight at once (`closed`).
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    /// (`closed`). Default `tenant`.
+    #[arg(long)]
+    key: Option<String>,
+    /// How many distinct values (buckets) (`closed`), 1 to 10000000.
+    /// Default 10000.
+    #[arg(long)]
+    values: Option<usize>,
+    /// Requests in flight at once (`closed`), 1 to 10000. Default 64.
+    #[arg(long)]
+    concurrency: Option<usize>,
     /// How long to run (each phase of an open-loop scenario), in seconds,
-    /// 1 to 600.
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-    /// The route of every request (open loop).
-    #[arg(long, default_value = "POST /v1/bench")]
-    route: String,
-    /// Polite tenants, `COUNT:RATE` (requests per second each).
-    #[arg(long, default_value = "4:2")]
-    polite: String,
-    /// Noisy tenants, `COUNT:RATE` (requests per second each).
-    #[arg(long, default_value = "4:200")]
-    noisy: String,
-    /// Tenants of the throughput scenario.
-    #[arg(long, default_value_t = 10_000)]
-    tenants: usize,
-    /// The throughput scenario's first rate, requests per second.
-    #[arg(long, default_value_t = 1_000.0)]
-    start_rate: f64,
+    /// 1 to 600. Default 10.
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// The route of every request (open loop). Default `POST /v1/bench`.
+    #[arg(long)]
+    route: Option<String>,
+    /// Polite tenants, `COUNT:RATE` (requests per second each). Default
+    /// `4:2`.
+    #[arg(long)]
+    polite: Option<String>,
+    /// Noisy tenants, `COUNT:RATE` (requests per second each). Default
+    /// `4:200`.
+    #[arg(long)]
+    noisy: Option<String>,
+    /// A class of tenants of the `mix` scenario, `NAME:COUNT:RATE`
+    /// (requests per second each); repeat for each class.
+    #[arg(long = "class")]
+    classes: Vec<String>,
+    /// Tenants of the throughput and steady scenarios, 1 to 1000000.
+    /// Default 10000.
+    #[arg(long)]
+    tenants: Option<usize>,
+    /// The throughput scenario's first rate, or the steady scenario's rate,
+    /// in requests per second, 1 to 10000000. Default 1000.
+    #[arg(long)]
+    start_rate: Option<f64>,
     /// The most requests in flight at once (open loop), 1 to 100000.
-    #[arg(long, default_value_t = 1_024)]
-    max_in_flight: usize,
+    /// Default 1024.
+    #[arg(long)]
+    max_in_flight: Option<usize>,
     /// Print the result as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
 }
 
 /// `sluice bench --scenario`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Scenario {
     /// Closed loop on the Envoy RLS.
     Closed,
@@ -135,10 +154,13 @@ pub enum Scenario {
     /// `--start-rate` requests per second over `--tenants` for
     /// `--seconds` (to measure at a known load).
     Steady,
+    /// Every `--class` together for `--seconds`, each reported.
+    Mix,
 }
 
 /// `sluice bench --api`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Api {
     /// `POST /v1/check`.
     Http,

@@ -1,0 +1,117 @@
+//! A scenario file: `sluice bench --file`'s settings, as YAML.
+//!
+//! ```yaml
+//! scenario: mix            # closed | isolation | throughput | steady | mix
+//! api: grpc                # http | grpc
+//! target: http://127.0.0.1:8081
+//! seconds: 10
+//! route: "POST /v1/invoices"
+//! classes:                 # mix: any classes, together
+//!   - { name: gold, tenants: 10, rate: 50 }
+//!   - { name: free, tenants: 1000, rate: 1 }
+//!   - { name: abuser, tenants: 2, rate: 2000 }
+//! # isolation: polite: { tenants: 4, rate: 2 }, noisy: { tenants: 4, rate: 200 }
+//! # throughput, steady: tenants, start_rate; closed: domain, key, values, concurrency
+//! ```
+//!
+//! Every field is optional; unknown fields are refused (a misspelt
+//! setting would otherwise be silently ignored). Ranges are checked where
+//! the flags' are, with the same messages.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::cli::{Api, Scenario};
+
+/// The settings a scenario file may give.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Which scenario.
+    pub scenario: Option<Scenario>,
+    /// Which API the open-loop scenarios load.
+    pub api: Option<Api>,
+    /// The service's address.
+    pub target: Option<String>,
+    /// The rate-limit domain (gRPC).
+    pub domain: Option<String>,
+    /// The descriptor entry key (`closed`).
+    pub key: Option<String>,
+    /// Distinct values (`closed`).
+    pub values: Option<usize>,
+    /// Requests in flight (`closed`).
+    pub concurrency: Option<usize>,
+    /// Seconds per phase.
+    pub seconds: Option<u64>,
+    /// The route of every request.
+    pub route: Option<String>,
+    /// Polite tenants (`isolation`).
+    pub polite: Option<ClassSpec>,
+    /// Noisy tenants (`isolation`).
+    pub noisy: Option<ClassSpec>,
+    /// The classes of `mix`.
+    pub classes: Option<Vec<NamedClass>>,
+    /// Tenants (`throughput`, `steady`).
+    pub tenants: Option<usize>,
+    /// First or only rate (`throughput`, `steady`).
+    pub start_rate: Option<f64>,
+    /// The most requests in flight at once (open loop).
+    pub max_in_flight: Option<usize>,
+}
+
+/// A class whose name the scenario gives (`polite`, `noisy`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassSpec {
+    /// How many tenants.
+    pub tenants: usize,
+    /// Requests per second per tenant.
+    pub rate: f64,
+}
+
+/// A class of `mix`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedClass {
+    /// Shown in reports, and the prefix of its tenants' names.
+    pub name: String,
+    /// How many tenants.
+    pub tenants: usize,
+    /// Requests per second per tenant.
+    pub rate: f64,
+}
+
+impl ScenarioFile {
+    /// Reads and parses `path`; the error names the file and what is wrong
+    /// where.
+    pub fn read(path: &Path) -> Result<ScenarioFile, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if text.trim().is_empty() {
+            return Ok(ScenarioFile::default());
+        }
+        serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scenario file docs/OPERATIONS.md shows is one `--file` reads.
+    #[test]
+    fn the_documented_scenario_file_reads() {
+        let doc = include_str!("../../../../docs/OPERATIONS.md");
+        let section = &doc[doc.find("## Load testing").expect("the section")..];
+        let start = section.find("```yaml\n").expect("its example") + "```yaml\n".len();
+        let example = &section[start..start + section[start..].find("```").unwrap()];
+        let file: ScenarioFile = serde_saphyr::from_str(example).unwrap();
+        assert_eq!(file.scenario, Some(Scenario::Mix));
+        assert_eq!(file.api, Some(Api::Http));
+        let classes = file.classes.unwrap();
+        assert_eq!(classes.len(), 3);
+        assert_eq!(classes[2].name, "abuser");
+        assert_eq!((classes[2].tenants, classes[2].rate), (2, 2000.0));
+    }
+}
