@@ -6,6 +6,9 @@ use crate::bench::file::ScenarioFile;
 use crate::bench::open::{self, Class, Load};
 use crate::bench::scenario::{self, Outcome};
 
+/// The most classes a mix runs (each up to 100,000 tenants).
+const MAX_CLASSES: usize = 64;
+
 /// What a run is: the flags over the scenario file over the defaults.
 struct Settings {
     scenario: Scenario,
@@ -55,6 +58,12 @@ impl Settings {
                 .map(|spec| mix_class(spec))
                 .collect::<Result<Vec<_>, _>>()?
         };
+        if classes.len() > MAX_CLASSES {
+            return Err(format!(
+                "a mix has at most {MAX_CLASSES} classes; got {}",
+                classes.len()
+            ));
+        }
         if let Some(twice) = classes
             .iter()
             .enumerate()
