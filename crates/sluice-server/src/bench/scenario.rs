@@ -150,10 +150,11 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
         }
     }
     let passed = good.is_some();
-    let verdict = match good {
+    let mut verdict = match good {
         Some(g) => format!("highest rate with p99 under 5 ms and no errors: {g:.0} requests/s"),
         None => "p99 stayed above 5 ms (or requests failed) at every rate tried".to_owned(),
     };
+    verdict.push_str(&lag_note(&phases));
     Ok(Outcome {
         scenario: "throughput",
         phases,
@@ -175,20 +176,48 @@ pub async fn steady(base: &Load, class: Class, rate: f64) -> Fallible<Outcome> {
     };
     let report = open::run(&load).await?;
     let errors = report[0].errors;
+    let phases = vec![Phase {
+        name: format!("{rate:.0}/s"),
+        offered_per_second: rate,
+        classes: report,
+    }];
+    let report = &phases[0].classes[0];
     let verdict = format!(
-        "{} sent at {rate:.0}/s: p50 {}µs, p99 {}µs, {errors} errors",
-        report[0].sent, report[0].p50_us, report[0].p99_us
+        "{} sent at {rate:.0}/s: p50 {}µs, p99 {}µs, {errors} errors{}",
+        report.sent,
+        report.p50_us,
+        report.p99_us,
+        lag_note(&phases)
     );
     Ok(Outcome {
         scenario: "steady",
-        phases: vec![Phase {
-            name: format!("{rate:.0}/s"),
-            offered_per_second: rate,
-            classes: report,
-        }],
+        phases,
         passed: errors == 0,
         verdict,
     })
+}
+
+/// A generator whose own send lag (p99) passed this fell behind its
+/// schedule: its latencies say as much about the machine it runs on as
+/// about the service.
+const LAG_NOTE_US: u64 = 1_000;
+
+/// A warning for the verdict when the load's own send lag passed
+/// [`LAG_NOTE_US`] in some phase, else nothing.
+fn lag_note(phases: &[Phase]) -> String {
+    let worst = phases
+        .iter()
+        .flat_map(|p| &p.classes)
+        .map(|c| c.send_lag_p99_us)
+        .max()
+        .unwrap_or(0);
+    if worst > LAG_NOTE_US {
+        format!(
+            " (the load itself sent up to {worst}µs late at p99: a busy or shared machine; the latencies are upper bounds for the service)"
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Mix: every class of `classes` at once for `base.duration`. Passes when
@@ -215,14 +244,54 @@ pub async fn mix(base: &Load, classes: Vec<Class>) -> Fallible<Outcome> {
         .chain((errors > 0).then(|| format!("{errors} requests failed")))
         .collect::<Vec<_>>()
         .join("; ");
+    let phases = vec![Phase {
+        name: "all classes together".into(),
+        offered_per_second: offered(&load.classes),
+        classes: report,
+    }];
+    let verdict = verdict + &lag_note(&phases);
     Ok(Outcome {
         scenario: "mix",
-        phases: vec![Phase {
-            name: "all classes together".into(),
-            offered_per_second: offered(&load.classes),
-            classes: report,
-        }],
+        phases,
         passed: errors == 0,
         verdict,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(send_lag_p99_us: u64) -> Phase {
+        Phase {
+            name: "p".into(),
+            offered_per_second: 1.0,
+            classes: vec![ClassReport {
+                class: "all".into(),
+                tenants: 1,
+                sent: 1,
+                allowed: 1,
+                denied: 0,
+                errors: 0,
+                most_admitted_per_tenant: 1,
+                least_admitted_per_tenant: 1,
+                limit: None,
+                p50_us: 1,
+                p90_us: 1,
+                p99_us: 1,
+                p999_us: 1,
+                max_us: 1,
+                send_lag_p99_us,
+            }],
+        }
+    }
+
+    /// A verdict warns when the load itself sent late, by its worst phase,
+    /// and says nothing when it kept to its schedule.
+    #[test]
+    fn a_late_load_is_named_in_the_verdict() {
+        assert_eq!(lag_note(&[phase(200), phase(LAG_NOTE_US)]), "");
+        let note = lag_note(&[phase(200), phase(4_500), phase(1_200)]);
+        assert!(note.contains("up to 4500µs late"), "{note}");
+    }
 }
