@@ -125,6 +125,15 @@ fn a_scenario_file_runs_a_mix_of_classes_and_flags_win_over_it() {
     let (gold, abuser) = (&classes[0], &classes[1]);
     assert_eq!(gold["class"], "gold");
     assert_eq!(abuser["class"], "abuser");
+    // Every request sent was answered and counted before the report.
+    for class in classes {
+        let n = |field: &str| class[field].as_u64().unwrap();
+        assert_eq!(
+            n("sent"),
+            n("allowed") + n("denied") + n("errors"),
+            "{class:#}"
+        );
+    }
     // One second: 2 × 4 and 100 requests, not 30 times as many.
     let gold_sent = gold["sent"].as_u64().unwrap();
     assert!((6..=10).contains(&gold_sent), "{gold:#}");
