@@ -61,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 let _ = stopped.await;
             },
         ));
-        let mut report = sluice_server::bench::rls(
+        let report = sluice_server::bench::rls(
             &target,
             "edge",
             "remote_address",

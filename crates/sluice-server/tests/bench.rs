@@ -100,6 +100,40 @@ fn bench_refuses_bad_classes_by_name() {
     assert!(stderr.contains("--noisy takes COUNT:RATE"), "{stderr}");
 }
 
+/// The closed loop on the Envoy RLS answers every request and reports
+/// its rate and latency percentiles (from a histogram of every answer).
+#[test]
+fn the_closed_loop_reports_answers_and_percentiles() {
+    let config = temp_file("bench-closed-limits.yaml", LIMITS);
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    let out = sluice()
+        .args(["bench", "--target", &server.grpc])
+        .args(["--seconds", "1", "--concurrency", "4", "--values", "100"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: u64 = stdout
+        .split_once(" answers")
+        .and_then(|(head, _)| head.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("an answer count: {stdout}"));
+    assert!(answers >= 10, "{stdout}");
+    assert!(stdout.contains(", 0 errors)"), "{stdout}");
+    let p50: u64 = stdout
+        .split_once("p50 ")
+        .and_then(|(_, tail)| tail.split_once("µs"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("a p50: {stdout}"));
+    assert!(p50 > 0, "{stdout}");
+    server.stop();
+}
+
 /// A scenario file gives the scenario, the API and the classes of a mix;
 /// a flag on the command line wins over the file (the file's 30 seconds
 /// would have made this run 30 times longer and each class send 30 times

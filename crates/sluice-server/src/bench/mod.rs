@@ -1,8 +1,8 @@
 //! Load generation against a running service (`sluice bench`).
 //!
 //! Closed-loop: `concurrency` workers each send one request, wait for the
-//! answer, and send the next, for `duration`. Latencies are recorded per
-//! request (microseconds) and reported as percentiles.
+//! answer, and send the next, for `duration`. Latencies go into an HDR
+//! histogram (microseconds) and are reported as percentiles.
 
 use std::time::{Duration, Instant};
 
@@ -12,10 +12,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
+use hdrhistogram::Histogram;
+
 use crate::Fallible;
 
 /// What a load run measured.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoadReport {
     /// Answers received.
     pub requests: u64,
@@ -25,8 +27,22 @@ pub struct LoadReport {
     pub errors: u64,
     /// How long the run took.
     pub elapsed: Duration,
-    /// Every answer's latency, in microseconds.
-    pub latencies_us: Vec<u32>,
+    /// Every answer's latency, in microseconds (1 µs to 60 s, 3
+    /// significant digits: a run of any length takes the same memory).
+    pub latencies: Histogram<u64>,
+}
+
+impl Default for LoadReport {
+    fn default() -> LoadReport {
+        LoadReport {
+            requests: 0,
+            over_limit: 0,
+            errors: 0,
+            elapsed: Duration::ZERO,
+            latencies: Histogram::new_with_bounds(1, 60_000_000, 3)
+                .expect("valid histogram bounds"),
+        }
+    }
 }
 
 impl LoadReport {
@@ -36,22 +52,17 @@ impl LoadReport {
     }
 
     /// The `p`-th percentile latency (0 < p ≤ 100), in microseconds.
-    pub fn percentile_us(&mut self, p: f64) -> u32 {
-        if self.latencies_us.is_empty() {
-            return 0;
-        }
-        self.latencies_us.sort_unstable();
-        let rank = ((p / 100.0) * self.latencies_us.len() as f64).ceil() as usize;
-        self.latencies_us[rank.clamp(1, self.latencies_us.len()) - 1]
+    pub fn percentile_us(&self, p: f64) -> u64 {
+        self.latencies.value_at_quantile(p / 100.0)
     }
 
     /// One line: rate and percentiles.
-    pub fn summary(&mut self) -> String {
+    pub fn summary(&self) -> String {
         let (p50, p90, p99, max) = (
             self.percentile_us(50.0),
             self.percentile_us(90.0),
             self.percentile_us(99.0),
-            self.percentile_us(100.0),
+            self.latencies.max(),
         );
         format!(
             "{:.0} decisions/s over {:.1}s ({} answers, {} over limit, {} errors); latency p50 {p50}µs p90 {p90}µs p99 {p99}µs max {max}µs",
@@ -102,7 +113,8 @@ pub async fn rls(
                     let sent = Instant::now();
                     match client.should_rate_limit(request).await {
                         Ok(answer) => {
-                            report.latencies_us.push(sent.elapsed().as_micros() as u32);
+                            let us = sent.elapsed().as_micros() as u64;
+                            let _ = report.latencies.record(us.clamp(1, 60_000_000));
                             report.requests += 1;
                             if answer.into_inner().overall_code == Code::OverLimit as i32 {
                                 report.over_limit += 1;
@@ -121,7 +133,7 @@ pub async fn rls(
         total.requests += report.requests;
         total.over_limit += report.over_limit;
         total.errors += report.errors;
-        total.latencies_us.extend(report.latencies_us);
+        let _ = total.latencies.add(&report.latencies);
     }
     total.elapsed = started.elapsed();
     Ok(total)

@@ -302,7 +302,7 @@ fn closed(runtime: &tokio::runtime::Runtime, args: &Settings) -> ExitCode {
         Duration::from_secs(args.seconds),
     );
     match runtime.block_on(load) {
-        Ok(mut report) => {
+        Ok(report) => {
             println!("{}", report.summary());
             if report.errors > 0 {
                 ExitCode::FAILURE
