@@ -134,6 +134,54 @@ fn the_closed_loop_reports_answers_and_percentiles() {
     server.stop();
 }
 
+/// A service that accepts connections and never answers: each request
+/// fails after the load's request timeout (5 s), the run ends on time with
+/// its errors counted and exit status 1, and does not hang.
+#[test]
+fn a_service_that_never_answers_ends_the_run_with_errors() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = format!("http://{}", silent.local_addr().unwrap());
+    let held = std::thread::spawn(move || {
+        // Accept and hold every connection, reading nothing, answering nothing.
+        let mut open = Vec::new();
+        for stream in silent.incoming().take(64) {
+            open.push(stream);
+        }
+        open
+    });
+    let mut bench = sluice()
+        .args(["bench", "--scenario", "steady", "--target", &target])
+        .args([
+            "--tenants",
+            "2",
+            "--start-rate",
+            "4",
+            "--seconds",
+            "1",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while bench.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            bench.kill().unwrap();
+            panic!("sluice bench still running 30 s after a 1 s run");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = bench.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let json = json_of(&out);
+    let all = &json["phases"][0]["classes"][0];
+    assert_eq!(all["sent"], 4, "{all:#}");
+    assert_eq!(all["errors"], 4, "{all:#}");
+    assert_eq!(all["allowed"], 0, "{all:#}");
+    drop(held);
+}
+
 /// A scenario file gives the scenario, the API and the classes of a mix;
 /// a flag on the command line wins over the file (the file's 30 seconds
 /// would have made this run 30 times longer and each class send 30 times

@@ -86,6 +86,8 @@ pub async fn rls(
     duration: Duration,
 ) -> Fallible<LoadReport> {
     let channel = tonic::transport::Channel::from_shared(target.to_owned())?
+        .connect_timeout(open::REQUEST_TIMEOUT)
+        .timeout(open::REQUEST_TIMEOUT)
         .connect()
         .await?;
     let deadline = Instant::now() + duration;

@@ -183,6 +183,11 @@ fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
+/// How long a request may wait for its answer before it counts as failed:
+/// a service that stops answering ends the run on time, with errors, and
+/// does not hang it.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One answer, as the load sees it.
 enum Answer {
     Allowed(Option<u64>),
@@ -203,11 +208,14 @@ impl Client {
             Api::Http(base) => Client::Http(
                 reqwest::Client::builder()
                     .pool_max_idle_per_host(1024)
+                    .timeout(REQUEST_TIMEOUT)
                     .build()?,
                 format!("{}/v1/check", base.trim_end_matches('/')),
             ),
             Api::Grpc { target, domain } => {
                 let channel = tonic::transport::Channel::from_shared(target.clone())?
+                    .connect_timeout(REQUEST_TIMEOUT)
+                    .timeout(REQUEST_TIMEOUT)
                     .connect()
                     .await?;
                 Client::Grpc(RateLimitServiceClient::new(channel), domain.clone())
