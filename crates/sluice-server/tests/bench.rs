@@ -27,6 +27,25 @@ fn json_of(out: &std::process::Output) -> Value {
     })
 }
 
+/// Runs `command` (a 1 s `sluice bench`), failing the test when it is
+/// still running after `seconds`.
+fn within(seconds: u64, command: &mut std::process::Command) -> std::process::Output {
+    let mut bench = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while bench.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            bench.kill().unwrap();
+            panic!("sluice bench still running {seconds} s after a 1 s run");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    bench.wait_with_output().unwrap()
+}
+
 fn isolation(target: &str, api: &str) -> (Option<i32>, Value) {
     let out = sluice()
         .args([
@@ -149,30 +168,20 @@ fn a_service_that_never_answers_ends_the_run_with_errors() {
         }
         open
     });
-    let mut bench = sluice()
-        .args(["bench", "--scenario", "steady", "--target", &target])
-        .args([
-            "--tenants",
-            "2",
-            "--start-rate",
-            "4",
-            "--seconds",
-            "1",
-            "--json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while bench.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            bench.kill().unwrap();
-            panic!("sluice bench still running 30 s after a 1 s run");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let out = bench.wait_with_output().unwrap();
+    let out = within(
+        30,
+        sluice()
+            .args(["bench", "--scenario", "steady", "--target", &target])
+            .args([
+                "--tenants",
+                "2",
+                "--start-rate",
+                "4",
+                "--seconds",
+                "1",
+                "--json",
+            ]),
+    );
     assert_eq!(out.status.code(), Some(1));
     let json = json_of(&out);
     let all = &json["phases"][0]["classes"][0];
@@ -180,6 +189,26 @@ fn a_service_that_never_answers_ends_the_run_with_errors() {
     assert_eq!(all["errors"], 4, "{all:#}");
     assert_eq!(all["allowed"], 0, "{all:#}");
     drop(held);
+}
+
+/// A rate no generator keeps up with (the documented most, 10 million a
+/// second): the run still ends at its deadline, having sent what it could.
+#[test]
+fn a_run_ends_on_time_at_the_highest_rate() {
+    let config = temp_file("bench-fast-limits.yaml", LIMITS);
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    let out = within(
+        20,
+        sluice()
+            .args(["bench", "--scenario", "steady", "--target", &server.base])
+            .args(["--tenants", "1000", "--start-rate", "10000000"])
+            .args(["--seconds", "1", "--max-in-flight", "64", "--json"]),
+    );
+    let json = json_of(&out);
+    let all = &json["phases"][0]["classes"][0];
+    let sent = all["sent"].as_u64().unwrap();
+    assert!(sent > 0 && sent < 10_000_000, "{all:#}");
+    server.stop();
 }
 
 /// A scenario file gives the scenario, the API and the classes of a mix;
@@ -273,6 +302,10 @@ fn bench_refuses_a_bad_scenario_file_or_class_by_name() {
     refused(
         &["--polite", "4:0"],
         "--polite: tenants must be 1 to 100000",
+    );
+    refused(
+        &["--noisy", "100000:1000"],
+        "--noisy: tenants × rate must be at most 10000000 requests per second",
     );
 }
 

@@ -6,6 +6,11 @@ use crate::bench::file::ScenarioFile;
 use crate::bench::open::{self, Class, Load};
 use crate::bench::scenario::{self, Outcome};
 
+/// The most requests per second one class (or the throughput and steady
+/// scenarios) may ask for: far beyond what one generator sends, and a
+/// schedule with a gap between requests the clock can tell.
+const MAX_RATE: f64 = 1e7;
+
 /// The most classes a mix runs (each up to 100,000 tenants).
 const MAX_CLASSES: usize = 64;
 
@@ -110,7 +115,7 @@ impl Settings {
         within("--values", settings.values as u64, 1, 10_000_000)?;
         within("--max-in-flight", settings.max_in_flight as u64, 1, 100_000)?;
         within("--tenants", settings.tenants as u64, 1, 1_000_000)?;
-        if !(settings.start_rate >= 1.0 && settings.start_rate <= 1e7) {
+        if !(settings.start_rate >= 1.0 && settings.start_rate <= MAX_RATE) {
             return Err(format!(
                 "--start-rate must be 1 to 10000000; got {}",
                 settings.start_rate
@@ -258,6 +263,12 @@ fn checked(label: &str, name: &str, tenants: usize, rate: f64) -> Result<Class, 
     if !((1..=100_000).contains(&tenants) && rate > 0.0 && rate <= 1e6) {
         return Err(format!(
             "{label}: tenants must be 1 to 100000 and rate above 0 and at most 1000000; got {tenants} tenants at {rate}/s"
+        ));
+    }
+    if tenants as f64 * rate > MAX_RATE {
+        return Err(format!(
+            "{label}: tenants × rate must be at most {MAX_RATE} requests per second; got {}",
+            tenants as f64 * rate
         ));
     }
     Ok(Class {
