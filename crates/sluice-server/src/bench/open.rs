@@ -356,6 +356,10 @@ pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
                 let Ok(permit) = runtime.block_on(in_flight.clone().acquire_owned()) else {
                     break;
                 };
+                // Waiting for a free place may have taken it past the end.
+                if Instant::now() >= deadline {
+                    break;
+                }
                 let which = (k % tenants.len() as u64) as usize;
                 let (mut client, tally, tenants, route) = (
                     client.clone(),
