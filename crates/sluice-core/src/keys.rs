@@ -6,10 +6,16 @@
 //!   (or of `"G" ‖ shard ‖ rule identity` for a global valve). All of a
 //!   tenant's keys in one shard share it, so Redis Cluster puts them in one
 //!   slot and one script can touch them all.
-//! - `K` is 128 bits of `HMAC(pepper, "K" ‖ T ‖ rule identity ‖ subject)`.
-//!   It depends on the tenant too, so two tenants' keys for the same rule
-//!   look unrelated: the keyspace does not even show who shares a plan.
+//! - `K` is 128 bits of `HMAC(pepper, "B" ‖ T ‖ scope and pattern ‖
+//!   subject)`: the rules of one scope and pattern whose state is a few
+//!   numbers share the key, a record each (one `GET` and one `SET` decide
+//!   them all). A record is named by 64 bits of `HMAC(pepper, "K" ‖ T ‖
+//!   rule identity ‖ subject)`. A rule whose state is a set of entries
+//!   (sliding_log, concurrency) has a key of its own: `K` is 128 bits of
+//!   that same HMAC.
 //!
+//! Both depend on the tenant, so two tenants' keys and records for the same
+//! rule look unrelated: the keyspace does not even show who shares a plan.
 //! Without the pepper nobody can tell which tenant, route, subject or plan a
 //! key belongs to, nor test a guess. Variable-length inputs are
 //! length-prefixed so that no two inputs collide by concatenation.
@@ -170,26 +176,70 @@ impl Keyer {
         Tag::from_mac(mac)
     }
 
-    /// The full key of `rule`'s bucket under `tag`, for `subject` when the
-    /// rule is per subject.
+    /// The key of `rule`'s bucket under `tag`, for `subject` when the rule
+    /// is per subject: shared by the rules of its scope and pattern unless
+    /// its state is a set (see the module's documentation).
     pub fn key(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> String {
+        if rule.rule().algorithm().keeps_a_set() {
+            self.full_key(tag, &self.rule_digest(tag, rule, subject)[..16])
+        } else {
+            self.group_key(tag, rule, subject)
+        }
+    }
+
+    /// The key of the group `rule` belongs to (its scope and pattern, and
+    /// `subject`) under `tag`.
+    pub fn group_key(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> String {
+        self.full_key(tag, &self.digest(b"B", tag, rule.group(), subject)[..16])
+    }
+
+    /// The name of `rule`'s record in its group's key under `tag`.
+    pub fn record(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> Record {
+        let digest = self.rule_digest(tag, rule, subject);
+        Record(digest[16..24].try_into().expect("8 bytes"))
+    }
+
+    fn rule_digest(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> [u8; 32] {
+        self.digest(b"K", tag, rule.identity(), subject)
+    }
+
+    /// `HMAC(pepper, domain ‖ tag ‖ len(name) ‖ name [‖ "S" ‖ subject])`.
+    fn digest(&self, domain: &[u8], tag: &Tag, name: &[u8], subject: Option<&str>) -> [u8; 32] {
         let mut mac = self.mac.clone();
-        mac.update(b"K");
+        mac.update(domain);
         mac.update(&tag.0);
-        mac.update(&(rule.identity().len() as u32).to_be_bytes());
-        mac.update(rule.identity());
+        mac.update(&(name.len() as u32).to_be_bytes());
+        mac.update(name);
         if let Some(subject) = subject {
             mac.update(b"S");
             mac.update(subject.as_bytes());
         }
-        let k = Tag::from_mac(mac);
-        let mut key = String::with_capacity(self.prefix.len() + 70);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// `PREFIX:{tag}:hex(k)`.
+    fn full_key(&self, tag: &Tag, k: &[u8]) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + 4 + 32 + 2 * k.len());
         key.push_str(&self.prefix);
         key.push_str(":{");
         key.push_str(tag.as_str());
         key.push_str("}:");
-        key.push_str(k.as_str());
+        for byte in k {
+            key.push(char::from(HEX[usize::from(byte >> 4)]));
+            key.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
         key
+    }
+}
+
+/// The name of a rule's record among its group's (64 bits of an HMAC:
+/// opaque, and different for every tenant).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Record(pub [u8; 8]);
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
 }
 
@@ -242,5 +292,65 @@ mod tests {
         assert!(key.starts_with("sl:{"));
         assert_eq!(key.len(), "sl:{".len() + 32 + "}:".len() + 32);
         assert!(!key.contains("acme"));
+    }
+
+    #[test]
+    fn rules_of_one_scope_share_a_key_and_differ_in_their_record() {
+        let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { algorithm: gcra, limit: 5, per: 1s }
+      - { algorithm: fixed_window, limit: 50, per: 1m }
+      - { algorithm: sliding_log, limit: 5, per: 1s }
+    routes:
+      "GET /a": [{ algorithm: gcra, limit: 5, per: 1s }]
+"#;
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("acme", "GET /a", false).rules;
+        let k = Keyer::new("sl", &pepper(1));
+        let tag = k.tenant_tag("acme", 0);
+        let key = |i: usize| k.key(&tag, &rules[i], None);
+        let record = |i: usize| k.record(&tag, &rules[i], None);
+        let (gcra, window, log, route) = (0, 1, 2, 3);
+        assert_eq!(rules[route].scope(), crate::policy::Scope::Route);
+        assert_eq!(key(gcra), key(window));
+        assert_ne!(record(gcra), record(window));
+        // A set keeps a key of its own; another scope has another key.
+        assert_ne!(key(log), key(gcra));
+        assert_ne!(key(route), key(gcra));
+        // Per subject: another key, the same shape.
+        let with_subject = k.key(&tag, &rules[gcra], Some("u1"));
+        assert_ne!(with_subject, key(gcra));
+        assert_eq!(with_subject.len(), key(gcra).len());
+        // Records are per tenant too: they do not show who shares a plan.
+        let other = k.tenant_tag("globex", 0);
+        assert_ne!(k.record(&other, &rules[gcra], None), record(gcra));
+        // Under another pepper, everything differs.
+        let b = Keyer::new("sl", &pepper(2));
+        let btag = b.tenant_tag("acme", 0);
+        assert_ne!(b.key(&btag, &rules[gcra], None), key(gcra));
+        assert_ne!(b.record(&btag, &rules[gcra], None), record(gcra));
+    }
+
+    /// Keys are what a running fleet shares: a change renames every bucket
+    /// (a tenant gets a fresh budget during a rolling upgrade). These were
+    /// computed by 0.1, whose set keys this version keeps.
+    #[test]
+    fn the_keys_of_sets_are_those_of_earlier_versions() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: sliding_log, limit: 5, per: 1s }, { algorithm: concurrency, limit: 5, lease: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("acme", "GET /", false).rules;
+        let k = Keyer::new("sl", &pepper(1));
+        let tag = k.tenant_tag("acme", 0);
+        assert_eq!(
+            k.key(&tag, &rules[0], None),
+            "sl:{e244132a48add183b4598359bc9be1a6}:ba3870ebda4803ea30255be02be46a5c"
+        );
+        assert_eq!(
+            k.key(&tag, &rules[1], Some("u1")),
+            "sl:{e244132a48add183b4598359bc9be1a6}:7259f160219fb2c211add80c80ee6a1c"
+        );
     }
 }

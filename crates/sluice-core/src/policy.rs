@@ -80,6 +80,8 @@ pub struct BoundRule {
     rule: Rule,
     shadow: bool,
     identity: Arc<[u8]>,
+    /// The length of the identity's scope and pattern (see `group`).
+    group_len: usize,
     uid: u64,
     policy_item: Arc<str>,
     near_at_remaining: u64,
@@ -95,9 +97,16 @@ impl BoundRule {
         // scope, pattern, name and algorithm → same state. Parameters are
         // left out so that raising a limit keeps the budget already used.
         let mut identity = Vec::with_capacity(64);
-        for part in [scope.name(), pattern, &named.name, rule.algorithm().name()] {
+        let mut group_len = 0;
+        for (i, part) in [scope.name(), pattern, &named.name, rule.algorithm().name()]
+            .into_iter()
+            .enumerate()
+        {
             identity.extend_from_slice(part.as_bytes());
             identity.push(0x1f);
+            if i == 1 {
+                group_len = identity.len();
+            }
         }
         let digest = Sha256::digest(&identity);
         let uid = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
@@ -110,6 +119,7 @@ impl BoundRule {
             rule,
             shadow: named.shadow,
             identity: identity.into(),
+            group_len,
             uid,
             policy_item: headers::policy_item(&named.name, &rule).into(),
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
@@ -147,6 +157,13 @@ impl BoundRule {
     /// storage keys are derived from them.
     pub fn identity(&self) -> &[u8] {
         &self.identity
+    }
+
+    /// The part of the identity that names the rule's scope and pattern:
+    /// the rules of one group whose state is a few numbers share one
+    /// storage key (see `keys`).
+    pub fn group(&self) -> &[u8] {
+        &self.identity[..self.group_len]
     }
 
     /// A 64-bit digest of [`identity`](Self::identity).

@@ -82,6 +82,12 @@ impl Algorithm {
         matches!(self, Algorithm::Gcra | Algorithm::TokenBucket)
     }
 
+    /// Whether the algorithm's state is a set of entries (sliding_log's
+    /// admissions, concurrency's leases) rather than a few numbers.
+    pub fn keeps_a_set(self) -> bool {
+        matches!(self, Algorithm::SlidingLog | Algorithm::Concurrency)
+    }
+
     /// Whether a denied decision of this algorithm can never over-admit.
     pub fn is_exact(self) -> bool {
         !matches!(self, Algorithm::SlidingWindow)

@@ -19,8 +19,13 @@
 //! Run: `cargo run --release -p sluice-store --example redis_cost [-- --json]
 //! [--instructions]` (`REDIS_COST_CALLS`, `REDIS_COST_RUNS` change the
 //! defaults of 100,000 calls and 5 rounds, 5,000 and 1 when counting;
-//! `--json` prints one line per rule count with every sample, for
-//! `scripts/bench.sh`).
+//! `REDIS_COST_RULES` the most rules, 3; `--json` prints one line per rule
+//! count with every sample, for `scripts/bench.sh`). When counting,
+//! `REDIS_COST_DUMPS=DIR` keeps each measurement's callgrind dump there for
+//! `callgrind_annotate` (`N.out`, in the order measured: per rule count the
+//! decision and the floor as functions, then as scripts); on a
+//! `redis-server` built with symbols first on `PATH` it shows where a
+//! call's instructions go.
 
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy};
@@ -69,12 +74,14 @@ fn main() {
     let counting = std::env::args().any(|a| a == "--instructions");
     let calls = setting("REDIS_COST_CALLS", if counting { 5_000 } else { 100_000 });
     let runs = setting("REDIS_COST_RUNS", if counting { 1 } else { 5 });
+    let most_rules = setting("REDIS_COST_RULES", 3).clamp(1, 3);
     let dumps = std::env::temp_dir().join(format!("redis-cost-{}", std::process::id()));
     let server = if counting {
         std::fs::create_dir_all(&dumps).expect("a directory for callgrind's dumps");
         RedisServer::start_under(&[
             "valgrind",
             "--tool=callgrind",
+            "--compress-strings=no",
             "--toggle-collect=fcallCommand",
             "--toggle-collect=evalShaCommand",
             &format!("--callgrind-out-file={}", dumps.join("cg.out").display()),
@@ -128,19 +135,24 @@ fn main() {
         );
     }
     let mut previous: Option<(f64, f64)> = None;
-    for rules in 1..=3 {
+    for rules in 1..=most_rules {
         // What sluice sends for a tenant's decision: its keys, and the
         // call's arguments after the function or script.
         let call = |tenant: u64, command: &str, name: &str, floor: bool| {
             let batch = Batch::new(&tenants[tenant as usize], None, 1, &all[..rules]);
-            let keys = KeySet::keys(&keyer, &batch, Valve::WHOLE).into_vec();
+            let buckets = KeySet::keys(&keyer, &batch, Valve::WHOLE);
+            let mut keys = buckets.keys.into_vec();
             let mut cmd = redis::cmd(command);
             cmd.arg(name);
             if floor {
+                // The same commands: one GET and one SET per key, however
+                // many rules share it.
+                keys.dedup();
                 cmd.arg(keys.len()).arg(keys);
             } else {
                 let time = TimeSource::Server;
-                DecideCall::new(&batch, Selection::ALL, keys, None, &time).fill(&mut cmd);
+                DecideCall::new(&batch, Selection::ALL, keys, &buckets.records, None, &time)
+                    .fill(&mut cmd);
             }
             cmd
         };
@@ -241,6 +253,10 @@ fn cost(
         let path = entry.expect("a dump").path();
         let text = std::fs::read_to_string(&path).expect("a readable dump");
         if text.contains("desc: Trigger: dump") {
+            if let Ok(keep) = std::env::var("REDIS_COST_DUMPS") {
+                let kept = std::fs::read_dir(&keep).map_or(0, Iterator::count);
+                std::fs::write(format!("{keep}/{kept}.out"), &text).expect("a dump kept");
+            }
             total = text
                 .lines()
                 .find_map(|l| l.strip_prefix("summary: "))

@@ -53,7 +53,9 @@ async fn main() {
             let batch = Batch::new(&tenant, None, cost, rules);
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);
-            let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE).remove(0);
+            let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE)
+                .keys
+                .remove(0);
             let bytes: u64 = redis::cmd("MEMORY")
                 .arg("USAGE")
                 .arg(&key)

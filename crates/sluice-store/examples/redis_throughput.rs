@@ -135,7 +135,8 @@ fn redis_benchmark(server: &RedisServer, limiter: &Limiter<RedisStore>) -> f64 {
         DecideCall::new(
             &batch,
             Selection::ALL,
-            keys.into_vec(),
+            keys.keys.into_vec(),
+            &keys.records,
             None,
             &TimeSource::Server,
         )

@@ -43,11 +43,14 @@ use arc_swap::ArcSwapOption;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use sluice_core::decision::Outcomes;
+use sluice_core::keys::Record;
 use sluice_core::{BoundRule, Rule, State};
 use smallvec::SmallVec;
 
 use crate::local_connection::LocalConnections;
-use crate::script::{self, Heartbeat, KeySet, Raw, Selection, TimeSource, Valve};
+use crate::script::{
+    self, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Raw, Selection, TimeSource, Valve,
+};
 use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Partition, Store, StoreError};
 
@@ -216,8 +219,8 @@ impl ClusterStore {
             turn: self.next_valve.fetch_add(1, Ordering::Relaxed),
             shards: valve_parts,
         };
-        let keys = KeySet::keys(&self.keys.current, batch, valve);
-        let (first, valves) = slot_groups(batch, &keys);
+        let buckets = KeySet::keys(&self.keys.current, batch, valve);
+        let (first, valves) = slot_groups(batch, &buckets.keys);
         if first.len() + valves.len() == 1 {
             // One slot: one script call, atomic on its own.
             let group = first.into_iter().chain(valves).next().expect("one group");
@@ -226,8 +229,9 @@ impl ClusterStore {
                 indices: Some(&group),
                 valve_parts,
             };
-            let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-            let call = script::DecideCall::new(batch, selection, group_keys, None, &self.time);
+            let (group_keys, records) = select(&buckets, &group);
+            let call =
+                script::DecideCall::new(batch, selection, group_keys, &records, None, &self.time);
             let reply: Vec<u8> = self
                 .decide
                 .call(&mut connection.clone(), |cmd| call.fill(cmd))
@@ -264,7 +268,7 @@ impl ClusterStore {
                 }
                 break;
             }
-            let calls = self.reserve_all(batch, &phase, &keys, valve_parts)?;
+            let calls = self.reserve_all(batch, &phase, &buckets, valve_parts)?;
             let mut failed = None;
             for (group, call) in phase.into_iter().zip(calls) {
                 let decided = match call.await {
@@ -312,7 +316,7 @@ impl ClusterStore {
         &self,
         batch: &Batch<'_>,
         phase: &[Group],
-        keys: &[String],
+        buckets: &Buckets,
         valve_parts: u64,
     ) -> Result<
         Vec<tokio::task::JoinHandle<Result<(Outcomes, Option<Reservation>), StoreError>>>,
@@ -326,14 +330,20 @@ impl ClusterStore {
                     indices: Some(group),
                     valve_parts,
                 };
-                let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-                let call =
-                    script::DecideCall::new(batch, selection, group_keys.clone(), None, &self.time);
+                let (group_keys, records) = select(buckets, group);
+                let call = script::DecideCall::new(
+                    batch,
+                    selection,
+                    group_keys.clone(),
+                    &records,
+                    None,
+                    &self.time,
+                );
                 // The refund's arguments with the admission times still to
                 // be filled in from the reply.
                 let refund = RefundPlan {
                     shadow: group.iter().map(|&i| batch.rules[i].shadow()).collect(),
-                    args: script::refund_args(batch, selection, &vec![0; group.len()]),
+                    args: script::refund_args(batch, selection, &records, &vec![0; group.len()]),
                     lease: batch.lease,
                     time: self.time.clone(),
                     keys: group_keys,
@@ -403,14 +413,14 @@ impl ClusterStore {
             .await
             .map_err(|e| self.error(&e))?;
         let now = time.0 * 1_000 + time.1 / 1_000;
-        let mut rows = Vec::with_capacity(keys.len());
-        for (key, rule) in keys.into_iter().zip(batch.rules) {
+        let mut rows = Vec::with_capacity(keys.keys.len());
+        for ((key, record), rule) in keys.keys.into_iter().zip(keys.records).zip(batch.rules) {
             let raw = read_raw(&mut connection, &key, rule)
                 .await
                 .map_err(|e| self.error(&e))?;
             rows.push((
                 key,
-                script::decode(rule, &raw),
+                script::decode(rule, &raw, record),
                 script::enforced(rule, u64::from(self.valve_shards)),
             ));
         }
@@ -429,10 +439,6 @@ struct RefundPlan {
     /// Per rule of the group, whether it is a shadow rule.
     shadow: Vec<bool>,
 }
-
-/// Values per rule in the refund script's arguments (the last one is the
-/// admission time).
-const REFUND_WIDTH: usize = 7;
 
 impl RefundPlan {
     /// The reservation of a group that admitted (every enforced rule did),
@@ -589,6 +595,14 @@ async fn send<T: redis::FromRedisValue>(
     }
 }
 
+/// The keys and records of a group's rules, in its order.
+fn select(buckets: &Buckets, group: &[usize]) -> (Vec<String>, Vec<Record>) {
+    group
+        .iter()
+        .map(|&i| (buckets.keys[i].clone(), buckets.records[i]))
+        .unzip()
+}
+
 async fn read_raw(
     connection: &mut ClusterConnection,
     key: &str,
@@ -608,8 +622,8 @@ async fn read_raw(
             Raw::Log(members)
         })
     } else {
-        let value: Option<String> = redis::cmd("GET").arg(key).query_async(connection).await?;
-        Ok(value.map_or(Raw::Missing, Raw::Value))
+        let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(connection).await?;
+        Ok(value.map_or(Raw::Missing, Raw::Records))
     }
 }
 
@@ -623,8 +637,8 @@ impl Store for ClusterStore {
             return Ok(false);
         }
         let valve_parts = u64::from(self.valve_shards);
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let (first, valves) = slot_groups(batch, &keys);
+        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let (first, valves) = slot_groups(batch, &buckets.keys);
         let connection = self.deciding_connection()?;
         // One refund per slot, concurrently; each is idempotent.
         let calls: Vec<_> = first
@@ -635,8 +649,8 @@ impl Store for ClusterStore {
                     indices: Some(&group),
                     valve_parts,
                 };
-                let group_keys: Vec<String> = group.iter().map(|&i| keys[i].clone()).collect();
-                let args = script::refund_args(batch, selection, &vec![0; group.len()]);
+                let (group_keys, records) = select(&buckets, &group);
+                let args = script::refund_args(batch, selection, &records, &vec![0; group.len()]);
                 let (evalsha, eval) = script::refund_commands(
                     &self.refund,
                     &group_keys,

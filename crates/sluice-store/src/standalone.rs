@@ -15,7 +15,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, State};
 
 use crate::local_connection::LocalConnections;
-use crate::script::{self, Heartbeat, KeySet, Raw, TimeSource, Valve};
+use crate::script::{self, Buckets, Heartbeat, KeySet, Raw, TimeSource, Valve};
 use crate::store::{Batch, Store, StoreError};
 
 /// A store on one Redis node.
@@ -165,7 +165,7 @@ impl RedisStore {
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let previous = self
             .keys
             .previous
@@ -174,8 +174,9 @@ impl RedisStore {
         let call = script::DecideCall::new(
             batch,
             script::Selection::ALL,
-            keys.into_vec(),
-            previous.as_deref(),
+            buckets.keys.into_vec(),
+            &buckets.records,
+            previous.as_ref(),
             &self.time,
         );
         let reply: Vec<u8> = self
@@ -203,12 +204,17 @@ impl RedisStore {
     /// `batch.lease` released from its concurrency rules. Returns how many
     /// concurrency rules still held that lease.
     pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let admitted_at = vec![at; batch.rules.len()];
-        let args = script::refund_args(batch, script::Selection::ALL, &admitted_at);
+        let args = script::refund_args(
+            batch,
+            script::Selection::ALL,
+            &buckets.records,
+            &admitted_at,
+        );
         let refund = redis::Script::new(script::REFUND_LUA);
         let (evalsha, eval) =
-            script::refund_commands(&refund, &keys, &args, batch.lease, &self.time);
+            script::refund_commands(&refund, &buckets.keys, &args, batch.lease, &self.time);
         let mut connection = self.deciding_connection();
         let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -229,7 +235,7 @@ impl RedisStore {
     /// The stored state of every rule of `batch`, read without changing
     /// anything, with the server's time (for `sluice inspect`).
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let Buckets { keys, records } = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
         for (key, rule) in keys.iter().zip(batch.rules) {
@@ -251,10 +257,11 @@ impl RedisStore {
         let now = secs * 1_000 + micros / 1_000;
         let states = keys
             .into_iter()
+            .zip(records)
             .zip(batch.rules)
             .zip(values)
-            .map(|((key, rule), value)| {
-                let state = script::decode(rule, &raw(rule, value));
+            .map(|(((key, record), rule), value)| {
+                let state = script::decode(rule, &raw(rule, value), record);
                 (key, state)
             })
             .collect();
@@ -271,8 +278,8 @@ fn raw(rule: &BoundRule, value: &redis::Value) -> Raw {
             Raw::Log(members)
         }
     } else {
-        match redis::from_redis_value_ref::<Option<String>>(value) {
-            Ok(Some(v)) => Raw::Value(v),
+        match redis::from_redis_value_ref::<Option<Vec<u8>>>(value) {
+            Ok(Some(v)) => Raw::Records(v),
             _ => Raw::Missing,
         }
     }

@@ -1,13 +1,16 @@
 //! The Redis backend against a real `redis-server` each test starts itself.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_routing::Slot;
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{Batch, ConnectOptions, KeySet, Limiter, RedisStore, Store};
+use sluice_store::{
+    Batch, ConnectOptions, KeySet, Limiter, ManualClock, RedisStore, Store, TimeSource,
+};
 use sluice_testkit::{Monitor, RedisServer, command_calls};
 
 mod scenarios;
@@ -183,17 +186,32 @@ async fn keys_and_values_reveal_nothing_about_tenants() {
     for key in &keys {
         assert!(shape(key), "unexpected key shape: {key}");
         let kind: String = redis::cmd("TYPE").arg(key).query(&mut conn).unwrap();
-        let value: String = if kind == "zset" {
+        let value: Vec<u8> = if kind == "zset" {
             let members: Vec<String> = redis::cmd("ZRANGE")
                 .arg(key)
                 .arg(0)
                 .arg(-1)
                 .query(&mut conn)
                 .unwrap();
-            members.join(" ")
+            let members = members.join(" ");
+            assert!(
+                members
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b';' || b == b' '),
+                "members {members:?}"
+            );
+            members.into_bytes()
         } else {
-            redis::cmd("GET").arg(key).query(&mut conn).unwrap()
+            let value: Vec<u8> = redis::cmd("GET").arg(key).query(&mut conn).unwrap();
+            // Records of 40 bytes: an opaque name and four numbers.
+            assert!(
+                !value.is_empty() && value.len().is_multiple_of(40),
+                "value of {key}: {} bytes",
+                value.len()
+            );
+            value
         };
+        let value = String::from_utf8_lossy(&value);
         for secret in &secrets {
             assert!(
                 !key.to_lowercase().contains(secret.as_str()),
@@ -204,12 +222,6 @@ async fn keys_and_values_reveal_nothing_about_tenants() {
                 "value of {key} contains {secret}"
             );
         }
-        assert!(
-            value
-                .bytes()
-                .all(|b| b.is_ascii_digit() || b == b':' || b == b';' || b == b' '),
-            "value {value:?}"
-        );
     }
 }
 
@@ -257,16 +269,26 @@ plans:
     }
     let mut conn = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
-    assert_eq!(keys.len(), 7 * 6);
+    // Per tenant: the tenant's gcra, the route's four rules whose state is
+    // a few numbers (one key, a record each), and its sliding_log.
+    assert_eq!(keys.len(), 7 * 3);
     // A state lives until it is as good as fresh: a window for the window
     // algorithms (two for sliding_window: 30s), `burst/limit` periods for
     // gcra (25s) and token_bucket (10 tokens at one per 6s: 60s). Plus 1s
     // slack.
+    let mut records = Vec::new();
     for key in keys {
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
+        if kind == "string" {
+            let value: Vec<u8> = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+            records.push(value.len() / 40);
+        }
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
         assert!(ttl <= 61_000, "{key} lives {ttl}ms");
     }
+    records.sort_unstable();
+    assert_eq!(records, [[1; 7], [4; 7]].concat());
 }
 
 fn function_loaded(server: &RedisServer) -> bool {
@@ -639,4 +661,67 @@ fn a_dropped_store_leaves_no_connection_behind() {
         "only the second store's two connections are left ({} now, {before} before)",
         clients(&server)
     );
+}
+
+/// The rules of one scope share a key, a record each. A reload that drops
+/// one of them keeps its record while it still counts, so restoring the
+/// rule restores its budget; once idle it is dropped at the next write,
+/// and the key holds nothing of rules no longer configured.
+#[tokio::test]
+async fn a_removed_rule_keeps_its_record_while_it_counts_then_leaves_nothing() {
+    let both = r#"
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { name: fast, algorithm: gcra, limit: 100, per: 1s }
+      - { name: daily, algorithm: fixed_window, limit: 3, per: 10s }
+"#;
+    let fast_only = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: fast, algorithm: gcra, limit: 100, per: 1s }]
+"#;
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = store(&server, keys(12))
+        .await
+        .with_time(TimeSource::Client(clock.clone()));
+    let decide = |yaml: &'static str| {
+        let policy = policy(yaml, false);
+        let store = store.clone();
+        async move {
+            let rules = policy.applicable("acme", "GET /", false).rules;
+            let outcomes = store
+                .decide(&Batch::new("acme", None, 1, rules))
+                .await
+                .unwrap();
+            outcomes.iter().all(|o| o.allowed)
+        }
+    };
+    let mut conn = server.connection();
+    let records = |conn: &mut redis::Connection| -> usize {
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(conn).unwrap();
+        assert_eq!(keys.len(), 1, "one key for the tenant's rules: {keys:?}");
+        let value: Vec<u8> = redis::cmd("GET").arg(&keys[0]).query(conn).unwrap();
+        value.len() / 40
+    };
+    for _ in 0..3 {
+        assert!(decide(both).await);
+    }
+    assert!(!decide(both).await, "daily has counted 3");
+    assert_eq!(records(&mut conn), 2);
+    // Reloaded without daily: fast decides alone, daily's record stays.
+    clock.advance(1_000);
+    assert!(decide(fast_only).await);
+    assert_eq!(records(&mut conn), 2);
+    // Restored within its window: still exhausted.
+    assert!(!decide(both).await, "daily's count survived the reload");
+    // Without daily again, past its window and the slack: gone.
+    clock.advance(10_000);
+    assert!(decide(fast_only).await);
+    assert_eq!(records(&mut conn), 1);
+    assert!(decide(both).await, "a fresh window");
+    assert_eq!(records(&mut conn), 2);
 }

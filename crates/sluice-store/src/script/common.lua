@@ -30,19 +30,21 @@ local function ceil_div(a, b)
   return q
 end
 
--- A state as "a", "a:b" or "a:b:c" (whole numbers), and back.
-local function enc(a, b, c)
-  if c then return format('%d:%d:%d', a, b, c) end
-  if b then return format('%d:%d', a, b) end
-  return format('%d', a)
-end
+-- A group's value: the records of the rules of one scope whose state is a
+-- few numbers, RECORD_BYTES each: the rule's name (8 bytes), when its state
+-- goes idle (ms), and three numbers of state (unused ones 0), as
+-- little-endian doubles (script/mod.rs reads them the same way).
+local RECORD, STATE, RECORD_BYTES = '<c8dddd', '<dddd', 40
 
-local function dec(value)
-  local i = find(value, ':', 1, true)
-  if not i then return num(value) end
-  local j = find(value, ':', i + 1, true)
-  if not j then return num(sub(value, 1, i - 1)), num(sub(value, i + 1)) end
-  return num(sub(value, 1, i - 1)), num(sub(value, i + 1, j - 1)), num(sub(value, j + 1))
+-- Where the record named name starts in value, or nil.
+local function find_record(value, name)
+  local from = 1
+  while true do
+    local at = find(value, name, from, true)
+    if not at then return nil end
+    if at % RECORD_BYTES == 1 and at + RECORD_BYTES - 1 <= #value then return at end
+    from = at + 1
+  end
 end
 
 -- The time in ms: arg, or the server's clock (TIME) when arg is "". The

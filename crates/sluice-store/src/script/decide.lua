@@ -4,33 +4,41 @@
 -- integers below 2^53 (exact in Lua's doubles); a differential test holds
 -- the two to identical answers.
 --
--- KEYS[1..n]          the rules' keys
--- KEYS[n+1..2n]       (only while rotating the pepper) the same buckets
---                     under the previous pepper
+-- KEYS[1..m]          the decision's distinct keys: one per group of rules
+--                     whose state is a few numbers (a record each in the
+--                     group's value, see common.lua), one per rule whose
+--                     state is a set (sliding_log, concurrency)
+-- KEYS[m+1..2m]       (only while rotating the pepper) the same keys under
+--                     the previous pepper
 -- ARGV[1]             now in ms, or "" to read the server clock (TIME);
 --                     sluice sends "" except in tests
 -- ARGV[2]             the lease an admission takes of each concurrency
 --                     rule (32 hex digits), or "": concurrency rules only
 --                     check
--- ARGV[2 + i]         rule i, packed (struct '<BBBdddd', see RULE):
---                     algorithm, aligned, shadow, limit, per, burst, cost
+-- ARGV[2 + i]         rule i, packed (struct '<BBBHddddc8', see RULE):
+--                     algorithm, aligned, shadow, the index of its key,
+--                     limit, per, burst, cost, its record's name
 --                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
 --                     4 sliding_window, 5 fixed_window, 6 concurrency;
---                     aligned and shadow: 1 or 0). Packed, the numbers
---                     cost no string parsing (tonumber is the dearest step
---                     of a call), and a call has few arguments to set up.
+--                     aligned and shadow: 1 or 0); while rotating, also
+--                     its record's name under the previous pepper. Packed,
+--                     the numbers cost no string parsing (tonumber is the
+--                     dearest step of a call), and a call has few
+--                     arguments to set up.
 --
--- n is #ARGV - 2; previous-pepper keys follow when #KEYS is 2n.
+-- n is #ARGV - 2; rotating when the rules carry two names.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
 -- refund of this decision would name, then per rule allowed (1 or 0),
 -- remaining, reset_after_ms and retry_after_ms; converting a string costs
 -- Redis a fraction of what a table of integers does. Every rule is checked
--- first; only when
--- every enforced rule admits is anything written, so a denied request
--- consumes nothing. A shadow rule never blocks the others and consumes only
--- when it admits. Every key written expires when its state is as good as
--- fresh, plus SLACK ms.
+-- first; only when every enforced rule admits is anything written, so a
+-- denied request consumes nothing. A shadow rule never blocks the others
+-- and consumes only when it admits. A group's key is read once and written
+-- once, with every record of it that changed; its other records are kept
+-- unless idle for SLACK ms (a rule removed from the configuration leaves
+-- nothing behind). Every key written expires when its states are as good
+-- as fresh, plus SLACK ms.
 --
 -- A state stamped later than now (this node's clock is behind the one that
 -- wrote it: a step back, a failover) is first re-dated to now, keeping
@@ -40,40 +48,42 @@
 
 local SLACK = 1000
 
--- A rule's argument, and the reply's layout for n rules (made once per n).
-local RULE = '<BBBdddd'
+-- A rule's argument (and while rotating), and the reply's layout for n
+-- rules (made once per n).
+local RULE, RULE_ROTATING, ROTATING_BYTES = '<BBBHddddc8', '<BBBHddddc8c8', 53
 local REPLY = {}
 
 -- Reused by every call of a loaded library (one call runs at a time): a
 -- table built afresh costs its allocation, growth and collection. A call
--- sets every slot it reads. writes holds, per rule, flat: the state to
--- write, when it goes idle, the repaired state, when that goes idle, and
--- the algorithm and cost it is written for.
-local reply, writes = {}, {}
+-- sets every slot it reads; slots keyed by position are stamped with the
+-- call's number. writes holds, per rule, W values (see the W_ names).
+local reply, writes, values, read_in, replaced, parts = {}, {}, {}, {}, {}, {}
+local calls = 0
+local W = 14
+local W_IDLE, W_A, W_B, W_C = 1, 2, 3, 4 -- the state to write, and when it goes idle
+local W_FIX_IDLE, W_FA, W_FB, W_FC = 5, 6, 7, 8 -- the repaired state
+local W_AT, W_KEY, W_NAME, W_ALGORITHM, W_COST, W_SET = 9, 10, 11, 12, 13, 14
 
--- Each algorithm returns allowed, remaining, reset, retry and, when it
--- admits, the state to write and when that state goes idle; when the
--- stored state had to be repaired, also the repaired state and when it
--- goes idle (written when nothing else is).
+-- Each algorithm takes whether a record was found and its three numbers,
+-- and returns allowed, remaining, reset, retry, then when it admits when
+-- the state to write goes idle and its three numbers (nil otherwise), then
+-- when the stored state had to be repaired, when the repaired state goes
+-- idle and its three numbers (written when nothing else is; nil
+-- otherwise).
 
-local function gcra(value, now, cost, limit, per, burst)
-  local ms, frac = 0, 0
-  if value then
-    ms, frac = dec(value)
-    frac = frac or 0
-  end
+local function gcra(found, ms, frac, now, cost, limit, per, burst)
+  if not found then ms, frac = 0, 0 end
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
   end
   local capacity = burst * per
-  local fix, fix_idle
+  local fix_idle
   if ms > now then
     local ahead_ms = ms - now
     if ahead_ms > idiv(capacity, limit) + 1 or ahead_ms * limit + frac > capacity then
       local q = idiv(capacity, limit)
       ms, frac = now + q, capacity - q * limit
-      if frac == 0 then fix = enc(ms) else fix = enc(ms, frac) end
       fix_idle = ms
       if frac > 0 then fix_idle = ms + 1 end
     end
@@ -89,10 +99,8 @@ local function gcra(value, now, cost, limit, per, burst)
   local nround = 0
   if nfrac > 0 then nround = 1 end
   if next_ahead <= capacity then
-    local encoded
-    if nfrac == 0 then encoded = enc(nms) else encoded = enc(nms, nfrac) end
-    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0, encoded, nms + nround,
-      fix, fix_idle
+    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0,
+      nms + nround, nms, nfrac, 0, fix_idle, ms, frac, 0
   end
   local base_ahead = (bms - now) * limit + bfrac
   local remaining = 0
@@ -100,19 +108,17 @@ local function gcra(value, now, cost, limit, per, burst)
   local bround = 0
   if bfrac > 0 then bround = 1 end
   return 0, remaining, bms - now + bround, max(1, ceil_div(next_ahead - capacity, limit)),
-    nil, nil, fix, fix_idle
+    nil, nil, nil, nil, fix_idle, ms, frac, 0
 end
 
-local function token_bucket(value, now, cost, limit, per, burst)
+local function token_bucket(found, tokens, at, now, cost, limit, per, burst)
   local capacity = burst * per
   local available, last = capacity, now
-  local fix, fix_idle
-  if value then
-    local tokens, at = dec(value)
+  local fix_idle
+  if found then
     if at > now then
       -- Refilled "later" than now: the same tokens, refilling from now.
       at = now
-      fix = enc(tokens, now)
       fix_idle = now + ceil_div(max(0, capacity - tokens), limit)
     end
     available = min(capacity, tokens + (now - at) * limit)
@@ -121,24 +127,22 @@ local function token_bucket(value, now, cost, limit, per, burst)
   if available >= need then
     local left = available - need
     local full_in = ceil_div(capacity - left, limit)
-    return 1, idiv(left, per), full_in, 0, enc(left, last), last + full_in, fix, fix_idle
+    return 1, idiv(left, per), full_in, 0, last + full_in, left, last, 0,
+      fix_idle, tokens, now, 0
   end
   return 0, idiv(available, per), ceil_div(capacity - available, limit),
-    max(1, ceil_div(need - available, limit)), nil, nil, fix, fix_idle
+    max(1, ceil_div(need - available, limit)), nil, nil, nil, nil, fix_idle, tokens, now, 0
 end
 
-local function fixed_window(value, now, cost, limit, per, aligned)
-  local start, count = 0, 0
-  if value then
-    start, count = dec(value)
-  end
-  local fix, fix_idle
+local function fixed_window(found, start, count, now, cost, limit, per, aligned)
+  if not found then start, count = 0, 0 end
+  local fix_idle, fix_start, fix_count
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
-  if value and start > current then
+  if found and start > current then
     -- A window that starts "later": the window of now, same count.
     start = current
-    fix, fix_idle = enc(start, count), start + per
+    fix_idle, fix_start, fix_count = start + per, start, count
   end
   if aligned == 1 then
     if start ~= current then start, count = current, 0 end
@@ -147,23 +151,21 @@ local function fixed_window(value, now, cost, limit, per, aligned)
   end
   local ends_in = max(1, start + per - now)
   if count + cost <= limit then
-    return 1, limit - count - cost, ends_in, 0, enc(start, count + cost), start + per,
-      fix, fix_idle
+    return 1, limit - count - cost, ends_in, 0, start + per, start, count + cost, 0,
+      fix_idle, fix_start, fix_count, 0
   end
-  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, fix, fix_idle
+  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, nil, nil,
+    fix_idle, fix_start, fix_count, 0
 end
 
-local function sliding_window(value, now, cost, limit, per)
-  local wstart, prev, cur = 0, 0, 0
-  if value then
-    wstart, prev, cur = dec(value)
-  end
+local function sliding_window(found, wstart, prev, cur, now, cost, limit, per)
+  if not found then wstart, prev, cur = 0, 0, 0 end
   local start = idiv(now, per) * per
-  local fix, fix_idle
-  if value and wstart > start then
+  local fix_idle
+  if found and wstart > start then
     -- Windows that start "later": moved to the window of now, same counts.
     wstart = start
-    fix, fix_idle = enc(start, prev, cur), start + 2 * per
+    fix_idle = start + 2 * per
   end
   local p, c = 0, 0
   if wstart == start then
@@ -177,7 +179,7 @@ local function sliding_window(value, now, cost, limit, per)
   local need = cost * per
   if weighted + need <= capacity then
     return 1, idiv(capacity - weighted - need, per), start + 2 * per - now, 0,
-      enc(start, p, c + cost), start + 2 * per, fix, fix_idle
+      start + 2 * per, start, p, c + cost, fix_idle, start, prev, cur
   end
   local remaining = 0
   if capacity > weighted then remaining = idiv(capacity - weighted, per) end
@@ -193,7 +195,7 @@ local function sliding_window(value, now, cost, limit, per)
     if c > 0 then at = per - min(idiv((limit - cost) * per, c), per) end
     retry = per - elapsed + at
   end
-  return 0, remaining, reset, max(1, retry), nil, nil, fix, fix_idle
+  return 0, remaining, reset, max(1, retry), nil, nil, nil, nil, fix_idle, start, prev, cur
 end
 
 -- sliding_log keeps one sorted-set member per admitted unit, scored by its
@@ -282,21 +284,64 @@ local function log_append(key, at, cost, now, idle)
   call('PEXPIRE', key, idle - now + SLACK)
 end
 
+-- Writes group key k's records that changed (rules from first on; all
+-- admitted or not), keeping its other records unless idle for SLACK ms.
+local function write_group(KEYS, k, first, n, now, all_allowed)
+  local token = calls * 65536 + k
+  local np, idle_at = 0, 0
+  for i = first, n do
+    local w = W * (i - 1)
+    if writes[w + W_KEY] == k and not writes[w + W_SET] then
+      local o = 0
+      if not (all_allowed and writes[w + W_IDLE]) then o = W_FIX_IDLE - W_IDLE end
+      local idle = writes[w + W_IDLE + o]
+      if idle then
+        np = np + 1
+        parts[np] = spack(RECORD, writes[w + W_NAME], idle, writes[w + W_A + o],
+          writes[w + W_B + o], writes[w + W_C + o])
+        if idle > idle_at then idle_at = idle end
+        local at = writes[w + W_AT]
+        if at then replaced[at] = token end
+      end
+    end
+  end
+  if np == 0 then return end
+  local value = values[k]
+  if value then
+    for at = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
+      if replaced[at] ~= token then
+        local idle = sunpack('<d', value, at + 8)
+        if idle + SLACK > now then
+          np = np + 1
+          parts[np] = sub(value, at, at + RECORD_BYTES - 1)
+          if idle > idle_at then idle_at = idle end
+        end
+      end
+    end
+  end
+  local record = parts[1]
+  if np > 1 then record = table.concat(parts, '', 1, np) end
+  call('SET', KEYS[k], record, 'PX', max(1, idle_at - now + SLACK))
+end
+
 -- The decision: a script calls it with its KEYS and ARGV, a Redis
 -- Function with the keys and arguments of its FCALL.
 local function decide(KEYS, ARGV)
   if not call then bind() end
+  calls = calls + 1
   local now = now_ms(ARGV[1])
   local lease = ARGV[2]
   local n = #ARGV - 2
-  local rotating = #KEYS > n
-
-  -- Rotation: a bucket not yet under the new pepper starts from its state
-  -- under the previous one, so a rotation neither resets nor doubles budgets.
+  local format, m = RULE, #KEYS
+  local rotating = #ARGV[3] == ROTATING_BYTES
   if rotating then
-    for i = 1, n do
-      if call('EXISTS', KEYS[i]) == 0 and call('EXISTS', KEYS[n + i]) == 1 then
-        call('COPY', KEYS[n + i], KEYS[i])
+    format, m = RULE_ROTATING, m / 2
+    -- Rotation: a bucket not yet under the new pepper starts from its
+    -- state under the previous one, so a rotation neither resets nor
+    -- doubles budgets (records are found under either name).
+    for k = 1, m do
+      if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
+        call('COPY', KEYS[m + k], KEYS[k])
       end
     end
   end
@@ -304,61 +349,85 @@ local function decide(KEYS, ARGV)
   reply[1] = now
   local all_allowed = true
   for i = 1, n do
-    local algorithm, aligned, shadow, limit, per, burst, cost = sunpack(RULE, ARGV[2 + i])
-    local key = KEYS[i]
-    local allowed, remaining, reset, retry, state, idle, fix, fix_idle
+    local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
+      sunpack(format, ARGV[2 + i])
+    if not rotating then previous = nil end
+    local key = KEYS[k]
+    local w = W * (i - 1)
+    local allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc
     if algorithm == 3 then
-      allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+      allowed, remaining, reset, retry, a, idle = sliding_log(key, now, cost, limit, per)
     elseif algorithm == 6 then
-      allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
+      allowed, remaining, reset, retry, a, idle = concurrency(key, now, limit, per, lease)
     else
-      local value = call('GET', key)
-      if not value then value = nil end
+      if read_in[k] ~= calls then
+        read_in[k] = calls
+        values[k] = call('GET', key)
+      end
+      local value = values[k]
+      local at, found, x, y, z = false, false, 0, 0, 0
+      if value then
+        at = find_record(value, name)
+        if not at and previous then at = find_record(value, previous) end
+        if at then
+          found = true
+          local _
+          _, x, y, z = sunpack(STATE, value, at + 8)
+        else
+          at = false
+        end
+      end
+      writes[w + W_AT] = at
       if algorithm == 1 then
-        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          gcra(value, now, cost, limit, per, burst)
+        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
+          gcra(found, x, y, now, cost, limit, per, burst)
       elseif algorithm == 2 then
-        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          token_bucket(value, now, cost, limit, per, burst)
+        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
+          token_bucket(found, x, y, now, cost, limit, per, burst)
       elseif algorithm == 4 then
-        allowed, remaining, reset, retry, state, idle, fix, fix_idle = sliding_window(value, now, cost, limit, per)
+        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
+          sliding_window(found, x, y, z, now, cost, limit, per)
       else
-        allowed, remaining, reset, retry, state, idle, fix, fix_idle =
-          fixed_window(value, now, cost, limit, per, aligned)
+        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
+          fixed_window(found, x, y, now, cost, limit, per, aligned)
       end
     end
     if allowed == 0 and shadow == 0 then all_allowed = false end
-    local w = 6 * (i - 1)
-    writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, fix or false, fix_idle
-    writes[w + 5], writes[w + 6] = algorithm, cost
+    writes[w + W_IDLE], writes[w + W_A], writes[w + W_B], writes[w + W_C] = idle or false, a, b, c
+    writes[w + W_FIX_IDLE], writes[w + W_FA], writes[w + W_FB], writes[w + W_FC] =
+      fix_idle or false, fa, fb, fc
+    writes[w + W_KEY], writes[w + W_NAME], writes[w + W_ALGORITHM], writes[w + W_COST] =
+      k, name, algorithm, cost
+    writes[w + W_SET] = algorithm == 3 or algorithm == 6
     local r = 4 * i - 2
     reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = allowed, remaining, reset, retry
   end
 
   for i = 1, n do
-    local w = 6 * (i - 1)
-    local state, idle, fix = writes[w + 1], writes[w + 2], writes[w + 3]
-    if all_allowed and state then
-      local algorithm, cost = writes[w + 5], writes[w + 6]
-      if algorithm == 3 then
-        log_append(KEYS[i], state, cost, now, idle)
-      elseif algorithm == 6 then
-        call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-        call('ZADD', KEYS[i], idle, state)
-        call('PEXPIRE', KEYS[i], idle - now + SLACK)
-      else
-        call('SET', KEYS[i], state, 'PX', max(1, idle - now + SLACK))
+    local w = W * (i - 1)
+    local k = writes[w + W_KEY]
+    if writes[w + W_SET] then
+      local state, idle = writes[w + W_A], writes[w + W_IDLE]
+      if all_allowed and idle and state then
+        if writes[w + W_ALGORITHM] == 3 then
+          log_append(KEYS[k], state, writes[w + W_COST], now, idle)
+        else
+          call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
+          call('ZADD', KEYS[k], idle, state)
+          call('PEXPIRE', KEYS[k], idle - now + SLACK)
+        end
       end
-    elseif fix then
-      -- Nothing consumed, but the repaired state is kept.
-      call('SET', KEYS[i], fix, 'PX', max(1, writes[w + 4] - now + SLACK))
+    elseif read_in[k] == calls then
+      -- The group's first rule: write the group once.
+      read_in[k] = 0
+      write_group(KEYS, k, i, n, now, all_allowed)
     end
   end
 
-  local format = REPLY[n]
-  if not format then
-    format = '<' .. string.rep('d', 1 + 4 * n)
-    REPLY[n] = format
+  local layout = REPLY[n]
+  if not layout then
+    layout = '<' .. string.rep('d', 1 + 4 * n)
+    REPLY[n] = layout
   end
-  return spack(format, unpack(reply, 1, 1 + 4 * n))
+  return spack(layout, unpack(reply, 1, 1 + 4 * n))
 end

@@ -12,7 +12,7 @@ use sluice_core::algorithm::{
     State, concurrency, fixed_window, gcra, sliding_log, sliding_window, token_bucket,
 };
 use sluice_core::decision::Outcomes;
-use sluice_core::keys::{Keyer, Tag};
+use sluice_core::keys::{Keyer, Record, Tag};
 use sluice_core::{Algorithm, BoundRule, Outcome};
 use smallvec::SmallVec;
 
@@ -52,8 +52,18 @@ pub fn instances_key(prefix: &str) -> String {
     format!("{prefix}:instances")
 }
 
-/// Keys for one decision, one per rule.
+/// Keys for one decision, one per rule (rules of one group share theirs).
 pub type Keys = SmallVec<[String; 4]>;
+
+/// Where each rule of a batch keeps its state: its key (the group's, for
+/// rules whose state is a few numbers) and the name of its record there.
+#[derive(Debug, Clone, Default)]
+pub struct Buckets {
+    /// One per rule.
+    pub keys: Keys,
+    /// One per rule (unused for rules whose state is a set).
+    pub records: SmallVec<[Record; 4]>,
+}
 
 /// How keys are derived: the current pepper, and the previous one while
 /// rotating.
@@ -66,9 +76,9 @@ pub struct KeySet {
 }
 
 impl KeySet {
-    /// The keys of every rule of `batch` under `keyer`; global valves in
-    /// the shard `valve` picks (the whole valve on one node).
-    pub fn keys(keyer: &Keyer, batch: &Batch<'_>, valve: Valve) -> Keys {
+    /// The keys and records of every rule of `batch` under `keyer`; global
+    /// valves in the shard `valve` picks (the whole valve on one node).
+    pub fn keys(keyer: &Keyer, batch: &Batch<'_>, valve: Valve) -> Buckets {
         // Most rules of a batch share the request's tenant tag: compute it
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
@@ -85,20 +95,34 @@ impl KeySet {
                 keyer.tenant_tag(tenant, batch.shard)
             }
         };
-        batch
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, rule)| match batch.partition(i, rule) {
-                Partition::Global => {
-                    keyer.key(&keyer.global_tag(rule, valve.shard(rule)), rule, None)
-                }
-                Partition::Tenant(tenant) => keyer.key(&tag_of(tenant, rule), rule, None),
-                Partition::Subject(tenant, subject) => {
-                    keyer.key(&tag_of(tenant, rule), rule, Some(subject))
-                }
-            })
-            .collect()
+        let mut buckets = Buckets::default();
+        // (tag, subject) of each rule so far, to find a group's key made
+        // already.
+        let mut seen: SmallVec<[(Tag, Option<&str>); 4]> = SmallVec::new();
+        for (i, rule) in batch.rules.iter().enumerate() {
+            let (tag, subject) = match batch.partition(i, rule) {
+                Partition::Global => (keyer.global_tag(rule, valve.shard(rule)), None),
+                Partition::Tenant(tenant) => (tag_of(tenant, rule), None),
+                Partition::Subject(tenant, subject) => (tag_of(tenant, rule), Some(subject)),
+            };
+            if is_sorted_set(rule) {
+                buckets.keys.push(keyer.key(&tag, rule, subject));
+                buckets.records.push(Record::default());
+            } else {
+                let made = (0..i).find(|&j| {
+                    seen[j] == (tag, subject)
+                        && !is_sorted_set(&batch.rules[j])
+                        && batch.rules[j].group() == rule.group()
+                });
+                buckets.keys.push(match made {
+                    Some(j) => buckets.keys[j].clone(),
+                    None => keyer.group_key(&tag, rule, subject),
+                });
+                buckets.records.push(keyer.record(&tag, rule, subject));
+            }
+            seen.push((tag, subject));
+        }
+        buckets
     }
 
     /// The hash tag of a tenant's keys in `shard`.
@@ -178,10 +202,7 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
 /// Whether a rule's state is a sorted set (sliding_log's entries,
 /// concurrency's leases) rather than a string.
 pub fn is_sorted_set(rule: &BoundRule) -> bool {
-    matches!(
-        rule.rule().algorithm(),
-        Algorithm::SlidingLog | Algorithm::Concurrency
-    )
+    rule.rule().algorithm().keeps_a_set()
 }
 
 /// A lease as the scripts name it: 32 hex digits ("" for none).
@@ -259,61 +280,111 @@ pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule 
 /// that a call can go out from a task of its own.
 #[derive(Debug, Clone)]
 pub struct DecideCall {
+    /// The distinct keys, then (while rotating) the same under the
+    /// previous pepper.
     keys: Vec<String>,
     now: String,
     lease: String,
     /// One packed argument per rule (see [`pack_rule`]).
     rules: SmallVec<[PackedRule; 2]>,
+    /// How many bytes of each packed rule are sent.
+    width: usize,
 }
 
-/// A rule as the decision script takes it: struct `'<BBBdddd'`.
-type PackedRule = [u8; 35];
+/// A rule as the decision script takes it: struct `'<BBBHddddc8'`, and
+/// `'c8'` more while rotating.
+type PackedRule = [u8; ROTATING_WIDTH];
+
+/// A packed rule's bytes, and with the record's name under the previous
+/// pepper.
+const RULE_WIDTH: usize = 45;
+const ROTATING_WIDTH: usize = RULE_WIDTH + 8;
 
 /// Packs what the decision script takes of a rule: algorithm, aligned and
-/// shadow as bytes, then limit, per, burst and cost as little-endian
-/// doubles (every one is below 2^53, so exact; see `sluice_core::rule`).
-fn pack_rule(values: [u64; 6], shadow: bool) -> PackedRule {
+/// shadow as bytes, the index of its key (from 1) as a 16-bit integer,
+/// then limit, per, burst and cost as little-endian doubles (every one is
+/// below 2^53, so exact; see `sluice_core::rule`), then its record's name
+/// and, while rotating, that name under the previous pepper.
+fn pack_rule(
+    values: [u64; 6],
+    shadow: bool,
+    key: u16,
+    record: Record,
+    previous: Option<Record>,
+) -> PackedRule {
     let [algorithm, limit, per, burst, aligned, cost] = values;
-    let mut packed = [0; 35];
+    let mut packed = [0; ROTATING_WIDTH];
     packed[0] = algorithm as u8;
     packed[1] = aligned as u8;
     packed[2] = u8::from(shadow);
-    for (slot, v) in packed[3..]
+    packed[3..5].copy_from_slice(&key.to_le_bytes());
+    for (slot, v) in packed[5..37]
         .chunks_exact_mut(8)
         .zip([limit, per, burst, cost])
     {
         debug_assert!(v < 1 << 53, "{v} is not exact as a double");
         slot.copy_from_slice(&(v as f64).to_le_bytes());
     }
+    packed[37..45].copy_from_slice(&record.0);
+    if let Some(previous) = previous {
+        packed[45..].copy_from_slice(&previous.0);
+    }
     packed
 }
 
 impl DecideCall {
-    /// The selected rules of a batch: `keys` are theirs (in selection
-    /// order), `previous` the same buckets under the previous pepper when
-    /// rotating.
+    /// The selected rules of a batch: `keys` and `records` are theirs (in
+    /// selection order), `previous` the same buckets under the previous
+    /// pepper when rotating. Rules sharing a key name it once.
     pub fn new(
         batch: &Batch<'_>,
         selection: Selection<'_>,
-        mut keys: Vec<String>,
-        previous: Option<&[String]>,
+        keys: Vec<String>,
+        records: &[Record],
+        previous: Option<&Buckets>,
         time: &TimeSource,
     ) -> DecideCall {
+        let mut distinct: Vec<String> = Vec::with_capacity(keys.len() * 2);
+        // Per rule, the index of its key among the distinct ones (from 1);
+        // per distinct key, the first rule that names it.
+        let mut index: SmallVec<[u16; 4]> = SmallVec::new();
+        let mut first: SmallVec<[usize; 4]> = SmallVec::new();
+        for (j, key) in keys.into_iter().enumerate() {
+            match distinct.iter().position(|k| *k == key) {
+                Some(p) => index.push(p as u16 + 1),
+                None => {
+                    distinct.push(key);
+                    first.push(j);
+                    index.push(distinct.len() as u16);
+                }
+            }
+        }
+        if let Some(previous) = previous {
+            distinct.extend(first.iter().map(|&j| previous.keys[j].clone()));
+        }
         let rules = selection
             .each(batch.rules.len())
-            .map(|i| {
+            .enumerate()
+            .map(|(j, i)| {
                 pack_rule(
                     rule_values(batch, i, selection.valve_parts),
                     batch.rules[i].shadow(),
+                    index[j],
+                    records[j],
+                    previous.map(|p| p.records[j]),
                 )
             })
             .collect();
-        keys.extend(previous.into_iter().flatten().cloned());
         DecideCall {
-            keys,
+            keys: distinct,
             now: now_arg(time),
             lease: lease_arg(batch.lease),
             rules,
+            width: if previous.is_some() {
+                ROTATING_WIDTH
+            } else {
+                RULE_WIDTH
+            },
         }
     }
 
@@ -325,7 +396,7 @@ impl DecideCall {
             .arg(&self.now)
             .arg(&self.lease);
         for rule in &self.rules {
-            cmd.arg(&rule[..]);
+            cmd.arg(&rule[..self.width]);
         }
     }
 }
@@ -363,20 +434,45 @@ pub fn refund_commands(
     all.push(now_arg(time).into_bytes());
     all.push(n.to_string().into_bytes());
     all.push(lease_arg(lease).into_bytes());
-    all.extend(rules.iter().map(|a| a.to_string().into_bytes()));
+    for rule in rules.chunks_exact(REFUND_WIDTH) {
+        for (k, value) in rule.iter().enumerate() {
+            all.push(if k == REFUND_RECORD {
+                value.to_le_bytes().to_vec()
+            } else {
+                value.to_string().into_bytes()
+            });
+        }
+    }
     evalsha_and_eval(script, REFUND_LUA, keys, &all)
 }
 
 /// The refund script's source.
 pub const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
 
+/// Values per rule in [`refund_args`]: algorithm, limit, per, burst,
+/// aligned, cost, the record's name (8 bytes read as a little-endian
+/// integer), and last the admission time.
+pub const REFUND_WIDTH: usize = 8;
+const REFUND_RECORD: usize = 6;
+
 /// The refund script's arguments giving back what the selected rules
-/// consumed, given the admission times the decision returned. Owned, so a
-/// refund can be sent after the batch is gone.
-pub fn refund_args(batch: &Batch<'_>, selection: Selection<'_>, admitted_at: &[u64]) -> Vec<u64> {
+/// consumed (`records` are theirs, in selection order), given the admission
+/// times the decision returned. Owned, so a refund can be sent after the
+/// batch is gone.
+pub fn refund_args(
+    batch: &Batch<'_>,
+    selection: Selection<'_>,
+    records: &[Record],
+    admitted_at: &[u64],
+) -> Vec<u64> {
     let mut args = vec![selection.len(batch.rules.len()) as u64];
-    for (i, at) in selection.each(batch.rules.len()).zip(admitted_at) {
+    for ((i, at), record) in selection
+        .each(batch.rules.len())
+        .zip(admitted_at)
+        .zip(records)
+    {
         args.extend(rule_values(batch, i, selection.valve_parts));
+        args.push(u64::from_le_bytes(record.0));
         args.push(*at);
     }
     args
@@ -440,21 +536,41 @@ pub fn reply(bytes: &[u8], rules: usize) -> Result<Reply, StoreError> {
     })
 }
 
-/// What `GET` (or `ZRANGE … WITHSCORES` for sliding_log) returned for a key.
+/// What `GET` (or `ZRANGE … WITHSCORES` for a set) returned for a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Raw {
     /// The key does not exist.
     Missing,
-    /// A string value.
-    Value(String),
+    /// A group's records (see [`RECORD_BYTES`]).
+    Records(Vec<u8>),
     /// Sorted-set members with their scores.
     Log(Vec<(String, u64)>),
 }
 
+/// The bytes of one record in a group's value: its name (8 bytes), then
+/// when its state goes idle (ms) and up to three numbers of state, as
+/// little-endian doubles (decide.lua's `RECORD`).
+pub const RECORD_BYTES: usize = 40;
+
+/// The numbers of `record`'s state in a group's value: when it goes idle,
+/// then the state's three numbers (unused ones 0); `None` when the value
+/// has no such record.
+pub fn find_record(value: &[u8], record: Record) -> Option<[u64; 4]> {
+    value
+        .chunks_exact(RECORD_BYTES)
+        .find(|r| r[..8] == record.0)
+        .map(|r| {
+            let mut numbers = [0; 4];
+            for (n, b) in numbers.iter_mut().zip(r[8..].chunks_exact(8)) {
+                *n = f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64;
+            }
+            numbers
+        })
+}
+
 /// Decodes a stored value into the state `sluice-core` decides on; a value
-/// that does not parse reads as fresh.
-pub fn decode(rule: &BoundRule, raw: &Raw) -> State {
-    let numbers = |v: &str| -> Vec<u64> { v.split(':').filter_map(|p| p.parse().ok()).collect() };
+/// without the rule's record reads as fresh.
+pub fn decode(rule: &BoundRule, raw: &Raw, record: Record) -> State {
     match (rule.rule().algorithm(), raw) {
         (_, Raw::Missing) => State::Fresh,
         (Algorithm::Concurrency, Raw::Log(members)) => {
@@ -474,32 +590,25 @@ pub fn decode(rule: &BoundRule, raw: &Raw) -> State {
             }
             State::SlidingLog(Box::new(sliding_log::Log::from_entries(entries)))
         }
-        (algorithm, Raw::Value(v)) => match (algorithm, numbers(v).as_slice()) {
-            (Algorithm::Gcra, [ms]) => State::Gcra(gcra::Tat { ms: *ms, frac: 0 }),
-            (Algorithm::Gcra, [ms, frac]) => State::Gcra(gcra::Tat {
-                ms: *ms,
-                frac: *frac,
-            }),
-            (Algorithm::TokenBucket, [scaled_tokens, last_ms]) => {
-                State::TokenBucket(token_bucket::Bucket {
-                    scaled_tokens: *scaled_tokens,
-                    last_ms: *last_ms,
-                })
-            }
-            (Algorithm::FixedWindow, [start_ms, count]) => {
-                State::FixedWindow(fixed_window::Window {
-                    start_ms: *start_ms,
-                    count: *count,
-                })
-            }
-            (Algorithm::SlidingWindow, [start_ms, prev, cur]) => {
-                State::SlidingWindow(sliding_window::Windows {
-                    start_ms: *start_ms,
-                    prev: *prev,
-                    cur: *cur,
-                })
-            }
-            _ => State::Fresh,
+        (algorithm, Raw::Records(value)) => match find_record(value, record) {
+            None => State::Fresh,
+            Some([_idle, a, b, c]) => match algorithm {
+                Algorithm::Gcra => State::Gcra(gcra::Tat { ms: a, frac: b }),
+                Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
+                    scaled_tokens: a,
+                    last_ms: b,
+                }),
+                Algorithm::FixedWindow => State::FixedWindow(fixed_window::Window {
+                    start_ms: a,
+                    count: b,
+                }),
+                Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
+                    start_ms: a,
+                    prev: b,
+                    cur: c,
+                }),
+                Algorithm::SlidingLog | Algorithm::Concurrency => State::Fresh,
+            },
         },
         _ => State::Fresh,
     }
@@ -565,12 +674,35 @@ mod tests {
 
     #[test]
     fn a_packed_rule_carries_its_numbers_exactly() {
-        let packed = pack_rule([5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000], true);
-        assert_eq!(packed[..3], [5, 1, 1]);
-        let numbers: Vec<u64> = packed[3..]
+        let record = Record(*b"\x01\x02\x03\x04\x05\x06\x07\x08");
+        let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000];
+        let packed = pack_rule(values, true, 300, record, None);
+        assert_eq!(packed[..5], [5, 1, 1, 44, 1]);
+        let numbers: Vec<u64> = packed[5..37]
             .chunks_exact(8)
             .map(|b| f64::from_le_bytes(b.try_into().unwrap()) as u64)
             .collect();
         assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000]);
+        assert_eq!(packed[37..RULE_WIDTH], record.0);
+        let previous = Record([9; 8]);
+        let rotating = pack_rule(values, true, 300, record, Some(previous));
+        assert_eq!(rotating[RULE_WIDTH..], previous.0);
+    }
+
+    #[test]
+    fn a_record_is_found_only_where_records_start() {
+        let record = |name: [u8; 8], numbers: [u64; 4]| -> Vec<u8> {
+            let mut r = name.to_vec();
+            r.extend(doubles(&numbers));
+            r
+        };
+        // The second record's numbers contain the first's name, misaligned.
+        let name = Record([0, 0, 0, 0, 0, 0, 0x45, 0x40]);
+        let mut value = record([7; 8], [1, 42, 0, 0]);
+        value.extend(record(name.0, [9, 1, 2, 3]));
+        assert_eq!(find_record(&value, name), Some([9, 1, 2, 3]));
+        assert_eq!(find_record(&value, Record([7; 8])), Some([1, 42, 0, 0]));
+        assert_eq!(find_record(&value, Record([8; 8])), None);
+        assert_eq!(find_record(&value[..70], name), None);
     }
 }

@@ -8,12 +8,14 @@
 -- It also releases a concurrency lease (`/v1/release`, the end of a
 -- response): the same call, naming the lease.
 --
--- KEYS[1..n]          the keys the decision wrote
+-- KEYS[1..n]          the keys the decision wrote, one per rule (rules of
+--                     one group name the same key)
 -- ARGV[1]             now in ms, or "" to read the server clock (TIME)
 -- ARGV[2]             n
 -- ARGV[3]             the lease taken of concurrency rules, or ""
--- ARGV[4 + 7(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
---                     admission time (ms, as the decision script returned it)
+-- ARGV[4 + 8(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
+--                     its record's name (8 bytes), admission time (ms, as
+--                     the decision script returned it)
 --
 -- Returns how many concurrency rules held the lease, unexpired.
 --
@@ -30,13 +32,14 @@ local n = num(ARGV[2])
 local lease = ARGV[3]
 local released = 0
 for i = 1, n do
-  local base = 4 + 7 * (i - 1)
+  local base = 4 + 8 * (i - 1)
   local algorithm = num(ARGV[base])
   local limit = num(ARGV[base + 1])
   local per = num(ARGV[base + 2])
   local burst = num(ARGV[base + 3])
   local cost = num(ARGV[base + 5])
-  local at = num(ARGV[base + 6])
+  local name = ARGV[base + 6]
+  local at = num(ARGV[base + 7])
   local key = KEYS[i]
   if algorithm == 6 then
     if lease ~= '' then
@@ -53,38 +56,43 @@ for i = 1, n do
     end
   else
     local value = call('GET', key)
-    if value then
-      local t = { dec(value) }
-      local updated
+    local pos = value and find_record(value, name)
+    if pos then
+      local idle, a, b, c = sunpack(STATE, value, pos + 8)
+      local updated = true
       if algorithm == 1 then
         -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
         -- milliseconds (never multiplying ms by limit: beyond 2^53).
-        local ms, frac = t[1], t[2] or 0
         local need = cost * per
-        if frac >= need then
-          frac = frac - need
+        if b >= need then
+          b = b - need
         else
-          local borrow = idiv(need - frac + limit - 1, limit)
-          ms = ms - borrow
-          frac = frac + borrow * limit - need
+          local borrow = idiv(need - b + limit - 1, limit)
+          a = a - borrow
+          b = b + borrow * limit - need
         end
-        if frac == 0 then updated = enc(ms) else updated = enc(ms, frac) end
       elseif algorithm == 2 then
-        updated = enc(min(burst * per, t[1] + cost * per), t[2])
+        a = min(burst * per, a + cost * per)
       elseif algorithm == 4 then
         local window = idiv(at, per) * per
-        if t[1] == window then
-          updated = enc(t[1], t[2], max(0, t[3] - cost))
-        elseif t[1] == window + per then
-          updated = enc(t[1], max(0, t[2] - cost), t[3])
+        if a == window then
+          c = max(0, c - cost)
+        elseif a == window + per then
+          b = max(0, b - cost)
+        else
+          updated = false
         end
+      elseif at >= a and at < a + per then
+        b = max(0, b - cost)
       else
-        if at >= t[1] and at < t[1] + per then
-          updated = enc(t[1], max(0, t[2] - cost))
-        end
+        updated = false
       end
       if updated then
-        call('SET', key, updated, 'KEEPTTL')
+        -- The record rewritten in place; when it goes idle is kept (a
+        -- refund only makes the state fresher sooner).
+        value = sub(value, 1, pos - 1) .. spack(RECORD, name, idle, a, b, c)
+          .. sub(value, pos + RECORD_BYTES)
+        call('SET', key, value, 'KEEPTTL')
       end
     end
   end
