@@ -3,12 +3,13 @@
 -- Globals read once (each global access is a table lookup), by bind():
 -- a Redis Function's library is loaded where no global is visible, so it
 -- binds them on its first call; a script binds them on every call.
-local floor, max, min, num, call, format, find, sub, spack, sunpack
+local floor, max, min, num, call, format, find, sub, spack, sunpack, unpack, concat
 
 local function bind()
   floor, max, min, num, call = math.floor, math.max, math.min, tonumber, redis.call
   format, find, sub = string.format, string.find, string.sub
   spack, sunpack = struct.pack, struct.unpack
+  unpack, concat = _G.unpack, table.concat
 end
 
 -- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.

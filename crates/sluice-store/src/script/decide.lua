@@ -55,16 +55,19 @@ local REPLY = {}
 
 -- Reused by every call of a loaded library (one call runs at a time): a
 -- table built afresh costs its allocation, growth and collection. A call
--- sets every slot it reads; slots keyed by position are stamped with the
--- call's number. writes holds, per rule, W values (see the W_ names).
-local reply, writes, values, read_in, replaced, parts = {}, {}, {}, {}, {}, {}
+-- sets every slot it reads; slots per key are valid when stamped with the
+-- call's number. writes holds, per rule, W values: for a rule whose state
+-- is a few numbers, the record to write when every rule admits (or false)
+-- and when it goes idle, the repaired record (or false) and when that goes
+-- idle, where its record was found (or false) and its key's index; for a
+-- set, its state (or false), when it goes idle, algorithm and cost, false,
+-- and its key's index. The seventh says which of the two it is.
+local reply, writes, values, read_in, rules_of, replaced, parts = {}, {}, {}, {}, {}, {}, {}
 local calls = 0
-local W = 14
-local W_IDLE, W_A, W_B, W_C = 1, 2, 3, 4 -- the state to write, and when it goes idle
-local W_FIX_IDLE, W_FA, W_FB, W_FC = 5, 6, 7, 8 -- the repaired state
-local W_AT, W_KEY, W_NAME, W_ALGORITHM, W_COST, W_SET = 9, 10, 11, 12, 13, 14
+local W = 7
 
--- Each algorithm takes whether a record was found and its three numbers,
+-- Each algorithm takes whether a record was found and its three numbers
+-- (0 when not),
 -- and returns allowed, remaining, reset, retry, then when it admits when
 -- the state to write goes idle and its three numbers (nil otherwise), then
 -- when the stored state had to be repaired, when the repaired state goes
@@ -72,7 +75,6 @@ local W_AT, W_KEY, W_NAME, W_ALGORITHM, W_COST, W_SET = 9, 10, 11, 12, 13, 14
 -- otherwise).
 
 local function gcra(found, ms, frac, now, cost, limit, per, burst)
-  if not found then ms, frac = 0, 0 end
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
@@ -135,7 +137,6 @@ local function token_bucket(found, tokens, at, now, cost, limit, per, burst)
 end
 
 local function fixed_window(found, start, count, now, cost, limit, per, aligned)
-  if not found then start, count = 0, 0 end
   local fix_idle, fix_start, fix_count
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
@@ -159,7 +160,6 @@ local function fixed_window(found, start, count, now, cost, limit, per, aligned)
 end
 
 local function sliding_window(found, wstart, prev, cur, now, cost, limit, per)
-  if not found then wstart, prev, cur = 0, 0, 0 end
   local start = idiv(now, per) * per
   local fix_idle
   if found and wstart > start then
@@ -284,23 +284,21 @@ local function log_append(key, at, cost, now, idle)
   call('PEXPIRE', key, idle - now + SLACK)
 end
 
--- Writes group key k's records that changed (rules from first on; all
--- admitted or not), keeping its other records unless idle for SLACK ms.
+-- Writes group key k's records that changed (its rules from first on),
+-- keeping its other records unless idle for SLACK ms.
 local function write_group(KEYS, k, first, n, now, all_allowed)
   local token = calls * 65536 + k
   local np, idle_at = 0, 0
   for i = first, n do
     local w = W * (i - 1)
-    if writes[w + W_KEY] == k and not writes[w + W_SET] then
-      local o = 0
-      if not (all_allowed and writes[w + W_IDLE]) then o = W_FIX_IDLE - W_IDLE end
-      local idle = writes[w + W_IDLE + o]
-      if idle then
+    if writes[w + 6] == k and not writes[w + 7] then
+      local record, idle = writes[w + 1], writes[w + 2]
+      if not (all_allowed and record) then record, idle = writes[w + 3], writes[w + 4] end
+      if record then
         np = np + 1
-        parts[np] = spack(RECORD, writes[w + W_NAME], idle, writes[w + W_A + o],
-          writes[w + W_B + o], writes[w + W_C + o])
+        parts[np] = record
         if idle > idle_at then idle_at = idle end
-        local at = writes[w + W_AT]
+        local at = writes[w + 5]
         if at then replaced[at] = token end
       end
     end
@@ -319,9 +317,7 @@ local function write_group(KEYS, k, first, n, now, all_allowed)
       end
     end
   end
-  local record = parts[1]
-  if np > 1 then record = table.concat(parts, '', 1, np) end
-  call('SET', KEYS[k], record, 'PX', max(1, idle_at - now + SLACK))
+  call('SET', KEYS[k], concat(parts, '', 1, np), 'PX', max(1, idle_at - now + SLACK))
 end
 
 -- The decision: a script calls it with its KEYS and ARGV, a Redis
@@ -351,66 +347,70 @@ local function decide(KEYS, ARGV)
   for i = 1, n do
     local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
       sunpack(format, ARGV[2 + i])
-    if not rotating then previous = nil end
     local key = KEYS[k]
     local w = W * (i - 1)
-    local allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc
-    if algorithm == 3 then
-      allowed, remaining, reset, retry, a, idle = sliding_log(key, now, cost, limit, per)
-    elseif algorithm == 6 then
-      allowed, remaining, reset, retry, a, idle = concurrency(key, now, limit, per, lease)
+    local allowed, remaining, reset, retry
+    if algorithm == 3 or algorithm == 6 then
+      local state, idle
+      if algorithm == 3 then
+        allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+      else
+        allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
+      end
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, algorithm, cost
+      writes[w + 6], writes[w + 7] = k, true
     else
       if read_in[k] ~= calls then
-        read_in[k] = calls
+        read_in[k], rules_of[k] = calls, 1
         values[k] = call('GET', key)
+      else
+        rules_of[k] = rules_of[k] + 1
       end
       local value = values[k]
-      local at, found, x, y, z = false, false, 0, 0, 0
+      local at, x, y, z = false, 0, 0, 0
       if value then
         at = find_record(value, name)
-        if not at and previous then at = find_record(value, previous) end
+        if not at and rotating then at = find_record(value, previous) end
         if at then
-          found = true
           local _
           _, x, y, z = sunpack(STATE, value, at + 8)
         else
           at = false
         end
       end
-      writes[w + W_AT] = at
+      local idle, a, b, c, fix_idle, fa, fb, fc
       if algorithm == 1 then
         allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          gcra(found, x, y, now, cost, limit, per, burst)
+          gcra(at, x, y, now, cost, limit, per, burst)
       elseif algorithm == 2 then
         allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          token_bucket(found, x, y, now, cost, limit, per, burst)
+          token_bucket(at, x, y, now, cost, limit, per, burst)
       elseif algorithm == 4 then
         allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          sliding_window(found, x, y, z, now, cost, limit, per)
+          sliding_window(at, x, y, z, now, cost, limit, per)
       else
         allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          fixed_window(found, x, y, now, cost, limit, per, aligned)
+          fixed_window(at, x, y, now, cost, limit, per, aligned)
       end
+      local record, fix = false, false
+      if idle then record = spack(RECORD, name, idle, a, b, c) end
+      if fix_idle then fix = spack(RECORD, name, fix_idle, fa, fb, fc) end
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = record, idle, fix, fix_idle
+      writes[w + 5], writes[w + 6], writes[w + 7] = at, k, false
     end
     if allowed == 0 and shadow == 0 then all_allowed = false end
-    writes[w + W_IDLE], writes[w + W_A], writes[w + W_B], writes[w + W_C] = idle or false, a, b, c
-    writes[w + W_FIX_IDLE], writes[w + W_FA], writes[w + W_FB], writes[w + W_FC] =
-      fix_idle or false, fa, fb, fc
-    writes[w + W_KEY], writes[w + W_NAME], writes[w + W_ALGORITHM], writes[w + W_COST] =
-      k, name, algorithm, cost
-    writes[w + W_SET] = algorithm == 3 or algorithm == 6
     local r = 4 * i - 2
     reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = allowed, remaining, reset, retry
   end
 
   for i = 1, n do
     local w = W * (i - 1)
-    local k = writes[w + W_KEY]
-    if writes[w + W_SET] then
-      local state, idle = writes[w + W_A], writes[w + W_IDLE]
-      if all_allowed and idle and state then
-        if writes[w + W_ALGORITHM] == 3 then
-          log_append(KEYS[k], state, writes[w + W_COST], now, idle)
+    local k = writes[w + 6]
+    if writes[w + 7] then
+      local state, idle = writes[w + 1], writes[w + 2]
+      if all_allowed and state then
+        if writes[w + 3] == 3 then
+          log_append(KEYS[k], state, writes[w + 4], now, idle)
         else
           call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
           call('ZADD', KEYS[k], idle, state)
@@ -418,9 +418,17 @@ local function decide(KEYS, ARGV)
         end
       end
     elseif read_in[k] == calls then
-      -- The group's first rule: write the group once.
+      -- The group's first rule: the group is written once.
       read_in[k] = 0
-      write_group(KEYS, k, i, n, now, all_allowed)
+      local value = values[k]
+      if rules_of[k] == 1 and (not value or (writes[w + 5] == 1 and #value == RECORD_BYTES)) then
+        -- Its only rule, alone in the value: the record is the value.
+        local record, idle = writes[w + 1], writes[w + 2]
+        if not (all_allowed and record) then record, idle = writes[w + 3], writes[w + 4] end
+        if record then call('SET', KEYS[k], record, 'PX', max(1, idle - now + SLACK)) end
+      else
+        write_group(KEYS, k, i, n, now, all_allowed)
+      end
     end
   end
 
