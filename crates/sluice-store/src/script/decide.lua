@@ -56,38 +56,39 @@ local REPLY = {}
 -- Reused by every call of a loaded library (one call runs at a time): a
 -- table built afresh costs its allocation, growth and collection. A call
 -- sets every slot it reads; slots per key are valid when stamped with the
--- call's number. writes holds, per rule, W values: for a rule whose state
--- is a few numbers, the record to write when every rule admits (or false)
--- and when it goes idle, the repaired record (or false) and when that goes
--- idle, where its record was found (or false) and its key's index; for a
--- set, its state (or false), when it goes idle, algorithm and cost, false,
--- and its key's index. The seventh says which of the two it is.
-local reply, writes, values, read_in, rules_of, replaced, parts = {}, {}, {}, {}, {}, {}, {}
+-- call's number. Per rule i, for a rule whose state is a few numbers:
+-- record[i] to write when every rule admits (or false) and idle[i] when it
+-- goes idle, fix[i] the repaired record (or false) and fix_idle[i], at[i]
+-- where its record was found (or false); for a set: record[i] its state
+-- (or false), idle[i], fix[i] its algorithm and fix_idle[i] its cost.
+-- key[i] is the index of its key, set[i] whether its state is a set.
+local reply, values, read_in, rules_of, replaced, parts = {}, {}, {}, {}, {}, {}
+local record, idle, fix, fix_idle, at, key, set = {}, {}, {}, {}, {}, {}, {}
 local calls = 0
-local W = 7
 
--- Each algorithm takes whether a record was found and its three numbers
--- (0 when not),
--- and returns allowed, remaining, reset, retry, then when it admits when
--- the state to write goes idle and its three numbers (nil otherwise), then
--- when the stored state had to be repaired, when the repaired state goes
--- idle and its three numbers (written when nothing else is; nil
--- otherwise).
+-- Each algorithm takes the rule's record name, whether its record was
+-- found and the record's numbers (0 when not), and returns allowed,
+-- remaining, reset, retry, then when it admits the record to write and
+-- when it goes idle (nil otherwise), then when the stored state had to be
+-- repaired the repaired record and when it goes idle (written when nothing
+-- else is; nil otherwise). The divisions of the common path are idiv
+-- written out (a call costs more than its arithmetic).
 
-local function gcra(found, ms, frac, now, cost, limit, per, burst)
+local function gcra(name, found, ms, frac, now, cost, limit, per, burst)
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
   end
   local capacity = burst * per
-  local fix_idle
+  local fixed, fixed_idle
   if ms > now then
     local ahead_ms = ms - now
     if ahead_ms > idiv(capacity, limit) + 1 or ahead_ms * limit + frac > capacity then
       local q = idiv(capacity, limit)
       ms, frac = now + q, capacity - q * limit
-      fix_idle = ms
-      if frac > 0 then fix_idle = ms + 1 end
+      fixed_idle = ms
+      if frac > 0 then fixed_idle = ms + 1 end
+      fixed = spack(RECORD, name, fixed_idle, ms, frac, 0)
     end
   end
   local bms, bfrac = now, 0
@@ -95,14 +96,18 @@ local function gcra(found, ms, frac, now, cost, limit, per, burst)
     bms, bfrac = ms, frac
   end
   local total = bfrac + cost * per
-  local q = idiv(total, limit)
+  local q = floor(total / limit)
+  if q * limit > total then q = q - 1 elseif (q + 1) * limit <= total then q = q + 1 end
   local nms, nfrac = bms + q, total - q * limit
   local next_ahead = (nms - now) * limit + nfrac
   local nround = 0
   if nfrac > 0 then nround = 1 end
   if next_ahead <= capacity then
-    return 1, idiv(capacity - next_ahead, per), nms - now + nround, 0,
-      nms + nround, nms, nfrac, 0, fix_idle, ms, frac, 0
+    local left = capacity - next_ahead
+    local r = floor(left / per)
+    if r * per > left then r = r - 1 elseif (r + 1) * per <= left then r = r + 1 end
+    return 1, r, nms - now + nround, 0,
+      spack(RECORD, name, nms + nround, nms, nfrac, 0), nms + nround, fixed, fixed_idle
   end
   local base_ahead = (bms - now) * limit + bfrac
   local remaining = 0
@@ -110,18 +115,19 @@ local function gcra(found, ms, frac, now, cost, limit, per, burst)
   local bround = 0
   if bfrac > 0 then bround = 1 end
   return 0, remaining, bms - now + bround, max(1, ceil_div(next_ahead - capacity, limit)),
-    nil, nil, nil, nil, fix_idle, ms, frac, 0
+    nil, nil, fixed, fixed_idle
 end
 
-local function token_bucket(found, tokens, at, now, cost, limit, per, burst)
+local function token_bucket(name, found, tokens, at, now, cost, limit, per, burst)
   local capacity = burst * per
   local available, last = capacity, now
-  local fix_idle
+  local fixed, fixed_idle
   if found then
     if at > now then
       -- Refilled "later" than now: the same tokens, refilling from now.
       at = now
-      fix_idle = now + ceil_div(max(0, capacity - tokens), limit)
+      fixed_idle = now + ceil_div(max(0, capacity - tokens), limit)
+      fixed = spack(RECORD, name, fixed_idle, tokens, now, 0)
     end
     available = min(capacity, tokens + (now - at) * limit)
   end
@@ -129,21 +135,22 @@ local function token_bucket(found, tokens, at, now, cost, limit, per, burst)
   if available >= need then
     local left = available - need
     local full_in = ceil_div(capacity - left, limit)
-    return 1, idiv(left, per), full_in, 0, last + full_in, left, last, 0,
-      fix_idle, tokens, now, 0
+    return 1, idiv(left, per), full_in, 0,
+      spack(RECORD, name, last + full_in, left, last, 0), last + full_in, fixed, fixed_idle
   end
   return 0, idiv(available, per), ceil_div(capacity - available, limit),
-    max(1, ceil_div(need - available, limit)), nil, nil, nil, nil, fix_idle, tokens, now, 0
+    max(1, ceil_div(need - available, limit)), nil, nil, fixed, fixed_idle
 end
 
-local function fixed_window(found, start, count, now, cost, limit, per, aligned)
-  local fix_idle, fix_start, fix_count
+local function fixed_window(name, found, start, count, now, cost, limit, per, aligned)
+  local fixed, fixed_idle
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
   if found and start > current then
     -- A window that starts "later": the window of now, same count.
     start = current
-    fix_idle, fix_start, fix_count = start + per, start, count
+    fixed_idle = start + per
+    fixed = spack(RECORD, name, fixed_idle, start, count, 0)
   end
   if aligned == 1 then
     if start ~= current then start, count = current, 0 end
@@ -152,20 +159,20 @@ local function fixed_window(found, start, count, now, cost, limit, per, aligned)
   end
   local ends_in = max(1, start + per - now)
   if count + cost <= limit then
-    return 1, limit - count - cost, ends_in, 0, start + per, start, count + cost, 0,
-      fix_idle, fix_start, fix_count, 0
+    return 1, limit - count - cost, ends_in, 0,
+      spack(RECORD, name, start + per, start, count + cost, 0), start + per, fixed, fixed_idle
   end
-  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, nil, nil,
-    fix_idle, fix_start, fix_count, 0
+  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, fixed, fixed_idle
 end
 
-local function sliding_window(found, wstart, prev, cur, now, cost, limit, per)
+local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, per)
   local start = idiv(now, per) * per
-  local fix_idle
+  local fixed, fixed_idle
   if found and wstart > start then
     -- Windows that start "later": moved to the window of now, same counts.
     wstart = start
-    fix_idle = start + 2 * per
+    fixed_idle = start + 2 * per
+    fixed = spack(RECORD, name, fixed_idle, start, prev, cur)
   end
   local p, c = 0, 0
   if wstart == start then
@@ -179,7 +186,7 @@ local function sliding_window(found, wstart, prev, cur, now, cost, limit, per)
   local need = cost * per
   if weighted + need <= capacity then
     return 1, idiv(capacity - weighted - need, per), start + 2 * per - now, 0,
-      start + 2 * per, start, p, c + cost, fix_idle, start, prev, cur
+      spack(RECORD, name, start + 2 * per, start, p, c + cost), start + 2 * per, fixed, fixed_idle
   end
   local remaining = 0
   if capacity > weighted then remaining = idiv(capacity - weighted, per) end
@@ -195,7 +202,7 @@ local function sliding_window(found, wstart, prev, cur, now, cost, limit, per)
     if c > 0 then at = per - min(idiv((limit - cost) * per, c), per) end
     retry = per - elapsed + at
   end
-  return 0, remaining, reset, max(1, retry), nil, nil, nil, nil, fix_idle, start, prev, cur
+  return 0, remaining, reset, max(1, retry), nil, nil, fixed, fixed_idle
 end
 
 -- sliding_log keeps one sorted-set member per admitted unit, scored by its
@@ -290,29 +297,27 @@ local function write_group(KEYS, k, first, n, now, all_allowed)
   local token = calls * 65536 + k
   local np, idle_at = 0, 0
   for i = first, n do
-    local w = W * (i - 1)
-    if writes[w + 6] == k and not writes[w + 7] then
-      local record, idle = writes[w + 1], writes[w + 2]
-      if not (all_allowed and record) then record, idle = writes[w + 3], writes[w + 4] end
-      if record then
+    if key[i] == k and not set[i] then
+      local r, t = record[i], idle[i]
+      if not (all_allowed and r) then r, t = fix[i], fix_idle[i] end
+      if r then
         np = np + 1
-        parts[np] = record
-        if idle > idle_at then idle_at = idle end
-        local at = writes[w + 5]
-        if at then replaced[at] = token end
+        parts[np] = r
+        if t > idle_at then idle_at = t end
+        if at[i] then replaced[at[i]] = token end
       end
     end
   end
   if np == 0 then return end
   local value = values[k]
   if value then
-    for at = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
-      if replaced[at] ~= token then
-        local idle = sunpack('<d', value, at + 8)
-        if idle + SLACK > now then
+    for from = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
+      if replaced[from] ~= token then
+        local t = sunpack('<d', value, from + 8)
+        if t + SLACK > now then
           np = np + 1
-          parts[np] = sub(value, at, at + RECORD_BYTES - 1)
-          if idle > idle_at then idle_at = idle end
+          parts[np] = sub(value, from, from + RECORD_BYTES - 1)
+          if t > idle_at then idle_at = t end
         end
       end
     end
@@ -328,13 +333,14 @@ local function decide(KEYS, ARGV)
   local now = now_ms(ARGV[1])
   local lease = ARGV[2]
   local n = #ARGV - 2
-  local format, m = RULE, #KEYS
+  local format = RULE
   local rotating = #ARGV[3] == ROTATING_BYTES
   if rotating then
-    format, m = RULE_ROTATING, m / 2
+    format = RULE_ROTATING
     -- Rotation: a bucket not yet under the new pepper starts from its
     -- state under the previous one, so a rotation neither resets nor
     -- doubles budgets (records are found under either name).
+    local m = #KEYS / 2
     for k = 1, m do
       if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
         call('COPY', KEYS[m + k], KEYS[k])
@@ -342,96 +348,99 @@ local function decide(KEYS, ARGV)
     end
   end
 
-  reply[1] = now
   local all_allowed = true
+  local allowed, remaining, reset, retry
   for i = 1, n do
     local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
       sunpack(format, ARGV[2 + i])
-    local key = KEYS[k]
-    local w = W * (i - 1)
-    local allowed, remaining, reset, retry
     if algorithm == 3 or algorithm == 6 then
-      local state, idle
+      local state, until_ms
       if algorithm == 3 then
-        allowed, remaining, reset, retry, state, idle = sliding_log(key, now, cost, limit, per)
+        allowed, remaining, reset, retry, state, until_ms = sliding_log(KEYS[k], now, cost, limit, per)
       else
-        allowed, remaining, reset, retry, state, idle = concurrency(key, now, limit, per, lease)
+        allowed, remaining, reset, retry, state, until_ms = concurrency(KEYS[k], now, limit, per, lease)
       end
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = state or false, idle, algorithm, cost
-      writes[w + 6], writes[w + 7] = k, true
+      record[i], idle[i], fix[i], fix_idle[i], key[i], set[i] =
+        state or false, until_ms, algorithm, cost, k, true
     else
+      local value
       if read_in[k] ~= calls then
         read_in[k], rules_of[k] = calls, 1
-        values[k] = call('GET', key)
+        value = call('GET', KEYS[k])
+        values[k] = value
       else
         rules_of[k] = rules_of[k] + 1
+        value = values[k]
       end
-      local value = values[k]
-      local at, x, y, z = false, 0, 0, 0
+      local found, x, y, z = false, 0, 0, 0
       if value then
-        at = find_record(value, name)
-        if not at and rotating then at = find_record(value, previous) end
-        if at then
-          local _
-          _, x, y, z = sunpack(STATE, value, at + 8)
+        found = find(value, name, 1, true)
+        if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
+        if not found and rotating then found = find_record(value, previous) end
+        if found then
+          if algorithm == 4 then
+            x, y, z = sunpack('<ddd', value, found + 16)
+          else
+            x, y = sunpack('<dd', value, found + 16)
+          end
         else
-          at = false
+          found = false
         end
       end
-      local idle, a, b, c, fix_idle, fa, fb, fc
+      local r, t, f, ft
       if algorithm == 1 then
-        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          gcra(at, x, y, now, cost, limit, per, burst)
+        allowed, remaining, reset, retry, r, t, f, ft =
+          gcra(name, found, x, y, now, cost, limit, per, burst)
       elseif algorithm == 2 then
-        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          token_bucket(at, x, y, now, cost, limit, per, burst)
+        allowed, remaining, reset, retry, r, t, f, ft =
+          token_bucket(name, found, x, y, now, cost, limit, per, burst)
       elseif algorithm == 4 then
-        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          sliding_window(at, x, y, z, now, cost, limit, per)
+        allowed, remaining, reset, retry, r, t, f, ft =
+          sliding_window(name, found, x, y, z, now, cost, limit, per)
       else
-        allowed, remaining, reset, retry, idle, a, b, c, fix_idle, fa, fb, fc =
-          fixed_window(at, x, y, now, cost, limit, per, aligned)
+        allowed, remaining, reset, retry, r, t, f, ft =
+          fixed_window(name, found, x, y, now, cost, limit, per, aligned)
       end
-      local record, fix = false, false
-      if idle then record = spack(RECORD, name, idle, a, b, c) end
-      if fix_idle then fix = spack(RECORD, name, fix_idle, fa, fb, fc) end
-      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4] = record, idle, fix, fix_idle
-      writes[w + 5], writes[w + 6], writes[w + 7] = at, k, false
+      record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
+        r or false, t, f or false, ft, found, k, false
     end
     if allowed == 0 and shadow == 0 then all_allowed = false end
-    local r = 4 * i - 2
-    reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = allowed, remaining, reset, retry
+    if n > 1 then
+      local o = 4 * i - 2
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+    end
   end
 
   for i = 1, n do
-    local w = W * (i - 1)
-    local k = writes[w + 6]
-    if writes[w + 7] then
-      local state, idle = writes[w + 1], writes[w + 2]
+    local k = key[i]
+    if set[i] then
+      local state = record[i]
       if all_allowed and state then
-        if writes[w + 3] == 3 then
-          log_append(KEYS[k], state, writes[w + 4], now, idle)
+        if fix[i] == 3 then
+          log_append(KEYS[k], state, fix_idle[i], now, idle[i])
         else
           call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now)
-          call('ZADD', KEYS[k], idle, state)
-          call('PEXPIRE', KEYS[k], idle - now + SLACK)
+          call('ZADD', KEYS[k], idle[i], state)
+          call('PEXPIRE', KEYS[k], idle[i] - now + SLACK)
         end
       end
     elseif read_in[k] == calls then
       -- The group's first rule: the group is written once.
       read_in[k] = 0
       local value = values[k]
-      if rules_of[k] == 1 and (not value or (writes[w + 5] == 1 and #value == RECORD_BYTES)) then
+      if rules_of[k] == 1 and (not value or (at[i] == 1 and #value == RECORD_BYTES)) then
         -- Its only rule, alone in the value: the record is the value.
-        local record, idle = writes[w + 1], writes[w + 2]
-        if not (all_allowed and record) then record, idle = writes[w + 3], writes[w + 4] end
-        if record then call('SET', KEYS[k], record, 'PX', max(1, idle - now + SLACK)) end
+        local r, t = record[i], idle[i]
+        if not (all_allowed and r) then r, t = fix[i], fix_idle[i] end
+        if r then call('SET', KEYS[k], r, 'PX', max(1, t - now + SLACK)) end
       else
         write_group(KEYS, k, i, n, now, all_allowed)
       end
     end
   end
 
+  if n == 1 then return spack('<ddddd', now, allowed, remaining, reset, retry) end
+  reply[1] = now
   local layout = REPLY[n]
   if not layout then
     layout = '<' .. string.rep('d', 1 + 4 * n)
