@@ -67,14 +67,15 @@ local record, idle, fix, fix_idle, at, key, set = {}, {}, {}, {}, {}, {}, {}
 local calls = 0
 
 -- Each algorithm takes the rule's record name, whether its record was
--- found and the record's numbers (0 when not), and returns allowed,
+-- found and the record's three numbers (0 when not), now, cost, limit,
+-- per, burst and aligned (those it uses), and returns allowed,
 -- remaining, reset, retry, then when it admits the record to write and
 -- when it goes idle (nil otherwise), then when the stored state had to be
 -- repaired the repaired record and when it goes idle (written when nothing
 -- else is; nil otherwise). The divisions of the common path are idiv
 -- written out (a call costs more than its arithmetic).
 
-local function gcra(name, found, ms, frac, now, cost, limit, per, burst)
+local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
@@ -118,7 +119,7 @@ local function gcra(name, found, ms, frac, now, cost, limit, per, burst)
     nil, nil, fixed, fixed_idle
 end
 
-local function token_bucket(name, found, tokens, at, now, cost, limit, per, burst)
+local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, burst)
   local capacity = burst * per
   local available, last = capacity, now
   local fixed, fixed_idle
@@ -142,7 +143,7 @@ local function token_bucket(name, found, tokens, at, now, cost, limit, per, burs
     max(1, ceil_div(need - available, limit)), nil, nil, fixed, fixed_idle
 end
 
-local function fixed_window(name, found, start, count, now, cost, limit, per, aligned)
+local function fixed_window(name, found, start, count, _, now, cost, limit, per, _, aligned)
   local fixed, fixed_idle
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
@@ -291,6 +292,11 @@ local function log_append(key, at, cost, now, idle)
   call('PEXPIRE', key, idle - now + SLACK)
 end
 
+-- The algorithms whose state is a few numbers, by code; and a record's
+-- numbers when there is none.
+local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
+local NONE = ('\0'):rep(RECORD_BYTES)
+
 -- Writes group key k's records that changed (its rules from first on),
 -- keeping its other records unless idle for SLACK ms.
 local function write_group(KEYS, k, first, n, now, all_allowed)
@@ -353,16 +359,8 @@ local function decide(KEYS, ARGV)
   for i = 1, n do
     local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
       sunpack(format, ARGV[2 + i])
-    if algorithm == 3 or algorithm == 6 then
-      local state, until_ms
-      if algorithm == 3 then
-        allowed, remaining, reset, retry, state, until_ms = sliding_log(KEYS[k], now, cost, limit, per)
-      else
-        allowed, remaining, reset, retry, state, until_ms = concurrency(KEYS[k], now, limit, per, lease)
-      end
-      record[i], idle[i], fix[i], fix_idle[i], key[i], set[i] =
-        state or false, until_ms, algorithm, cost, k, true
-    else
+    local decide_numbers = NUMBERS[algorithm]
+    if decide_numbers then
       local value
       if read_in[k] ~= calls then
         read_in[k], rules_of[k] = calls, 1
@@ -372,37 +370,25 @@ local function decide(KEYS, ARGV)
         rules_of[k] = rules_of[k] + 1
         value = values[k]
       end
-      local found, x, y, z = false, 0, 0, 0
-      if value then
-        found = find(value, name, 1, true)
-        if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
-        if not found and rotating then found = find_record(value, previous) end
-        if found then
-          if algorithm == 4 then
-            x, y, z = sunpack('<ddd', value, found + 16)
-          else
-            x, y = sunpack('<dd', value, found + 16)
-          end
-        else
-          found = false
-        end
-      end
-      local r, t, f, ft
-      if algorithm == 1 then
-        allowed, remaining, reset, retry, r, t, f, ft =
-          gcra(name, found, x, y, now, cost, limit, per, burst)
-      elseif algorithm == 2 then
-        allowed, remaining, reset, retry, r, t, f, ft =
-          token_bucket(name, found, x, y, now, cost, limit, per, burst)
-      elseif algorithm == 4 then
-        allowed, remaining, reset, retry, r, t, f, ft =
-          sliding_window(name, found, x, y, z, now, cost, limit, per)
-      else
-        allowed, remaining, reset, retry, r, t, f, ft =
-          fixed_window(name, found, x, y, now, cost, limit, per, aligned)
-      end
+      local found = value and find(value, name, 1, true)
+      if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
+      if rotating and value and not found then found = find_record(value, previous) end
+      -- (A missing record reads as zeros.)
+      local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
+      local ok, r_remaining, r_reset, r_retry, r, t, f, ft =
+        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
         r or false, t, f or false, ft, found, k, false
+      allowed, remaining, reset, retry = ok, r_remaining, r_reset, r_retry
+    else
+      local state, until_ms
+      if algorithm == 3 then
+        allowed, remaining, reset, retry, state, until_ms = sliding_log(KEYS[k], now, cost, limit, per)
+      else
+        allowed, remaining, reset, retry, state, until_ms = concurrency(KEYS[k], now, limit, per, lease)
+      end
+      record[i], idle[i], fix[i], fix_idle[i], key[i], set[i] =
+        state or false, until_ms, algorithm, cost, k, true
     end
     if allowed == 0 and shadow == 0 then all_allowed = false end
     if n > 1 then
