@@ -297,8 +297,25 @@ end
 local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
 local NONE = ('\0'):rep(RECORD_BYTES)
 
+-- Appends to parts (np so far, the latest idle idle_at) the records of
+-- value not replaced by this write (token) and not idle for SLACK ms;
+-- returns the new np and idle_at.
+local function carry(value, token, np, idle_at, now)
+  for from = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
+    if replaced[from] ~= token then
+      local t = sunpack('<d', value, from + 8)
+      if t + SLACK > now then
+        np = np + 1
+        parts[np] = sub(value, from, from + RECORD_BYTES - 1)
+        if t > idle_at then idle_at = t end
+      end
+    end
+  end
+  return np, idle_at
+end
+
 -- Writes group key k's records that changed (its rules from first on),
--- keeping its other records unless idle for SLACK ms.
+-- keeping its other records.
 local function write_group(KEYS, k, first, n, now, all_allowed)
   local token = calls * 65536 + k
   local np, idle_at = 0, 0
@@ -315,20 +332,17 @@ local function write_group(KEYS, k, first, n, now, all_allowed)
     end
   end
   if np == 0 then return end
-  local value = values[k]
-  if value then
-    for from = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
-      if replaced[from] ~= token then
-        local t = sunpack('<d', value, from + 8)
-        if t + SLACK > now then
-          np = np + 1
-          parts[np] = sub(value, from, from + RECORD_BYTES - 1)
-          if t > idle_at then idle_at = t end
-        end
-      end
-    end
-  end
+  if values[k] then np, idle_at = carry(values[k], token, np, idle_at, now) end
   call('SET', KEYS[k], concat(parts, '', 1, np), 'PX', max(1, idle_at - now + SLACK))
+end
+
+-- Where name's record is in value (or previous's while rotating), and its
+-- numbers (zeros when there is none).
+local function read_record(value, name, previous)
+  local found = value and find(value, name, 1, true)
+  if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
+  if previous and value and not found then found = find_record(value, previous) end
+  return found, sunpack('<ddd', found and value or NONE, (found or 1) + 16)
 end
 
 -- The decision: a script calls it with its KEYS and ARGV, a Redis
@@ -354,6 +368,34 @@ local function decide(KEYS, ARGV)
     end
   end
 
+  if n == 1 then
+    -- One rule whose state is a few numbers: no bookkeeping, its record
+    -- written as soon as it is decided.
+    local algorithm, aligned, _, _, limit, per, burst, cost, name, previous =
+      sunpack(format, ARGV[3])
+    local decide_numbers = NUMBERS[algorithm]
+    if decide_numbers then
+      local value = call('GET', KEYS[1])
+      local found, x, y, z = read_record(value, name, rotating and previous)
+      local allowed, remaining, reset, retry, r, t, f, ft =
+        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
+      if not r then r, t = f, ft end
+      if r then
+        if value and not (found == 1 and #value == RECORD_BYTES) then
+          -- Other rules' records share the key: kept.
+          local token = -calls
+          if found then replaced[found] = token end
+          parts[1] = r
+          local np
+          np, t = carry(value, token, 1, t, now)
+          r = concat(parts, '', 1, np)
+        end
+        call('SET', KEYS[1], r, 'PX', max(1, t - now + SLACK))
+      end
+      return spack('<ddddd', now, allowed, remaining, reset, retry)
+    end
+  end
+
   local all_allowed = true
   local allowed, remaining, reset, retry
   for i = 1, n do
@@ -370,11 +412,7 @@ local function decide(KEYS, ARGV)
         rules_of[k] = rules_of[k] + 1
         value = values[k]
       end
-      local found = value and find(value, name, 1, true)
-      if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
-      if rotating and value and not found then found = find_record(value, previous) end
-      -- (A missing record reads as zeros.)
-      local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
+      local found, x, y, z = read_record(value, name, rotating and previous)
       local ok, r_remaining, r_reset, r_retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
