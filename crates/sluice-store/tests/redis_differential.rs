@@ -373,3 +373,57 @@ fn states_written_under_another_limit_match() {
         }
     }
 }
+
+/// The scripts' integer division (doubles inside Redis) against Rust's over
+/// its whole domain (a + b < 2^53; sluice's values stay under 2^52):
+/// divisors from 1 up, quotients just under, at and over whole numbers,
+/// where a rounded division goes wrong.
+#[test]
+fn the_scripts_division_is_exact_up_to_the_bounds() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let mut pairs: Vec<(u64, u64)> = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..3_000 {
+        let b = 1 + next() % (1 << (1 + next() % 40));
+        let top = (1u64 << 53) - 1 - b;
+        // Quotients near the top of the domain too, where they go wrong.
+        let q = if next() % 2 == 0 {
+            next() % (top / b + 1)
+        } else {
+            top / b - next() % (top / b / 1000 + 1)
+        };
+        for a in [q * b, (q * b).saturating_sub(1), q * b + 1, q * b + b - 1] {
+            if a <= top {
+                pairs.push((a, b));
+            }
+        }
+    }
+    pairs.extend([
+        (MAX_SCALED, 1),
+        (MAX_SCALED, 3),
+        (MAX_SCALED - 1, MAX_SCALED),
+        (0, 7),
+    ]);
+    let script = format!(
+        "{}\nbind()\nlocal out = {{}}\nfor i = 1, #ARGV, 2 do out[#out + 1] = string.format('%d', idiv(tonumber(ARGV[i]), tonumber(ARGV[i + 1]))) end\nreturn out\n",
+        sluice_store::script::COMMON_LUA
+    );
+    for chunk in pairs.chunks(2_000) {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(&script).arg(0);
+        for (a, b) in chunk {
+            eval.arg(a).arg(b);
+        }
+        let got: Vec<String> = eval.query(&mut conn).unwrap();
+        for ((a, b), q) in chunk.iter().zip(got) {
+            assert_eq!(q, (a / b).to_string(), "{a} / {b}");
+        }
+    }
+}

@@ -12,15 +12,15 @@ local function bind()
   unpack, concat = _G.unpack, table.concat
 end
 
--- floor(a / b) for integers 0 <= a < 2^53, b > 0, exact despite doubles.
+-- floor(a / b) for integers a >= 0, b > 0 with a + b < 2^53 (sluice's
+-- values stay under 2^52): exact despite doubles. Write a = N·b - r with
+-- 0 < r < b (otherwise a / b is exactly N or above it by at least 1/b):
+-- a / b = N - r/b lies at least 1/b under N, more than half a unit in
+-- the last place of N (N·b <= a + b < 2^53), so the correctly rounded
+-- division stays under N and its floor is N - 1. Tested over the whole
+-- domain in redis_differential.rs.
 local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
+  return floor(a / b)
 end
 
 local function ceil_div(a, b)

@@ -98,7 +98,6 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
   end
   local total = bfrac + cost * per
   local q = floor(total / limit)
-  if q * limit > total then q = q - 1 elseif (q + 1) * limit <= total then q = q + 1 end
   local nms, nfrac = bms + q, total - q * limit
   local next_ahead = (nms - now) * limit + nfrac
   local nround = 0
@@ -106,7 +105,6 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
   if next_ahead <= capacity then
     local left = capacity - next_ahead
     local r = floor(left / per)
-    if r * per > left then r = r - 1 elseif (r + 1) * per <= left then r = r + 1 end
     return 1, r, nms - now + nround, 0,
       spack(RECORD, name, nms + nround, nms, nfrac, 0), nms + nround, fixed, fixed_idle
   end
@@ -397,11 +395,11 @@ local function decide(KEYS, ARGV)
   end
 
   local all_allowed = true
-  local allowed, remaining, reset, retry
   for i = 1, n do
     local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
       sunpack(format, ARGV[2 + i])
     local decide_numbers = NUMBERS[algorithm]
+    local o = 4 * i - 2
     if decide_numbers then
       local value
       if read_in[k] ~= calls then
@@ -413,13 +411,14 @@ local function decide(KEYS, ARGV)
         value = values[k]
       end
       local found, x, y, z = read_record(value, name, rotating and previous)
-      local ok, r_remaining, r_reset, r_retry, r, t, f, ft =
+      local allowed, remaining, reset, retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
         r or false, t, f or false, ft, found, k, false
-      allowed, remaining, reset, retry = ok, r_remaining, r_reset, r_retry
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      if allowed == 0 and shadow == 0 then all_allowed = false end
     else
-      local state, until_ms
+      local allowed, remaining, reset, retry, state, until_ms
       if algorithm == 3 then
         allowed, remaining, reset, retry, state, until_ms = sliding_log(KEYS[k], now, cost, limit, per)
       else
@@ -427,11 +426,8 @@ local function decide(KEYS, ARGV)
       end
       record[i], idle[i], fix[i], fix_idle[i], key[i], set[i] =
         state or false, until_ms, algorithm, cost, k, true
-    end
-    if allowed == 0 and shadow == 0 then all_allowed = false end
-    if n > 1 then
-      local o = 4 * i - 2
       reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      if allowed == 0 and shadow == 0 then all_allowed = false end
     end
   end
 
@@ -463,7 +459,6 @@ local function decide(KEYS, ARGV)
     end
   end
 
-  if n == 1 then return spack('<ddddd', now, allowed, remaining, reset, retry) end
   reply[1] = now
   local layout = REPLY[n]
   if not layout then

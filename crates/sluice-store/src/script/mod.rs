@@ -446,6 +446,10 @@ pub fn refund_commands(
     evalsha_and_eval(script, REFUND_LUA, keys, &all)
 }
 
+/// The helpers every script starts with (common.lua), for tests of their
+/// arithmetic.
+pub const COMMON_LUA: &str = include_str!("common.lua");
+
 /// The refund script's source.
 pub const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
 
