@@ -10,12 +10,12 @@
 --                     state is a set (sliding_log, concurrency)
 -- KEYS[m+1..2m]       (only while rotating the pepper) the same keys under
 --                     the previous pepper
--- ARGV[1]             now in ms, or "" to read the server clock (TIME);
---                     sluice sends "" except in tests
--- ARGV[2]             the lease an admission takes of each concurrency
---                     rule (32 hex digits), or "": concurrency rules only
---                     check
--- ARGV[2 + i]         rule i, packed (struct '<BBBHddddc8', see RULE):
+-- ARGV[1]             "" (the commonest): the server's clock (TIME), no
+--                     lease; otherwise "NOW;LEASE": now in ms (tests
+--                     only; "" for the server's clock) and the lease an
+--                     admission takes of each concurrency rule (32 hex
+--                     digits; "": concurrency rules only check)
+-- ARGV[1 + i]         rule i, packed (struct '<BBBHddddc8', see RULE):
 --                     algorithm, aligned, shadow, the index of its key,
 --                     limit, per, burst, cost, its record's name
 --                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
@@ -26,7 +26,7 @@
 --                     dearest step of a call), and a call has few
 --                     arguments to set up.
 --
--- n is #ARGV - 2; rotating when the rules carry two names.
+-- n is #ARGV - 1; rotating when the rules carry two names.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
 -- refund of this decision would name, then per rule allowed (1 or 0),
@@ -348,11 +348,22 @@ end
 local function decide(KEYS, ARGV)
   if not call then bind() end
   calls = calls + 1
-  local now = now_ms(ARGV[1])
-  local lease = ARGV[2]
-  local n = #ARGV - 2
+  local now, lease
+  local header = ARGV[1]
+  if header == '' then
+    -- now_ms(''), written out.
+    local t = call('TIME')
+    if t[1] ~= seconds then
+      seconds, seconds_ms = t[1], num(t[1]) * 1000
+    end
+    now, lease = seconds_ms + floor(num(t[2]) / 1000), ''
+  else
+    local split = find(header, ';', 1, true)
+    now, lease = now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
+  end
+  local n = #ARGV - 1
   local format = RULE
-  local rotating = #ARGV[3] == ROTATING_BYTES
+  local rotating = #ARGV[2] == ROTATING_BYTES
   if rotating then
     format = RULE_ROTATING
     -- Rotation: a bucket not yet under the new pepper starts from its
@@ -370,7 +381,7 @@ local function decide(KEYS, ARGV)
     -- One rule whose state is a few numbers: no bookkeeping, its record
     -- written as soon as it is decided.
     local algorithm, aligned, _, _, limit, per, burst, cost, name, previous =
-      sunpack(format, ARGV[3])
+      sunpack(format, ARGV[2])
     local decide_numbers = NUMBERS[algorithm]
     if decide_numbers then
       local value = call('GET', KEYS[1])
@@ -388,7 +399,9 @@ local function decide(KEYS, ARGV)
           np, t = carry(value, token, 1, t, now)
           r = concat(parts, '', 1, np)
         end
-        call('SET', KEYS[1], r, 'PX', max(1, t - now + SLACK))
+        local px = t - now + SLACK
+        if px < 1 then px = 1 end
+        call('SET', KEYS[1], r, 'PX', px)
       end
       return spack('<ddddd', now, allowed, remaining, reset, retry)
     end
@@ -397,7 +410,7 @@ local function decide(KEYS, ARGV)
   local all_allowed = true
   for i = 1, n do
     local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
-      sunpack(format, ARGV[2 + i])
+      sunpack(format, ARGV[1 + i])
     local decide_numbers = NUMBERS[algorithm]
     local o = 4 * i - 2
     if decide_numbers then

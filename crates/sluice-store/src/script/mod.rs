@@ -210,6 +210,16 @@ pub fn lease_arg(lease: Option<u128>) -> String {
     lease.map_or_else(String::new, |id| format!("{id:032x}"))
 }
 
+/// The decision's first argument: `""` for the server's clock and no
+/// lease (what the service sends but for concurrency rules), else
+/// `"NOW;LEASE"`.
+fn header(time: &TimeSource, lease: Option<u128>) -> String {
+    match (time, lease) {
+        (TimeSource::Server, None) => String::new(),
+        _ => format!("{};{}", now_arg(time), lease_arg(lease)),
+    }
+}
+
 /// The script's "now" argument: "" for the server's clock.
 fn now_arg(time: &TimeSource) -> String {
     match time {
@@ -283,8 +293,8 @@ pub struct DecideCall {
     /// The distinct keys, then (while rotating) the same under the
     /// previous pepper.
     keys: Vec<String>,
-    now: String,
-    lease: String,
+    /// `""`, or `"NOW;LEASE"` (see decide.lua).
+    header: String,
     /// One packed argument per rule (see [`pack_rule`]).
     rules: SmallVec<[PackedRule; 2]>,
     /// How many bytes of each packed rule are sent.
@@ -377,8 +387,7 @@ impl DecideCall {
             .collect();
         DecideCall {
             keys: distinct,
-            now: now_arg(time),
-            lease: lease_arg(batch.lease),
+            header: header(time, batch.lease),
             rules,
             width: if previous.is_some() {
                 ROTATING_WIDTH
@@ -391,10 +400,7 @@ impl DecideCall {
     /// Appends the key count, the keys and the arguments to `cmd` (an
     /// `FCALL`, `EVALSHA` or `EVAL` named already).
     pub fn fill(&self, cmd: &mut redis::Cmd) {
-        cmd.arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.now)
-            .arg(&self.lease);
+        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.header);
         for rule in &self.rules {
             cmd.arg(&rule[..self.width]);
         }
