@@ -293,7 +293,7 @@ end
 -- The algorithms whose state is a few numbers, by code; and a record's
 -- numbers when there is none.
 local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
-local NONE = ('\0'):rep(RECORD_BYTES)
+local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
 -- Appends to parts (np so far, the latest idle idle_at) the records of
 -- value not replaced by this write (token) and not idle for SLACK ms;
