@@ -130,7 +130,7 @@ def redis_cost(lines):
         "",
         "`REDIS_COST_CALLS=50000 REDIS_COST_RUNS=N cargo run --release -p sluice-store --example redis_cost`: "
         "`usec_per_call` of the decision with 1–3 gcra rules next to a floor that issues the same Redis commands "
-        "(`TIME`, then `GET` and `SET PX` per rule) and nothing else, as a function (`FCALL`, what sluice sends) "
+        "(`TIME`, then `GET` and `SET PX` per key: the three rules share the tenant's key) and nothing else, as a function (`FCALL`, what sluice sends) "
         "and as a script (`EVALSHA`, its fallback); the calls exactly as the store makes them, 64 in flight (4 pipelined connections), 10,000 tenants, rounds alternating.",
         "",
         "| rules | FCALL | floor | ratio | each further rule | EVALSHA | floor | ratio |",

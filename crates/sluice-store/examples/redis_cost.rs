@@ -1,6 +1,7 @@
 //! Redis CPU per decision: the decision against a floor, a minimal
 //! function that issues the same Redis commands (TIME, then GET and SET PX
-//! per rule) and nothing else, measured side by side in one run.
+//! per key; the three tenant rules here share one) and nothing else,
+//! measured side by side in one run.
 //!
 //! Starts its own `redis-server` on a free loopback port. For 1, 2 and 3
 //! gcra rules, the calls go out `CALLS` times (64 in flight, 10,000 random
@@ -40,7 +41,8 @@ fn setting(name: &str, default: usize) -> usize {
     })
 }
 
-/// The same commands as a gcra decision, no arithmetic.
+/// The same commands as a gcra decision, no arithmetic: per key, not per
+/// rule (rules of one scope share a key).
 const FLOOR_BODY: &str = "local function floor(KEYS)
   local t = redis.call('TIME')
   for i = 1, #KEYS do
