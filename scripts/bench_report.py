@@ -93,7 +93,9 @@ def floor_rows(lines, suite, unit, flags):
     rows, previous = [], None
     for l in sorted((l for l in lines if l["suite"] == suite), key=lambda l: l["rules"]):
         f, ff, e, ef = (median(l[k]) for k in ("fcall", "fcall_floor", "evalsha", "evalsha_floor"))
-        added = f"+{fmt(f - previous)}{unit}" if previous is not None else ""
+        # A negative step (noise between runs) reads as one, not "+-".
+        step = f - previous if previous is not None else None
+        added = "" if step is None else f"{'+' if step >= 0 else '−'}{fmt(abs(step))}{unit}"
         previous = f
         note = (lambda k: flag(l[k])) if flags else (lambda k: "")
         rows.append(

@@ -2,7 +2,9 @@
 //!
 //! Starts its own `redis-server` on a free loopback port, makes one
 //! admission (cost 1, and cost 10 for sliding_log) per algorithm through the
-//! real script, and prints `MEMORY USAGE` of the key it wrote.
+//! real script, and prints `MEMORY USAGE` of the key it wrote; then the
+//! key of three rules of one scope (gcra, token_bucket, fixed_window: a
+//! record each).
 //!
 //! Run: `cargo run --release -p sluice-store --example redis_memory`.
 
@@ -50,7 +52,11 @@ async fn main() {
             );
             let tenant = format!("{}-{cost}", algorithm.name());
             let rules = policy.applicable(&tenant, "GET /", false).rules;
-            let batch = Batch::new(&tenant, None, cost, rules);
+            // A concurrency rule writes only when it takes a lease.
+            let batch = Batch {
+                lease: Some(1),
+                ..Batch::new(&tenant, None, cost, rules)
+            };
             let outcomes = store.decide(&batch).await.expect("decide");
             assert!(outcomes[0].allowed);
             let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE)
@@ -64,4 +70,22 @@ async fn main() {
             println!("{:<16} {:>6} {:>14}", algorithm.name(), cost, bytes);
         }
     }
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 100, per: 1h }, { algorithm: token_bucket, limit: 100, per: 1h }, { algorithm: fixed_window, limit: 100, per: 1h }]\n";
+    let policy = Policy::compile(
+        &Config::from_yaml(yaml, "measure.yaml")
+            .expect("valid")
+            .limits,
+    );
+    let rules = policy.applicable("three", "GET /", false).rules;
+    let batch = Batch::new("three", None, 1, rules);
+    let outcomes = store.decide(&batch).await.expect("decide");
+    assert!(outcomes.iter().all(|o| o.allowed));
+    let keys = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE).keys;
+    assert!(keys.iter().all(|k| *k == keys[0]), "one key for the three");
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&keys[0])
+        .query(&mut conn)
+        .expect("MEMORY USAGE");
+    println!("{:<16} {:>6} {:>14}", "three rules", 1, bytes);
 }
