@@ -295,22 +295,27 @@ end
 local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
 local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
--- Appends to parts (np so far, the latest idle idle_at) the records of
--- value not replaced by this write (token) and not idle for SLACK ms;
--- returns the new np and idle_at.
-local function carry(value, token, np, idle_at, now)
+-- Appends to parts (or list; np so far, the latest idle idle_at) the
+-- records of value not replaced by this write (token in replaced, or in
+-- marks) and not idle for SLACK ms; returns the new np and idle_at.
+local function carry(value, token, np, idle_at, now, list, marks)
+  list, marks = list or parts, marks or replaced
   for from = 1, #value - RECORD_BYTES + 1, RECORD_BYTES do
-    if replaced[from] ~= token then
+    if marks[from] ~= token then
       local t = sunpack('<d', value, from + 8)
       if t + SLACK > now then
         np = np + 1
-        parts[np] = sub(value, from, from + RECORD_BYTES - 1)
+        list[np] = sub(value, from, from + RECORD_BYTES - 1)
         if t > idle_at then idle_at = t end
       end
     end
   end
   return np, idle_at
 end
+
+-- The records a group's write would hold if the decision is denied, and
+-- the positions they replace (see decide's one-key path).
+local fixes, fixed_at = {}, {}
 
 -- Writes group key k's records that changed (its rules from first on),
 -- keeping its other records.
@@ -341,6 +346,16 @@ local function read_record(value, name, previous)
   if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
   if previous and value and not found then found = find_record(value, previous) end
   return found, sunpack('<ddd', found and value or NONE, (found or 1) + 16)
+end
+
+-- The reply's layout for n rules (made once per n).
+local function layout_of(n)
+  local layout = REPLY[n]
+  if not layout then
+    layout = '<' .. string.rep('d', 1 + 4 * n)
+    REPLY[n] = layout
+  end
+  return layout
 end
 
 -- The decision: a script calls it with its KEYS and ARGV, a Redis
@@ -405,6 +420,50 @@ local function decide(KEYS, ARGV)
       end
       return spack('<ddddd', now, allowed, remaining, reset, retry)
     end
+  end
+
+  if n > 1 and #KEYS == 1 and not rotating then
+    -- Several rules, one key (a set needs a key of its own, so they are
+    -- all rules of one group): decided in one pass, the records to write
+    -- gathered as they come, both if every rule admits (parts) and if not
+    -- (fixes: only repairs), then one write.
+    local value = call('GET', KEYS[1])
+    local token = -calls
+    local all_allowed = true
+    local np, nf, idle_at, fix_idle_at = 0, 0, 0, 0
+    for i = 1, n do
+      local algorithm, aligned, shadow, _, limit, per, burst, cost, name = sunpack(RULE, ARGV[1 + i])
+      local found, x, y, z = read_record(value, name)
+      local allowed, remaining, reset, retry, r, t, f, ft =
+        NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned)
+      local o = 4 * i - 2
+      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      if allowed == 0 and shadow == 0 then all_allowed = false end
+      if f then
+        nf = nf + 1
+        fixes[nf] = f
+        if ft > fix_idle_at then fix_idle_at = ft end
+        if found then fixed_at[found] = token end
+        if not r then r, t = f, ft end
+      end
+      if r then
+        np = np + 1
+        parts[np] = r
+        if t > idle_at then idle_at = t end
+        if found then replaced[found] = token end
+      end
+    end
+    if not all_allowed then
+      np, idle_at = nf, fix_idle_at
+    end
+    if np > 0 then
+      local list, marks = parts, replaced
+      if not all_allowed then list, marks = fixes, fixed_at end
+      if value then np, idle_at = carry(value, token, np, idle_at, now, list, marks) end
+      call('SET', KEYS[1], concat(list, '', 1, np), 'PX', max(1, idle_at - now + SLACK))
+    end
+    reply[1] = now
+    return spack(layout_of(n), unpack(reply, 1, 1 + 4 * n))
   end
 
   local all_allowed = true
@@ -473,10 +532,5 @@ local function decide(KEYS, ARGV)
   end
 
   reply[1] = now
-  local layout = REPLY[n]
-  if not layout then
-    layout = '<' .. string.rep('d', 1 + 4 * n)
-    REPLY[n] = layout
-  end
-  return spack(layout, unpack(reply, 1, 1 + 4 * n))
+  return spack(layout_of(n), unpack(reply, 1, 1 + 4 * n))
 end
