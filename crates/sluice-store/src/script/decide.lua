@@ -433,7 +433,10 @@ local function decide(KEYS, ARGV)
     local np, nf, idle_at, fix_idle_at = 0, 0, 0, 0
     for i = 1, n do
       local algorithm, aligned, shadow, _, limit, per, burst, cost, name = sunpack(RULE, ARGV[1 + i])
-      local found, x, y, z = read_record(value, name)
+      -- read_record(value, name), written out (not rotating).
+      local found = value and find(value, name, 1, true)
+      if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
+      local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local allowed, remaining, reset, retry, r, t, f, ft =
         NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned)
       local o = 4 * i - 2
