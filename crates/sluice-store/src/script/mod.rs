@@ -359,6 +359,9 @@ impl DecideCall {
         // per distinct key, the first rule that names it.
         let mut index: SmallVec<[u16; 4]> = SmallVec::new();
         let mut first: SmallVec<[usize; 4]> = SmallVec::new();
+        // A call has far fewer keys than 2^16 (at most 256 Envoy
+        // descriptors, each with a few rules).
+        debug_assert!(keys.len() < usize::from(u16::MAX));
         for (j, key) in keys.into_iter().enumerate() {
             match distinct.iter().position(|k| *k == key) {
                 Some(p) => index.push(p as u16 + 1),
