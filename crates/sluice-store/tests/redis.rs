@@ -725,3 +725,47 @@ plans:
     assert!(decide(both).await, "a fresh window");
     assert_eq!(records(&mut conn), 2);
 }
+
+/// Rotation through every path a decision takes: one rule alone, and a
+/// group of rules sharing a key; each finds its record under the previous
+/// pepper's name.
+#[tokio::test]
+async fn rotation_finds_records_of_one_rule_and_of_a_group() {
+    let server = RedisServer::start();
+    for (yaml, tenant) in [
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 3, per: 1h }]\n",
+            "alone",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 3, per: 1h }, { algorithm: fixed_window, limit: 50, per: 1h }]\n",
+            "group",
+        ),
+    ] {
+        let request = Request::new(tenant, "GET /", None, 1).unwrap();
+        let old = Limiter::new(
+            policy(yaml, false),
+            store(&server, keys(13)).await,
+            OnError::Deny,
+        );
+        let p = old.policy();
+        for _ in 0..3 {
+            assert!(old.decide(&p, &request).await.allowed);
+        }
+        let rotating = KeySet {
+            current: Keyer::new("sl", &pepper(14)),
+            previous: Some(Keyer::new("sl", &pepper(13))),
+        };
+        let new = Limiter::new(
+            policy(yaml, false),
+            store(&server, rotating).await,
+            OnError::Deny,
+        );
+        let p = new.policy();
+        let decision = new.decide(&p, &request).await;
+        assert!(
+            !decision.allowed,
+            "{tenant}: the budget used under the old pepper counts"
+        );
+    }
+}
