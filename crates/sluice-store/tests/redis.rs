@@ -35,6 +35,15 @@ fn policy(yaml: &str, sharded: bool) -> Policy {
     )
 }
 
+/// A limiter rotating from pepper `from` to pepper `to`.
+async fn rotated(server: &RedisServer, policy: Policy, from: u8, to: u8) -> Limiter<RedisStore> {
+    let rotating = KeySet {
+        current: Keyer::new("sl", &pepper(to)),
+        previous: Some(Keyer::new("sl", &pepper(from))),
+    };
+    Limiter::new(policy, store(server, rotating).await, OnError::Deny)
+}
+
 async fn store(server: &RedisServer, keys: KeySet) -> RedisStore {
     RedisStore::connect(&server.url(), keys, &ConnectOptions::with_timeout(TIMEOUT))
         .await
@@ -376,15 +385,7 @@ plans:
     }
     assert!(!old.decide(&p, &request).await.allowed);
 
-    let rotating = KeySet {
-        current: Keyer::new("sl", &pepper(7)),
-        previous: Some(Keyer::new("sl", &pepper(6))),
-    };
-    let new = Limiter::new(
-        policy(yaml, true),
-        store(&server, rotating).await,
-        OnError::Deny,
-    );
+    let new = rotated(&server, policy(yaml, true), 6, 7).await;
     let p = new.policy();
     let decision = new.decide(&p, &request).await;
     assert!(
@@ -752,15 +753,7 @@ async fn rotation_finds_records_of_one_rule_and_of_a_group() {
         for _ in 0..3 {
             assert!(old.decide(&p, &request).await.allowed);
         }
-        let rotating = KeySet {
-            current: Keyer::new("sl", &pepper(14)),
-            previous: Some(Keyer::new("sl", &pepper(13))),
-        };
-        let new = Limiter::new(
-            policy(yaml, false),
-            store(&server, rotating).await,
-            OnError::Deny,
-        );
+        let new = rotated(&server, policy(yaml, false), 13, 14).await;
         let p = new.policy();
         let decision = new.decide(&p, &request).await;
         assert!(
