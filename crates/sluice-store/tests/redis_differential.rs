@@ -319,6 +319,64 @@ fn single_rules_match_over_long_runs() {
     }
 }
 
+/// Rules of one scope share a key, so one write carries every record that
+/// changed: when a clock step back leaves a shadow rule's state ahead of
+/// now, that rule denies with a repair while the enforced rule beside it
+/// admits, and the repair must be written with the admission (otherwise
+/// the next decision repairs again, later, and answers differently).
+#[test]
+fn a_shadow_rules_repair_is_written_with_the_admission_beside_it() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for algorithm in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+    ] {
+        let yaml = format!(
+            "default_plan: p\nplans:\n  p:\n    tenant: [{}, {}]\n",
+            rule_yaml(Algorithm::TokenBucket, 1_000, 1_000, Some(1_000), false),
+            shadow_rule_yaml(
+                algorithm,
+                2,
+                HOUR,
+                algorithm.has_burst().then_some(2),
+                false,
+                true
+            )
+        );
+        let policy = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
+        let (clock, memory, redis) = paired(&server, &runtime);
+        let rules = policy.applicable("tenant-s", "GET /", false).rules;
+        let mut denied_with_repair = false;
+        for (i, step) in [0, 1, 1, -1, 0, 600_000, 600_000, 1, 1_200_000, 0]
+            .into_iter()
+            .enumerate()
+        {
+            if step < 0 {
+                clock.set(clock.now_ms() - HOUR);
+            } else {
+                clock.advance(step as u64);
+            }
+            let batch = Batch::new("tenant-s", None, 1, rules);
+            let expected = memory.decide_now(&batch).unwrap();
+            let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+            assert_eq!(
+                expected.as_slice(),
+                actual.as_slice(),
+                "{algorithm} step {i} at {}",
+                clock.now_ms()
+            );
+            denied_with_repair |= step < 0 && expected[0].allowed && !expected[1].allowed;
+        }
+        assert!(denied_with_repair, "{algorithm}: the case never arose");
+    }
+}
+
 /// A reload changes a rule's parameters but not its name: the bucket keeps
 /// its key, so both engines read a state written under the old limit.
 #[test]

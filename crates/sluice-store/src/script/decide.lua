@@ -15,18 +15,21 @@
 --                     only; "" for the server's clock) and the lease an
 --                     admission takes of each concurrency rule (32 hex
 --                     digits; "": concurrency rules only check)
--- ARGV[1 + i]         rule i, packed (struct '<BBBHddddc8', see RULE):
---                     algorithm, aligned, shadow, the index of its key,
---                     limit, per, burst, cost, its record's name
+-- ARGV[2]             the rules, packed one after another (struct
+--                     '<BBBHddddc8', RULE_BYTES each, see RULE): per rule
+--                     its algorithm, aligned, shadow, the index of its
+--                     key, limit, per, burst, cost and its record's name
 --                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
 --                     4 sliding_window, 5 fixed_window, 6 concurrency;
---                     aligned and shadow: 1 or 0); while rotating, also
---                     its record's name under the previous pepper. Packed,
---                     the numbers cost no string parsing (tonumber is the
---                     dearest step of a call), and a call has few
---                     arguments to set up.
+--                     aligned and shadow: 1 or 0). Packed, the numbers
+--                     cost no string parsing (tonumber is the dearest step
+--                     of a call); in one argument, a further rule costs
+--                     Redis no argument of its own to read and set up.
+-- ARGV[3]             (only while rotating the pepper) per rule, in order,
+--                     its record's name under the previous pepper (8 bytes
+--                     each)
 --
--- n is #ARGV - 1; rotating when the rules carry two names.
+-- n is #ARGV[2] / RULE_BYTES.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
 -- refund of this decision would name, then per rule allowed (1 or 0),
@@ -48,9 +51,9 @@
 
 local SLACK = 1000
 
--- A rule's argument (and while rotating), and the reply's layout for n
--- rules (made once per n).
-local RULE, RULE_ROTATING, ROTATING_BYTES = '<BBBHddddc8', '<BBBHddddc8c8', 53
+-- A rule as ARGV[2] packs it, and the reply's layout for n rules (made
+-- once per n).
+local RULE, RULE_BYTES = '<BBBHddddc8', 45
 local REPLY = {}
 
 -- Reused by every call of a loaded library (one call runs at a time): a
@@ -84,8 +87,9 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
   local fixed, fixed_idle
   if ms > now then
     local ahead_ms = ms - now
-    if ahead_ms > idiv(capacity, limit) + 1 or ahead_ms * limit + frac > capacity then
-      local q = idiv(capacity, limit)
+    local q = capacity / limit
+    q = q - q % 1
+    if ahead_ms > q + 1 or ahead_ms * limit + frac > capacity then
       ms, frac = now + q, capacity - q * limit
       fixed_idle = ms
       if frac > 0 then fixed_idle = ms + 1 end
@@ -97,14 +101,16 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
     bms, bfrac = ms, frac
   end
   local total = bfrac + cost * per
-  local q = floor(total / limit)
+  local q = total / limit
+  q = q - q % 1
   local nms, nfrac = bms + q, total - q * limit
   local next_ahead = (nms - now) * limit + nfrac
   local nround = 0
   if nfrac > 0 then nround = 1 end
   if next_ahead <= capacity then
     local left = capacity - next_ahead
-    local r = floor(left / per)
+    local r = left / per
+    r = r - r % 1
     return 1, r, nms - now + nround, 0,
       spack(RECORD, name, nms + nround, nms, nfrac, 0), nms + nround, fixed, fixed_idle
   end
@@ -376,11 +382,10 @@ local function decide(KEYS, ARGV)
     local split = find(header, ';', 1, true)
     now, lease = now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
   end
-  local n = #ARGV - 1
-  local format = RULE
-  local rotating = #ARGV[2] == ROTATING_BYTES
+  local rules, names_before = ARGV[2], ARGV[3]
+  local n = #rules / RULE_BYTES
+  local rotating = names_before ~= nil
   if rotating then
-    format = RULE_ROTATING
     -- Rotation: a bucket not yet under the new pepper starts from its
     -- state under the previous one, so a rotation neither resets nor
     -- doubles budgets (records are found under either name).
@@ -395,12 +400,11 @@ local function decide(KEYS, ARGV)
   if n == 1 then
     -- One rule whose state is a few numbers: no bookkeeping, its record
     -- written as soon as it is decided.
-    local algorithm, aligned, _, _, limit, per, burst, cost, name, previous =
-      sunpack(format, ARGV[2])
+    local algorithm, aligned, _, _, limit, per, burst, cost, name = sunpack(RULE, rules)
     local decide_numbers = NUMBERS[algorithm]
     if decide_numbers then
       local value = call('GET', KEYS[1])
-      local found, x, y, z = read_record(value, name, rotating and previous)
+      local found, x, y, z = read_record(value, name, rotating and names_before)
       local allowed, remaining, reset, retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       if not r then r, t = f, ft end
@@ -431,8 +435,11 @@ local function decide(KEYS, ARGV)
     local token = -calls
     local all_allowed = true
     local np, nf, idle_at, fix_idle_at = 0, 0, 0, 0
+    local pos = 1
     for i = 1, n do
-      local algorithm, aligned, shadow, _, limit, per, burst, cost, name = sunpack(RULE, ARGV[1 + i])
+      local algorithm, aligned, shadow, _, limit, per, burst, cost, name, after =
+        sunpack(RULE, rules, pos)
+      pos = after
       -- read_record(value, name), written out (not rotating).
       local found = value and find(value, name, 1, true)
       if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
@@ -470,9 +477,12 @@ local function decide(KEYS, ARGV)
   end
 
   local all_allowed = true
+  local pos = 1
   for i = 1, n do
-    local algorithm, aligned, shadow, k, limit, per, burst, cost, name, previous =
-      sunpack(format, ARGV[1 + i])
+    local algorithm, aligned, shadow, k, limit, per, burst, cost, name, after =
+      sunpack(RULE, rules, pos)
+    pos = after
+    local previous = rotating and sub(names_before, 8 * i - 7, 8 * i)
     local decide_numbers = NUMBERS[algorithm]
     local o = 4 * i - 2
     if decide_numbers then
@@ -485,7 +495,7 @@ local function decide(KEYS, ARGV)
         rules_of[k] = rules_of[k] + 1
         value = values[k]
       end
-      local found, x, y, z = read_record(value, name, rotating and previous)
+      local found, x, y, z = read_record(value, name, previous)
       local allowed, remaining, reset, retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =

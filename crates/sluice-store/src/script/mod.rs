@@ -295,51 +295,30 @@ pub struct DecideCall {
     keys: Vec<String>,
     /// `""`, or `"NOW;LEASE"` (see decide.lua).
     header: String,
-    /// One packed argument per rule (see [`pack_rule`]).
-    rules: SmallVec<[PackedRule; 2]>,
-    /// How many bytes of each packed rule are sent.
-    width: usize,
+    /// Every rule packed, one after another (see [`pack_rule`]).
+    rules: Vec<u8>,
+    /// While rotating, each rule's record name under the previous pepper,
+    /// in rule order.
+    previous: Option<Vec<u8>>,
 }
 
-/// A rule as the decision script takes it: struct `'<BBBHddddc8'`, and
-/// `'c8'` more while rotating.
-type PackedRule = [u8; ROTATING_WIDTH];
-
-/// A packed rule's bytes, and with the record's name under the previous
-/// pepper.
+/// A packed rule's bytes (struct `'<BBBHddddc8'` in decide.lua).
 const RULE_WIDTH: usize = 45;
-const ROTATING_WIDTH: usize = RULE_WIDTH + 8;
 
-/// Packs what the decision script takes of a rule: algorithm, aligned and
-/// shadow as bytes, the index of its key (from 1) as a 16-bit integer,
-/// then limit, per, burst and cost as little-endian doubles (every one is
-/// below 2^53, so exact; see `sluice_core::rule`), then its record's name
-/// and, while rotating, that name under the previous pepper.
-fn pack_rule(
-    values: [u64; 6],
-    shadow: bool,
-    key: u16,
-    record: Record,
-    previous: Option<Record>,
-) -> PackedRule {
+/// Appends what the decision script takes of a rule to `packed`:
+/// algorithm, aligned and shadow as bytes, the index of its key (from 1)
+/// as a 16-bit integer, then limit, per, burst and cost as little-endian
+/// doubles (every one is below 2^53, so exact; see `sluice_core::rule`),
+/// then its record's name.
+fn pack_rule(packed: &mut Vec<u8>, values: [u64; 6], shadow: bool, key: u16, record: Record) {
     let [algorithm, limit, per, burst, aligned, cost] = values;
-    let mut packed = [0; ROTATING_WIDTH];
-    packed[0] = algorithm as u8;
-    packed[1] = aligned as u8;
-    packed[2] = u8::from(shadow);
-    packed[3..5].copy_from_slice(&key.to_le_bytes());
-    for (slot, v) in packed[5..37]
-        .chunks_exact_mut(8)
-        .zip([limit, per, burst, cost])
-    {
+    packed.extend_from_slice(&[algorithm as u8, aligned as u8, u8::from(shadow)]);
+    packed.extend_from_slice(&key.to_le_bytes());
+    for v in [limit, per, burst, cost] {
         debug_assert!(v < 1 << 53, "{v} is not exact as a double");
-        slot.copy_from_slice(&(v as f64).to_le_bytes());
+        packed.extend_from_slice(&(v as f64).to_le_bytes());
     }
-    packed[37..45].copy_from_slice(&record.0);
-    if let Some(previous) = previous {
-        packed[45..].copy_from_slice(&previous.0);
-    }
-    packed
+    packed.extend_from_slice(&record.0);
 }
 
 impl DecideCall {
@@ -375,37 +354,34 @@ impl DecideCall {
         if let Some(previous) = previous {
             distinct.extend(first.iter().map(|&j| previous.keys[j].clone()));
         }
-        let rules = selection
-            .each(batch.rules.len())
-            .enumerate()
-            .map(|(j, i)| {
-                pack_rule(
-                    rule_values(batch, i, selection.valve_parts),
-                    batch.rules[i].shadow(),
-                    index[j],
-                    records[j],
-                    previous.map(|p| p.records[j]),
-                )
-            })
-            .collect();
+        let mut rules = Vec::with_capacity(RULE_WIDTH * index.len());
+        for (j, i) in selection.each(batch.rules.len()).enumerate() {
+            let values = rule_values(batch, i, selection.valve_parts);
+            pack_rule(
+                &mut rules,
+                values,
+                batch.rules[i].shadow(),
+                index[j],
+                records[j],
+            );
+        }
         DecideCall {
             keys: distinct,
             header: header(time, batch.lease),
             rules,
-            width: if previous.is_some() {
-                ROTATING_WIDTH
-            } else {
-                RULE_WIDTH
-            },
+            previous: previous.map(|p| p.records[..index.len()].iter().flat_map(|r| r.0).collect()),
         }
     }
 
     /// Appends the key count, the keys and the arguments to `cmd` (an
     /// `FCALL`, `EVALSHA` or `EVAL` named already).
     pub fn fill(&self, cmd: &mut redis::Cmd) {
-        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.header);
-        for rule in &self.rules {
-            cmd.arg(&rule[..self.width]);
+        cmd.arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.header)
+            .arg(&self.rules);
+        if let Some(previous) = &self.previous {
+            cmd.arg(previous);
         }
     }
 }
@@ -689,7 +665,11 @@ mod tests {
     fn a_packed_rule_carries_its_numbers_exactly() {
         let record = Record(*b"\x01\x02\x03\x04\x05\x06\x07\x08");
         let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000];
-        let packed = pack_rule(values, true, 300, record, None);
+        let mut packed = vec![0xee];
+        pack_rule(&mut packed, values, true, 300, record);
+        pack_rule(&mut packed, values, false, 2, Record([9; 8]));
+        assert_eq!(packed.len(), 1 + 2 * RULE_WIDTH);
+        let packed = &packed[1..];
         assert_eq!(packed[..5], [5, 1, 1, 44, 1]);
         let numbers: Vec<u64> = packed[5..37]
             .chunks_exact(8)
@@ -697,9 +677,9 @@ mod tests {
             .collect();
         assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000]);
         assert_eq!(packed[37..RULE_WIDTH], record.0);
-        let previous = Record([9; 8]);
-        let rotating = pack_rule(values, true, 300, record, Some(previous));
-        assert_eq!(rotating[RULE_WIDTH..], previous.0);
+        // The next rule follows at once.
+        assert_eq!(packed[RULE_WIDTH..RULE_WIDTH + 5], [5, 1, 0, 2, 0]);
+        assert_eq!(packed[2 * RULE_WIDTH - 8..], [9; 8]);
     }
 
     #[test]
