@@ -3,10 +3,10 @@
 -- Globals read once (each global access is a table lookup), by bind():
 -- a Redis Function's library is loaded where no global is visible, so it
 -- binds them on its first call; a script binds them on every call.
-local floor, max, min, num, call, format, find, sub, spack, sunpack, unpack, concat
+local max, min, num, call, format, find, sub, spack, sunpack, unpack, concat
 
 local function bind()
-  floor, max, min, num, call = math.floor, math.max, math.min, tonumber, redis.call
+  max, min, num, call = math.max, math.min, tonumber, redis.call
   format, find, sub = string.format, string.find, string.sub
   spack, sunpack = struct.pack, struct.unpack
   unpack, concat = _G.unpack, table.concat
@@ -63,5 +63,6 @@ local function now_ms(arg)
   if t[1] ~= seconds then
     seconds, seconds_ms = t[1], num(t[1]) * 1000
   end
-  return seconds_ms + floor(num(t[2]) / 1000)
+  local ms = num(t[2]) / 1000
+  return seconds_ms + ms - ms % 1
 end

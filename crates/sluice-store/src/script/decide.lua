@@ -377,7 +377,8 @@ local function decide(KEYS, ARGV)
     if t[1] ~= seconds then
       seconds, seconds_ms = t[1], num(t[1]) * 1000
     end
-    now, lease = seconds_ms + floor(num(t[2]) / 1000), ''
+    local ms = num(t[2]) / 1000
+    now, lease = seconds_ms + ms - ms % 1, ''
   else
     local split = find(header, ';', 1, true)
     now, lease = now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
@@ -404,7 +405,11 @@ local function decide(KEYS, ARGV)
     local decide_numbers = NUMBERS[algorithm]
     if decide_numbers then
       local value = call('GET', KEYS[1])
-      local found, x, y, z = read_record(value, name, rotating and names_before)
+      -- read_record(value, name, names_before), written out.
+      local found = value and find(value, name, 1, true)
+      if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
+      if rotating and value and not found then found = find_record(value, names_before) end
+      local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local allowed, remaining, reset, retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       if not r then r, t = f, ft end
@@ -434,7 +439,7 @@ local function decide(KEYS, ARGV)
     local value = call('GET', KEYS[1])
     local token = -calls
     local all_allowed = true
-    local np, nf, idle_at, fix_idle_at = 0, 0, 0, 0
+    local np, nf, idle_at, fix_idle_at, kept = 0, 0, 0, 0, 0
     local pos = 1
     for i = 1, n do
       local algorithm, aligned, shadow, _, limit, per, burst, cost, name, after =
@@ -460,7 +465,10 @@ local function decide(KEYS, ARGV)
         np = np + 1
         parts[np] = r
         if t > idle_at then idle_at = t end
-        if found then replaced[found] = token end
+        if found then
+          replaced[found] = token
+          kept = kept + 1
+        end
       end
     end
     if not all_allowed then
@@ -469,11 +477,17 @@ local function decide(KEYS, ARGV)
     if np > 0 then
       local list, marks = parts, replaced
       if not all_allowed then list, marks = fixes, fixed_at end
-      if value then np, idle_at = carry(value, token, np, idle_at, now, list, marks) end
-      call('SET', KEYS[1], concat(list, '', 1, np), 'PX', max(1, idle_at - now + SLACK))
+      -- The records of other rules are kept (none to keep when this
+      -- write replaces every record of the value).
+      if value and not (all_allowed and kept * RECORD_BYTES == #value) then
+        np, idle_at = carry(value, token, np, idle_at, now, list, marks)
+      end
+      local px = idle_at - now + SLACK
+      if px < 1 then px = 1 end
+      call('SET', KEYS[1], concat(list, '', 1, np), 'PX', px)
     end
     reply[1] = now
-    return spack(layout_of(n), unpack(reply, 1, 1 + 4 * n))
+    return spack(REPLY[n] or layout_of(n), unpack(reply, 1, 1 + 4 * n))
   end
 
   local all_allowed = true
