@@ -28,7 +28,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::{EnvoyDomain, Unit};
@@ -43,6 +45,7 @@ use tonic::{Response, Status};
 
 use crate::Fallible;
 use crate::app::App;
+use crate::grpc::GrpcServices;
 use crate::metrics::UpstreamStatus;
 
 // Bounds well above what Envoy sends (a descriptor per `rate_limits`
@@ -115,8 +118,10 @@ pub async fn serve_grpc(
 pub async fn grpc_routes(
     app: Arc<App>,
     limits: &sluice_core::config::ConnectionLimits,
-) -> tonic::service::Routes {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+) -> GrpcServices<
+    RateLimitServiceServer<RateLimiter>,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
@@ -124,9 +129,7 @@ pub async fn grpc_routes(
     let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
     let service =
         RateLimitServiceServer::new(RateLimiter::new(app)).max_decoding_message_size(max_message);
-    tonic::service::Routes::new(health_service)
-        .add_service(service)
-        .prepare()
+    GrpcServices::new(service, health_service)
 }
 
 /// The gRPC service.

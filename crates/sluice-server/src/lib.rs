@@ -26,6 +26,7 @@ pub mod bench;
 pub mod cli;
 pub mod compat;
 pub mod envoy;
+pub mod grpc;
 pub mod http;
 pub mod inspect;
 pub mod ledger;

@@ -555,7 +555,7 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
 }
 
 #[tokio::test]
-async fn malformed_requests_are_invalid_arguments_and_health_is_served() {
+async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_services_are_not() {
     let mut server = start("", "invalid");
     let mut c = client(&server).await;
     let cases = [
@@ -589,7 +589,7 @@ async fn malformed_requests_are_invalid_arguments_and_health_is_served() {
         .connect()
         .await
         .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     let reply = health
         .check(tonic_health::pb::HealthCheckRequest {
             service: "envoy.service.ratelimit.v3.RateLimitService".into(),
@@ -601,6 +601,22 @@ async fn malformed_requests_are_invalid_arguments_and_health_is_served() {
         reply.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+    // A service this server does not have: UNIMPLEMENTED, naming it.
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let status = grpc
+        .unary(
+            tonic::Request::new(tonic_health::pb::HealthCheckRequest::default()),
+            http::uri::PathAndQuery::from_static("/no.such.Service/Check"),
+            tonic_prost::ProstCodec::<
+                tonic_health::pb::HealthCheckRequest,
+                tonic_health::pb::HealthCheckResponse,
+            >::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert!(status.message().contains("no.such.Service"), "{status:?}");
     drop((c, health));
     server.stop();
 }
