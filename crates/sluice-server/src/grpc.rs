@@ -37,23 +37,31 @@ fn service_name(path: &str) -> &str {
     rest.split_once('/').map_or(rest, |(service, _)| service)
 }
 
-impl<R, H, B> tower::Service<http::Request<B>> for GrpcServices<R, H>
-where
-    R: NamedService
-        + tower::Service<
-            http::Request<B>,
-            Response = http::Response<Body>,
-            Error = Infallible,
-            Future = BoxFuture<http::Response<Body>, Infallible>,
-        >,
-    H: NamedService
-        + tower::Service<
-            http::Request<B>,
-            Response = http::Response<Body>,
-            Error = Infallible,
-            Future = BoxFuture<http::Response<Body>, Infallible>,
-        >,
+/// What tonic generates for a service: named, answering every request
+/// with a boxed future.
+pub trait Generated<B>:
+    NamedService
+    + tower::Service<
+        http::Request<B>,
+        Response = http::Response<Body>,
+        Error = Infallible,
+        Future = BoxFuture<http::Response<Body>, Infallible>,
+    >
 {
+}
+
+impl<S, B> Generated<B> for S where
+    S: NamedService
+        + tower::Service<
+            http::Request<B>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<Body>, Infallible>,
+        >
+{
+}
+
+impl<R: Generated<B>, H: Generated<B>, B> tower::Service<http::Request<B>> for GrpcServices<R, H> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = BoxFuture<http::Response<Body>, Infallible>;
