@@ -79,19 +79,33 @@ impl<R: Generated<B>, H: Generated<B>, B> tower::Service<http::Request<B>> for G
         } else if service == H::NAME {
             self.health.call(request)
         } else {
-            let unimplemented = tonic::Status::unimplemented(format!(
-                "no service {service:?} here; this server has {} and {}",
-                R::NAME,
-                H::NAME
-            ));
+            let unimplemented = tonic::Status::unimplemented(unknown(service, &[R::NAME, H::NAME]));
             Box::pin(std::future::ready(Ok(unimplemented.into_http())))
         }
     }
 }
 
+/// The answer's message for a service this server does not have: its name
+/// (the first `NAME_SHOWN` characters: it is the client's to choose) and
+/// those it has.
+fn unknown(service: &str, have: &[&str]) -> String {
+    let shown: String = service.chars().take(NAME_SHOWN).collect();
+    let more = if shown.len() < service.len() {
+        "…"
+    } else {
+        ""
+    };
+    format!(
+        "no service {shown:?}{more} here; this server has {}",
+        have.join(" and ")
+    )
+}
+
+const NAME_SHOWN: usize = 100;
+
 #[cfg(test)]
 mod tests {
-    use super::service_name;
+    use super::{NAME_SHOWN, service_name, unknown};
 
     #[test]
     fn the_service_is_the_first_segment_of_the_path() {
@@ -106,5 +120,18 @@ mod tests {
         assert_eq!(service_name("/lonely"), "lonely");
         assert_eq!(service_name("/"), "");
         assert_eq!(service_name(""), "");
+    }
+
+    #[test]
+    fn an_unknown_service_is_named_within_a_bound() {
+        let message = unknown("no.such.Service", &["a.A", "b.B"]);
+        assert_eq!(
+            message,
+            "no service \"no.such.Service\" here; this server has a.A and b.B"
+        );
+        let long = "x".repeat(10_000);
+        let message = unknown(&long, &["a.A"]);
+        assert!(message.len() < NAME_SHOWN + 60, "{message}");
+        assert!(message.contains('…'), "{message}");
     }
 }
