@@ -295,8 +295,9 @@ pub struct DecideCall {
     keys: Vec<String>,
     /// `""`, or `"NOW;LEASE"` (see decide.lua).
     header: String,
-    /// Every rule packed, one after another (see [`pack_rule`]).
-    rules: Vec<u8>,
+    /// Every rule packed, one after another (see [`pack_rule`]); one or
+    /// two rules without an allocation.
+    rules: SmallVec<[u8; 2 * RULE_WIDTH]>,
     /// While rotating, each rule's record name under the previous pepper,
     /// in rule order.
     previous: Option<Vec<u8>>,
@@ -310,7 +311,13 @@ const RULE_WIDTH: usize = 45;
 /// as a 16-bit integer, then limit, per, burst and cost as little-endian
 /// doubles (every one is below 2^53, so exact; see `sluice_core::rule`),
 /// then its record's name.
-fn pack_rule(packed: &mut Vec<u8>, values: [u64; 6], shadow: bool, key: u16, record: Record) {
+fn pack_rule(
+    packed: &mut SmallVec<[u8; 2 * RULE_WIDTH]>,
+    values: [u64; 6],
+    shadow: bool,
+    key: u16,
+    record: Record,
+) {
     let [algorithm, limit, per, burst, aligned, cost] = values;
     packed.extend_from_slice(&[algorithm as u8, aligned as u8, u8::from(shadow)]);
     packed.extend_from_slice(&key.to_le_bytes());
@@ -354,7 +361,7 @@ impl DecideCall {
         if let Some(previous) = previous {
             distinct.extend(first.iter().map(|&j| previous.keys[j].clone()));
         }
-        let mut rules = Vec::with_capacity(RULE_WIDTH * index.len());
+        let mut rules = SmallVec::with_capacity(RULE_WIDTH * index.len());
         for (j, i) in selection.each(batch.rules.len()).enumerate() {
             let values = rule_values(batch, i, selection.valve_parts);
             pack_rule(
@@ -379,7 +386,7 @@ impl DecideCall {
         cmd.arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.header)
-            .arg(&self.rules);
+            .arg(self.rules.as_slice());
         if let Some(previous) = &self.previous {
             cmd.arg(previous);
         }
@@ -665,7 +672,7 @@ mod tests {
     fn a_packed_rule_carries_its_numbers_exactly() {
         let record = Record(*b"\x01\x02\x03\x04\x05\x06\x07\x08");
         let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000];
-        let mut packed = vec![0xee];
+        let mut packed = smallvec::smallvec![0xee];
         pack_rule(&mut packed, values, true, 300, record);
         pack_rule(&mut packed, values, false, 2, Record([9; 8]));
         assert_eq!(packed.len(), 1 + 2 * RULE_WIDTH);
