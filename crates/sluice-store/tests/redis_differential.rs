@@ -139,6 +139,14 @@ fn pepper() -> Pepper {
     Pepper::parse(&[42u8; 32]).unwrap()
 }
 
+/// A single-threaded runtime for the Redis store's calls.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A memory store and a Redis store on one hand-driven clock, so that the
 /// same steps meet the same times.
 fn paired(
@@ -195,7 +203,7 @@ proptest! {
         let policy = Policy::compile(&config.limits);
 
         let server = RedisServer::start();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = runtime();
         let clock = Arc::new(ManualClock::new(start));
         let memory = MemoryStore::with_clock(10_000, clock.clone());
         let keys = KeySet { current: Keyer::new("sl", &pepper()), previous: None };
@@ -283,10 +291,7 @@ proptest! {
 #[test]
 fn single_rules_match_over_long_runs() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     for algorithm in Algorithm::ALL {
         let rule = Rule::new(algorithm, 7, 700, algorithm.has_burst().then_some(9), false).unwrap();
         let yaml = format!(
@@ -327,10 +332,7 @@ fn single_rules_match_over_long_runs() {
 #[test]
 fn a_shadow_rules_repair_is_written_with_the_admission_beside_it() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     for algorithm in [
         Algorithm::Gcra,
         Algorithm::TokenBucket,
@@ -382,10 +384,7 @@ fn a_shadow_rules_repair_is_written_with_the_admission_beside_it() {
 #[test]
 fn states_written_under_another_limit_match() {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let params = [
         (7u64, 700u64, 9u64),
         // Lowered under the same period: more held than the new limit.
