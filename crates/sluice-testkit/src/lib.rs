@@ -500,16 +500,20 @@ impl Monitor {
     }
 }
 
-/// `CLUSTER INFO` of a node, if it answers within 300 ms.
-fn cluster_info(node: &RedisServer) -> Option<String> {
+/// A node's answer to a command that answers with text (`CLUSTER INFO`,
+/// `INFO replication`...), if it answers within 300 ms.
+fn ask(node: &RedisServer, command: &[&str]) -> Option<String> {
     let mut connection = node
         .client()
         .get_connection_with_timeout(Duration::from_millis(300))
         .ok()?;
-    redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query(&mut connection)
-        .ok()
+    let (name, args) = command.split_first()?;
+    redis::cmd(name).arg(args).query(&mut connection).ok()
+}
+
+/// `CLUSTER INFO` of a node, if it answers.
+fn cluster_info(node: &RedisServer) -> Option<String> {
+    ask(node, &["CLUSTER", "INFO"])
 }
 
 /// Runs a `redis-cli` command to its end, killing it (and failing) past
@@ -562,7 +566,7 @@ fn run_bounded(command: &mut Command, limit: Duration) -> std::process::Output {
 }
 
 /// Arguments of every cluster node.
-const CLUSTER_NODE: [&str; 8] = [
+const CLUSTER_NODE: [&str; 12] = [
     "--cluster-enabled",
     "yes",
     "--cluster-node-timeout",
@@ -574,7 +578,58 @@ const CLUSTER_NODE: [&str; 8] = [
     // cluster can exceed).
     "--cluster-replica-validity-factor",
     "0",
+    // Elections, votes and reasons not to fail over are logged at notice:
+    // a failure message quotes the end of every node's log.
+    "--loglevel",
+    "notice",
+    // A replica's first sync starts at once, not after the default 5 s.
+    "--repl-diskless-sync-delay",
+    "0",
 ];
+
+/// One line of `CLUSTER NODES`: a node as another node sees it.
+#[derive(Debug, Clone)]
+pub struct SeenNode {
+    /// The node's id.
+    pub id: String,
+    /// Its client port.
+    pub port: u16,
+    /// Whether it is a master.
+    pub master: bool,
+    /// The id of its master, for a replica.
+    pub master_id: Option<String>,
+    /// Whether the link to it is up and it is not flagged failing or in
+    /// handshake.
+    pub connected: bool,
+}
+
+fn parse_cluster_nodes(text: &str) -> Vec<SeenNode> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = *fields.get(2)?;
+            Some(SeenNode {
+                id: fields[0].to_owned(),
+                port: fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?,
+                master: flags.split(',').any(|f| f == "master"),
+                master_id: fields
+                    .get(3)
+                    .filter(|id| **id != "-")
+                    .map(|id| (*id).to_owned()),
+                connected: fields.get(7) == Some(&"connected")
+                    && !flags
+                        .split(',')
+                        .any(|f| matches!(f, "fail" | "fail?" | "handshake" | "noaddr")),
+            })
+        })
+        .collect()
+}
+
+/// `CLUSTER NODES` as `node` sees the cluster, or None if it does not
+/// answer.
+fn cluster_nodes(node: &RedisServer) -> Option<Vec<SeenNode>> {
+    ask(node, &["CLUSTER", "NODES"]).map(|text| parse_cluster_nodes(&text))
+}
 
 /// A Redis Cluster of real `redis-server` processes on loopback: masters
 /// with replicas, made with `redis-cli --cluster create`.
@@ -653,7 +708,67 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes };
         cluster.wait_until_ok(Duration::from_secs(30));
+        cluster.wait_until_formed(replicas, Duration::from_secs(30));
         cluster
+    }
+
+    /// Waits until every node knows every other as connected, with
+    /// `replicas` replicas under each master, and every replica's link to
+    /// its master is up: a replica its peers do not yet know as one gets no
+    /// vote when its master fails.
+    fn wait_until_formed(&self, replicas: usize, limit: Duration) {
+        let masters = self.nodes.len() / (1 + replicas);
+        let deadline = Instant::now() + limit;
+        let formed = || {
+            self.nodes.iter().all(|n| {
+                let Some(seen) = cluster_nodes(n) else {
+                    return false;
+                };
+                let linked = seen.iter().filter(|s| s.port == n.port()).all(|me| {
+                    me.master
+                        || ask(n, &["INFO", "replication"])
+                            .is_some_and(|info| info.contains("master_link_status:up"))
+                });
+                linked
+                    && seen.len() == self.nodes.len()
+                    && seen.iter().all(|s| s.connected)
+                    && seen.iter().filter(|s| s.master).count() == masters
+                    && seen.iter().filter(|s| s.master_id.is_some()).count() == masters * replicas
+            })
+        };
+        while !formed() {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not form within {limit:?}:\n{}",
+                self.diagnosis()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every node's view, for a failure message: its `CLUSTER NODES` and
+    /// the end of its log.
+    pub fn diagnosis(&self) -> String {
+        let mut text = String::new();
+        for node in &self.nodes {
+            let running = node.child.is_some();
+            text += &format!(
+                "--- node {} ({})\n",
+                node.port(),
+                if running { "running" } else { "stopped" }
+            );
+            if running {
+                text += &ask(node, &["CLUSTER", "NODES"])
+                    .unwrap_or_else(|| "CLUSTER NODES: no answer\n".to_owned());
+            }
+            let log = std::fs::read_to_string(node.dir.join("redis.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            for line in &lines[lines.len().saturating_sub(20)..] {
+                text += line;
+                text.push('\n');
+            }
+        }
+        text
     }
 
     /// Seed URLs of every node.
@@ -666,15 +781,14 @@ impl RedisCluster {
     pub fn wait_until_ok(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
-            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
-                cluster_info(n).is_some_and(|info| {
-                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-                })
-            });
-            if ok {
+            if self.is_ok() {
                 return;
             }
-            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ok within {limit:?}:\n{}",
+                self.diagnosis()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -692,16 +806,52 @@ impl RedisCluster {
         while !noticed() {
             assert!(
                 Instant::now() < deadline,
-                "the failure of the master on {port} was not noticed"
+                "the failure of the master on {port} was not noticed:\n{}",
+                self.diagnosis()
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+        // A replica wins its election within a few node timeouts; should
+        // none have by half the time left, its log says why and it is told
+        // to take over (what is under test is the client across a
+        // promotion, not Redis's election).
+        let half = deadline.saturating_duration_since(Instant::now()) / 2;
+        let elected = Instant::now() + half;
+        while !self.is_ok() && Instant::now() < elected {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if !self.is_ok() {
+            println!(
+                "no replica of the master on {port} was elected in {half:?}; forcing a takeover:\n{}",
+                self.diagnosis()
+            );
+            let topology = self.topology();
+            let victim = topology.iter().find(|seen| seen.port == port);
+            let replica = topology.iter().find(|seen| {
+                victim.is_some_and(|v| seen.master_id.as_ref() == Some(&v.id)) && seen.connected
+            });
+            if let Some(replica) = replica {
+                let node = self.nodes.iter().find(|n| n.port() == replica.port);
+                if let Some(node) = node {
+                    let _ = ask(node, &["CLUSTER", "FAILOVER", "TAKEOVER"]);
+                }
+            }
         }
         self.wait_until_ok(deadline.saturating_duration_since(Instant::now()));
     }
 
-    /// `CLUSTER NODES` as seen by a running node: (id, port, is master,
-    /// connected).
-    pub fn topology(&self) -> Vec<(String, u16, bool, bool)> {
+    /// Whether every running node says `cluster_state:ok` with all 16384
+    /// slots served by a master that is not failing.
+    fn is_ok(&self) -> bool {
+        self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+            cluster_info(n).is_some_and(|info| {
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            })
+        })
+    }
+
+    /// `CLUSTER NODES` as seen by the first running node.
+    pub fn topology(&self) -> Vec<SeenNode> {
         let node = self
             .nodes
             .iter()
@@ -711,23 +861,15 @@ impl RedisCluster {
             .arg("NODES")
             .query(&mut node.connection())
             .expect("CLUSTER NODES");
-        text.lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let port = fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
-                let master = fields.get(2)?.contains("master");
-                let connected = fields.get(7) == Some(&"connected") && !fields[2].contains("fail");
-                Some((fields[0].to_owned(), port, master, connected))
-            })
-            .collect()
+        parse_cluster_nodes(&text)
     }
 
     /// The running masters, by port.
     pub fn master_ports(&self) -> Vec<u16> {
         self.topology()
             .into_iter()
-            .filter(|(_, _, master, connected)| *master && *connected)
-            .map(|(_, port, _, _)| port)
+            .filter(|seen| seen.master && seen.connected)
+            .map(|seen| seen.port)
             .collect()
     }
 
@@ -745,8 +887,8 @@ impl RedisCluster {
         let id = |port: u16| {
             self.topology()
                 .into_iter()
-                .find(|(_, p, _, _)| *p == port)
-                .map(|(id, ..)| id)
+                .find(|seen| seen.port == port)
+                .map(|seen| seen.id)
                 .expect("a node id")
         };
         let mut reshard = Command::new("redis-cli");
