@@ -10,12 +10,7 @@
 --                     state is a set (sliding_log, concurrency)
 -- KEYS[m+1..2m]       (only while rotating the pepper) the same keys under
 --                     the previous pepper
--- ARGV[1]             "" (the commonest): the server's clock (TIME), no
---                     lease; otherwise "NOW;LEASE": now in ms (tests
---                     only; "" for the server's clock) and the lease an
---                     admission takes of each concurrency rule (32 hex
---                     digits; "": concurrency rules only check)
--- ARGV[2]             the rules, packed one after another (struct
+-- ARGV[1]             the rules, packed one after another (struct
 --                     '<BBBHddddc8', RULE_BYTES each, see RULE): per rule
 --                     its algorithm, aligned, shadow, the index of its
 --                     key, limit, per, burst, cost and its record's name
@@ -25,11 +20,17 @@
 --                     cost no string parsing (tonumber is the dearest step
 --                     of a call); in one argument, a further rule costs
 --                     Redis no argument of its own to read and set up.
+-- ARGV[2]             absent or "" (the commonest: no argument to set up):
+--                     the server's clock (TIME), no lease; otherwise
+--                     "NOW;LEASE": now in ms (tests only; "" for the
+--                     server's clock) and the lease an admission takes of
+--                     each concurrency rule (32 hex digits; "":
+--                     concurrency rules only check)
 -- ARGV[3]             (only while rotating the pepper) per rule, in order,
 --                     its record's name under the previous pepper (8 bytes
 --                     each)
 --
--- n is #ARGV[2] / RULE_BYTES.
+-- n is #ARGV[1] / RULE_BYTES.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
 -- refund of this decision would name, then per rule allowed (1 or 0),
@@ -51,7 +52,7 @@
 
 local SLACK = 1000
 
--- A rule as ARGV[2] packs it, and the reply's layout for n rules (made
+-- A rule as ARGV[1] packs it, and the reply's layout for n rules (made
 -- once per n).
 local RULE, RULE_BYTES = '<BBBHddddc8', 45
 local REPLY = {}
@@ -370,8 +371,8 @@ local function decide(KEYS, ARGV)
   if not call then bind() end
   calls = calls + 1
   local now, lease
-  local header = ARGV[1]
-  if header == '' then
+  local rules, header, names_before = ARGV[1], ARGV[2], ARGV[3]
+  if header == nil or header == '' then
     -- now_ms(''), written out.
     local t = call('TIME')
     if t[1] ~= seconds then
@@ -383,7 +384,6 @@ local function decide(KEYS, ARGV)
     local split = find(header, ';', 1, true)
     now, lease = now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
   end
-  local rules, names_before = ARGV[2], ARGV[3]
   local n = #rules / RULE_BYTES
   local rotating = names_before ~= nil
   if rotating then

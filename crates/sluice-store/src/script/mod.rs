@@ -210,9 +210,9 @@ pub fn lease_arg(lease: Option<u128>) -> String {
     lease.map_or_else(String::new, |id| format!("{id:032x}"))
 }
 
-/// The decision's first argument: `""` for the server's clock and no
-/// lease (what the service sends but for concurrency rules), else
-/// `"NOW;LEASE"`.
+/// The decision's header (its second argument, left out when `""`): `""`
+/// for the server's clock and no lease (what the service sends but for
+/// concurrency rules), else `"NOW;LEASE"`.
 fn header(time: &TimeSource, lease: Option<u128>) -> String {
     match (time, lease) {
         (TimeSource::Server, None) => String::new(),
@@ -293,7 +293,7 @@ pub struct DecideCall {
     /// The distinct keys, then (while rotating) the same under the
     /// previous pepper.
     keys: Vec<String>,
-    /// `""`, or `"NOW;LEASE"` (see decide.lua).
+    /// `""` (not sent unless rotating), or `"NOW;LEASE"` (see decide.lua).
     header: String,
     /// Every rule packed, one after another (see [`pack_rule`]); one or
     /// two rules without an allocation.
@@ -385,8 +385,12 @@ impl DecideCall {
     pub fn fill(&self, cmd: &mut redis::Cmd) {
         cmd.arg(self.keys.len())
             .arg(&self.keys)
-            .arg(&self.header)
             .arg(self.rules.as_slice());
+        // The commonest header, "", is left out (one argument less for
+        // Redis to read and set up) unless the previous names follow it.
+        if !self.header.is_empty() || self.previous.is_some() {
+            cmd.arg(&self.header);
+        }
         if let Some(previous) = &self.previous {
             cmd.arg(previous);
         }
