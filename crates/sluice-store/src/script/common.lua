@@ -54,15 +54,17 @@ end
 
 -- The time in ms: arg, or the server's clock (TIME) when arg is "". The
 -- seconds change once a second: they are parsed once (equal strings are
--- one object in Lua, so comparing them costs nothing).
+-- one object in Lua, so comparing them costs nothing). TIME's strings are
+-- read by arithmetic, which converts a string exactly as tonumber does
+-- (both luaO_str2d) without a call into C.
 local seconds, seconds_ms
 
 local function now_ms(arg)
   if arg ~= '' then return num(arg) end
   local t = call('TIME')
   if t[1] ~= seconds then
-    seconds, seconds_ms = t[1], num(t[1]) * 1000
+    seconds, seconds_ms = t[1], t[1] * 1000
   end
-  local ms = num(t[2]) / 1000
+  local ms = t[2] / 1000
   return seconds_ms + ms - ms % 1
 end

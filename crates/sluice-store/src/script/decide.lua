@@ -376,9 +376,9 @@ local function decide(KEYS, ARGV)
     -- now_ms(''), written out.
     local t = call('TIME')
     if t[1] ~= seconds then
-      seconds, seconds_ms = t[1], num(t[1]) * 1000
+      seconds, seconds_ms = t[1], t[1] * 1000
     end
-    local ms = num(t[2]) / 1000
+    local ms = t[2] / 1000
     now, lease = seconds_ms + ms - ms % 1, ''
   else
     local split = find(header, ';', 1, true)
