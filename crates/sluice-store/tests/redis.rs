@@ -762,3 +762,61 @@ async fn rotation_finds_records_of_one_rule_and_of_a_group() {
         );
     }
 }
+
+/// Redis's clock in ms, read with `TIME`.
+fn server_ms(server: &RedisServer) -> u64 {
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query(&mut server.connection()).unwrap();
+    seconds * 1000 + micros / 1000
+}
+
+#[tokio::test]
+async fn a_decision_on_the_servers_clock_is_stamped_with_its_time() {
+    // What the store sends when it decides on the server's clock (no
+    // header argument at all): the admission time in the reply, which a
+    // refund names, is Redis's TIME in ms, read between two TIMEs of our
+    // own, on every call whatever the milliseconds.
+    use sluice_store::Valve;
+    use sluice_store::script::{self, Decide, DecideCall, Selection};
+
+    let server = RedisServer::start();
+    let decide = Decide::new();
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    decide.load(&mut connection).await.unwrap();
+    let policy = policy(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]\n",
+        false,
+    );
+    let rules = policy.applicable("any", "GET /", false).rules;
+    let keys = keys(1);
+    for i in 0..40 {
+        let tenant = format!("t{}", i % 3);
+        let batch = Batch::new(&tenant, None, 1, rules);
+        let buckets = KeySet::keys(&keys.current, &batch, Valve::WHOLE);
+        let call = DecideCall::new(
+            &batch,
+            Selection::ALL,
+            buckets.keys.into_vec(),
+            &buckets.records,
+            None,
+            &TimeSource::Server,
+        );
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(decide.function_name());
+        call.fill(&mut cmd);
+        let before = server_ms(&server);
+        let bytes: Vec<u8> = cmd.query_async(&mut connection).await.unwrap();
+        let after = server_ms(&server);
+        let reply = script::reply(&bytes, 1).unwrap();
+        assert!(reply.outcomes[0].allowed);
+        assert!(
+            (before..=after).contains(&reply.admitted_at),
+            "admitted at {} outside Redis's {before}..={after}",
+            reply.admitted_at
+        );
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+}
