@@ -736,10 +736,19 @@ impl RedisCluster {
                     && seen.iter().filter(|s| s.master_id.is_some()).count() == masters * replicas
             })
         };
-        while !formed() {
+        self.wait(deadline, formed, || {
+            format!("the cluster did not form within {limit:?}")
+        });
+    }
+
+    /// Polls `done` until it holds; past `deadline`, fails with `what` and
+    /// every node's view.
+    fn wait(&self, deadline: Instant, done: impl Fn() -> bool, what: impl Fn() -> String) {
+        while !done() {
             assert!(
                 Instant::now() < deadline,
-                "the cluster did not form within {limit:?}:\n{}",
+                "{}:\n{}",
+                what(),
                 self.diagnosis()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -779,18 +788,11 @@ impl RedisCluster {
     /// Waits until every running node says `cluster_state:ok` and that all
     /// 16384 slots are served by a master that is not failing.
     pub fn wait_until_ok(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
-            if self.is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not become ok within {limit:?}:\n{}",
-                self.diagnosis()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        self.wait(
+            Instant::now() + limit,
+            || self.is_ok(),
+            || format!("the cluster did not become ok within {limit:?}"),
+        );
     }
 
     /// Waits until the cluster has noticed that the master on `port`
@@ -803,14 +805,9 @@ impl RedisCluster {
                 cluster_info(n).is_some_and(|info| !info.contains("cluster_slots_ok:16384"))
             })
         };
-        while !noticed() {
-            assert!(
-                Instant::now() < deadline,
-                "the failure of the master on {port} was not noticed:\n{}",
-                self.diagnosis()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait(deadline, noticed, || {
+            format!("the failure of the master on {port} was not noticed")
+        });
         // A replica wins its election within a few node timeouts; should
         // none have by half the time left, its log says why and it is told
         // to take over (what is under test is the client across a
