@@ -28,9 +28,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::{EnvoyDomain, Unit};
@@ -41,11 +38,11 @@ use sluice_core::policy::Applicable;
 use sluice_core::request::MAX_COST;
 use sluice_core::{Algorithm, BoundRule, Decision, Outcome, Reason, Request, Rule, Scope};
 use sluice_store::{Batch, Partition};
-use tonic::{Response, Status};
+use tonic::Status;
 
 use crate::Fallible;
 use crate::app::App;
-use crate::grpc::GrpcServices;
+use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
 // Bounds well above what Envoy sends (a descriptor per `rate_limits`
@@ -119,17 +116,14 @@ pub async fn grpc_routes(
     app: Arc<App>,
     limits: &sluice_core::config::ConnectionLimits,
 ) -> GrpcServices<
-    RateLimitServiceServer<RateLimiter>,
     tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
 > {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
-        .set_serving::<RateLimitServiceServer<RateLimiter>>()
+        .set_service_status(RLS, tonic_health::ServingStatus::Serving)
         .await;
     let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
-    let service =
-        RateLimitServiceServer::new(RateLimiter::new(app)).max_decoding_message_size(max_message);
-    GrpcServices::new(service, health_service)
+    GrpcServices::new(RateLimiter::new(app), max_message, health_service)
 }
 
 /// The gRPC service.
@@ -386,14 +380,13 @@ struct Decided<'p> {
     stats: Vec<Option<(String, bool, u64)>>,
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RateLimiter {
-    async fn should_rate_limit(
+impl RateLimiter {
+    /// `ShouldRateLimit`: one decision over every descriptor of `request`.
+    pub async fn should_rate_limit(
         &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
-        let request = request.into_inner();
         let (hits, descriptors) = read_request(&request)?;
         let policy = self.app.limiter.policy();
         let envoy = policy.descriptors();
@@ -428,7 +421,7 @@ impl RateLimitService for RateLimiter {
                 if let Some(found) = envoy.find(domain, &d.entries)
                     && let Some(status) = self.check_only(domain, d, &found).await
                 {
-                    response.get_mut().statuses[i] = status;
+                    response.statuses[i] = status;
                 }
             }
             return Ok(response);
@@ -440,7 +433,7 @@ impl RateLimitService for RateLimiter {
                 .await;
         }
         // Unknown domain: no limits, as envoyproxy/ratelimit answers.
-        Ok(Response::new(RateLimitResponse {
+        Ok(RateLimitResponse {
             overall_code: Code::Ok as i32,
             statuses: descriptors
                 .iter()
@@ -450,7 +443,7 @@ impl RateLimitService for RateLimiter {
                 })
                 .collect(),
             ..Default::default()
-        }))
+        })
     }
 }
 
@@ -649,7 +642,7 @@ impl RateLimiter {
         descriptors: &[Descriptor<'_>],
         hits: u64,
         started: Instant,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+    ) -> Result<RateLimitResponse, Status> {
         let value_of = |key: &str| {
             descriptors
                 .iter()
@@ -801,7 +794,7 @@ impl RateLimiter {
         decided: Decided<'_>,
         started: Instant,
         descriptors: usize,
-    ) -> Response<RateLimitResponse> {
+    ) -> RateLimitResponse {
         let Decided {
             decision,
             owners,
@@ -880,12 +873,12 @@ impl RateLimiter {
         if over && let Some(ms) = decision.retry_after_ms() {
             headers.push(header("Retry-After", retry_after_seconds(ms).to_string()));
         }
-        Response::new(RateLimitResponse {
+        RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             response_headers_to_add: headers,
             ..Default::default()
-        })
+        }
     }
 }
 

@@ -110,12 +110,16 @@ pub async fn serve<S, B>(
         };
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
-        // Handlers learn who connected (for the client's IP behind
-        // trusted proxies).
+        // HTTP handlers learn who connected (for the client's IP behind
+        // trusted proxies); gRPC's never ask, and an extension costs each
+        // request an allocation.
+        let tag_peer = protocols == Protocols::Any;
         let service = tower::ServiceExt::map_request(
             service.clone(),
             move |mut request: http::Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(sluice_tower::Peer(peer));
+                if tag_peer {
+                    request.extensions_mut().insert(sluice_tower::Peer(peer));
+                }
                 request
             },
         );

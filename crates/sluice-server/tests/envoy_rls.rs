@@ -601,22 +601,31 @@ async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_ser
         reply.status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
-    // A service this server does not have: UNIMPLEMENTED, naming it.
+    // A service, or a method of the Rate Limit Service, this server does
+    // not have: UNIMPLEMENTED, naming it.
     let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let status = grpc
-        .unary(
-            tonic::Request::new(tonic_health::pb::HealthCheckRequest::default()),
-            http::uri::PathAndQuery::from_static("/no.such.Service/Check"),
-            tonic_prost::ProstCodec::<
-                tonic_health::pb::HealthCheckRequest,
-                tonic_health::pb::HealthCheckResponse,
-            >::default(),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
-    assert!(status.message().contains("no.such.Service"), "{status:?}");
+    for (path, named) in [
+        ("/no.such.Service/Check", "no.such.Service"),
+        (
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldNot",
+            "ShouldNot",
+        ),
+    ] {
+        grpc.ready().await.unwrap();
+        let status = grpc
+            .unary(
+                tonic::Request::new(tonic_health::pb::HealthCheckRequest::default()),
+                http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<
+                    tonic_health::pb::HealthCheckRequest,
+                    tonic_health::pb::HealthCheckResponse,
+                >::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+        assert!(status.message().contains(named), "{status:?}");
+    }
     drop((c, health));
     server.stop();
 }

@@ -21,7 +21,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::Deserialize;
@@ -54,12 +53,8 @@ pub(super) async fn json(State(app): State<Arc<App>>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(e) => return bad_request("descriptors", &e),
     };
-    match RateLimiter::new(app)
-        .should_rate_limit(tonic::Request::new(request))
-        .await
-    {
+    match RateLimiter::new(app).should_rate_limit(request).await {
         Ok(response) => {
-            let response = response.into_inner();
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {

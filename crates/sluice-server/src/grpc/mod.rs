@@ -1,0 +1,192 @@
+//! The gRPC listener's services, chosen by the request's path
+//! (`/SERVICE/METHOD`): the Rate Limit Service's `ShouldRateLimit`, served
+//! by [`unary`] straight on hyper, and `grpc.health.v1.Health` (tonic's);
+//! any other service or method answers `UNIMPLEMENTED`, as gRPC servers
+//! do.
+//!
+//! A plain match rather than `tonic::service::Routes`, which is an axum
+//! router: a route table lookup, URL parameters inserted into the
+//! request's extensions and a boxed service call per request, a few
+//! thousand instructions of the ~79 thousand a gRPC decision cost the
+//! service (docs/BENCHMARKS.md, "Service CPU per decision").
+
+pub mod unary;
+
+use std::convert::Infallible;
+use std::fmt::Display;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use http_body_util::Either;
+use prost::Message;
+use tonic::body::Body;
+use tonic::codegen::BoxFuture;
+use tonic::server::NamedService;
+
+use crate::envoy::RateLimiter;
+
+/// The Rate Limit Service's name.
+pub const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// Its one method.
+const SHOULD_RATE_LIMIT: &str = "ShouldRateLimit";
+
+/// What the listener answers with: a unary answer of its own, or tonic's
+/// body (the health service, errors).
+pub type Answer = http::Response<Either<unary::OneMessage, Body>>;
+
+/// The Rate Limit Service and the health service `health` behind one
+/// listener.
+#[derive(Debug, Clone)]
+pub struct GrpcServices<H> {
+    rls: RateLimiter,
+    /// `server.limits.grpc_max_message_bytes`.
+    max_message: usize,
+    health: H,
+}
+
+impl<H> GrpcServices<H> {
+    /// Both services; requests to the Rate Limit Service carry messages of
+    /// at most `max_message` bytes.
+    pub fn new(rls: RateLimiter, max_message: usize, health: H) -> GrpcServices<H> {
+        GrpcServices {
+            rls,
+            max_message,
+            health,
+        }
+    }
+}
+
+/// The service and method parts of a gRPC path, `/SERVICE/METHOD`.
+fn service_and_method(path: &str) -> (&str, &str) {
+    let rest = path.strip_prefix('/').unwrap_or(path);
+    rest.split_once('/').unwrap_or((rest, ""))
+}
+
+/// What tonic generates for a service: named, answering every request
+/// with a boxed future.
+pub trait Generated<B>:
+    NamedService
+    + tower::Service<
+        http::Request<B>,
+        Response = http::Response<Body>,
+        Error = Infallible,
+        Future = BoxFuture<http::Response<Body>, Infallible>,
+    >
+{
+}
+
+impl<S, B> Generated<B> for S where
+    S: NamedService
+        + tower::Service<
+            http::Request<B>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<Body>, Infallible>,
+        >
+{
+}
+
+impl<H, B> tower::Service<http::Request<B>> for GrpcServices<H>
+where
+    H: Generated<B>,
+    B: http_body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Display,
+{
+    type Response = Answer;
+    type Error = Infallible;
+    type Future = BoxFuture<Answer, Infallible>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both are always ready (tonic's generated servers are); each is
+        // asked in `call`, where the request names which.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let (service, method) = service_and_method(request.uri().path());
+        if service == RLS && method == SHOULD_RATE_LIMIT {
+            let (rls, max_message) = (self.rls.clone(), self.max_message);
+            return Box::pin(async move {
+                let (parts, body) = request.into_parts();
+                let answer = match unary::read_message(&parts.headers, body, max_message).await {
+                    Ok(message) => match RateLimitRequest::decode(message) {
+                        Ok(request) => rls.should_rate_limit(request).await,
+                        Err(e) => Err(tonic::Status::internal(format!(
+                            "cannot decode the RateLimitRequest: {e}"
+                        ))),
+                    },
+                    Err(status) => Err(status),
+                };
+                Ok(unary::respond(answer).map(Either::Left))
+            });
+        }
+        if service == H::NAME {
+            let health = self.health.call(request);
+            return Box::pin(async move { Ok(health.await?.map(Either::Right)) });
+        }
+        let message = if service == RLS {
+            let shown: String = method.chars().take(NAME_SHOWN).collect();
+            format!("{RLS} has no method {shown:?}; it has {SHOULD_RATE_LIMIT}")
+        } else {
+            unknown(service, &[RLS, H::NAME])
+        };
+        let unimplemented = tonic::Status::unimplemented(message).into_http();
+        Box::pin(std::future::ready(Ok(unimplemented.map(Either::Left))))
+    }
+}
+
+/// The answer's message for a service this server does not have: its name
+/// (the first `NAME_SHOWN` characters: it is the client's to choose) and
+/// those it has.
+fn unknown(service: &str, have: &[&str]) -> String {
+    let shown: String = service.chars().take(NAME_SHOWN).collect();
+    let more = if shown.len() < service.len() {
+        "…"
+    } else {
+        ""
+    };
+    format!(
+        "no service {shown:?}{more} here; this server has {}",
+        have.join(" and ")
+    )
+}
+
+const NAME_SHOWN: usize = 100;
+
+#[cfg(test)]
+mod tests {
+    use super::{NAME_SHOWN, service_and_method, unknown};
+
+    #[test]
+    fn the_service_and_method_are_the_path_segments() {
+        assert_eq!(
+            service_and_method("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"),
+            (
+                "envoy.service.ratelimit.v3.RateLimitService",
+                "ShouldRateLimit"
+            )
+        );
+        assert_eq!(
+            service_and_method("/grpc.health.v1.Health/Check"),
+            ("grpc.health.v1.Health", "Check")
+        );
+        assert_eq!(service_and_method("/lonely"), ("lonely", ""));
+        assert_eq!(service_and_method("/"), ("", ""));
+        assert_eq!(service_and_method(""), ("", ""));
+    }
+
+    #[test]
+    fn an_unknown_service_is_named_within_a_bound() {
+        let message = unknown("no.such.Service", &["a.A", "b.B"]);
+        assert_eq!(
+            message,
+            "no service \"no.such.Service\" here; this server has a.A and b.B"
+        );
+        let long = "x".repeat(10_000);
+        let message = unknown(&long, &["a.A"]);
+        assert!(message.len() < NAME_SHOWN + 60, "{message}");
+        assert!(message.contains('…'), "{message}");
+    }
+}

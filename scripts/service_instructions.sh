@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Instructions the service executes per decision, counted rather than
+# timed (the count moves a few percent between runs; CPU time on a shared
+# machine moves more): `sluice serve` (memory store, one gcra rule per
+# tenant) under valgrind's callgrind, loaded by `sluice bench --scenario
+# steady --start-rate 200` for 1 s and for 5 s; the difference of the two
+# totals over the 800 requests between them is one request's cost, start-up
+# and first requests cancelled out.
+#   scripts/service_instructions.sh [API] [RUNS]   (API http or grpc; default grpc 3)
+# SLUICE_BIN counts another build of the service (the load still comes
+# from this tree's). Needs valgrind (apt-get install valgrind).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+api=${1:-grpc}; runs=${2:-3}
+command -v valgrind >/dev/null || { echo "valgrind is missing: apt-get install valgrind" >&2; exit 1; }
+cargo build --release -q -p sluice-server
+bench=target/release/sluice
+bin=${SLUICE_BIN:-$bench}
+. scripts/lib.sh
+config=$(mktemp --suffix=.yaml)
+export SERVICE_INSTRUCTIONS_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
+
+# Instructions callgrind counted for a service that served `seconds` of load.
+count() {
+  local seconds=$1 http grpc pid target log
+  http=$(free_port); grpc=$(free_port); log=$(mktemp)
+  SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+    "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
+  pid=$!
+  for _ in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:$http/healthz && break; sleep 0.5; done
+  target=http://127.0.0.1:$http; [ "$api" = grpc ] && target=http://127.0.0.1:$grpc
+  "$bench" bench --scenario steady --api "$api" --target $target --tenants 10000 \
+    --start-rate 200 --seconds "$seconds" >/dev/null 2>&1
+  kill -INT $pid; wait $pid || true
+  grep -o 'Collected : [0-9]*' "$log" | grep -o '[0-9]*$'
+  rm -f "$log"
+}
+
+for run in $(seq "$runs"); do
+  small=$(count 1); large=$(count 5)
+  echo "$api run $run: $(( (large - small) / 800 )) instructions per request"
+done
+rm -f "$config"
