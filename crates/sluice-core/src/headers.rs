@@ -16,8 +16,6 @@
 //! no escaping inside an sf-string. Global valves are left out of both
 //! fields: their remaining capacity would reveal other tenants' traffic.
 
-use std::fmt::Write;
-
 use crate::decision::Decision;
 use crate::rule::Rule;
 
@@ -41,17 +39,22 @@ pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
     let advertised = decision
         .known_outcomes()
         .filter(|(rule, _)| rule.advertised());
+    // Written piece by piece: through `write!` the field cost 1.7
+    // thousand instructions per request, 1.6 of them formatting.
+    let mut digits = itoa::Buffer::new();
     for (i, (rule, outcome)) in advertised.enumerate() {
+        // `, "NAME";r=R;t=T`, each number at most 20 digits: one
+        // allocation rather than one per piece that outgrows the string.
+        out.reserve(rule.name().len() + 50);
         if i > 0 {
             out.push_str(", ");
         }
-        let _ = write!(
-            out,
-            "\"{}\";r={};t={}",
-            rule.name(),
-            outcome.remaining,
-            seconds_rounded_up(outcome.reset_after_ms)
-        );
+        out.push('"');
+        out.push_str(rule.name());
+        out.push_str("\";r=");
+        out.push_str(digits.format(outcome.remaining));
+        out.push_str(";t=");
+        out.push_str(digits.format(seconds_rounded_up(outcome.reset_after_ms)));
     }
 }
 
@@ -170,6 +173,10 @@ plans:
         let decision = Decision::from_outcomes(a, outcomes, 1, &[]);
         let mut field = String::new();
         write_ratelimit(&decision, &mut field);
+        assert_eq!(
+            field,
+            r#""burst";r=49;t=1, "hourly";r=19999;t=7200, "route-1";r=2;t=2"#
+        );
         assert_eq!(
             parse(&field),
             vec![
