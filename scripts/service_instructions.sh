@@ -8,7 +8,9 @@
 # and first requests cancelled out.
 #   scripts/service_instructions.sh [API] [RUNS]   (API http or grpc; default grpc 3)
 # SLUICE_BIN counts another build of the service (the load still comes
-# from this tree's). Needs valgrind (apt-get install valgrind).
+# from this tree's); SERVICE_INSTRUCTIONS_DUMPS=DIR keeps callgrind's dumps
+# there (API-SECONDS-RUN.out, for callgrind_annotate). Needs valgrind
+# (apt-get install valgrind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 api=${1:-grpc}; runs=${2:-3}
@@ -23,9 +25,13 @@ bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
 
 # Instructions callgrind counted for a service that served `seconds` of load.
 count() {
-  local seconds=$1 http grpc pid target log
+  local seconds=$1 run=$2 http grpc pid target log dump=/dev/null
   http=$(free_port); grpc=$(free_port); log=$(mktemp)
-  SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+  if [ -n "${SERVICE_INSTRUCTIONS_DUMPS:-}" ]; then
+    mkdir -p "$SERVICE_INSTRUCTIONS_DUMPS"
+    dump=$SERVICE_INSTRUCTIONS_DUMPS/$api-$seconds-$run.out
+  fi
+  SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
     "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
   pid=$!
   for _ in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:$http/healthz && break; sleep 0.5; done
@@ -38,7 +44,7 @@ count() {
 }
 
 for run in $(seq "$runs"); do
-  small=$(count 1); large=$(count 5)
+  small=$(count 1 "$run"); large=$(count 5 "$run")
   echo "$api run $run: $(( (large - small) / 800 )) instructions per request"
 done
 rm -f "$config"
