@@ -123,7 +123,12 @@ pub async fn grpc_routes(
         .set_service_status(RLS, tonic_health::ServingStatus::Serving)
         .await;
     let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
-    GrpcServices::new(RateLimiter::new(app), max_message, health_service)
+    GrpcServices::new(
+        RateLimiter::new(app),
+        max_message,
+        std::time::Duration::from_millis(limits.request_timeout_ms),
+        health_service,
+    )
 }
 
 /// The gRPC service.

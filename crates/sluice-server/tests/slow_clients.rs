@@ -3,7 +3,7 @@
 //! succeeding, the server closes them after its timeouts, an oversize
 //! `Content-Length` is refused at once, connections beyond
 //! `server.limits.max_connections` are closed, and gRPC messages are
-//! bounded.
+//! bounded in size and in the time they take to arrive.
 
 mod common;
 
@@ -15,8 +15,8 @@ use common::{Server, post, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor::Entry,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::json;
 
 fn start(limits: &str) -> Server {
@@ -221,6 +221,53 @@ async fn grpc_messages_above_the_limit_are_refused() {
         "{status:?}"
     );
     assert!(client.should_rate_limit(request("b".into())).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_grpc_message_that_never_arrives_gets_deadline_exceeded() {
+    let server = start("{ request_timeout: 300ms }");
+    let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    // The request's headers go out; its message never does.
+    let started = Instant::now();
+    let status = grpc
+        .client_streaming(
+            tonic::Request::new(tokio_stream::pending::<RateLimitRequest>()),
+            http::uri::PathAndQuery::from_static(
+                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            ),
+            tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert!(status.message().contains("request_timeout"), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The connection keeps serving.
+    let mut client = RateLimitServiceClient::new(channel);
+    let answer = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "tenant".into(),
+                    value: "a".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        })
+        .await;
+    assert!(answer.is_ok(), "{answer:?}");
 }
 
 #[test]

@@ -15,6 +15,7 @@ pub mod unary;
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -43,16 +44,25 @@ pub struct GrpcServices<H> {
     rls: RateLimiter,
     /// `server.limits.grpc_max_message_bytes`.
     max_message: usize,
+    /// `server.limits.request_timeout`: how long a request's message may
+    /// take to arrive.
+    read_timeout: Duration,
     health: H,
 }
 
 impl<H> GrpcServices<H> {
     /// Both services; requests to the Rate Limit Service carry messages of
-    /// at most `max_message` bytes.
-    pub fn new(rls: RateLimiter, max_message: usize, health: H) -> GrpcServices<H> {
+    /// at most `max_message` bytes, arriving within `read_timeout`.
+    pub fn new(
+        rls: RateLimiter,
+        max_message: usize,
+        read_timeout: Duration,
+        health: H,
+    ) -> GrpcServices<H> {
         GrpcServices {
             rls,
             max_message,
+            read_timeout,
             health,
         }
     }
@@ -107,10 +117,24 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let (service, method) = service_and_method(request.uri().path());
         if service == RLS && method == SHOULD_RATE_LIMIT {
-            let (rls, max_message) = (self.rls.clone(), self.max_message);
+            let (rls, max_message, read_timeout) =
+                (self.rls.clone(), self.max_message, self.read_timeout);
             return Box::pin(async move {
                 let (parts, body) = request.into_parts();
-                let answer = match unary::read_message(&parts.headers, body, max_message).await {
+                // A client trickling its message (or never sending it)
+                // holds a stream and a buffer: it gets as long as an HTTP
+                // request's body does.
+                let read = unary::read_message(&parts.headers, body, max_message);
+                let message = tokio::time::timeout(read_timeout, read)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "the request's message did not arrive within {} ms \
+                             (server.limits.request_timeout)",
+                            read_timeout.as_millis()
+                        )))
+                    });
+                let answer = match message {
                     Ok(message) => match RateLimitRequest::decode(message) {
                         Ok(request) => rls.should_rate_limit(request).await,
                         Err(e) => Err(tonic::Status::internal(format!(
