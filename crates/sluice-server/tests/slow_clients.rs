@@ -224,6 +224,40 @@ async fn grpc_messages_above_the_limit_are_refused() {
 }
 
 #[tokio::test]
+async fn a_grpc_message_over_several_http2_frames_is_read_whole() {
+    // HTTP/2 frames carry at most 16 KiB: this message takes three.
+    let server = start("{ grpc_max_message_bytes: 65536 }");
+    let mut client = RateLimitServiceClient::connect(server.grpc.clone())
+        .await
+        .unwrap();
+    let entry = |key: &str, fill: char| Entry {
+        key: key.into(),
+        value: fill.to_string().repeat(15_000),
+    };
+    let answer = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![
+                    Entry {
+                        key: "tenant".into(),
+                        value: "a".into(),
+                    },
+                    entry("x", 'b'),
+                    entry("y", 'c'),
+                    entry("z", 'd'),
+                ],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.statuses.len(), 1, "{answer:?}");
+}
+
+#[tokio::test]
 async fn a_grpc_message_that_never_arrives_gets_deadline_exceeded() {
     let server = start("{ request_timeout: 300ms }");
     let channel = tonic::transport::Endpoint::from_shared(server.grpc.clone())
