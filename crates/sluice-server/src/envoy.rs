@@ -36,7 +36,7 @@ use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::policy::Applicable;
 use sluice_core::request::MAX_COST;
-use sluice_core::{Algorithm, BoundRule, Decision, Outcome, Reason, Request, Rule, Scope};
+use sluice_core::{Algorithm, BoundRule, Decision, Reason, Request, Rule, Scope};
 use sluice_store::{Batch, Partition};
 use tonic::Status;
 
@@ -855,7 +855,8 @@ impl RateLimiter {
             quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));
         let over = (!decision.allowed || (quota_count > 0 && quota_count == quota_over))
             && !self.app.envoy.shadow_mode;
-        let mut headers = Vec::new();
+        // RateLimit-Policy, RateLimit and Retry-After at most.
+        let mut headers = Vec::with_capacity(3);
         let policy_header = if decision.policy_header().is_empty() {
             decision
                 .rules
@@ -916,21 +917,21 @@ fn descriptor_status(
             ..Default::default()
         };
     }
-    let known: Vec<(usize, &Outcome)> = owned
-        .iter()
-        .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
-        .collect();
+    // Walked twice rather than collected: no allocation per descriptor.
+    let known = || {
+        owned
+            .iter()
+            .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
+    };
     // A quota descriptor's rules are decided as shadow rules, but its
     // status still says when it is over.
-    let denied = known
-        .iter()
-        .any(|(r, o)| !o.allowed && (quota || !decision.rules[*r].shadow()));
+    let denied = known().any(|(r, o)| !o.allowed && (quota || !decision.rules[r].shadow()));
     // The store was unreachable and the failure policy denied: every
     // descriptor with rules is over.
     let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
-    let tightest = known.iter().min_by_key(|(_, o)| o.remaining);
+    let tightest = known().min_by_key(|(_, o)| o.remaining);
     let current_limit = tightest.map(|(r, _)| {
-        let rule = decision.rules[*r].rule();
+        let rule = decision.rules[r].rule();
         let (rpu, unit) = match configured {
             Some((rpu, unit, _)) => (*rpu, *unit),
             None => (
@@ -939,7 +940,7 @@ fn descriptor_status(
             ),
         };
         RateLimit {
-            name: decision.rules[*r].name().to_owned(),
+            name: decision.rules[r].name().to_owned(),
             requests_per_unit: rpu,
             unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
         }
