@@ -7,7 +7,7 @@
 //! `tonic::Request` with a metadata map, an encoder stream behind an 8 KiB
 //! buffer, a boxed body), which a unary method does not need: counted
 //! under callgrind, a `ShouldRateLimit` costs the service about 69
-//! thousand instructions this way against 75 thousand through tonic's
+//! thousand instructions this way against 74 thousand through tonic's
 //! server (docs/BENCHMARKS.md, "Service CPU per decision").
 //!
 //! What a client sees is what tonic answers: the message length bounded by
@@ -105,8 +105,8 @@ fn length(received: &[u8]) -> Option<usize> {
 }
 
 /// Checks what has arrived so far: an uncompressed message within `max`
-/// bytes, and nothing after it (so never more than `PREFIX + max` bytes
-/// are held).
+/// bytes, and nothing after it (checked after every frame, so what is held
+/// never exceeds `PREFIX + max` by more than one HTTP/2 frame, 16 KiB).
 fn check(received: &[u8], max: usize) -> Result<(), Status> {
     let Some(length) = length(received) else {
         return Ok(());
