@@ -198,8 +198,6 @@ impl Body for OneMessage {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use super::*;
 
     fn framed(flag: u8, message: &[u8]) -> Vec<u8> {
@@ -209,27 +207,16 @@ mod tests {
         out
     }
 
-    /// A request body delivering its chunks as separate DATA frames.
-    struct Chunks(VecDeque<Bytes>);
-
-    impl Body for Chunks {
-        type Data = Bytes;
-        type Error = Infallible;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
-        }
-    }
-
     fn read(chunks: &[&[u8]], max: usize) -> Result<Bytes, Status> {
         read_with(&HeaderMap::new(), chunks, max)
     }
 
     fn read_with(headers: &HeaderMap, chunks: &[&[u8]], max: usize) -> Result<Bytes, Status> {
-        let body = Chunks(chunks.iter().map(|c| Bytes::copy_from_slice(c)).collect());
+        // Each chunk its own DATA frame.
+        let frames = chunks
+            .iter()
+            .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::copy_from_slice(c))));
+        let body = http_body_util::StreamBody::new(tokio_stream::iter(frames.collect::<Vec<_>>()));
         futures_executor(read_message(headers, body, max))
     }
 
