@@ -5,12 +5,15 @@
 # tenant) under valgrind's callgrind, loaded by `sluice bench --scenario
 # steady --start-rate 200` for 1 s and for 5 s; the difference of the two
 # totals over the 800 requests between them is one request's cost, start-up
-# and first requests cancelled out.
+# and first requests cancelled out. The clock's calibration at start-up
+# (quanta's, a loop bounded in time, so of a varying length under
+# callgrind: 10-16 million instructions, several thousand a request) is
+# left out of both totals.
 #   scripts/service_instructions.sh [API] [RUNS]   (API http or grpc; default grpc 3)
 # SLUICE_BIN counts another build of the service (the load still comes
 # from this tree's); SERVICE_INSTRUCTIONS_DUMPS=DIR keeps callgrind's dumps
 # there (API-SECONDS-RUN.out, for callgrind_annotate). Needs valgrind
-# (apt-get install valgrind).
+# (apt-get install valgrind, which brings callgrind_annotate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 api=${1:-grpc}; runs=${2:-3}
@@ -25,12 +28,9 @@ bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
 
 # Instructions callgrind counted for a service that served `seconds` of load.
 count() {
-  local seconds=$1 run=$2 http grpc pid target log dump=/dev/null
+  local seconds=$1 run=$2 http grpc pid target log dump
   http=$(free_port); grpc=$(free_port); log=$(mktemp)
-  if [ -n "${SERVICE_INSTRUCTIONS_DUMPS:-}" ]; then
-    mkdir -p "$SERVICE_INSTRUCTIONS_DUMPS"
-    dump=$SERVICE_INSTRUCTIONS_DUMPS/$api-$seconds-$run.out
-  fi
+  dump=$dumps/$api-$seconds-$run.out
   SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
     "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
   pid=$!
@@ -39,12 +39,19 @@ count() {
   "$bench" bench --scenario steady --api "$api" --target $target --tenants 10000 \
     --start-rate 200 --seconds "$seconds" >/dev/null 2>&1
   kill -INT $pid; wait $pid || true
-  grep -o 'Collected : [0-9]*' "$log" | grep -o '[0-9]*$'
   rm -f "$log"
+  # The total, less the clock's calibration.
+  callgrind_annotate --inclusive=yes "$dump" 2>/dev/null \
+    | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); total = $1 }
+           /quanta::Clock::new \[/ { gsub(",", "", $1); calibration += $1 }
+           END { print total - calibration }'
 }
 
+dumps=${SERVICE_INSTRUCTIONS_DUMPS:-$(mktemp -d)}
+mkdir -p "$dumps"
 for run in $(seq "$runs"); do
   small=$(count 1 "$run"); large=$(count 5 "$run")
   echo "$api run $run: $(( (large - small) / 800 )) instructions per request"
 done
 rm -f "$config"
+[ -n "${SERVICE_INSTRUCTIONS_DUMPS:-}" ] || rm -rf "$dumps"
