@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -42,6 +41,7 @@ use tonic::Status;
 
 use crate::Fallible;
 use crate::app::App;
+use crate::grpc::request::{DescriptorView, RequestView};
 use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
@@ -154,7 +154,7 @@ struct Descriptor<'r> {
     limit_override: Option<(u32, Unit)>,
 }
 
-fn read_request(request: &RateLimitRequest) -> Result<(u64, Vec<Descriptor<'_>>), Status> {
+fn read_request(request: RequestView<'_>) -> Result<(u64, Vec<Descriptor<'_>>), Status> {
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("`domain` must not be empty"));
     }
@@ -175,7 +175,7 @@ fn read_request(request: &RateLimitRequest) -> Result<(u64, Vec<Descriptor<'_>>)
     }
     let descriptors = request
         .descriptors
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, d)| read_descriptor(i, d, hits))
         .collect::<Result<_, _>>()?;
@@ -184,7 +184,7 @@ fn read_request(request: &RateLimitRequest) -> Result<(u64, Vec<Descriptor<'_>>)
 
 fn read_descriptor(
     index: usize,
-    d: &RateLimitDescriptor,
+    d: DescriptorView<'_>,
     hits: u64,
 ) -> Result<Descriptor<'_>, Status> {
     // An empty descriptor matches no limit (OK), as upstream answers it.
@@ -198,32 +198,26 @@ fn read_descriptor(
             "`descriptors[{index}].is_negative_hits` is not supported"
         )));
     }
-    let mut entries = Vec::with_capacity(d.entries.len());
-    for entry in &d.entries {
-        if entry.key.is_empty()
-            || entry.key.len() > MAX_ENTRY_BYTES
-            || entry.value.len() > MAX_ENTRY_BYTES
-        {
+    for (key, value) in &d.entries {
+        if key.is_empty() || key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {
             return Err(Status::invalid_argument(format!(
                 "`descriptors[{index}].entries`: keys must be 1 to {MAX_ENTRY_BYTES} bytes and values at most {MAX_ENTRY_BYTES}"
             )));
         }
-        entries.push((entry.key.as_str(), entry.value.as_str()));
     }
-    let cost = match &d.hits_addend {
+    let cost = match d.hits_addend {
         None => hits,
-        Some(v) if v.value <= MAX_COST => v.value,
-        Some(v) => {
+        Some(value) if value <= MAX_COST => value,
+        Some(value) => {
             return Err(Status::invalid_argument(format!(
-                "`descriptors[{index}].hits_addend` must be at most {MAX_COST}, got {}",
-                v.value
+                "`descriptors[{index}].hits_addend` must be at most {MAX_COST}, got {value}"
             )));
         }
     };
-    let limit_override = match &d.limit {
+    let limit_override = match d.limit {
         None => None,
-        Some(o) => match unit_of_proto(o.unit) {
-            Some(unit) => Some((o.requests_per_unit, unit)),
+        Some((requests_per_unit, unit)) => match unit_of_proto(unit) {
+            Some(unit) => Some((requests_per_unit, unit)),
             None => {
                 return Err(Status::invalid_argument(format!(
                     "`descriptors[{index}].limit.unit` must be a known unit"
@@ -232,7 +226,7 @@ fn read_descriptor(
         },
     };
     Ok(Descriptor {
-        entries,
+        entries: d.entries,
         cost,
         limit_override,
     })
@@ -391,11 +385,20 @@ impl RateLimiter {
         &self,
         request: RateLimitRequest,
     ) -> Result<RateLimitResponse, Status> {
+        self.should_rate_limit_view(RequestView::of(&request)).await
+    }
+
+    /// [`should_rate_limit`](Self::should_rate_limit) for a request read
+    /// in place ([`RequestView::decode`]).
+    pub async fn should_rate_limit_view(
+        &self,
+        request: RequestView<'_>,
+    ) -> Result<RateLimitResponse, Status> {
         let started = Instant::now();
-        let (hits, descriptors) = read_request(&request)?;
+        let domain = request.domain;
+        let (hits, descriptors) = read_request(request)?;
         let policy = self.app.limiter.policy();
         let envoy = policy.descriptors();
-        let domain = request.domain.as_str();
         let near_limit = policy.near_limit();
         if envoy.has_domain(domain) {
             let found: Vec<Found<'_>> = descriptors

@@ -10,6 +10,7 @@
 //! thousand instructions of the ~79 thousand a gRPC decision cost the
 //! service (docs/BENCHMARKS.md, "Service CPU per decision").
 
+pub mod request;
 pub mod unary;
 
 use std::convert::Infallible;
@@ -20,14 +21,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http_body_util::Either;
-use prost::Message;
 use tonic::body::Body;
 use tonic::codegen::BoxFuture;
 use tonic::server::NamedService;
 
 use crate::envoy::RateLimiter;
+use request::RequestView;
 
 /// The Rate Limit Service's name.
 pub const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -143,8 +143,8 @@ where
                         }),
                 };
                 let answer = match message {
-                    Ok(message) => match RateLimitRequest::decode(message) {
-                        Ok(request) => rls.should_rate_limit(request).await,
+                    Ok(message) => match RequestView::decode(&message) {
+                        Ok(request) => rls.should_rate_limit_view(request).await,
                         Err(e) => Err(tonic::Status::internal(format!(
                             "cannot decode the RateLimitRequest: {e}"
                         ))),
