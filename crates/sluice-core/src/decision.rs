@@ -283,14 +283,16 @@ impl<'p> Decision<'p> {
     ) -> Decision<'p> {
         let rules = applicable.rules;
         let enforced = |i: usize| !rules[i].shadow();
-        let allowed = outcomes
-            .iter()
-            .enumerate()
-            .all(|(i, o)| o.allowed || !enforced(i));
-        let shadow_denied = outcomes
-            .iter()
-            .enumerate()
-            .any(|(i, o)| !o.allowed && !enforced(i));
+        let (mut allowed, mut shadow_denied) = (true, false);
+        for (rule, outcome) in rules.iter().zip(&outcomes) {
+            if !outcome.allowed {
+                if rule.shadow() {
+                    shadow_denied = true;
+                } else {
+                    allowed = false;
+                }
+            }
+        }
         if !allowed {
             for (i, outcome) in outcomes.iter_mut().enumerate() {
                 if outcome.allowed && enforced(i) {
@@ -301,17 +303,27 @@ impl<'p> Decision<'p> {
             }
         }
         let pairs = || rules.iter().zip(outcomes.iter()).enumerate();
+        let mut near_limit = !allowed;
         let summary = if allowed {
             // The advertised rule with the smallest share of its capacity
-            // left (valves are not shown: see `BoundRule::advertised`).
-            pairs()
-                .filter(|(_, (r, _))| r.advertised())
-                .min_by(|(_, (ra, a)), (_, (rb, b))| {
-                    let left_a = u128::from(a.remaining) * u128::from(rb.rule().capacity());
-                    let left_b = u128::from(b.remaining) * u128::from(ra.rule().capacity());
-                    left_a.cmp(&left_b)
-                })
-                .map(|(i, _)| i)
+            // left (valves are not shown: see `BoundRule::advertised`), the
+            // first on ties; and whether any advertised rule is near its
+            // limit, in the same pass.
+            let mut tightest: Option<(usize, u64, u64)> = None;
+            for (i, (rule, outcome)) in pairs() {
+                if !rule.advertised() {
+                    continue;
+                }
+                near_limit |= rule.is_near(outcome.remaining.into());
+                let (remaining, capacity) = (u64::from(outcome.remaining), rule.rule().capacity());
+                let tighter = tightest.is_none_or(|(_, left, of)| {
+                    u128::from(remaining) * u128::from(of) < u128::from(left) * u128::from(capacity)
+                });
+                if tighter {
+                    tightest = Some((i, remaining, capacity));
+                }
+            }
+            tightest.map(|(i, _, _)| i)
         } else {
             // A duplicate is answered as one (409), whatever else denied.
             // Otherwise, of the enforced rules that denied, the one that
@@ -330,8 +342,6 @@ impl<'p> Decision<'p> {
                     .map(|(i, _)| i)
             })
         };
-        let near_limit =
-            !allowed || pairs().any(|(_, (r, o))| r.advertised() && r.is_near(o.remaining.into()));
         let reason = if allowed {
             None
         } else {
@@ -493,6 +503,21 @@ global:
             outcome(true, 90, 0),
         ];
         assert!(Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]).near_limit);
+    }
+
+    #[test]
+    fn rules_with_equal_shares_left_are_described_by_the_first() {
+        let p = policy();
+        let a = p.applicable("x", "GET /", false);
+        // t: 5/10 left, r: 2/4 left: the same share; t comes first.
+        let outcomes = [
+            outcome(true, 5, 0),
+            outcome(true, 2, 0),
+            outcome(true, 100, 0),
+        ];
+        let d = Decision::from_outcomes(a, outcomes.into_iter().collect(), 1, &[]);
+        assert_eq!(d.policy().unwrap().name(), "t");
+        assert_eq!(d.remaining(), Some(5));
     }
 
     #[test]

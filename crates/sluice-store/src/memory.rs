@@ -312,7 +312,11 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     let mut previous = 0;
     for &(address, i) in &order[..] {
         if address != previous || guards.is_empty() {
-            guards.push(entries[i].slot.lock());
+            let slot = entries[i].slot.lock();
+            if slot.dead {
+                return None;
+            }
+            guards.push(slot);
             previous = address;
         }
         slot_of[i] = guards.len() - 1;
@@ -320,44 +324,42 @@ fn decide_locked(batch: &Batch<'_>, entries: &[&Entry], now: u64, parts: u64) ->
     // Indexed through slices from here: indexing a `SmallVec` checks where
     // its items live on every access.
     let (guards, slot_of) = (&mut guards[..], &slot_of[..]);
-    if guards.iter().any(|slot| slot.dead) {
-        return None;
-    }
-    for (i, rule) in batch.rules.iter().enumerate() {
-        repair(&rule.rule().share(parts), &mut guards[slot_of[i]], now);
+    // Repairs first, all of them: they are kept whatever the decision, and
+    // a rule decides on its state repaired.
+    for (rule, &slot) in batch.rules.iter().zip(slot_of) {
+        repair(&rule.rule().share(parts), &mut guards[slot], now);
     }
     let mut outcomes = Outcomes::new();
     let mut steps: SmallVec<[Step; 4]> = SmallVec::with_capacity(batch.rules.len());
-    for (i, rule) in batch.rules.iter().enumerate() {
+    // Shadow rules never block the others; they consume only when they
+    // admit, as an enforced rule would.
+    let mut enforced_admit = true;
+    for (i, (rule, &slot)) in batch.rules.iter().zip(slot_of).enumerate() {
         let (outcome, step) = rule.rule().share(parts).decide_repaired_lease(
-            &guards[slot_of[i]].state,
+            &guards[slot].state,
             now,
             batch.cost_of(i),
             batch.lease,
         );
+        enforced_admit &= outcome.allowed || rule.shadow();
         outcomes.push(outcome);
         steps.push(step);
     }
-    // Shadow rules never block the others; they consume only when they
-    // admit, as an enforced rule would.
-    let enforced_admit = batch
-        .rules
-        .iter()
-        .zip(&outcomes[..])
-        .all(|(rule, outcome)| outcome.allowed || rule.shadow());
     if enforced_admit {
         let steps = &mut steps[..];
-        for (i, (rule, outcome)) in batch.rules.iter().zip(&outcomes[..]).enumerate() {
-            if !outcome.allowed {
-                continue;
+        for (((rule, outcome), step), &slot) in batch
+            .rules
+            .iter()
+            .zip(&outcomes[..])
+            .zip(steps)
+            .zip(slot_of)
+        {
+            if outcome.allowed {
+                let slot = &mut guards[slot];
+                let rule = rule.rule().share(parts);
+                rule.commit(&mut slot.state, std::mem::replace(step, Step::Keep));
+                slot.idle_at = rule.idle_at(&slot.state);
             }
-            let slot = &mut guards[slot_of[i]];
-            let rule = rule.rule().share(parts);
-            rule.commit(
-                &mut slot.state,
-                std::mem::replace(&mut steps[i], Step::Keep),
-            );
-            slot.idle_at = rule.idle_at(&slot.state);
         }
     }
     Some(outcomes)
