@@ -550,6 +550,20 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("tenant"), "{}", status.message());
+
+    // An answer's headers: its content type, no `date` (no gRPC client
+    // reads one; the HTTP API's answers carry it).
+    let answer = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![descriptor(&tenant)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    let headers = answer.metadata();
+    assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
+    assert!(headers.get("date").is_none(), "{headers:?}");
     drop(c);
     server.stop();
 }
