@@ -551,8 +551,9 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().contains("tenant"), "{}", status.message());
 
-    // An answer's headers: its content type, no `date` (no gRPC client
-    // reads one; the HTTP API's answers carry it).
+    // An answer's headers: its content type, no `date` or
+    // `content-length` (no gRPC client reads them; the HTTP API's answers
+    // carry them).
     let answer = c
         .should_rate_limit(RateLimitRequest {
             domain: "sluice".into(),
@@ -564,6 +565,7 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
     let headers = answer.metadata();
     assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
     assert!(headers.get("date").is_none(), "{headers:?}");
+    assert!(headers.get("content-length").is_none(), "{headers:?}");
     drop(c);
     server.stop();
 }

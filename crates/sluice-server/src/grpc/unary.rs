@@ -192,7 +192,12 @@ impl Body for OneMessage {
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+        // At least the message, not exactly: given an exact size, hyper
+        // adds a `content-length` header, which no gRPC client reads
+        // (tonic's servers send none): a header fewer to encode.
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.message.as_ref().map_or(0, |m| m.len() as u64));
+        hint
     }
 }
 
