@@ -5,7 +5,7 @@ use std::time::Duration;
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
-use sluice_core::{Rule, State};
+use sluice_core::{Outcome, Rule, State};
 use sluice_store::{
     Batch, ClusterStore, ConnectOptions, Heartbeat, KeySet, MemoryStore, RedisStore, Store,
     StoreError,
@@ -175,6 +175,13 @@ impl Store for Backend {
         }
     }
 
+    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
+        match self {
+            Backend::Memory(store) => store.decide_one_in_process(batch),
+            Backend::Redis(_) | Backend::Cluster(_) => None,
+        }
+    }
+
     fn maintain(&self) {
         if let Backend::Memory(store) = self {
             store.maintain();
@@ -234,4 +241,47 @@ fn read_pepper(source: &SecretSource, field: &str) -> Fallible<Pepper> {
             .map_err(|e| format!("cannot read {field}_file {}: {e}", path.display()))?,
     };
     Pepper::parse(&bytes).map_err(|e| format!("{field}: {e}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::{Config, Policy};
+    use sluice_store::{Batch, MemoryStore, Store};
+
+    use super::Backend;
+
+    /// The memory backend answers in process for one rule and for several,
+    /// as the memory store does: the limiter then skips the remote path
+    /// (a boxed future, the time budget, the breaker).
+    #[test]
+    fn the_memory_backend_decides_in_process() {
+        let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ limit: 10, per: 1s }]
+    routes:
+      "*": [{ limit: 10, per: 1s }]
+"#;
+        let config = Config::from_yaml(yaml, "t.yaml").unwrap();
+        let policy = Policy::compile(&config.limits);
+        let backend = Backend::Memory(MemoryStore::new(100));
+        let both = policy.applicable("acme", "GET /", false).rules;
+        assert_eq!(both.len(), 2);
+        let one = &both[..1];
+        let outcome = backend
+            .decide_one_in_process(&Batch::new("acme", None, 1, one))
+            .expect("one rule in process")
+            .unwrap();
+        assert!(outcome.allowed);
+        assert_eq!(outcome.remaining, 9);
+        let outcomes = backend
+            .decide_in_process(&Batch::new("acme", None, 1, both))
+            .expect("several rules in process")
+            .unwrap();
+        assert_eq!(
+            outcomes.iter().map(|o| o.remaining).collect::<Vec<_>>(),
+            [8, 9]
+        );
+    }
 }

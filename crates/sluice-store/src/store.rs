@@ -131,7 +131,8 @@ pub trait Store: Send + Sync {
 
     /// [`decide_in_process`](Self::decide_in_process) for a batch of
     /// exactly one rule, its outcome alone (the common case, without a
-    /// vector of one to carry).
+    /// vector of one to carry). `None` where the store has no such
+    /// shortcut: the limiter then asks `decide_in_process`.
     fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
         let _ = batch;
         None

@@ -359,12 +359,15 @@ impl<S: Store> Limiter<S> {
         if applicable.shards > 1 || guarded.any() {
             return None;
         }
-        if let [_] = batch.rules {
-            // One rule, most often: its outcome alone, no vector of one.
-            return match self.store.decide_one_in_process(batch)? {
-                Ok(outcome) => Some(Decision::from_outcome(applicable, outcome)),
-                Err(error) => Some(self.conclude(applicable, batch, Err(error))),
-            };
+        // One rule, most often: its outcome alone, no vector of one (a
+        // store without that shortcut decides it as several).
+        if let [_] = batch.rules
+            && let Some(one) = self.store.decide_one_in_process(batch)
+        {
+            return Some(match one {
+                Ok(outcome) => Decision::from_outcome(applicable, outcome),
+                Err(error) => self.conclude(applicable, batch, Err(error)),
+            });
         }
         let result = self.store.decide_in_process(batch)?;
         Some(self.conclude(applicable, batch, result))
