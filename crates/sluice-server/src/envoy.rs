@@ -41,18 +41,12 @@ use tonic::Status;
 
 use crate::Fallible;
 use crate::app::App;
-use crate::grpc::request::{DescriptorView, RequestView};
+use crate::grpc::request::{DescriptorView, MAX_DESCRIPTORS, MAX_ENTRIES, RequestView};
 use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
-// Bounds well above what Envoy sends (a descriptor per `rate_limits`
-// action list, an entry per action, values up to a header's length); the
-// message itself is bounded by `server.limits.grpc_max_message_bytes`.
-/// Most descriptors in one request.
-const MAX_DESCRIPTORS: usize = 256;
-/// Most entries in one descriptor.
-const MAX_ENTRIES: usize = 64;
-/// Longest entry key or value, in bytes.
+/// Longest entry key or value, in bytes (the other bounds of a request,
+/// `MAX_DESCRIPTORS` and `MAX_ENTRIES`, are where it is read).
 const MAX_ENTRY_BYTES: usize = 16 * 1024;
 
 /// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
@@ -158,10 +152,10 @@ fn read_request(request: RequestView<'_>) -> Result<(u64, Vec<Descriptor<'_>>), 
     if request.domain.is_empty() {
         return Err(Status::invalid_argument("`domain` must not be empty"));
     }
-    if request.descriptors.is_empty() || request.descriptors.len() > MAX_DESCRIPTORS {
+    if request.descriptors_sent == 0 || request.descriptors_sent > MAX_DESCRIPTORS {
         return Err(Status::invalid_argument(format!(
             "`descriptors` must hold 1 to {MAX_DESCRIPTORS} descriptors, got {}",
-            request.descriptors.len()
+            request.descriptors_sent
         )));
     }
     let hits = match request.hits_addend {

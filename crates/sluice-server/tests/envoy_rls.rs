@@ -600,6 +600,35 @@ async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_ser
         let status = c.should_rate_limit(request.clone()).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{request:?}");
     }
+    // The bounds on descriptors (256) and on a descriptor's entries (64),
+    // named with the count sent; one under each passes.
+    let many = |descriptors: usize, entries: usize| RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![descriptor(&vec![("a", "b"); entries]); descriptors],
+        hits_addend: 0,
+    };
+    let status = c.should_rate_limit(many(1_000, 1)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("`descriptors` must hold 1 to 256 descriptors, got 1000"),
+        "{}",
+        status.message()
+    );
+    let status = c.should_rate_limit(many(2, 65)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("`descriptors[0].entries` must hold at most 64 entries"),
+        "{}",
+        status.message()
+    );
+    let answer = c.should_rate_limit(many(256, 1)).await.unwrap();
+    assert_eq!(answer.into_inner().statuses.len(), 256);
+    let answer = c.should_rate_limit(many(1, 64)).await.unwrap();
+    assert_eq!(answer.into_inner().statuses.len(), 1);
     let channel = Channel::from_shared(server.grpc.clone())
         .unwrap()
         .connect()

@@ -12,6 +12,13 @@
 //! scalar or string kept, strings UTF-8. The wire primitives (keys,
 //! varints, skipping a field) are prost's own, the ones its generated code
 //! calls.
+//!
+//! What it holds is bounded whatever the message's size: past
+//! [`MAX_DESCRIPTORS`] descriptors, or [`MAX_ENTRIES`] entries in one, the
+//! rest are read and counted but not kept (the request is refused for
+//! them). Unbounded, an empty descriptor (2 bytes on the wire, 64 held)
+//! would let a message of `server.limits.grpc_max_message_bytes` hold 32
+//! times its size.
 
 use std::fmt;
 
@@ -19,13 +26,23 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use prost::DecodeError;
 use prost::encoding::{DecodeContext, WireType, check_wire_type, decode_key, decode_varint};
 
+// Bounds well above what Envoy sends (a descriptor per `rate_limits`
+// action list, an entry per action); the message itself is bounded by
+// `server.limits.grpc_max_message_bytes`.
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 256;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 64;
+
 /// The fields of a `RateLimitRequest` sluice reads.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RequestView<'m> {
     /// `domain`.
     pub domain: &'m str,
-    /// `descriptors`.
+    /// `descriptors`: the first `MAX_DESCRIPTORS + 1` of them.
     pub descriptors: Vec<DescriptorView<'m>>,
+    /// How many descriptors the request has.
+    pub descriptors_sent: usize,
     /// `hits_addend` (0 when absent).
     pub hits_addend: u32,
 }
@@ -33,7 +50,8 @@ pub struct RequestView<'m> {
 /// The fields of one `RateLimitDescriptor`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct DescriptorView<'m> {
-    /// `entries`: key and value.
+    /// `entries`: key and value, the first `MAX_ENTRIES + 1` of them (so
+    /// that one too many shows).
     pub entries: Vec<(&'m str, &'m str)>,
     /// `limit`: `requests_per_unit` and `unit` as sent (the unit unchecked).
     pub limit: Option<(u32, i32)>,
@@ -62,6 +80,7 @@ impl<'m> RequestView<'m> {
                     is_negative_hits: d.is_negative_hits,
                 })
                 .collect(),
+            descriptors_sent: request.descriptors.len(),
             hits_addend: request.hits_addend,
         }
     }
@@ -73,9 +92,13 @@ impl<'m> RequestView<'m> {
             let (tag, wire) = decode_key(&mut message)?;
             match tag {
                 1 => view.domain = string(wire, &mut message)?,
-                2 => view
-                    .descriptors
-                    .push(DescriptorView::decode(nested(wire, &mut message)?)?),
+                2 => {
+                    let descriptor = DescriptorView::decode(nested(wire, &mut message)?)?;
+                    view.descriptors_sent += 1;
+                    if view.descriptors.len() <= MAX_DESCRIPTORS {
+                        view.descriptors.push(descriptor);
+                    }
+                }
                 3 => view.hits_addend = varint(wire, &mut message)? as u32,
                 _ => skip(wire, tag, &mut message)?,
             }
@@ -101,7 +124,9 @@ impl<'m> DescriptorView<'m> {
                             _ => skip(wire, tag, &mut entry)?,
                         }
                     }
-                    view.entries.push((key, value));
+                    if view.entries.len() <= MAX_ENTRIES {
+                        view.entries.push((key, value));
+                    }
                 }
                 2 => {
                     // A second occurrence merges into the first.

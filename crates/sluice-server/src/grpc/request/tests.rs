@@ -9,7 +9,7 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 use proptest::prelude::*;
 use prost::Message;
 
-use super::RequestView;
+use super::{MAX_DESCRIPTORS, MAX_ENTRIES, RequestView};
 
 /// What prost makes of `bytes`, as a view (or that it refuses them), next
 /// to what the view reads.
@@ -162,4 +162,28 @@ fn a_field_longer_than_the_message_is_refused() {
     // The domain says 5 bytes; 2 follow.
     assert_same(&[0x0a, 5, b'a', b'b']);
     assert!(RequestView::decode(&[0x0a, 5, b'a', b'b']).is_err());
+}
+
+#[test]
+fn what_is_held_is_bounded_and_what_is_sent_is_counted() {
+    // 10,000 empty descriptors (2 bytes each), then one of 1,000 entries.
+    let mut bytes = [0x12, 0].repeat(10_000);
+    let entries = RateLimitDescriptor {
+        entries: vec![Entry::default(); 1_000],
+        ..Default::default()
+    };
+    prost::encoding::message::encode(2, &entries, &mut bytes);
+    let view = RequestView::decode(&bytes).unwrap();
+    assert_eq!(view.descriptors_sent, 10_001);
+    assert_eq!(view.descriptors.len(), MAX_DESCRIPTORS + 1);
+
+    let mut bytes = Vec::new();
+    prost::encoding::message::encode(2, &entries, &mut bytes);
+    let view = RequestView::decode(&bytes).unwrap();
+    assert_eq!(view.descriptors_sent, 1);
+    assert_eq!(view.descriptors[0].entries.len(), MAX_ENTRIES + 1);
+    // A message damaged past the bounds is refused still.
+    bytes.extend_from_slice(&[0x12, 5, 0]);
+    assert_same(&bytes);
+    assert!(RequestView::decode(&bytes).is_err());
 }
