@@ -410,9 +410,10 @@ impl RateLimiter {
                 })
                 .collect();
             let (rules, owner) = compat_rules(&found);
-            let decided = self
-                .decide_compat(domain, &descriptors, &found, &rules, &owner)
-                .await;
+            // Boxed: what it holds across the store call would otherwise
+            // size every request's future, the native domain's too.
+            let decided =
+                Box::pin(self.decide_compat(domain, &descriptors, &found, &rules, &owner)).await;
             let mut response = self.answer(decided, started, descriptors.len());
             // `hits_addend: 0` checks without consuming (Envoy's check now,
             // debit later): the descriptor's buckets are read, not written.
@@ -420,8 +421,10 @@ impl RateLimiter {
                 if d.cost != 0 || d.limit_override.is_some() {
                     continue;
                 }
+                // Boxed: a peek at a remote store is a large future, and
+                // this path is rare; unboxed, it sized every request's.
                 if let Some(found) = envoy.find(domain, &d.entries)
-                    && let Some(status) = self.check_only(domain, d, &found).await
+                    && let Some(status) = Box::pin(self.check_only(domain, d, &found)).await
                 {
                     response.statuses[i] = status;
                 }
@@ -710,79 +713,86 @@ impl RateLimiter {
                 stats: Vec::new(),
             }
         } else {
-            // Overrides add descriptor rules to the plan's: decided together.
-            let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
-            let mut partitions_text: Vec<String> = Vec::new();
-            let mut extra: Vec<(usize, usize)> = Vec::new();
-            for (i, limit) in &overrides {
-                blocked[*i] = limit.blocks;
-                configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
-                for rule in limit.rules.iter() {
-                    extra.push((*i, rules.len()));
-                    partitions_text.push(descriptor_partition(
-                        &native.domain,
-                        &descriptors[*i].entries,
-                    ));
-                    rules.push(rule.clone());
+            // Overrides add descriptor rules to the plan's, decided
+            // together: the rare path, boxed so that what it holds across
+            // the store call does not size every request's future.
+            return Box::pin(async move {
+                let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
+                let mut partitions_text: Vec<String> = Vec::new();
+                let mut extra: Vec<(usize, usize)> = Vec::new();
+                for (i, limit) in &overrides {
+                    blocked[*i] = limit.blocks;
+                    configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
+                    for rule in limit.rules.iter() {
+                        extra.push((*i, rules.len()));
+                        partitions_text.push(descriptor_partition(
+                            &native.domain,
+                            &descriptors[*i].entries,
+                        ));
+                        rules.push(rule.clone());
+                    }
                 }
-            }
-            for (i, d) in descriptors.iter().enumerate() {
-                if d.limit_override.is_none()
-                    && let Some(scopes) = level(d)
-                {
-                    owners[i] = (0..applicable.rules.len())
-                        .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
-                        .collect();
+                for (i, d) in descriptors.iter().enumerate() {
+                    if d.limit_override.is_none()
+                        && let Some(scopes) = level(d)
+                    {
+                        owners[i] = (0..applicable.rules.len())
+                            .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
+                            .collect();
+                    }
                 }
-            }
-            for (i, r) in &extra {
-                owners[*i].push(*r);
-            }
-            let probe = Batch::new(request.tenant, request.subject, hits, applicable.rules);
-            // A duplicate guard counts per subject and fingerprint, as in
-            // `Limiter::decide`.
-            let guard =
-                sluice_store::limiter::dedupe::partition_text(request.subject, request.fingerprint);
-            let mut partitions: Vec<Partition<'_>> = (0..applicable.rules.len())
-                .map(|r| match applicable.rules[r].scope() {
-                    Scope::Dedupe => Partition::Subject(request.tenant, &guard),
-                    _ => probe.partition(r, &applicable.rules[r]),
-                })
-                .collect();
-            partitions.extend(partitions_text.iter().map(|p| Partition::Tenant(p)));
-            let mut costs = vec![hits; applicable.rules.len()];
-            costs.extend(extra.iter().map(|(i, _)| descriptors[*i].cost));
-            let rules = &rules[..];
-            let combined = Applicable {
-                rules,
-                max_cost: u64::MAX,
-                ..applicable
-            };
-            let batch = Batch {
-                partitions: &partitions,
-                costs: &costs,
-                ..Batch::new(request.tenant, request.subject, hits, rules)
-            };
-            let enforced_block = blocked.iter().any(|b| *b);
-            let decision = if enforced_block {
-                Decision::blocked()
-            } else {
-                self.app.limiter.decide_batch(combined, &batch).await
-            };
-            self.app.account(&request, &decision);
-            return Ok(self.answer(
-                Decided {
-                    decision,
-                    owners,
-                    blocked,
-                    quota: Vec::new(),
-                    unlimited: Vec::new(),
-                    configured,
-                    stats: Vec::new(),
-                },
-                started,
-                descriptors.len(),
-            ));
+                for (i, r) in &extra {
+                    owners[*i].push(*r);
+                }
+                let probe = Batch::new(request.tenant, request.subject, hits, applicable.rules);
+                // A duplicate guard counts per subject and fingerprint, as in
+                // `Limiter::decide`.
+                let guard = sluice_store::limiter::dedupe::partition_text(
+                    request.subject,
+                    request.fingerprint,
+                );
+                let mut partitions: Vec<Partition<'_>> = (0..applicable.rules.len())
+                    .map(|r| match applicable.rules[r].scope() {
+                        Scope::Dedupe => Partition::Subject(request.tenant, &guard),
+                        _ => probe.partition(r, &applicable.rules[r]),
+                    })
+                    .collect();
+                partitions.extend(partitions_text.iter().map(|p| Partition::Tenant(p)));
+                let mut costs = vec![hits; applicable.rules.len()];
+                costs.extend(extra.iter().map(|(i, _)| descriptors[*i].cost));
+                let rules = &rules[..];
+                let combined = Applicable {
+                    rules,
+                    max_cost: u64::MAX,
+                    ..applicable
+                };
+                let batch = Batch {
+                    partitions: &partitions,
+                    costs: &costs,
+                    ..Batch::new(request.tenant, request.subject, hits, rules)
+                };
+                let enforced_block = blocked.iter().any(|b| *b);
+                let decision = if enforced_block {
+                    Decision::blocked()
+                } else {
+                    self.app.limiter.decide_batch(combined, &batch).await
+                };
+                self.app.account(&request, &decision);
+                Ok(self.answer(
+                    Decided {
+                        decision,
+                        owners,
+                        blocked,
+                        quota: Vec::new(),
+                        unlimited: Vec::new(),
+                        configured,
+                        stats: Vec::new(),
+                    },
+                    started,
+                    descriptors.len(),
+                ))
+            })
+            .await;
         };
         self.app
             .admin

@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use http_body_util::Either;
 use tonic::body::Body;
 use tonic::codegen::BoxFuture;
@@ -119,14 +120,24 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let (service, method) = service_and_method(request.uri().path());
         if service == RLS && method == SHOULD_RATE_LIMIT {
+            // The headers are checked here and not kept: the future holds
+            // only what the rest needs (it is boxed, moved into its box
+            // whole, per request).
+            let mut body = match unary::check_encoding(request.headers()) {
+                Ok(()) => request.into_body(),
+                Err(status) => {
+                    let refused = unary::respond::<RateLimitResponse>(Err(status));
+                    return Box::pin(std::future::ready(Ok(refused.map(Either::Left))));
+                }
+            };
             let (rls, max_message, read_timeout) =
                 (self.rls.clone(), self.max_message, self.read_timeout);
             return Box::pin(async move {
-                let (parts, body) = request.into_parts();
                 // A client trickling its message (or never sending it)
                 // holds a stream and a buffer: it gets as long as an HTTP
-                // request's body does.
-                let mut read = pin!(unary::read_message(&parts.headers, body, max_message));
+                // request's body does. (The body is borrowed, not moved
+                // into the read: held once in this future, not twice.)
+                let mut read = pin!(unary::read_message(&mut body, max_message));
                 // The message has most often arrived with the headers: read
                 // at once, it needs no timer (arming and dropping one costs
                 // more than the read).

@@ -35,13 +35,10 @@ const PREFIX: usize = 5;
 /// by `&str` is parsed on every lookup).
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 
-/// Reads the one message of a unary request whose `headers` and `body`
-/// these are, at most `max` bytes long (the prefix not counted).
-pub async fn read_message<B>(headers: &HeaderMap, mut body: B, max: usize) -> Result<Bytes, Status>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Display,
-{
+/// Checks that a request whose headers these are sends its message
+/// uncompressed (checked before the body is read: the headers need not be
+/// kept while it arrives).
+pub fn check_encoding(headers: &HeaderMap) -> Result<(), Status> {
     if let Some(encoding) = headers.get(GRPC_ENCODING)
         && encoding != "identity"
     {
@@ -50,6 +47,17 @@ where
              uncompressed (`grpc-encoding: identity`)"
         )));
     }
+    Ok(())
+}
+
+/// Reads the one message of a unary request from its `body`, at most `max`
+/// bytes long (the prefix not counted); see [`check_encoding`] for its
+/// headers.
+pub async fn read_message<B>(body: &mut B, max: usize) -> Result<Bytes, Status>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Display,
+{
     // The message usually comes in one DATA frame, kept as it is; it is
     // copied together only when split.
     let mut first = Bytes::new();
@@ -221,8 +229,10 @@ mod tests {
         let frames = chunks
             .iter()
             .map(|c| Ok::<_, Infallible>(Frame::data(Bytes::copy_from_slice(c))));
-        let body = http_body_util::StreamBody::new(tokio_stream::iter(frames.collect::<Vec<_>>()));
-        futures_executor(read_message(headers, body, max))
+        let mut body =
+            http_body_util::StreamBody::new(tokio_stream::iter(frames.collect::<Vec<_>>()));
+        check_encoding(headers)?;
+        futures_executor(read_message(&mut body, max))
     }
 
     /// Polls a future that never waits (the test bodies are ready).

@@ -386,7 +386,7 @@ impl<S: Store> Limiter<S> {
             partitions: &partitions,
             ..batch
         };
-        self.decide_batch(applicable, &batch).await
+        self.decide_batch_waiting(applicable, &batch).await
     }
 
     /// Decides a batch prepared by the caller: the rules of `applicable`,
@@ -400,9 +400,30 @@ impl<S: Store> Limiter<S> {
         applicable: Applicable<'p>,
         batch: &Batch<'_>,
     ) -> Decision<'p> {
-        if let Some(index) =
-            (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
+        // Decided on the spot by a store in this process; otherwise only
+        // the boxed rest is held across the await, so that this future
+        // stays small (the RLS handler holding it is itself boxed per
+        // request: 3.9 KB moved into the box, where 2.8 KB of it was this
+        // future's room for a Redis call).
+        if let Some(index) = cost_exceeds_capacity(batch) {
+            return Decision::cost_exceeds_capacity_at(applicable, index);
+        }
+        if applicable.shards <= 1
+            && let Some(result) = self.store.decide_in_process(batch)
         {
+            return self.conclude(applicable, batch, result);
+        }
+        Box::pin(self.decide_batch_waiting(applicable, batch)).await
+    }
+
+    /// [`decide_batch`](Self::decide_batch) through the store's wait, the
+    /// time budget and the tenant's shards.
+    async fn decide_batch_waiting<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+    ) -> Decision<'p> {
+        if let Some(index) = cost_exceeds_capacity(batch) {
             return Decision::cost_exceeds_capacity_at(applicable, index);
         }
         let deadline = self
@@ -600,6 +621,12 @@ impl Limiter<MemoryStore> {
         }
         best.expect("a tenant has at least one shard")
     }
+}
+
+/// The first rule of `batch` whose cost is above its capacity: such a
+/// request can never pass.
+fn cost_exceeds_capacity(batch: &Batch<'_>) -> Option<usize> {
+    (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
 }
 
 /// A fresh lease id: 128 random bits, so that a lease cannot be guessed
