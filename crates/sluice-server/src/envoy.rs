@@ -373,6 +373,27 @@ struct Decided<'p> {
     stats: Vec<Option<(String, bool, u64)>>,
 }
 
+impl<'p> Decided<'p> {
+    /// A decision on the native domain: no quota, unlimited or upstream
+    /// stats there.
+    fn native(
+        decision: Decision<'p>,
+        owners: Vec<Vec<usize>>,
+        blocked: Vec<bool>,
+        configured: Vec<Configured>,
+    ) -> Decided<'p> {
+        Decided {
+            decision,
+            owners,
+            quota: Vec::new(),
+            unlimited: Vec::new(),
+            blocked,
+            configured,
+            stats: Vec::new(),
+        }
+    }
+}
+
 impl RateLimiter {
     /// `ShouldRateLimit`: one decision over every descriptor of `request`.
     pub async fn should_rate_limit(
@@ -703,15 +724,7 @@ impl RateLimiter {
                 }
             }
             let decision = self.app.limiter.decide(policy, &request).await;
-            Decided {
-                decision,
-                owners,
-                blocked,
-                quota: Vec::new(),
-                unlimited: Vec::new(),
-                configured,
-                stats: Vec::new(),
-            }
+            Decided::native(decision, owners, blocked, configured)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together: the rare path, boxed so that what it holds across
@@ -779,15 +792,7 @@ impl RateLimiter {
                 };
                 self.app.account(&request, &decision);
                 Ok(self.answer(
-                    Decided {
-                        decision,
-                        owners,
-                        blocked,
-                        quota: Vec::new(),
-                        unlimited: Vec::new(),
-                        configured,
-                        stats: Vec::new(),
-                    },
+                    Decided::native(decision, owners, blocked, configured),
                     started,
                     descriptors.len(),
                 ))
