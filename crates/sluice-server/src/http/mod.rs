@@ -21,7 +21,10 @@ mod lease;
 mod respond;
 mod upstream;
 
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
@@ -35,11 +38,16 @@ use crate::app::App;
 /// Largest request body `/v1/check` reads.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
-/// A request whose `Content-Length` is above [`MAX_BODY_BYTES`] is refused
-/// before its body is read (413, problem details naming `body`): a client
-/// that announces a large body and sends a short one gets its answer at
-/// once instead of a wait.
-async fn refuse_oversize(
+/// Bounds every request, in one layer: one whose `Content-Length` is above
+/// [`MAX_BODY_BYTES`] is refused before its body is read (413, problem
+/// details naming `body`: a client that announces a large body and sends a
+/// short one gets its answer at once instead of a wait), and one not
+/// answered within `request_timeout` (a client sending its body slowly)
+/// gets 408 naming `body`. A request answered on its first poll (its body
+/// came with its headers, the store is in process) needs no timer: one is
+/// armed only when it has to wait.
+async fn bound(
+    axum::extract::State(timeout): axum::extract::State<Duration>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -56,17 +64,11 @@ async fn refuse_oversize(
         .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         return respond::refusal(&problem);
     }
-    next.run(request).await
-}
-
-/// A request not answered within `request_timeout` (a client sending its
-/// body slowly) gets 408 with problem details naming `body`.
-async fn answer_in_time(
-    axum::extract::State(timeout): axum::extract::State<Duration>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    match tokio::time::timeout(timeout, next.run(request)).await {
+    let mut answer = pin!(next.run(request));
+    if let Poll::Ready(response) = poll_fn(|cx| Poll::Ready(answer.as_mut().poll(cx))).await {
+        return response;
+    }
+    match tokio::time::timeout(timeout, answer).await {
         Ok(response) => response,
         Err(_) => {
             let problem = InvalidRequest::new(
@@ -129,10 +131,9 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/json", post(upstream::json))
         .route("/rlconfig", get(upstream::rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(refuse_oversize))
         .layer(axum::middleware::from_fn_with_state(
             Duration::from_millis(limits.request_timeout_ms),
-            answer_in_time,
+            bound,
         ))
         .with_state(app)
 }
@@ -144,7 +145,7 @@ pub fn metrics_router(app: Arc<App>, path: &str, limits: &ConnectionLimits) -> R
         .route(path, get(health::metrics))
         .layer(axum::middleware::from_fn_with_state(
             Duration::from_millis(limits.request_timeout_ms),
-            answer_in_time,
+            bound,
         ))
         .with_state(app)
 }
