@@ -21,8 +21,11 @@
 //! connections long before `max_connections`.
 
 use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -168,6 +171,23 @@ fn builder(limits: &ConnectionLimits, protocols: Protocols) -> auto::Builder<Tok
     builder
 }
 
+/// `future`'s output, or `Elapsed` when it takes longer than `limit`
+/// (`server.limits.request_timeout` for a request): `tokio::time::timeout`,
+/// except that the timer is armed only once the future has to wait. Most
+/// requests are answered on their first poll (the body came with the
+/// headers, the store is in process), and arming and dropping a timer
+/// costs more than such an answer.
+pub async fn within<F: Future>(
+    limit: Duration,
+    future: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut future = pin!(future);
+    if let Poll::Ready(output) = poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await {
+        return Ok(output);
+    }
+    tokio::time::timeout(limit, future).await
+}
+
 /// How many listener threads [`on_threads`] starts: one per core.
 pub fn io_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
@@ -217,4 +237,26 @@ where
 /// returns the limit now in force (`None` where there is none to raise).
 pub fn raise_open_files() -> Option<u64> {
     rlimit::increase_nofile_limit(u64::MAX).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::within;
+
+    #[tokio::test]
+    async fn within_answers_what_is_ready_waits_for_what_comes_in_time_and_stops_the_rest() {
+        let limit = Duration::from_millis(200);
+        assert_eq!(within(limit, async { 1 }).await, Ok(1));
+        let soon = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            2
+        };
+        assert_eq!(within(limit, soon).await, Ok(2));
+        let never = std::future::pending::<()>();
+        let started = std::time::Instant::now();
+        assert!(within(limit, never).await.is_err());
+        assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
+    }
 }

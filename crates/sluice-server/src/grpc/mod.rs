@@ -15,8 +15,6 @@ pub mod unary;
 
 use std::convert::Infallible;
 use std::fmt::Display;
-use std::future::{Future, poll_fn};
-use std::pin::pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -137,22 +135,18 @@ where
                 // holds a stream and a buffer: it gets as long as an HTTP
                 // request's body does. (The body is borrowed, not moved
                 // into the read: held once in this future, not twice.)
-                let mut read = pin!(unary::read_message(&mut body, max_message));
-                // The message has most often arrived with the headers: read
-                // at once, it needs no timer (arming and dropping one costs
-                // more than the read).
-                let message = match poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
-                    Poll::Ready(message) => message,
-                    Poll::Pending => tokio::time::timeout(read_timeout, read)
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(tonic::Status::deadline_exceeded(format!(
-                                "the request's message did not arrive within {} ms \
-                                 (server.limits.request_timeout)",
-                                read_timeout.as_millis()
-                            )))
-                        }),
-                };
+                // Most often the message came with the headers: read at
+                // once, with no timer armed (`within`).
+                let read = unary::read_message(&mut body, max_message);
+                let message = crate::listen::within(read_timeout, read)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "the request's message did not arrive within {} ms \
+                             (server.limits.request_timeout)",
+                            read_timeout.as_millis()
+                        )))
+                    });
                 let answer = match message {
                     Ok(message) => match RequestView::decode(&message) {
                         Ok(request) => rls.should_rate_limit_view(request).await,

@@ -21,10 +21,7 @@ mod lease;
 mod respond;
 mod upstream;
 
-use std::future::{Future, poll_fn};
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use axum::Router;
@@ -43,9 +40,8 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// details naming `body`: a client that announces a large body and sends a
 /// short one gets its answer at once instead of a wait), and one not
 /// answered within `request_timeout` (a client sending its body slowly)
-/// gets 408 naming `body`. A request answered on its first poll (its body
-/// came with its headers, the store is in process) needs no timer: one is
-/// armed only when it has to wait.
+/// gets 408 naming `body` (the timer armed only when it has to wait:
+/// [`crate::listen::within`]).
 async fn bound(
     axum::extract::State(timeout): axum::extract::State<Duration>,
     request: axum::extract::Request,
@@ -64,11 +60,7 @@ async fn bound(
         .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         return respond::refusal(&problem);
     }
-    let mut answer = pin!(next.run(request));
-    if let Poll::Ready(response) = poll_fn(|cx| Poll::Ready(answer.as_mut().poll(cx))).await {
-        return response;
-    }
-    match tokio::time::timeout(timeout, answer).await {
+    match crate::listen::within(timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
             let problem = InvalidRequest::new(
