@@ -133,10 +133,9 @@ where
             return Box::pin(async move {
                 // A client trickling its message (or never sending it)
                 // holds a stream and a buffer: it gets as long as an HTTP
-                // request's body does. (The body is borrowed, not moved
-                // into the read: held once in this future, not twice.)
-                // Most often the message came with the headers: read at
-                // once, with no timer armed (`within`).
+                // request's body does (no timer when the message came with
+                // the headers: `within`). The body is borrowed, not moved
+                // into the read, so this future holds it once.
                 let read = unary::read_message(&mut body, max_message);
                 let message = crate::listen::within(read_timeout, read)
                     .await
