@@ -667,7 +667,9 @@ fn a_dropped_store_leaves_no_connection_behind() {
 /// The rules of one scope share a key, a record each. A reload that drops
 /// one of them keeps its record while it still counts, so restoring the
 /// rule restores its budget; once idle it is dropped at the next write,
-/// and the key holds nothing of rules no longer configured.
+/// and the key holds nothing of rules no longer configured. A rule finds
+/// its record wherever it is in the value: alone, or with the rules in
+/// another order.
 #[tokio::test]
 async fn a_removed_rule_keeps_its_record_while_it_counts_then_leaves_nothing() {
     let both = r#"
@@ -683,6 +685,21 @@ default_plan: p
 plans:
   p:
     tenant: [{ name: fast, algorithm: gcra, limit: 100, per: 1s }]
+"#;
+    // daily's record is the value's second: found wherever it is.
+    let daily_only = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: daily, algorithm: fixed_window, limit: 3, per: 10s }]
+"#;
+    let reversed = r#"
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { name: daily, algorithm: fixed_window, limit: 3, per: 10s }
+      - { name: fast, algorithm: gcra, limit: 100, per: 1s }
 "#;
     let server = RedisServer::start();
     let clock = Arc::new(ManualClock::new(1_764_460_800_000));
@@ -713,6 +730,8 @@ plans:
     }
     assert!(!decide(both).await, "daily has counted 3");
     assert_eq!(records(&mut conn), 2);
+    assert!(!decide(daily_only).await, "daily alone finds its count");
+    assert!(!decide(reversed).await, "in another order too");
     // Reloaded without daily: fast decides alone, daily's record stays.
     clock.advance(1_000);
     assert!(decide(fast_only).await);
