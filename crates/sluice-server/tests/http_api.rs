@@ -338,6 +338,33 @@ async fn bad_input_is_a_400_problem_naming_the_field() {
         problem["detail"],
         "`cost` must be a whole number from 1 to 1000000, got 0"
     );
+    for (cost, shown) in [("-0.0", "0"), ("1e7", "10000000"), ("1e300", "1e+300")] {
+        let body = format!(r#"{{"tenant": "a", "route": "GET /", "cost": {cost}}}"#);
+        let (response, problem) = h.check(body).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{cost}");
+        assert_eq!(
+            problem["detail"],
+            format!("`cost` must be a whole number from 1 to 1000000, got {shown}"),
+            "{cost}"
+        );
+    }
+}
+
+/// JSON has one kind of number: a whole cost written 2.0 or 2e0 is 2.
+#[tokio::test]
+async fn a_whole_cost_is_read_however_it_is_written() {
+    let h = harness();
+    let mut remaining = None;
+    for cost in ["1", "2.0", "2e0", "20E-1"] {
+        let body = format!(r#"{{"tenant": "w", "route": "GET /", "cost": {cost}}}"#);
+        let (response, answer) = h.check(body).await;
+        assert_eq!(response.status(), StatusCode::OK, "{cost}: {answer}");
+        let now = answer["remaining"].as_u64().unwrap();
+        if let Some(before) = remaining {
+            assert_eq!(before - now, 2, "cost {cost} took 2");
+        }
+        remaining = Some(now);
+    }
 }
 
 #[tokio::test]

@@ -74,6 +74,11 @@ pub(super) fn parse_normalized(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequ
     Ok(parsed)
 }
 
+/// `x` as an integer when it is one (small enough to convert exactly).
+fn whole(x: f64) -> Option<i128> {
+    (x.fract() == 0.0 && x.abs() < 2f64.powi(63)).then_some(x as i128)
+}
+
 /// The body of `/v1/check` (and `/v1/acquire`), each problem naming its
 /// member.
 fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
@@ -90,10 +95,13 @@ pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, Inv
     })?;
     let cost = match &body.cost {
         None => 1,
+        // JSON has one kind of number: 2.0 and 2e0 are the whole number 2
+        // (as a client that computes a cost in floating point sends it).
         Some(n) => match n
             .as_i64()
             .map(i128::from)
             .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| whole(n.as_f64()?))
         {
             Some(cost) => check_cost_signed(cost)?,
             None => {
