@@ -432,9 +432,9 @@ async fn forward_auth_reads_nginx_headers_subject_and_cost() {
 }
 
 #[tokio::test]
-async fn forward_auth_without_its_headers_is_a_400() {
+async fn forward_auth_without_its_headers_or_with_one_twice_is_a_400() {
     let h = harness();
-    let cases: [(&[(&str, &str)], &str); 4] = [
+    let cases: [(&[(&str, &str)], &str); 7] = [
         (
             &[("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", "/")],
             "X-Tenant",
@@ -458,12 +458,54 @@ async fn forward_auth_without_its_headers_is_a_400() {
             ],
             "X-Cost",
         ),
+        // Sent twice: which one counts would be whoever added the other's
+        // choice.
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Tenant", "victim"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+            ],
+            "X-Tenant",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+                ("X-Forwarded-Uri", "/v1/reports"),
+            ],
+            "x-forwarded-uri",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+                ("X-Cost", "1"),
+                ("X-Cost", "1"),
+            ],
+            "X-Cost",
+        ),
     ];
     for (headers, field) in cases {
         let (response, problem) = h.send(forward(headers)).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{problem}");
         assert_eq!(problem["invalid-params"][0]["name"], field, "{problem}");
     }
+    let (_, problem) = h
+        .send(forward(&[
+            ("X-Tenant", "acme"),
+            ("X-Tenant", "victim"),
+            ("X-Forwarded-Method", "GET"),
+            ("X-Forwarded-Uri", "/"),
+        ]))
+        .await;
+    assert_eq!(
+        problem["detail"],
+        "header `X-Tenant` must be sent once, got 2 values"
+    );
 }
 
 #[tokio::test]

@@ -111,19 +111,51 @@ impl FromHeaders {
     }
 }
 
+/// The one value of header `name` as text, `None` when absent. Refused
+/// when not visible ASCII, or when sent more than once: of two tenants (or
+/// subjects, or costs) whichever a reader took first would be the one
+/// whoever added a header chose.
+pub fn header_text<'h>(
+    headers: &'h http::HeaderMap,
+    name: &str,
+) -> Result<Option<&'h str>, InvalidRequest> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let more = values.count();
+    if more > 0 {
+        return Err(InvalidRequest::new(
+            name,
+            format!("header `{name}` must be sent once, got {} values", more + 1),
+        ));
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| InvalidRequest::new(name, format!("header `{name}` must be visible ASCII")))
+}
+
+/// The cost in header `name`: a whole number within the bounds of
+/// [`check_cost_signed`], 1 when the header is absent.
+pub fn header_cost(headers: &http::HeaderMap, name: &str) -> Result<u64, InvalidRequest> {
+    let Some(text) = header_text(headers, name)? else {
+        return Ok(1);
+    };
+    let number: i128 = text.trim().parse().map_err(|_| {
+        InvalidRequest::new(
+            name,
+            format!("header `{name}` must be a whole number, got `{text}`"),
+        )
+    })?;
+    check_cost_signed(number).map_err(|e| InvalidRequest::new(name, e.to_string()))
+}
+
 impl<B> Extract<B> for FromHeaders {
     fn extract(&self, request: &http::Request<B>) -> Result<Keys, InvalidRequest> {
         let headers = request.headers();
         let text = |name: &HeaderName| -> Result<Option<String>, InvalidRequest> {
-            match headers.get(name) {
-                None => Ok(None),
-                Some(value) => value.to_str().map(|v| Some(v.to_owned())).map_err(|_| {
-                    InvalidRequest::new(
-                        name.as_str(),
-                        format!("header `{name}` must be visible ASCII"),
-                    )
-                }),
-            }
+            Ok(header_text(headers, name.as_str())?.map(str::to_owned))
         };
         let tenant = match &self.tenant {
             None => "-".to_owned(),
@@ -140,19 +172,7 @@ impl<B> Extract<B> for FromHeaders {
             (None, None) => None,
         };
         let cost = match &self.cost {
-            Some(name) => match text(name)? {
-                None => 1,
-                Some(value) => {
-                    let number: i128 = value.trim().parse().map_err(|_| {
-                        InvalidRequest::new(
-                            name.as_str(),
-                            format!("header `{name}` must be a whole number, got `{value}`"),
-                        )
-                    })?;
-                    check_cost_signed(number)
-                        .map_err(|e| InvalidRequest::new(name.as_str(), e.to_string()))?
-                }
-            },
+            Some(name) => header_cost(headers, name.as_str())?,
             None => 1,
         };
         // The header, else the digest of the body when a `BodyDigestLayer`

@@ -191,11 +191,17 @@ async fn keys_it_cannot_read_are_a_400_naming_the_header() {
     ));
     let reached = Arc::new(AtomicUsize::new(0));
     let app = app(limiter, &reached);
-    let cases: [(&[(&str, &str)], &str); 4] = [
+    let cases: [(&[(&str, &str)], &str); 6] = [
         (&[], "x-tenant"),
         (&[("x-tenant", "")], "tenant"),
         (&[("x-tenant", "acme"), ("x-cost", "two")], "x-cost"),
         (&[("x-tenant", "acme"), ("x-cost", "0")], "x-cost"),
+        // Sent twice: which counts would be the choice of whoever added one.
+        (&[("x-tenant", "acme"), ("x-tenant", "victim")], "x-tenant"),
+        (
+            &[("x-tenant", "acme"), ("x-cost", "1"), ("x-cost", "9")],
+            "x-cost",
+        ),
     ];
     for (headers, field) in cases {
         let answer = send(&app, "GET", "/v1/things", headers).await;

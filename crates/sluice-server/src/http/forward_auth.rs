@@ -17,12 +17,12 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use sluice_core::request::check_cost_signed;
 use sluice_core::{Request, route};
 
 use super::respond::{decision_response, refusal};
 use crate::app::App;
 use sluice_tower::InvalidRequest;
+use sluice_tower::extract::{header_cost, header_text};
 
 pub(super) async fn forward_auth(
     State(app): State<Arc<App>>,
@@ -39,41 +39,29 @@ pub(super) async fn forward_auth(
         None
     };
     let parsed = (|| {
-        let tenant = header(&headers, &config.tenant_header)?.ok_or_else(|| {
+        let tenant = header_text(&headers, &config.tenant_header)?.ok_or_else(|| {
             InvalidRequest::new(
                 config.tenant_header.as_str(),
                 format!("header `{}` is required", config.tenant_header),
             )
         })?;
-        let method = match header(&headers, "x-forwarded-method")? {
+        let method = match header_text(&headers, "x-forwarded-method")? {
             Some(method) => method,
-            None => header(&headers, "x-original-method")?.ok_or_else(missing_original)?,
+            None => header_text(&headers, "x-original-method")?.ok_or_else(missing_original)?,
         };
-        let uri = match header(&headers, "x-forwarded-uri")? {
+        let uri = match header_text(&headers, "x-forwarded-uri")? {
             Some(uri) => uri,
-            None => header(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
+            None => header_text(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
         };
         let subject = match &config.subject_header {
-            Some(name) => header(&headers, name)?,
+            Some(name) => header_text(&headers, name)?,
             None => client_ip.as_deref(),
         };
         let cost = match &config.cost_header {
-            Some(name) => match header(&headers, name)? {
-                Some(text) => {
-                    let value: i128 = text.trim().parse().map_err(|_| {
-                        InvalidRequest::new(
-                            name.as_str(),
-                            format!("header `{name}` must be a whole number, got `{text}`"),
-                        )
-                    })?;
-                    check_cost_signed(value)
-                        .map_err(|e| InvalidRequest::new(name.as_str(), e.to_string()))?
-                }
-                None => 1,
-            },
+            Some(name) => header_cost(&headers, name)?,
             None => 1,
         };
-        let fingerprint = header(&headers, &config.fingerprint_header)?;
+        let fingerprint = header_text(&headers, &config.fingerprint_header)?;
         Ok::<_, InvalidRequest>((
             tenant,
             route::from_parts(method, uri),
@@ -105,14 +93,4 @@ fn missing_original() -> InvalidRequest {
         "X-Forwarded-Method",
         "forward-auth needs the original request: X-Forwarded-Method and X-Forwarded-Uri (Traefik, Caddy) or X-Original-Method and X-Original-URI (nginx)",
     )
-}
-
-/// A header as text; `None` when absent, an error when not visible ASCII.
-fn header<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, InvalidRequest> {
-    match headers.get(name) {
-        None => Ok(None),
-        Some(value) => value.to_str().map(Some).map_err(|_| {
-            InvalidRequest::new(name, format!("header `{name}` must be visible ASCII"))
-        }),
-    }
 }
