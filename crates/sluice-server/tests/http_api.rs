@@ -1106,6 +1106,22 @@ async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
         .await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(body, json!({"overrides": []}));
+    // The scheme's case does not matter (RFC 9110, 11.1); another scheme
+    // or a bare token is refused.
+    for (authorization, status) in [
+        (format!("bearer {TOKEN}"), StatusCode::OK),
+        (format!("BEARER {TOKEN}"), StatusCode::OK),
+        (format!("Basic {TOKEN}"), StatusCode::UNAUTHORIZED),
+        (TOKEN.to_owned(), StatusCode::UNAUTHORIZED),
+        ("Bearer".to_owned(), StatusCode::UNAUTHORIZED),
+    ] {
+        let request = Request::get("/v1/admin/overrides")
+            .header("authorization", &authorization)
+            .body(Body::empty())
+            .unwrap();
+        let (response, _) = h.send(request).await;
+        assert_eq!(response.status(), status, "{authorization}");
+    }
 }
 
 #[tokio::test]
@@ -1253,6 +1269,34 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
             named == field || named.starts_with(field),
             "{body}: {problem}"
         );
+    }
+    let (_, problem) = h
+        .admin(
+            "PUT",
+            "/v1/admin/overrides/acme",
+            Some(json!({"shadow": "yes"})),
+            Some(TOKEN),
+        )
+        .await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("`shadow` takes true, false or a list of policy names"),
+        "{problem}"
+    );
+    // A tenant in the path that is not UTF-8: a problem naming it.
+    for method in ["GET", "PUT", "DELETE"] {
+        let (response, problem) = h
+            .admin(
+                method,
+                "/v1/admin/overrides/%ff",
+                Some(json!({"shadow": true})),
+                Some(TOKEN),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{method}");
+        assert_eq!(problem["invalid-params"][0]["name"], "tenant", "{problem}");
     }
     let (_, list) = h
         .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))

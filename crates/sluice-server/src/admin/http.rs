@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -43,7 +44,7 @@ pub async fn authorise(State(app): State<Arc<App>>, request: Request, next: Next
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|v| bearer(v.as_bytes()))
         .unwrap_or_default();
     if !app.admin.authorised(presented) {
         let problem = InvalidRequest::new(
@@ -58,6 +59,32 @@ pub async fn authorise(State(app): State<Arc<App>>, request: Request, next: Next
         return response;
     }
     next.run(request).await
+}
+
+/// The token of `Bearer <token>`; the scheme's case does not matter
+/// (RFC 9110, 11.1).
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"bearer ").then_some(token)
+}
+
+/// The `{tenant}` of the path; one that is not UTF-8 is refused as a
+/// problem naming it (axum's own answer is plain text).
+struct Tenant(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Tenant, Response> {
+        match Path::<String>::from_request_parts(parts, state).await {
+            Ok(Path(tenant)) => Ok(Tenant(tenant)),
+            Err(rejection) => Err(problem(
+                "tenant",
+                format!("the tenant in the path: {}", rejection.body_text()),
+                StatusCode::BAD_REQUEST,
+            )),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -149,7 +176,7 @@ async fn list(State(app): State<Arc<App>>) -> Response {
     )
 }
 
-async fn read(State(app): State<Arc<App>>, Path(tenant): Path<String>) -> Response {
+async fn read(State(app): State<Arc<App>>, Tenant(tenant): Tenant) -> Response {
     match app.admin.get(&tenant) {
         Some(stored) => with_etag(&stored),
         None => not_found(),
@@ -158,7 +185,7 @@ async fn read(State(app): State<Arc<App>>, Path(tenant): Path<String>) -> Respon
 
 async fn remove(
     State(app): State<Arc<App>>,
-    Path(tenant): Path<String>,
+    Tenant(tenant): Tenant,
     headers: HeaderMap,
 ) -> Response {
     let Ok(expected) = if_match(&headers) else {
@@ -172,7 +199,7 @@ async fn remove(
 
 async fn put(
     State(app): State<Arc<App>>,
-    Path(tenant): Path<String>,
+    Tenant(tenant): Tenant,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {

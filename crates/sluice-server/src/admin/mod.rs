@@ -30,7 +30,10 @@ use crate::backend::Backend;
 
 /// `shadow`: the whole tenant, or some of its policies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "`shadow` takes true, false or a list of policy names"
+)]
 pub enum Shadow {
     /// `true`: every rule; `false`: none.
     All(bool),
