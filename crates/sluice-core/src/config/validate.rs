@@ -53,6 +53,13 @@ pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
 /// is reported with its field's name and what the field takes (never with
 /// the value, which may be a secret such as a URL with a password).
 pub(super) fn yaml_message(error: &serde_saphyr::Error, text: &str, at: Location) -> String {
+    // (serde-saphyr's own words advise a setting of its API.)
+    if let serde_saphyr::Error::DuplicateMappingKey { key, .. } = error.without_snippet() {
+        return match key {
+            Some(key) => format!("`{key}` is given twice in one mapping: give each key once"),
+            None => "a key is given twice in one mapping: give each key once".to_owned(),
+        };
+    }
     let full = error.without_snippet().to_string();
     let first = full.lines().next().unwrap_or("invalid YAML").trim();
     let message = match first.rfind(" at line ") {
