@@ -48,7 +48,8 @@ where
 /// and path, without the query.
 ///
 /// Put it behind whatever authenticates the tenant: a client that can set
-/// the tenant header can spend any tenant's budget.
+/// the tenant header can spend any tenant's budget. A header it reads that
+/// comes more than once is refused (see [`header_text`]).
 #[derive(Debug, Clone)]
 pub struct FromHeaders {
     /// `None`: every request is one tenant's (limits declared per route).
