@@ -34,6 +34,7 @@ const PREFIX: usize = 5;
 /// The request header naming the message's compression (a name looked up
 /// by `&str` is parsed on every lookup).
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Checks that a request whose headers these are sends its message
 /// uncompressed (checked before the body is read: the headers need not be
@@ -189,7 +190,8 @@ impl Body for OneMessage {
         }
         if std::mem::take(&mut self.trailers) {
             let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            // A constant name: from a `&str` it is parsed on every call.
+            trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         Poll::Ready(None)
