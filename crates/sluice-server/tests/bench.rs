@@ -89,8 +89,10 @@ fn the_isolation_scenario_proves_noisy_tenants_cannot_starve_polite_ones() {
         assert_eq!(polite["denied"], 0, "{api}: {polite:#}");
         assert_eq!(phases[0]["classes"][0]["denied"], 0, "{api}");
         assert!(polite["sent"].as_u64().unwrap() >= 10, "{api}: {polite:#}");
-        // Noisy: about 400 each sent, exactly the limit admitted each.
+        // Noisy: about 400 each sent, exactly the limit admitted each;
+        // the policy (16 per hour) would allow 32 over any 2 s.
         assert_eq!(noisy["limit"], 16, "{api}: {noisy:#}");
+        assert_eq!(noisy["allowance"], 32, "{api}: {noisy:#}");
         assert_eq!(noisy["most_admitted_per_tenant"], 16, "{api}: {noisy:#}");
         assert_eq!(noisy["least_admitted_per_tenant"], 16, "{api}: {noisy:#}");
         assert!(noisy["denied"].as_u64().unwrap() > 600, "{api}: {noisy:#}");
@@ -104,6 +106,35 @@ fn the_isolation_scenario_proves_noisy_tenants_cannot_starve_polite_ones() {
             lag <= polite["max_us"].as_u64().unwrap(),
             "{api}: {polite:#}"
         );
+    }
+    server.stop();
+}
+
+/// A run longer than the limit's window: noisy tenants are rightly
+/// admitted more than one window's limit, and the verdict holds them to
+/// what the policy allows over the whole run (a token bucket of 10,
+/// refilled 5 a second: 10 + 2 × 5 in 2 s, within 10 × (2 + 1)).
+#[test]
+fn the_isolation_verdict_counts_every_window_of_the_run() {
+    let config = temp_file(
+        "bench-short-window.yaml",
+        r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /v1/bench": [{ name: bench, algorithm: token_bucket, limit: 5, per: 1s, burst: 10 }]
+"#,
+    );
+    let mut server = Server::start(&["--config", config.to_str().unwrap()]);
+    for (api, target) in [("http", server.base.clone()), ("grpc", server.grpc.clone())] {
+        let (code, json) = isolation(&target, api);
+        assert_eq!(code, Some(0), "{api}: {json:#}");
+        assert_eq!(json["passed"], true, "{api}: {json:#}");
+        let noisy = &json["phases"][1]["classes"][1];
+        assert_eq!(noisy["allowance"], 30, "{api}: {noisy:#}");
+        let most = noisy["most_admitted_per_tenant"].as_u64().unwrap();
+        assert!((15..=21).contains(&most), "{api}: {noisy:#}");
     }
     server.stop();
 }

@@ -73,6 +73,12 @@ pub struct ClassReport {
     pub least_admitted_per_tenant: u64,
     /// The limit the service answered with (its tightest rule), if any.
     pub limit: Option<u64>,
+    /// The most one tenant of the class may be admitted over the run by
+    /// the policies the service advertised (`RateLimit-Policy`, on both
+    /// APIs): the least over them of `q × (⌈run / w⌉ + 1)`, a bound every
+    /// algorithm keeps (a fixed window admits up to `q` in each window the
+    /// run touches); `None` when none was advertised.
+    pub allowance: Option<u64>,
     /// Latency percentiles from the intended send time, in µs.
     pub p50_us: u64,
     /// 90th percentile.
@@ -127,6 +133,8 @@ struct Tally {
     denied: AtomicU64,
     errors: AtomicU64,
     limit: AtomicU64,
+    /// `(q, w)` of each advertised policy with a window, read once.
+    policies: Mutex<Option<Vec<(u64, u64)>>>,
     per_tenant: Vec<AtomicU64>,
     latencies: Mutex<Histogram<u64>>,
     send_lag: Mutex<Histogram<u64>>,
@@ -140,13 +148,14 @@ impl Tally {
             denied: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             limit: AtomicU64::new(0),
+            policies: Mutex::new(None),
             per_tenant: (0..tenants).map(|_| AtomicU64::new(0)).collect(),
             latencies: Mutex::new(latency_histogram()),
             send_lag: Mutex::new(latency_histogram()),
         }
     }
 
-    fn report(&self, class: &Class) -> ClassReport {
+    fn report(&self, class: &Class, run: Duration) -> ClassReport {
         let h = self.latencies.lock().expect("histogram lock");
         let admitted: Vec<u64> = self
             .per_tenant
@@ -164,6 +173,12 @@ impl Tally {
             most_admitted_per_tenant: admitted.iter().copied().max().unwrap_or(0),
             least_admitted_per_tenant: admitted.iter().copied().min().unwrap_or(0),
             limit: (limit > 0).then_some(limit),
+            allowance: self
+                .policies
+                .lock()
+                .expect("policies lock")
+                .as_deref()
+                .and_then(|policies| allowance(policies, run)),
             p50_us: h.value_at_quantile(0.5),
             p90_us: h.value_at_quantile(0.9),
             p99_us: h.value_at_quantile(0.99),
@@ -178,6 +193,34 @@ impl Tally {
     }
 }
 
+/// `(q, w)` of each item of a `RateLimit-Policy` field value that has a
+/// window (`"name";q=50;w=1`; concurrency items have none).
+fn windowed_policies(field: &str) -> Vec<(u64, u64)> {
+    field
+        .split(',')
+        .filter_map(|item| {
+            let (mut q, mut w) = (None, None);
+            for param in item.split(';').skip(1) {
+                match param.trim().split_once('=') {
+                    Some(("q", v)) => q = v.parse().ok(),
+                    Some(("w", v)) => w = v.parse().ok(),
+                    _ => {}
+                }
+            }
+            Some((q?, w.filter(|&w| w > 0)?))
+        })
+        .collect()
+}
+
+/// The most one tenant may be admitted over `run` under `policies`.
+fn allowance(policies: &[(u64, u64)], run: Duration) -> Option<u64> {
+    let seconds = run.as_secs().max(1);
+    policies
+        .iter()
+        .map(|&(q, w)| q.saturating_mul(seconds.div_ceil(w) + 1))
+        .min()
+}
+
 /// 1 µs to 60 s, 3 significant digits.
 fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
@@ -190,10 +233,14 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One answer, as the load sees it.
 enum Answer {
-    Allowed(Option<u64>),
-    Denied(Option<u64>),
+    Allowed(Read),
+    Denied(Read),
     Failed,
 }
+
+/// What an answer said of the limits, when asked to read them: its
+/// tightest limit and the `RateLimit-Policy` field.
+type Read = Option<(Option<u64>, Option<String>)>;
 
 /// A client for `api`.
 #[derive(Clone)]
@@ -231,20 +278,26 @@ impl Client {
                     return Answer::Failed;
                 };
                 let status = response.status().as_u16();
-                let limit = if read_limit {
-                    response
+                let read = if read_limit {
+                    let policy = response
+                        .headers()
+                        .get("ratelimit-policy")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let limit = response
                         .json::<serde_json::Value>()
                         .await
                         .ok()
-                        .and_then(|v| v["limit"].as_u64())
+                        .and_then(|v| v["limit"].as_u64());
+                    Some((limit, policy))
                 } else {
                     // Read to the end so the connection is reused.
                     let _ = response.bytes().await;
                     None
                 };
                 match status {
-                    200 => Answer::Allowed(limit),
-                    429 => Answer::Denied(limit),
+                    200 => Answer::Allowed(read),
+                    429 => Answer::Denied(read),
                     _ => Answer::Failed,
                 }
             }
@@ -268,16 +321,24 @@ impl Client {
                     return Answer::Failed;
                 };
                 let answer = answer.into_inner();
-                let limit = answer
-                    .statuses
-                    .iter()
-                    .filter_map(|s| s.current_limit.as_ref())
-                    .map(|l| u64::from(l.requests_per_unit))
-                    .min();
+                let read = read_limit.then(|| {
+                    let limit = answer
+                        .statuses
+                        .iter()
+                        .filter_map(|s| s.current_limit.as_ref())
+                        .map(|l| u64::from(l.requests_per_unit))
+                        .min();
+                    let policy = answer
+                        .response_headers_to_add
+                        .iter()
+                        .find(|h| h.key.eq_ignore_ascii_case("ratelimit-policy"))
+                        .map(|h| h.value.clone());
+                    (limit, policy)
+                });
                 if answer.overall_code == Code::OverLimit as i32 {
-                    Answer::Denied(limit)
+                    Answer::Denied(read)
                 } else {
-                    Answer::Allowed(limit)
+                    Answer::Allowed(read)
                 }
             }
         }
@@ -379,23 +440,29 @@ pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
                     let _permit = permit;
                     let answer = client.ask(&tenants[which], &route, read_limit).await;
                     let waited = intended.elapsed().as_micros() as u64;
-                    let limit = match answer {
-                        Answer::Allowed(limit) => {
+                    let read = match answer {
+                        Answer::Allowed(read) => {
                             tally.allowed.fetch_add(1, Ordering::Relaxed);
                             tally.per_tenant[which].fetch_add(1, Ordering::Relaxed);
-                            limit
+                            read
                         }
-                        Answer::Denied(limit) => {
+                        Answer::Denied(read) => {
                             tally.denied.fetch_add(1, Ordering::Relaxed);
-                            limit
+                            read
                         }
                         Answer::Failed => {
                             tally.errors.fetch_add(1, Ordering::Relaxed);
                             return;
                         }
                     };
-                    if let Some(limit) = limit {
-                        tally.limit.store(limit, Ordering::Relaxed);
+                    if let Some((limit, policy)) = read {
+                        if let Some(limit) = limit {
+                            tally.limit.store(limit, Ordering::Relaxed);
+                        }
+                        if let Some(policy) = policy {
+                            *tally.policies.lock().expect("policies lock") =
+                                Some(windowed_policies(&policy));
+                        }
                     }
                     let mut h = tally.latencies.lock().expect("histogram lock");
                     let _ = h.record(waited.clamp(1, 60_000_000));
@@ -444,6 +511,37 @@ pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
         .classes
         .iter()
         .zip(&tallies)
-        .map(|(c, t)| t.report(c))
+        .map(|(c, t)| t.report(c, load.duration))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowance_is_the_tightest_policy_over_every_window_the_run_touches() {
+        let field =
+            r#""tenant-0";q=100;w=60, "route-0";q=50;w=1, "slots";q=4;qu="concurrent-requests""#;
+        assert_eq!(windowed_policies(field), [(100, 60), (50, 1)]);
+        // 3 s: 100 × (1 + 1) against 50 × (3 + 1).
+        assert_eq!(
+            allowance(&windowed_policies(field), Duration::from_secs(3)),
+            Some(200)
+        );
+        // 10 s: the minute's 200 against the second's 550.
+        assert_eq!(
+            allowance(&windowed_policies(field), Duration::from_secs(10)),
+            Some(200)
+        );
+        // Nothing with a window, or nothing readable: no allowance.
+        assert_eq!(
+            allowance(
+                &windowed_policies(r#""slots";q=4;qu="concurrent-requests""#),
+                Duration::from_secs(3)
+            ),
+            None
+        );
+        assert_eq!(windowed_policies("junk, \"a\";q=x;w=1, \"b\";q=1;w=0"), []);
+    }
 }
