@@ -77,7 +77,9 @@ pub struct ClassReport {
     /// the policies the service advertised (`RateLimit-Policy`, on both
     /// APIs): the least over them of `q × (⌈run / w⌉ + 1)`, a bound every
     /// algorithm keeps (a fixed window admits up to `q` in each window the
-    /// run touches); `None` when none was advertised.
+    /// run touches) — except gcra and token_bucket with a `burst` below
+    /// their `limit`, which advertise `q = burst` and refill faster than
+    /// `q` per `w`; `None` when none was advertised.
     pub allowance: Option<u64>,
     /// Latency percentiles from the intended send time, in µs.
     pub p50_us: u64,
