@@ -115,11 +115,12 @@ impl FromHeaders {
 /// The one value of header `name` as text, `None` when absent. Refused
 /// when not visible ASCII, or when sent more than once: of two tenants (or
 /// subjects, or costs) whichever a reader took first would be the one
-/// whoever added a header chose.
-pub fn header_text<'h>(
-    headers: &'h http::HeaderMap,
-    name: &str,
-) -> Result<Option<&'h str>, InvalidRequest> {
+/// whoever added a header chose. `name` a `&HeaderName` where one is at
+/// hand: from a `&str` the name is parsed on every call.
+pub fn header_text<K>(headers: &http::HeaderMap, name: K) -> Result<Option<&str>, InvalidRequest>
+where
+    K: http::header::AsHeaderName + std::fmt::Display + Copy,
+{
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -127,36 +128,41 @@ pub fn header_text<'h>(
     let more = values.count();
     if more > 0 {
         return Err(InvalidRequest::new(
-            name,
+            name.to_string(),
             format!("header `{name}` must be sent once, got {} values", more + 1),
         ));
     }
-    value
-        .to_str()
-        .map(Some)
-        .map_err(|_| InvalidRequest::new(name, format!("header `{name}` must be visible ASCII")))
+    value.to_str().map(Some).map_err(|_| {
+        InvalidRequest::new(
+            name.to_string(),
+            format!("header `{name}` must be visible ASCII"),
+        )
+    })
 }
 
 /// The cost in header `name`: a whole number within the bounds of
 /// [`check_cost_signed`], 1 when the header is absent.
-pub fn header_cost(headers: &http::HeaderMap, name: &str) -> Result<u64, InvalidRequest> {
+pub fn header_cost<K>(headers: &http::HeaderMap, name: K) -> Result<u64, InvalidRequest>
+where
+    K: http::header::AsHeaderName + std::fmt::Display + Copy,
+{
     let Some(text) = header_text(headers, name)? else {
         return Ok(1);
     };
     let number: i128 = text.trim().parse().map_err(|_| {
         InvalidRequest::new(
-            name,
+            name.to_string(),
             format!("header `{name}` must be a whole number, got `{text}`"),
         )
     })?;
-    check_cost_signed(number).map_err(|e| InvalidRequest::new(name, e.to_string()))
+    check_cost_signed(number).map_err(|e| InvalidRequest::new(name.to_string(), e.to_string()))
 }
 
 impl<B> Extract<B> for FromHeaders {
     fn extract(&self, request: &http::Request<B>) -> Result<Keys, InvalidRequest> {
         let headers = request.headers();
         let text = |name: &HeaderName| -> Result<Option<String>, InvalidRequest> {
-            Ok(header_text(headers, name.as_str())?.map(str::to_owned))
+            Ok(header_text(headers, name)?.map(str::to_owned))
         };
         let tenant = match &self.tenant {
             None => "-".to_owned(),
@@ -173,7 +179,7 @@ impl<B> Extract<B> for FromHeaders {
             (None, None) => None,
         };
         let cost = match &self.cost {
-            Some(name) => header_cost(headers, name.as_str())?,
+            Some(name) => header_cost(headers, name)?,
             None => 1,
         };
         // The header, else the digest of the body when a `BodyDigestLayer`
