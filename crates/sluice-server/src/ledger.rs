@@ -13,6 +13,11 @@
 //! starts with the same directory (it truncates each file after its last
 //! complete line), and `sluice usage` skips one it meets.
 //!
+//! What is counted between flushes is bounded: at [`MAX_CELLS`] (tenant,
+//! route pattern, minute) cells the flush comes early, so a flood of
+//! distinct tenant ids costs memory for those cells, not for `flush_every`
+//! of them.
+//!
 //! Files are `usage-<start ms>-<instance>.jsonl`, closed and a new one
 //! begun above `max_file_bytes` or after `max_file_age`. Ship them with
 //! any log shipper that tails files; a closed file is never written again.
@@ -56,6 +61,10 @@ pub struct Line {
 /// What one line counts: (tenant, route pattern, minute).
 type Cell = (String, String, u64);
 
+/// Cells counted between flushes past which the flush comes early (about
+/// 200 bytes each held: some 20 MB).
+pub const MAX_CELLS: usize = 100_000;
+
 struct Open {
     file: File,
     opened_ms: u64,
@@ -69,6 +78,8 @@ pub struct Ledger {
     instance: String,
     seq: AtomicU64,
     counts: Mutex<HashMap<Cell, (u64, u64)>>,
+    /// Told when the counts reach [`MAX_CELLS`].
+    full: tokio::sync::Notify,
     file: Mutex<Option<Open>>,
 }
 
@@ -108,6 +119,7 @@ impl Ledger {
             instance: instance.iter().map(|b| format!("{b:02x}")).collect(),
             seq: AtomicU64::new(0),
             counts: Mutex::new(HashMap::new()),
+            full: tokio::sync::Notify::new(),
             file: Mutex::new(None),
         })
     }
@@ -129,6 +141,15 @@ impl Ledger {
         } else {
             entry.1 += cost;
         }
+        if counts.len() >= MAX_CELLS {
+            self.full.notify_one();
+        }
+    }
+
+    /// Resolves when the counts have reached [`MAX_CELLS`] (at once if
+    /// they did since the last call): flush then, not at the next tick.
+    pub async fn full(&self) {
+        self.full.notified().await;
     }
 
     /// How often to flush.
@@ -250,6 +271,31 @@ pub fn minute_text(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flood of distinct cells asks for the flush early, once the cap is
+    /// reached and not before; the flush empties them.
+    #[tokio::test]
+    async fn the_flush_comes_early_at_the_cap() {
+        let dir = std::env::temp_dir().join(format!("ledger-cap-{}", std::process::id()));
+        let config = LedgerConfig {
+            dir: dir.clone(),
+            hmac_tenants: false,
+            flush_every_ms: 60_000,
+            max_file_bytes: 1 << 30,
+            max_file_age_ms: 3_600_000,
+        };
+        let ledger = Ledger::open(&config, None).unwrap();
+        let full = || tokio::time::timeout(std::time::Duration::from_millis(20), ledger.full());
+        for i in 0..MAX_CELLS - 1 {
+            ledger.record(&format!("t{i}"), "*", 1, true, 0);
+        }
+        assert!(full().await.is_err(), "not full one cell under the cap");
+        ledger.record("last", "*", 1, true, 0);
+        assert!(full().await.is_ok(), "full at the cap");
+        ledger.flush(0).unwrap();
+        assert!(ledger.counts.lock().unwrap().is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 
     #[test]
     fn minutes_read_as_dates() {

@@ -200,7 +200,11 @@ fn spawn_ledger(app: &Arc<App>) {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval.tick().await;
         loop {
-            interval.tick().await;
+            let ledger = app.ledger.as_ref().expect("a ledger");
+            tokio::select! {
+                _ = interval.tick() => {}
+                () = ledger.full() => {}
+            }
             flush_ledger(&app).await;
         }
     });
