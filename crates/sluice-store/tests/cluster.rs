@@ -434,7 +434,7 @@ async fn a_master_failure_is_bridged_by_the_failure_policy_and_recovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_made_before_the_cluster_is_up_connects_when_it_is() {
-    let ports: Vec<u16> = (0..3).map(|_| sluice_testkit::free_port(true)).collect();
+    let ports = sluice_testkit::free_node_ports(3);
     let urls: Vec<String> = ports
         .iter()
         .map(|p| format!("redis://127.0.0.1:{p}"))

@@ -57,8 +57,12 @@ impl RedisServer {
         extra: &[&str],
     ) -> RedisServer {
         // With `tls-cluster yes` the cluster bus listens on the TLS port
-        // plus 10000: that one must be free too.
-        let tls_port = free_port(true);
+        // plus 10000: that one must be free too. `port` is not bound yet,
+        // so the probe could find it again: not that one, nor its bus.
+        let tls_port = std::iter::repeat_with(|| free_port(true))
+            .take(100)
+            .find(|&p| p != port && p != port + 10_000 && p + 10_000 != port)
+            .expect("a free port other than the plain one");
         let dir = server_dir(port);
         for (name, pem) in [("ca.pem", ca), ("server.pem", cert), ("server.key", key)] {
             std::fs::write(dir.join(name), pem).expect("write a certificate");
@@ -329,6 +333,28 @@ pub fn free_port(with_bus: bool) -> u16 {
         }
     }
     panic!("no free loopback port found");
+}
+
+/// `n` free loopback ports for cluster nodes, chosen before any node
+/// starts: distinct, and none another's bus port (the kernel may hand out
+/// a port again once the probe that found it has let it go: two nodes on
+/// one port left a cluster of five that never formed).
+pub fn free_node_ports(n: usize) -> Vec<u16> {
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    for _ in 0..n * 100 {
+        if ports.len() == n {
+            break;
+        }
+        let port = free_port(true);
+        let clashes = ports
+            .iter()
+            .any(|&p| p == port || p + 10_000 == port || port + 10_000 == p);
+        if !clashes {
+            ports.push(port);
+        }
+    }
+    assert_eq!(ports.len(), n, "no {n} distinct free loopback ports found");
+    ports
 }
 
 /// Runs `work` on `threads` new threads at once and calls `meanwhile` once
@@ -643,10 +669,7 @@ impl RedisCluster {
     /// `cluster-node-timeout` (1 s) so that failovers are quick, and waits
     /// until the cluster is up.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
-        let ports: Vec<u16> = (0..masters * (1 + replicas))
-            .map(|_| free_port(true))
-            .collect();
-        RedisCluster::start_on(&ports, replicas)
+        RedisCluster::start_on(&free_node_ports(masters * (1 + replicas)), replicas)
     }
 
     /// Like [`start`](Self::start), on the given ports (masters first):
@@ -908,5 +931,20 @@ impl RedisCluster {
         redis::cmd("DBSIZE")
             .query(&mut self.node(port).connection())
             .expect("DBSIZE")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ports_are_distinct_and_none_is_anothers_bus() {
+        let ports = free_node_ports(24);
+        for (i, &a) in ports.iter().enumerate() {
+            for &b in &ports[i + 1..] {
+                assert!(a != b && a + 10_000 != b && b + 10_000 != a, "{a} and {b}");
+            }
+        }
     }
 }
