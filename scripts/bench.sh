@@ -106,7 +106,7 @@ pepper=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
 for backend in memory redis; do
   url=""; [ $backend = redis ] && url=$REDIS_URL
   bench_config "$config" "$url" BENCH_PEPPER
-  http=$(free_port); grpc=$(free_port)
+  read -r http grpc <<< "$(free_port 2)"
   BENCH_PEPPER=$pepper SLUICE_LOG=warn target/release/sluice serve --config "$config" \
     --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
   serve=$!; pids+=($serve)

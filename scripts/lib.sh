@@ -1,7 +1,15 @@
 # Shared by scripts/bench.sh and scripts/service_cpu.sh (sourced).
 
-# A free loopback TCP port.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free loopback TCP port; with N, N distinct ones on one line (the
+# probes are held open until all are found, so none is handed out twice).
+free_port() {
+  python3 -c '
+import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))
+' "${1:-1}"
+}
 
 # A free loopback TCP port for a Redis Cluster node: below 55000, with its
 # cluster bus port (+10000) free too.

@@ -25,7 +25,7 @@ store=memory; url=${REDIS_URL:-}
 if [ -n "${REDIS_CLUSTER_NODES:-}" ]; then store=redis-cluster; url=$REDIS_CLUSTER_NODES; fi
 export SERVICE_CPU_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
 bench_config "$config" "$url" SERVICE_CPU_PEPPER "$store"
-http=$(free_port); grpc=$(free_port)
+read -r http grpc peer_grpc peer_http <<< "$(free_port 4)"
 SLUICE_LOG=warn "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc &
 pid=$!
 peer=""; limits=$(mktemp --suffix=.yaml)
@@ -39,9 +39,8 @@ elif [ -n "${LIMITADOR_BIN:-}" ]; then
   conditions: []
   variables: ["descriptors[0]['tenant']"]
 YAML
-  peer_grpc=$(free_port)
   RUST_LOG=warn "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$peer_grpc" \
-    --http-ip 127.0.0.1 --http-port "$(free_port)" "$limits" memory >/dev/null 2>&1 &
+    --http-ip 127.0.0.1 --http-port "$peer_http" "$limits" memory >/dev/null 2>&1 &
   peer=$!
 fi
 trap 'kill $pid $peer 2>/dev/null; rm -f "$config" "$limits"' EXIT

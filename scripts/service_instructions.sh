@@ -29,7 +29,7 @@ bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
 # Instructions callgrind counted for a service that served `seconds` of load.
 count() {
   local seconds=$1 run=$2 http grpc pid target log dump
-  http=$(free_port); grpc=$(free_port); log=$(mktemp)
+  read -r http grpc <<< "$(free_port 2)"; log=$(mktemp)
   dump=$dumps/$api-$seconds-$run.out
   SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
     "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
