@@ -5,13 +5,17 @@
 //! name as an sf-string:
 //!
 //! ```text
-//! RateLimit-Policy: "burst";q=50;w=1, "hourly";q=20000;w=3600
+//! RateLimit-Policy: "burst";q=50;w=3, "hourly";q=20000;w=3600
 //! RateLimit: "burst";r=12;t=1, "hourly";r=19873;t=3600
 //! ```
 //!
 //! `q` is the rule's capacity (its `burst` for gcra and token_bucket, else
-//! its `limit`) and `w` its `per` in seconds, rounded up. `r` is what is
-//! left and `t` the seconds until the policy is back to full, rounded up.
+//! its `limit`) and `w` the time it takes to refill it, in seconds rounded
+//! up: its `per`, or `burst × per / limit` for gcra and token_bucket, so
+//! that a client pacing itself to `q` per `w` never outruns the rule's
+//! rate (`limit: 20, per: 1s, burst: 50` is `q=50;w=3`, not 50 a second).
+//! `r` is what is left and `t` the seconds until the policy is back to
+//! full, rounded up.
 //! Policy names are restricted by the configuration to characters that need
 //! no escaping inside an sf-string. Global valves are left out of both
 //! fields: their remaining capacity would reveal other tenants' traffic.
@@ -29,8 +33,17 @@ pub fn policy_item(name: &str, rule: &Rule) -> String {
     format!(
         "\"{name}\";q={};w={}",
         rule.capacity(),
-        seconds_rounded_up(rule.period_ms()).max(1)
+        seconds_rounded_up(refill_ms(rule)).max(1)
     )
+}
+
+/// How long `rule` takes to refill its whole capacity from empty, in ms
+/// rounded up: `capacity × per / limit` (its `per` when the capacity is
+/// the limit). In 128 bits: capacity and per may each be near 2^35.
+fn refill_ms(rule: &Rule) -> u64 {
+    let ms = (u128::from(rule.capacity()) * u128::from(rule.period_ms()))
+        .div_ceil(u128::from(rule.limit().max(1)));
+    u64::try_from(ms).unwrap_or(u64::MAX)
 }
 
 /// Writes the `RateLimit` field value for a decision into `out`; nothing
@@ -118,6 +131,52 @@ plans:
             .collect()
     }
 
+    /// `q` per `w` is never above what the rule lets a client keep up:
+    /// a bucket's window is the time it takes to refill, rounded up.
+    #[test]
+    fn a_bucket_advertises_the_time_it_takes_to_refill() {
+        let item = |rule: &str| {
+            let yaml = format!("default_plan: p\nplans:\n  p:\n    tenant: [{rule}]\n");
+            let p = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
+            p.applicable("t", "GET /", false)
+                .class
+                .policy_header()
+                .to_owned()
+        };
+        let cases = [
+            // burst = limit: its per.
+            ("{ name: a, limit: 20, per: 1s }", r#""a";q=20;w=1"#),
+            // burst above the limit: 500 at 100 a second, 5 s.
+            (
+                "{ name: a, algorithm: token_bucket, limit: 100, per: 1s, burst: 500 }",
+                r#""a";q=500;w=5"#,
+            ),
+            // burst below the limit: 10 at 100 a minute, 6 s (not 10 a minute).
+            (
+                "{ name: a, limit: 100, per: 1m, burst: 10 }",
+                r#""a";q=10;w=6"#,
+            ),
+            // a refill under a second: one second, the least `w` says.
+            (
+                "{ name: a, limit: 100, per: 1s, burst: 10 }",
+                r#""a";q=10;w=1"#,
+            ),
+            // windows refill at their end.
+            (
+                "{ name: a, algorithm: fixed_window, limit: 7, per: 1h }",
+                r#""a";q=7;w=3600"#,
+            ),
+            // at the bound of burst × per: no overflow.
+            (
+                "{ name: a, limit: 1, per: 366d, burst: 142418 }",
+                r#""a";q=142418;w=4503598963200"#,
+            ),
+        ];
+        for (rule, expected) in cases {
+            assert_eq!(item(rule), expected, "{rule}");
+        }
+    }
+
     #[test]
     fn policy_field_is_a_valid_structured_list() {
         let p = policy();
@@ -126,7 +185,8 @@ plans:
         assert_eq!(
             items,
             vec![
-                ("burst".into(), vec![("q".into(), 50), ("w".into(), 1)]),
+                // 50 at a refill of 20 a second: 2.5 s, rounded up.
+                ("burst".into(), vec![("q".into(), 50), ("w".into(), 3)]),
                 (
                     "hourly".into(),
                     vec![("q".into(), 20000), ("w".into(), 3600)]

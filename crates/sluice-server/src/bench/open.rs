@@ -75,11 +75,13 @@ pub struct ClassReport {
     pub limit: Option<u64>,
     /// The most one tenant of the class may be admitted over the run by
     /// the policies the service advertised (`RateLimit-Policy`, on both
-    /// APIs): the least over them of `q × (⌈run / w⌉ + 1)`, a bound every
-    /// algorithm keeps (a fixed window admits up to `q` in each window the
-    /// run touches) — except gcra and token_bucket with a `burst` below
-    /// their `limit`, which advertise `q = burst` and refill faster than
-    /// `q` per `w`; `None` when none was advertised.
+    /// APIs): the least over them of `q × (⌈run / (w − 1)⌉ + 1)` (`w`
+    /// itself when it is 1), a bound every algorithm keeps: a window
+    /// admits up to `q` in each window the run touches, a bucket `q` at
+    /// once and then `q` per its refill time, which `w` rounds up by less
+    /// than a second. Not for a bucket that refills in under a second
+    /// (`w=1` while `burst × per / limit` is below 1 s); `None` when no
+    /// policy was advertised.
     pub allowance: Option<u64>,
     /// Latency percentiles from the intended send time, in µs.
     pub p50_us: u64,
@@ -214,12 +216,13 @@ fn windowed_policies(field: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The most one tenant may be admitted over `run` under `policies`.
+/// The most one tenant may be admitted over `run` under `policies` (see
+/// [`ClassReport::allowance`]).
 fn allowance(policies: &[(u64, u64)], run: Duration) -> Option<u64> {
     let seconds = run.as_secs().max(1);
     policies
         .iter()
-        .map(|&(q, w)| q.saturating_mul(seconds.div_ceil(w) + 1))
+        .map(|&(q, w)| q.saturating_mul(seconds.div_ceil(w.saturating_sub(1).max(1)) + 1))
         .min()
 }
 
