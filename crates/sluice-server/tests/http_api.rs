@@ -175,7 +175,9 @@ async fn allowed_answers_200_with_both_ratelimit_fields() {
     assert_eq!(param(&policy, "daily", "q"), 1000);
     assert_eq!(param(&policy, "daily", "w"), 86_400);
     assert_eq!(param(&policy, "invoices", "q"), 2);
-    assert_eq!(param(&policy, "per-user", "w"), 2);
+    // A bucket of 2 refilled 1 per 2 s: 4 s to refill.
+    assert_eq!(param(&policy, "per-user", "q"), 2);
+    assert_eq!(param(&policy, "per-user", "w"), 4);
 
     let state = sf_list(header(&response, "ratelimit").unwrap());
     assert_eq!(param(&state, "daily", "r"), 999);
