@@ -39,7 +39,8 @@ pub fn policy_item(name: &str, rule: &Rule) -> String {
 
 /// How long `rule` takes to refill its whole capacity from empty, in ms
 /// rounded up: `capacity × per / limit` (its `per` when the capacity is
-/// the limit). In 128 bits: capacity and per may each be near 2^35.
+/// the limit). The configuration keeps `burst × per` under 2^52; 128 bits
+/// only so that no rule built otherwise can overflow it.
 fn refill_ms(rule: &Rule) -> u64 {
     let ms = (u128::from(rule.capacity()) * u128::from(rule.period_ms()))
         .div_ceil(u128::from(rule.limit().max(1)));
