@@ -24,8 +24,11 @@ descriptors:
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let dir = std::env::temp_dir().join(format!("sluice-rls-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    // Removed with what it holds when this ends.
+    let temp = tempfile::Builder::new()
+        .prefix("sluice-rls-load-")
+        .tempdir()?;
+    let dir = temp.path();
     std::fs::write(dir.join("edge.yaml"), ENVOY)?;
     std::fs::write(
         dir.join("pepper"),

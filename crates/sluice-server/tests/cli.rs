@@ -5,7 +5,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, example, post, sluice, temp_file};
+use common::{Server, example, post, sluice, temp_dir, temp_file};
 use serde_json::{Value, json};
 
 #[test]
@@ -22,8 +22,8 @@ fn validate_accepts_the_example() {
 
 #[test]
 fn validate_checks_envoyproxy_files_directories_and_what_a_config_points_to() {
-    let dir = std::env::temp_dir().join(format!("sluice-validate-envoy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let envoy = temp_dir("validate-envoy");
+    let dir = envoy.path();
     let good = "domain: d\ndescriptors:\n  - key: path\n    value: \"/a/*/b*\"\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
     std::fs::write(dir.join("good.yaml"), good).unwrap();
     let ok = |path: &std::path::Path| {
@@ -37,13 +37,13 @@ fn validate_checks_envoyproxy_files_directories_and_what_a_config_points_to() {
     let (code, stdout, stderr) = ok(&dir.join("good.yaml"));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("ok (1 domains"), "{stdout}");
-    let (code, stdout, _) = ok(&dir);
+    let (code, stdout, _) = ok(dir);
     assert_eq!(code, Some(0));
     assert!(stdout.contains("ok (1 domains"), "{stdout}");
     // A limit sluice would not enforce as written is refused, with where.
     let bad = "domain: e\ndescriptors:\n  - key: path\n    value: exact\n    share_threshold: true\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
     std::fs::write(dir.join("bad.yaml"), bad).unwrap();
-    let (code, _, stderr) = ok(&dir);
+    let (code, _, stderr) = ok(dir);
     assert_eq!(code, Some(1));
     assert!(
         stderr.contains("bad.yaml:5:22: share_threshold can only be used with wildcard values"),

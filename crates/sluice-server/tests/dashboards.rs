@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, temp_file};
+use common::{Server, temp_file, temp_path};
 use serde_json::Value;
 
 fn deploy(file: &str) -> std::path::PathBuf {
@@ -180,7 +180,7 @@ async fn every_dashboard_and_alert_expression_evaluates_on_a_real_prometheus() {
     }
     let target = sluice.base.trim_start_matches("http://").to_owned();
     let port = sluice_testkit::free_port(false);
-    let data = std::env::temp_dir().join(format!("sluice-prometheus-{}", std::process::id()));
+    let data = temp_path("prometheus", "data");
     let config = temp_file(
         "prometheus.yml",
         &format!(
@@ -266,5 +266,4 @@ async fn every_dashboard_and_alert_expression_evaluates_on_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     sluice.stop();
-    let _ = std::fs::remove_dir_all(&data);
 }

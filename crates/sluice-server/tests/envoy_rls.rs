@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Server, temp_file};
+use common::{Server, temp_dir, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -76,10 +76,9 @@ fn start(storage: &str, name: &str) -> Server {
 
 /// `sluice serve` with `files` as its envoyproxy/ratelimit directory.
 fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
-    let dir = std::env::temp_dir().join(format!("sluice-rls-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("rls");
     for (file, text) in files {
-        std::fs::write(dir.join(file), text).unwrap();
+        std::fs::write(dir.path().join(file), text).unwrap();
     }
     let config = temp_file(
         &format!("{name}.yaml"),
@@ -90,13 +89,15 @@ fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
             "--config",
             config.to_str().unwrap(),
             "--envoy-config",
-            dir.to_str().unwrap(),
+            dir.path().to_str().unwrap(),
         ],
         &[(
             "TEST_SLUICE_PEPPER",
             "3e1d9c7b5a3f1e2d4c6b8a0f9e7d5c3b1a2f4e6d8c0b9a7f5e3d1c2b4a6f8e0d",
         )],
     )
+    .keep(config)
+    .keep(dir)
 }
 
 async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
@@ -1057,7 +1058,8 @@ fn configmap(dir: &std::path::Path, version: &str, files: &[(&str, &str)]) {
 #[tokio::test]
 async fn an_envoyproxy_ratelimit_manifest_starts_sluice() {
     let redis = RedisServer::start();
-    let root = std::env::temp_dir().join(format!("sluice-runtime-{}", std::process::id()));
+    let runtime = temp_dir("runtime");
+    let root = runtime.path();
     let config = root.join("ratelimit").join("config");
     std::fs::create_dir_all(&config).unwrap();
     let limit = |n: u32| {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
-use common::{Server, temp_file};
+use common::{Server, TempPath, temp_file, temp_path};
 use sluice_testkit::free_port;
 
 const LIMITS: &str = r#"
@@ -90,15 +90,15 @@ struct Setup {
     app_port: u16,
     hits: Arc<AtomicUsize>,
     port: u16,
-    dir: std::path::PathBuf,
+    dir: TempPath,
 }
 
 async fn setup(gateway: &str) -> Setup {
     let config = temp_file(&format!("gateway-limits-{gateway}.yaml"), LIMITS);
-    let sluice = Server::start(&["--config", config.to_str().unwrap()]);
+    let sluice = Server::start(&["--config", config.to_str().unwrap()]).keep(config);
     let sluice_port: u16 = sluice.base.rsplit(':').next().unwrap().parse().unwrap();
     let (app_port, hits) = app().await;
-    let dir = std::env::temp_dir().join(format!("sluice-{gateway}-{}", std::process::id()));
+    let dir = temp_path(gateway, gateway);
     std::fs::create_dir_all(&dir).unwrap();
     Setup {
         sluice,

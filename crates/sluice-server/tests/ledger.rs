@@ -6,11 +6,11 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::{Server, post, sluice, succeeds, temp_file};
+use common::{Server, TempPath, post, sluice, succeeds, temp_file, temp_path};
 use serde_json::{Value, json};
 use sluice_testkit::RedisServer;
 
-fn config(dir: &std::path::Path, storage: &str, extra: &str) -> std::path::PathBuf {
+fn config(dir: &std::path::Path, storage: &str, extra: &str) -> TempPath {
     temp_file(
         &format!("ledger-{}.yaml", dir.file_name().unwrap().to_string_lossy()),
         &format!(
@@ -20,10 +20,10 @@ fn config(dir: &std::path::Path, storage: &str, extra: &str) -> std::path::PathB
     )
 }
 
-fn fresh_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-ledger-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A ledger directory not made yet (`sluice serve` makes it), removed
+/// with what it then holds when dropped.
+fn fresh_dir(name: &str) -> TempPath {
+    temp_path(&format!("ledger-{name}"), "ledger")
 }
 
 /// `sluice usage DIR --by all --json`, by tenant.
@@ -64,7 +64,8 @@ async fn send(client: &reqwest::Client, server: &Server, tenant: &str, n: usize)
 #[tokio::test]
 async fn usage_is_appended_per_tenant_route_and_minute_and_summed() {
     let dir = fresh_dir("sum");
-    let mut server = Server::start(&["--config", config(&dir, "", "").to_str().unwrap()]);
+    let path = config(&dir, "", "");
+    let mut server = Server::start(&["--config", path.to_str().unwrap()]);
     let client = reqwest::Client::new();
     assert_eq!(send(&client, &server, "acme", 8).await, 5);
     assert_eq!(send(&client, &server, "globex", 2).await, 2);

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Server, sluice};
+use common::{Server, sluice, temp_path};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -52,7 +52,7 @@ fn the_systemd_unit_verifies() {
     // The unit as installed, with the binary where this build put it.
     let unit = text("deploy/systemd/sluice.service")
         .replace("/usr/local/bin/sluice", env!("CARGO_BIN_EXE_sluice"));
-    let path = std::env::temp_dir().join(format!("sluice-{}.service", std::process::id()));
+    let path = temp_path("unit", "sluice.service");
     std::fs::write(&path, unit).unwrap();
     let out = Command::new("systemd-analyze")
         .arg("verify")

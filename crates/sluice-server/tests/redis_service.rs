@@ -10,7 +10,7 @@ use sluice_testkit::RedisServer;
 
 const PEPPER: &str = "7d1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f70";
 
-fn config(server: &RedisServer, name: &str) -> std::path::PathBuf {
+fn config(server: &RedisServer, name: &str) -> common::TempPath {
     temp_file(
         name,
         &format!(

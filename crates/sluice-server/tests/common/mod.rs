@@ -2,12 +2,15 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tempfile::TempDir;
 
 pub fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -17,12 +20,58 @@ pub fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sluice.yaml")
 }
 
-pub fn temp_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// A directory of its own under the system's temporary one (named
+/// `sluice-PURPOSE-…`), removed with what it holds when dropped: a test run
+/// leaves nothing behind.
+pub fn temp_dir(purpose: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("sluice-{purpose}-"))
+        .tempdir()
+        .unwrap()
+}
+
+/// A file `name` holding `text`, in a directory of its own removed when
+/// the file is dropped.
+pub fn temp_file(name: &str, text: &str) -> TempPath {
+    let path = temp_path("test", name);
     std::fs::write(&path, text).unwrap();
     path
+}
+
+/// Where `name` would be (nothing is made there) in a directory of its own,
+/// removed with what it then holds when the path is dropped.
+pub fn temp_path(purpose: &str, name: &str) -> TempPath {
+    let dir = temp_dir(purpose);
+    TempPath {
+        path: dir.path().join(name),
+        _dir: dir,
+    }
+}
+
+/// What [`temp_file`] and [`temp_path`] give: used as its path.
+pub struct TempPath {
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+impl Deref for TempPath {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for TempPath {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<OsStr> for TempPath {
+    fn as_ref(&self) -> &OsStr {
+        self.path.as_os_str()
+    }
 }
 
 /// A running `sluice serve`, stopped (SIGTERM) when dropped.
@@ -31,9 +80,18 @@ pub struct Server {
     pub base: String,
     pub grpc: String,
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Files and directories the server reads, removed after it stops.
+    kept: Vec<Box<dyn std::any::Any>>,
 }
 
 impl Server {
+    /// Keeps `thing` (a temporary file or directory the server reads)
+    /// until the server is dropped.
+    pub fn keep(mut self, thing: impl std::any::Any) -> Server {
+        self.kept.push(Box::new(thing));
+        self
+    }
+
     pub fn start(args: &[&str]) -> Server {
         Server::start_with_env(args, &[])
     }
@@ -79,6 +137,7 @@ impl Server {
             base: format!("http://{addr}"),
             grpc: format!("http://{grpc}"),
             log,
+            kept: Vec::new(),
         }
     }
 
@@ -119,6 +178,8 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Only now, the server gone, its files.
+        self.kept.clear();
     }
 }
 
