@@ -839,3 +839,72 @@ async fn a_decision_on_the_servers_clock_is_stamped_with_its_time() {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
 }
+
+/// A plan whose every list holds the most rules a list may
+/// (`MAX_RULES_PER_LIST`): a request it applies to is decided against four
+/// times that many rules, of every algorithm with a state, in one call.
+fn fullest_plan() -> String {
+    use sluice_core::config::MAX_RULES_PER_LIST;
+    let algorithms = [
+        "gcra",
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ];
+    let list = |scope: &str, indent: &str| {
+        (0..MAX_RULES_PER_LIST)
+            .map(|i| {
+                // The route's first rule admits one request an hour.
+                let limit = if scope == "r" && i == 0 { 1 } else { 1000 + i };
+                format!(
+                    "{indent}- {{ name: {scope}{i}, algorithm: {}, limit: {limit}, per: 1h }}\n",
+                    algorithms[i % algorithms.len()]
+                )
+            })
+            .collect::<String>()
+    };
+    format!(
+        "default_plan: p\nplans:\n  p:\n    tenant:\n{}    routes:\n      \"POST /a\":\n{}    subject:\n      \"*\":\n{}global:\n  \"POST /a\":\n{}",
+        list("t", "      "),
+        list("r", "        "),
+        list("s", "        "),
+        list("g", "    "),
+    )
+}
+
+#[tokio::test]
+async fn a_request_under_the_most_rules_a_plan_allows_is_decided_by_redis() {
+    let server = RedisServer::start();
+    let limiter = Limiter::new(
+        policy(&fullest_plan(), false),
+        store(&server, keys(7)).await,
+        OnError::Deny,
+    );
+    let policy = limiter.policy();
+    let request = Request::new("acme", "POST /a", Some("alice"), 1).unwrap();
+    let first = limiter.decide(&policy, &request).await;
+    let bound = 4 * sluice_core::config::MAX_RULES_PER_LIST;
+    assert_eq!(first.rules.len(), bound);
+    let said = |d: &sluice_core::Decision<'_>| format!("{:?}, degraded {:?}", d.reason, d.degraded);
+    assert!(
+        first.allowed && first.degraded.is_none(),
+        "{}",
+        said(&first)
+    );
+    assert_eq!(first.known_outcomes().count(), bound);
+    // The route's tight rule refuses the second; the others keep what
+    // they had: all or nothing, over every rule.
+    let second = limiter.decide(&policy, &request).await;
+    assert!(
+        !second.allowed && second.degraded.is_none(),
+        "{}",
+        said(&second)
+    );
+    assert_eq!(second.violated_policies().collect::<Vec<_>>(), ["r0"]);
+    for ((rule, before), (_, after)) in first.known_outcomes().zip(second.known_outcomes()) {
+        if rule.name() != "r0" {
+            assert_eq!(before.remaining, after.remaining, "{}", rule.name());
+        }
+    }
+}

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use validate::MAX_RULES_PER_LIST;
 
 use crate::rule::Rule;
 

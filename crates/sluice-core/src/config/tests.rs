@@ -414,3 +414,32 @@ fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_r
     assert_eq!(config.server.forward_auth.trusted_proxies.len(), 2);
     assert_eq!(config.limits.plans[0].dedupe.len(), 1);
 }
+
+#[test]
+fn a_list_holds_at_most_the_bound_of_rules() {
+    let list = |n: usize| {
+        (0..n)
+            .map(|i| format!("      - {{ name: r{i}, limit: {}, per: 1s }}\n", i + 1))
+            .collect::<String>()
+    };
+    let plan = |scope: &str, n: usize| match scope {
+        "tenant" => format!("default_plan: p\nplans:\n  p:\n    tenant:\n{}", list(n)),
+        _ => format!(
+            "default_plan: p\nplans:\n  p:\n    {scope}:\n      \"GET /a\":\n{}",
+            list(n).replace("      - ", "        - ")
+        ),
+    };
+    for scope in ["tenant", "routes", "subject"] {
+        Config::from_yaml(&plan(scope, MAX_RULES_PER_LIST), "ok.yaml").unwrap();
+        let error = single_error(&plan(scope, MAX_RULES_PER_LIST + 1));
+        assert!(
+            error.contains(&format!("holds at most {MAX_RULES_PER_LIST} rules, got 65")),
+            "{scope}: {error}"
+        );
+    }
+    let valve = format!(
+        "default_plan: p\nplans:\n  p: {{}}\nglobal:\n  \"*\":\n{}",
+        list(MAX_RULES_PER_LIST + 1).replace("      - ", "    - ")
+    );
+    assert!(single_error(&valve).contains("`global` rules holds at most 64"));
+}

@@ -22,6 +22,12 @@ const MAX_SHARDS: i64 = 1024;
 /// The one (empty) plan of a configuration for Envoy alone.
 const ENVOY_ONLY_PLAN: &str = "default";
 const MAX_NAME_BYTES: usize = 64;
+/// Most rules in one list (a plan's `tenant` rules, one pattern's
+/// `routes` or `subject` rules, one `global` valve). A request is decided
+/// against at most four lists, all in one call to the store: bounded, so
+/// that call's arguments and answer are (Redis's Lua gives up on more than
+/// about 2,000 rules in a call; 4 × 64 stays far below).
+pub const MAX_RULES_PER_LIST: usize = 64;
 const MAX_TIMEOUT_MS: u64 = 10_000;
 
 pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
@@ -1013,6 +1019,15 @@ impl<'a> Validator<'a> {
     }
 
     pub(super) fn rules(&mut self, raw: Vec<S<RawRule>>, scope: &str) -> Vec<NamedRule> {
+        if let Some(extra) = raw.get(MAX_RULES_PER_LIST) {
+            self.push(
+                extra.referenced,
+                format!(
+                    "a list of `{scope}` rules holds at most {MAX_RULES_PER_LIST} rules, got {}",
+                    raw.len()
+                ),
+            );
+        }
         let mut out: Vec<NamedRule> = Vec::with_capacity(raw.len());
         for (index, rule) in raw.into_iter().enumerate() {
             let at = rule.referenced;
