@@ -1021,9 +1021,14 @@ async fn envoyproxy_http_endpoints_healthcheck_json_and_rlconfig() {
     for bad in [
         serde_json::json!({"domain": "edge", "descriptors": []}),
         serde_json::json!({"domain": "edge", "bogus": 1}),
+        serde_json::json!([]),
+        serde_json::json!({"domain": "edge", "descriptors": [5]}),
+        serde_json::json!({"domain": "edge", "descriptors": [{"entries": ["x"]}]}),
+        serde_json::json!({"domain": "edge", "descriptors": [{"entries": [], "limit": 5}]}),
     ] {
         let (status, body) = ask_json(bad).await;
         assert_eq!(status, 400, "{body}");
+        assert!(!body.contains("Json"), "no type of ours: {body}");
     }
     // `/rlconfig`: the loaded limits, keys and numbers only.
     let dump = common::get_text(&http, &server, "/rlconfig").await;

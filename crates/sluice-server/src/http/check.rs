@@ -17,7 +17,10 @@ use crate::app::App;
 use sluice_tower::InvalidRequest;
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object such as {\"tenant\": \"acme\", \"route\": \"GET /v1/things\"}"
+)]
 pub(super) struct CheckBody<'a> {
     #[serde(borrow)]
     tenant: Option<Cow<'a, str>>,

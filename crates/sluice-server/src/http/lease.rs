@@ -72,7 +72,7 @@ pub(super) async fn acquire(
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an object")]
 struct ReleaseBody {
     lease: Option<String>,
 }

@@ -79,8 +79,13 @@ fn bad_request(field: &str, message: &str) -> Response {
     super::respond::refusal(&sluice_tower::InvalidRequest::new(field, message))
 }
 
+// Each says what it expects in the client's terms (serde's default names
+// the Rust type).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a RateLimitRequest object: {\"domain\": ..., \"descriptors\": [...]}"
+)]
 struct JsonRequest {
     #[serde(default)]
     domain: String,
@@ -92,7 +97,10 @@ struct JsonRequest {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a descriptor object: {\"entries\": [...]}"
+)]
 struct JsonDescriptor {
     #[serde(default)]
     entries: Vec<JsonEntry>,
@@ -104,7 +112,10 @@ struct JsonDescriptor {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an entry object: {\"key\": ..., \"value\": ...}"
+)]
 struct JsonEntry {
     #[serde(default)]
     key: String,
@@ -113,7 +124,10 @@ struct JsonEntry {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a limit object: {\"requestsPerUnit\": ..., \"unit\": ...}"
+)]
 struct JsonOverride {
     #[serde(default, alias = "requests_per_unit", rename = "requestsPerUnit")]
     requests_per_unit: u32,
