@@ -500,6 +500,60 @@ async fn forward_auth_without_its_headers_or_with_one_twice_is_a_400() {
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{problem}");
         assert_eq!(problem["invalid-params"][0]["name"], field, "{problem}");
     }
+    // A field out of its bounds is named by the header that carried it.
+    let long = format!("/{}", "a".repeat(1100));
+    let tenant = "t".repeat(257);
+    let user = "u".repeat(257);
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let bounds: [(Headers<'_>, &str, &str); 4] = [
+        (
+            &[
+                ("X-Tenant", &tenant),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+            ],
+            "X-Tenant",
+            "`tenant` must be 1 to 256 bytes",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", &long),
+            ],
+            "X-Forwarded-Uri",
+            "`route` must be 1 to 1024 bytes",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-Original-Method", "GET"),
+                ("X-Original-URI", &long),
+            ],
+            "X-Original-URI",
+            "`route` must be 1 to 1024 bytes",
+        ),
+        (
+            &[
+                ("X-Tenant", "acme"),
+                ("X-User", &user),
+                ("X-Forwarded-Method", "GET"),
+                ("X-Forwarded-Uri", "/"),
+            ],
+            "X-User",
+            "`subject` must be 1 to 256 bytes",
+        ),
+    ];
+    for (headers, name, says) in bounds {
+        let (response, problem) = h.send(forward(headers)).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{problem}");
+        assert_eq!(problem["invalid-params"][0]["name"], name, "{problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(&format!("header `{name}`: {says}")),
+            "{detail}"
+        );
+    }
     let (_, problem) = h
         .send(forward(&[
             ("X-Tenant", "acme"),

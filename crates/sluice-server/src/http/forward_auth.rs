@@ -49,9 +49,12 @@ pub(super) async fn forward_auth(
             Some(method) => method,
             None => header_text(&headers, "x-original-method")?.ok_or_else(missing_original)?,
         };
-        let uri = match header_text(&headers, "x-forwarded-uri")? {
-            Some(uri) => uri,
-            None => header_text(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
+        let (uri, uri_header) = match header_text(&headers, "x-forwarded-uri")? {
+            Some(uri) => (uri, "X-Forwarded-Uri"),
+            None => (
+                header_text(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
+                "X-Original-URI",
+            ),
         };
         let subject = match &config.subject_header {
             Some(name) => header_text(&headers, name)?,
@@ -68,9 +71,10 @@ pub(super) async fn forward_auth(
             subject,
             cost,
             fingerprint,
+            uri_header,
         ))
     })();
-    let (tenant, route, subject, cost, fingerprint) = match parsed {
+    let (tenant, route, subject, cost, fingerprint, uri_header) = match parsed {
         Ok(parts) => parts,
         Err(problem) => return refusal(&problem),
     };
@@ -78,7 +82,23 @@ pub(super) async fn forward_auth(
         .and_then(|r| r.with_fingerprint(fingerprint))
     {
         Ok(request) => request,
-        Err(e) => return refusal(&InvalidRequest::from(e)),
+        Err(e) => {
+            // The gateway sent headers, not fields: the problem names the
+            // header that carried the field at fault.
+            let header = match e.field {
+                "tenant" => Some(config.tenant_header.as_str()),
+                "route" => Some(uri_header),
+                "subject" => config.subject_header.as_deref(),
+                "cost" => config.cost_header.as_deref(),
+                "fingerprint" => Some(config.fingerprint_header.as_str()),
+                _ => None,
+            };
+            let problem = match header {
+                Some(name) => InvalidRequest::new(name, format!("header `{name}`: {e}")),
+                None => InvalidRequest::from(e),
+            };
+            return refusal(&problem);
+        }
     };
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();
