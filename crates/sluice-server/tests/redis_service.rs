@@ -586,3 +586,76 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// An override that expires leaves Redis, and is not read again and again:
+/// before, it stayed in the hash for good and every instance read every
+/// override twice a second (and recompiled its policy) from then on.
+#[tokio::test]
+async fn an_expired_override_leaves_redis_and_costs_no_more_reads() {
+    const TOKEN: &str = "an-admin-token-for-tests-001";
+    let redis = RedisServer::start();
+    let path = temp_file(
+        "admin-expiry.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: daily, limit: 2, per: 1d }}]\n",
+            redis.url()
+        ),
+    );
+    let server = Server::start_with_env(
+        &["--config", path.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", TOKEN)],
+    );
+    let client = reqwest::Client::new();
+    let put = client
+        .put(format!("{}/v1/admin/overrides/acme", server.base))
+        .bearer_auth(TOKEN)
+        .json(&json!({"factor": 2, "expires_in": "1s"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let mut conn = redis.connection();
+    let overrides: String = redis::cmd("KEYS")
+        .arg("*{admin}:overrides")
+        .query::<Vec<String>>(&mut conn)
+        .unwrap()
+        .pop()
+        .expect("the overrides hash");
+    let held = |conn: &mut redis::Connection| -> u64 {
+        redis::cmd("HLEN").arg(&overrides).query(conn).unwrap()
+    };
+    assert_eq!(held(&mut conn), 1);
+    let started = std::time::Instant::now();
+    while held(&mut conn) > 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the expired override is still in Redis"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Its removal was a change every instance reads once; then only the
+    // heavy hitters' hash is read, once a second.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let reads = |conn: &mut redis::Connection| {
+        sluice_testkit::command_calls(conn)
+            .get("hgetall")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = reads(&mut conn);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let during = reads(&mut conn) - before;
+    assert!(during <= 4, "{during} HGETALLs in 2 s");
+    // And the tenant is back on its plan.
+    let mut admitted = 0;
+    for _ in 0..4 {
+        let (status, _) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "acme", "route": "GET /"}),
+        )
+        .await;
+        admitted += u32::from(status == 200);
+    }
+    assert_eq!(admitted, 2);
+}

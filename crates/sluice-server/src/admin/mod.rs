@@ -479,12 +479,33 @@ impl Admin {
                 return;
             }
         };
+        // Expired ones are removed from the store (each only if unchanged
+        // since it was read: a new `PUT` meanwhile wins; of several
+        // instances, one removes it and the others are told it changed).
+        // Kept, they would stay there for good, and keep every instance
+        // reading every override on each tick.
+        let now = now_ms();
+        let (live, expired): (Vec<Stored>, Vec<Stored>) = overrides
+            .into_iter()
+            .partition(|o| o.expires_at_ms.is_none_or(|at| at > now));
+        for gone in &expired {
+            let removed = persist
+                .write(app.limiter.store(), &gone.tenant, None, Some(gone.version))
+                .await;
+            if removed.is_ok() {
+                tracing::info!(
+                    target: "sluice::audit",
+                    by = "expiry",
+                    action = "delete",
+                    tenant = %gone.tenant,
+                    version = gone.version,
+                    "override expired and removed"
+                );
+            }
+        }
         let mut state = self.inner.lock().expect("admin state");
         state.version = version;
-        state.overrides = overrides
-            .into_iter()
-            .map(|o| (o.tenant.clone(), o))
-            .collect();
+        state.overrides = live.into_iter().map(|o| (o.tenant.clone(), o)).collect();
         self.apply(app, &state);
     }
 
