@@ -436,26 +436,37 @@ async fn leases_taken_on_one_instance_are_released_on_another() {
     );
 }
 
+/// A configuration on `redis` with the admin API on (its token in
+/// `TEST_SLUICE_ADMIN`) and plan `p` of `rules` (YAML lines under it).
+fn admin_config(redis: &RedisServer, rules: &str) -> common::TempPath {
+    temp_file(
+        "admin-redis.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n{rules}",
+            redis.url()
+        ),
+    )
+}
+
+/// `sluice serve` on `config`, its admin token `token`.
+fn with_admin(config: &std::path::Path, token: &str) -> Server {
+    Server::start_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", token)],
+    )
+}
+
 /// Overrides on Redis: stored encrypted under opaque names, applied by
 /// every instance within a second, never silently overwritten.
 #[tokio::test]
 async fn an_override_made_on_one_instance_applies_on_every_instance() {
     const TOKEN: &str = "an-admin-token-for-tests-000";
     let redis = RedisServer::start();
-    let path = temp_file(
-        "admin-redis.yaml",
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n    routes:\n      \"POST /v1/invoices\": [{{ name: invoices, algorithm: gcra, limit: 2, per: 1h }}]\n",
-            redis.url()
-        ),
+    let path = admin_config(
+        &redis,
+        "    routes:\n      \"POST /v1/invoices\": [{ name: invoices, algorithm: gcra, limit: 2, per: 1h }]\n",
     );
-    let start = || {
-        Server::start_with_env(
-            &["--config", path.to_str().unwrap()],
-            &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", TOKEN)],
-        )
-    };
-    let (a, b) = (start(), start());
+    let (a, b) = (with_admin(&path, TOKEN), with_admin(&path, TOKEN));
     let client = reqwest::Client::new();
     let admin = |base: &str, method: reqwest::Method, tenant: &str| {
         client
@@ -594,17 +605,8 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
 async fn an_expired_override_leaves_redis_and_costs_no_more_reads() {
     const TOKEN: &str = "an-admin-token-for-tests-001";
     let redis = RedisServer::start();
-    let path = temp_file(
-        "admin-expiry.yaml",
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: daily, limit: 2, per: 1d }}]\n",
-            redis.url()
-        ),
-    );
-    let server = Server::start_with_env(
-        &["--config", path.to_str().unwrap()],
-        &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", TOKEN)],
-    );
+    let path = admin_config(&redis, "    tenant: [{ name: daily, limit: 2, per: 1d }]\n");
+    let server = with_admin(&path, TOKEN);
     let client = reqwest::Client::new();
     let put = client
         .put(format!("{}/v1/admin/overrides/acme", server.base))
