@@ -161,13 +161,29 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
         let mut interval = tokio::time::interval(POLL);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut hangup = hangup_signal();
+        // Why the file could not be read at the last poll: said once, not
+        // on every poll while it stays unreadable.
+        let mut unreadable: Option<String> = None;
         loop {
             let forced = tokio::select! {
                 _ = interval.tick() => false,
                 Some(()) = hangup.recv() => true,
             };
-            let Some(seen) = read(&source) else {
-                continue;
+            let seen = match read(&source) {
+                Ok(seen) => {
+                    if unreadable.take().is_some() {
+                        info!("configuration readable again");
+                    }
+                    seen
+                }
+                Err(e) => {
+                    if forced || unreadable.as_ref() != Some(&e) {
+                        app.metrics.reload(false);
+                        warn!(error = %e, "configuration not reloaded; the running configuration stays in force");
+                    }
+                    unreadable = Some(e);
+                    continue;
+                }
             };
             if !forced && last.as_deref() == Some(seen.1.as_str()) {
                 continue;
@@ -196,18 +212,12 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
     });
 }
 
-/// The configuration's text and its fingerprint, as they read now.
-fn read(source: &Source) -> Option<(String, String)> {
-    match source.text() {
-        Ok(text) => {
-            let fingerprint = source.fingerprint(&text);
-            Some((text, fingerprint))
-        }
-        Err(e) => {
-            warn!(error = %e, "configuration not reloaded");
-            None
-        }
-    }
+/// The configuration's text and its fingerprint, as they read now, or why
+/// they cannot be read.
+fn read(source: &Source) -> Result<(String, String), String> {
+    let text = source.text().map_err(|e| e.to_string())?;
+    let fingerprint = source.fingerprint(&text);
+    Ok((text, fingerprint))
 }
 
 /// The configuration's text and fingerprint once they have read the same
@@ -218,7 +228,9 @@ async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String,
     let started = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(SETTLE).await;
-        let now = read(source)?;
+        let now = read(source)
+            .map_err(|e| warn!(error = %e, "configuration not reloaded"))
+            .ok()?;
         if now.1 == seen.1 {
             return Some(now);
         }

@@ -479,3 +479,42 @@ async fn inspect_asks_a_running_memory_backed_service() {
     }
     server.stop();
 }
+
+/// A configuration file that disappears (deleted, a volume unmounted) is
+/// reported once, not on every poll; the running configuration stays, and
+/// the file's return is applied.
+#[tokio::test]
+async fn a_vanished_configuration_file_is_reported_once_and_its_return_applied() {
+    let config = |limit: u32| {
+        format!(
+            "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, limit: {limit}, per: 1h }}]\n"
+        )
+    };
+    let path = temp_file("vanishing.yaml", &config(2));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).unwrap();
+    server.wait_for_log("cannot read");
+    // Two more polls (one every 2 s) find it still missing.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let log = server.log.lock().unwrap().clone();
+    assert_eq!(log.matches("cannot read").count(), 1, "{log}");
+    let client = reqwest::Client::new();
+    // Counted once as a failed reload (what `SluiceReloadFailed` watches).
+    let metrics = common::get_text(&client, &server, "/metrics").await;
+    assert!(
+        metrics.contains("sluice_config_reloads_total{result=\"error\"} 1\n"),
+        "{metrics}"
+    );
+    let limit = |body: Value| body["limit"].as_u64();
+    let ask = || {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": "a", "route": "GET /"}),
+        )
+    };
+    assert_eq!(limit(ask().await.1), Some(2));
+    std::fs::write(&path, config(5)).unwrap();
+    server.wait_for_log("configuration reloaded");
+    assert_eq!(limit(ask().await.1), Some(5));
+}
