@@ -13,6 +13,12 @@
 //! starts with the same directory (it truncates each file after its last
 //! complete line), and `sluice usage` skips one it meets.
 //!
+//! A flush that cannot write (disk full, directory gone) keeps its lines,
+//! numbered, and the next flush writes them to a new file before what
+//! came since (a line the failed write got to disk too is counted once, by
+//! its number); at most [`MAX_UNWRITTEN_BYTES`] are kept, the oldest
+//! dropped past it, with an error.
+//!
 //! What is counted between flushes is bounded: at [`MAX_CELLS`] (tenant,
 //! route pattern, minute) cells the flush comes early, so a flood of
 //! distinct tenant ids costs memory for those cells, not for `flush_every`
@@ -65,10 +71,22 @@ type Cell = (String, String, u64);
 /// 200 bytes each held: some 20 MB).
 pub const MAX_CELLS: usize = 100_000;
 
+/// Lines a failed flush keeps for the next one, at most (a few flushes'
+/// worth at [`MAX_CELLS`]); past it the oldest are dropped, and said so.
+pub const MAX_UNWRITTEN_BYTES: usize = 64 << 20;
+
 struct Open {
     file: File,
     opened_ms: u64,
     bytes: u64,
+}
+
+/// The file being appended to, and the lines not yet on disk.
+#[derive(Default)]
+struct Writer {
+    open: Option<Open>,
+    /// Whole lines, numbered, that a failed flush could not write.
+    unwritten: String,
 }
 
 /// Counts usage and appends it to the ledger's files.
@@ -80,7 +98,7 @@ pub struct Ledger {
     counts: Mutex<HashMap<Cell, (u64, u64)>>,
     /// Told when the counts reach [`MAX_CELLS`].
     full: tokio::sync::Notify,
-    file: Mutex<Option<Open>>,
+    writer: Mutex<Writer>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -120,7 +138,7 @@ impl Ledger {
             seq: AtomicU64::new(0),
             counts: Mutex::new(HashMap::new()),
             full: tokio::sync::Notify::new(),
-            file: Mutex::new(None),
+            writer: Mutex::new(Writer::default()),
         })
     }
 
@@ -157,16 +175,18 @@ impl Ledger {
         std::time::Duration::from_millis(self.config.flush_every_ms)
     }
 
-    /// Appends what was counted since the last flush and syncs it to disk.
-    /// Blocking: call it off the async runtime.
+    /// Appends what was counted since the last flush, after any lines a
+    /// failed flush left, and syncs it to disk. On failure the lines are
+    /// kept for the next flush (which writes them to a new file: the
+    /// failed one may end in a line cut short), up to
+    /// [`MAX_UNWRITTEN_BYTES`]. Blocking: call it off the async runtime.
     pub fn flush(&self, now_ms: u64) -> std::io::Result<()> {
         let counted = std::mem::take(&mut *self.counts.lock().expect("ledger counts"));
-        if counted.is_empty() {
-            return Ok(());
-        }
+        let mut writer = self.writer.lock().expect("ledger writer");
+        let Writer { open, unwritten } = &mut *writer;
         let mut lines: Vec<_> = counted.into_iter().collect();
         lines.sort();
-        let mut text = String::with_capacity(lines.len() * 128);
+        unwritten.reserve(lines.len() * 128);
         for ((tenant, route, minute), (admitted, denied)) in lines {
             let line = Line {
                 minute,
@@ -177,23 +197,40 @@ impl Ledger {
                 instance: self.instance.clone(),
                 seq: self.seq.fetch_add(1, Ordering::Relaxed),
             };
-            text.push_str(&serde_json::to_string(&line).expect("lines serialise"));
-            text.push('\n');
+            unwritten.push_str(&serde_json::to_string(&line).expect("lines serialise"));
+            unwritten.push('\n');
         }
-        let mut file = self.file.lock().expect("ledger file");
-        let rotate = file.as_ref().is_some_and(|open| {
+        if unwritten.is_empty() {
+            return Ok(());
+        }
+        let written = self.append(open, unwritten, now_ms);
+        match &written {
+            Ok(()) => unwritten.clear(),
+            Err(_) => {
+                // Never appended to again.
+                *open = None;
+                keep_newest(unwritten, MAX_UNWRITTEN_BYTES);
+            }
+        }
+        written
+    }
+
+    /// Appends `text` (whole lines) to the open file, or to a new one when
+    /// there is none or it is due to close, in one write, then syncs it.
+    fn append(&self, open: &mut Option<Open>, text: &str, now_ms: u64) -> std::io::Result<()> {
+        let rotate = open.as_ref().is_some_and(|open| {
             open.bytes >= self.config.max_file_bytes
                 || now_ms.saturating_sub(open.opened_ms) >= self.config.max_file_age_ms
         });
         if rotate {
-            *file = None;
+            *open = None;
         }
-        let open = match file.as_mut() {
+        let open = match open {
             Some(open) => open,
             None => {
                 let path = self.path(now_ms);
                 let handle = OpenOptions::new().create(true).append(true).open(&path)?;
-                file.insert(Open {
+                open.insert(Open {
                     file: handle,
                     opened_ms: now_ms,
                     bytes: 0,
@@ -212,6 +249,23 @@ impl Ledger {
             .dir
             .join(format!("usage-{now_ms}-{}.jsonl", self.instance))
     }
+}
+
+/// Drops the oldest whole lines of `text` until it is at most `most`
+/// bytes, saying how many went.
+fn keep_newest(text: &mut String, most: usize) {
+    if text.len() <= most {
+        return;
+    }
+    // The first line start at or after `cut` (`cut` ≥ 1 here).
+    let cut = text.len() - most;
+    let from = text[cut - 1..].find('\n').map_or(text.len(), |i| cut + i);
+    let dropped = text[..from].matches('\n').count();
+    text.drain(..from);
+    tracing::error!(
+        lines = dropped,
+        "ledger: usage lines dropped: the ledger could not be written for too long"
+    );
 }
 
 /// Truncates `path` after its last complete line (a crash may have cut
@@ -295,6 +349,58 @@ mod tests {
         ledger.flush(0).unwrap();
         assert!(ledger.counts.lock().unwrap().is_empty());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A flush that cannot write (the disk full) keeps its lines; the next
+    /// flush writes them, to a file of its own, with what came since, each
+    /// line once.
+    #[test]
+    fn what_a_failed_flush_could_not_write_the_next_one_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LedgerConfig {
+            dir: dir.path().to_owned(),
+            hmac_tenants: false,
+            flush_every_ms: 1_000,
+            max_file_bytes: 1 << 30,
+            max_file_age_ms: 3_600_000,
+        };
+        let ledger = Ledger::open(&config, None).unwrap();
+        ledger.record("acme", "*", 3, true, 0);
+        // The file the flush at 1 s opens is a device that is always full.
+        std::os::unix::fs::symlink("/dev/full", ledger.path(1_000)).unwrap();
+        assert!(ledger.flush(1_000).is_err());
+        ledger.record("acme", "*", 2, false, 0);
+        ledger.record("globex", "*", 1, true, 0);
+        ledger.flush(2_000).unwrap();
+        let text = std::fs::read_to_string(ledger.path(2_000)).unwrap();
+        let lines: Vec<Line> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let of = |tenant: &str| {
+            lines
+                .iter()
+                .filter(|l| l.tenant == tenant)
+                .fold((0, 0), |(a, d), l| (a + l.admitted, d + l.denied))
+        };
+        assert_eq!(of("acme"), (3, 2), "{text}");
+        assert_eq!(of("globex"), (1, 0), "{text}");
+        let mut seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
+        seqs.dedup();
+        assert_eq!(seqs.len(), lines.len(), "{text}");
+    }
+
+    #[test]
+    fn what_is_kept_unwritten_is_bounded_by_dropping_the_oldest_lines() {
+        let mut text = "a\nbb\nccc\n".to_owned();
+        keep_newest(&mut text, 100);
+        assert_eq!(text, "a\nbb\nccc\n");
+        keep_newest(&mut text, 7);
+        assert_eq!(text, "bb\nccc\n");
+        keep_newest(&mut text, 6);
+        assert_eq!(text, "ccc\n");
+        keep_newest(&mut text, 3);
+        assert_eq!(text, "");
     }
 
     #[test]

@@ -224,7 +224,10 @@ async fn flush_ledger(app: &Arc<App>) {
     .await;
     match flushed {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "ledger: counts not written; they are lost"),
+        Ok(Err(e)) => error!(
+            error = %e,
+            "ledger: counts not written; kept for the next flush, to a new file"
+        ),
         Err(e) => error!(error = %e, "ledger: flush task failed"),
     }
 }
