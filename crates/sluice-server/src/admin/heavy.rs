@@ -8,7 +8,8 @@
 //! never underestimates, overestimates a tenant by at most `N / CAPACITY`
 //! (`N`: requests counted in the window), and lists every tenant with more
 //! than `N / CAPACITY`. Memory: at most 4 × 512 entries of a tenant id (up
-//! to 256 bytes) and two counters, under 700 KiB.
+//! to 256 bytes, held twice: by its slot and in the index) and two
+//! counters, about 1.2 MiB.
 //!
 //! On Redis backends every instance writes its summaries each second,
 //! encrypted (as overrides are), and a query on any instance adds up those
@@ -24,35 +25,152 @@ pub const CAPACITY: usize = 512;
 /// One window.
 pub const EPOCH_MS: u64 = 60_000;
 
-/// One Space-Saving summary.
+/// One Space-Saving summary: at most [`CAPACITY`] tenants, the least
+/// counted always at hand (a binary min-heap over their slots), so a
+/// tenant not held costs a few steps, not a scan of all of them (a scan
+/// cost 1.2 µs a decision, under the lock, with 10,000 tenants in turn).
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(from = "Counts", into = "Counts")]
 struct Summary {
-    /// Tenant → (estimated count, overestimate bound).
+    /// Tenant → its slot.
+    index: HashMap<String, u32>,
+    /// Per slot: the tenant, its estimated count and overestimate bound.
+    slots: Vec<Slot>,
+    /// The slots, as a min-heap by count.
+    heap: Vec<u32>,
+    /// Per slot, where it is in `heap`.
+    place: Vec<u32>,
+    total: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    tenant: String,
+    count: u64,
+    over: u64,
+}
+
+/// A summary as instances publish it: tenant → (estimated count,
+/// overestimate bound), and the requests counted.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Counts {
     counts: HashMap<String, (u64, u64)>,
     total: u64,
+}
+
+impl From<Counts> for Summary {
+    fn from(published: Counts) -> Summary {
+        let mut summary = Summary {
+            total: published.total,
+            ..Summary::default()
+        };
+        for (tenant, (count, over)) in published.counts {
+            let slot = summary.slots.len() as u32;
+            summary.index.insert(tenant.clone(), slot);
+            summary.slots.push(Slot {
+                tenant,
+                count,
+                over,
+            });
+            summary.heap.push(slot);
+            summary.place.push(slot);
+        }
+        for at in (0..summary.heap.len() / 2).rev() {
+            summary.sift_down(at);
+        }
+        summary
+    }
+}
+
+impl From<Summary> for Counts {
+    fn from(summary: Summary) -> Counts {
+        Counts {
+            counts: summary
+                .slots
+                .into_iter()
+                .map(|s| (s.tenant, (s.count, s.over)))
+                .collect(),
+            total: summary.total,
+        }
+    }
 }
 
 impl Summary {
     fn add(&mut self, tenant: &str, n: u64) {
         self.total += n;
-        if let Some((count, _)) = self.counts.get_mut(tenant) {
-            *count += n;
+        if let Some(&slot) = self.index.get(tenant) {
+            self.slots[slot as usize].count += n;
+            self.sift_down(self.place[slot as usize] as usize);
             return;
         }
-        if self.counts.len() < CAPACITY {
-            self.counts.insert(tenant.to_owned(), (n, 0));
+        if self.slots.len() < CAPACITY {
+            let slot = self.slots.len() as u32;
+            self.slots.push(Slot {
+                tenant: tenant.to_owned(),
+                count: n,
+                over: 0,
+            });
+            self.index.insert(tenant.to_owned(), slot);
+            self.heap.push(slot);
+            self.place.push(slot);
+            self.sift_up(self.heap.len() - 1);
             return;
         }
         // Full: the least counted gives its place, and its count becomes
         // the newcomer's possible overestimate.
-        let (evicted, least) = self
-            .counts
-            .iter()
-            .min_by_key(|(_, (count, _))| *count)
-            .map(|(t, (count, _))| (t.clone(), *count))
-            .expect("full, so not empty");
-        self.counts.remove(&evicted);
-        self.counts.insert(tenant.to_owned(), (least + n, least));
+        let slot = self.heap[0];
+        let least = &mut self.slots[slot as usize];
+        let evicted = std::mem::replace(&mut least.tenant, tenant.to_owned());
+        let least_count = least.count;
+        least.count = least_count + n;
+        least.over = least_count;
+        self.index.remove(&evicted);
+        self.index.insert(tenant.to_owned(), slot);
+        self.sift_down(0);
+    }
+
+    /// Each tenant held and its estimated count.
+    fn counts(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.slots.iter().map(|s| (s.tenant.as_str(), s.count))
+    }
+
+    fn count_at(&self, at: usize) -> u64 {
+        self.slots[self.heap[at] as usize].count
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.place[self.heap[a] as usize] = a as u32;
+        self.place[self.heap[b] as usize] = b as u32;
+    }
+
+    fn sift_down(&mut self, mut at: usize) {
+        loop {
+            let (left, right) = (2 * at + 1, 2 * at + 2);
+            let mut least = at;
+            if left < self.heap.len() && self.count_at(left) < self.count_at(least) {
+                least = left;
+            }
+            if right < self.heap.len() && self.count_at(right) < self.count_at(least) {
+                least = right;
+            }
+            if least == at {
+                return;
+            }
+            self.swap(at, least);
+            at = least;
+        }
+    }
+
+    fn sift_up(&mut self, mut at: usize) {
+        while at > 0 {
+            let parent = (at - 1) / 2;
+            if self.count_at(at) >= self.count_at(parent) {
+                return;
+            }
+            self.swap(at, parent);
+            at = parent;
+        }
     }
 }
 
@@ -153,10 +271,10 @@ impl Windows {
 pub fn report(windows: &[Window], by: By, limit: usize, now_ms: u64) -> Report {
     let mut totals: HashMap<&str, (u64, u64)> = HashMap::new();
     for window in windows {
-        for (tenant, (count, _)) in &window.denied.counts {
+        for (tenant, count) in window.denied.counts() {
             totals.entry(tenant).or_default().0 += count;
         }
-        for (tenant, (count, _)) in &window.admitted.counts {
+        for (tenant, count) in window.admitted.counts() {
             totals.entry(tenant).or_default().1 += count;
         }
     }
@@ -189,6 +307,71 @@ pub fn report(windows: &[Window], by: By, limit: usize, now_ms: u64) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Space-Saving's guarantees hold whatever the stream: never under
+        /// the truth, over by at most what the tenant's slot inherited and
+        /// at most `N / CAPACITY`, every tenant above `N / CAPACITY` held,
+        /// the counts adding up to `N`; and the heap is a heap.
+        #[test]
+        fn a_summary_keeps_its_bounds(
+            stream in proptest::collection::vec((0u32..3_000, 1u64..4), 1..6_000),
+            skew in 1u32..6,
+        ) {
+            let mut summary = Summary::default();
+            let mut truth: HashMap<String, u64> = HashMap::new();
+            for (id, n) in stream {
+                // Half the stream on fewer tenants as `skew` grows.
+                let id = if id % 2 == 0 { id % (3_000 / (skew * skew) + 1) } else { id };
+                let tenant = format!("t{id}");
+                summary.add(&tenant, n);
+                *truth.entry(tenant).or_default() += n;
+            }
+            let total: u64 = truth.values().sum();
+            prop_assert_eq!(summary.total, total);
+            prop_assert!(summary.slots.len() <= CAPACITY);
+            prop_assert_eq!(summary.counts().map(|(_, c)| c).sum::<u64>(), total);
+            let bound = total / CAPACITY as u64;
+            for slot in &summary.slots {
+                let real = truth[&slot.tenant];
+                prop_assert!(real <= slot.count && slot.count <= real + slot.over);
+                prop_assert!(slot.over <= bound);
+            }
+            for (tenant, real) in &truth {
+                if *real > bound {
+                    prop_assert!(summary.index.contains_key(tenant), "{} ({})", tenant, real);
+                }
+            }
+            for at in 1..summary.heap.len() {
+                prop_assert!(summary.count_at((at - 1) / 2) <= summary.count_at(at));
+            }
+            for (at, slot) in summary.heap.iter().enumerate() {
+                prop_assert_eq!(summary.place[*slot as usize] as usize, at);
+            }
+        }
+    }
+
+    /// What instances publish keeps its shape (instances of two versions
+    /// share a store during an upgrade), and reads back as it was.
+    #[test]
+    fn a_summary_is_published_as_counts_by_tenant() {
+        let mut summary = Summary::default();
+        for (tenant, n) in [("a", 3), ("b", 1), ("c", 2), ("a", 1)] {
+            summary.add(tenant, n);
+        }
+        let json = serde_json::to_value(&summary).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"counts": {"a": [4, 0], "b": [1, 0], "c": [2, 0]}, "total": 7})
+        );
+        let mut back: Summary = serde_json::from_value(json).unwrap();
+        back.add("b", 5);
+        let mut counts: Vec<_> = back.counts().collect();
+        counts.sort_unstable();
+        assert_eq!(counts, [("a", 4), ("b", 6), ("c", 2)]);
+        assert_eq!(back.count_at(0), 2);
+    }
 
     #[test]
     fn the_top_tenants_are_found_in_bounded_memory_within_the_bound() {
@@ -205,8 +388,8 @@ mod tests {
             hh.record("admitted-only", true, now);
         }
         let (_, previous, current) = hh.snapshot(now);
-        assert!(current.denied.counts.len() <= CAPACITY);
-        assert!(previous.denied.counts.is_empty());
+        assert!(current.denied.slots.len() <= CAPACITY);
+        assert!(previous.denied.slots.is_empty());
         let both = [previous, current];
         let top = report(&both, By::Denied, 3, now);
         let names: Vec<&str> = top.tenants.iter().map(|h| h.tenant.as_str()).collect();
