@@ -30,6 +30,7 @@ pub mod descriptors;
 pub mod duration;
 pub mod headers;
 pub mod keys;
+pub mod number;
 pub mod policy;
 pub mod request;
 pub mod route;

@@ -429,7 +429,8 @@ impl TenantOverride {
         if let Some(factor) = self.factor {
             if !(factor > 0.0 && factor <= MAX_FACTOR) {
                 return Err(format!(
-                    "`factor` must be above 0 and at most {MAX_FACTOR}, got {factor}"
+                    "`factor` must be above 0 and at most {MAX_FACTOR}, got {}",
+                    crate::number::shown(factor)
                 ));
             }
             let scale = |named: &mut NamedRule| -> Result<(), String> {

@@ -317,6 +317,9 @@ fn a_value_of_the_wrong_type_names_its_field() {
     }
     let e = single_error("near_limit: high\ndefault_plan: p\nplans:\n  p: {}\n");
     assert_eq!(e, "1:13: `near_limit` must be a number (e.g. 0.8)");
+    // A huge value is shown short.
+    let e = single_error("near_limit: 1e300\ndefault_plan: p\nplans:\n  p: {}\n");
+    assert!(e.ends_with("got 1e300"), "{e}");
     // A URL in the wrong shape is not echoed: it may carry a password.
     let e = single_error(
         "storage:\n  backend: redis\n  url: [redis://u:hunter2@h]\ndefault_plan: p\nplans:\n  p: {}\n",
@@ -442,4 +445,26 @@ fn a_list_holds_at_most_the_bound_of_rules() {
         list(MAX_RULES_PER_LIST + 1).replace("      - ", "    - ")
     );
     assert!(single_error(&valve).contains("`global` rules holds at most 64"));
+}
+
+/// A value of the wrong shape is named by its field, and what it takes is
+/// said in the words of the file, not the parser's.
+#[test]
+fn a_list_or_map_of_the_wrong_shape_is_named() {
+    for (yaml, said) in [
+        (
+            "default_plan: p\nplans:\n  p:\n    tenant: x\n",
+            "4:13: `tenant` must be a list (`[a, b]`, or one `- ` item per line)",
+        ),
+        (
+            "default_plan: p\nplans:\n  p:\n    routes: [1]\n",
+            "4:13: `routes` must be a map (`key: value` pairs, or `{ key: value }`)",
+        ),
+        (
+            "default_plan: p\nplans: []\n",
+            "2:8: `plans` must be a map (`key: value` pairs, or `{ key: value }`)",
+        ),
+    ] {
+        assert_eq!(single_error(yaml), said);
+    }
 }

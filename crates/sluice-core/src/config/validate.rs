@@ -77,6 +77,8 @@ pub(super) fn yaml_message(error: &serde_saphyr::Error, text: &str, at: Location
         "invalid boolean" => "true or false",
         "invalid floating point" => "a number (e.g. 0.8)",
         "expected string scalar" => "one value (text), not a list or a map",
+        "expected sequence start" => "a list (`[a, b]`, or one `- ` item per line)",
+        "expected mapping start" => "a map (`key: value` pairs, or `{ key: value }`)",
         _ => return message.to_owned(),
     };
     match field_at(text, at) {
@@ -782,7 +784,7 @@ impl<'a> Validator<'a> {
                     n.referenced,
                     format!(
                         "`near_limit` must be a fraction above 0 and at most 1 (e.g. 0.8), got {}",
-                        n.value
+                        crate::number::shown(n.value)
                     ),
                 );
                 defaults::NEAR_LIMIT

@@ -144,15 +144,24 @@ fn rules_of(rules: &serde_json::Value) -> Result<Parts, (String, String)> {
             format!("unknown `rules.{other}`; allowed: tenant, routes, subject"),
         ));
     }
+    // One line per part, after three of preamble: an error's line says
+    // which part it is about.
     let mut yaml = String::from("default_plan: o\nplans:\n  o:\n");
+    let mut given = Vec::new();
     for part in ["tenant", "routes", "subject"] {
         if let Some(value) = object.get(part) {
             yaml.push_str(&format!("    {part}: {value}\n"));
+            given.push(part);
         }
     }
     let config = Config::from_yaml(&yaml, "rules").map_err(|errors| {
+        let part = errors.iter().next().and_then(|e| {
+            let line = usize::try_from(e.line).ok()?;
+            given.get(line.checked_sub(4)?)
+        });
         let message: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
-        ("rules".to_owned(), message.join("; "))
+        let field = part.map_or_else(|| "rules".to_owned(), |part| format!("rules.{part}"));
+        (field, message.join("; "))
     })?;
     let plan = config
         .limits

@@ -262,7 +262,8 @@ fn named_class(name: String, tenants: usize, rate: f64) -> Result<Class, String>
 fn checked(label: &str, name: &str, tenants: usize, rate: f64) -> Result<Class, String> {
     if !((1..=100_000).contains(&tenants) && rate > 0.0 && rate <= 1e6) {
         return Err(format!(
-            "{label}: tenants must be 1 to 100000 and rate above 0 and at most 1000000; got {tenants} tenants at {rate}/s"
+            "{label}: tenants must be 1 to 100000 and rate above 0 and at most 1000000; got {tenants} tenants at {}/s",
+            sluice_core::number::shown(rate)
         ));
     }
     if tenants as f64 * rate > MAX_RATE {
