@@ -568,6 +568,34 @@ async fn forward_auth_without_its_headers_or_with_one_twice_is_a_400() {
     );
 }
 
+/// A wrong path or method is a problem too, saying what there is.
+#[tokio::test]
+async fn an_unknown_path_or_method_is_a_problem_saying_what_there_is() {
+    let h = harness();
+    let long = format!("/{}", "x".repeat(500));
+    for path in ["/v1/chek", "/v1/check/", long.as_str()] {
+        let request = Request::get(path).body(Body::empty()).unwrap();
+        let (response, problem) = h.send(request).await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            header(&response, "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(problem["invalid-params"][0]["name"], "path");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("POST /v1/check"), "{detail}");
+        assert!(
+            detail.len() < 500,
+            "the path shown within a bound: {detail}"
+        );
+    }
+    let request = Request::get("/v1/check").body(Body::empty()).unwrap();
+    let (response, problem) = h.send(request).await;
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(header(&response, "allow"), Some("POST"));
+    assert_eq!(problem["invalid-params"][0]["name"], "method");
+}
+
 #[tokio::test]
 async fn health_and_readiness() {
     let h = harness();

@@ -122,12 +122,56 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/healthcheck", get(upstream::healthcheck))
         .route("/json", post(upstream::json))
         .route("/rlconfig", get(upstream::rlconfig))
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             Duration::from_millis(limits.request_timeout_ms),
             bound,
         ))
         .with_state(app)
+}
+
+/// The first characters of what a client sent, to show it back.
+fn shown(text: &str) -> String {
+    let mut shown: String = text.chars().take(100).collect();
+    if shown.len() < text.len() {
+        shown.push('…');
+    }
+    shown
+}
+
+/// A 404 problem naming the path (a client's typo, or the admin API
+/// without its token) and the endpoints there are.
+async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
+    let detail = format!(
+        "no endpoint at `{}`; sluice answers POST /v1/check, POST /v1/acquire, \
+         POST /v1/release, /v1/forward-auth, GET /healthz, GET /readyz, GET /metrics, \
+         envoyproxy/ratelimit's POST /json, GET /healthcheck and GET /rlconfig, \
+         and, with `admin.token_env` or `admin.token_file`, /v1/admin/…",
+        shown(uri.path())
+    );
+    respond::refusal(
+        &sluice_tower::InvalidRequest::new("path", detail)
+            .with_status(axum::http::StatusCode::NOT_FOUND),
+    )
+}
+
+/// A 405 problem naming the method (the `Allow` header lists those the
+/// path takes).
+async fn wrong_method(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    let detail = format!(
+        "`{}` is not a method `{}` takes (see `Allow`)",
+        shown(method.as_str()),
+        shown(uri.path())
+    );
+    respond::refusal(
+        &sluice_tower::InvalidRequest::new("method", detail)
+            .with_status(axum::http::StatusCode::METHOD_NOT_ALLOWED),
+    )
 }
 
 /// The router of a metrics listener of its own (`server.metrics`): the
