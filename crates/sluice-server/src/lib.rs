@@ -36,3 +36,13 @@ pub mod source;
 
 /// Errors at the binary's edge, where they are only printed.
 pub type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// What a client sent, to show it back in an error: its first 100
+/// characters, `…` after them when there were more.
+pub(crate) fn shown(text: &str) -> String {
+    let mut shown: String = text.chars().take(100).collect();
+    if shown.len() < text.len() {
+        shown.push('…');
+    }
+    shown
+}

@@ -163,7 +163,7 @@ where
             return Box::pin(async move { Ok(health.await?.map(Either::Right)) });
         }
         let message = if service == RLS {
-            let shown: String = method.chars().take(NAME_SHOWN).collect();
+            let shown = crate::shown(method);
             format!("{RLS} has no method {shown:?}; it has {SHOULD_RATE_LIMIT}")
         } else {
             unknown(service, &[RLS, H::NAME])
@@ -174,26 +174,19 @@ where
 }
 
 /// The answer's message for a service this server does not have: its name
-/// (the first `NAME_SHOWN` characters: it is the client's to choose) and
+/// (its first 100 characters: it is the client's to choose) and
 /// those it has.
 fn unknown(service: &str, have: &[&str]) -> String {
-    let shown: String = service.chars().take(NAME_SHOWN).collect();
-    let more = if shown.len() < service.len() {
-        "…"
-    } else {
-        ""
-    };
     format!(
-        "no service {shown:?}{more} here; this server has {}",
+        "no service {:?} here; this server has {}",
+        crate::shown(service),
         have.join(" and ")
     )
 }
 
-const NAME_SHOWN: usize = 100;
-
 #[cfg(test)]
 mod tests {
-    use super::{NAME_SHOWN, service_and_method, unknown};
+    use super::{service_and_method, unknown};
 
     #[test]
     fn the_service_and_method_are_the_path_segments() {
@@ -222,7 +215,7 @@ mod tests {
         );
         let long = "x".repeat(10_000);
         let message = unknown(&long, &["a.A"]);
-        assert!(message.len() < NAME_SHOWN + 60, "{message}");
+        assert!(message.len() < 100 + 60, "{message}");
         assert!(message.contains('…'), "{message}");
     }
 }

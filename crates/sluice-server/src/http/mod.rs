@@ -132,15 +132,6 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .with_state(app)
 }
 
-/// The first characters of what a client sent, to show it back.
-fn shown(text: &str) -> String {
-    let mut shown: String = text.chars().take(100).collect();
-    if shown.len() < text.len() {
-        shown.push('…');
-    }
-    shown
-}
-
 /// A 404 problem naming the path (a client's typo, or the admin API
 /// without its token) and the endpoints there are.
 async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
@@ -149,7 +140,7 @@ async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
          POST /v1/release, /v1/forward-auth, GET /healthz, GET /readyz, GET /metrics, \
          envoyproxy/ratelimit's POST /json, GET /healthcheck and GET /rlconfig, \
          and, with `admin.token_env` or `admin.token_file`, /v1/admin/…",
-        shown(uri.path())
+        crate::shown(uri.path())
     );
     respond::refusal(
         &sluice_tower::InvalidRequest::new("path", detail)
@@ -165,8 +156,8 @@ async fn wrong_method(
 ) -> axum::response::Response {
     let detail = format!(
         "`{}` is not a method `{}` takes (see `Allow`)",
-        shown(method.as_str()),
-        shown(uri.path())
+        crate::shown(method.as_str()),
+        crate::shown(uri.path())
     );
     respond::refusal(
         &sluice_tower::InvalidRequest::new("method", detail)
