@@ -456,6 +456,24 @@ fn with_admin(config: &std::path::Path, token: &str) -> Server {
     )
 }
 
+/// `GET /v1/admin/heavy-hitters?by=BY` of the service at `base`.
+async fn heavy_hitters(
+    client: &reqwest::Client,
+    base: &str,
+    by: &str,
+    token: &str,
+) -> serde_json::Value {
+    client
+        .get(format!("{base}/v1/admin/heavy-hitters?by={by}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Overrides on Redis: stored encrypted under opaque names, applied by
 /// every instance within a second, never silently overwritten.
 #[tokio::test]
@@ -544,15 +562,7 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
     // globex over A and B, 8 of them denied.
     let started = std::time::Instant::now();
     loop {
-        let top: serde_json::Value = client
-            .get(format!("{}/v1/admin/heavy-hitters?by=denied", a.base))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let top = heavy_hitters(&client, &a.base, "denied", TOKEN).await;
         let globex = top["tenants"]
             .as_array()
             .unwrap()
@@ -660,4 +670,73 @@ async fn an_expired_override_leaves_redis_and_costs_no_more_reads() {
         admitted += u32::from(status == 200);
     }
     assert_eq!(admitted, 2);
+}
+
+/// Heavy hitters cost Redis little: each instance publishes its own
+/// windows, and does not read every instance's back each second to find
+/// those gone silent (with N instances that was N² reads a second).
+#[tokio::test]
+async fn publishing_heavy_hitters_reads_nothing_back_each_second() {
+    const TOKEN: &str = "an-admin-token-for-tests-002";
+    let redis = RedisServer::start();
+    let path = admin_config(&redis, "    tenant: [{ name: daily, limit: 2, per: 1d }]\n");
+    // What an instance gone for good left (by an older sluice, which wrote
+    // no window number beside it).
+    let mut conn = redis.connection();
+    let heavy = "sl:{admin}:heavy";
+    let _: i64 = redis::cmd("HSET")
+        .arg(heavy)
+        .arg("gone")
+        .arg("00")
+        .query(&mut conn)
+        .unwrap();
+    let server = with_admin(&path, TOKEN);
+    let client = reqwest::Client::new();
+    for tenant in ["acme", "globex", "initech"] {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": tenant, "route": "GET /"}),
+        )
+        .await;
+    }
+    let calls = |conn: &mut redis::Connection, command: &str| {
+        sluice_testkit::command_calls(conn)
+            .get(command)
+            .copied()
+            .unwrap_or(0)
+    };
+    // Published within a second or so.
+    let started = std::time::Instant::now();
+    while calls(&mut conn, "hset") == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "never published"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // The first publication forgets the instance gone silent.
+    let started = std::time::Instant::now();
+    loop {
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(heavy).query(&mut conn).unwrap();
+        if !fields.iter().any(|f| f == "gone") {
+            assert_eq!(fields.len(), 1, "{fields:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{fields:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (published, read) = (calls(&mut conn, "hset"), calls(&mut conn, "hgetall"));
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    let published = calls(&mut conn, "hset") - published;
+    let read = calls(&mut conn, "hgetall") - read;
+    assert!(published >= 2, "still published each second: {published}");
+    // At most one read, should a new window begin meanwhile.
+    assert!(read <= 1, "{read} HGETALLs in 3.5 s");
+    // And the query still finds them.
+    let top = heavy_hitters(&client, &server.base, "admitted", TOKEN).await;
+    assert_eq!(top["tenants"].as_array().unwrap().len(), 3, "{top}");
 }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod persist;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -200,6 +201,8 @@ pub struct Admin {
     heavy: heavy::HeavyHitters,
     /// This instance's name among those publishing heavy hitters.
     instance: String,
+    /// The window in which instances gone silent were last forgotten.
+    swept: AtomicU64,
 }
 
 /// One instance's heavy-hitter windows, as published.
@@ -230,6 +233,7 @@ impl Admin {
             persist: persist::Persist::for_backend(backend),
             heavy: heavy::HeavyHitters::default(),
             instance: instance_name(),
+            swept: AtomicU64::new(0),
         }
     }
 
@@ -241,6 +245,7 @@ impl Admin {
             persist: None,
             heavy: heavy::HeavyHitters::default(),
             instance: instance_name(),
+            swept: AtomicU64::new(0),
         }
     }
 
@@ -281,8 +286,9 @@ impl Admin {
         heavy::report(&windows, by, limit, now)
     }
 
-    /// Publishes this instance's heavy-hitter windows, and forgets those
-    /// of instances silent for two windows.
+    /// Publishes this instance's heavy-hitter windows and, once a window,
+    /// forgets those of instances silent for two windows (reading only
+    /// which window each last published).
     async fn publish_heavy(&self, app: &App) {
         let Some(persist) = &self.persist else { return };
         let (number, previous, current) = self.heavy.snapshot(now_ms());
@@ -293,15 +299,18 @@ impl Admin {
         };
         let backend = app.limiter.store();
         if let Err(e) = persist
-            .publish_heavy(backend, &self.instance, &published)
+            .publish_heavy(backend, &self.instance, number, &published)
             .await
         {
             tracing::debug!(error = %e, "heavy hitters not published");
             return;
         }
-        if let Ok(all) = persist.read_heavy::<Published>(backend).await {
-            for (instance, p) in all {
-                if p.number + 2 <= number {
+        if self.swept.swap(number, Ordering::Relaxed) == number {
+            return;
+        }
+        if let Ok(all) = persist.heavy_numbers(backend).await {
+            for (instance, last) in all {
+                if last + 2 <= number {
                     let _ = persist.forget_heavy(backend, &instance).await;
                 }
             }

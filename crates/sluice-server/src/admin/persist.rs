@@ -34,6 +34,14 @@ end
 return {1, version}
 ";
 
+/// One instance's heavy hitters: KEYS = the windows' hash, the numbers'
+/// hash; ARGV = instance, sealed windows, number of the last window.
+const PUBLISH_LUA: &str = r"
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
+";
+
 /// Where and how overrides are kept.
 pub struct Persist {
     keyer: Keyer,
@@ -87,9 +95,13 @@ impl Persist {
             .cipher
             .encrypt(Nonce::from_slice(&nonce), plain.as_slice())
             .expect("encryption of a small message");
-        let mut out = nonce.to_vec();
-        out.extend(sealed);
-        out.iter().map(|b| format!("{b:02x}")).collect()
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(2 * (nonce.len() + sealed.len()));
+        for &b in nonce.iter().chain(&sealed) {
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 15)]));
+        }
+        out
     }
 
     /// What [`seal`](Self::seal) sealed; `None` for anything else.
@@ -125,18 +137,44 @@ impl Persist {
     }
 
     /// Publishes this instance's heavy-hitter windows (`snapshot`, sealed)
-    /// under `instance`.
+    /// under `instance`, and beside them (in a hash of small values) the
+    /// number of the window they end with: what tells an instance gone
+    /// silent, without reading every instance's windows.
     pub async fn publish_heavy(
         &self,
         backend: &Backend,
         instance: &str,
+        number: u64,
         snapshot: &impl serde::Serialize,
     ) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(format!("{}:heavy", self.base()))
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PUBLISH_LUA)
+            .arg(2)
+            .arg(format!("{}:heavy", self.base()))
+            .arg(format!("{}:heavy-at", self.base()))
             .arg(instance)
-            .arg(self.seal(snapshot));
+            .arg(self.seal(snapshot))
+            .arg(number);
         query::<i64>(backend, &cmd).await.map(drop)
+    }
+
+    /// Every instance that published heavy hitters, with the number of
+    /// the window it last published (0 for one that wrote no number: an
+    /// older sluice).
+    pub async fn heavy_numbers(
+        &self,
+        backend: &Backend,
+    ) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(format!("{}:heavy-at", self.base()));
+        let mut numbers: std::collections::HashMap<String, u64> = query(backend, &cmd).await?;
+        let mut cmd = redis::cmd("HKEYS");
+        cmd.arg(format!("{}:heavy", self.base()));
+        let published: Vec<String> = query(backend, &cmd).await?;
+        for instance in published {
+            numbers.entry(instance).or_insert(0);
+        }
+        Ok(numbers)
     }
 
     /// Every instance's published heavy-hitter windows, by instance.
@@ -155,9 +193,12 @@ impl Persist {
 
     /// Removes the windows `instance` published (gone stale).
     pub async fn forget_heavy(&self, backend: &Backend, instance: &str) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("HDEL");
-        cmd.arg(format!("{}:heavy", self.base())).arg(instance);
-        query::<i64>(backend, &cmd).await.map(drop)
+        for key in ["heavy", "heavy-at"] {
+            let mut cmd = redis::cmd("HDEL");
+            cmd.arg(format!("{}:{key}", self.base())).arg(instance);
+            query::<i64>(backend, &cmd).await?;
+        }
+        Ok(())
     }
 
     /// `{prefix}:{admin}`: every admin key's start, one slot.
