@@ -1030,6 +1030,45 @@ async fn envoyproxy_http_endpoints_healthcheck_json_and_rlconfig() {
         assert_eq!(status, 400, "{body}");
         assert!(!body.contains("Json"), "no type of ours: {body}");
     }
+    // Numbers as protobuf's JSON writes them (a string of one too); the
+    // field of anything else named.
+    let entry = serde_json::json!([{"key": "remote_address", "value": "10.9.9.8"}]);
+    let (status, body) = ask_json(serde_json::json!({
+        "domain": "edge", "descriptors": [{"entries": entry}], "hitsAddend": "1"
+    }))
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for (bad, field) in [
+        (serde_json::json!({"hitsAddend": -1}), "hitsAddend"),
+        (serde_json::json!({"hitsAddend": "many"}), "hitsAddend"),
+        (
+            serde_json::json!({"hitsAddend": 4294967296u64}),
+            "hitsAddend",
+        ),
+        (
+            serde_json::json!({"descriptors": [{"entries": entry, "hitsAddend": "abc"}]}),
+            "descriptors[0].hits_addend",
+        ),
+        (
+            serde_json::json!({"descriptors": [{"entries": entry, "hitsAddend": true}]}),
+            "descriptors[0].hits_addend",
+        ),
+        (
+            serde_json::json!({"descriptors": [{"entries": entry, "limit": {"requestsPerUnit": 5, "unit": "FORTNIGHT"}}]}),
+            "descriptors[0].limit.unit",
+        ),
+    ] {
+        let mut request = serde_json::json!({
+            "domain": "edge", "descriptors": [{"entries": entry}]
+        });
+        for (key, value) in bad.as_object().unwrap() {
+            request[key] = value.clone();
+        }
+        let (status, body) = ask_json(request).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["invalid-params"][0]["name"], field, "{body}");
+    }
     // `/rlconfig`: the loaded limits, keys and numbers only.
     let dump = common::get_text(&http, &server, "/rlconfig").await;
     assert!(

@@ -51,7 +51,7 @@ pub(super) async fn json(State(app): State<Arc<App>>, body: Bytes) -> Response {
     };
     let request = match request {
         Ok(request) => request,
-        Err(e) => return bad_request("descriptors", &e),
+        Err((field, message)) => return bad_request(&field, &message),
     };
     match RateLimiter::new(app).should_rate_limit(request).await {
         Ok(response) => {
@@ -91,9 +91,10 @@ struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
+    /// A `uint32`: a number, or a string of one.
     #[serde(default, alias = "hits_addend")]
     #[serde(rename = "hitsAddend")]
-    hits_addend: Option<u32>,
+    hits_addend: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -137,22 +138,21 @@ struct JsonOverride {
 }
 
 impl JsonRequest {
-    fn into_proto(self) -> Result<RateLimitRequest, String> {
+    /// The request as protobuf, or the field at fault and why.
+    fn into_proto(self) -> Result<RateLimitRequest, (String, String)> {
         let descriptors = self
             .descriptors
             .into_iter()
             .enumerate()
             .map(|(i, d)| {
-                let hits_addend = match d.hits_addend {
-                    None | Some(Value::Null) => None,
-                    Some(Value::Number(n)) => n.as_u64(),
-                    Some(Value::String(s)) => s.parse().ok(),
-                    Some(_) => None,
-                }
-                .map(|value| UInt64Value { value });
+                // A `UInt64Value` (anything else was read as absent
+                // before: a cost of 1).
+                let hits_addend = whole(d.hits_addend, || format!("descriptors[{i}].hits_addend"))?
+                    .map(|value| UInt64Value { value });
                 let limit = d
                     .limit
                     .map(|o| {
+                        let field = || format!("descriptors[{i}].limit.unit");
                         let unit = match &o.unit {
                             None => Ok(Unit::Unknown as i32),
                             Some(Value::Number(n)) => {
@@ -160,14 +160,16 @@ impl JsonRequest {
                             }
                             Some(Value::String(name)) => {
                                 Unit::from_str_name(name).map(|u| u as i32).ok_or_else(|| {
-                                    format!("`descriptors[{i}].limit.unit`: unknown unit `{name}`")
+                                    let shown = crate::shown(name);
+                                    (field(), format!("`{}`: unknown unit `{shown}`", field()))
                                 })
                             }
-                            Some(_) => Err(format!(
-                                "`descriptors[{i}].limit.unit` must be a unit name or number"
+                            Some(_) => Err((
+                                field(),
+                                format!("`{}` must be a unit name or number", field()),
                             )),
                         }?;
-                        Ok::<_, String>(RateLimitOverride {
+                        Ok::<_, (String, String)>(RateLimitOverride {
                             requests_per_unit: o.requests_per_unit,
                             unit,
                         })
@@ -187,13 +189,45 @@ impl JsonRequest {
                     ..Default::default()
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, (String, String)>>()?;
+        let hits_addend = whole(self.hits_addend, || "hitsAddend".to_owned())?
+            .map_or(Ok(0), u32::try_from)
+            .map_err(|_| {
+                let message = "`hitsAddend` must be at most 4294967295".to_owned();
+                ("hitsAddend".to_owned(), message)
+            })?;
         Ok(RateLimitRequest {
             domain: self.domain,
             descriptors,
-            hits_addend: self.hits_addend.unwrap_or(0),
+            hits_addend,
         })
     }
+}
+
+/// A whole number as protobuf's JSON writes one (a number, or a string of
+/// one); `None` when absent; the field (named by `field`) and why when it
+/// is anything else.
+fn whole(
+    value: Option<Value>,
+    field: impl Fn() -> String,
+) -> Result<Option<u64>, (String, String)> {
+    let value = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(value) => value,
+    };
+    let number = match &value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    number.map(Some).ok_or_else(|| {
+        let message = format!(
+            "`{}` must be a whole number (or a string of one), got {}",
+            field(),
+            crate::shown(&value.to_string())
+        );
+        (field(), message)
+    })
 }
 
 /// The answer in protobuf's JSON form: default values left out, enums by
