@@ -482,7 +482,7 @@ async fn forward_auth_without_its_headers_or_with_one_twice_is_a_400() {
                 ("X-Forwarded-Uri", "/"),
                 ("X-Forwarded-Uri", "/v1/reports"),
             ],
-            "x-forwarded-uri",
+            "X-Forwarded-Uri",
         ),
         (
             &[

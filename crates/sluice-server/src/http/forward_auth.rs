@@ -45,14 +45,14 @@ pub(super) async fn forward_auth(
                 format!("header `{}` is required", config.tenant_header),
             )
         })?;
-        let method = match header_text(&headers, "x-forwarded-method")? {
+        let method = match header_text(&headers, "X-Forwarded-Method")? {
             Some(method) => method,
-            None => header_text(&headers, "x-original-method")?.ok_or_else(missing_original)?,
+            None => header_text(&headers, "X-Original-Method")?.ok_or_else(missing_original)?,
         };
-        let (uri, uri_header) = match header_text(&headers, "x-forwarded-uri")? {
+        let (uri, uri_header) = match header_text(&headers, "X-Forwarded-Uri")? {
             Some(uri) => (uri, "X-Forwarded-Uri"),
             None => (
-                header_text(&headers, "x-original-uri")?.ok_or_else(missing_original)?,
+                header_text(&headers, "X-Original-URI")?.ok_or_else(missing_original)?,
                 "X-Original-URI",
             ),
         };
