@@ -1339,6 +1339,7 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
         (json!({"rules": {"subject": "x"}}), "rules.subject"),
         (json!({"rules": {"everything": []}}), "rules.everything"),
         (json!({"rules": 5}), "rules"),
+        (json!([]), "body"),
         (json!({"factor": 2, "expires_in": "forever"}), "expires_in"),
         (json!({"factor": 2, "expires_in": "500ms"}), "expires_in"),
         (json!({"factor": 2, "colour": "red"}), "colour"),
@@ -1361,6 +1362,10 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
         );
         let named = problem["invalid-params"][0]["name"].as_str().unwrap();
         assert_eq!(named, field, "{body}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        for ours in ["PutBody", "f64", "u64", "u32"] {
+            assert!(!detail.contains(ours), "no Rust in it: {detail}");
+        }
     }
     let (_, problem) = h
         .admin(

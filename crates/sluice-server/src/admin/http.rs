@@ -88,7 +88,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object such as {\"factor\": 2, \"expires_in\": \"2h\"}"
+)]
 struct PutBody {
     plan: Option<String>,
     factor: Option<f64>,

@@ -76,6 +76,27 @@ async fn bound(
     }
 }
 
+/// serde's names of Rust's number types, in a client's words.
+fn in_words(message: String) -> String {
+    const WORDS: [(&str, &str); 8] = [
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("expected u64", "expected a whole number from 0"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected i64", "expected a whole number"),
+        ("expected i32", "expected a whole number"),
+    ];
+    match WORDS.iter().find(|(rust, _)| message.contains(rust)) {
+        Some((rust, words)) => message.replacen(rust, words, 1),
+        None => message,
+    }
+}
+
 /// A JSON body as `T`, the whole of it; a problem names the member at
 /// fault (`body` for the document itself) and says what `what` is.
 pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
@@ -89,7 +110,8 @@ pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
         // the document itself (`.`, `[0]`) have none.
         let named = path.starts_with(|c: char| c.is_ascii_alphabetic());
         let field = if named { path } else { "body".to_owned() };
-        sluice_tower::InvalidRequest::new(field, format!("malformed {what}: {}", e.into_inner()))
+        let message = in_words(e.into_inner().to_string());
+        sluice_tower::InvalidRequest::new(field, format!("malformed {what}: {message}"))
     })?;
     json.end()
         .map_err(|e| sluice_tower::InvalidRequest::new("body", format!("malformed {what}: {e}")))?;
