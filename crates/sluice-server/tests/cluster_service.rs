@@ -7,6 +7,7 @@ use serde_json::json;
 use sluice_testkit::RedisCluster;
 
 const PEPPER: &str = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+const TOKEN: &str = "a-cluster-admin-token-0001";
 
 #[tokio::test]
 async fn serve_check_and_inspect_run_on_redis_cluster() {
@@ -22,6 +23,8 @@ storage:
   global_shards: 4
 keys:
   pepper_env: TEST_SLUICE_PEPPER
+admin:
+  token_env: TEST_SLUICE_ADMIN
 default_plan: free
 plans:
   free:
@@ -33,7 +36,7 @@ global:
 "#
         ),
     );
-    let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+    let env = [("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", TOKEN)];
     let mut server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
     let client = reqwest::Client::new();
     let ready = client
@@ -117,6 +120,43 @@ global:
             assert!(valve.contains("2/1h"), "the shard's share: {table}");
             assert!(table.contains("split over up to 4 keys"), "{table}");
         }
+    }
+
+    // Overrides and heavy hitters are kept in the cluster too, each in the
+    // one slot of `{admin}` (written by scripts of several keys).
+    let put = client
+        .put(format!("{}/v1/admin/overrides/globex", server.base))
+        .bearer_auth(TOKEN)
+        .json(&json!({"factor": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let admin_keys = || {
+        let mut all: Vec<String> = Vec::new();
+        for url in cluster.urls() {
+            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*{admin}*")
+                .query(&mut conn)
+                .unwrap();
+            all.extend(keys);
+        }
+        all.sort();
+        all
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let keys = admin_keys();
+        let has = |suffix: &str| keys.iter().any(|k| k.ends_with(suffix));
+        if has("{admin}:overrides") && has("{admin}:heavy") && has("{admin}:heavy-at") {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{keys:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 
     server.stop();
