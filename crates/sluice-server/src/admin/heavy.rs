@@ -118,14 +118,22 @@ impl Summary {
         }
         // Full: the least counted gives its place, and its count becomes
         // the newcomer's possible overestimate.
+        // The evicted tenant's two strings are reused for the newcomer: no
+        // allocation on a decision (tenant ids are of similar lengths).
         let slot = self.heap[0];
         let least = &mut self.slots[slot as usize];
-        let evicted = std::mem::replace(&mut least.tenant, tenant.to_owned());
+        let (mut key, _) = self
+            .index
+            .remove_entry(least.tenant.as_str())
+            .expect("every slot's tenant is indexed");
+        key.clear();
+        key.push_str(tenant);
+        least.tenant.clear();
+        least.tenant.push_str(tenant);
         let least_count = least.count;
         least.count = least_count + n;
         least.over = least_count;
-        self.index.remove(&evicted);
-        self.index.insert(tenant.to_owned(), slot);
+        self.index.insert(key, slot);
         self.sift_down(0);
     }
 
