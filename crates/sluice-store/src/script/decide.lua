@@ -33,9 +33,10 @@
 -- n is #ARGV[1] / RULE_BYTES.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
--- refund of this decision would name, then per rule allowed (1 or 0),
--- remaining, reset_after_ms and retry_after_ms; converting a string costs
--- Redis a fraction of what a table of integers does. Every rule is checked
+-- refund of this decision would name, then per rule remaining,
+-- reset_after_ms and retry_after_ms (a rule admits when its retry is 0: a
+-- denial's is at least 1); converting a string costs Redis a fraction of
+-- what a table of integers does. Every rule is checked
 -- first; only when every enforced rule admits is anything written, so a
 -- denied request consumes nothing. A shadow rule never blocks the others
 -- and consumes only when it admits. A group's key is read once and written
@@ -359,7 +360,7 @@ end
 local function layout_of(n)
   local layout = REPLY[n]
   if not layout then
-    layout = '<' .. string.rep('d', 1 + 4 * n)
+    layout = '<' .. string.rep('d', 1 + 3 * n)
     REPLY[n] = layout
   end
   return layout
@@ -410,7 +411,7 @@ local function decide(KEYS, ARGV)
       if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
       if rotating and value and not found then found = find_record(value, names_before) end
       local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
-      local allowed, remaining, reset, retry, r, t, f, ft =
+      local _, remaining, reset, retry, r, t, f, ft =
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       if not r then r, t = f, ft end
       if r then
@@ -427,7 +428,7 @@ local function decide(KEYS, ARGV)
         if px < 1 then px = 1 end
         call('SET', KEYS[1], r, 'PX', px)
       end
-      return spack('<ddddd', now, allowed, remaining, reset, retry)
+      return spack('<dddd', now, remaining, reset, retry)
     end
   end
 
@@ -441,6 +442,8 @@ local function decide(KEYS, ARGV)
     local all_allowed = true
     local np, nf, idle_at, fix_idle_at, kept = 0, 0, 0, 0, 0
     local pos = 1
+    -- The tables the loop writes, as locals (an upvalue costs a step more).
+    local reply, parts, replaced = reply, parts, replaced
     for i = 1, n do
       local algorithm, aligned, shadow, _, limit, per, burst, cost, name, after =
         sunpack(RULE, rules, pos)
@@ -451,8 +454,8 @@ local function decide(KEYS, ARGV)
       local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local allowed, remaining, reset, retry, r, t, f, ft =
         NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned)
-      local o = 4 * i - 2
-      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      local o = 3 * i - 1
+      reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry
       if allowed == 0 and shadow == 0 then all_allowed = false end
       if f then
         nf = nf + 1
@@ -487,7 +490,7 @@ local function decide(KEYS, ARGV)
       call('SET', KEYS[1], concat(list, '', 1, np), 'PX', px)
     end
     reply[1] = now
-    return spack(REPLY[n] or layout_of(n), unpack(reply, 1, 1 + 4 * n))
+    return spack(REPLY[n] or layout_of(n), unpack(reply, 1, 1 + 3 * n))
   end
 
   local all_allowed = true
@@ -498,7 +501,7 @@ local function decide(KEYS, ARGV)
     pos = after
     local previous = rotating and sub(names_before, 8 * i - 7, 8 * i)
     local decide_numbers = NUMBERS[algorithm]
-    local o = 4 * i - 2
+    local o = 3 * i - 1
     if decide_numbers then
       local value
       if read_in[k] ~= calls then
@@ -514,7 +517,7 @@ local function decide(KEYS, ARGV)
         decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
         r or false, t, f or false, ft, found, k, false
-      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry
       if allowed == 0 and shadow == 0 then all_allowed = false end
     else
       local allowed, remaining, reset, retry, state, until_ms
@@ -525,7 +528,7 @@ local function decide(KEYS, ARGV)
       end
       record[i], idle[i], fix[i], fix_idle[i], key[i], set[i] =
         state or false, until_ms, algorithm, cost, k, true
-      reply[o], reply[o + 1], reply[o + 2], reply[o + 3] = allowed, remaining, reset, retry
+      reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry
       if allowed == 0 and shadow == 0 then all_allowed = false end
     end
   end
@@ -559,5 +562,5 @@ local function decide(KEYS, ARGV)
   end
 
   reply[1] = now
-  return spack(layout_of(n), unpack(reply, 1, 1 + 4 * n))
+  return spack(layout_of(n), unpack(reply, 1, 1 + 3 * n))
 end

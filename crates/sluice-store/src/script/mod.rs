@@ -494,7 +494,7 @@ fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 6] {
 
 /// Values per rule in the decision script's reply (after the admission
 /// time).
-const REPLY_WIDTH: usize = 4;
+const REPLY_WIDTH: usize = 3;
 
 /// The decision script's reply, read: each rule's outcome, and the
 /// admission time (ms) a refund of this decision names.
@@ -507,7 +507,8 @@ pub struct Reply {
 }
 
 /// Reads the decision script's reply (little-endian doubles: the admission
-/// time, then allowed, remaining, reset and retry per rule; see decide.lua).
+/// time, then remaining, reset and retry per rule; see decide.lua). A rule
+/// admitted when its retry is 0: every denial's is at least 1 ms.
 pub fn reply(bytes: &[u8], rules: usize) -> Result<Reply, StoreError> {
     if bytes.len() != 8 * (1 + REPLY_WIDTH * rules) {
         return Err(StoreError::Unavailable(format!(
@@ -526,10 +527,10 @@ pub fn reply(bytes: &[u8], rules: usize) -> Result<Reply, StoreError> {
         outcomes: rules
             .chunks_exact(REPLY_WIDTH)
             .map(|v| Outcome {
-                allowed: v[0] == 1,
-                remaining: u32::try_from(v[1]).unwrap_or(u32::MAX),
-                reset_after_ms: v[2],
-                retry_after_ms: v[3],
+                allowed: v[2] == 0,
+                remaining: u32::try_from(v[0]).unwrap_or(u32::MAX),
+                reset_after_ms: v[1],
+                retry_after_ms: v[2],
             })
             .collect(),
         admitted_at,
@@ -638,8 +639,9 @@ mod tests {
     }
 
     #[test]
-    fn a_reply_reads_as_the_time_then_four_values_per_rule() {
-        let bytes = doubles(&[1_764_600_000_123, 1, 9, 100, 0, 0, 0, 250, 40]);
+    fn a_reply_reads_as_the_time_then_three_values_per_rule() {
+        // A rule admitted has no retry; one denied a retry of 1 ms or more.
+        let bytes = doubles(&[1_764_600_000_123, 9, 100, 0, 0, 250, 40]);
         let read = reply(&bytes, 2).unwrap();
         assert_eq!(read.admitted_at, 1_764_600_000_123);
         assert_eq!(
@@ -663,13 +665,13 @@ mod tests {
 
     #[test]
     fn a_reply_of_another_length_is_an_error_not_a_guess() {
-        let bytes = doubles(&[1, 1, 9, 100, 0]);
+        let bytes = doubles(&[1, 9, 100, 0]);
         let error = reply(&bytes, 2).unwrap_err();
         assert!(
-            error.to_string().contains("40 bytes for 2 rules"),
+            error.to_string().contains("32 bytes for 2 rules"),
             "{error}"
         );
-        assert!(reply(&bytes[..39], 1).is_err());
+        assert!(reply(&bytes[..31], 1).is_err());
     }
 
     #[test]
