@@ -221,6 +221,39 @@ fn star_only_ends_a_pattern() {
 }
 
 #[test]
+fn two_spellings_of_one_route_are_refused_not_one_silently_dropped() {
+    // Requests are normalised before they are matched, so these pairs are
+    // one route each: only one list of each pair could ever apply.
+    for (first, second) in [
+        ("GET /a/b", "get /a/b/"),
+        ("GET /a/b", "GET /a/%62"),
+        ("POST /v1/*", "POST //v1/*"),
+    ] {
+        for table in ["routes", "subject"] {
+            let e = single_error(&format!(
+                "default_plan: p\nplans:\n  p:\n    {table}:\n      \"{first}\": [{{ name: one, limit: 1, per: 1s }}]\n      \"{second}\": [{{ name: two, limit: 2, per: 1s }}]\n"
+            ));
+            assert!(e.contains("is the same route as"), "{e}");
+            assert!(e.contains(first) && e.contains(second), "{e}");
+        }
+        let e = single_error(&format!(
+            "default_plan: p\nplans:\n  p: {{}}\nglobal:\n  \"{first}\": [{{ limit: 1, per: 1s }}]\n  \"{second}\": [{{ limit: 2, per: 1s }}]\n"
+        ));
+        assert!(e.contains("is the same route as"), "{e}");
+        let e = single_error(&format!(
+            "default_plan: p\nplans:\n  p:\n    dedupe:\n      \"{first}\": {{ window: 5s }}\n      \"{second}\": {{ window: 9s }}\n"
+        ));
+        assert!(e.contains("is the same route as"), "{e}");
+    }
+    // A prefix and the exact route it starts with are not the same.
+    Config::from_yaml(
+        "default_plan: p\nplans:\n  p:\n    routes:\n      \"GET /a/*\": [{ limit: 1, per: 1s }]\n      \"GET /a\": [{ limit: 1, per: 1s }]\n",
+        "ok.yaml",
+    )
+    .unwrap();
+}
+
+#[test]
 fn names_must_tell_scopes_apart() {
     let e = single_error(
         "default_plan: p\nplans:\n  p:\n    tenant: [{ name: x, limit: 1, per: 1s }]\n    routes:\n      \"*\": [{ name: x, limit: 1, per: 1s }]\n",

@@ -946,11 +946,12 @@ impl<'a> Validator<'a> {
         table: BTreeMap<String, S<Vec<S<RawRule>>>>,
         scope: &str,
     ) -> Vec<RouteRules> {
+        let mut seen = Vec::with_capacity(table.len());
         table
             .into_iter()
             .map(|(pattern, rules)| {
                 let at = rules.referenced;
-                let pattern = self.pattern(&pattern, at);
+                let pattern = self.distinct_pattern(&mut seen, pattern, at);
                 RouteRules {
                     pattern,
                     rules: self.rules(rules.value, scope),
@@ -962,10 +963,11 @@ impl<'a> Validator<'a> {
     /// `dedupe: { "ROUTE PATTERN": { window: 5s } }`: one rule each, a
     /// `fixed_window` of 1 per window (opened by the first admission).
     fn dedupe(&mut self, raw: BTreeMap<String, S<super::raw::RawDedupe>>) -> Vec<RouteRules> {
+        let mut seen = Vec::with_capacity(raw.len());
         raw.into_iter()
             .map(|(pattern, entry)| {
                 let at = entry.referenced;
-                let pattern = self.pattern(&pattern, at);
+                let pattern = self.distinct_pattern(&mut seen, pattern, at);
                 let window = match &entry.value.window {
                     Some(w) => self.duration_in(Some(w), "dedupe.window", 1_000, 10..=86_400_000),
                     None => {
@@ -988,6 +990,30 @@ impl<'a> Validator<'a> {
                 }
             })
             .collect()
+    }
+
+    /// `text` as a pattern of a table whose patterns so far are `seen`
+    /// (each with its spelling): two spellings of one route (`GET /a/b`,
+    /// `get /a/b/`) are refused, since requests are normalised before they
+    /// are matched and only one of their lists could ever apply.
+    fn distinct_pattern(
+        &mut self,
+        seen: &mut Vec<(RoutePattern, String)>,
+        text: String,
+        at: Location,
+    ) -> RoutePattern {
+        let pattern = self.pattern(&text, at);
+        if let Some((_, other)) = seen.iter().find(|(p, _)| *p == pattern) {
+            self.push(
+                at,
+                format!(
+                    "route pattern `{text}` is the same route as `{other}` (both `{}` once normalised): give their rules in one list",
+                    pattern.source()
+                ),
+            );
+        }
+        seen.push((pattern.clone(), text));
+        pattern
     }
 
     fn pattern(&mut self, text: &str, at: Location) -> RoutePattern {
