@@ -90,17 +90,25 @@ def embedded(lines):
 def floor_rows(lines, suite, unit, flags):
     """Table rows of a suite measured against the floor (redis_cost's
     µs or its instruction counts): medians, ratios, each further rule."""
+    # The samples of one rule count are one per round, and a round measures
+    # every rule count: ratios and steps are taken within a round, then
+    # their median (a shared machine drifts between rounds).
+    def paired(xs, ys, op):
+        return median([op(x, y) for x, y in zip(xs, ys)])
+
     rows, previous = [], None
     for l in sorted((l for l in lines if l["suite"] == suite), key=lambda l: l["rules"]):
         f, ff, e, ef = (median(l[k]) for k in ("fcall", "fcall_floor", "evalsha", "evalsha_floor"))
-        # A negative step (noise between runs) reads as one, not "+-".
-        step = f - previous if previous is not None else None
+        # A negative step (noise) reads as one, not "+-".
+        step = paired(l["fcall"], previous["fcall"], lambda x, y: x - y) if previous else None
         added = "" if step is None else f"{'+' if step >= 0 else '−'}{fmt(abs(step))}{unit}"
-        previous = f
+        previous = l
         note = (lambda k: flag(l[k])) if flags else (lambda k: "")
+        ratio = paired(l["fcall"], l["fcall_floor"], lambda x, y: x / y)
+        eratio = paired(l["evalsha"], l["evalsha_floor"], lambda x, y: x / y)
         rows.append(
-            f"| {l['rules']} | {fmt(f)}{unit}{note('fcall')} | {fmt(ff)}{unit}{note('fcall_floor')} | {f / ff:.2f} | {added} "
-            f"| {fmt(e)}{unit} | {fmt(ef)}{unit} | {e / ef:.2f} |"
+            f"| {l['rules']} | {fmt(f)}{unit}{note('fcall')} | {fmt(ff)}{unit}{note('fcall_floor')} | {ratio:.2f} | {added} "
+            f"| {fmt(e)}{unit} | {fmt(ef)}{unit} | {eratio:.2f} |"
         )
     return rows
 
@@ -133,7 +141,8 @@ def redis_cost(lines):
         "`REDIS_COST_CALLS=50000 REDIS_COST_RUNS=N cargo run --release -p sluice-store --example redis_cost`: "
         "`usec_per_call` of the decision with 1–3 gcra rules next to a floor that issues the same Redis commands "
         "(`TIME`, then `GET` and `SET PX` per key: the three rules share the tenant's key) and nothing else, as a function (`FCALL`, what sluice sends) "
-        "and as a script (`EVALSHA`, its fallback); the calls exactly as the store makes them, 64 in flight (4 pipelined connections), 10,000 tenants, rounds alternating.",
+        "and as a script (`EVALSHA`, its fallback); the calls exactly as the store makes them, 64 in flight (4 pipelined connections), 10,000 tenants per rule count, the floor on keys of its own. "
+        "Each round measures every rule count; the ratio and each further rule are medians of those of each round.",
         "",
         "| rules | FCALL | floor | ratio | each further rule | EVALSHA | floor | ratio |",
         "|---|---|---|---|---|---|---|---|",

@@ -5,12 +5,16 @@
 //!
 //! Starts its own `redis-server` on a free loopback port. For 1, 2 and 3
 //! gcra rules, the calls go out `CALLS` times (64 in flight, 10,000 random
-//! tenants, every request admitted), `RUNS` rounds alternating: the
-//! decision exactly as sluice sends it (`FCALL`, its keys and packed
-//! arguments made by the store's own code), the floor (`FCALL`), and both as
-//! scripts (`EVALSHA`, sluice's fallback where functions are unavailable).
+//! tenants of each rule count's own, every request admitted): the decision
+//! exactly as sluice sends it (`FCALL`, its keys and packed arguments made
+//! by the store's own code), the floor (`FCALL`, on keys of the same length
+//! that are not the decision's), and both as scripts (`EVALSHA`, sluice's
+//! fallback where functions are unavailable). Each of `RUNS` rounds
+//! measures every rule count, so that a decision is compared with its
+//! floor, and a rule count with the one before it, within one round.
 //! Redis CPU per call is `usec_per_call` in `INFO commandstats`. Prints the
-//! medians, the ratios to the floor and what each further rule adds.
+//! medians, and the medians of each round's ratio to the floor and of what
+//! each further rule added in each round.
 //!
 //! With `--instructions` the cost is counted in thousands of instructions
 //! Redis executes in the command instead (the server runs under valgrind's
@@ -129,73 +133,99 @@ fn main() {
     let policy = Policy::compile(&Config::from_yaml(YAML, "cost.yaml").expect("valid").limits);
     let all = policy.applicable("any", "GET /", false).rules;
     let keyer = Keyer::new("sl", &Pepper::parse(&[b'x'; 32]).expect("valid pepper"));
-    let tenants: Vec<String> = (0..TENANTS).map(|t| format!("tenant-{t:05}")).collect();
+    // Each rule count decides for tenants of its own, so that a count's
+    // values hold its records only (as a plan's would), whichever ran
+    // before it.
+    let tenants: Vec<Vec<String>> = (1..=most_rules)
+        .map(|rules| {
+            (0..TENANTS)
+                .map(|t| format!("tenant-{rules}-{t:05}"))
+                .collect()
+        })
+        .collect();
+    // What sluice sends for a decision of `rules` rules for a tenant: its
+    // keys, and the call's arguments after the function or script; or the
+    // floor's call on keys of the same length that are not the decision's
+    // (the floor writes what a decision could not read).
+    let call = |rules: usize, tenant: u64, command: &str, name: &str, floor: bool| {
+        let batch = Batch::new(&tenants[rules - 1][tenant as usize], None, 1, &all[..rules]);
+        let buckets = KeySet::keys(&keyer, &batch, Valve::WHOLE);
+        let mut keys = buckets.keys.into_vec();
+        let mut cmd = redis::cmd(command);
+        cmd.arg(name);
+        if floor {
+            // The same commands: one GET and one SET per key, however
+            // many rules share it.
+            keys.dedup();
+            let keys: Vec<String> = keys.iter().map(|k| k.replacen("sl:", "fl:", 1)).collect();
+            cmd.arg(keys.len()).arg(keys);
+        } else {
+            let time = TimeSource::Server;
+            DecideCall::new(&batch, Selection::ALL, keys, &buckets.records, None, &time)
+                .fill(&mut cmd);
+        }
+        cmd
+    };
+    let commands = [
+        ("fcall", decide.function_name(), false),
+        ("fcall", "floor", true),
+        ("evalsha", decide_sha.as_str(), false),
+        ("evalsha", floor_sha.as_str(), true),
+    ];
+    // Per rule count, the four commands' samples, one per round. A round
+    // measures every rule count, so that a count is compared with its floor
+    // and with the count before it as measured minutes apart at most, not
+    // across the whole run (a shared machine drifts more than that).
+    let mut samples: Vec<[Vec<f64>; 4]> = vec![Default::default(); most_rules];
+    for _ in 0..runs {
+        for (rules, of_rules) in (1..=most_rules).zip(samples.iter_mut()) {
+            for (sample, (command, name, floor)) in of_rules.iter_mut().zip(commands) {
+                sample.push(cost(&server, &mut conn, meter, calls, command, |t| {
+                    call(rules, t, command, name, floor)
+                }));
+            }
+        }
+    }
+    let suite = if counting {
+        "redis_instructions"
+    } else {
+        "redis_cost"
+    };
     if !json {
         println!(
             "{:<6} {:>8} {:>8} {:>6} {:>9}   {:>8} {:>8} {:>6} {:>9}",
             "rules", "FCALL", "floor", "ratio", "per rule", "EVALSHA", "floor", "ratio", "per rule"
         );
     }
-    let mut previous: Option<(f64, f64)> = None;
-    for rules in 1..=most_rules {
-        // What sluice sends for a tenant's decision: its keys, and the
-        // call's arguments after the function or script.
-        let call = |tenant: u64, command: &str, name: &str, floor: bool| {
-            let batch = Batch::new(&tenants[tenant as usize], None, 1, &all[..rules]);
-            let buckets = KeySet::keys(&keyer, &batch, Valve::WHOLE);
-            let mut keys = buckets.keys.into_vec();
-            let mut cmd = redis::cmd(command);
-            cmd.arg(name);
-            if floor {
-                // The same commands: one GET and one SET per key, however
-                // many rules share it.
-                keys.dedup();
-                cmd.arg(keys.len()).arg(keys);
-            } else {
-                let time = TimeSource::Server;
-                DecideCall::new(&batch, Selection::ALL, keys, &buckets.records, None, &time)
-                    .fill(&mut cmd);
-            }
-            cmd
-        };
-        let mut samples: [Vec<f64>; 4] = Default::default();
-        for _ in 0..runs {
-            let commands = [
-                ("fcall", decide.function_name(), false),
-                ("fcall", "floor", true),
-                ("evalsha", decide_sha.as_str(), false),
-                ("evalsha", floor_sha.as_str(), true),
-            ];
-            for (sample, (command, name, floor)) in samples.iter_mut().zip(commands) {
-                sample.push(cost(&server, &mut conn, meter, calls, command, |t| {
-                    call(t, command, name, floor)
-                }));
-            }
-        }
+    for (rules, of_rules) in (1..=most_rules).zip(&samples) {
+        let [a, b, c, d] = of_rules;
         if json {
-            let [a, b, c, d] = &samples;
-            let suite = if counting {
-                "redis_instructions"
-            } else {
-                "redis_cost"
-            };
             println!(
                 "{{\"suite\":\"{suite}\",\"rules\":{rules},\"fcall\":{a:?},\"fcall_floor\":{b:?},\"evalsha\":{c:?},\"evalsha_floor\":{d:?}}}"
             );
             continue;
         }
-        let [fcall, fcall_floor, evalsha, evalsha_floor] = samples.map(median);
-        let added = |now: f64, before: Option<f64>| {
-            before.map_or(String::new(), |p| format!("+{:.1}", now - p))
+        // Ratios and steps of one round each, then their medians.
+        let paired = |x: &[f64], y: &[f64], f: fn(f64, f64) -> f64| {
+            median(x.iter().zip(y).map(|(x, y)| f(*x, *y)).collect())
+        };
+        let step = |of: usize| {
+            (rules > 1).then(|| {
+                let before = &samples[rules - 2][of];
+                format!("{:+.1}", paired(&of_rules[of], before, |x, y| x - y))
+            })
         };
         println!(
-            "{rules:<6} {fcall:>8.1} {fcall_floor:>8.1} {:>6.2} {:>9}   {evalsha:>8.1} {evalsha_floor:>8.1} {:>6.2} {:>9}",
-            fcall / fcall_floor,
-            added(fcall, previous.map(|p| p.0)),
-            evalsha / evalsha_floor,
-            added(evalsha, previous.map(|p| p.1)),
+            "{rules:<6} {:>8.1} {:>8.1} {:>6.2} {:>9}   {:>8.1} {:>8.1} {:>6.2} {:>9}",
+            median(a.clone()),
+            median(b.clone()),
+            paired(a, b, |x, y| x / y),
+            step(0).unwrap_or_default(),
+            median(c.clone()),
+            median(d.clone()),
+            paired(c, d, |x, y| x / y),
+            step(2).unwrap_or_default(),
         );
-        previous = Some((fcall, evalsha));
     }
     // The server writes a last dump as it stops: stop it, then remove them.
     drop(conn);
