@@ -10,6 +10,18 @@ use smallvec::SmallVec;
 
 use crate::store::Partition;
 
+/// The reclamation of a map of buckets. A removed or replaced entry is
+/// retired, and every `batch_size` retirements the thread that retires
+/// the last one issues a `membarrier` system call, which interrupts every
+/// other thread of the process: with seize's default of 32, sweeping a
+/// million idle keys issued 31,000 of them, and a denial storm one per 32
+/// remembered denials on the request path. A batch of 1,024 keeps at most
+/// that many retired entries per thread unfreed (some 150 KiB) for 32
+/// times fewer barriers (`examples/sweep.rs`, docs/BENCHMARKS.md).
+pub(crate) fn collector() -> seize::Collector {
+    seize::Collector::new().batch_size(1024)
+}
+
 /// A stored key: the rule's uid and the partition's bytes
 /// (`tenant ‖ subject`, and where the tenant ends), with its hash computed
 /// once.

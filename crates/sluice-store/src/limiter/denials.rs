@@ -73,6 +73,7 @@ impl Default for DenialCache {
         DenialCache {
             map: papaya::HashMap::builder()
                 .hasher(BuildHasherDefault::default())
+                .collector(crate::bucket::collector())
                 .build(),
             hasher: RandomState::default(),
             epoch: AtomicU64::new(0),
