@@ -181,3 +181,47 @@ async fn tenant_ids_can_be_hmacs() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("ledger.tenants: hmac needs a pepper"));
 }
+
+/// Lines whose counts add up past what a total can hold (a corrupt file:
+/// no instance counts 2^64 units in a minute) are refused with the tenant
+/// and period named, never summed to a wrapped, smaller total.
+#[test]
+fn usage_refuses_a_total_past_its_bound_instead_of_wrapping() {
+    let dir = temp_path("ledger-overflow", "ledger");
+    std::fs::create_dir_all(&dir).unwrap();
+    let line = |seq: u64, admitted: u64| {
+        format!(
+            "{{\"minute\":1764593880000,\"tenant\":\"acme\",\"route\":\"POST /v1/invoices\",\"admitted\":{admitted},\"denied\":0,\"instance\":\"a\",\"seq\":{seq}}}\n"
+        )
+    };
+    std::fs::write(
+        dir.join("usage-1-a.jsonl"),
+        line(1, u64::MAX) + &line(2, u64::MAX),
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["usage", "--json"])
+        .arg(&*dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("acme") && stderr.contains("admitted"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no partial totals: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // At the bound itself, the total is exact.
+    std::fs::write(
+        dir.join("usage-1-a.jsonl"),
+        line(1, u64::MAX - 1) + &line(2, 1),
+    )
+    .unwrap();
+    let (totals, _) = usage(&dir);
+    assert_eq!(totals[0]["admitted"], json!(u64::MAX));
+}

@@ -1,5 +1,6 @@
 //! `sluice usage FILES`: the usage ledger summed per tenant and period.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashSet};
 use std::io::BufRead;
 use std::process::ExitCode;
@@ -46,7 +47,7 @@ pub(super) fn run(args: UsageArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        for line in reader.split(b'\n') {
+        for (number, line) in reader.split(b'\n').enumerate() {
             let Ok(line) = line else {
                 skipped += 1;
                 continue;
@@ -64,9 +65,38 @@ pub(super) fn run(args: UsageArgs) -> ExitCode {
             } else {
                 line.minute - line.minute % span
             };
-            let entry = totals.entry((line.tenant, start)).or_default();
-            entry.0 += line.admitted;
-            entry.1 += line.denied;
+            let slot = totals.entry((line.tenant, start));
+            let (admitted, denied) = match &slot {
+                Entry::Occupied(o) => *o.get(),
+                Entry::Vacant(_) => (0, 0),
+            };
+            // No instance counts 2^64 units in a minute: a total past that
+            // comes of a corrupt line, and is refused rather than wrapped.
+            let (Some(admitted), Some(denied)) = (
+                admitted.checked_add(line.admitted),
+                denied.checked_add(line.denied),
+            ) else {
+                let what = if admitted.checked_add(line.admitted).is_none() {
+                    "admitted"
+                } else {
+                    "denied"
+                };
+                let period = if span == u64::MAX {
+                    "in all".to_owned()
+                } else {
+                    format!("in {}", minute_text(start))
+                };
+                eprintln!(
+                    "error: the {what} units of tenant {:?} {period} add up past {} at {} line {}: \
+                     the ledger holds a corrupt line",
+                    crate::shown(&slot.key().0),
+                    u64::MAX,
+                    file.display(),
+                    number + 1
+                );
+                return ExitCode::from(2);
+            };
+            *slot.or_default() = (admitted, denied);
         }
     }
     if args.json {
