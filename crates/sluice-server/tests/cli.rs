@@ -312,6 +312,20 @@ fn serve_refuses_an_invalid_config_and_exits_non_zero() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown plan `nope`"));
 }
 
+/// The status of a forward-auth call for tenant `t` (`GET /x`) with
+/// `headers` added.
+async fn forward_auth_of_t(base: String, headers: Vec<(&'static str, String)>) -> u16 {
+    let mut request = reqwest::Client::new()
+        .get(format!("{base}/v1/forward-auth"))
+        .header("X-Tenant", "t")
+        .header("X-Forwarded-Method", "GET")
+        .header("X-Forwarded-Uri", "/x");
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
 /// Per-IP limits through forward-auth: the client is the rightmost hop of
 /// `X-Forwarded-For` that is not a trusted proxy, so a client cannot
 /// escape its limit by writing addresses of its own to the left; from an
@@ -324,20 +338,10 @@ async fn forward_auth_limits_the_client_ip_behind_trusted_proxies_only() {
         )
     };
     let ask = |server: &Server, xff: &'static str| {
-        let url = format!("{}/v1/forward-auth", server.base);
-        async move {
-            reqwest::Client::new()
-                .get(url)
-                .header("X-Tenant", "t")
-                .header("X-Forwarded-Method", "GET")
-                .header("X-Forwarded-Uri", "/x")
-                .header("X-Forwarded-For", xff)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
+        forward_auth_of_t(
+            server.base.clone(),
+            vec![("X-Forwarded-For", xff.to_owned())],
+        )
     };
     // sluice sees the test's connections from 127.0.0.1: the gateway.
     let path = temp_file("client-ip.yaml", &config("127.0.0.1/32"));
@@ -359,6 +363,73 @@ async fn forward_auth_limits_the_client_ip_behind_trusted_proxies_only() {
         ask(&server, "198.51.100.1").await,
         429,
         "spoofed header ignored"
+    );
+}
+
+/// A gateway that writes `X-Forwarded-For` passes a `Forwarded` header
+/// along as the client wrote it: behind such a gateway (the default) it is
+/// not read, so a client cannot name a fresh address for every request;
+/// behind one that writes `Forwarded` (`client_ip_header: forwarded`),
+/// the other way round.
+#[tokio::test]
+async fn forward_auth_reads_only_the_header_the_gateway_writes() {
+    let config = |header: &str| {
+        format!(
+            "server:\n  forward_auth:\n    subject_from: client_ip\n    trusted_proxies: [127.0.0.1]\n{header}default_plan: p\nplans:\n  p:\n    subject:\n      \"*\": [{{ limit: 1, per: 1h }}]\n"
+        )
+    };
+    let ask = |server: &Server, name: &'static str, value: String, other: &'static str| {
+        let real = if other == "Forwarded" {
+            "for=203.0.113.7"
+        } else {
+            "203.0.113.7"
+        };
+        forward_auth_of_t(
+            server.base.clone(),
+            vec![(name, value), (other, real.to_owned())],
+        )
+    };
+    // The gateway wrote the client, 203.0.113.7, in X-Forwarded-For; the
+    // client wrote a new Forwarded address each time.
+    let path = temp_file("client-ip-xff.yaml", &config(""));
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    assert_eq!(
+        ask(
+            &server,
+            "Forwarded",
+            "for=6.6.6.1".into(),
+            "X-Forwarded-For"
+        )
+        .await,
+        200
+    );
+    for i in 2..5 {
+        assert_eq!(
+            ask(
+                &server,
+                "Forwarded",
+                format!("for=6.6.6.{i}"),
+                "X-Forwarded-For"
+            )
+            .await,
+            429,
+            "the client's own Forwarded is not its address"
+        );
+    }
+    drop(server);
+    let path = temp_file(
+        "client-ip-forwarded.yaml",
+        &config("    client_ip_header: forwarded\n"),
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    assert_eq!(
+        ask(&server, "X-Forwarded-For", "6.6.6.1".into(), "Forwarded").await,
+        200
+    );
+    assert_eq!(
+        ask(&server, "X-Forwarded-For", "6.6.6.2".into(), "Forwarded").await,
+        429,
+        "the client's own X-Forwarded-For is not its address"
     );
 }
 

@@ -59,6 +59,7 @@ pub struct FromHeaders {
     fingerprint: HeaderName,
     /// The subject is the client's IP, behind these trusted proxies.
     client_ip: Option<Vec<ipnet::IpNet>>,
+    client_ip_header: crate::ClientIpHeader,
 }
 
 impl FromHeaders {
@@ -76,17 +77,27 @@ impl FromHeaders {
             cost: None,
             fingerprint: HeaderName::from_static("idempotency-key"),
             client_ip: None,
+            client_ip_header: crate::ClientIpHeader::XForwardedFor,
         }
     }
 
     /// The subject is the client's IP address ([`crate::client_ip`]):
     /// the connection's peer, or behind `trusted` proxies the rightmost
-    /// untrusted hop of `Forwarded` / `X-Forwarded-For`. The server puts
+    /// untrusted hop of the header they write (`X-Forwarded-For`, or see
+    /// [`client_ip_header`](Self::client_ip_header)). The server puts
     /// the peer in the request's extensions as a [`crate::Peer`] (sluice
     /// does; an axum app maps its `ConnectInfo` to it). Without a peer the
     /// request has no subject.
     pub fn client_ip(mut self, trusted: Vec<ipnet::IpNet>) -> FromHeaders {
         self.client_ip = Some(trusted);
+        self
+    }
+
+    /// The header the trusted proxies write the client's address in
+    /// (default `X-Forwarded-For`); the other one is never read, since a
+    /// proxy passes it along as the client wrote it.
+    pub fn client_ip_header(mut self, header: crate::ClientIpHeader) -> FromHeaders {
+        self.client_ip_header = header;
         self
     }
 
@@ -174,7 +185,8 @@ impl<B> Extract<B> for FromHeaders {
             (Some(name), _) => text(name)?,
             (None, Some(trusted)) => {
                 let peer = request.extensions().get::<crate::Peer>().map(|p| p.0.ip());
-                crate::client_ip(peer, headers, trusted).map(|ip| ip.to_string())
+                crate::client_ip(peer, headers, trusted, self.client_ip_header)
+                    .map(|ip| ip.to_string())
             }
             (None, None) => None,
         };

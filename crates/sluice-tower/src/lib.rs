@@ -117,7 +117,7 @@ pub mod limits;
 pub mod service;
 
 pub use answer::{DecisionView, InvalidRequest};
-pub use client_ip::{Peer, client_ip};
+pub use client_ip::{ClientIpHeader, Peer, client_ip};
 pub use extract::{Extract, FromHeaders, Keys};
 pub use layer::RateLimitLayer;
 pub use lease::{Lease, LeaseBody};

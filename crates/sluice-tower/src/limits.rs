@@ -43,8 +43,8 @@ use crate::layer::RateLimitLayer;
 pub enum By {
     /// Every caller of the route together (a global valve per route).
     Route,
-    /// The client's IP address, behind these trusted proxies
-    /// ([`crate::client_ip`]).
+    /// The client's IP address, behind these trusted proxies, which
+    /// write it in `X-Forwarded-For` ([`crate::client_ip`]).
     ClientIp(Vec<ipnet::IpNet>),
     /// The value of a header (a user id, an API key).
     Header(HeaderName),

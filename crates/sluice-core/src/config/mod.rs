@@ -143,11 +143,25 @@ pub struct ForwardAuthConfig {
     /// Header carrying the fingerprint the duplicate guard compares
     /// (default `Idempotency-Key`).
     pub fingerprint_header: String,
-    /// The subject is the client's IP address, read from `Forwarded` /
-    /// `X-Forwarded-For` only through `trusted_proxies`.
+    /// The subject is the client's IP address, read from
+    /// `client_ip_header` only through `trusted_proxies`.
     pub client_ip_subject: bool,
     /// Proxies whose forwarding headers are believed (CIDRs).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header those proxies write the client's address in.
+    pub client_ip_header: ClientIpHeader,
+}
+
+/// The header trusted proxies write the client's address in. Only that
+/// one is read: a proxy passes the other along as the client wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For` (nginx, HAProxy, Traefik, Caddy, Envoy, cloud
+    /// load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=` (RFC 7239).
+    Forwarded,
 }
 
 /// `storage.backend`.

@@ -95,6 +95,7 @@ pub(crate) struct RawForwardAuth {
     pub fingerprint_header: Option<S<String>>,
     pub subject_from: Option<S<String>>,
     pub trusted_proxies: Option<Vec<S<String>>>,
+    pub client_ip_header: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

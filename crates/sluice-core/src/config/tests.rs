@@ -384,6 +384,10 @@ fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_r
             "`server.forward_auth.subject_from` must be `header` or `client_ip`, got `ip`",
         ),
         (
+            format!("server:\n  forward_auth: {{ client_ip_header: x-real-ip }}\n{plan}"),
+            "`server.forward_auth.client_ip_header` must be `x-forwarded-for` or `forwarded`, got `x-real-ip`",
+        ),
+        (
             format!("server:\n  forward_auth: {{ trusted_proxies: [10.0.0.0/33] }}\n{plan}"),
             "`server.forward_auth.trusted_proxies` takes addresses or CIDRs",
         ),

@@ -8,9 +8,10 @@ use serde_saphyr::{Location, Options};
 
 use super::raw::{RawConfig, RawKeys, RawPlan, RawRule, RawServer, RawStorage, S};
 use super::{
-    Backend, Config, ConfigError, ConfigErrors, ConnectionLimits, EnvoyServiceConfig,
-    ForwardAuthConfig, KeysConfig, Limits, MetricsListener, NamedRule, OnError, PlanSpec,
-    RoutePattern, RouteRules, SecretSource, ServerConfig, StorageConfig, TenantSpec, defaults,
+    Backend, ClientIpHeader, Config, ConfigError, ConfigErrors, ConnectionLimits,
+    EnvoyServiceConfig, ForwardAuthConfig, KeysConfig, Limits, MetricsListener, NamedRule, OnError,
+    PlanSpec, RoutePattern, RouteRules, SecretSource, ServerConfig, StorageConfig, TenantSpec,
+    defaults,
 };
 use crate::duration::{HumanDuration, parse_duration_ms};
 use crate::rule::{Algorithm, Rule};
@@ -332,6 +333,23 @@ impl<'a> Validator<'a> {
                 ),
             }
         }
+        let client_ip_header = match &forward.client_ip_header {
+            None => ClientIpHeader::default(),
+            Some(h) if h.value.eq_ignore_ascii_case("x-forwarded-for") => {
+                ClientIpHeader::XForwardedFor
+            }
+            Some(h) if h.value.eq_ignore_ascii_case("forwarded") => ClientIpHeader::Forwarded,
+            Some(h) => {
+                self.push(
+                    h.referenced,
+                    format!(
+                        "`server.forward_auth.client_ip_header` must be `x-forwarded-for` or `forwarded`, got `{}`",
+                        h.value
+                    ),
+                );
+                ClientIpHeader::default()
+            }
+        };
         let fingerprint_header = match forward.fingerprint_header {
             Some(h) => self.header_name(&h, "server.forward_auth.fingerprint_header"),
             None => defaults::FINGERPRINT_HEADER.to_owned(),
@@ -412,6 +430,7 @@ impl<'a> Validator<'a> {
                 fingerprint_header,
                 client_ip_subject,
                 trusted_proxies,
+                client_ip_header,
             },
             limits,
         }

@@ -33,8 +33,13 @@ pub(super) async fn forward_auth(
     // The client's address, believed from forwarding headers only through
     // trusted proxies.
     let client_ip = if config.client_ip_subject {
-        sluice_tower::client_ip(peer.map(|p| p.0.0.ip()), &headers, &config.trusted_proxies)
-            .map(|ip| ip.to_string())
+        sluice_tower::client_ip(
+            peer.map(|p| p.0.0.ip()),
+            &headers,
+            &config.trusted_proxies,
+            config.client_ip_header,
+        )
+        .map(|ip| ip.to_string())
     } else {
         None
     };
