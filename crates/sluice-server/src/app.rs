@@ -96,6 +96,7 @@ impl App {
         options.denial_cache = remote && storage.denial_cache;
         options.fallback_instances = storage.fallback_instances;
         options.local_max_entries = storage.max_entries as usize;
+        options.local_tenant_share = storage.max_entries_per_tenant as usize;
         options.telemetry = metrics.clone();
         let policy = Policy::compile_for(&config.limits, backend.shards_tenants());
         let reachable = match backend.check().await {

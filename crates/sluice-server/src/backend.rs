@@ -30,9 +30,10 @@ impl Backend {
     pub async fn connect(storage: &StorageConfig, keys: &KeysConfig) -> Fallible<Backend> {
         let timeout = Duration::from_millis(storage.timeout_ms);
         match &storage.backend {
-            BackendConfig::Memory => Ok(Backend::Memory(MemoryStore::new(
-                storage.max_entries as usize,
-            ))),
+            BackendConfig::Memory => Ok(Backend::Memory(
+                MemoryStore::new(storage.max_entries as usize)
+                    .with_tenant_share(storage.max_entries_per_tenant as usize),
+            )),
             BackendConfig::Redis { url } => {
                 let keys = key_set(keys)?;
                 let options = connect_options(storage, timeout)?;

@@ -326,7 +326,7 @@ impl Telemetry for Metrics {
             StoreError::Timeout(_) => 0,
             StoreError::Unavailable(_) => 1,
             StoreError::Refused(_) => 2,
-            StoreError::Full(_) => 3,
+            StoreError::Full(_) | StoreError::TenantFull(_) => 3,
         };
         self.store_errors[kind].inc();
     }

@@ -176,6 +176,39 @@ async fn every_documented_metric_moves() {
     );
 }
 
+/// A tenant naming a new subject on every request (an hour's window
+/// each: nothing goes idle) fills its quarter of the memory store, not the
+/// store: another tenant's new users are still admitted.
+#[tokio::test]
+async fn a_tenant_making_keys_cannot_fill_the_store_for_the_others() {
+    let path = temp_file(
+        "tenant-share.yaml",
+        "storage:\n  max_entries: 1000\ndefault_plan: p\nplans:\n  p:\n    subject:\n      \"*\": [{ algorithm: sliding_window, limit: 5, per: 1h }]\n",
+    );
+    let server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let ask = |tenant: &str, i: usize| json!({"tenant": tenant, "route": "GET /", "subject": format!("user-{i}")});
+    let mut refused = 0;
+    for i in 0..1_100 {
+        let (status, body) = post(&client, &server.base, ask("noisy", i)).await;
+        if status == 429 {
+            assert_eq!(body["reason"], "store_unavailable");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 850, "the noisy tenant holds its 250 keys");
+    for i in 0..250 {
+        let (status, _) = post(&client, &server.base, ask("polite", i)).await;
+        assert_eq!(status, 200, "the polite tenant's user {i}");
+    }
+    let m = metrics(&client, &server).await;
+    assert_eq!(
+        total(&m, "sluice_store_errors_total{kind=\"full\"}"),
+        850.0,
+        "{m}"
+    );
+}
+
 #[tokio::test]
 async fn a_full_memory_store_counts_its_refusals() {
     let path = temp_file(

@@ -84,6 +84,11 @@ impl<'a> KeyRef<'a> {
         }
     }
 
+    /// The tenant's bytes (empty for a global valve).
+    pub(crate) fn tenant(&self) -> &'a [u8] {
+        self.tenant
+    }
+
     pub(crate) fn to_key(&self) -> Key {
         let mut bytes = SmallVec::with_capacity(self.tenant.len() + self.subject.len());
         bytes.extend_from_slice(self.tenant);
@@ -98,6 +103,13 @@ impl<'a> KeyRef<'a> {
             tenant_len: u32::try_from(self.tenant.len()).unwrap_or(u32::MAX),
             bytes,
         }
+    }
+}
+
+impl Key {
+    /// The tenant's bytes (empty for a global valve).
+    pub(crate) fn tenant(&self) -> &[u8] {
+        &self.bytes[..self.tenant_len as usize]
     }
 }
 

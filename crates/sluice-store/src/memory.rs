@@ -18,10 +18,14 @@
 //!
 //! # Overflow
 //!
-//! The store holds at most `max_entries` keys. When it is full, a decision
-//! that needs a new key fails with [`StoreError::Full`] (the limiter denies it
-//! with reason `store_unavailable`); keys already held keep working. Sweeping
-//! frees room as keys go idle. Denying is the only safe overflow behaviour:
+//! The store holds at most `max_entries` keys, and one tenant at most its
+//! share of them ([`MemoryStore::with_tenant_share`]): a tenant naming a
+//! new subject on every request fills its share, never the store, so other
+//! tenants' new keys keep being taken. When either is full, a decision that
+//! needs a new key fails with [`StoreError::Full`] or
+//! [`StoreError::TenantFull`] (the limiter denies it with reason
+//! `store_unavailable`); keys already held keep working. Sweeping frees
+//! room as keys go idle. Denying is the only safe overflow behaviour:
 //! evicting live keys would reset budgets, and admitting unrecorded would
 //! let a flood of fresh ids through unlimited.
 //!
@@ -58,6 +62,14 @@ pub struct MemoryStore {
     /// Keys held or being inserted: the cap is checked on this, not on
     /// the map's length, so concurrent inserts cannot overshoot it.
     held: AtomicUsize,
+    /// The most keys one tenant may hold (global valves count as the
+    /// tenant "").
+    tenant_share: usize,
+    /// Keys held or being inserted per tenant, when `tenant_share` is
+    /// below `max_entries`: taken when a key is inserted, given back when
+    /// the sweeper removes one (the only way a key goes), never on the
+    /// path of a decision whose keys exist.
+    per_tenant: Mutex<std::collections::HashMap<Box<[u8]>, usize, RandomState>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -115,6 +127,42 @@ impl MemoryStore {
             clock,
             max_entries,
             held: AtomicUsize::new(0),
+            tenant_share: max_entries,
+            per_tenant: Mutex::new(std::collections::HashMap::default()),
+        }
+    }
+
+    /// The same store, one tenant holding at most `share` of its keys.
+    pub fn with_tenant_share(mut self, share: usize) -> MemoryStore {
+        self.tenant_share = share.min(self.max_entries);
+        self
+    }
+
+    /// Takes a place for a new key of `tenant` under its share.
+    fn take_tenant_place(&self, tenant: &[u8]) -> Result<(), StoreError> {
+        if self.tenant_share >= self.max_entries {
+            return Ok(());
+        }
+        let mut counts = self.per_tenant.lock();
+        let held = counts.entry(tenant.into()).or_insert(0);
+        if *held >= self.tenant_share {
+            return Err(StoreError::TenantFull(self.tenant_share));
+        }
+        *held += 1;
+        Ok(())
+    }
+
+    /// Gives back a place of `tenant` (a key removed, or not inserted).
+    fn give_tenant_place(&self, tenant: &[u8]) {
+        if self.tenant_share >= self.max_entries {
+            return;
+        }
+        let mut counts = self.per_tenant.lock();
+        if let Some(held) = counts.get_mut(tenant) {
+            *held -= 1;
+            if *held == 0 {
+                counts.remove(tenant);
+            }
         }
     }
 
@@ -199,10 +247,15 @@ impl MemoryStore {
             self.held.fetch_sub(1, Ordering::AcqRel);
             return Err(StoreError::Full(self.max_entries));
         }
+        if let Err(full) = self.take_tenant_place(key.tenant()) {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+            return Err(full);
+        }
         match self.map.try_insert(key.to_key(), Entry::fresh(), guard) {
             Ok(entry) => Ok(entry),
             Err(occupied) => {
                 self.held.fetch_sub(1, Ordering::AcqRel);
+                self.give_tenant_place(key.tenant());
                 Ok(occupied.current)
             }
         }
@@ -280,6 +333,7 @@ impl MemoryStore {
             {
                 removed += 1;
                 self.held.fetch_sub(1, Ordering::AcqRel);
+                self.give_tenant_place(key.tenant());
             }
         }
         removed

@@ -98,6 +98,12 @@ pub enum StoreError {
     /// new one.
     #[error("the memory store is full ({0} keys); raise storage.max_entries")]
     Full(usize),
+    /// The tenant of this decision holds its share of the memory store
+    /// (`max_entries_per_tenant` keys) and this decision needs a new one.
+    #[error(
+        "the tenant holds its share of the memory store ({0} keys); raise storage.max_entries_per_tenant"
+    )]
+    TenantFull(usize),
     /// The call did not finish within its time budget.
     #[error("store call timed out after {0}ms")]
     Timeout(u64),

@@ -227,6 +227,10 @@ pub struct StorageConfig {
     pub on_error: OnError,
     /// Memory store: most keys held at once.
     pub max_entries: u64,
+    /// Memory store: most keys one tenant holds (global valves count as one
+    /// tenant), so that a tenant naming a new subject on every request
+    /// fills its share and not the store.
+    pub max_entries_per_tenant: u64,
     /// Memory store: how often idle keys are dropped, in milliseconds.
     pub sweep_interval_ms: u64,
     /// Redis over TLS (`rediss://`): a PEM file of the CA to trust instead

@@ -108,6 +108,7 @@ pub(crate) struct RawStorage {
     pub timeout: Option<S<String>>,
     pub on_error: Option<S<String>>,
     pub max_entries: Option<S<i64>>,
+    pub max_entries_per_tenant: Option<S<i64>>,
     pub sweep_interval: Option<S<String>>,
     pub tls_ca_file: Option<S<String>>,
     pub fallback_instances: Option<S<i64>>,

@@ -384,6 +384,10 @@ fn the_fields_added_for_limits_dedupe_and_client_ips_name_themselves_and_their_r
             "`server.forward_auth.subject_from` must be `header` or `client_ip`, got `ip`",
         ),
         (
+            format!("storage: {{ max_entries: 1000, max_entries_per_tenant: 1001 }}\n{plan}"),
+            "`storage.max_entries_per_tenant` must be from 1 to `storage.max_entries` (1000), got 1001",
+        ),
+        (
             format!("server:\n  forward_auth: {{ client_ip_header: x-real-ip }}\n{plan}"),
             "`server.forward_auth.client_ip_header` must be `x-forwarded-for` or `forwarded`, got `x-real-ip`",
         ),

@@ -575,6 +575,22 @@ impl<'a> Validator<'a> {
                 defaults::MAX_ENTRIES
             }
         };
+        // A quarter by default: a tenant making keys leaves three quarters
+        // to the others.
+        let max_entries_per_tenant = match raw.max_entries_per_tenant {
+            None => max_entries / 4,
+            Some(m) if (1..=max_entries as i64).contains(&m.value) => m.value as u64,
+            Some(m) => {
+                self.push(
+                    m.referenced,
+                    format!(
+                        "`storage.max_entries_per_tenant` must be from 1 to `storage.max_entries` ({max_entries}), got {}",
+                        m.value
+                    ),
+                );
+                max_entries / 4
+            }
+        };
         let urls: Vec<&str> = match &backend {
             Backend::Memory => Vec::new(),
             Backend::Redis { url } => vec![url.as_str()],
@@ -619,6 +635,7 @@ impl<'a> Validator<'a> {
             timeout_ms,
             on_error,
             max_entries,
+            max_entries_per_tenant,
             sweep_interval_ms,
             tls_ca_file,
             fallback_instances,

@@ -54,6 +54,8 @@ pub struct LimiterOptions {
     pub fallback_instances: u64,
     /// Most keys the local fallback store holds.
     pub local_max_entries: usize,
+    /// Most keys one tenant holds in it.
+    pub local_tenant_share: usize,
     /// Where store events are reported.
     pub telemetry: Arc<dyn Telemetry>,
     /// The clock the breaker, the caches and the local fallback use.
@@ -70,6 +72,7 @@ impl LimiterOptions {
             denial_cache: false,
             fallback_instances: 1,
             local_max_entries: 100_000,
+            local_tenant_share: 100_000,
             telemetry: Arc::new(NoTelemetry),
             clock: Arc::new(SystemClock::default()),
         }
@@ -125,7 +128,8 @@ impl<S: Store> Limiter<S> {
             store,
             breaker: Breaker::new(options.breaker),
             denials: options.denial_cache.then(DenialCache::default),
-            local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone()),
+            local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone())
+                .with_tenant_share(options.local_tenant_share),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
             turns: shard::Turns::default(),
             maintained: std::sync::atomic::AtomicBool::new(false),
@@ -544,7 +548,7 @@ impl<S: Store> Limiter<S> {
         error: Option<&StoreError>,
     ) -> Decision<'p> {
         // A full memory store can only refuse new keys.
-        if let Some(StoreError::Full(_)) = error {
+        if let Some(StoreError::Full(_) | StoreError::TenantFull(_)) = error {
             return Decision::without_store(applicable, OnError::Deny);
         }
         let policy = applicable.on_error().unwrap_or(self.options.on_error);

@@ -167,6 +167,93 @@ fn a_full_store_refuses_new_keys_only() {
 }
 
 #[test]
+fn a_tenant_making_keys_takes_at_most_its_share_of_the_store() {
+    // One tenant sending a new subject every request (an hour's window
+    // each: nothing goes idle) fills its share, not the store: other
+    // tenants' new keys keep being taken.
+    let p = policy(
+        "default_plan: p\nplans:\n  p:\n    subject:\n      \"*\": [{ algorithm: sliding_window, limit: 10, per: 1h }]\n",
+    );
+    let clock = Arc::new(ManualClock::new(0));
+    let store = MemoryStore::with_clock(100, clock.clone()).with_tenant_share(25);
+    let mut refused = 0;
+    for i in 0..100 {
+        let subject = format!("s{i}");
+        match store.decide_now(&batch(&p, "noisy", "GET /", Some(&subject), 1)) {
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e, StoreError::TenantFull(25));
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 75, "the noisy tenant holds its 25 keys");
+    for tenant in ["polite-1", "polite-2", "polite-3"] {
+        for i in 0..20 {
+            let subject = format!("u{i}");
+            assert!(
+                store
+                    .decide_now(&batch(&p, tenant, "GET /", Some(&subject), 1))
+                    .is_ok(),
+                "{tenant}'s user {i}"
+            );
+        }
+    }
+    // The noisy tenant's keys it holds keep working; once they go idle and
+    // are swept, its share is free again.
+    assert!(
+        store
+            .decide_now(&batch(&p, "noisy", "GET /", Some("s0"), 1))
+            .is_ok()
+    );
+    clock.advance(3 * 3_600_000);
+    store.sweep();
+    assert!(
+        store
+            .decide_now(&batch(&p, "noisy", "GET /", Some("s99"), 1))
+            .is_ok()
+    );
+}
+
+#[test]
+fn tenant_shares_are_given_back_whatever_the_race() {
+    // Four threads insert the same keys of three tenants at once (most
+    // inserts lose the race to another thread's), the sweeper runs
+    // meanwhile; once everything is idle and swept, no place is held.
+    let p = policy(
+        "default_plan: p\nplans:\n  p:\n    subject:\n      \"*\": [{ limit: 10, per: 1s }]\n",
+    );
+    let clock = Arc::new(ManualClock::new(0));
+    let store = MemoryStore::with_clock(1_000, clock.clone()).with_tenant_share(100);
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (store, p) = (&store, &p);
+            scope.spawn(move || {
+                for i in 0..300 {
+                    let tenant = format!("t{}", i % 3);
+                    let subject = format!("s{}", i / 3);
+                    let _ = store.decide_now(&batch(p, &tenant, "GET /", Some(&subject), 1));
+                    if i % 50 == 0 {
+                        store.sweep();
+                    }
+                }
+            });
+        }
+    });
+    for tenant in ["t0", "t1", "t2"] {
+        assert_eq!(
+            store.per_tenant.lock().get(tenant.as_bytes()).copied(),
+            Some(100),
+            "{tenant} holds its share"
+        );
+    }
+    clock.advance(10_000);
+    store.sweep();
+    assert!(store.per_tenant.lock().is_empty());
+    assert_eq!(store.held.load(Ordering::Relaxed), 0);
+}
+
+#[test]
 fn concurrent_inserts_never_overshoot_the_cap() {
     let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 10, per: 1s }]\n");
     for _ in 0..20 {
