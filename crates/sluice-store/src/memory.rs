@@ -37,7 +37,7 @@
 //! gives the measured figure (`cargo run --release -p sluice-store
 //! --example memory_per_key`).
 
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -68,8 +68,11 @@ pub struct MemoryStore {
     /// Keys held or being inserted per tenant, when `tenant_share` is
     /// below `max_entries`: taken when a key is inserted, given back when
     /// the sweeper removes one (the only way a key goes), never on the
-    /// path of a decision whose keys exist.
-    per_tenant: Mutex<std::collections::HashMap<Box<[u8]>, usize, RandomState>>,
+    /// path of a decision whose keys exist. Tenants are counted by a
+    /// 64-bit hash of their id under this store's random seed, not by the
+    /// id (some 20 bytes a tenant, not 85; two tenants whose hashes meet,
+    /// about one pair in 2^64 / n, share one count).
+    per_tenant: Mutex<std::collections::HashMap<u64, u32, BuildHasherDefault<PassThrough>>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -134,7 +137,8 @@ impl MemoryStore {
 
     /// The same store, one tenant holding at most `share` of its keys.
     pub fn with_tenant_share(mut self, share: usize) -> MemoryStore {
-        self.tenant_share = share.min(self.max_entries);
+        // A count is a u32; `storage.max_entries` is at most 10^9.
+        self.tenant_share = share.min(self.max_entries).min(u32::MAX as usize);
         self
     }
 
@@ -143,9 +147,10 @@ impl MemoryStore {
         if self.tenant_share >= self.max_entries {
             return Ok(());
         }
+        let id = self.hasher.hash_one(tenant);
         let mut counts = self.per_tenant.lock();
-        let held = counts.entry(tenant.into()).or_insert(0);
-        if *held >= self.tenant_share {
+        let held = counts.entry(id).or_insert(0);
+        if *held as usize >= self.tenant_share {
             return Err(StoreError::TenantFull(self.tenant_share));
         }
         *held += 1;
@@ -157,11 +162,12 @@ impl MemoryStore {
         if self.tenant_share >= self.max_entries {
             return;
         }
+        let id = self.hasher.hash_one(tenant);
         let mut counts = self.per_tenant.lock();
-        if let Some(held) = counts.get_mut(tenant) {
+        if let Some(held) = counts.get_mut(&id) {
             *held -= 1;
             if *held == 0 {
-                counts.remove(tenant);
+                counts.remove(&id);
             }
         }
     }
