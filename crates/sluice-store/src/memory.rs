@@ -70,8 +70,9 @@ pub struct MemoryStore {
     /// the sweeper removes one (the only way a key goes), never on the
     /// path of a decision whose keys exist. Tenants are counted by a
     /// 64-bit hash of their id under this store's random seed, not by the
-    /// id (some 20 bytes a tenant, not 85; two tenants whose hashes meet,
-    /// about one pair in 2^64 / n, share one count).
+    /// id: some 35 bytes a tenant with the table's slack, not 85 (two
+    /// tenants whose hashes meet would share one count; among n tenants
+    /// the chance of any such pair is about n² / 2^65).
     per_tenant: Mutex<std::collections::HashMap<u64, u32, BuildHasherDefault<PassThrough>>>,
 }
 
