@@ -372,3 +372,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_rule_named_twice_in_one_decision_is_locked_once_and_read_as_it_was() {
+    // An Envoy request can carry one descriptor twice: two rules of one
+    // batch on one entry. The entry is locked once (locking it again would
+    // deadlock), both rules decide on the state as it was, and the
+    // decision stays all or nothing: on the stack (2 rules) and in vectors
+    // (6).
+    let p = policy("default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 3, per: 1h }]\n");
+    let rule = p.applicable("a", "GET /", false).rules[0].clone();
+    for copies in [2, 6] {
+        let rules = vec![rule.clone(); copies];
+        let store = MemoryStore::with_clock(100, Arc::new(ManualClock::new(0)));
+        let b = Batch::new("a", None, 1, &rules);
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let outcomes = store.decide_now(&b).unwrap();
+            assert_eq!(outcomes.len(), copies);
+            assert!(outcomes.iter().all(|o| *o == outcomes[0]), "{outcomes:?}");
+            admitted += usize::from(outcomes[0].allowed);
+        }
+        assert_eq!(admitted, 3, "{copies} copies");
+        assert_eq!(store.len(), 1);
+    }
+}
