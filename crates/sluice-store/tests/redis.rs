@@ -284,7 +284,7 @@ plans:
     // A state lives until it is as good as fresh: a window for the window
     // algorithms (two for sliding_window: 30s), `burst/limit` periods for
     // gcra (25s) and token_bucket (10 tokens at one per 6s: 60s). Plus 1s
-    // slack.
+    // slack, rounded up to a multiple of 64 ms (61,056).
     let mut records = Vec::new();
     for key in keys {
         let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
@@ -294,10 +294,53 @@ plans:
         }
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
         assert!(ttl > 0, "{key} has no TTL ({ttl})");
-        assert!(ttl <= 61_000, "{key} lives {ttl}ms");
+        assert!(ttl <= 61_056, "{key} lives {ttl}ms");
     }
     records.sort_unstable();
     assert_eq!(records, [[1; 7], [4; 7]].concat());
+}
+
+/// A key's TTL as the function sends it (PX, a string it keeps, rounded up
+/// to 64 ms): never shorter than the state's freshness plus the slack, at
+/// most 63 ms longer, for every remainder of 64.
+#[tokio::test]
+async fn a_keys_expiry_is_never_shorter_than_its_state_and_at_most_63_ms_longer() {
+    let server = RedisServer::start();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000));
+    let store = store(&server, keys(6))
+        .await
+        .with_time(TimeSource::Client(clock.clone()));
+    let mut conn = server.connection();
+    // A fixed window's state is fresh one window after it opened: the key
+    // lives per + 1s (the slack), whatever the remainder of 64.
+    for (i, per) in (9_000..9_130).step_by(7).enumerate() {
+        let yaml = format!(
+            "default_plan: p\nplans:\n  p:\n    tenant: [{{ algorithm: fixed_window, limit: 5, per: {per}ms }}]\n"
+        );
+        let policy = policy(&yaml, true);
+        let tenant = format!("t{i}");
+        let rules = policy.applicable(&tenant, "GET /", false).rules;
+        let started = std::time::Instant::now();
+        let outcomes = store
+            .decide(&Batch::new(&tenant, None, 1, rules))
+            .await
+            .unwrap();
+        assert!(outcomes[0].allowed);
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let ttl: u64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+        let waited = started.elapsed().as_millis() as u64 + 1;
+        let _: () = redis::cmd("FLUSHDB").query(&mut conn).unwrap();
+        let exact = per + 1_000;
+        assert!(
+            ttl + waited >= exact,
+            "per {per}ms: {ttl}ms left after {waited}ms, state needs {exact}"
+        );
+        assert!(
+            ttl <= exact.div_ceil(64) * 64,
+            "per {per}ms: {ttl}ms, more than {exact} rounded up"
+        );
+    }
 }
 
 fn function_loaded(server: &RedisServer) -> bool {

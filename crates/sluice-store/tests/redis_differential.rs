@@ -484,3 +484,50 @@ fn the_scripts_division_is_exact_up_to_the_bounds() {
         }
     }
 }
+
+/// The expiry a Redis Function sends (common.lua's `expiry`): the text of
+/// the ms rounded up to a multiple of 64, for every remainder and up to the
+/// bound, from a cache that never holds more than 4096 texts, however many
+/// expiries it meets; a script (no cache) sends the number itself, 1 at
+/// the least.
+#[test]
+fn the_functions_expiry_rounds_up_to_64_ms_and_keeps_at_most_4096_texts() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let script = format!(
+        "{}\nbind()\nlocal out = {{ tostring(expiry(0)), tostring(expiry(-5)), tostring(expiry(1)), tostring(expiry(777)) }}\n\
+         px_text = {{ n = 0 }}\nlocal most = 0\n\
+         for i = 1, #ARGV do\n  out[#out + 1] = expiry(tonumber(ARGV[i]))\n  if px_text.n > most then most = px_text.n end\nend\n\
+         out[#out + 1] = tostring(most)\nreturn out\n",
+        sluice_store::script::COMMON_LUA
+    );
+    // Every remainder of 64 near 0, then 9,000 distinct multiples (more
+    // than the cache keeps), then values near the largest state a rule
+    // can have (2^52 ms is far beyond; a year is plenty).
+    let mut ms: Vec<u64> = (0..200).collect();
+    ms.extend((0..9_000u64).map(|i| 1_000 + 64 * i + i % 64));
+    ms.extend((0..64u64).map(|i| 31_536_000_000 + i));
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(&script).arg(0);
+    for m in &ms {
+        eval.arg(m);
+    }
+    let got: Vec<String> = eval.query(&mut conn).unwrap();
+    assert_eq!(
+        got[..4],
+        ["1", "1", "1", "777"],
+        "a script sends the number"
+    );
+    for (m, text) in ms.iter().zip(&got[4..]) {
+        assert_eq!(
+            *text,
+            m.max(&1).div_ceil(64).max(1).saturating_mul(64).to_string(),
+            "{m} ms"
+        );
+    }
+    let most: usize = got.last().unwrap().parse().unwrap();
+    assert!(
+        (4_000..=4_096).contains(&most),
+        "the cache held {most} texts"
+    );
+}

@@ -52,6 +52,32 @@ local function find_record(value, name)
   end
 end
 
+-- A key's expiry in ms, as SET's PX is sent. Redis prints a number
+-- argument with snprintf("%.17g") on every call (luaArgsToRedisArgv), a
+-- string it only copies: a Redis Function's library, loaded once, keeps
+-- the strings it sends in px_text (which function.rs's library sets), the
+-- ms rounded up to a multiple of 64 (a key lives at most 63 ms longer,
+-- never shorter) so that few strings serve every call; at most 4096 are
+-- kept (beyond, the table starts afresh). A script, which makes its tables
+-- afresh on every call, sends the number.
+local px_text
+
+local function expiry(ms)
+  if not px_text then
+    if ms < 1 then return 1 end
+    return ms
+  end
+  local q = (ms + 63) / 64
+  q = q - q % 1
+  if q < 1 then q = 1 end
+  local text = px_text[q]
+  if text then return text end
+  if px_text.n >= 4096 then px_text = { n = 0 } end
+  text = format('%d', q * 64)
+  px_text[q], px_text.n = text, px_text.n + 1
+  return text
+end
+
 -- The time in ms: arg, or the server's clock (TIME) when arg is "". The
 -- seconds change once a second: they are parsed once (equal strings are
 -- one object in Lua, so comparing them costs nothing). TIME's strings are

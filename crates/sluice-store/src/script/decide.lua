@@ -43,7 +43,8 @@
 -- once, with every record of it that changed; its other records are kept
 -- unless idle for SLACK ms (a rule removed from the configuration leaves
 -- nothing behind). Every key written expires when its states are as good
--- as fresh, plus SLACK ms.
+-- as fresh, plus SLACK ms (a function's rounded up to 64 ms: see expiry in
+-- common.lua).
 --
 -- A state stamped later than now (this node's clock is behind the one that
 -- wrote it: a step back, a failover) is first re-dated to now, keeping
@@ -344,7 +345,7 @@ local function write_group(KEYS, k, first, n, now, all_allowed)
   end
   if np == 0 then return end
   if values[k] then np, idle_at = carry(values[k], token, np, idle_at, now) end
-  call('SET', KEYS[k], concat(parts, '', 1, np), 'PX', max(1, idle_at - now + SLACK))
+  call('SET', KEYS[k], concat(parts, '', 1, np), 'PX', expiry(idle_at - now + SLACK))
 end
 
 -- Where name's record is in value (or previous's while rotating), and its
@@ -424,9 +425,7 @@ local function decide(KEYS, ARGV)
           np, t = carry(value, token, 1, t, now)
           r = concat(parts, '', 1, np)
         end
-        local px = t - now + SLACK
-        if px < 1 then px = 1 end
-        call('SET', KEYS[1], r, 'PX', px)
+        call('SET', KEYS[1], r, 'PX', expiry(t - now + SLACK))
       end
       return spack('<dddd', now, remaining, reset, retry)
     end
@@ -485,9 +484,7 @@ local function decide(KEYS, ARGV)
       if value and not (all_allowed and kept * RECORD_BYTES == #value) then
         np, idle_at = carry(value, token, np, idle_at, now, list, marks)
       end
-      local px = idle_at - now + SLACK
-      if px < 1 then px = 1 end
-      call('SET', KEYS[1], concat(list, '', 1, np), 'PX', px)
+      call('SET', KEYS[1], concat(list, '', 1, np), 'PX', expiry(idle_at - now + SLACK))
     end
     reply[1] = now
     return spack(REPLY[n] or layout_of(n), unpack(reply, 1, 1 + 3 * n))
@@ -554,7 +551,7 @@ local function decide(KEYS, ARGV)
         -- Its only rule, alone in the value: the record is the value.
         local r, t = record[i], idle[i]
         if not (all_allowed and r) then r, t = fix[i], fix_idle[i] end
-        if r then call('SET', KEYS[k], r, 'PX', max(1, t - now + SLACK)) end
+        if r then call('SET', KEYS[k], r, 'PX', expiry(t - now + SLACK)) end
       else
         write_group(KEYS, k, i, n, now, all_allowed)
       end

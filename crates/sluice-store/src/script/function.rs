@@ -55,7 +55,7 @@ impl Decide {
         let version = &script.get_hash()[..16];
         let function = format!("sluice_decide_{version}");
         let library = format!(
-            "#!lua name=sluice_{version}\n{}\nredis.register_function('{function}', decide)\n",
+            "#!lua name=sluice_{version}\n{}\npx_text = {{ n = 0 }}\nredis.register_function('{function}', decide)\n",
             super::DECIDE_BODY
         );
         Decide {
