@@ -3,7 +3,8 @@
 # `sluice serve` (memory store, one gcra rule per tenant, every request
 # admitted) on free loopback ports, sends the same steady open-loop load
 # over each API with `sluice bench --scenario steady`, and reads the
-# service's CPU time (utime + stime, /proc) around each run.
+# service's CPU time (utime + stime, /proc) around each run, and of it
+# the time in user space (utime).
 #   scripts/service_cpu.sh [RATE] [SECONDS] [RUNS]   (default 5000 10 3)
 # With JSON=1 each run is one JSON line (for scripts/bench.sh). SLUICE_BIN
 # runs another build of the service (the load still comes from this tree's);
@@ -47,20 +48,21 @@ trap 'kill $pid $peer 2>/dev/null; rm -f "$config" "$limits"' EXIT
 sleep 1
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' /proc/${1:-$pid}/stat; }
+ucpu() { awk '{print $14}' /proc/${1:-$pid}/stat; }
 for run in $(seq "$runs"); do
   apis="http grpc"; [ -n "$peer" ] && apis="http grpc limitador"
   for api in $apis; do
     target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
     server=$pid; kind=$api
     if [ $api = limitador ]; then target=http://127.0.0.1:$peer_grpc; server=$peer; kind=grpc; fi
-    before=$(cpu $server)
+    before=$(cpu $server); ubefore=$(ucpu $server)
     sent=$("$bench" bench --scenario steady --api $kind --target "$target" --tenants 10000 \
       --start-rate "$rate" --seconds "$seconds" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["phases"][0]["classes"][0]["allowed"])')
-    after=$(cpu $server)
+    after=$(cpu $server); uafter=$(ucpu $server)
     if [ "${JSON:-}" = 1 ]; then
-      python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'store': '$store', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2)}))"
+      python3 -c "import json; print(json.dumps({'suite': 'service_cpu', 'store': '$store', 'api': '$api', 'run': $run, 'rate': $rate, 'decisions': $sent, 'service_us_per_decision': round(($after-$before)/$ticks*1e6/$sent, 2), 'service_user_us_per_decision': round(($uafter-$ubefore)/$ticks*1e6/$sent, 2)}))"
     else
-      python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision ({$sent} decisions at $rate/s)')"
+      python3 -c "print(f'run $run $api: {($after-$before)/$ticks*1e6/$sent:.1f} µs service CPU per decision, {($uafter-$ubefore)/$ticks*1e6/$sent:.1f} of it in user space ({$sent} decisions at $rate/s)')"
     fi
   done
 done

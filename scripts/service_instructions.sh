@@ -9,7 +9,11 @@
 # (quanta's, a loop bounded in time, so of a varying length under
 # callgrind: 10-16 million instructions, several thousand a request) is
 # left out of both totals.
-#   scripts/service_instructions.sh [API] [RUNS]   (API http or grpc; default grpc 3)
+#   scripts/service_instructions.sh [API] [RUNS]   (API http, grpc or
+#   limitador; default grpc 3)
+# API limitador counts LIMITADOR_BIN (a limitador-server binary, as
+# scripts/service_cpu.sh takes it) in memory under the same gRPC load:
+# one limit per tenant, every request admitted.
 # SLUICE_BIN counts another build of the service (the load still comes
 # from this tree's); SERVICE_INSTRUCTIONS_DUMPS=DIR keeps callgrind's dumps
 # there (API-SECONDS-RUN.out, for callgrind_annotate). Needs valgrind
@@ -25,18 +29,39 @@ bin=${SLUICE_BIN:-$bench}
 config=$(mktemp --suffix=.yaml)
 export SERVICE_INSTRUCTIONS_PEPPER=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
 bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
+limits=$(mktemp --suffix=.yaml)
+if [ "$api" = limitador ]; then
+  [ -x "${LIMITADOR_BIN:-}" ] || { echo "API limitador needs LIMITADOR_BIN, a limitador-server binary" >&2; exit 1; }
+  cat > "$limits" <<YAML
+- namespace: sluice
+  max_value: 1000000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0]['tenant']"]
+YAML
+fi
 
 # Instructions callgrind counted for a service that served `seconds` of load.
 count() {
   local seconds=$1 run=$2 http grpc pid target log dump
   read -r http grpc <<< "$(free_port 2)"; log=$(mktemp)
   dump=$dumps/$api-$seconds-$run.out
-  SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
-    "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
+  if [ "$api" = limitador ]; then
+    RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
+      "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port $grpc --http-ip 127.0.0.1 \
+      --http-port $http "$limits" memory 2>"$log" >/dev/null &
+  else
+    SLUICE_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$dump" \
+      "$bin" serve --config "$config" --http 127.0.0.1:$http --grpc 127.0.0.1:$grpc 2>"$log" &
+  fi
   pid=$!
-  for _ in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:$http/healthz && break; sleep 0.5; done
-  target=http://127.0.0.1:$http; [ "$api" = grpc ] && target=http://127.0.0.1:$grpc
-  "$bench" bench --scenario steady --api "$api" --target $target --tenants 10000 \
+  for _ in $(seq 120); do
+    python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' $grpc 2>/dev/null && break
+    sleep 0.5
+  done
+  target=http://127.0.0.1:$http kind=$api
+  [ "$api" != http ] && target=http://127.0.0.1:$grpc kind=grpc
+  "$bench" bench --scenario steady --api $kind --target $target --tenants 10000 \
     --start-rate 200 --seconds "$seconds" >/dev/null 2>&1
   kill -INT $pid; wait $pid || true
   rm -f "$log"
@@ -53,5 +78,5 @@ for run in $(seq "$runs"); do
   small=$(count 1 "$run"); large=$(count 5 "$run")
   echo "$api run $run: $(( (large - small) / 800 )) instructions per request"
 done
-rm -f "$config"
+rm -f "$config" "$limits"
 [ -n "${SERVICE_INSTRUCTIONS_DUMPS:-}" ] || rm -rf "$dumps"
