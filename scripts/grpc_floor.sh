@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per request of a canned gRPC answer (examples/grpc_floor.rs:
 # `ShouldRateLimit` answered OK without a decision), through hyper's HTTP/2
-# server and straight on h2, counted the way scripts/service_instructions.sh
+# server, straight on h2, and through hyper with its streams run in the
+# connection's task (inline), counted the way scripts/service_instructions.sh
 # counts the service: under valgrind's callgrind, loaded by `sluice bench
 # --scenario steady --api grpc --start-rate 200` for 1 s and for 5 s; the
 # difference of the two totals over the 800 requests between them is one
@@ -37,7 +38,7 @@ count() {
 }
 
 for run in $(seq "$runs"); do
-  for mode in hyper h2; do
+  for mode in hyper h2 inline; do
     small=$(count "$mode" 1); large=$(count "$mode" 5)
     echo "$mode run $run: $(( (large - small) / 800 )) instructions per request"
   done

@@ -7,12 +7,13 @@
 //! `scripts/service_instructions.sh` counts the service's.
 //!
 //! Run: `cargo run --release -p sluice-server --example grpc_floor -- MODE
-//! PORT SECONDS` (MODE `hyper` or `h2`; it serves on 127.0.0.1:PORT for
-//! SECONDS, then exits).
+//! PORT SECONDS` (MODE `hyper`, `h2` or `inline`; it serves on
+//! 127.0.0.1:PORT for SECONDS, then exits).
 
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
-use std::pin::Pin;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -33,11 +34,11 @@ fn main() {
         port.parse().expect("PORT is a port number"),
         seconds.parse().expect("SECONDS is a whole number"),
     );
-    let straight = match mode.as_str() {
-        "hyper" => false,
-        "h2" => true,
-        other => panic!("MODE is hyper or h2, not {other:?}"),
-    };
+    assert!(
+        ["hyper", "h2", "inline"].contains(&mode.as_str()),
+        "MODE is hyper, h2 or inline, not {mode:?}"
+    );
+    let mode = mode.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -54,11 +55,11 @@ fn main() {
                 () = &mut stop => return,
             };
             io.set_nodelay(true).expect("TCP_NODELAY");
-            if straight {
-                tokio::spawn(on_h2(io));
-            } else {
-                tokio::spawn(on_hyper(io));
-            }
+            match mode.as_str() {
+                "h2" => tokio::spawn(on_h2(io)),
+                "inline" => tokio::spawn(on_hyper_inline(io)),
+                _ => tokio::spawn(on_hyper(io)),
+            };
         }
     });
 }
@@ -69,24 +70,64 @@ fn trailers() -> http::HeaderMap {
     trailers
 }
 
-/// hyper's HTTP/2 server: a task per stream, the body read, the answer a
-/// body with trailers.
+/// The canned answer as a hyper service: the body read, the answer a body
+/// with trailers.
+async fn canned(
+    request: http::Request<hyper::body::Incoming>,
+) -> Result<http::Response<impl hyper::body::Body<Data = Bytes, Error = Infallible>>, Infallible> {
+    let _ = request.into_body().collect().await;
+    let body = Full::new(Bytes::from_static(&ANSWER))
+        .with_trailers(async { Some(Ok::<_, Infallible>(trailers())) });
+    Ok(http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(body)
+        .expect("a valid response"))
+}
+
+/// hyper's HTTP/2 server: a task per stream.
 async fn on_hyper(io: tokio::net::TcpStream) {
-    let service =
-        hyper::service::service_fn(|request: http::Request<hyper::body::Incoming>| async move {
-            let _ = request.into_body().collect().await;
-            let body = Full::new(Bytes::from_static(&ANSWER))
-                .with_trailers(async { Some(Ok::<_, Infallible>(trailers())) });
-            let response = http::Response::builder()
-                .header("content-type", "application/grpc")
-                .body(body)
-                .expect("a valid response");
-            Ok::<_, Infallible>(response)
-        });
     let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
         .auto_date_header(false)
-        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .serve_connection(
+            hyper_util::rt::TokioIo::new(io),
+            hyper::service::service_fn(canned),
+        )
         .await;
+}
+
+/// Streams hyper hands its executor, waiting for the connection's task.
+#[derive(Clone, Default)]
+struct Inbox(Arc<Mutex<Vec<Answering>>>);
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for Inbox {
+    fn execute(&self, stream: F) {
+        self.0.lock().expect("not poisoned").push(Box::pin(stream));
+    }
+}
+
+/// hyper's HTTP/2 server, its streams polled by the connection's task.
+async fn on_hyper_inline(io: tokio::net::TcpStream) {
+    let inbox = Inbox::default();
+    let mut connection = pin!(
+        hyper::server::conn::http2::Builder::new(inbox.clone())
+            .auto_date_header(false)
+            .serve_connection(
+                hyper_util::rt::TokioIo::new(io),
+                hyper::service::service_fn(canned),
+            )
+    );
+    let mut streams: Vec<Answering> = Vec::new();
+    poll_fn(|cx| {
+        let closed = connection.as_mut().poll(cx).is_ready();
+        streams.append(&mut inbox.0.lock().expect("not poisoned"));
+        streams.retain_mut(|stream| stream.as_mut().poll(cx).is_pending());
+        if closed {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
 type Answering = Pin<Box<dyn Future<Output = ()> + Send>>;
