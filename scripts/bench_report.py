@@ -253,7 +253,7 @@ def throughput(lines):
         "",
         "`sluice bench --scenario throughput --api http|grpc --tenants 10000 --start-rate 2000 --seconds 2` against "
         "`sluice serve` (one gcra rule per tenant) on the memory store and on the Redis above: rates double from "
-        "2,000/s while p99 (from each request's intended send time) stays under 5 ms, then bisect. The generator "
+        "2,000/s while p99 (from each request's intended send time) stays under 5 ms, then bisect; a rate that misses is tried once more before it counts as missed. The generator "
         "shares the cores and its own send lag counts in the latencies, so these are floors for the service.",
         "",
         "| backend | API | highest rate with p99 < 5 ms (median) | runs |",

@@ -115,34 +115,67 @@ const P99_BOUND_US: u64 = 5_000;
 
 /// Throughput: `class` at rates from `start` per second, doubling while
 /// p99 stays under 5 ms, then halving the step three times between the
-/// last rate that kept up and the first that did not; each step lasts
-/// `base.duration`.
+/// last rate that kept up and the first that did not (see
+/// [`highest_rate`]); each try lasts `base.duration`.
 pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outcome> {
     let mut phases = Vec::new();
-    let step = |rate: f64, n: usize| {
+    let mut tries = 0;
+    let good = highest_rate(start, async |rate: f64| {
         let per_tenant = rate / class.tenants.max(1) as f64;
-        Load {
+        let load = Load {
             classes: vec![Class {
                 rate: per_tenant,
                 ..class.clone()
             }],
-            run: format!("{}-step{n}", base.run),
+            run: format!("{}-step{tries}", base.run),
             ..base.clone()
-        }
-    };
-    let keeps_up = |r: &ClassReport| r.errors == 0 && r.p99_us < P99_BOUND_US;
-    let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
-    let mut rate = start.max(1.0);
-    for n in 0..12 {
-        let load = step(rate, n);
+        };
+        tries += 1;
         let report = open::run(&load).await?;
-        let ok = keeps_up(&report[0]);
+        let ok = report[0].errors == 0 && report[0].p99_us < P99_BOUND_US;
+        let again = phases
+            .last()
+            .is_some_and(|p: &Phase| p.offered_per_second == rate);
         phases.push(Phase {
-            name: format!("{rate:.0}/s"),
+            name: format!("{rate:.0}/s{}", if again { ", again" } else { "" }),
             offered_per_second: rate,
             classes: report,
         });
-        if ok {
+        Ok(ok)
+    })
+    .await?;
+    let passed = good.is_some();
+    let mut verdict = match good {
+        Some(g) => format!(
+            "highest rate with p99 under 5 ms and no errors: {g:.0} requests/s (a rate that missed once was tried again)"
+        ),
+        None => "p99 stayed above 5 ms (or requests failed) at every rate tried, twice".to_owned(),
+    };
+    verdict.push_str(&lag_note(&phases));
+    Ok(Outcome {
+        scenario: "throughput",
+        phases,
+        passed,
+        verdict,
+    })
+}
+
+/// The search of the throughput scenario: rates from `start`, doubling
+/// while `keeps_up(rate)`, halving while it does not (down to 1/s), then
+/// bisecting between the highest that kept up and the lowest that did not
+/// until they are within 10% (at most 12 rates). A rate that misses is
+/// tried once more and counts as missed only if it misses again: one
+/// stall of a shared machine (or of the load generator itself, which
+/// shares it) would otherwise end the search far below what the service
+/// sustains. Returns the highest rate that kept up, if any.
+pub async fn highest_rate(
+    start: f64,
+    mut keeps_up: impl AsyncFnMut(f64) -> Fallible<bool>,
+) -> Fallible<Option<f64>> {
+    let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
+    let mut rate = start.max(1.0);
+    for n in 0..12 {
+        if keeps_up(rate).await? || keeps_up(rate).await? {
             good = Some(rate);
         } else {
             bad = Some(rate);
@@ -157,18 +190,7 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
             break;
         }
     }
-    let passed = good.is_some();
-    let mut verdict = match good {
-        Some(g) => format!("highest rate with p99 under 5 ms and no errors: {g:.0} requests/s"),
-        None => "p99 stayed above 5 ms (or requests failed) at every rate tried".to_owned(),
-    };
-    verdict.push_str(&lag_note(&phases));
-    Ok(Outcome {
-        scenario: "throughput",
-        phases,
-        passed,
-        verdict,
-    })
+    Ok(good)
 }
 
 /// Steady: `class` at `rate` requests per second for `base.duration`.
@@ -293,6 +315,40 @@ mod tests {
                 send_lag_p99_us,
             }],
         }
+    }
+
+    /// The throughput search finds the highest rate a service sustains to
+    /// within 10%, never above it, though the machine stalls the first try
+    /// of every third rate; and gives none when nothing keeps up, trying
+    /// every rate twice.
+    #[tokio::test]
+    async fn the_throughput_search_is_not_ended_by_one_stall() {
+        let sustains = 10_000.0;
+        let mut tries = 0;
+        let found = highest_rate(1_000.0, async |rate: f64| {
+            tries += 1;
+            let stalled = tries % 3 == 1;
+            Ok(rate <= sustains && !stalled)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(found <= sustains && found >= 0.9 * sustains, "{found}");
+
+        let mut rates = Vec::new();
+        let none = highest_rate(1_000.0, async |rate: f64| {
+            rates.push(rate);
+            Ok(false)
+        })
+        .await
+        .unwrap();
+        assert_eq!(none, None);
+        assert!(
+            rates
+                .chunks(2)
+                .all(|pair| pair.len() == 2 && pair[0] == pair[1]),
+            "{rates:?}"
+        );
     }
 
     /// A verdict warns when the load itself sent late, by its worst phase,
