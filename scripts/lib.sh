@@ -1,4 +1,4 @@
-# Shared by scripts/bench.sh and scripts/service_cpu.sh (sourced).
+# Shared by the scripts beside it (sourced).
 
 # A free loopback TCP port; with N, N distinct ones on one line (the
 # probes are held open until all are found, so none is handed out twice).
@@ -78,5 +78,18 @@ plans:
   p:
     routes:
       "*": [{ name: r, algorithm: gcra, limit: 1000000000, per: 1s }]
+YAML
+}
+
+# Writes to $1 limitador-server's limits for the same load as bench_config's
+# (the native domain `sluice`, one limit per tenant, every request
+# admitted).
+limitador_limits() {
+  cat > "$1" <<YAML
+- namespace: sluice
+  max_value: 1000000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[0]['tenant']"]
 YAML
 }

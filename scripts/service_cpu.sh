@@ -33,13 +33,7 @@ peer=""; limits=$(mktemp --suffix=.yaml)
 if [ -n "${LIMITADOR_BIN:-}" ] && [ $store != memory ]; then
   echo "LIMITADOR_BIN: limitador is measured in memory only; left out with $store" >&2
 elif [ -n "${LIMITADOR_BIN:-}" ]; then
-  cat > "$limits" <<YAML
-- namespace: sluice
-  max_value: 1000000000
-  seconds: 1
-  conditions: []
-  variables: ["descriptors[0]['tenant']"]
-YAML
+  limitador_limits "$limits"
   RUST_LOG=warn "$LIMITADOR_BIN" --rls-ip 127.0.0.1 --rls-port "$peer_grpc" \
     --http-ip 127.0.0.1 --http-port "$peer_http" "$limits" memory >/dev/null 2>&1 &
   peer=$!

@@ -32,13 +32,7 @@ bench_config "$config" "" SERVICE_INSTRUCTIONS_PEPPER memory
 limits=$(mktemp --suffix=.yaml)
 if [ "$api" = limitador ]; then
   [ -x "${LIMITADOR_BIN:-}" ] || { echo "API limitador needs LIMITADOR_BIN, a limitador-server binary" >&2; exit 1; }
-  cat > "$limits" <<YAML
-- namespace: sluice
-  max_value: 1000000000
-  seconds: 1
-  conditions: []
-  variables: ["descriptors[0]['tenant']"]
-YAML
+  limitador_limits "$limits"
 fi
 
 # Instructions callgrind counted for a service that served `seconds` of load.
