@@ -147,7 +147,7 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
     let passed = good.is_some();
     let mut verdict = match good {
         Some(g) => format!(
-            "highest rate with p99 under 5 ms and no errors: {g:.0} requests/s (a rate that missed once was tried again)"
+            "highest rate with p99 under 5 ms and no errors: {g:.0} requests/s (a rate counts as missed when it misses twice in a row)"
         ),
         None => "p99 stayed above 5 ms (or requests failed) at every rate tried, twice".to_owned(),
     };
