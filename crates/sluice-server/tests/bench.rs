@@ -363,6 +363,14 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         // The same on Redis Cluster, one run each.
         r#"{"suite":"service_cpu","store":"redis-cluster","api":"http","run":1,"rate":4000,"decisions":1,"service_us_per_decision":80.0}"#,
         r#"{"suite":"service_cpu","store":"redis-cluster","api":"grpc","run":1,"rate":4000,"decisions":1,"service_us_per_decision":88.0}"#,
+        // criterion: one rule 1.2 × governor, three rules 2.5 × (the bound).
+        r#"{"suite":"criterion","group":"embedded_decision","case":"sluice/single_gcra","median_ns":60.0,"mad_ns":1.0}"#,
+        r#"{"suite":"criterion","group":"embedded_decision","case":"governor/single_gcra","median_ns":50.0,"mad_ns":1.0}"#,
+        r#"{"suite":"criterion","group":"embedded_decision","case":"sluice/three_scopes","median_ns":125.0,"mad_ns":1.0}"#,
+        // Redis CPU, three rounds: one rule 1.25 × the floor, the second
+        // rule +2.5 µs (the median of its rounds' steps).
+        r#"{"suite":"redis_cost","rules":1,"fcall":[5.0,5.2,4.8],"fcall_floor":[4.0,4.0,4.0],"evalsha":[11.0,11.0,11.0],"evalsha_floor":[4.0,4.0,4.0]}"#,
+        r#"{"suite":"redis_cost","rules":2,"fcall":[7.5,7.6,7.3],"fcall_floor":[4.0,4.0,4.0],"evalsha":[13.0,13.0,13.0],"evalsha_floor":[4.0,4.0,4.0]}"#,
     ]
     .join("\n");
     let results_file = temp_file("results.jsonl", &results);
@@ -418,6 +426,23 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         "{once}"
     );
     assert!(once.contains("2 × test cpu"), "{once}");
+    // Every target judged from the same figures, a value at its bound met.
+    for verdict in [
+        "| embedded: one gcra rule through `Limiter`, × governor's keyed check (≤ 1.00) | 1.20 | **not met** |",
+        "| embedded: three rules, × governor's one keyed check (≤ 2.50) | 2.50 | met |",
+        "| Redis: one rule, × the floor's CPU (≤ 1.5) | 1.25 | met |",
+        "| Redis: each further rule (≤ +2 µs) | +2.5 µs | **not met** |",
+        "| service CPU, gRPC × HTTP, memory store (≤ 1.1) | 1.30 | **not met** |",
+        "| service CPU, gRPC × HTTP, redis-cluster store (≤ 1.1) | 1.10 | met |",
+        "| service CPU, sluice gRPC × limitador-server gRPC (≤ 0.6) | 0.50 | met |",
+    ] {
+        assert!(once.contains(verdict), "{verdict} in {once}");
+    }
+    let verdicts = once
+        .find("### The targets in this run")
+        .expect("a verdicts table");
+    let tables = once.find("### In process").expect("the in-process table");
+    assert!(verdicts < tables, "the verdicts come first: {once}");
     let twice = report();
     assert_eq!(once, twice, "a second run replaces the section");
     assert_eq!(twice.matches("<!-- bench.sh:begin -->").count(), 1);
