@@ -113,14 +113,22 @@ pub async fn isolation(base: &Load, polite: Class, noisy: Class) -> Fallible<Out
 /// p99 under this is "keeping up".
 const P99_BOUND_US: u64 = 5_000;
 
+/// Requests a try of the throughput search must send for its p99 to mean
+/// something: of fewer, p99 is the slowest one or two, and one stall of
+/// the machine fails the rate whatever the service does.
+const MIN_SAMPLES: f64 = 1_000.0;
+
 /// Throughput: `class` at rates from `start` per second, doubling while
 /// p99 stays under 5 ms, then halving the step three times between the
 /// last rate that kept up and the first that did not (see
-/// [`highest_rate`]); each try lasts `base.duration`.
+/// [`highest_rate`]); each try lasts `base.duration`. The search goes no
+/// lower than the rate at which a try sends [`MIN_SAMPLES`] requests
+/// (`start` when that is lower).
 pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outcome> {
     let mut phases = Vec::new();
     let mut tries = 0;
-    let good = highest_rate(start, async |rate: f64| {
+    let floor = search_floor(start, base.duration);
+    let good = highest_rate(start, floor, async |rate: f64| {
         let per_tenant = rate / class.tenants.max(1) as f64;
         let load = Load {
             classes: vec![Class {
@@ -149,7 +157,9 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
         Some(g) => format!(
             "highest rate with p99 under 5 ms and no errors: {g:.0} requests/s (a rate counts as missed when it misses twice in a row)"
         ),
-        None => "p99 stayed above 5 ms (or requests failed) at every rate tried, twice".to_owned(),
+        None => format!(
+            "p99 stayed above 5 ms (or requests failed) at every rate tried, twice, down to {floor:.0} requests/s (a try below it sends too few requests for its p99 to mean anything)"
+        ),
     };
     verdict.push_str(&lag_note(&phases));
     Ok(Outcome {
@@ -160,20 +170,28 @@ pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outco
     })
 }
 
+/// The lowest rate the throughput search tries: where a try of `duration`
+/// sends [`MIN_SAMPLES`] requests, or `start` when that is lower.
+fn search_floor(start: f64, duration: std::time::Duration) -> f64 {
+    start.min(MIN_SAMPLES / duration.as_secs_f64().max(1e-3))
+}
+
 /// The search of the throughput scenario: rates from `start`, doubling
-/// while `keeps_up(rate)`, halving while it does not (down to 1/s), then
-/// bisecting between the highest that kept up and the lowest that did not
-/// until they are within 10% (at most 12 rates). A rate that misses is
-/// tried once more and counts as missed only if it misses again: one
-/// stall of a shared machine (or of the load generator itself, which
-/// shares it) would otherwise end the search far below what the service
-/// sustains. Returns the highest rate that kept up, if any.
+/// while `keeps_up(rate)`, halving while it does not (not below `floor`,
+/// nor 1/s), then bisecting between the highest that kept up and the
+/// lowest that did not until they are within 10% (at most 12 rates). A
+/// rate that misses is tried once more and counts as missed only if it
+/// misses again: one stall of a shared machine (or of the load generator
+/// itself, which shares it) would otherwise end the search far below what
+/// the service sustains. Returns the highest rate that kept up, if any.
 pub async fn highest_rate(
     start: f64,
+    floor: f64,
     mut keeps_up: impl AsyncFnMut(f64) -> Fallible<bool>,
 ) -> Fallible<Option<f64>> {
     let (mut good, mut bad): (Option<f64>, Option<f64>) = (None, None);
-    let mut rate = start.max(1.0);
+    let floor = floor.max(1.0);
+    let mut rate = start.max(floor);
     for n in 0..12 {
         if keeps_up(rate).await? || keeps_up(rate).await? {
             good = Some(rate);
@@ -186,7 +204,7 @@ pub async fn highest_rate(
             (Some(g), Some(b)) if (b - g) / b > 0.1 && n < 11 => (g + b) / 2.0,
             _ => break,
         };
-        if rate < 1.0 {
+        if rate < floor {
             break;
         }
     }
@@ -320,12 +338,12 @@ mod tests {
     /// The throughput search finds the highest rate a service sustains to
     /// within 10%, never above it, though the machine stalls the first try
     /// of every third rate; and gives none when nothing keeps up, trying
-    /// every rate twice.
+    /// every rate twice and none below its floor.
     #[tokio::test]
     async fn the_throughput_search_is_not_ended_by_one_stall() {
         let sustains = 10_000.0;
         let mut tries = 0;
-        let found = highest_rate(1_000.0, async |rate: f64| {
+        let found = highest_rate(1_000.0, 1.0, async |rate: f64| {
             tries += 1;
             let stalled = tries % 3 == 1;
             Ok(rate <= sustains && !stalled)
@@ -336,18 +354,28 @@ mod tests {
         assert!(found <= sustains && found >= 0.9 * sustains, "{found}");
 
         let mut rates = Vec::new();
-        let none = highest_rate(1_000.0, async |rate: f64| {
+        let none = highest_rate(1_000.0, 250.0, async |rate: f64| {
             rates.push(rate);
             Ok(false)
         })
         .await
         .unwrap();
         assert_eq!(none, None);
-        assert!(
-            rates
-                .chunks(2)
-                .all(|pair| pair.len() == 2 && pair[0] == pair[1]),
-            "{rates:?}"
+        assert_eq!(rates, [1_000.0, 1_000.0, 500.0, 500.0, 250.0, 250.0]);
+    }
+
+    /// A try at the throughput search's floor sends enough requests for
+    /// its p99 to be more than the slowest one or two; a lower start rate
+    /// is kept as the user gave it.
+    #[test]
+    fn the_throughput_search_stops_where_p99_stops_meaning_anything() {
+        let two = std::time::Duration::from_secs(2);
+        assert_eq!(search_floor(2_000.0, two), 500.0);
+        assert_eq!(search_floor(2_000.0, two) * 2.0, MIN_SAMPLES);
+        assert_eq!(search_floor(100.0, two), 100.0);
+        assert_eq!(
+            search_floor(2_000.0, std::time::Duration::from_secs(10)),
+            100.0
         );
     }
 
