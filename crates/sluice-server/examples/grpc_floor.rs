@@ -27,7 +27,7 @@ const ANSWER: [u8; 7] = [0, 0, 0, 0, 2, 0x08, 0x01];
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [mode, port, seconds] = args.as_slice() else {
-        eprintln!("usage: grpc_floor hyper|h2 PORT SECONDS");
+        eprintln!("usage: grpc_floor hyper|h2|inline PORT SECONDS");
         std::process::exit(2);
     };
     let (port, seconds): (u16, u64) = (
