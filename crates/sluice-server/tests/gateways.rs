@@ -1,6 +1,9 @@
 //! The gateway recipes in `deploy/gateways/`, run with the real gateway
 //! (Debian's package) on free loopback ports, in front of a tiny app, with
-//! a real `sluice serve` as forward-auth.
+//! a real `sluice serve` as forward-auth: what every recipe must do, then a
+//! hostile client's table (spoofed forwarded headers, oversized and
+//! repeated headers, long and non-ASCII paths, a repeated
+//! `Idempotency-Key`), then sluice hung and sluice stopped.
 
 mod common;
 
@@ -21,28 +24,37 @@ plans:
   p:
     routes:
       "GET /orders": [{ name: orders, algorithm: fixed_window, limit: 2, per: 1h }]
+      "POST /orders": [{ name: writes, algorithm: fixed_window, limit: 100, per: 1h }]
+    dedupe:
+      "POST /orders": { window: 1h }
 "#;
 
-/// The app behind the gateway: counts requests, answers with the tenant
-/// the gateway passed on.
+/// The app behind the gateway: counts every request that reaches it,
+/// whatever its path, and answers `GET /orders` with the tenant the
+/// gateway passed on.
 async fn app() -> (u16, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
     let counted = hits.clone();
-    let router = axum::Router::new().route(
-        "/orders",
-        axum::routing::get(move |headers: HeaderMap| {
-            let counted = counted.clone();
-            async move {
-                counted.fetch_add(1, Ordering::SeqCst);
+    let router = axum::Router::new()
+        .route(
+            "/orders",
+            axum::routing::get(|headers: HeaderMap| async move {
                 let tenant = headers
                     .get("x-tenant")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-")
                     .to_owned();
                 format!("orders of {tenant}")
-            }
-        }),
-    );
+            })
+            .post(|| async { "order created" }),
+        )
+        .fallback(|| async { "reached the app" })
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            },
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
@@ -125,7 +137,7 @@ async fn wait_for(port: u16) {
 }
 
 /// What every recipe must do, checked through the gateway at `base`.
-async fn behaves(base: &str, sluice: &mut Server, hits: &AtomicUsize, fails_open: bool) {
+async fn behaves(base: &str, hits: &AtomicUsize) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()
@@ -194,16 +206,179 @@ async fn behaves(base: &str, sluice: &mut Server, hits: &AtomicUsize, fails_open
     // Without the gateway's authentication, nothing gets through.
     let anonymous = client.get(format!("{base}/orders")).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
-    // sluice down: the recipe's documented choice.
-    sluice.stop();
-    let response = get("acme", None).await.unwrap();
-    if fails_open {
-        assert_eq!(response.status(), 200, "fails open");
-        assert_eq!(hits.load(Ordering::SeqCst), 5);
-    } else {
-        assert_eq!(response.status(), 502, "fails closed");
-        assert_eq!(hits.load(Ordering::SeqCst), 4);
+}
+
+/// `acme:acme-secret`, as the `Authorization: Basic` credentials.
+const ACME: &str = "YWNtZTphY21lLXNlY3JldA==";
+
+/// Sends `head` (a request line and headers, without the blank line) on
+/// its own connection, byte for byte, and returns the status the gateway
+/// answered (0 when it closed without one).
+async fn raw(port: u16, head: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream.write_all(head).await.unwrap();
+    stream
+        .write_all(b"\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer));
+    // A gateway may reset a connection it refused: what it sent counts.
+    let _ = read.await.expect("the gateway answers within 10 s");
+    let text = String::from_utf8_lossy(&answer);
+    text.split(' ')
+        .nth(1)
+        .and_then(|status| status.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A hostile client with acme's credentials and acme's `GET /orders`
+/// budget spent: nothing it writes reaches the app, and sluice's refusals
+/// (429, 409, 400 and 413 alike) reach the client, never the app.
+async fn withstands(port: u16, hits: &AtomicUsize) {
+    let auth = format!("Authorization: Basic {ACME}");
+    let long = "x".repeat(1100);
+    let key = "k".repeat(300);
+    // What each case is, the statuses it may get (the gateway's own 400 or
+    // sluice's, relayed; nginx passes the first of two Idempotency-Keys), and
+    // its bytes.
+    let cases: Vec<(&str, &[u16], Vec<u8>)> = vec![
+        (
+            "a spoofed X-Forwarded-Uri and method",
+            &[429],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nX-Forwarded-Method: GET\r\nX-Forwarded-Uri: /free")
+                .into_bytes(),
+        ),
+        (
+            "a spoofed X-Original-URI and method",
+            &[429],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nX-Original-Method: GET\r\nX-Original-URI: /free")
+                .into_bytes(),
+        ),
+        (
+            "a spoofed X-Forwarded-Uri sent twice",
+            &[429],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nX-Forwarded-Uri: /free\r\nX-Forwarded-Uri: /free")
+                .into_bytes(),
+        ),
+        (
+            "a forged tenant sent twice",
+            &[429],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nX-Tenant: globex\r\nX-Tenant: globex")
+                .into_bytes(),
+        ),
+        (
+            "an oversized Idempotency-Key",
+            &[400],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nIdempotency-Key: {key}").into_bytes(),
+        ),
+        (
+            "Idempotency-Key sent twice",
+            &[400, 429],
+            format!("GET /orders HTTP/1.1\r\n{auth}\r\nIdempotency-Key: a\r\nIdempotency-Key: b")
+                .into_bytes(),
+        ),
+        (
+            "a query past the route's bound",
+            &[429],
+            format!("GET /orders?pad={long} HTTP/1.1\r\n{auth}").into_bytes(),
+        ),
+        (
+            "a path past the route's bound",
+            &[400],
+            format!("GET /orders/{long} HTTP/1.1\r\n{auth}").into_bytes(),
+        ),
+        (
+            "a non-ASCII query",
+            &[400],
+            [
+                b"GET /orders?q=\xc3\xa9 HTTP/1.1\r\n".as_slice(),
+                auth.as_bytes(),
+            ]
+            .concat(),
+        ),
+        (
+            "another spelling of the route",
+            &[429],
+            format!("GET //x/../orders/?a=b HTTP/1.1\r\n{auth}").into_bytes(),
+        ),
+    ];
+    for (what, expected, head) in cases {
+        let before = hits.load(Ordering::SeqCst);
+        let status = raw(port, &head).await;
+        assert_eq!(
+            hits.load(Ordering::SeqCst),
+            before,
+            "{what}: the request reached the app (status {status})"
+        );
+        assert!(
+            expected.contains(&status),
+            "{what}: answered {status}, not one of {expected:?}"
+        );
     }
+    // The duplicate guard holds behind the gateway: one admission per
+    // Idempotency-Key; the second is sluice's 409 and never reaches the app.
+    let post =
+        format!("POST /orders HTTP/1.1\r\n{auth}\r\nIdempotency-Key: order-1\r\nContent-Length: 0");
+    let before = hits.load(Ordering::SeqCst);
+    let first = raw(port, post.as_bytes()).await;
+    assert_eq!(first, 200, "the first submission");
+    assert_eq!(hits.load(Ordering::SeqCst), before + 1);
+    assert_eq!(raw(port, post.as_bytes()).await, 409, "the duplicate");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before + 1,
+        "the duplicate reached the app"
+    );
+}
+
+/// sluice hung (stopped with SIGSTOP: connections are accepted, nothing
+/// answers), then down: the recipe answers within 2 s either way, as it
+/// documents: to the app when it fails open, a 5xx when it fails closed.
+async fn survives(port: u16, sluice: &mut Server, hits: &Arc<AtomicUsize>, fails_open: bool) {
+    let attempt = |what: &'static str| {
+        let hits = hits.clone();
+        async move {
+            let get = format!("GET /orders HTTP/1.1\r\nAuthorization: Basic {ACME}");
+            let before = hits.load(Ordering::SeqCst);
+            let started = Instant::now();
+            let status = raw(port, get.as_bytes()).await;
+            let took = started.elapsed();
+            let reached = hits.load(Ordering::SeqCst) - before;
+            assert!(
+                took < Duration::from_secs(2),
+                "{what}: answered after {took:?}"
+            );
+            if fails_open {
+                assert_eq!((status, reached), (200, 1), "{what}: fails open");
+            } else {
+                assert!(
+                    (500..600).contains(&status),
+                    "{what}: fails closed, got {status}"
+                );
+                assert_eq!(reached, 0, "{what}: fails closed, yet reached the app");
+            }
+        }
+    };
+    let signal = |name: &str| {
+        let sent = Command::new("kill")
+            .args([name, &sluice.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill {name}");
+    };
+    signal("-STOP");
+    // Resumed even when the attempt fails, so that sluice can be stopped.
+    let hung = tokio::spawn(attempt("sluice hung")).await;
+    signal("-CONT");
+    if let Err(failed) = hung {
+        std::panic::resume_unwind(failed.into_panic());
+    }
+    sluice.stop();
+    attempt("sluice down").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,13 +414,9 @@ async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
             .unwrap(),
     );
     wait_for(port).await;
-    behaves(
-        &format!("http://127.0.0.1:{port}"),
-        &mut sluice,
-        &hits,
-        true,
-    )
-    .await;
+    behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
+    withstands(port, &hits).await;
+    survives(port, &mut sluice, &hits, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,13 +457,9 @@ async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
             .unwrap(),
     );
     wait_for(port).await;
-    behaves(
-        &format!("http://127.0.0.1:{port}"),
-        &mut sluice,
-        &hits,
-        false,
-    )
-    .await;
+    behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
+    withstands(port, &hits).await;
+    survives(port, &mut sluice, &hits, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,11 +488,7 @@ async fn the_haproxy_recipe_limits_passes_the_fields_and_trusts_only_its_identit
             .unwrap(),
     );
     wait_for(port).await;
-    behaves(
-        &format!("http://127.0.0.1:{port}"),
-        &mut sluice,
-        &hits,
-        true,
-    )
-    .await;
+    behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
+    withstands(port, &hits).await;
+    survives(port, &mut sluice, &hits, true).await;
 }

@@ -420,6 +420,63 @@ async fn forward_auth_reads_traefik_and_caddy_headers() {
     assert_eq!(header(&response, "retry-after"), Some("10"));
 }
 
+/// With `method_header` and `uri_header` set, forward-auth reads those
+/// headers and no other: a client's own `X-Forwarded-Uri`, passed along by
+/// a gateway that writes `X-Original-URI`, changes nothing.
+#[tokio::test]
+async fn forward_auth_reads_only_the_original_headers_it_is_told_to() {
+    let config = CONFIG.replace(
+        "    cost_header: X-Cost\n",
+        "    cost_header: X-Cost\n    method_header: X-Original-Method\n    uri_header: X-Original-URI\n",
+    );
+    let config = Config::from_yaml(&config, "test.yaml").unwrap();
+    let store = MemoryStore::with_clock(1000, Arc::new(ManualClock::new(1_764_460_800_500)));
+    let limiter = Limiter::new(
+        Policy::compile(&config.limits),
+        Backend::Memory(store),
+        config.storage.on_error,
+    );
+    let app = App::new(
+        limiter,
+        config.server.forward_auth.clone(),
+        Default::default(),
+    );
+    let h = Harness {
+        router: router(app, &config.server.limits),
+        clock: Arc::new(ManualClock::new(0)),
+    };
+    let spoofed = [
+        ("X-Tenant", "acme"),
+        ("X-Forwarded-Method", "GET"),
+        ("X-Forwarded-Uri", "/unlimited"),
+        ("X-Original-Method", "POST"),
+        ("X-Original-URI", "/v1/invoices"),
+    ];
+    for allowed in [true, true, false] {
+        let (response, body) = h.send(forward(&spoofed)).await;
+        assert_eq!(response.status() == StatusCode::OK, allowed, "{body}");
+    }
+    // The default order is not in force: X-Forwarded-* alone is missing.
+    let (response, problem) = h
+        .send(forward(&[
+            ("X-Tenant", "acme"),
+            ("X-Forwarded-Method", "GET"),
+            ("X-Forwarded-Uri", "/"),
+        ]))
+        .await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(problem["invalid-params"][0]["name"], "X-Original-Method");
+    // A name that is no header name is refused with the field.
+    let bad = CONFIG.replace(
+        "    cost_header: X-Cost\n",
+        "    cost_header: X-Cost\n    uri_header: \"X Original\"\n",
+    );
+    let error = Config::from_yaml(&bad, "test.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("server.forward_auth.uri_header"), "{error}");
+}
+
 #[tokio::test]
 async fn forward_auth_reads_nginx_headers_subject_and_cost() {
     let h = harness();

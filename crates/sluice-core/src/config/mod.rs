@@ -143,6 +143,13 @@ pub struct ForwardAuthConfig {
     /// Header carrying the fingerprint the duplicate guard compares
     /// (default `Idempotency-Key`).
     pub fingerprint_header: String,
+    /// Headers the original request's method is read from, in this order:
+    /// the first one present counts (default `X-Forwarded-Method`, then
+    /// `X-Original-Method`; one header when configured).
+    pub method_headers: Vec<String>,
+    /// Headers the original request's URI is read from, in the same way
+    /// (default `X-Forwarded-Uri`, then `X-Original-URI`).
+    pub uri_headers: Vec<String>,
     /// The subject is the client's IP address, read from
     /// `client_ip_header` only through `trusted_proxies`.
     pub client_ip_subject: bool,
@@ -371,6 +378,10 @@ pub mod defaults {
     pub const TENANT_HEADER: &str = "X-Tenant";
     /// `server.forward_auth.fingerprint_header`.
     pub const FINGERPRINT_HEADER: &str = "Idempotency-Key";
+    /// `server.forward_auth.method_header`: Traefik and Caddy's, then nginx's.
+    pub const METHOD_HEADERS: [&str; 2] = ["X-Forwarded-Method", "X-Original-Method"];
+    /// `server.forward_auth.uri_header`: Traefik and Caddy's, then nginx's.
+    pub const URI_HEADERS: [&str; 2] = ["X-Forwarded-Uri", "X-Original-URI"];
     /// `storage.timeout`.
     pub const TIMEOUT_MS: u64 = 50;
     /// `server.limits.max_connections`.

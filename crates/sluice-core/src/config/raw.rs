@@ -93,6 +93,8 @@ pub(crate) struct RawForwardAuth {
     pub subject_header: Option<S<String>>,
     pub cost_header: Option<S<String>>,
     pub fingerprint_header: Option<S<String>>,
+    pub method_header: Option<S<String>>,
+    pub uri_header: Option<S<String>>,
     pub subject_from: Option<S<String>>,
     pub trusted_proxies: Option<Vec<S<String>>>,
     pub client_ip_header: Option<S<String>>,

@@ -354,6 +354,14 @@ impl<'a> Validator<'a> {
             Some(h) => self.header_name(&h, "server.forward_auth.fingerprint_header"),
             None => defaults::FINGERPRINT_HEADER.to_owned(),
         };
+        let method_headers = match forward.method_header {
+            Some(h) => vec![self.header_name(&h, "server.forward_auth.method_header")],
+            None => defaults::METHOD_HEADERS.map(str::to_owned).to_vec(),
+        };
+        let uri_headers = match forward.uri_header {
+            Some(h) => vec![self.header_name(&h, "server.forward_auth.uri_header")],
+            None => defaults::URI_HEADERS.map(str::to_owned).to_vec(),
+        };
         let limits = raw.limits.unwrap_or_default();
         let limits = ConnectionLimits {
             max_connections: self.integer_in(
@@ -428,6 +436,8 @@ impl<'a> Validator<'a> {
                 subject_header,
                 cost_header,
                 fingerprint_header,
+                method_headers,
+                uri_headers,
                 client_ip_subject,
                 trusted_proxies,
                 client_ip_header,

@@ -3,7 +3,9 @@
 //! Traefik ForwardAuth and Caddy `forward_auth` send the original request's
 //! method and URI as `X-Forwarded-Method` and `X-Forwarded-Uri`; nginx
 //! `auth_request` is configured to send `X-Original-Method` and
-//! `X-Original-URI`. The tenant (and optionally the subject and cost) come
+//! `X-Original-URI`. By default the first of those present counts, in that
+//! order; `server.forward_auth.method_header` and `uri_header` name the
+//! one header to read instead. The tenant (and optionally the subject and cost) come
 //! from configurable headers. The route is `METHOD path` in its one
 //! spelling ([`sluice_core::route`]: query, fragment, path parameters, dot
 //! segments and extra slashes removed, unreserved escapes decoded).
@@ -50,17 +52,8 @@ pub(super) async fn forward_auth(
                 format!("header `{}` is required", config.tenant_header),
             )
         })?;
-        let method = match header_text(&headers, "X-Forwarded-Method")? {
-            Some(method) => method,
-            None => header_text(&headers, "X-Original-Method")?.ok_or_else(missing_original)?,
-        };
-        let (uri, uri_header) = match header_text(&headers, "X-Forwarded-Uri")? {
-            Some(uri) => (uri, "X-Forwarded-Uri"),
-            None => (
-                header_text(&headers, "X-Original-URI")?.ok_or_else(missing_original)?,
-                "X-Original-URI",
-            ),
-        };
+        let (method, _) = first_of(&headers, &config.method_headers)?;
+        let (uri, uri_header) = first_of(&headers, &config.uri_headers)?;
         let subject = match &config.subject_header {
             Some(name) => header_text(&headers, name)?,
             None => client_ip.as_deref(),
@@ -113,9 +106,24 @@ pub(super) async fn forward_auth(
     decision_response(&decision)
 }
 
-fn missing_original() -> InvalidRequest {
-    InvalidRequest::new(
-        "X-Forwarded-Method",
-        "forward-auth needs the original request: X-Forwarded-Method and X-Forwarded-Uri (Traefik, Caddy) or X-Original-Method and X-Original-URI (nginx)",
-    )
+/// The first of `names` the gateway sent, with the header it came from:
+/// the gateway's own header is listed first, so one it overwrote is never
+/// passed over for one a client may have written.
+fn first_of<'h>(
+    headers: &'h HeaderMap,
+    names: &'h [String],
+) -> Result<(&'h str, &'h str), InvalidRequest> {
+    for name in names {
+        if let Some(value) = header_text(headers, name)? {
+            return Ok((value, name));
+        }
+    }
+    let first = names.first().map_or("", String::as_str);
+    Err(InvalidRequest::new(
+        first,
+        format!(
+            "forward-auth needs the original request's method and URI: one of the headers {} is required (server.forward_auth.method_header and uri_header)",
+            names.join(", ")
+        ),
+    ))
 }
