@@ -435,7 +435,7 @@ plans:
     routes:
       "*": [{ name: r, limit: 4, per: 1s }]
 global:
-  "*": [{ name: valve, limit: 100, per: 1s }]
+  "*": [{ name: valve, limit: 100, per: 1s, share: first_come }]
 "#;
         Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits)
     }
@@ -541,7 +541,7 @@ plans:
     dedupe:
       "*": { window: 5s }
 global:
-  "GET /valve": [{ name: valve, limit: 10, per: 1s }]
+  "GET /valve": [{ name: valve, limit: 10, per: 1s, share: first_come }]
 tenants:
   q: { plan: q }
   shadowed: { plan: q }

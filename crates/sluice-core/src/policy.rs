@@ -20,10 +20,11 @@ use std::sync::{Arc, OnceLock};
 use foldhash::fast::RandomState;
 use sha2::{Digest, Sha256};
 
+use crate::config::share::Share;
 use crate::config::{Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules};
 use crate::decision::Reason;
 use crate::headers;
-use crate::rule::Rule;
+use crate::rule::{Algorithm, Rule};
 
 /// The scope a rule applies in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,6 +43,11 @@ pub enum Scope {
     /// The duplicate guard of a route pattern: one admission per window for
     /// each tenant, subject and fingerprint.
     Dedupe,
+    /// A tenant's share of a fair valve: a `gcra` gate in the tenant's own
+    /// partition whose rate the limiter sets per decision from the valve's
+    /// fair-share level (see `sluice-store`'s `limiter::fair`). Its denials
+    /// are the valve's (`global_capacity`, named by the valve).
+    Share,
 }
 
 impl Scope {
@@ -54,6 +60,7 @@ impl Scope {
             Scope::Global => "global",
             Scope::Descriptor => "descriptor",
             Scope::Dedupe => "dedupe",
+            Scope::Share => "share",
         }
     }
 
@@ -63,7 +70,7 @@ impl Scope {
             Scope::Tenant => Reason::TenantLimit,
             Scope::Route => Reason::RouteLimit,
             Scope::Subject => Reason::SubjectLimit,
-            Scope::Global => Reason::GlobalCapacity,
+            Scope::Global | Scope::Share => Reason::GlobalCapacity,
             Scope::Descriptor => Reason::DescriptorLimit,
             Scope::Dedupe => Reason::Duplicate,
         }
@@ -126,6 +133,42 @@ impl BoundRule {
         }
     }
 
+    /// The gate of fair valve `valve` (see [`Scope::Share`]): named by the
+    /// valve, in the valve's shadow mode, with the valve's rule until the
+    /// limiter gives it a rate ([`with_rule`](Self::with_rule)). Its state
+    /// is a record among the tenant's tenant-scope ones (one storage key
+    /// fewer to read and write per decision), named by the valve's
+    /// identity: the same across reloads that keep the valve.
+    pub fn gate(valve: &BoundRule) -> BoundRule {
+        let mut identity = Vec::with_capacity(valve.identity.len() + 24);
+        identity.extend_from_slice(Scope::Tenant.name().as_bytes());
+        identity.extend_from_slice(&[0x1f, 0x1f]);
+        let group_len = identity.len();
+        identity.extend_from_slice(b"share:");
+        identity.extend_from_slice(&valve.identity);
+        identity.push(0x1f);
+        identity.extend_from_slice(Algorithm::Gcra.name().as_bytes());
+        identity.push(0x1f);
+        let digest = Sha256::digest(&identity);
+        BoundRule {
+            scope: Scope::Share,
+            identity: identity.into(),
+            group_len,
+            uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
+            near_at_remaining: 0,
+            ..valve.clone()
+        }
+    }
+
+    /// The same rule (name, scope, identity: the same state) with other
+    /// parameters: a fair valve's gate at the rate of one decision.
+    pub fn with_rule(&self, rule: Rule) -> BoundRule {
+        BoundRule {
+            rule,
+            ..self.clone()
+        }
+    }
+
     /// The policy name shown in headers and denials.
     pub fn name(&self) -> &str {
         &self.name
@@ -175,7 +218,7 @@ impl BoundRule {
     /// their remaining capacity would show other tenants' traffic.
     /// Shadow rules are not either: they are not enforced.
     pub fn advertised(&self) -> bool {
-        !matches!(self.scope, Scope::Global | Scope::Dedupe) && !self.shadow
+        !matches!(self.scope, Scope::Global | Scope::Dedupe | Scope::Share) && !self.shadow
     }
 
     /// This rule's `RateLimit-Policy` item.
@@ -200,6 +243,9 @@ struct Cell {
     classes: [Class; 2],
     /// The largest cost every rule can hold, without and with subject rules.
     max_cost: [u64; 2],
+    /// Whether a fair valve's gate is among the rules (with or without
+    /// subject rules alike: gates come before those).
+    gated: bool,
 }
 
 impl Cell {
@@ -221,6 +267,7 @@ impl Cell {
         let max_cost = |rules: &[BoundRule]| max_cost(rules.iter().map(BoundRule::rule));
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
+            gated: rules.iter().any(|r| r.scope() == Scope::Share),
             rules: rules.into(),
             without_subject,
             classes,
@@ -280,6 +327,7 @@ impl Class {
 pub struct Plan {
     name: Box<str>,
     on_error: Option<OnError>,
+    weight: f64,
     exact: HashMap<Box<str>, usize, RandomState>,
     /// Longest first.
     prefixes: Box<[(Box<str>, usize)]>,
@@ -288,7 +336,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    fn compile(spec: &crate::config::PlanSpec, global: &[RouteRules], near_limit: f64) -> Plan {
+    fn compile(spec: &crate::config::PlanSpec, limits: &Limits) -> Plan {
+        let (global, near_limit) = (&limits.global[..], limits.near_limit);
         let mut patterns: Vec<&RoutePattern> = spec
             .routes
             .iter()
@@ -318,7 +367,18 @@ impl Plan {
                 }
             };
             add(&mut rules, Scope::Route, &spec.routes);
+            let valves = rules.len();
             add(&mut rules, Scope::Global, global);
+            // Each fair valve's gate, right after the valves: the tenant's
+            // share of it (see `Scope::Share`). Shares are of a rate: a
+            // concurrency valve (leases in flight) is first come.
+            let gates: Vec<BoundRule> = rules[valves..]
+                .iter()
+                .filter(|v| !v.rule().is_concurrency())
+                .filter(|v| limits.share_of(v.pattern(), v.name()) == Share::Fair)
+                .map(BoundRule::gate)
+                .collect();
+            rules.extend(gates);
             // The duplicate guard applies with or without a subject.
             add(&mut rules, Scope::Dedupe, &spec.dedupe);
             let without_subject = rules.len();
@@ -348,6 +408,7 @@ impl Plan {
         Plan {
             name: spec.name.as_str().into(),
             on_error: spec.on_error,
+            weight: spec.weight,
             exact,
             prefixes: prefixes.into(),
             fallback,
@@ -363,6 +424,11 @@ impl Plan {
     /// The plan's failure policy, when it overrides the storage default.
     pub fn on_error(&self) -> Option<OnError> {
         self.on_error
+    }
+
+    /// The plan's weight at a saturated valve (default 1).
+    pub fn weight(&self) -> f64 {
+        self.weight
     }
 
     #[inline]
@@ -511,6 +577,7 @@ fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::Pl
         // shard 0 (`sluice-store` keys them so).
         dedupe: spec.dedupe.clone(),
         on_error: spec.on_error,
+        weight: spec.weight,
     }
 }
 
@@ -570,6 +637,9 @@ pub struct Applicable<'p> {
     pub class: &'p Class,
     /// The largest cost every one of these rules can hold.
     pub max_cost: u64,
+    /// Whether some of these rules are fair valves' gates
+    /// ([`Scope::Share`]), whose rate the limiter sets per decision.
+    pub gated: bool,
 }
 
 impl<'p> Applicable<'p> {
@@ -582,6 +652,7 @@ impl<'p> Applicable<'p> {
             rules,
             class: &ADHOC,
             max_cost: max_cost(rules.iter().map(BoundRule::rule)),
+            gated: false,
         }
     }
 
@@ -606,7 +677,7 @@ impl Policy {
         let mut plans: Vec<Plan> = limits
             .plans
             .iter()
-            .map(|spec| Plan::compile(spec, &limits.global, limits.near_limit))
+            .map(|spec| Plan::compile(spec, limits))
             .collect();
         let index_of = |name: &str| {
             limits
@@ -624,7 +695,7 @@ impl Policy {
             let plan = if shards > 1 {
                 *variants.entry((base, shards)).or_insert_with(|| {
                     let spec = shard_share(&limits.plans[base], shards);
-                    plans.push(Plan::compile(&spec, &limits.global, limits.near_limit));
+                    plans.push(Plan::compile(&spec, limits));
                     plans.len() - 1
                 })
             } else {
@@ -679,7 +750,7 @@ impl Policy {
             } else {
                 spec
             };
-            plans.push(Plan::compile(&spec, &limits.global, limits.near_limit));
+            plans.push(Plan::compile(&spec, limits));
             policy.tenants.insert(
                 (*tenant).into(),
                 TenantEntry {
@@ -720,6 +791,7 @@ impl Policy {
             rules,
             class: &cell.classes[variant],
             max_cost: cell.max_cost[variant],
+            gated: cell.gated,
         }
     }
 
@@ -837,6 +909,7 @@ global:
                 "tenant:tenant-0",
                 "route:route-0",
                 "global:invoices-valve",
+                "share:invoices-valve",
                 "subject:per-user"
             ]
         );
@@ -846,7 +919,12 @@ global:
         let admin = p.applicable("t1", "GET /v1/users/admin/7", false);
         assert_eq!(
             names(&admin),
-            ["tenant:tenant-0", "route:users", "global:admin-valve"]
+            [
+                "tenant:tenant-0",
+                "route:users",
+                "global:admin-valve",
+                "share:admin-valve"
+            ]
         );
         let other = p.applicable("t1", "DELETE /v1/things", false);
         assert_eq!(names(&other), ["tenant:tenant-0", "route:other"]);
@@ -861,7 +939,11 @@ global:
         let acme_invoices = p.applicable("acme", "POST /v1/invoices", false);
         assert_eq!(
             names(&acme_invoices),
-            ["tenant:tenant-0", "global:invoices-valve"]
+            [
+                "tenant:tenant-0",
+                "global:invoices-valve",
+                "share:invoices-valve"
+            ]
         );
     }
 
@@ -878,8 +960,9 @@ global:
         uids.sort();
         uids.dedup();
         // tenant-0 of free, tenant-0 of pro (same identity: same bucket
-        // across plans), route-0, users, other, per-user, two valves.
-        assert_eq!(uids.len(), 7);
+        // across plans), route-0, users, other, per-user, two valves and
+        // their gates.
+        assert_eq!(uids.len(), 9);
     }
 
     #[test]

@@ -183,6 +183,13 @@ impl Store for Backend {
         }
     }
 
+    fn valve_parts(&self) -> u64 {
+        match self {
+            Backend::Cluster(store) => store.valve_parts(),
+            Backend::Memory(_) | Backend::Redis(_) => 1,
+        }
+    }
+
     fn maintain(&self) {
         if let Backend::Memory(store) = self {
             store.maintain();

@@ -628,6 +628,10 @@ async fn read_raw(
 }
 
 impl Store for ClusterStore {
+    fn valve_parts(&self) -> u64 {
+        u64::from(self.valve_shards)
+    }
+
     async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         self.run(batch).await
     }

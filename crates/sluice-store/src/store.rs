@@ -151,6 +151,12 @@ pub trait Store: Send + Sync {
     /// rules.
     fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// How many keys each global valve is split over (Redis Cluster's
+    /// `global_shards`); each enforces its share of the valve.
+    fn valve_parts(&self) -> u64 {
+        1
+    }
+
     /// Periodic upkeep of a store that lives in this process (the memory
     /// store drops keys that are as good as fresh and follows the wall
     /// clock's drift); nothing for a store across the network, whose keys

@@ -562,8 +562,8 @@ plans:
   p:
     tenant: [{ name: t, algorithm: fixed_window, limit: 100, per: 1h }]
 global:
-  "POST /two": [{ name: v1, algorithm: fixed_window, limit: 5, per: 1h },
-                { name: v2, algorithm: gcra, limit: 3, per: 1h }]
+  "POST /two": [{ name: v1, algorithm: fixed_window, limit: 5, per: 1h, share: first_come },
+                { name: v2, algorithm: gcra, limit: 3, per: 1h, share: first_come }]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -680,7 +680,7 @@ plans:
   p:
     tenant: [{ name: t, algorithm: fixed_window, limit: 4, per: 1h }]
 global:
-  "POST /v": [{ name: valve, algorithm: fixed_window, limit: 12, per: 1h }]
+  "POST /v": [{ name: valve, algorithm: fixed_window, limit: 12, per: 1h, share: first_come }]
 "#;
 
 /// Callers that go away at any `.await` of a two-phase decision (tenant's

@@ -8,6 +8,7 @@
 pub mod envoy;
 mod error;
 mod raw;
+pub mod share;
 mod validate;
 
 use std::net::SocketAddr;
@@ -289,6 +290,19 @@ pub struct Limits {
     pub tenants: Vec<TenantSpec>,
     /// Per-route valves across all tenants.
     pub global: Vec<RouteRules>,
+    /// How each valve of `global` is shared when saturated.
+    pub valves: Vec<share::ValveShare>,
+}
+
+impl Limits {
+    /// How the valve `name` under `pattern` is shared (fair unless it says
+    /// otherwise).
+    pub fn share_of(&self, pattern: &str, name: &str) -> share::Share {
+        self.valves
+            .iter()
+            .find(|v| v.pattern == pattern && v.name == name)
+            .map_or(share::Share::Fair, |v| v.share)
+    }
 }
 
 /// One plan.
@@ -307,6 +321,9 @@ pub struct PlanSpec {
     pub dedupe: Vec<RouteRules>,
     /// Failure policy for this plan, overriding `storage.on_error`.
     pub on_error: Option<OnError>,
+    /// The plan's tenants' share of a saturated valve, relative to other
+    /// plans' (default 1).
+    pub weight: f64,
 }
 
 /// A tenant listed by id.

@@ -144,6 +144,7 @@ pub(crate) struct RawPlan {
     pub subject: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
     pub dedupe: Option<BTreeMap<String, S<RawDedupe>>>,
     pub on_error: Option<S<String>>,
+    pub weight: Option<S<f64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,4 +171,5 @@ pub(crate) struct RawRule {
     pub aligned: Option<S<bool>>,
     pub shadow: Option<S<bool>>,
     pub lease: Option<S<String>>,
+    pub share: Option<S<String>>,
 }

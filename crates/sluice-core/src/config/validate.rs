@@ -20,6 +20,8 @@ use crate::request::{MAX_ROUTE_BYTES, MAX_TENANT_BYTES};
 
 /// Most shards a tenant may be split over.
 const MAX_SHARDS: i64 = 1024;
+
+mod share;
 /// The one (empty) plan of a configuration for Envoy alone.
 const ENVOY_ONLY_PLAN: &str = "default";
 const MAX_NAME_BYTES: usize = 64;
@@ -836,7 +838,7 @@ impl<'a> Validator<'a> {
                 defaults::NEAR_LIMIT
             }
         };
-        let global_rules = self.route_table(global.unwrap_or_default(), "global");
+        let (global_rules, valves) = self.global_table(global.unwrap_or_default());
         let global_names: Vec<String> = global_rules
             .iter()
             .flat_map(|r| r.rules.iter().map(|n| n.name.clone()))
@@ -861,6 +863,7 @@ impl<'a> Validator<'a> {
                 subject: Vec::new(),
                 dedupe: Vec::new(),
                 on_error: None,
+                weight: 1.0,
             });
         } else if specs.is_empty() {
             self.push(plans_at, "`plans` must define at least one plan");
@@ -935,6 +938,7 @@ impl<'a> Validator<'a> {
             plans: specs,
             tenants: tenant_specs,
             global: global_rules,
+            valves,
         }
     }
 
@@ -946,6 +950,7 @@ impl<'a> Validator<'a> {
         let subject = self.route_table(raw.subject.unwrap_or_default(), "subject");
         let dedupe = self.dedupe(raw.dedupe.unwrap_or_default());
         let on_error = raw.on_error.as_ref().map(|o| self.on_error(o, "on_error"));
+        let weight = self.weight(raw.weight.as_ref());
 
         // A name must say which rule denied: it may not be shared by two
         // scopes that can apply to the same request.
@@ -984,6 +989,7 @@ impl<'a> Validator<'a> {
             subject,
             dedupe,
             on_error,
+            weight,
         }
     }
 
@@ -1105,6 +1111,7 @@ impl<'a> Validator<'a> {
         let mut out: Vec<NamedRule> = Vec::with_capacity(raw.len());
         for (index, rule) in raw.into_iter().enumerate() {
             let at = rule.referenced;
+            self.no_share(&rule.value, scope);
             let name = match &rule.value.name {
                 Some(n) => {
                     let ok = !n.value.is_empty()

@@ -33,7 +33,10 @@ use crate::telemetry::{NoTelemetry, Telemetry};
 pub mod breaker;
 pub mod dedupe;
 pub mod denials;
+mod fair;
 mod shard;
+
+pub use fair::ValveLevel;
 
 use breaker::{Breaker, BreakerConfig, BreakerState};
 use denials::DenialCache;
@@ -101,6 +104,8 @@ pub struct Limiter<S> {
     live_instances: AtomicU64,
     /// Spreads sharded tenants' decisions over their shards in turn.
     turns: shard::Turns,
+    /// Each fair valve's level, as this instance knows it.
+    fair: fair::FairShares,
     /// Whether [`keep_healthy`](Self::keep_healthy) runs for it.
     maintained: std::sync::atomic::AtomicBool,
 }
@@ -132,6 +137,7 @@ impl<S: Store> Limiter<S> {
                 .with_tenant_share(options.local_tenant_share),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
             turns: shard::Turns::default(),
+            fair: fair::FairShares::default(),
             maintained: std::sync::atomic::AtomicBool::new(false),
             options,
         }
@@ -155,6 +161,12 @@ impl<S: Store> Limiter<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Each fair valve this instance has decided for: whether it is
+    /// saturated, and its fair-share level.
+    pub fn valve_levels(&self) -> Vec<ValveLevel> {
+        self.fair.levels()
     }
 
     /// The circuit breaker's state.
@@ -230,23 +242,40 @@ impl<S: Store> Limiter<S> {
             Ok(decided) => return decided,
             Err(rest) => rest,
         };
-        rest.await
+        match rest {
+            Rest::Plain(rest) => rest.await,
+            Rest::Gated(rest) => rest.await,
+        }
+    }
+
+    /// [`decide`](Self::decide) of a request with fair valves' gates.
+    async fn decide_gated<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
+        self.decide_leasing(policy, request, false).await.0
     }
 
     /// [`decide`](Self::decide)'s decision when it needs no waiting (an
     /// invalid request, or a store in this process), else the rest of it,
-    /// boxed.
+    /// boxed (for a request with fair valves' gates, the general way).
     #[inline]
+    #[allow(clippy::type_complexity)]
     fn begin<'a, 'p: 'a, 'r: 'a>(
         &'a self,
         policy: &'p Policy,
         request: &'a Request<'r>,
-    ) -> Result<Decision<'p>, Pin<Box<impl Future<Output = Decision<'p>> + use<'a, 'p, 'r, S>>>>
-    {
+    ) -> Result<
+        Decision<'p>,
+        Rest<
+            impl Future<Output = Decision<'p>> + use<'a, 'p, 'r, S>,
+            impl Future<Output = Decision<'p>> + use<'a, 'p, 'r, S>,
+        >,
+    > {
         let applicable = match prepare(policy, request) {
             Ok(applicable) => applicable,
             Err(decided) => return Ok(decided),
         };
+        if applicable.gated {
+            return Err(Rest::Gated(Box::pin(self.decide_gated(policy, request))));
+        }
         let batch: Batch<'a> = Batch::new(
             request.tenant,
             request.subject,
@@ -257,7 +286,9 @@ impl<S: Store> Limiter<S> {
         if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
             return Ok(decision);
         }
-        Err(Box::pin(self.decide_guarded(applicable, batch, guarded)))
+        Err(Rest::Plain(Box::pin(
+            self.decide_guarded(applicable, batch, guarded),
+        )))
     }
 
     /// Decides one request under `policy` and, when it is admitted, takes a
@@ -321,18 +352,31 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
         };
-        let mut batch = Batch::new(
-            request.tenant,
-            request.subject,
-            request.cost,
-            applicable.rules,
-        );
+        let gated = applicable.gated.then(|| {
+            let now = self.options.clock.now_ms();
+            self.fair
+                .gate(&applicable, applicable.rules, request.cost, now)
+        });
+        let rules = gated
+            .as_ref()
+            .map_or(applicable.rules, |(rules, _)| &rules[..]);
+        let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(new_lease_id());
         }
         let decision = self.decide_prepared(applicable, batch, request).await;
+        if let Some((_, gates)) = &gated {
+            self.learn(gates, &decision);
+        }
         let lease = batch.lease.filter(|_| decision.allowed);
         (decision, lease)
+    }
+
+    /// What `decision` tells of its fair valves' levels.
+    fn learn(&self, gates: &fair::Gates, decision: &Decision<'_>) {
+        let now = self.options.clock.now_ms();
+        self.fair
+            .observe(gates, decision, self.store.valve_parts(), now);
     }
 
     async fn decide_prepared<'p>(
@@ -409,6 +453,9 @@ impl<S: Store> Limiter<S> {
         // stays small (the RLS handler holding it is itself boxed per
         // request: 3.9 KB moved into the box, where 2.8 KB of it was this
         // future's room for a Redis call).
+        if applicable.gated {
+            return Box::pin(self.decide_batch_gated(applicable, batch)).await;
+        }
         if let Some(index) = cost_exceeds_capacity(batch) {
             return Decision::cost_exceeds_capacity_at(applicable, index);
         }
@@ -418,6 +465,24 @@ impl<S: Store> Limiter<S> {
             return self.conclude(applicable, batch, result);
         }
         Box::pin(self.decide_batch_waiting(applicable, batch)).await
+    }
+
+    /// [`decide_batch`](Self::decide_batch) of a batch with fair valves'
+    /// gates, their rates set for this request.
+    async fn decide_batch_gated<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+    ) -> Decision<'p> {
+        let now = self.options.clock.now_ms();
+        let (rules, gates) = self.fair.gate(&applicable, batch.rules, batch.cost, now);
+        let batch = Batch {
+            rules: &rules,
+            ..*batch
+        };
+        let decision = self.decide_batch_waiting(applicable, &batch).await;
+        self.learn(&gates, &decision);
+        decision
     }
 
     /// [`decide_batch`](Self::decide_batch) through the store's wait, the
@@ -580,6 +645,16 @@ impl Limiter<MemoryStore> {
             Err(decided) => return decided,
             Ok(applicable) => applicable,
         };
+        if applicable.gated {
+            let now = self.options.clock.now_ms();
+            let (rules, gates) = self
+                .fair
+                .gate(&applicable, applicable.rules, request.cost, now);
+            let batch = Batch::new(request.tenant, request.subject, request.cost, &rules);
+            let decision = self.decide_now_sharded(applicable, batch, request);
+            self.learn(&gates, &decision);
+            return decision;
+        }
         let batch = Batch::new(
             request.tenant,
             request.subject,
@@ -599,6 +674,18 @@ impl Limiter<MemoryStore> {
             let result = self.store.decide_now(&batch);
             return self.conclude(applicable, &batch, result);
         }
+        self.decide_now_sharded(applicable, batch, request)
+    }
+
+    /// [`decide_now`](Self::decide_now) through duplicate guards and the
+    /// tenant's shards.
+    fn decide_now_sharded<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: Batch<'_>,
+        request: &Request<'_>,
+    ) -> Decision<'p> {
+        let guarded = dedupe::Guarded::of(&batch, request);
         let partitions = guarded.partitions(&batch);
         let batch = Batch {
             partitions: &partitions,
@@ -625,6 +712,13 @@ impl Limiter<MemoryStore> {
         }
         best.expect("a tenant has at least one shard")
     }
+}
+
+/// The rest of a decision that waits: the common path, or the general one
+/// a request with fair valves' gates takes.
+enum Rest<A, B> {
+    Plain(Pin<Box<A>>),
+    Gated(Pin<Box<B>>),
 }
 
 /// The first rule of `batch` whose cost is above its capacity: such a

@@ -24,7 +24,7 @@ plans:
     subject:
       "*": [{ algorithm: sliding_window, limit: 4, per: 1s }]
 global:
-  "GET /a": [{ algorithm: gcra, limit: 9, per: 1s }]
+  "GET /a": [{ algorithm: gcra, limit: 9, per: 1s, share: first_come }]
 "#;
 
 fn batch<'a>(

@@ -1,0 +1,258 @@
+//! Fair valves on the memory store, with a hand-set clock: the scenarios
+//! of appendix E replayed deterministically, request by request (the same
+//! on Redis and Redis Cluster with real servers: sluice-server's
+//! `tests/valves.rs`).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+
+use sluice_core::config::OnError;
+use sluice_core::{Config, Policy, Reason, Request, Scope};
+use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore};
+
+const START_MS: u64 = 1_764_460_800_000;
+
+/// A valve of 100/s on `POST /v1/orders`, each tenant inside a ceiling of
+/// 60/s; `extra` is appended to the plans (more plans, weights).
+fn config(valve: &str, extra: &str) -> String {
+    format!(
+        r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
+{extra}
+tenants:
+  heavy: {{ plan: heavy }}
+global:
+  "POST /v1/orders": [{valve}]
+"#
+    )
+}
+
+/// The valve: 100 a second, fair (the default).
+const VALVE: &str = "{ name: orders, algorithm: gcra, limit: 100, per: 1s }";
+
+const HEAVY: &str = r#"  heavy:
+    weight: 2
+    tenant: [{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }]"#;
+
+/// One tenant's offered load: `rate` per second from `from_ms` to
+/// `until_ms` (run time).
+#[derive(Clone, Copy)]
+struct Sender {
+    tenant: &'static str,
+    rate: f64,
+    from_ms: u64,
+    until_ms: u64,
+}
+
+fn sender(tenant: &'static str, rate: f64) -> Sender {
+    Sender {
+        tenant,
+        rate,
+        from_ms: 0,
+        until_ms: u64::MAX,
+    }
+}
+
+/// Per tenant: (sent, admitted, denied by the valve or its gate) counted
+/// from `measure_from_ms` on, and per second of the run, admitted by all.
+struct Run {
+    counts: Vec<(u64, u64, u64)>,
+    admitted_per_second: Vec<u64>,
+}
+
+/// Runs `senders` for `run_ms` against `yaml` on one limiter and its
+/// memory store, the clock set to each request's arrival.
+fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run {
+    let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let options = LimiterOptions {
+        clock: clock.clone(),
+        ..LimiterOptions::new(OnError::Deny)
+    };
+    let limiter = Limiter::with_options(
+        Policy::compile(&config.limits),
+        MemoryStore::with_clock(100_000, clock.clone()),
+        options,
+    );
+    let policy = limiter.policy();
+    // Poisson arrivals in µs (exponential gaps from a fixed seed): what
+    // many independent clients look like, and what makes first come, first
+    // served starve the one who asks least often.
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut gap_us = |rate: f64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let uniform = (seed >> 11) as f64 / (1u64 << 53) as f64;
+        (-(1.0 - uniform).ln() * 1e6 / rate) as u64
+    };
+    let mut arrivals = BinaryHeap::new();
+    for (i, s) in senders.iter().enumerate() {
+        arrivals.push(Reverse((s.from_ms * 1_000 + gap_us(s.rate), i)));
+    }
+    let mut counts = vec![(0, 0, 0); senders.len()];
+    let mut admitted_per_second = vec![0; (run_ms / 1_000) as usize + 1];
+    while let Some(Reverse((at_us, i))) = arrivals.pop() {
+        let s = senders[i];
+        if at_us >= run_ms * 1_000 || at_us >= s.until_ms.saturating_mul(1_000) {
+            continue;
+        }
+        arrivals.push(Reverse((at_us + gap_us(s.rate), i)));
+        clock.set(START_MS + at_us / 1_000);
+        let request = Request::new(s.tenant, "POST /v1/orders", None, 1).unwrap();
+        let decision = limiter.decide_now(&policy, &request);
+        if decision.allowed {
+            admitted_per_second[(at_us / 1_000_000) as usize] += 1;
+        }
+        if at_us / 1_000 >= measure_from_ms {
+            let c = &mut counts[i];
+            c.0 += 1;
+            if decision.allowed {
+                c.1 += 1;
+            } else if decision.reason == Some(Reason::GlobalCapacity) {
+                c.2 += 1;
+            }
+        }
+    }
+    Run {
+        counts,
+        admitted_per_second,
+    }
+}
+
+fn noisy_and_polite() -> Vec<Sender> {
+    vec![
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("polite", 10.0),
+    ]
+}
+
+#[test]
+fn a_polite_tenant_below_its_share_is_not_starved_by_noisy_ones_inside_their_ceilings() {
+    let yaml = config(VALVE, HEAVY);
+    let run = run(&yaml, &noisy_and_polite(), 20_000, 2_000);
+    let (sent, _, denied) = run.counts[3];
+    assert!(
+        denied * 100 <= sent * 2,
+        "the polite tenant was denied {denied} of {sent} by the valve"
+    );
+    // The noisy ones share what is left (90/s) evenly: 30/s each, ±25%.
+    for (i, &(_, admitted, _)) in run.counts[..3].iter().enumerate() {
+        let rate = admitted as f64 / 18.0;
+        assert!(
+            (22.5..=37.5).contains(&rate),
+            "noisy-{}: {rate:.1}/s admitted, {:?}",
+            i + 1,
+            run.counts
+        );
+    }
+    // The valve's own limit holds: at most 100 a second, and its burst
+    // once.
+    let total: u64 = run.admitted_per_second.iter().sum();
+    assert!(total <= 100 * 20 + 100, "{total} admitted in 20 s");
+}
+
+#[test]
+fn first_come_keeps_the_old_semantics() {
+    let yaml = config(
+        "{ name: orders, algorithm: gcra, limit: 100, per: 1s, share: first_come }",
+        HEAVY,
+    );
+    let run = run(&yaml, &noisy_and_polite(), 10_000, 2_000);
+    let (sent, _, denied) = run.counts[3];
+    // Whoever asks most often takes each freed unit: the polite tenant is
+    // mostly denied (what appendix E's fair default fixes).
+    assert!(denied * 2 > sent, "{denied} of {sent}");
+}
+
+#[test]
+fn weight_two_gets_about_twice_a_weight_one_share() {
+    let yaml = config(VALVE, HEAVY);
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("heavy", 150.0),
+    ];
+    let run = run(&yaml, &senders, 20_000, 2_000);
+    let rate = |i: usize| run.counts[i].1 as f64 / 18.0;
+    // 100 split 1:1:2 (the heavy tenant's ceiling of 60 is above its 50).
+    for i in 0..2 {
+        assert!((18.75..=31.25).contains(&rate(i)), "{i}: {:.1}", rate(i));
+    }
+    assert!((37.5..=62.5).contains(&rate(2)), "heavy: {:.1}", rate(2));
+}
+
+#[test]
+fn a_tenant_alone_may_use_the_whole_valve() {
+    // A ceiling above the valve: the valve is all that holds it.
+    let yaml = config(
+        "{ name: orders, algorithm: gcra, limit: 100, per: 1s }",
+        HEAVY,
+    )
+    .replace("limit: 60", "limit: 1000");
+    let run = run(&yaml, &[sender("alone", 300.0)], 12_000, 2_000);
+    let rate = run.counts[0].1 as f64 / 10.0;
+    assert!(rate >= 95.0, "alone: {rate:.1}/s of the valve's 100/s");
+}
+
+#[test]
+fn shares_converge_within_a_second_when_tenants_join_and_leave() {
+    let yaml = config(VALVE, HEAVY);
+    // Two noisy tenants from the start; a third joins at 6 s and leaves at
+    // 12 s; the polite tenant all along.
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        Sender {
+            from_ms: 6_000,
+            until_ms: 12_000,
+            ..sender("noisy-3", 150.0)
+        },
+        sender("polite", 10.0),
+    ];
+    // Measured from one second after each change.
+    for (from, to) in [(1_000, 6_000), (7_000, 12_000), (13_000, 18_000)] {
+        let run = run(&yaml, &senders, to, from);
+        let (sent, _, denied) = run.counts[3];
+        assert!(
+            denied * 100 <= sent * 2,
+            "{from}–{to}: polite denied {denied} of {sent}"
+        );
+        let seconds = (to - from) as f64 / 1_000.0;
+        let noisy: Vec<f64> = run.counts[..3]
+            .iter()
+            .filter(|c| c.0 > 0)
+            .map(|c| c.1 as f64 / seconds)
+            .collect();
+        let share = 90.0 / noisy.len() as f64;
+        for rate in &noisy {
+            assert!(
+                (share * 0.75..=share * 1.25).contains(rate),
+                "{from}–{to}: {noisy:?}, each should be about {share:.1}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_fair_share_denial_names_the_valve_and_changes_nothing() {
+    let yaml = config(VALVE, HEAVY);
+    let config = Config::from_yaml(&yaml, "fair.yaml").unwrap();
+    let policy = Policy::compile(&config.limits);
+    let applicable = policy.applicable("noisy-1", "POST /v1/orders", false);
+    assert!(applicable.gated);
+    let gate = applicable
+        .rules
+        .iter()
+        .find(|r| r.scope() == Scope::Share)
+        .unwrap();
+    assert_eq!(gate.name(), "orders");
+    assert!(!gate.advertised());
+    assert_eq!(gate.scope().reason(), Reason::GlobalCapacity);
+}
