@@ -405,6 +405,15 @@ impl<'p> Decision<'p> {
         self.class.policy_header()
     }
 
+    /// The fair valves whose share this request went past: each one whose
+    /// gate ([`Scope::Share`](crate::policy::Scope::Share)) denied it,
+    /// enforced or in shadow mode.
+    pub fn fair_share_denials(&self) -> impl Iterator<Item = &'p BoundRule> {
+        self.known_outcomes()
+            .filter(|(r, o)| !o.allowed && r.scope() == crate::policy::Scope::Share)
+            .map(|(r, _)| r)
+    }
+
     /// Names of the rules that denied (for problem details).
     pub fn violated_policies(&self) -> impl Iterator<Item = &str> {
         let from_outcomes = self

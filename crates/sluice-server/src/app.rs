@@ -149,8 +149,11 @@ impl App {
     ) {
         // A shadow rule's would-be denial counts as a denial here: heavy
         // hitters show whom a dark-launched limit would deny.
-        self.admin
-            .record(request.tenant, decision.allowed && !decision.shadow_denied);
+        self.admin.record(
+            request.tenant,
+            decision.allowed && !decision.shadow_denied,
+            decision.fair_share_denials().next().is_some(),
+        );
         if let Some(ledger) = &self.ledger {
             let route = match decision.class.route() {
                 "" => "*",

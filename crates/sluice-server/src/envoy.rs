@@ -799,9 +799,7 @@ impl RateLimiter {
             })
             .await;
         };
-        self.app
-            .admin
-            .record(request.tenant, decided.decision.allowed);
+        self.app.account(&request, &decided.decision);
         Ok(self.answer(decided, started, descriptors.len()))
     }
 

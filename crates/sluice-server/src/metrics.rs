@@ -70,6 +70,11 @@ struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ValveLabel {
+    valve: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
 }
@@ -103,6 +108,9 @@ pub struct Metrics {
     shadow_denials: Counter,
     reloads: [Counter; 2],
     live_instances: Gauge,
+    fair_share_denials: Family<ValveLabel, Counter>,
+    valve_saturated: Family<ValveLabel, Gauge>,
+    valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     upstream_registry: Registry,
     upstream: UpstreamStats,
@@ -212,6 +220,24 @@ impl Metrics {
             "sluice instances sharing the store, from heartbeats",
             live_instances.clone(),
         );
+        let fair_share_denials = Family::<ValveLabel, Counter>::default();
+        registry.register(
+            "valve_fair_share_denials",
+            "Requests a fair valve denied because their tenant was past its share (shadow valves: would have denied)",
+            fair_share_denials.clone(),
+        );
+        let valve_saturated = Family::<ValveLabel, Gauge>::default();
+        registry.register(
+            "valve_saturated",
+            "Whether a fair valve is saturated (its shares enforced), as this instance last saw it",
+            valve_saturated.clone(),
+        );
+        let valve_share_level = Family::<ValveLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "valve_fair_share_level",
+            "A saturated fair valve's share level: units per second a tenant of weight 1 may have (+Inf while not saturated)",
+            valve_share_level.clone(),
+        );
         let mut upstream_registry = Registry::default();
         let upstream = UpstreamStats::register(&mut upstream_registry);
         Metrics {
@@ -230,6 +256,9 @@ impl Metrics {
             shadow_denials,
             reloads,
             live_instances,
+            fair_share_denials,
+            valve_saturated,
+            valve_share_level,
             unlogged_failovers: AtomicU64::new(0),
             last_failover_log_ms: AtomicU64::new(0),
         }
@@ -240,6 +269,15 @@ impl Metrics {
         self.decision_seconds.observe(elapsed.as_secs_f64());
         if decision.shadow_denied {
             self.shadow_denials.inc();
+        }
+        if decision.reason == Some(Reason::GlobalCapacity) || decision.shadow_denied {
+            for valve in decision.fair_share_denials() {
+                self.fair_share_denials
+                    .get_or_create(&ValveLabel {
+                        valve: valve.name().to_owned(),
+                    })
+                    .inc();
+            }
         }
         let class = decision.class;
         match class
@@ -288,6 +326,21 @@ impl Metrics {
     /// Counts a configuration reload.
     pub fn reload(&self, ok: bool) {
         self.reloads[usize::from(!ok)].inc();
+    }
+
+    /// Records what this instance knows of its fair valves.
+    pub fn valves(&self, levels: &[sluice_store::ValveLevel]) {
+        for level in levels {
+            let label = ValveLabel {
+                valve: level.valve.to_string(),
+            };
+            self.valve_saturated
+                .get_or_create(&label)
+                .set(i64::from(level.saturated));
+            self.valve_share_level
+                .get_or_create(&label)
+                .set(level.level_per_second);
+        }
     }
 
     /// Records the live instance count.

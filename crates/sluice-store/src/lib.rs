@@ -37,7 +37,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "redis")]
 pub use cluster::ClusterStore;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::{Limiter, LimiterOptions};
+pub use limiter::{Limiter, LimiterOptions, ValveLevel};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use script::{Heartbeat, KeySet, TimeSource, Valve};

@@ -187,6 +187,10 @@ impl Summary {
 pub struct Window {
     denied: Summary,
     admitted: Summary,
+    /// Of the denied, those a fair valve's share denied (absent from what
+    /// an older instance published).
+    #[serde(default)]
+    fair_share_denied: Summary,
 }
 
 #[derive(Debug, Default)]
@@ -206,6 +210,9 @@ pub struct Hitter {
     pub denied: u64,
     /// Requests admitted.
     pub admitted: u64,
+    /// Requests denied because the tenant was past its share of a
+    /// saturated fair valve (counted in `denied` too).
+    pub fair_share_denied: u64,
 }
 
 /// What `GET /v1/admin/heavy-hitters` answers.
@@ -234,10 +241,14 @@ pub enum By {
 }
 
 impl HeavyHitters {
-    /// Counts one decision of `tenant` at `now_ms`.
-    pub fn record(&self, tenant: &str, allowed: bool, now_ms: u64) {
+    /// Counts one decision of `tenant` at `now_ms`; `fair_share_denied`
+    /// when a fair valve's share denied it.
+    pub fn record(&self, tenant: &str, allowed: bool, fair_share_denied: bool, now_ms: u64) {
         let mut windows = self.windows.lock().expect("heavy hitters");
         windows.roll(now_ms);
+        if fair_share_denied {
+            windows.current.fair_share_denied.add(tenant, 1);
+        }
         let summary = if allowed {
             &mut windows.current.admitted
         } else {
@@ -277,7 +288,7 @@ impl Windows {
 /// The top `limit` tenants `by` one count, over `windows` (this instance's
 /// and other instances', all of the same two windows), at `now_ms`.
 pub fn report(windows: &[Window], by: By, limit: usize, now_ms: u64) -> Report {
-    let mut totals: HashMap<&str, (u64, u64)> = HashMap::new();
+    let mut totals: HashMap<&str, (u64, u64, u64)> = HashMap::new();
     for window in windows {
         for (tenant, count) in window.denied.counts() {
             totals.entry(tenant).or_default().0 += count;
@@ -286,12 +297,22 @@ pub fn report(windows: &[Window], by: By, limit: usize, now_ms: u64) -> Report {
             totals.entry(tenant).or_default().1 += count;
         }
     }
+    // Only for the tenants listed: a tenant known only to this summary
+    // was denied, so in the denied one too (or evicted from both).
+    for window in windows {
+        for (tenant, count) in window.fair_share_denied.counts() {
+            if let Some(total) = totals.get_mut(tenant) {
+                total.2 += count;
+            }
+        }
+    }
     let mut tenants: Vec<Hitter> = totals
         .into_iter()
-        .map(|(tenant, (denied, admitted))| Hitter {
+        .map(|(tenant, (denied, admitted, fair_share_denied))| Hitter {
             tenant: tenant.to_owned(),
             denied,
             admitted,
+            fair_share_denied,
         })
         .filter(|h| match by {
             By::Denied => h.denied > 0,
@@ -388,12 +409,12 @@ mod tests {
         // Three heavy tenants among 5,000 that deny once each.
         for (tenant, n) in [("big", 3_000), ("bigger", 4_000), ("biggest", 5_000)] {
             for _ in 0..n {
-                hh.record(tenant, false, now);
+                hh.record(tenant, false, false, now);
             }
         }
         for i in 0..5_000 {
-            hh.record(&format!("small-{i}"), false, now);
-            hh.record("admitted-only", true, now);
+            hh.record(&format!("small-{i}"), false, false, now);
+            hh.record("admitted-only", true, false, now);
         }
         let (_, previous, current) = hh.snapshot(now);
         assert!(current.denied.slots.len() <= CAPACITY);

@@ -250,9 +250,10 @@ impl Admin {
     }
 
     /// Counts a decision of `tenant` for heavy hitters.
-    pub fn record(&self, tenant: &str, allowed: bool) {
+    pub fn record(&self, tenant: &str, allowed: bool, fair_share_denied: bool) {
         if self.token.is_some() || self.persist.is_some() {
-            self.heavy.record(tenant, allowed, now_ms());
+            self.heavy
+                .record(tenant, allowed, fair_share_denied, now_ms());
         }
     }
 

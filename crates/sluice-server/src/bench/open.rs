@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use crate::Fallible;
 
-/// Where the load goes.
+/// Where the load goes. A target may list several instances,
+/// comma-separated: each tenant's requests take turns over them.
 #[derive(Debug, Clone)]
 pub enum Api {
     /// `POST {base}/v1/check`.
@@ -71,6 +72,10 @@ pub struct ClassReport {
     pub most_admitted_per_tenant: u64,
     /// The fewest any one tenant of the class had admitted.
     pub least_admitted_per_tenant: u64,
+    /// Each tenant's admitted requests, in the order of their names'
+    /// numbers (classes of at most [`LISTED_TENANTS`] tenants; empty for
+    /// larger ones).
+    pub admitted_per_tenant: Vec<u64>,
     /// The limit the service answered with (its tightest rule), if any.
     pub limit: Option<u64>,
     /// The most one tenant of the class may be admitted over the run by
@@ -130,6 +135,10 @@ impl ClassReport {
     }
 }
 
+/// The most tenants of a class whose admitted counts a report lists one by
+/// one.
+pub const LISTED_TENANTS: usize = 16;
+
 /// Counters of one class while it runs.
 struct Tally {
     sent: AtomicU64,
@@ -176,6 +185,11 @@ impl Tally {
             errors: self.errors.load(Ordering::Relaxed),
             most_admitted_per_tenant: admitted.iter().copied().max().unwrap_or(0),
             least_admitted_per_tenant: admitted.iter().copied().min().unwrap_or(0),
+            admitted_per_tenant: if admitted.len() <= LISTED_TENANTS {
+                admitted.clone()
+            } else {
+                Vec::new()
+            },
             limit: (limit > 0).then_some(limit),
             allowance: self
                 .policies
@@ -255,24 +269,35 @@ enum Client {
 }
 
 impl Client {
-    async fn connect(api: &Api) -> Fallible<Client> {
-        Ok(match api {
-            Api::Http(base) => Client::Http(
-                reqwest::Client::builder()
+    /// A client per target `api` lists.
+    async fn connect(api: &Api) -> Fallible<Vec<Client>> {
+        let mut clients = Vec::new();
+        match api {
+            Api::Http(bases) => {
+                let http = reqwest::Client::builder()
                     .pool_max_idle_per_host(1024)
                     .timeout(REQUEST_TIMEOUT)
-                    .build()?,
-                format!("{}/v1/check", base.trim_end_matches('/')),
-            ),
-            Api::Grpc { target, domain } => {
-                let channel = tonic::transport::Channel::from_shared(target.clone())?
-                    .connect_timeout(REQUEST_TIMEOUT)
-                    .timeout(REQUEST_TIMEOUT)
-                    .connect()
-                    .await?;
-                Client::Grpc(RateLimitServiceClient::new(channel), domain.clone())
+                    .build()?;
+                for base in bases.split(',').map(str::trim) {
+                    let url = format!("{}/v1/check", base.trim_end_matches('/'));
+                    clients.push(Client::Http(http.clone(), url));
+                }
             }
-        })
+            Api::Grpc { target, domain } => {
+                for target in target.split(',').map(str::trim) {
+                    let channel = tonic::transport::Channel::from_shared(target.to_owned())?
+                        .connect_timeout(REQUEST_TIMEOUT)
+                        .timeout(REQUEST_TIMEOUT)
+                        .connect()
+                        .await?;
+                    clients.push(Client::Grpc(
+                        RateLimitServiceClient::new(channel),
+                        domain.clone(),
+                    ));
+                }
+            }
+        }
+        Ok(clients)
     }
 
     async fn ask(&mut self, tenant: &str, route: &str, read_limit: bool) -> Answer {
@@ -372,7 +397,7 @@ pub struct Load {
 
 /// Runs `load` and reports each class.
 pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
-    let client = Client::connect(&load.api).await?;
+    let clients = Arc::new(Client::connect(&load.api).await?);
     let permits = u32::try_from(load.max_in_flight.clamp(1, 1 << 20)).unwrap_or(1 << 20);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(permits as usize));
     let started = Instant::now();
@@ -394,8 +419,8 @@ pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
                 .map(|i| format!("{}-{}-{i}", load.run, class.name))
                 .collect(),
         );
-        let (client, in_flight, tally, route) = (
-            client.clone(),
+        let (clients, in_flight, tally, route) = (
+            clients.clone(),
             in_flight.clone(),
             tally.clone(),
             load.route.clone(),
@@ -427,8 +452,11 @@ pub async fn run(load: &Load) -> Fallible<Vec<ClassReport>> {
                     break;
                 }
                 let which = (k % tenants.len() as u64) as usize;
+                // Each round over the tenants goes to the next target, so
+                // that every tenant's requests take turns over them.
+                let target = (k / tenants.len() as u64 % clients.len() as u64) as usize;
                 let (mut client, tally, tenants, route) = (
-                    client.clone(),
+                    clients[target].clone(),
                     tally.clone(),
                     tenants.clone(),
                     route.clone(),

@@ -38,6 +38,7 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
 
 /// Prometheus metrics, text format.
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
+    app.metrics.valves(&app.limiter.valve_levels());
     (
         [(
             header::CONTENT_TYPE,
