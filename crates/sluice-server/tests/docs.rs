@@ -356,3 +356,51 @@ fn the_operations_override_runs_as_written() {
         shell.replay(block, timeless);
     }
 }
+
+/// docs/BENCHMARKS.md is a page, not a notebook: short, opening on sluice
+/// beside its peers and floors with the machine and date, every row with
+/// the command that reproduces it, the detail in docs/benchmarks/.
+#[test]
+fn the_benchmark_page_is_short_and_opens_with_the_comparison() {
+    let page = read("docs/BENCHMARKS.md");
+    assert!(
+        page.lines().count() <= 150,
+        "{} lines",
+        page.lines().count()
+    );
+    let first = page.split("\n## ").nth(1).expect("a section");
+    assert!(
+        first.starts_with("sluice against its peers and floors"),
+        "{first}"
+    );
+    for peer in [
+        "governor",
+        "limitador",
+        "rate-limiter-flexible",
+        "limits ",
+        "floor",
+        "Run 20",
+    ] {
+        assert!(first.contains(peer), "the first section names {peer}");
+    }
+    for row in page
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| figure"))
+    {
+        let reproduce = row.trim_end_matches(" |").rsplit(" | ").next().unwrap();
+        assert!(
+            reproduce.contains('`'),
+            "a row without the command that reproduces it: {row}"
+        );
+    }
+    assert_eq!(
+        page.matches("benchmarks/notes.md").count(),
+        2,
+        "the notes linked once (its text and its target)"
+    );
+    for (at, _) in page.match_indices("](benchmarks/") {
+        let target = &page[at + 2..];
+        let target = &target[..target.find(')').unwrap()];
+        assert!(repo().join("docs").join(target).is_file(), "{target}");
+    }
+}
