@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Every benchmark of docs/BENCHMARKS.md's "side by side" section in one
-# command, on this machine: sluice in process against governor and
-# limitador (criterion), Redis CPU per decision against a floor, sluice,
-# limitador, rate-limiter-flexible (Node) and limits (Python) on one Redis
+# Every figure of docs/BENCHMARKS.md's summary and of
+# docs/benchmarks/side-by-side.md's tables in one command, on this machine:
+# sluice in process against governor and limitador (criterion), Redis CPU
+# per decision against a floor, sluice, limitador, rate-limiter-flexible (Node) and limits (Python) on one Redis
 # this script starts on a free loopback port, service CPU over HTTP and
 # gRPC (memory store, that Redis, and a 3-master Redis Cluster it starts
 # too), and the highest rate with p99 under 5 ms per backend and API.
 # The peers are installed from crates.io, npm and PyPI under target/bench
 # (never committed). Results go to target/bench/results.jsonl, then
-# scripts/bench_report.py rewrites the section with medians, ratios and
+# scripts/bench_report.py rewrites both sections with medians, ratios and
 # noise flags.
 #
 #   scripts/bench.sh [RUNS] [SECONDS]     (default 3 runs of 5 s each)
@@ -133,5 +133,5 @@ done
 
 if [ "${NO_REPORT:-}" != 1 ]; then
   python3 scripts/bench_report.py "$results" docs/BENCHMARKS.md
-  step "docs/BENCHMARKS.md rewritten from $results"
+  step "docs/BENCHMARKS.md and docs/benchmarks/side-by-side.md rewritten from $results"
 fi

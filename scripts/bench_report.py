@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""Rewrites the section of docs/BENCHMARKS.md between its bench.sh markers
-from the JSON lines scripts/bench.sh collected: each target met or not,
-medians of the runs, the ratios the project's targets are stated in, and a
-"noisy" flag on every figure whose runs spread more than NOISY around their
-median.
+"""Rewrites, from the JSON lines scripts/bench.sh collected, the section
+between the bench.sh markers of two documents: docs/BENCHMARKS.md gets the
+summary (sluice against its peers and floors, one row per figure, with the
+command that reproduces it, the machine and the date), and
+docs/benchmarks/side-by-side.md every table behind it (each target met or
+not, medians of the runs, the ratios the project's targets are stated in).
+Every figure whose runs spread more than NOISY around their median is
+flagged "noisy" in both.
 
-Usage: scripts/bench_report.py target/bench/results.jsonl docs/BENCHMARKS.md
+Usage: scripts/bench_report.py target/bench/results.jsonl docs/BENCHMARKS.md [DETAIL]
+(DETAIL defaults to benchmarks/side-by-side.md beside the summary.)
 """
 
 import json
+import os
 import statistics
 import sys
 
@@ -336,38 +341,158 @@ def targets(lines):
     ]
 
 
-def main():
-    results, doc = sys.argv[1], sys.argv[2]
-    lines = load(results)
-    machine = next((l for l in lines if l["suite"] == "machine"), None)
-    versions = ", ".join(f"{l['package']} {l['version']}" for l in lines if l["suite"] == "version")
-    body = [
-        BEGIN,
-        "## Side by side: `scripts/bench.sh`",
-        "",
-        "Written by `scripts/bench.sh` (edits between the markers are overwritten). Medians of the runs; "
-        f"a figure whose runs spread more than {NOISY:.0%} around their median is marked **noisy**.",
+def glance(lines, machine):
+    """The summary: one row per figure, sluice beside a peer or a floor,
+    with the command that reproduces it."""
+    rows = []
+
+    def row(what, ours, other, ratio, command, noisy=False):
+        rows.append(f"| {what} | {ours} | {other} | {ratio} | {command}{' **noisy**' if noisy else ''} |")
+
+    crit = {(l["group"], l["case"]): l for l in lines if l["suite"] == "criterion"}
+    spread_ = lambda *xs: any(x["mad_ns"] / x["median_ns"] > NOISY / 2 for x in xs)
+
+    def embedded_row(what, ours, theirs, name, short, command):
+        o, t = crit.get(ours), crit.get(theirs)
+        if o and t:
+            row(what, f"{fmt(o['median_ns'])} ns", f"{name} {fmt(t['median_ns'])} ns",
+                f"sluice / {short} {o['median_ns'] / t['median_ns']:.2f}", command, spread_(o, t))
+
+    decision = "`cargo bench -p sluice-store --bench decision`"
+    embedded_row("in process: one gcra rule, per decision", ("embedded_decision", "sluice/single_gcra"),
+                 ("embedded_decision", "governor/single_gcra"), "governor keyed", "governor", decision)
+    embedded_row("in process: three rules (tenant, route, subject), atomic", ("embedded_decision", "sluice/three_scopes"),
+                 ("embedded_decision", "governor/three_scopes"), "three governor checks", "governor", decision)
+    embedded_row("in process: one fixed_window rule", ("one_limit_per_key", "sluice_fixed_window"),
+                 ("one_limit_per_key", "limitador_fixed_window"), "limitador in memory", "limitador",
+                 "`cargo bench --manifest-path bench/peers/Cargo.toml --bench embedded`")
+
+    by = {}
+    for l in lines:
+        if l["suite"] in ("redis_peers", "node_peers", "python_peers") and l["backend"] == "redis":
+            by.setdefault(l["peer"], []).append(l["redis_process_us_per_decision"])
+    ours = by.get("sluice_fixed_window")
+    if ours:
+        names = {"limitador_fixed_window": "limitador", "rate_limiter_flexible": "rate-limiter-flexible",
+                 "limits_fixed_window": "limits"}
+        for peer, name in names.items():
+            if peer in by:
+                row("on one Redis: Redis CPU per decision, one fixed window", f"{fmt(median(ours), 2)} µs",
+                    f"{name} {fmt(median(by[peer]), 2)} µs", f"{name} / sluice {median(by[peer]) / median(ours):.2f}",
+                    "`scripts/bench.sh` (starts the Redis, installs the peers)",
+                    spread(ours) > NOISY or spread(by[peer]) > NOISY)
+
+    runs = machine["runs"] if machine else "N"
+    for l, ratio, _ in floor_steps(lines, "redis_cost"):
+        if l["rules"] in (1, 3):
+            row(f"Redis CPU per decision, {l['rules']} gcra rule{'s' if l['rules'] > 1 else ''}, against a minimal "
+                "function issuing the same commands",
+                f"{fmt(median(l['fcall']))} µs", f"floor {fmt(median(l['fcall_floor']))} µs", f"sluice / floor {ratio:.2f}",
+                f"`REDIS_COST_CALLS=50000 REDIS_COST_RUNS={runs} cargo run --release -p sluice-store --example redis_cost`",
+                spread(l["fcall"]) > NOISY or spread(l["fcall_floor"]) > NOISY)
+
+    service = service_runs(lines)
+    rate = next((l["rate"] for l in lines if l["suite"] == "service_cpu"), 4000)
+    seconds = machine["seconds"] if machine else "SECONDS"
+    cpu = f"scripts/service_cpu.sh {rate} {seconds} {runs}"
+    peer, grpc = service.get(("memory", "limitador")), service.get(("memory", "grpc"))
+    if peer and grpc:
+        row("service CPU per decision, gRPC, memory store", f"{fmt(median(grpc))} µs",
+            f"limitador-server {fmt(median(peer))} µs", f"sluice / limitador-server {median(grpc) / median(peer):.2f}",
+            f"`LIMITADOR_BIN=… {cpu}`", spread(grpc) > NOISY or spread(peer) > NOISY)
+    env = {"memory": "", "redis": "REDIS_URL=… ", "redis-cluster": "REDIS_CLUSTER_NODES=… "}
+    for store, prefix in env.items():
+        h, g = service.get((store, "http")), service.get((store, "grpc"))
+        if h and g:
+            row(f"service CPU per decision, {store} store: HTTP, gRPC", f"{fmt(median(h))} µs, {fmt(median(g))} µs",
+                "", f"gRPC / HTTP {median(g) / median(h):.2f}", f"`{prefix}{cpu}`",
+                spread(h) > NOISY or spread(g) > NOISY)
+
+    best = {}
+    for l in lines:
+        if l["suite"] == "throughput":
+            good = [p["rate"] for p in l["phases"] if p["errors"] == 0 and p["p99_us"] < 5000]
+            best.setdefault((l["backend"], l["api"]), []).append(max(good) if good else 0.0)
+    for backend in ("memory", "redis"):
+        cells = [(api, best[(backend, api)]) for api in ("http", "grpc") if (backend, api) in best]
+        if cells:
+            text = ", ".join(f"{api.upper() if api == 'http' else 'gRPC'} {fmt(median(b), 0) + '/s' if median(b) else 'none'}"
+                             for api, b in cells)
+            noisy = any(spread(b) > NOISY if median(b) else any(b) for _, b in cells)
+            row(f"throughput: highest rate with p99 under 5 ms, {backend} store", text, "", "",
+                "`scripts/bench.sh` (`sluice bench --scenario throughput` against `sluice serve`)",
+                noisy)
+    if not rows:
+        return []
+    return [
+        "| figure | sluice | peer or floor | ratio | reproduce |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
+def machine_line(machine, versions):
+    if not machine:
+        return []
+    return [
+        f"Run {machine['date']} on {machine['cores']} × {machine['cpu']} (Linux {machine['kernel']}, load {machine['load']} at the end), "
+        f"Redis {machine['redis']}, rustc {machine['rustc']}, Node {machine['node']}, Python {machine['python']}; "
+        f"{machine['runs']} runs of {machine['seconds']} s." + (f" Peers: {versions}." if versions else ""),
         "",
     ]
-    if machine:
-        body += [
-            f"Run {machine['date']} on {machine['cores']} × {machine['cpu']} (Linux {machine['kernel']}, load {machine['load']} at the end), "
-            f"Redis {machine['redis']}, rustc {machine['rustc']}, Node {machine['node']}, Python {machine['python']}; "
-            f"{machine['runs']} runs of {machine['seconds']} s." + (f" Peers: {versions}." if versions else ""),
-            "",
-        ]
-    for part in (targets, embedded, redis_cost, redis_instructions, peers, service, throughput):
-        body += part(lines)
-    body.append(END)
-    text = open(doc).read()
+
+
+def rewrite(path, body, title):
+    """Replaces the section between the markers of `path` with `body`;
+    without markers, puts it before the first `## ` section (or at the end;
+    a file that does not exist starts with `title`)."""
+    text = open(path).read() if os.path.exists(path) else f"{title}\n"
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
         tail = rest.split(END, 1)[1]
         text = head + "\n".join(body) + tail
-    else:
+    elif "\n## " in text:
         first_section = text.index("\n## ")
         text = text[: first_section + 1] + "\n".join(body) + "\n\n" + text[first_section + 1 :]
-    open(doc, "w").write(text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(body) + "\n"
+    open(path, "w").write(text)
+
+
+def main():
+    results, doc = sys.argv[1], sys.argv[2]
+    detail = sys.argv[3] if len(sys.argv) > 3 else os.path.join(os.path.dirname(doc), "benchmarks", "side-by-side.md")
+    link = os.path.relpath(detail, os.path.dirname(doc) or ".")
+    lines = load(results)
+    machine = next((l for l in lines if l["suite"] == "machine"), None)
+    versions = ", ".join(f"{l['package']} {l['version']}" for l in lines if l["suite"] == "version")
+    summary = [
+        BEGIN,
+        "## sluice against its peers and floors",
+        "",
+        f"Written by `scripts/bench.sh`, which takes every figure of this table in one run (edits between the markers are overwritten); "
+        f"medians of its runs, **noisy** where they spread more than {NOISY:.0%} around the median. "
+        f"Every table behind it, with the targets: [{link}]({link}).",
+        "",
+        *machine_line(machine, versions),
+        *glance(lines, machine),
+        END,
+    ]
+    body = [
+        BEGIN,
+        "## The tables of the last run",
+        "",
+        "Written by `scripts/bench.sh` (edits between the markers are overwritten). Medians of the runs; "
+        f"a figure whose runs spread more than {NOISY:.0%} around their median is marked **noisy**.",
+        "",
+        *machine_line(machine, versions),
+    ]
+    for part in (targets, embedded, redis_cost, redis_instructions, peers, service, throughput):
+        body += part(lines)
+    body.append(END)
+    rewrite(doc, summary, "# Benchmarks")
+    os.makedirs(os.path.dirname(detail) or ".", exist_ok=True)
+    rewrite(detail, body, "# Side by side: `scripts/bench.sh`")
 
 
 if __name__ == "__main__":

@@ -340,9 +340,11 @@ fn bench_refuses_a_bad_scenario_file_or_class_by_name() {
     );
 }
 
-/// `scripts/bench_report.py` rewrites only its section of a document, from
-/// the medians of the runs, flags figures whose runs spread, and replaces
-/// (never repeats) the section when run again.
+/// `scripts/bench_report.py` rewrites only its sections: the summary in
+/// the benchmark page (sluice beside its peers and floors, each figure with
+/// its command) and every table in the detail page beside it, from the
+/// medians of the runs, flagging figures whose runs spread, and replaces
+/// (never repeats) both when run again.
 #[test]
 fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
     let results = [
@@ -387,6 +389,8 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         "BENCHMARKS.md",
         "# Benchmarks\n\nIntro.\n\n## Kept by hand\n\nUntouched text.\n",
     );
+    // The detail page, beside the summary as in docs/.
+    let detail = doc.parent().unwrap().join("benchmarks/side-by-side.md");
     let report = || {
         let status = std::process::Command::new("python3")
             .arg(concat!(
@@ -397,14 +401,40 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
             .status()
             .expect("python3 runs (apt-get install python3)");
         assert!(status.success());
-        std::fs::read_to_string(&doc).unwrap()
+        (
+            std::fs::read_to_string(&doc).unwrap(),
+            std::fs::read_to_string(&detail).unwrap(),
+        )
     };
-    let once = report();
+    let (summary, once) = report();
     assert!(
-        once.contains("## Kept by hand\n\nUntouched text."),
-        "{once}"
+        summary.contains("## Kept by hand\n\nUntouched text."),
+        "{summary}"
     );
-    assert!(once.starts_with("# Benchmarks\n\nIntro.\n"), "{once}");
+    assert!(summary.starts_with("# Benchmarks\n\nIntro.\n"), "{summary}");
+    // The summary: machine, date, one row per figure beside a peer or a
+    // floor, with its command; the tables are in the detail page.
+    assert!(
+        summary.contains("Run 2026-12-01 on 2 × test cpu"),
+        "{summary}"
+    );
+    for row in [
+        "| in process: one gcra rule, per decision | 60.0 ns | governor keyed 50.0 ns | sluice / governor 1.20 | `cargo bench -p sluice-store --bench decision` |",
+        "| Redis CPU per decision, 1 gcra rule, against a minimal function issuing the same commands | 5.0 µs | floor 4.0 µs | sluice / floor 1.25 |",
+        "| service CPU per decision, gRPC, memory store | 13.0 µs | limitador-server 26.0 µs | sluice / limitador-server 0.50 | `LIMITADOR_BIN=… scripts/service_cpu.sh 4000 5 3` **noisy** |",
+        "| service CPU per decision, memory store: HTTP, gRPC | 10.0 µs, 13.0 µs |  | gRPC / HTTP 1.30 |",
+        "| throughput: highest rate with p99 under 5 ms, memory store | HTTP none, gRPC 2,000/s |",
+    ] {
+        assert!(summary.contains(row), "{row} in {summary}");
+    }
+    assert!(
+        summary.contains("[benchmarks/side-by-side.md](benchmarks/side-by-side.md)"),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("### The targets in this run"),
+        "{summary}"
+    );
     assert!(
         once.contains("| HTTP `/v1/check` | 10.0, 10.2, 9.8 | 10.0 µs (runs ±2%) |"),
         "{once}"
@@ -460,7 +490,10 @@ fn the_bench_report_rewrites_its_section_with_medians_and_noise_flags() {
         .expect("a verdicts table");
     let tables = once.find("### In process").expect("the in-process table");
     assert!(verdicts < tables, "the verdicts come first: {once}");
-    let twice = report();
+    let (summary_twice, twice) = report();
     assert_eq!(once, twice, "a second run replaces the section");
-    assert_eq!(twice.matches("<!-- bench.sh:begin -->").count(), 1);
+    assert_eq!(summary, summary_twice, "and the summary");
+    for text in [twice, summary_twice] {
+        assert_eq!(text.matches("<!-- bench.sh:begin -->").count(), 1);
+    }
 }

@@ -9,36 +9,7 @@ mod common;
 use std::process::Command;
 
 use common::Server;
-
-/// A line with its clock-dependent figures replaced.
-fn timeless(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    let marks = [
-        "t=",
-        "\"reset_after_ms\":",
-        "\"retry_after_ms\":",
-        "retry-after: ",
-    ];
-    while !rest.is_empty() {
-        if let Some(mark) = marks.iter().find(|m| rest.starts_with(**m)) {
-            out.push_str(mark);
-            rest = &rest[mark.len()..];
-            let digits = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
-            if digits > 0 {
-                out.push('N');
-            }
-            rest = &rest[digits..];
-        } else {
-            let c = rest.chars().next().unwrap();
-            out.push(c);
-            rest = &rest[c.len_utf8()..];
-        }
-    }
-    out
-}
+use common::markdown::timeless;
 
 /// The README's `$ command` lines with what follows them, in order, and
 /// the loop the text asks to run first.

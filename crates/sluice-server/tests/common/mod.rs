@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod markdown;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::ops::Deref;
