@@ -27,6 +27,9 @@ pub const SLIDING_LOG_MAX_LIMIT: u64 = 10_000;
 /// `concurrency` keeps one entry per lease held, so its `limit` is capped
 /// like `sliding_log`'s.
 pub const CONCURRENCY_MAX_LIMIT: u64 = 10_000;
+/// The least a share of a rule split over several keys holds (see
+/// [`Rule::shares`]).
+pub const MIN_SHARE: u64 = 25;
 /// The longest `lease` of a `concurrency` rule: one day.
 pub const MAX_LEASE_MS: u64 = 86_400_000;
 
@@ -283,12 +286,16 @@ impl Rule {
         )
     }
 
-    /// Into how many shares, of at most `most`, this rule can be cut without
-    /// rounding a share up: no more than its limit and its burst, so that
-    /// the shares add up to at most the rule (and at least the rule minus
-    /// one unit per share).
+    /// Into how many shares, of at most `most`, this rule is cut: each
+    /// holds at least [`MIN_SHARE`] units of its limit and of its burst
+    /// (so the shares add up to at most the rule, and at least the rule
+    /// minus one unit per share). A rule too small for that is no hot key
+    /// to spread, and a share of a few units would be empty as often as
+    /// not.
     pub fn shares(&self, most: u64) -> u64 {
-        most.min(self.limit).min(self.burst).max(1)
+        most.min(self.limit / MIN_SHARE)
+            .min(self.burst / MIN_SHARE)
+            .max(1)
     }
 
     /// A `concurrency` rule of `limit` leases at once, each expiring

@@ -216,7 +216,9 @@ impl ClusterStore {
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         let valve_parts = u64::from(self.valve_shards);
         let valve = Valve {
-            turn: self.next_valve.fetch_add(1, Ordering::Relaxed),
+            turn: batch.valve_turn.unwrap_or_else(|| {
+                crate::store::scatter(self.next_valve.fetch_add(1, Ordering::Relaxed))
+            }),
             shards: valve_parts,
         };
         let buckets = KeySet::keys(&self.keys.current, batch, valve);

@@ -34,6 +34,23 @@ pub struct Batch<'a> {
     /// The lease an admission takes of every `concurrency` rule (random,
     /// chosen by the caller); `None`: concurrency rules only check.
     pub lease: Option<u128>,
+    /// Which key of each split valve this decision uses (the valve's
+    /// shards taken modulo their number); `None`: the store chooses.
+    pub valve_turn: Option<u64>,
+}
+
+/// The valve turn of the decision numbered `n` (see
+/// [`Batch::valve_turn`]): spread like random over a split valve's keys
+/// (splitmix64), so that no two instances' choices fall into step with each
+/// other or with their load. (A fair valve's level is read from the key a
+/// decision used: keys taken in turn, in step with a load balancer's own
+/// turns, had each instance read only the keys the other had just
+/// drained.)
+pub fn scatter(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Whose bucket a rule counts in.
@@ -66,6 +83,7 @@ impl<'a> Batch<'a> {
             partitions: &[],
             costs: &[],
             lease: None,
+            valve_turn: None,
         }
     }
 

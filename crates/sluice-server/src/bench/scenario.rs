@@ -6,6 +6,12 @@
 //!   polite request was denied and no noisy tenant got more than the limit
 //!   the service answered with; it reports polite latency with and without
 //!   the noise.
+//! - **valve**: noisy tenants, each inside its own limits, saturate a
+//!   global valve while polite ones ask for less than their fair share:
+//!   after the shares have converged, it passes when the valve denied the
+//!   polite tenants at most 2% of their requests and gave each noisy
+//!   tenant its share within ±25% of their mean; it reports each tenant's
+//!   admitted rate.
 //! - **throughput**: one class of tenants at rising rates: the highest
 //!   rate at which p99 stays under 5 ms (and nothing failed).
 //! - **steady**: one class at one rate, to measure at a known load.
@@ -16,6 +22,13 @@ use serde::Serialize;
 
 use super::open::{self, Class, ClassReport, Load};
 use crate::Fallible;
+
+/// How long the valve scenario lets shares converge before it measures.
+pub const VALVE_CONVERGENCE: std::time::Duration = std::time::Duration::from_secs(2);
+/// The valve scenario's bounds: the polite tenants' share denied, and how
+/// far a noisy tenant may be from the noisy tenants' mean.
+const POLITE_DENIED_PERCENT: f64 = 2.0;
+const SHARE_SPREAD: f64 = 0.25;
 
 /// One phase of a scenario and what each class saw.
 #[derive(Debug, Clone, Serialize)]
@@ -103,6 +116,86 @@ pub async fn isolation(base: &Load, polite: Class, noisy: Class) -> Fallible<Out
                 name: "polite with noisy".into(),
                 offered_per_second: offered(&together.classes),
                 classes: loud,
+            },
+        ],
+        passed,
+        verdict,
+    })
+}
+
+/// Valve: `polite` and `noisy` together on `base.route`, a valve's route,
+/// for [`VALVE_CONVERGENCE`] (shares converge) and then for
+/// `base.duration` (measured), the same tenants throughout.
+pub async fn valve(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome> {
+    let classes = vec![polite.clone(), noisy.clone()];
+    let run = format!("{}-valve", base.run);
+    let converging = Load {
+        classes: classes.clone(),
+        duration: VALVE_CONVERGENCE,
+        run: run.clone(),
+        ..base.clone()
+    };
+    let first = open::run(&converging).await?;
+    let measured = Load {
+        classes,
+        run,
+        ..base.clone()
+    };
+    let report = open::run(&measured).await?;
+    let seconds = base.duration.as_secs_f64();
+    let (polite_report, noisy_report) = (&report[0], &report[1]);
+    let rates = |c: &ClassReport| -> Vec<f64> {
+        c.admitted_per_tenant
+            .iter()
+            .map(|&n| n as f64 / seconds)
+            .collect()
+    };
+    let noisy_rates = rates(noisy_report);
+    let mean = noisy_rates.iter().sum::<f64>() / noisy_rates.len().max(1) as f64;
+    let even = noisy_rates
+        .iter()
+        .all(|r| (r - mean).abs() <= SHARE_SPREAD * mean);
+    let errors: u64 = first.iter().chain(&report).map(|c| c.errors).sum();
+    let polite_denied = polite_report.denied_percent();
+    let passed = polite_denied <= POLITE_DENIED_PERCENT && even && errors == 0;
+    let shown = |rates: &[f64]| {
+        rates
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let verdict = format!(
+        "after {} s to converge, over {} s: polite tenants denied {polite_denied:.2}% (at most {POLITE_DENIED_PERCENT}%), admitted {} per second each; noisy tenants admitted {} per second each (within ±{:.0}% of their mean {mean:.1}: {}){}{}",
+        VALVE_CONVERGENCE.as_secs(),
+        base.duration.as_secs(),
+        shown(&rates(polite_report)),
+        shown(&noisy_rates),
+        SHARE_SPREAD * 100.0,
+        if even { "yes" } else { "no" },
+        if errors > 0 {
+            format!("; {errors} requests failed")
+        } else {
+            String::new()
+        },
+        lag_note(&[Phase {
+            name: String::new(),
+            offered_per_second: 0.0,
+            classes: report.clone(),
+        }]),
+    );
+    Ok(Outcome {
+        scenario: "valve",
+        phases: vec![
+            Phase {
+                name: "converging".into(),
+                offered_per_second: offered(&converging.classes),
+                classes: first,
+            },
+            Phase {
+                name: "measured".into(),
+                offered_per_second: offered(&measured.classes),
+                classes: report,
             },
         ],
         passed,
@@ -323,6 +416,7 @@ mod tests {
                 errors: 0,
                 most_admitted_per_tenant: 1,
                 least_admitted_per_tenant: 1,
+                admitted_per_tenant: vec![1],
                 limit: None,
                 allowance: None,
                 p50_us: 1,

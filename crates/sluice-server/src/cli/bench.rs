@@ -41,15 +41,20 @@ impl Settings {
             Some(path) => ScenarioFile::read(path)?,
             None => ScenarioFile::default(),
         };
+        let scenario = args.scenario.or(file.scenario).unwrap_or(Scenario::Closed);
+        let (polite_default, noisy_default) = match scenario {
+            Scenario::Valve => ("1:10", "3:150"),
+            _ => ("4:2", "4:200"),
+        };
         let polite = match (&args.polite, file.polite) {
             (Some(spec), _) => class("polite", spec)?,
             (None, Some(c)) => checked("polite", "polite", c.tenants, c.rate)?,
-            (None, None) => class("polite", "4:2")?,
+            (None, None) => class("polite", polite_default)?,
         };
         let noisy = match (&args.noisy, file.noisy) {
             (Some(spec), _) => class("noisy", spec)?,
             (None, Some(c)) => checked("noisy", "noisy", c.tenants, c.rate)?,
-            (None, None) => class("noisy", "4:200")?,
+            (None, None) => class("noisy", noisy_default)?,
         };
         let classes = if args.classes.is_empty() {
             let named = file.classes.unwrap_or_default();
@@ -80,7 +85,7 @@ impl Settings {
             ));
         }
         let settings = Settings {
-            scenario: args.scenario.or(file.scenario).unwrap_or(Scenario::Closed),
+            scenario,
             api: args.api.or(file.api).unwrap_or(Api::Http),
             target: args.target.or(file.target),
             domain: args
@@ -196,6 +201,11 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
                 runtime.block_on(scenario::throughput(&base, class, settings.start_rate))
             }
         }
+        Scenario::Valve => runtime.block_on(scenario::valve(
+            &base,
+            settings.polite.clone(),
+            settings.noisy.clone(),
+        )),
         Scenario::Mix => runtime.block_on(scenario::mix(&base, settings.classes.clone())),
         Scenario::Closed => unreachable!("handled above"),
     };

@@ -79,7 +79,9 @@ pub struct BenchArgs {
     file: Option<PathBuf>,
     /// `closed`: `--concurrency` workers on the Envoy RLS, each sending
     /// when the previous answer came; `isolation`: polite tenants alone,
-    /// then with noisy ones (open loop); `throughput`: rising rates until
+    /// then with noisy ones (open loop); `valve`: noisy tenants saturating
+    /// the valve of `--route` beside polite ones, 2 s to converge and then
+    /// `--seconds` measured (open loop); `throughput`: rising rates until
     /// p99 passes 5 ms (open loop); `steady`: one rate (open loop); `mix`:
     /// the `--class`es together (open loop). Default `closed`.
     #[arg(long, value_enum)]
@@ -88,7 +90,8 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     api: Option<Api>,
     /// The service: its HTTP base (default http://127.0.0.1:8080) or its
-    /// gRPC address (default http://127.0.0.1:8081).
+    /// gRPC address (default http://127.0.0.1:8081); several instances,
+    /// comma-separated, take turns (open loop).
     #[arg(long)]
     target: Option<String>,
     /// The rate-limit domain of every request (gRPC). Default `sluice`.
@@ -113,11 +116,11 @@ pub struct BenchArgs {
     #[arg(long)]
     route: Option<String>,
     /// Polite tenants, `COUNT:RATE` (requests per second each). Default
-    /// `4:2`.
+    /// `4:2` (`valve`: `1:10`).
     #[arg(long)]
     polite: Option<String>,
     /// Noisy tenants, `COUNT:RATE` (requests per second each). Default
-    /// `4:200`.
+    /// `4:200` (`valve`: `3:150`).
     #[arg(long)]
     noisy: Option<String>,
     /// A class of tenants of the `mix` scenario, `NAME:COUNT:RATE`
@@ -149,6 +152,9 @@ pub enum Scenario {
     Closed,
     /// Polite tenants with and without noisy ones.
     Isolation,
+    /// Noisy tenants saturating a valve (`--route`) with polite ones below
+    /// their share: each tenant's admitted rate.
+    Valve,
     /// The highest rate with p99 under 5 ms.
     Throughput,
     /// `--start-rate` requests per second over `--tenants` for

@@ -118,16 +118,31 @@ impl DenialCache {
     }
 
     /// Remembers the buckets that denied `batch`, the store having answered
-    /// at `now` for a call started in `epoch`.
-    pub fn record(&self, epoch: u64, batch: &Batch<'_>, outcomes: &[Outcome], now: u64) {
+    /// at `now` for a call started in `epoch`; `split_valves` when each
+    /// valve is split over several keys (Redis Cluster's `global_shards`).
+    pub fn record(
+        &self,
+        epoch: u64,
+        batch: &Batch<'_>,
+        outcomes: &[Outcome],
+        now: u64,
+        split_valves: bool,
+    ) {
         let map = self.map.pin();
         for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
             // A concurrency denial lasts until a release, which can come
-            // at any moment: never remembered.
+            // at any moment: never remembered. Nor a fair valve's share: its
+            // rate is set afresh for every decision, and a wait computed at
+            // one rate would outlast it.
             if outcome.allowed
                 || rule.shadow()
                 || outcome.retry_after_ms == 0
                 || rule.rule().is_concurrency()
+                || rule.scope() == sluice_core::Scope::Share
+                // One key of a split valve denied: the next decision uses
+                // another, which may well admit (remembered, one empty key
+                // denied every tenant as if the whole valve were).
+                || (split_valves && rule.scope() == sluice_core::Scope::Global)
             {
                 continue;
             }
@@ -208,7 +223,7 @@ mod tests {
             reset_after_ms: 100,
             retry_after_ms: 0,
         };
-        cache.record(0, &batch("a", 2), &[denied, allowed], 1_000);
+        cache.record(0, &batch("a", 2), &[denied, allowed], 1_000, false);
         assert_eq!(cache.check(&batch("a", 2), 1_050), Some((0, 150)));
         assert_eq!(cache.check(&batch("a", 2), 1_199), Some((0, 1)));
         assert_eq!(
@@ -242,7 +257,7 @@ mod tests {
         let rules = policy.applicable("a", "GET /", false).rules;
         let batch = Batch::new("a", None, 1, rules);
         let cache = DenialCache::default();
-        cache.record(0, &batch, &[denied(100), denied(700)], 1_000);
+        cache.record(0, &batch, &[denied(100), denied(700)], 1_000, false);
         assert_eq!(cache.check(&batch, 1_000), Some((1, 700)));
     }
 
@@ -252,8 +267,20 @@ mod tests {
         let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
         let rules = policy.applicable("a", "GET /", false).rules;
         let cache = DenialCache::default();
-        cache.record(0, &Batch::new("a", None, 4, rules), &[denied(800)], 1_000);
-        cache.record(0, &Batch::new("a", None, 1, rules), &[denied(200)], 1_000);
+        cache.record(
+            0,
+            &Batch::new("a", None, 4, rules),
+            &[denied(800)],
+            1_000,
+            false,
+        );
+        cache.record(
+            0,
+            &Batch::new("a", None, 1, rules),
+            &[denied(200)],
+            1_000,
+            false,
+        );
         assert_eq!(
             cache.check(&Batch::new("a", None, 4, rules), 1_100),
             Some((0, 700)),
@@ -271,7 +298,7 @@ mod tests {
         let cache = DenialCache::default();
         let started = cache.epoch();
         cache.clear(); // a reload while the store call was under way
-        cache.record(started, &batch, &[denied(800)], 1_000);
+        cache.record(started, &batch, &[denied(800)], 1_000, false);
         assert_eq!(cache.check(&batch, 1_100), None);
     }
 }

@@ -29,47 +29,58 @@
 //! without per-tenant state at the valve, so `α` is found by feedback
 //! instead (as approximate fair dropping does with a queue's length): the
 //! signal is the valve's own fill level `ℓ` (its `remaining` over its
-//! capacity, in `[0, 1]`, returned by every decision that asks it). A
-//! saturated valve drains when the gates admit more than `C` and refills
-//! when they admit less, so holding `ℓ` at a set point `T = ½` holds the
-//! admitted total at `C`. With time measured in `θ`, the time the valve
-//! takes to drain at its own rate (`capacity × per / limit`: one second
-//! for `limit: N, per: 1s` with the default burst), `α` follows a
-//! proportional-integral law on `e = ℓ − T`:
+//! capacity, in `[0, 1]`, as every decision that asks it finds it). A
+//! valve drains while the gates let through more than `C` and refills
+//! while they let through less. `α` is a fixed function of the level:
 //!
 //! ```text
-//! ln α = I + K_P · e,        dI/d(t/θ) = K_I · e
+//! α(ℓ) = C · e^(K·(ℓ − T)),        K = 12,  T = 0.6
 //! ```
 //!
-//! Linearised around the fair point, `dℓ/d(t/θ) = −a · δ(ln α)` where
-//! `a ≤ 1` is the share of the valve's rate going to gated tenants, so
-//! `e'' + a·K_P·e' + a·K_I·e = 0`: with `K_I = 16` and `K_P = 8` the loop
-//! is critically damped at `a = 1` (ω = 4/θ) and stays damped below
-//! (ζ = 0.71 at `a = ½`), settling within about one `θ`. The half of the
-//! valve below the set point is the room a tenant under its share draws
-//! on while the level moves; the valve denies it only when that room is
-//! gone, which a converged level keeps from happening.
+//! With time measured in `θ`, the time the valve takes to drain at its own
+//! rate (`capacity × per / limit`: one second for `limit: N, per: 1s` and
+//! the default burst), the level moves as `dℓ/d(t/θ) = 1 − A(α(ℓ))/C`,
+//! where `A(α) = Σ min(dᵢ, wᵢ·α)` is what the gates let through. `A`
+//! grows with `α` and `α` with `ℓ`, so the level settles where `A = C`,
+//! at `ℓ* = T + ln(α*/C)/K` for the fair level `α*`, and returns there
+//! after any change at the rate `a·K` per `θ` (`a ≤ 1`, the share of the
+//! valve's rate going to gated tenants): within a twelfth of `θ` when all
+//! of it is gated, within about `θ` in any case that matters. The level
+//! used is the one the latest decision found (before its own units: on a
+//! valve split into small keys one unit is much of a key), refilled at the
+//! valve's rate for the time since.
 //!
-//! - **Work-conserving**: gates engage only once the level falls below
-//!   `T`, starting from `α = C` (one tenant may have the whole valve), and
-//!   disengage once the valve is nearly full (`ℓ ≥ 0.9`) with `α ≥ C`.
-//!   A tenant alone is held at `α = C`: the whole valve.
-//! - **Adapting**: tenants joining or leaving move the level, and `α`
-//!   follows within about one `θ` (bounded below by the rate decisions come
+//! What is between `ℓ*` and empty is the room a tenant under its share
+//! draws on: the valve denies it only when that room is gone. The room
+//! shrinks with the number of saturating tenants (`n` equal ones:
+//! `α* = C/n`, `ℓ* = 0.6 − ln(n)/12`): 0.5 of the valve for 3, 0.22 for
+//! 100, none left past about 1,300, where the valve is first come again
+//! among them (and a tenant under its share may be denied while the level
+//! touches empty).
+//!
+//! Why no integral term, which would hold `ℓ` at `T` whatever `n`: every
+//! instance keeps its own `α`, read off the same shared level. A fixed
+//! function of the level gives every instance the same `α` from the same
+//! valve; integrals would each sum their own samples of it, and with
+//! nothing to pull them together, drift apart (measured: one instance's
+//! gates shut while another's opened).
+//!
+//! - **Work-conserving**: at `ℓ ≥ T`, `α ≥ C` and no gate holds anyone
+//!   back; a tenant alone is held at `α = C`, the whole valve, at `ℓ = T`.
+//! - **Adapting**: tenants joining or leaving move the level, and `α` with
+//!   it, within about one `θ` (bounded below by the rate decisions come
 //!   in: the level is read from their answers). An instance that hears
-//!   nothing from the valve for one `θ` lets `α` rise as if the valve were
-//!   full, and forgets it after four: a gate never starves a tenant
-//!   because the decisions that would have raised `α` were all denied.
+//!   nothing from a valve counts it as refilling at its rate: a gate never
+//!   stays shut because the decisions that would have told were denied.
 //! - **Bounded**: the valve's own limit is never exceeded (its bucket is
 //!   still exact); fairness only chooses who gets its units.
-//! - **Several instances**: each keeps its own `α`, fed by the same shared
-//!   level, so they follow the same law on the same signal.
-//! - **Sharded valves** (Redis Cluster's `global_shards`): the level is
-//!   that of the shard a decision used, over that shard's capacity; the
-//!   shards are used in turn, so one `α` per valve (not per shard) follows
-//!   them all.
+//! - **Sharded valves** (Redis Cluster's `global_shards`): the limiter
+//!   chooses the key each decision uses (as if at random: see
+//!   [`scatter`](crate::store::scatter)) and keeps the level last found on
+//!   each; the valve's level is their mean, so one `α` per valve (not per
+//!   key) is read off the whole valve.
 //!
-//! A gate's tolerance is a tenth of `θ` at its rate (at least the
+//! A gate's tolerance is a quarter of `θ` at its rate (at least the
 //! request's cost, so a costly request passes a gate with nothing owed),
 //! and its state is repaired like any `gcra` state when the rate rises.
 //! A gate whose valve is not saturated runs at a rate no request reaches.
@@ -81,19 +92,14 @@ use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS};
 use sluice_core::{Algorithm, BoundRule, Decision, Rule, Scope};
 use smallvec::SmallVec;
 
-/// The fill level the law holds a saturated valve at.
-const SET_POINT: f64 = 0.5;
-/// The integral gain, per `θ`.
-const K_I: f64 = 16.0;
-/// The proportional gain.
-const K_P: f64 = 8.0;
-/// The level above which a valve with `α ≥ C` is no longer saturated.
-const RELEASE_LEVEL: f64 = 0.9;
-/// `α` stays within these multiples of the valve's rate.
-const LOWEST: f64 = 1e-6;
-const HIGHEST: f64 = 4.0;
+/// The level at which `α` is the valve's rate.
+const SET_POINT: f64 = 0.6;
+/// How steeply `α` follows the level.
+const K: f64 = 12.0;
+/// `α` at or above this multiple of the valve's rate holds nobody back.
+const OPEN: f64 = 4.0;
 /// A gate's tolerance, as a share of `θ`.
-const TOLERANCE: f64 = 0.1;
+const TOLERANCE: f64 = 0.25;
 /// Rates (units per ms) at which a gate is written with a precision of
 /// about one in this many.
 const PRECISION: f64 = 10_000.0;
@@ -102,6 +108,8 @@ const PRECISION: f64 = 10_000.0;
 #[derive(Default)]
 pub(crate) struct FairShares {
     valves: papaya::HashMap<u64, parking_lot::Mutex<Level>>,
+    /// Numbers decisions, for their valve turns.
+    decisions: std::sync::atomic::AtomicU64,
 }
 
 /// What the metrics show of one valve.
@@ -116,23 +124,24 @@ pub struct ValveLevel {
     pub level_per_second: f64,
 }
 
-/// One valve's law.
+/// One valve's level, as this instance has seen it.
 #[derive(Debug)]
 struct Level {
     name: Arc<str>,
-    engaged: bool,
-    /// `I`, the integral part of `ln α` (`α` in units per ms).
-    integral: f64,
-    /// The latest level seen.
-    level: f64,
-    /// When the latest level was seen.
-    seen_ms: u64,
+    /// The valve's rule, as last seen.
+    valve: Rule,
+    /// Per key of the valve (one, unless it is split), the level a
+    /// decision last found there and when.
+    keys: SmallVec<[(f64, u64); 4]>,
 }
 
-/// Where a request's gates and their valves are among its rules.
+/// Where a request's gates and their valves are among its rules, and
+/// which key of each split valve it uses.
 pub(crate) struct Gates {
     /// (gate index, valve index) per fair valve.
     pairs: SmallVec<[(usize, usize); 2]>,
+    /// The decision's [`Batch::valve_turn`](crate::Batch::valve_turn).
+    pub(crate) turn: u64,
 }
 
 impl FairShares {
@@ -151,6 +160,11 @@ impl FairShares {
         let mut gated: SmallVec<[BoundRule; 6]> = rules.iter().cloned().collect();
         let mut pairs = SmallVec::new();
         let valves = self.valves.pin();
+        let n = self
+            .decisions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut turn = crate::store::scatter(n ^ self.seed());
+        let mut first = true;
         for (g, gate) in rules.iter().enumerate() {
             if gate.scope() != Scope::Share {
                 continue;
@@ -165,12 +179,16 @@ impl FairShares {
             pairs.push((g, v));
             let valve = &rules[v];
             let alpha = valves.get(&gate.uid()).map_or(f64::INFINITY, |level| {
-                level.lock().alpha(valve.rule(), now_ms)
+                let level = level.lock();
+                if std::mem::take(&mut first) {
+                    turn = level.fullest(valve.rule(), now_ms, turn);
+                }
+                level.alpha(valve.rule(), now_ms)
             });
             let rate = alpha * weight / shards;
             gated[g] = gate.with_rule(gate_rule(rate, cost, TOLERANCE * drain_ms(valve.rule())));
         }
-        (gated, Gates { pairs })
+        (gated, Gates { pairs, turn })
     }
 
     /// Learns each fair valve's level from `decision`, when it is known: a
@@ -181,6 +199,7 @@ impl FairShares {
         &self,
         gates: &Gates,
         decision: &Decision<'_>,
+        cost: u64,
         valve_parts: u64,
         now_ms: u64,
     ) {
@@ -194,31 +213,42 @@ impl FairShares {
                 continue;
             }
             let valve = &decision.rules[v];
-            let enforced = valve.rule().share(valve.rule().shares(valve_parts));
-            let level = (f64::from(outcome.remaining) / enforced.capacity() as f64).clamp(0.0, 1.0);
+            let keys = valve.rule().shares(valve_parts);
+            let enforced = valve.rule().share(keys);
+            // The level the request found: what it took counts as still
+            // there (on a valve split into small keys, one unit is much of
+            // a key, and every sight after an admission would read low).
+            let found = u64::from(outcome.remaining) + if outcome.allowed { cost } else { 0 };
+            let level = (found as f64 / enforced.capacity() as f64).clamp(0.0, 1.0);
             let gate = &decision.rules[g];
             let entry = valves.get_or_insert_with(gate.uid(), || {
-                parking_lot::Mutex::new(Level::new(gate.name().into()))
+                parking_lot::Mutex::new(Level::new(gate.name().into(), *valve.rule()))
             });
-            entry.lock().observe(valve.rule(), level, now_ms);
+            let key = (gates.turn % keys) as usize;
+            entry
+                .lock()
+                .observe(valve.rule(), key, keys as usize, level, now_ms);
         }
     }
 
+    /// What makes this instance's turns its own.
+    fn seed(&self) -> u64 {
+        std::ptr::from_ref(self) as u64 ^ u64::from(std::process::id()).rotate_left(32)
+    }
+
     /// Every valve this instance has seen, for the metrics.
-    pub(crate) fn levels(&self) -> Vec<ValveLevel> {
+    pub(crate) fn levels(&self, now_ms: u64) -> Vec<ValveLevel> {
         self.valves
             .pin()
             .values()
             .map(|level| {
                 let level = level.lock();
+                let alpha = level.alpha(&level.valve, now_ms);
+
                 ValveLevel {
                     valve: level.name.clone(),
-                    saturated: level.engaged,
-                    level_per_second: if level.engaged {
-                        level.integral.exp() * 1_000.0
-                    } else {
-                        f64::INFINITY
-                    },
+                    saturated: alpha.is_finite(),
+                    level_per_second: alpha * 1_000.0,
                 }
             })
             .collect()
@@ -226,65 +256,78 @@ impl FairShares {
 }
 
 impl Level {
-    fn new(name: Arc<str>) -> Level {
+    fn new(name: Arc<str>, valve: Rule) -> Level {
         Level {
             name,
-            engaged: false,
-            integral: 0.0,
-            level: 1.0,
-            seen_ms: 0,
+            valve,
+            keys: SmallVec::new(),
         }
     }
 
-    /// Moves the law on to a level seen at `now_ms`.
-    fn observe(&mut self, valve: &Rule, level: f64, now_ms: u64) {
+    /// Notes the level a decision found at `now_ms` on key `key` of a valve
+    /// split over `keys` (1 when whole).
+    fn observe(&mut self, valve: &Rule, key: usize, keys: usize, seen: f64, now_ms: u64) {
+        self.valve = *valve;
+        if self.keys.len() != keys {
+            // New, or split anew (a reload): keys not seen yet count full.
+            self.keys = smallvec::smallvec![(1.0, now_ms); keys];
+        }
+        let (level, at) = &mut self.keys[key];
+        // A clock that stepped back keeps the later time.
+        *level = seen;
+        *at = (*at).max(now_ms);
+    }
+
+    /// The valve's level now: the mean of its keys' levels as last found,
+    /// each refilled at its rate for the time since (a key nobody told of
+    /// is one nobody drained).
+    fn now(&self, valve: &Rule, now_ms: u64) -> f64 {
+        if self.keys.is_empty() {
+            return 1.0;
+        }
         let theta = drain_ms(valve);
-        let rate = rate_per_ms(valve);
-        let elapsed = now_ms.saturating_sub(self.seen_ms) as f64;
-        if !self.engaged {
-            if level <= SET_POINT {
-                self.engaged = true;
-                self.integral = rate.ln();
-            }
-        } else if elapsed > 4.0 * theta {
-            // Nothing heard for long: start again from the valve's rate.
-            self.integral = rate.ln();
+        let sum: f64 = self
+            .keys
+            .iter()
+            .map(|&(level, at)| (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0))
+            .sum();
+        sum / self.keys.len() as f64
+    }
+
+    /// A turn (see [`Batch::valve_turn`](crate::Batch::valve_turn)) that
+    /// puts a decision on the key of a split valve it knows to be fullest
+    /// (the first of those within a unit of it, from `random`'s key on;
+    /// `random` itself for a whole valve): joining the fullest key keeps
+    /// the keys level, so that a request finds one empty only when the
+    /// whole valve nearly is.
+    fn fullest(&self, valve: &Rule, now_ms: u64, random: u64) -> u64 {
+        let keys = self.keys.len() as u64;
+        if keys <= 1 {
+            return random;
+        }
+        let theta = drain_ms(valve);
+        let unit = keys as f64 / valve.capacity().max(1) as f64;
+        let level = |k: u64| {
+            let (level, at) = self.keys[k as usize];
+            (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0)
+        };
+        let best = (0..keys).map(level).fold(0.0, f64::max);
+        let start = random % keys;
+        (0..keys)
+            .map(|i| (start + i) % keys)
+            .find(|&k| level(k) >= best - unit)
+            .unwrap_or(start)
+    }
+
+    /// `α` now, in units per ms per unit of weight (infinite while it
+    /// holds nobody back).
+    fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
+        let alpha = rate_per_ms(valve) * (K * (self.now(valve, now_ms) - SET_POINT)).exp();
+        if alpha >= OPEN * rate_per_ms(valve) {
+            f64::INFINITY
         } else {
-            // A clock that stepped back moves nothing.
-            self.integral += K_I * (level - SET_POINT) * elapsed.min(theta) / theta;
+            alpha
         }
-        self.integral = self
-            .integral
-            .clamp((rate * LOWEST).ln(), (rate * HIGHEST).ln());
-        if self.engaged && level >= RELEASE_LEVEL && self.integral >= rate.ln() {
-            self.engaged = false;
-        }
-        self.level = level;
-        self.seen_ms = now_ms;
-    }
-
-    /// `α` now, in units per ms per unit of weight (infinite while the
-    /// valve is not saturated).
-    fn alpha(&mut self, valve: &Rule, now_ms: u64) -> f64 {
-        if !self.engaged {
-            return f64::INFINITY;
-        }
-        let theta = drain_ms(valve);
-        let silent = now_ms.saturating_sub(self.seen_ms) as f64;
-        if silent > 4.0 * theta {
-            self.engaged = false;
-            return f64::INFINITY;
-        }
-        if silent > theta {
-            // Every decision since was denied before it reached the valve
-            // (by its gate, most likely): rise as if the valve were full,
-            // so that no gate stays shut for want of news.
-            let rate = rate_per_ms(valve);
-            self.integral = (self.integral + K_I * (1.0 - SET_POINT) * (silent - theta) / theta)
-                .min((rate * HIGHEST).ln());
-            self.seen_ms = now_ms - theta as u64;
-        }
-        (self.integral + K_P * (self.level - SET_POINT)).exp()
     }
 }
 
@@ -361,55 +404,84 @@ mod tests {
     }
 
     #[test]
-    fn the_law_engages_below_the_set_point_at_the_valves_rate_and_lets_go_when_full() {
+    fn alpha_is_the_valves_rate_at_the_set_point_and_falls_as_it_drains() {
         let valve = valve();
-        let mut level = Level::new("v".into());
-        level.observe(&valve, 0.8, 1_000);
-        assert!(level.alpha(&valve, 1_000).is_infinite(), "not saturated");
-        level.observe(&valve, 0.5, 1_010);
-        assert!(level.engaged);
-        // At the set point, α is the valve's rate: one tenant may have it all.
-        let alpha = level.alpha(&valve, 1_010);
-        assert!((alpha - 0.1).abs() < 1e-9, "{alpha}");
-        // Draining: α falls at once (the proportional part) and keeps
-        // falling (the integral).
-        level.observe(&valve, 0.2, 1_110);
-        let lower = level.alpha(&valve, 1_110);
-        assert!(lower < 0.1 * (-8.0f64 * 0.3).exp() * 1.001, "{lower}");
-        level.observe(&valve, 0.2, 1_210);
-        assert!(level.alpha(&valve, 1_210) < lower);
-        // Full again for long enough: released.
-        for t in 0..40 {
-            level.observe(&valve, 1.0, 1_300 + t * 100);
+        let mut level = Level::new("v".into(), valve);
+        assert!(level.alpha(&valve, 1_000).is_infinite(), "a full valve");
+        for t in 0..100 {
+            level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
         }
-        assert!(!level.engaged);
-        assert!(level.alpha(&valve, 5_300).is_infinite());
+        // At the set point, α is the valve's rate: one tenant may have it all.
+        let alpha = level.alpha(&valve, 1_099);
+        assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
+        // Draining: α falls with the level, e^12 over the whole valve.
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 0.2, 1_100 + t);
+        }
+        let lower = level.alpha(&valve, 1_299);
+        assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
+        // Full again: nobody held back.
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 1.0, 1_300 + t);
+        }
+        assert!(level.alpha(&valve, 1_500).is_infinite());
     }
 
     #[test]
-    fn a_clock_stepping_back_moves_nothing() {
+    fn a_split_valve_is_as_full_as_its_keys_on_average() {
         let valve = valve();
-        let mut level = Level::new("v".into());
-        level.observe(&valve, 0.3, 10_000);
-        let before = level.integral;
-        level.observe(&valve, 0.3, 5_000);
-        assert_eq!(level.integral, before);
+        let mut level = Level::new("v".into(), valve);
+        // Four keys: two empty, one half, one never seen (full).
+        level.observe(&valve, 0, 4, 0.0, 1_000);
+        level.observe(&valve, 1, 4, 0.0, 1_000);
+        level.observe(&valve, 2, 4, 0.5, 1_000);
+        assert!((level.now(&valve, 1_000) - 0.375).abs() < 1e-9);
+        // Split anew (a reload): what was seen is forgotten.
+        level.observe(&valve, 0, 2, 0.2, 1_000);
+        assert!((level.now(&valve, 1_000) - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_decision_joins_the_fullest_key_of_a_split_valve() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), valve);
+        for (key, seen) in [0.1, 0.9, 0.3, 0.88].into_iter().enumerate() {
+            level.observe(&valve, key, 4, seen, 1_000);
+        }
+        // Keys 1 and 3 are within a unit (4 %) of each other: the first
+        // from the random key on.
+        assert_eq!(level.fullest(&valve, 1_000, 0), 1);
+        assert_eq!(level.fullest(&valve, 1_000, 2), 3);
+        assert_eq!(level.fullest(&valve, 1_000, 7), 3);
+        // Whole: the random turn as it is.
+        let whole = Level::new("w".into(), valve);
+        assert_eq!(whole.fullest(&valve, 1_000, 12_345), 12_345);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_keeps_the_later_time() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), valve);
+        level.observe(&valve, 0, 1, 0.3, 10_000);
+        level.observe(&valve, 0, 1, 0.3, 5_000);
+        assert_eq!(level.keys[0].1, 10_000);
+        // No time has passed for a clock behind: the level as found.
+        assert!((level.now(&valve, 5_000) - 0.3).abs() < 1e-9);
         assert!(level.alpha(&valve, 5_000).is_finite());
     }
 
     #[test]
-    fn silence_lets_the_gates_open_and_then_forgets() {
+    fn silence_refills_the_valve_as_time_passes() {
         let valve = valve();
-        let mut level = Level::new("v".into());
-        level.observe(&valve, 0.0, 1_000);
-        for t in 1..20 {
-            level.observe(&valve, 0.0, 1_000 + t * 100);
+        let mut level = Level::new("v".into(), valve);
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 0.0, 1_000 + t);
         }
-        let shut = level.alpha(&valve, 2_900);
-        // No news for 2 θ: α rises as if the valve had been full.
-        let opening = level.alpha(&valve, 4_900);
+        let shut = level.alpha(&valve, 1_200);
+        // No news for half a θ: half the valve back.
+        let opening = level.alpha(&valve, 1_700);
         assert!(opening > shut * 100.0, "{shut} → {opening}");
-        // No news for over 4 θ: not saturated any more.
-        assert!(level.alpha(&valve, 9_000).is_infinite());
+        // No news for a θ: full, nobody held back.
+        assert!(level.alpha(&valve, 2_300).is_infinite());
     }
 }

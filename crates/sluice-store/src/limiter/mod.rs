@@ -166,7 +166,7 @@ impl<S: Store> Limiter<S> {
     /// Each fair valve this instance has decided for: whether it is
     /// saturated, and its fair-share level.
     pub fn valve_levels(&self) -> Vec<ValveLevel> {
-        self.fair.levels()
+        self.fair.levels(self.options.clock.now_ms())
     }
 
     /// The circuit breaker's state.
@@ -361,22 +361,24 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
+        batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(new_lease_id());
         }
         let decision = self.decide_prepared(applicable, batch, request).await;
         if let Some((_, gates)) = &gated {
-            self.learn(gates, &decision);
+            self.learn(gates, &decision, request.cost);
         }
         let lease = batch.lease.filter(|_| decision.allowed);
         (decision, lease)
     }
 
-    /// What `decision` tells of its fair valves' levels.
-    fn learn(&self, gates: &fair::Gates, decision: &Decision<'_>) {
+    /// What `decision`, of a request of `cost`, tells of its fair valves'
+    /// levels.
+    fn learn(&self, gates: &fair::Gates, decision: &Decision<'_>, cost: u64) {
         let now = self.options.clock.now_ms();
         self.fair
-            .observe(gates, decision, self.store.valve_parts(), now);
+            .observe(gates, decision, cost, self.store.valve_parts(), now);
     }
 
     async fn decide_prepared<'p>(
@@ -478,10 +480,11 @@ impl<S: Store> Limiter<S> {
         let (rules, gates) = self.fair.gate(&applicable, batch.rules, batch.cost, now);
         let batch = Batch {
             rules: &rules,
+            valve_turn: Some(gates.turn),
             ..*batch
         };
         let decision = self.decide_batch_waiting(applicable, &batch).await;
-        self.learn(&gates, &decision);
+        self.learn(&gates, &decision, batch.cost);
         decision
     }
 
@@ -579,7 +582,8 @@ impl<S: Store> Limiter<S> {
                     if admitted {
                         denials.forget(batch, &outcomes);
                     } else {
-                        denials.record(epoch, batch, &outcomes, answered);
+                        let split = self.store.valve_parts() > 1;
+                        denials.record(epoch, batch, &outcomes, answered, split);
                     }
                 }
                 Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
@@ -652,7 +656,7 @@ impl Limiter<MemoryStore> {
                 .gate(&applicable, applicable.rules, request.cost, now);
             let batch = Batch::new(request.tenant, request.subject, request.cost, &rules);
             let decision = self.decide_now_sharded(applicable, batch, request);
-            self.learn(&gates, &decision);
+            self.learn(&gates, &decision, request.cost);
             return decision;
         }
         let batch = Batch::new(

@@ -1,0 +1,197 @@
+//! Fair valves with real servers (appendix E): a valve of 100/s on
+//! `POST /v1/orders`, three noisy tenants inside their own ceilings of
+//! 60/s each offering 150/s, one polite tenant sending 10/s, far below its
+//! fair share. Loaded open loop over HTTP (the `sluice bench --scenario
+//! valve` machinery), on the memory store, on Redis with two instances and
+//! on Redis Cluster with two instances (whole valves, and valves split
+//! over 4 keys).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, temp_file};
+use sluice_server::bench::open::{Api, Class, ClassReport, Load};
+use sluice_server::bench::scenario::{self, Outcome};
+use sluice_testkit::{RedisCluster, RedisServer};
+
+const PEPPER: &str = "5f1e0d2c3b4a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+/// How long each run is measured, after the shares have converged.
+const MEASURED: Duration = Duration::from_secs(20);
+
+fn config(storage: &str) -> String {
+    format!(
+        r#"
+{storage}
+  timeout: 2s
+keys:
+  pepper_env: TEST_SLUICE_PEPPER
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
+global:
+  "POST /v1/orders": [{{ name: orders, algorithm: gcra, limit: 100, per: 1s }}]
+"#
+    )
+}
+
+/// `instances` of `sluice serve` on `storage`.
+fn serve(storage: &str, instances: usize) -> Vec<Server> {
+    let path = temp_file("valves.yaml", &config(storage));
+    let mut servers: Vec<Server> = (0..instances)
+        .map(|_| {
+            Server::start_with_env(
+                &["--config", path.to_str().unwrap()],
+                &[("TEST_SLUICE_PEPPER", PEPPER)],
+            )
+        })
+        .collect();
+    let last = servers.pop().unwrap().keep(path);
+    servers.push(last);
+    servers
+}
+
+/// One scenario at a time: each loads the machine, and what it shows is
+/// fairness, not how the machine shares itself between them.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The scenario against `servers`, each tenant's requests taking turns
+/// over them.
+async fn run(servers: &[Server]) -> Outcome {
+    let targets: Vec<&str> = servers.iter().map(|s| s.base.as_str()).collect();
+    let load = Load {
+        api: Api::Http(targets.join(",")),
+        route: "POST /v1/orders".into(),
+        classes: Vec::new(),
+        duration: MEASURED,
+        max_in_flight: 1_024,
+        run: format!("valves{}", std::process::id()),
+        progress: false,
+    };
+    let polite = Class {
+        name: "polite".into(),
+        tenants: 1,
+        rate: 10.0,
+    };
+    let noisy = Class {
+        name: "noisy".into(),
+        tenants: 3,
+        rate: 150.0,
+    };
+    scenario::valve(&load, polite, noisy).await.unwrap()
+}
+
+/// What the servers' failure policies decided: none, for the figures to
+/// be the store's (a machine too busy to answer in the time budget would
+/// have the valve decided per instance).
+async fn failed_over(servers: &[Server]) -> f64 {
+    let mut total = 0.0;
+    for server in servers {
+        let metrics = reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        total += common::metric_total(&metrics, "sluice_failure_policy_decisions_total");
+    }
+    total
+}
+
+/// What appendix E promises of this scenario, checked on `outcome`.
+fn holds(outcome: &Outcome, store: &str) {
+    eprintln!("{store}: {}", outcome.verdict);
+    let measured: &[ClassReport] = &outcome.phases[1].classes;
+    let (polite, noisy) = (&measured[0], &measured[1]);
+    let seconds = MEASURED.as_secs_f64();
+    assert_eq!(
+        polite.errors + noisy.errors,
+        0,
+        "{store}: {}",
+        outcome.verdict
+    );
+    // The polite tenant, below its share (25/s), is almost never denied.
+    assert!(
+        polite.denied * 100 <= polite.sent * 2,
+        "{store}: the polite tenant was denied {} of {}: {}",
+        polite.denied,
+        polite.sent,
+        outcome.verdict
+    );
+    // The noisy tenants share the rest (90/s) evenly: 30/s each, ±25%.
+    for (i, &admitted) in noisy.admitted_per_tenant.iter().enumerate() {
+        let rate = admitted as f64 / seconds;
+        assert!(
+            (22.5..=37.5).contains(&rate),
+            "{store}: noisy tenant {i} had {rate:.1}/s: {}",
+            outcome.verdict
+        );
+    }
+    // The valve's own limit holds: 100 a second, and its burst once.
+    let admitted = polite.allowed + noisy.allowed;
+    assert!(
+        admitted as f64 <= 100.0 * seconds + 100.0,
+        "{store}: {admitted} admitted in {seconds} s"
+    );
+    assert!(outcome.passed, "{store}: {}", outcome.verdict);
+}
+
+/// The scenario on `servers`, one at a time, its promises checked, with
+/// every decision made by the store (none by a failure policy).
+async fn holds_on(servers: &[Server], store: &str) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let outcome = run(servers).await;
+    let failed = failed_over(servers).await;
+    assert_eq!(failed, 0.0, "{store}: the store missed its time budget");
+    holds(&outcome, store);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_valve_starves_no_one_on_the_memory_store() {
+    let servers = serve("storage:\n  backend: memory", 1);
+    holds_on(&servers, "memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_valve_starves_no_one_on_redis_with_two_instances() {
+    let redis = RedisServer::start();
+    let servers = serve(
+        &format!("storage:\n  backend: redis\n  url: \"{}\"", redis.url()),
+        2,
+    );
+    holds_on(&servers, "redis").await;
+}
+
+/// Two instances on a cluster of three masters, the valve split over
+/// `global_shards` keys.
+async fn on_a_cluster(global_shards: u16) {
+    let cluster = RedisCluster::start(3, 0);
+    let nodes = cluster.urls().join(", ");
+    let servers = serve(
+        &format!(
+            "storage:\n  backend: redis-cluster\n  nodes: [{nodes}]\n  global_shards: {global_shards}"
+        ),
+        2,
+    );
+    holds_on(
+        &servers,
+        &format!("redis-cluster, global_shards: {global_shards}"),
+    )
+    .await;
+}
+
+/// The valve on one key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_valve_starves_no_one_on_redis_cluster_with_two_instances() {
+    on_a_cluster(1).await;
+}
+
+/// The valve over 4 keys (25/s each): one share level per valve, read
+/// off all its keys (see `sluice-store`'s `limiter/fair.rs`), so the
+/// shares are those of the whole valve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valve_split_over_four_keys_keeps_one_share_level() {
+    on_a_cluster(4).await;
+}
