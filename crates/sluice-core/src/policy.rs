@@ -153,6 +153,19 @@ impl BoundRule {
         &self.rule
     }
 
+    /// The units a request costing `cost` consumes of this rule: one
+    /// admission of a duplicate guard, one slot of a concurrency rule,
+    /// `cost` of any other. Only the latter take part in cost.
+    #[inline]
+    pub fn units(&self, cost: u64) -> u64 {
+        if self.counts_once() { 1 } else { cost }
+    }
+
+    /// Whether a request takes one unit of this rule whatever it costs.
+    fn counts_once(&self) -> bool {
+        self.scope == Scope::Dedupe || self.rule.is_concurrency()
+    }
+
     /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
     /// storage keys are derived from them.
     pub fn identity(&self) -> &[u8] {
@@ -218,7 +231,6 @@ impl Cell {
             handles: OnceLock::new(),
         };
         let classes = [class(&rules[..without_subject]), class(&rules)];
-        let max_cost = |rules: &[BoundRule]| max_cost(rules.iter().map(BoundRule::rule));
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
             rules: rules.into(),
@@ -380,11 +392,13 @@ impl Plan {
 }
 
 /// The largest cost every one of `rules` can hold (a lease is one slot
-/// whatever the cost, so concurrency rules hold any).
-fn max_cost<'r>(rules: impl Iterator<Item = &'r Rule>) -> u64 {
+/// and a duplicate guard one admission whatever the cost, so they hold
+/// any).
+fn max_cost(rules: &[BoundRule]) -> u64 {
     rules
-        .filter(|r| !r.is_concurrency())
-        .map(Rule::capacity)
+        .iter()
+        .filter(|r| !r.counts_once())
+        .map(|r| r.rule.capacity())
         .min()
         .unwrap_or(u64::MAX)
 }
@@ -581,7 +595,7 @@ impl<'p> Applicable<'p> {
             shards: 1,
             rules,
             class: &ADHOC,
-            max_cost: max_cost(rules.iter().map(BoundRule::rule)),
+            max_cost: max_cost(rules),
         }
     }
 

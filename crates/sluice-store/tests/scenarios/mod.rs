@@ -277,3 +277,61 @@ global:
     );
     assert!(a.release(&pa, &short, third.unwrap()).await.unwrap());
 }
+
+/// A weighted request on a guarded route: the guard takes one admission
+/// per fingerprint whatever the request costs, and the route's rule its
+/// cost (before, any cost of 2 or more was refused for good as
+/// `cost_exceeds_capacity`, the guard counted as a rule of capacity 1).
+pub async fn weighted_requests_pass_a_guarded_route<S>(store: S)
+where
+    S: Store + 'static,
+{
+    let yaml = r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /pay": [{ name: pay, algorithm: fixed_window, limit: 10, per: 1h }]
+    dedupe:
+      "POST /pay": { window: 1h }
+"#;
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "test.yaml").unwrap().limits, true);
+    let limiter = Limiter::new(policy, store, OnError::Deny);
+    let policy = limiter.policy();
+    fn pay(fingerprint: &str, cost: u64) -> Request<'_> {
+        Request::new("acme", "POST /pay", Some("u"), cost)
+            .unwrap()
+            .with_fingerprint(Some(fingerprint))
+            .unwrap()
+    }
+    let first = limiter.decide(&policy, &pay("f1", 3)).await;
+    assert!(first.allowed, "{first:?}");
+    assert_eq!(first.remaining(), Some(7), "the route's rule took 3");
+    let again = limiter.decide(&policy, &pay("f1", 3)).await;
+    assert_eq!(
+        again.reason,
+        Some(sluice_core::Reason::Duplicate),
+        "{again:?}"
+    );
+    for (fingerprint, remaining) in [("f2", 4), ("f3", 1)] {
+        let d = limiter.decide(&policy, &pay(fingerprint, 3)).await;
+        assert!(d.allowed, "{fingerprint}: {d:?}");
+        assert_eq!(d.remaining(), Some(remaining), "{fingerprint}");
+    }
+    let over = limiter.decide(&policy, &pay("f4", 3)).await;
+    assert_eq!(
+        over.reason,
+        Some(sluice_core::Reason::RouteLimit),
+        "{over:?}"
+    );
+    // f4 left no fingerprint: one unit still passes under it.
+    let last = limiter.decide(&policy, &pay("f4", 1)).await;
+    assert!(last.allowed, "{last:?}");
+    // What the route's rule can never hold is still said so.
+    let never = limiter.decide(&policy, &pay("f5", 11)).await;
+    assert_eq!(
+        never.reason,
+        Some(sluice_core::Reason::CostExceedsCapacity),
+        "{never:?}"
+    );
+}
