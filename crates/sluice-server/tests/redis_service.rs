@@ -740,3 +740,36 @@ async fn publishing_heavy_hitters_reads_nothing_back_each_second() {
     let top = heavy_hitters(&client, &server.base, "admitted", TOKEN).await;
     assert_eq!(top["tenants"].as_array().unwrap().len(), 3, "{top}");
 }
+
+/// The heavy hitters' hashes expire (no key lives forever): two windows
+/// after the last instance published, nothing reads them any more.
+#[tokio::test]
+async fn heavy_hitter_keys_expire() {
+    const TOKEN: &str = "an-admin-token-for-tests-003";
+    let redis = RedisServer::start();
+    let path = admin_config(&redis, "    tenant: [{ name: daily, limit: 2, per: 1d }]\n");
+    let server = with_admin(&path, TOKEN);
+    let client = reqwest::Client::new();
+    post(
+        &client,
+        &server.base,
+        json!({"tenant": "acme", "route": "GET /"}),
+    )
+    .await;
+    let mut conn = redis.connection();
+    let started = std::time::Instant::now();
+    for key in ["sl:{admin}:heavy", "sl:{admin}:heavy-at"] {
+        loop {
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+            if ttl != -2 {
+                assert!(ttl > 0 && ttl <= 120_000, "{key}: PTTL {ttl}");
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{key} never published"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}

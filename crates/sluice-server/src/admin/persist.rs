@@ -35,12 +35,21 @@ return {1, version}
 ";
 
 /// One instance's heavy hitters: KEYS = the windows' hash, the numbers'
-/// hash; ARGV = instance, sealed windows, number of the last window.
+/// hash; ARGV = instance, sealed windows, number of the last window, the
+/// hashes' time to live (ms).
 const PUBLISH_LUA: &str = r"
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 ";
+
+/// How long the heavy hitters' hashes outlive the last publication: a
+/// query reads an instance's windows for two windows after it published
+/// them (the current one and the next), never later, so no key lives
+/// forever once every instance is gone.
+const HEAVY_TTL_MS: u64 = 2 * super::heavy::EPOCH_MS;
 
 /// Where and how overrides are kept.
 pub struct Persist {
@@ -154,7 +163,8 @@ impl Persist {
             .arg(format!("{}:heavy-at", self.base()))
             .arg(instance)
             .arg(self.seal(snapshot))
-            .arg(number);
+            .arg(number)
+            .arg(HEAVY_TTL_MS);
         query::<i64>(backend, &cmd).await.map(drop)
     }
 
