@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Request};
+use sluice_store::limiter::Lease;
 use sluice_store::{Limiter, Store};
 
 /// Route "POST /a" allows 40 an hour; the tenant allows 100 an hour across
@@ -212,7 +213,7 @@ global:
                     tokio::time::sleep(std::time::Duration::from_millis(3)).await;
                     overall.leave();
                     per_tenant[which].leave();
-                    let released = limiter.release(&policy, &request, lease).await.unwrap();
+                    let released = limiter.release(tenants[which], None, &lease).await.unwrap();
                     assert!(released, "a lease held is released");
                 }
             }));
@@ -250,13 +251,14 @@ global:
     assert!(full.retry_after_ms().is_some_and(|ms| ms <= 30_000));
     assert!(!a.decide(&pa, &export).await.allowed, "the check says full");
     // Released by the other instance: freed once.
-    assert!(b.release(&pb, &export, held[0]).await.unwrap());
-    assert!(!a.release(&pa, &export, held[0]).await.unwrap(), "twice");
-    assert!(!a.release(&pa, &export, 42).await.unwrap(), "unknown");
+    assert!(b.release("acme", None, &held[0]).await.unwrap());
+    assert!(!a.release("acme", None, &held[0]).await.unwrap(), "twice");
+    let unknown = Lease::rebuilt(42, held[0].held());
+    assert!(!a.release("acme", None, &unknown).await.unwrap(), "unknown");
     let (d, again) = a.acquire(&pa, &export).await;
     assert!(d.allowed);
     for lease in held.into_iter().skip(1).chain(again) {
-        assert!(a.release(&pa, &export, lease).await.unwrap());
+        assert!(a.release("acme", None, &lease).await.unwrap());
     }
 
     // A holder that never releases loses its slot when the lease ends.
@@ -272,10 +274,10 @@ global:
     let (d, third) = a.acquire(&pa, &short).await;
     assert!(d.allowed, "expired leases free their slots: {d:?}");
     assert!(
-        !a.release(&pa, &short, first.unwrap()).await.unwrap(),
+        !a.release("acme", None, &first.unwrap()).await.unwrap(),
         "an expired lease is not released"
     );
-    assert!(a.release(&pa, &short, third.unwrap()).await.unwrap());
+    assert!(a.release("acme", None, &third.unwrap()).await.unwrap());
 }
 
 /// A weighted request on a guarded route: the guard takes one admission
