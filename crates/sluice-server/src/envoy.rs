@@ -295,7 +295,8 @@ fn override_limit(
     let (requests_per_unit, unit) = d.limit_override.expect("an override");
     let path = format!("{domain}.override.{}", descriptor_partition("", &d.entries));
     // A sharded tenant's override is spread over its shards like its
-    // plan's rules: each shard holds its share.
+    // plan's rules: each shard holds its share (an override below the
+    // shard count is kept whole on shard 0, exact).
     let rules: Box<[BoundRule]> = match Rule::new(
         Algorithm::FixedWindow,
         requests_per_unit.into(),
@@ -303,7 +304,7 @@ fn override_limit(
         None,
         true,
     )
-    .map(|rule| rule.share(u64::from(shards.max(1))))
+    .map(|rule| rule.for_shards(u64::from(shards.max(1))))
     {
         Ok(rule) => Box::new([BoundRule::new(
             Scope::Descriptor,

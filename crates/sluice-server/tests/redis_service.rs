@@ -773,3 +773,40 @@ async fn heavy_hitter_keys_expire() {
         }
     }
 }
+
+/// An override that cuts a sharded tenant's rule below its shards stays
+/// exact: `factor: 0.05` of 40 over 8 shards admits 2 (each shard held at
+/// least 1: 8 were admitted).
+#[tokio::test]
+async fn an_override_below_a_sharded_tenants_shards_stays_exact() {
+    const TOKEN: &str = "an-admin-token-for-tests-004";
+    let redis = RedisServer::start();
+    let path = temp_file(
+        "sharded-admin.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n    routes:\n      \"POST /x\": [{{ name: x, algorithm: fixed_window, limit: 40, per: 1h }}]\ntenants:\n  big: {{ plan: p, shards: 8 }}\n",
+            redis.url()
+        ),
+    );
+    let server = with_admin(&path, TOKEN);
+    let client = reqwest::Client::new();
+    let put = client
+        .put(format!("{}/v1/admin/overrides/big", server.base))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "factor": 0.05 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let (status, _) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "big", "route": "POST /x"}),
+        )
+        .await;
+        admitted += u32::from(status == 200);
+    }
+    assert_eq!(admitted, 2, "40 × 0.05, whatever the shards");
+}

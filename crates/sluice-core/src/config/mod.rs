@@ -8,6 +8,7 @@
 pub mod envoy;
 mod error;
 mod raw;
+pub mod shards;
 mod validate;
 
 use std::net::SocketAddr;
