@@ -482,6 +482,7 @@ impl<S: Store> Limiter<S> {
                         .all(|(r, o)| o.allowed || r.shadow());
                     if admitted {
                         denials.forget(batch, &outcomes);
+                        denials.record_guards(epoch, batch, answered);
                     } else {
                         denials.record(epoch, batch, &outcomes, answered);
                     }
@@ -529,6 +530,11 @@ impl<S: Store> Limiter<S> {
                     let mut decision =
                         Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
                     decision.degraded = Some(OnError::Local);
+                    if let Some(denials) = self.denials.as_ref().filter(|_| decision.allowed) {
+                        // Known here after the store is back too.
+                        let now = self.options.clock.now_ms();
+                        denials.record_guards(denials.epoch(), batch, now);
+                    }
                     decision
                 }
                 Err(error) => {
