@@ -147,7 +147,7 @@ impl<'p> Decision<'p> {
         let index = applicable
             .rules
             .iter()
-            .position(|r| r.rule().units(cost) > r.rule().capacity())?;
+            .position(|r| r.units(cost) > r.rule().capacity())?;
         Some(Decision::new(
             applicable,
             false,
@@ -296,8 +296,8 @@ impl<'p> Decision<'p> {
         if !allowed {
             for (i, outcome) in outcomes.iter_mut().enumerate() {
                 if outcome.allowed && enforced(i) {
-                    let cost =
-                        u32::try_from(costs.get(i).copied().unwrap_or(cost)).unwrap_or(u32::MAX);
+                    let units = rules[i].units(costs.get(i).copied().unwrap_or(cost));
+                    let cost = u32::try_from(units).unwrap_or(u32::MAX);
                     outcome.remaining = outcome.remaining.saturating_add(cost);
                 }
             }

@@ -20,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 use foldhash::fast::RandomState;
 use sha2::{Digest, Sha256};
 
+use crate::config::shards::shard_share;
 use crate::config::share::Share;
 use crate::config::{Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules};
 use crate::decision::Reason;
@@ -196,6 +197,27 @@ impl BoundRule {
         &self.rule
     }
 
+    /// The units a request costing `cost` consumes of this rule: one
+    /// admission of a duplicate guard, one slot of a concurrency rule,
+    /// `cost` of any other. Only the latter take part in cost.
+    #[inline]
+    pub fn units(&self, cost: u64) -> u64 {
+        if self.counts_once() { 1 } else { cost }
+    }
+
+    /// Whether this rule's keys stay on shard 0 of a sharded tenant,
+    /// whichever shard a decision uses: a duplicate guard (one fingerprint,
+    /// one key), a concurrency rule (one lease, one place to release it
+    /// from) and a rule too small to divide ([`Rule::is_whole`]).
+    pub fn on_first_shard(&self) -> bool {
+        self.scope == Scope::Dedupe || self.rule.is_concurrency() || self.rule.is_whole()
+    }
+
+    /// Whether a request takes one unit of this rule whatever it costs.
+    fn counts_once(&self) -> bool {
+        self.scope == Scope::Dedupe || self.rule.is_concurrency()
+    }
+
     /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
     /// storage keys are derived from them.
     pub fn identity(&self) -> &[u8] {
@@ -264,7 +286,6 @@ impl Cell {
             handles: OnceLock::new(),
         };
         let classes = [class(&rules[..without_subject]), class(&rules)];
-        let max_cost = |rules: &[BoundRule]| max_cost(rules.iter().map(BoundRule::rule));
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
             gated: rules.iter().any(|r| r.scope() == Scope::Share),
@@ -446,11 +467,13 @@ impl Plan {
 }
 
 /// The largest cost every one of `rules` can hold (a lease is one slot
-/// whatever the cost, so concurrency rules hold any).
-fn max_cost<'r>(rules: impl Iterator<Item = &'r Rule>) -> u64 {
+/// and a duplicate guard one admission whatever the cost, so they hold
+/// any).
+fn max_cost(rules: &[BoundRule]) -> u64 {
     rules
-        .filter(|r| !r.is_concurrency())
-        .map(Rule::capacity)
+        .iter()
+        .filter(|r| !r.counts_once())
+        .map(|r| r.rule.capacity())
         .min()
         .unwrap_or(u64::MAX)
 }
@@ -547,40 +570,6 @@ impl TenantOverride {
     }
 }
 
-/// A plan whose tenant, route and subject rules are cut to one shard's share.
-fn shard_share(spec: &crate::config::PlanSpec, shards: u16) -> crate::config::PlanSpec {
-    // Leases are not divided: a concurrency rule's keys stay on shard 0
-    // (`sluice-store` keys them so), like the duplicate guard's.
-    let share = |named: &NamedRule| NamedRule {
-        rule: if named.rule.is_concurrency() {
-            named.rule
-        } else {
-            named.rule.share(u64::from(shards))
-        },
-        ..named.clone()
-    };
-    let table = |rules: &[RouteRules]| -> Vec<RouteRules> {
-        rules
-            .iter()
-            .map(|r| RouteRules {
-                pattern: r.pattern.clone(),
-                rules: r.rules.iter().map(share).collect(),
-            })
-            .collect()
-    };
-    crate::config::PlanSpec {
-        name: spec.name.clone(),
-        tenant: spec.tenant.iter().map(share).collect(),
-        routes: table(&spec.routes),
-        subject: table(&spec.subject),
-        // One admission per fingerprint is not divided: its keys stay on
-        // shard 0 (`sluice-store` keys them so).
-        dedupe: spec.dedupe.clone(),
-        on_error: spec.on_error,
-        weight: spec.weight,
-    }
-}
-
 /// The pattern of `table` that best covers `pattern`: for an exact route,
 /// the same route or else the longest prefix of it; for a prefix, the
 /// longest prefix of that prefix.
@@ -651,7 +640,7 @@ impl<'p> Applicable<'p> {
             shards: 1,
             rules,
             class: &ADHOC,
-            max_cost: max_cost(rules.iter().map(BoundRule::rule)),
+            max_cost: max_cost(rules),
             gated: false,
         }
     }
@@ -671,8 +660,9 @@ impl Policy {
 
     /// Compiles validated limits. With `sharded` (the Redis backends), a
     /// tenant with `shards: N` gets its plan with every tenant, route and
-    /// subject rule cut to its share — `max(1, ⌊limit/N⌋)` and
-    /// `max(1, ⌊burst/N⌋)` — since each decision lands on one of N shards.
+    /// subject rule cut to its share — `⌊limit/N⌋` and `⌊burst/N⌋`, or
+    /// kept whole on shard 0 when below N (see `config::shards`) — since
+    /// each decision lands on one of N shards.
     pub fn compile_for(limits: &Limits, sharded: bool) -> Policy {
         let mut plans: Vec<Plan> = limits
             .plans

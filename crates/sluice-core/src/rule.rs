@@ -111,6 +111,9 @@ pub struct Rule {
     period_ms: u64,
     burst: u64,
     aligned: bool,
+    /// Kept whole on shard 0 of a sharded tenant, not divided between its
+    /// shards (see [`for_shards`](Rule::for_shards)).
+    whole: bool,
 }
 
 /// Why a rule's parameters were refused; each names the field at fault.
@@ -224,6 +227,7 @@ impl Rule {
             period_ms,
             burst,
             aligned,
+            whole: false,
         })
     }
 
@@ -267,6 +271,27 @@ impl Rule {
             burst: cut(self.burst),
             ..*self
         }
+    }
+
+    /// This rule as each of a tenant's `shards` enforces it: its
+    /// [`share`](Self::share) when every share is exact (`limit` and
+    /// `burst` at least `shards`); else the rule itself, kept whole on
+    /// shard 0 ([`is_whole`](Self::is_whole)), since shares of at least 1
+    /// each would give the tenant up to `shards` where the rule says less.
+    pub fn for_shards(&self, shards: u64) -> Rule {
+        if shards > 1 && (self.limit < shards || self.burst < shards) {
+            return Rule {
+                whole: true,
+                ..*self
+            };
+        }
+        self.share(shards)
+    }
+
+    /// Whether a sharded tenant keeps this rule whole on shard 0 rather than
+    /// a share on each shard.
+    pub fn is_whole(&self) -> bool {
+        self.whole
     }
 
     /// This rule with its limit and burst multiplied by `factor` (rounded

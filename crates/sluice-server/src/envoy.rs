@@ -51,37 +51,11 @@ const MAX_ENTRY_BYTES: usize = 16 * 1024;
 
 /// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
 /// directory: its `*.yaml` files, or with `all_files` every file but dot
-/// files, following symlinks as a ConfigMap's `..data` swap needs), with
-/// split domains merged when `merge` is set.
+/// files, read through the one directory it resolves to: see
+/// [`EnvoyFiles`](crate::source::envoy_files::EnvoyFiles)), with split
+/// domains merged when `merge` is set.
 pub fn load_envoy_files(path: &Path, all_files: bool, merge: bool) -> Fallible<Vec<EnvoyDomain>> {
-    let mut paths = Vec::new();
-    if path.is_dir() {
-        for entry in
-            std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        {
-            let file = entry?.path();
-            let wanted = if all_files {
-                !file
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            } else {
-                file.extension().is_some_and(|e| e == "yaml" || e == "yml")
-            };
-            if wanted && file.is_file() {
-                paths.push(file);
-            }
-        }
-        paths.sort();
-    } else {
-        paths.push(path.to_path_buf());
-    }
-    let mut files = Vec::with_capacity(paths.len());
-    for file in paths {
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        files.push((file.display().to_string(), text));
-    }
-    Ok(sluice_core::config::envoy::load_with(&files, merge)?)
+    crate::source::envoy_files::EnvoyFiles::read(path, all_files)?.domains(merge)
 }
 
 /// Serves the Rate Limit Service and `grpc.health.v1` on `listener` until
@@ -295,7 +269,8 @@ fn override_limit(
     let (requests_per_unit, unit) = d.limit_override.expect("an override");
     let path = format!("{domain}.override.{}", descriptor_partition("", &d.entries));
     // A sharded tenant's override is spread over its shards like its
-    // plan's rules: each shard holds its share.
+    // plan's rules: each shard holds its share (an override below the
+    // shard count is kept whole on shard 0, exact).
     let rules: Box<[BoundRule]> = match Rule::new(
         Algorithm::FixedWindow,
         requests_per_unit.into(),
@@ -303,7 +278,7 @@ fn override_limit(
         None,
         true,
     )
-    .map(|rule| rule.share(u64::from(shards.max(1))))
+    .map(|rule| rule.for_shards(u64::from(shards.max(1))))
     {
         Ok(rule) => Box::new([BoundRule::new(
             Scope::Descriptor,

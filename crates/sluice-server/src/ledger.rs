@@ -13,7 +13,12 @@
 //! starts with the same directory (it truncates each file after its last
 //! complete line), and `sluice usage` skips one it meets.
 //!
-//! A flush that cannot write (disk full, directory gone) keeps its lines,
+//! A file removed or replaced under the ledger (its directory deleted or
+//! swapped) is noticed at the next flush, before and after it writes: the
+//! ledger says so (an error) and writes to a new file in `dir` as it is
+//! now, made again if need be, so no count goes to a file nobody reads.
+//!
+//! A flush that cannot write (disk full, directory not writable) keeps its lines,
 //! numbered, and the next flush writes them to a new file before what
 //! came since (a line the failed write got to disk too is counted once, by
 //! its number); at most [`MAX_UNWRITTEN_BYTES`] are kept, the oldest
@@ -77,8 +82,22 @@ pub const MAX_UNWRITTEN_BYTES: usize = 64 << 20;
 
 struct Open {
     file: File,
+    path: PathBuf,
     opened_ms: u64,
     bytes: u64,
+}
+
+impl Open {
+    /// Whether the file is still the one at its path: not when it, or its
+    /// directory, was removed or replaced (appending to it then reaches no
+    /// file anyone reads).
+    fn in_place(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(open), Ok(there)) => open.dev() == there.dev() && open.ino() == there.ino(),
+            _ => false,
+        }
+    }
 }
 
 /// The file being appended to, and the lines not yet on disk.
@@ -217,7 +236,33 @@ impl Ledger {
 
     /// Appends `text` (whole lines) to the open file, or to a new one when
     /// there is none or it is due to close, in one write, then syncs it.
+    ///
+    /// The open file must still be at its path, before the write and after
+    /// the sync: a file whose directory was removed or replaced (or that
+    /// was removed itself) is let go, with an error, and the lines go to a
+    /// new file in the directory as it is now (made again if need be). A
+    /// file moved between the two checks holds the lines as well; their
+    /// `seq` makes `sluice usage` count them once.
     fn append(&self, open: &mut Option<Open>, text: &str, now_ms: u64) -> std::io::Result<()> {
+        for _ in 0..2 {
+            self.write_in_place(open, text, now_ms)?;
+            if open.as_ref().is_some_and(Open::in_place) {
+                return Ok(());
+            }
+            self.let_go(open);
+        }
+        Err(std::io::Error::other(
+            "the ledger's file was removed or replaced as soon as it was written",
+        ))
+    }
+
+    /// [`append`](Self::append)'s write and sync, to a file at its path.
+    fn write_in_place(
+        &self,
+        open: &mut Option<Open>,
+        text: &str,
+        now_ms: u64,
+    ) -> std::io::Result<()> {
         let rotate = open.as_ref().is_some_and(|open| {
             open.bytes >= self.config.max_file_bytes
                 || now_ms.saturating_sub(open.opened_ms) >= self.config.max_file_age_ms
@@ -225,13 +270,18 @@ impl Ledger {
         if rotate {
             *open = None;
         }
+        if open.as_ref().is_some_and(|open| !open.in_place()) {
+            self.let_go(open);
+        }
         let open = match open {
             Some(open) => open,
             None => {
+                std::fs::create_dir_all(&self.config.dir)?;
                 let path = self.path(now_ms);
                 let handle = OpenOptions::new().create(true).append(true).open(&path)?;
                 open.insert(Open {
                     file: handle,
+                    path,
                     opened_ms: now_ms,
                     bytes: 0,
                 })
@@ -242,6 +292,18 @@ impl Ledger {
         open.file.sync_data()?;
         open.bytes += text.len() as u64;
         Ok(())
+    }
+
+    /// Closes a file no longer at its path, saying so.
+    fn let_go(&self, open: &mut Option<Open>) {
+        if let Some(gone) = open.take() {
+            tracing::error!(
+                file = %gone.path.display(),
+                dir = %self.config.dir.display(),
+                "ledger: the file (or its directory) was removed or replaced; \
+                 writing to a new file in ledger.dir, no count lost"
+            );
+        }
     }
 
     fn path(&self, now_ms: u64) -> PathBuf {
@@ -388,6 +450,56 @@ mod tests {
         let mut seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
         seqs.dedup();
         assert_eq!(seqs.len(), lines.len(), "{text}");
+    }
+
+    /// The ledger's directory removed, or replaced by another, while a
+    /// file is open: the flush finds its file gone from its path, opens a
+    /// new one where the directory is now (made again if need be), and
+    /// writes every count there (before, it kept appending to the
+    /// unlinked file: the counts reached no disk, and nothing was said).
+    #[test]
+    fn a_directory_removed_or_replaced_loses_no_count() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("ledger");
+        let config = LedgerConfig {
+            dir: dir.clone(),
+            hmac_tenants: false,
+            flush_every_ms: 1_000,
+            max_file_bytes: 1 << 30,
+            max_file_age_ms: 3_600_000,
+        };
+        let ledger = Ledger::open(&config, None).unwrap();
+        let admitted_in = |dir: &Path| -> u64 {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .flat_map(|entry| {
+                    let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+                    text.lines()
+                        .map(|l| serde_json::from_str::<Line>(l).unwrap().admitted)
+                        .collect::<Vec<_>>()
+                })
+                .sum()
+        };
+        ledger.record("acme", "*", 1, true, 0);
+        ledger.flush(1_000).unwrap();
+        assert_eq!(admitted_in(&dir), 1);
+        // Removed.
+        std::fs::remove_dir_all(&dir).unwrap();
+        ledger.record("acme", "*", 2, true, 0);
+        ledger.flush(2_000).unwrap();
+        assert_eq!(admitted_in(&dir), 2, "made again, the counts since in it");
+        // Replaced: moved aside, an empty one in its place.
+        let aside = parent.path().join("aside");
+        std::fs::rename(&dir, &aside).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        ledger.record("acme", "*", 4, true, 0);
+        ledger.flush(3_000).unwrap();
+        assert_eq!(admitted_in(&dir), 4);
+        assert_eq!(
+            admitted_in(&aside),
+            2,
+            "nothing more in the one moved aside"
+        );
     }
 
     #[test]

@@ -1229,6 +1229,67 @@ impl Harness {
     }
 }
 
+/// A lease is released by what it holds, whatever the policy is now: an
+/// override that takes the concurrency rule away (or brings its own)
+/// leaves every held lease releasable, and the slots free again (before,
+/// `/v1/release` looked the rule up in the current policy: 404, and the
+/// slot stayed taken for the whole `lease`).
+#[tokio::test]
+async fn a_lease_is_released_whatever_the_policy_is_now() {
+    let (h, _) = admin_harness();
+    let export = json!({"tenant": "acme", "route": "POST /v1/exports"}).to_string();
+    let release = |lease: &str| json!({ "lease": lease }).to_string();
+    let acquire = || async {
+        let (response, body) = h.post("/v1/acquire", export.clone()).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        body["lease"].as_str().expect("a lease").to_owned()
+    };
+    let held = [acquire().await, acquire().await];
+    // The override takes the concurrency rule away.
+    let (response, body) = h
+        .admin(
+            "PUT",
+            "/v1/admin/overrides/acme",
+            Some(json!({"rules": {"routes": {"POST /v1/exports": [{"name": "exports-rate", "limit": 100, "per": "1s"}]}}})),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    let (response, body) = h.post("/v1/release", release(&held[0])).await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    assert_eq!(body, json!({"released": true}));
+    // Back on the plan: the released slot is free, the other still held.
+    let (response, _) = h
+        .admin("DELETE", "/v1/admin/overrides/acme", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let third = acquire().await;
+    let (response, body) = h.post("/v1/acquire", export.clone()).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{body}");
+    // An override with a concurrency rule of its own: its lease is
+    // released after the override is gone too.
+    let (response, body) = h
+        .admin(
+            "PUT",
+            "/v1/admin/overrides/acme",
+            Some(json!({"rules": {"routes": {"POST /v1/exports": [{"name": "own", "algorithm": "concurrency", "limit": 1, "lease": "1h"}]}}})),
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{body}");
+    let own = acquire().await;
+    let (response, _) = h
+        .admin("DELETE", "/v1/admin/overrides/acme", None, Some(TOKEN))
+        .await;
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    for lease in [&own, &held[1], &third] {
+        let (response, body) = h.post("/v1/release", release(lease)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+    }
+    acquire().await;
+    acquire().await;
+}
+
 #[tokio::test]
 async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
     let h = harness();

@@ -456,6 +456,19 @@ fn with_admin(config: &std::path::Path, token: &str) -> Server {
     )
 }
 
+/// A request to `/v1/admin/overrides/{tenant}` of the service at `base`.
+fn overrides(
+    client: &reqwest::Client,
+    base: &str,
+    method: reqwest::Method,
+    tenant: &str,
+    token: &str,
+) -> reqwest::RequestBuilder {
+    client
+        .request(method, format!("{base}/v1/admin/overrides/{tenant}"))
+        .bearer_auth(token)
+}
+
 /// `GET /v1/admin/heavy-hitters?by=BY` of the service at `base`.
 async fn heavy_hitters(
     client: &reqwest::Client,
@@ -486,11 +499,7 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
     );
     let (a, b) = (with_admin(&path, TOKEN), with_admin(&path, TOKEN));
     let client = reqwest::Client::new();
-    let admin = |base: &str, method: reqwest::Method, tenant: &str| {
-        client
-            .request(method, format!("{base}/v1/admin/overrides/{tenant}"))
-            .bearer_auth(TOKEN)
-    };
+    let admin = |base: &str, method, tenant: &str| overrides(&client, base, method, tenant, TOKEN);
     let put = admin(&a.base, reqwest::Method::PUT, "acme")
         .json(&json!({"factor": 3}))
         .send()
@@ -500,22 +509,15 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
     let version: u64 = put.json::<serde_json::Value>().await.unwrap()["version"]
         .as_u64()
         .unwrap();
-    // B applies it: acme gets 6 across both instances, globex keeps 2.
-    let started = std::time::Instant::now();
-    loop {
-        let seen = admin(&b.base, reqwest::Method::GET, "acme")
-            .send()
-            .await
-            .unwrap();
-        if seen.status() == 200 {
-            break;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(3),
-            "not applied on B"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // B reads it from the store at once, and applies it within a second
+    // (it reads the change counter twice a second): acme gets 6 across
+    // both instances, globex keeps 2.
+    let seen = admin(&b.base, reqwest::Method::GET, "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(seen.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let count = |tenant: &'static str| {
         let (client, bases) = (client.clone(), [a.base.clone(), b.base.clone()]);
         async move {
@@ -739,4 +741,195 @@ async fn publishing_heavy_hitters_reads_nothing_back_each_second() {
     // And the query still finds them.
     let top = heavy_hitters(&client, &server.base, "admitted", TOKEN).await;
     assert_eq!(top["tenants"].as_array().unwrap().len(), 3, "{top}");
+}
+
+/// The heavy hitters' hashes expire (no key lives forever): two windows
+/// after the last instance published, nothing reads them any more.
+#[tokio::test]
+async fn heavy_hitter_keys_expire() {
+    const TOKEN: &str = "an-admin-token-for-tests-003";
+    let redis = RedisServer::start();
+    let path = admin_config(&redis, "    tenant: [{ name: daily, limit: 2, per: 1d }]\n");
+    let server = with_admin(&path, TOKEN);
+    let client = reqwest::Client::new();
+    post(
+        &client,
+        &server.base,
+        json!({"tenant": "acme", "route": "GET /"}),
+    )
+    .await;
+    let mut conn = redis.connection();
+    let started = std::time::Instant::now();
+    for key in ["sl:{admin}:heavy", "sl:{admin}:heavy-at"] {
+        loop {
+            let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+            if ttl != -2 {
+                assert!(ttl > 0 && ttl <= 120_000, "{key}: PTTL {ttl}");
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(5),
+                "{key} never published"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// An override that cuts a sharded tenant's rule below its shards stays
+/// exact: `factor: 0.05` of 40 over 8 shards admits 2 (each shard held at
+/// least 1: 8 were admitted).
+#[tokio::test]
+async fn an_override_below_a_sharded_tenants_shards_stays_exact() {
+    const TOKEN: &str = "an-admin-token-for-tests-004";
+    let redis = RedisServer::start();
+    let path = temp_file(
+        "sharded-admin.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_SLUICE_ADMIN\ndefault_plan: p\nplans:\n  p:\n    routes:\n      \"POST /x\": [{{ name: x, algorithm: fixed_window, limit: 40, per: 1h }}]\ntenants:\n  big: {{ plan: p, shards: 8 }}\n",
+            redis.url()
+        ),
+    );
+    let server = with_admin(&path, TOKEN);
+    let client = reqwest::Client::new();
+    let put = client
+        .put(format!("{}/v1/admin/overrides/big", server.base))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "factor": 0.05 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let (status, _) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "big", "route": "POST /x"}),
+        )
+        .await;
+        admitted += u32::from(status == 200);
+    }
+    assert_eq!(admitted, 2, "40 × 0.05, whatever the shards");
+}
+
+/// Overrides follow the store after it loses its data (FLUSHALL, a
+/// restart without persistence, a failover to a lagging replica): an
+/// instance notices a store that lost its overrides (even when the change
+/// counter reads as it did) or a counter that went backwards, reloads and
+/// says so; `GET` and `DELETE` answer from the store; versions never
+/// repeat across a loss. Before, an instance kept an override the store no
+/// longer had (here a `shadow: true`) until some later change.
+#[tokio::test]
+async fn overrides_follow_the_store_after_it_loses_its_data() {
+    const TOKEN: &str = "an-admin-token-for-tests-005";
+    let redis = RedisServer::start();
+    let path = admin_config(
+        &redis,
+        "    tenant: [{ name: daily, algorithm: fixed_window, limit: 2, per: 1d }]\n",
+    );
+    let (a, b) = (with_admin(&path, TOKEN), with_admin(&path, TOKEN));
+    let client = reqwest::Client::new();
+    let admin = |base: &str, method, tenant: &str| overrides(&client, base, method, tenant, TOKEN);
+    let status_on = |base: String, tenant: &'static str| {
+        let request = admin(&base, reqwest::Method::GET, tenant);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let until = |what: &str, started: std::time::Instant| {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{what}"
+        );
+    };
+    let put = admin(&a.base, reqwest::Method::PUT, "acme")
+        .json(&json!({"shadow": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    // B applies it: acme, past its 2 a day, is only shadow-denied there.
+    let acme_on_b = || {
+        post(
+            &client,
+            &b.base,
+            json!({"tenant": "acme", "route": "GET /"}),
+        )
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = acme_on_b().await;
+        if status == 200 && body["shadow_denied"] == true {
+            break;
+        }
+        until("B never applied the override", started);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The store loses the overrides while its counter reads as before (as
+    // FLUSHALL followed by as many changes as before leaves it).
+    let mut conn = redis.connection();
+    let counter: u64 = redis::cmd("GET")
+        .arg("sl:{admin}:version")
+        .query(&mut conn)
+        .unwrap();
+    redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg("sl:{admin}:overrides")
+        .arg("sl:{admin}:versions")
+        .cmd("SET")
+        .arg("sl:{admin}:version")
+        .arg(counter)
+        .query::<()>(&mut conn)
+        .unwrap();
+    // Read from the store at once, not from B's copy.
+    assert_eq!(status_on(b.base.clone(), "acme").await, 404);
+    let gone = admin(&b.base, reqwest::Method::DELETE, "acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404, "nothing to delete in the store");
+    // B stops applying the shadow: acme is denied past its 2 a day.
+    b.wait_for_log("the store lost the overrides");
+    assert_eq!(
+        acme_on_b().await.0,
+        429,
+        "the shadow no longer applies on B"
+    );
+    // A new version is above every version before the loss.
+    let put = admin(&a.base, reqwest::Method::PUT, "globex")
+        .json(&json!({"factor": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let version = put.json::<serde_json::Value>().await.unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    assert!(version > counter, "{version} after {counter}");
+    // B applies it: a third request of globex in a day passes there.
+    let started = std::time::Instant::now();
+    let mut admitted = 0;
+    while admitted < 3 {
+        let body = json!({"tenant": "globex", "route": "GET /"});
+        admitted += u32::from(post(&client, &b.base, body).await.0 == 200);
+        until("B never applied globex's override", started);
+    }
+    // A counter that went backwards (failover to a lagging replica) is
+    // said, and read again.
+    let _: () = redis::cmd("SET")
+        .arg("sl:{admin}:version")
+        .arg(version - 1)
+        .query(&mut conn)
+        .unwrap();
+    b.wait_for_log("went backwards");
+    // FLUSHALL: every instance drops every override, and says so.
+    let _: () = redis::cmd("FLUSHALL").query(&mut conn).unwrap();
+    for server in [&a, &b] {
+        let started = std::time::Instant::now();
+        while status_on(server.base.clone(), "globex").await != 404 {
+            until("globex outlived FLUSHALL", started);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    a.wait_for_log("the store lost the overrides");
 }

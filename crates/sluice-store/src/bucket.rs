@@ -52,15 +52,7 @@ impl<'a> KeyRef<'a> {
         partition: Partition<'a>,
         shard: u16,
     ) -> KeyRef<'a> {
-        // A duplicate guard is not divided over a tenant's shards (one
-        // fingerprint, one key, whichever shard the decision uses), nor
-        // are a concurrency rule's leases (one lease, one place to release
-        // it from).
-        let shard = if rule.scope() == sluice_core::Scope::Dedupe || rule.rule().is_concurrency() {
-            0
-        } else {
-            shard
-        };
+        let shard = if rule.on_first_shard() { 0 } else { shard };
         let (tenant, subject): (&[u8], &[u8]) = match partition {
             Partition::Global => (b"", b""),
             Partition::Tenant(t) => (t.as_bytes(), b""),

@@ -99,11 +99,12 @@ impl<'a> Batch<'a> {
         }
     }
 
-    /// The units rule `index` consumes (one slot of a concurrency rule).
+    /// The units rule `index` consumes (one slot of a concurrency rule,
+    /// one admission of a duplicate guard).
     pub fn cost_of(&self, index: usize) -> u64 {
         let cost = self.costs.get(index).copied().unwrap_or(self.cost);
         match self.rules.get(index) {
-            Some(rule) => rule.rule().units(cost),
+            Some(rule) => rule.units(cost),
             None => cost,
         }
     }

@@ -214,6 +214,56 @@ async fn local_limits_across_two_instances_stay_within_the_limit_during_an_outag
     assert_eq!(admitted, 100, "each instance admits exactly its half");
 }
 
+/// The duplicate guard across two instances and an outage, under
+/// `on_error: local`: a fingerprint is admitted at most twice in its
+/// window (one extra, by the instance that did not know it), whether it
+/// was first admitted before the outage or during it. Before, each
+/// instance admitted it once more locally, and Redis once more after (3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_is_admitted_at_most_once_per_instance_through_an_outage() {
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 100000, per: 1s }]\n    dedupe:\n      \"POST /pay\": { window: 1h }\n";
+    let server = RedisServer::start();
+    let (a, b) = (
+        limiter(&server, yaml, OnError::Local).await,
+        limiter(&server, yaml, OnError::Local).await,
+    );
+    for l in [&a, &b] {
+        l.set_live_instances(2);
+    }
+    let admitted: [AtomicU64; 2] = Default::default();
+    let pay = |limiter: Arc<Limiter<RedisStore>>, n: usize| {
+        let admitted = &admitted;
+        async move {
+            let policy = limiter.policy();
+            let request = Request::new("acme", "POST /pay", Some("u"), 1)
+                .unwrap()
+                .with_fingerprint(Some(["f1", "f2"][n]))
+                .unwrap();
+            if limiter.decide(&policy, &request).await.allowed {
+                admitted[n].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
+    // f1 admitted through Redis.
+    pay(a.clone(), 0).await;
+    // Redis paused (it keeps its data): both instances decide locally.
+    server.signal("STOP");
+    for l in [&a, &b, &a, &b] {
+        pay(l.clone(), 0).await;
+        pay(l.clone(), 1).await;
+    }
+    server.signal("CONT");
+    for l in [&a, &b] {
+        recovery(l, Duration::from_secs(10)).await;
+    }
+    for l in [&a, &b] {
+        pay(l.clone(), 0).await;
+        pay(l.clone(), 1).await;
+    }
+    let admitted = admitted.map(|n| n.load(Ordering::Relaxed));
+    assert_eq!(admitted, [2, 2], "f1 and f2: at most one extra each");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_tenant_costs_redis_about_one_call_per_admission_and_reset() {
     // 10 per second in fixed windows; the flooder sends about 500 per

@@ -483,6 +483,12 @@ async fn one_submission_is_admitted_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_requests_pass_a_guarded_route() {
+    let cluster = RedisCluster::start(3, 0);
+    scenarios::weighted_requests_pass_a_guarded_route(store(&cluster, 1).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_instances_never_over_admit_and_denials_consume_nothing() {
     let cluster = RedisCluster::start(3, 1);
     let mut stores = Vec::new();

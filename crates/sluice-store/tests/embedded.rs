@@ -9,6 +9,10 @@ use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Reason, Request};
 use sluice_store::{Limiter, ManualClock, MemoryStore};
 
+// The memory store runs the scenarios that need one store only.
+#[allow(dead_code)]
+mod scenarios;
+
 #[test]
 fn a_full_memory_store_takes_new_tenants_once_old_ones_are_idle() {
     let yaml =
@@ -43,4 +47,9 @@ fn a_full_memory_store_takes_new_tenants_once_old_ones_are_idle() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(limiter.store().len() <= 5);
+}
+
+#[tokio::test]
+async fn weighted_requests_pass_a_guarded_route() {
+    scenarios::weighted_requests_pass_a_guarded_route(MemoryStore::new(1_000)).await;
 }

@@ -147,6 +147,12 @@ async fn one_submission_is_admitted_once() {
 }
 
 #[tokio::test]
+async fn weighted_requests_pass_a_guarded_route() {
+    let server = RedisServer::start();
+    scenarios::weighted_requests_pass_a_guarded_route(store(&server, keys(2)).await).await;
+}
+
+#[tokio::test]
 async fn concurrent_instances_never_over_admit_and_denials_consume_nothing() {
     let server = RedisServer::start();
     let mut stores = Vec::new();

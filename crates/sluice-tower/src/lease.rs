@@ -49,8 +49,7 @@ pub(crate) async fn admit<S: Store + 'static, R>(
     let fields = Fields::of(&decision);
     // Held from here: given back if the inner service fails or the call is
     // abandoned, else when the body ends.
-    let lease =
-        lease.map(|id| Lease::new(limiter.clone(), keys.tenant, keys.route, keys.subject, id));
+    let lease = lease.map(|held| Lease::new(limiter.clone(), keys.tenant, keys.subject, held));
     Ok((fields, lease))
 }
 
@@ -68,14 +67,13 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Lease {
-    /// Lease `id`, taken by `limiter` for the request of `tenant`, `route`
-    /// and `subject`.
+    /// `held`, taken by `limiter` for `tenant` and `subject`: given back
+    /// by the rules it holds, whatever the limiter's policy is by then.
     pub(crate) fn new<S: Store + 'static>(
         limiter: Arc<Limiter<S>>,
         tenant: String,
-        route: String,
         subject: Option<String>,
-        id: u128,
+        held: sluice_store::limiter::Lease,
     ) -> Lease {
         let give_back = move || {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -83,12 +81,7 @@ impl Lease {
                 return;
             };
             runtime.spawn(async move {
-                let Ok(request) = sluice_core::Request::new(&tenant, &route, subject.as_deref(), 1)
-                else {
-                    return;
-                };
-                let policy = limiter.policy();
-                if let Err(e) = limiter.release(&policy, &request, id).await {
+                if let Err(e) = limiter.release(&tenant, subject.as_deref(), &held).await {
                     tracing::warn!(error = %e, "a lease could not be given back; it expires by itself");
                 }
             });

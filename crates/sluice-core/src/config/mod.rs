@@ -8,6 +8,7 @@
 pub mod envoy;
 mod error;
 mod raw;
+pub mod shards;
 pub mod share;
 mod validate;
 

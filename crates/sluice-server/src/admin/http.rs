@@ -128,7 +128,7 @@ fn refused(why: Refused) -> Response {
         Refused::Missing => not_found(),
         Refused::Store(e) => problem(
             "store",
-            format!("the store did not take the change: {e}; nothing changed"),
+            format!("the store did not answer: {e}; nothing changed"),
             StatusCode::SERVICE_UNAVAILABLE,
         ),
     }
@@ -173,16 +173,20 @@ fn with_etag(stored: &Stored) -> Response {
 }
 
 async fn list(State(app): State<Arc<App>>) -> Response {
-    json(
-        StatusCode::OK,
-        &serde_json::json!({ "overrides": app.admin.list() }),
-    )
+    match app.admin.list(&app).await {
+        Ok(overrides) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "overrides": overrides }),
+        ),
+        Err(why) => refused(why),
+    }
 }
 
 async fn read(State(app): State<Arc<App>>, Tenant(tenant): Tenant) -> Response {
-    match app.admin.get(&tenant) {
-        Some(stored) => with_etag(&stored),
-        None => not_found(),
+    match app.admin.get(&app, &tenant).await {
+        Ok(Some(stored)) => with_etag(&stored),
+        Ok(None) => not_found(),
+        Err(why) => refused(why),
     }
 }
 

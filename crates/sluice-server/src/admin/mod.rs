@@ -219,8 +219,11 @@ struct State {
     overrides: BTreeMap<String, Stored>,
     /// The configuration's limits and whether the store shards tenants.
     limits: Option<(Limits, bool)>,
-    /// The last version read from (or written to) the store.
+    /// The last version given (memory store).
     version: u64,
+    /// What the store said of its overrides when they were last read
+    /// (shared stores).
+    stamp: persist::Stamp,
 }
 
 impl Admin {
@@ -353,21 +356,44 @@ impl Admin {
         }
     }
 
-    /// Every override in force.
-    pub fn list(&self) -> Vec<Stored> {
-        let state = self.inner.lock().expect("admin state");
+    /// Every override in force: on a shared store, as the store holds
+    /// them now (not this instance's copy, which may be half a second
+    /// behind, or hold what a store that lost its data no longer has).
+    pub async fn list(&self, app: &App) -> Result<Vec<Stored>, Refused> {
+        let stored = match &self.persist {
+            Some(persist) => persist
+                .read_all(app.limiter.store())
+                .await
+                .map_err(persist::store)?,
+            None => {
+                let state = self.inner.lock().expect("admin state");
+                state.overrides.values().cloned().collect()
+            }
+        };
         let now = now_ms();
-        state
-            .overrides
-            .values()
+        let mut live: Vec<Stored> = stored
+            .into_iter()
             .filter(|o| o.expires_at_ms.is_none_or(|at| at > now))
-            .cloned()
-            .collect()
+            .collect();
+        live.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        Ok(live)
     }
 
-    /// The override of `tenant`, if one is in force.
-    pub fn get(&self, tenant: &str) -> Option<Stored> {
-        self.list().into_iter().find(|o| o.tenant == tenant)
+    /// The override of `tenant`, if one is in force (on a shared store, as
+    /// the store holds it now).
+    pub async fn get(&self, app: &App, tenant: &str) -> Result<Option<Stored>, Refused> {
+        let stored = match &self.persist {
+            Some(persist) => persist
+                .read_one(app.limiter.store(), tenant)
+                .await
+                .map_err(persist::store)?,
+            None => {
+                let state = self.inner.lock().expect("admin state");
+                state.overrides.get(tenant).cloned()
+            }
+        };
+        let now = now_ms();
+        Ok(stored.filter(|o| o.expires_at_ms.is_none_or(|at| at > now)))
     }
 
     /// Stores `wanted` (its version ignored) for its tenant, when `expected`
@@ -430,17 +456,18 @@ impl Admin {
         tenant: &str,
         expected: Option<u64>,
     ) -> Result<(), Refused> {
-        if self.get(tenant).is_none() {
-            return Err(Refused::Missing);
-        }
         match &self.persist {
             Some(persist) => {
+                // The store says whether there is one to remove.
                 persist
                     .write(app.limiter.store(), tenant, None, expected)
                     .await?;
                 self.sync(app, true).await;
             }
             None => {
+                if self.get(app, tenant).await?.is_none() {
+                    return Err(Refused::Missing);
+                }
                 let mut state = self.inner.lock().expect("admin state");
                 let stored = state.overrides.get(tenant).map_or(0, |o| o.version);
                 if let Some(expected) = expected
@@ -472,14 +499,29 @@ impl Admin {
             }
             return;
         };
-        let known = self.inner.lock().expect("admin state").version;
-        let version = match persist.version(app.limiter.store()).await {
-            Ok(version) => version,
+        let known = self.inner.lock().expect("admin state").stamp;
+        let stamp = match persist.stamp(app.limiter.store()).await {
+            Ok(stamp) => stamp,
             Err(e) => {
                 tracing::debug!(error = ?e, "overrides not synchronised");
                 return;
             }
         };
+        let drift = stamp.against(known);
+        match drift {
+            persist::Drift::CounterGone => tracing::error!(
+                "the store lost the overrides: their change counter is gone (FLUSHALL, a restart without persistence?); reading them again"
+            ),
+            persist::Drift::Lost => tracing::error!(
+                "the store lost the overrides: it holds fewer than it did at the same change counter (lost, then changed as many times since?); reading them again"
+            ),
+            persist::Drift::CounterBack => tracing::warn!(
+                known = known.version,
+                now = stamp.version,
+                "the overrides' change counter went backwards (a failover to a replica behind?); reading them again"
+            ),
+            persist::Drift::Same | persist::Drift::Changed => {}
+        }
         let expiring = {
             let state = self.inner.lock().expect("admin state");
             let now = now_ms();
@@ -488,7 +530,7 @@ impl Admin {
                 .values()
                 .any(|o| o.expires_at_ms.is_some_and(|at| at <= now))
         };
-        if version == known && !force && !expiring {
+        if drift == persist::Drift::Same && !force && !expiring {
             return;
         }
         let overrides = match persist.read_all(app.limiter.store()).await {
@@ -523,8 +565,16 @@ impl Admin {
             }
         }
         let mut state = self.inner.lock().expect("admin state");
-        state.version = version;
+        state.stamp = stamp;
+        let before = state.overrides.len();
         state.overrides = live.into_iter().map(|o| (o.tenant.clone(), o)).collect();
+        if matches!(drift, persist::Drift::CounterGone | persist::Drift::Lost) {
+            tracing::error!(
+                before,
+                now = state.overrides.len(),
+                "overrides in force after the store's loss: PUT again those that should be"
+            );
+        }
         self.apply(app, &state);
     }
 

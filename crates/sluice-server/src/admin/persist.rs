@@ -19,11 +19,24 @@ use crate::backend::Backend;
 
 /// Check-and-set of one override: KEYS = overrides, versions, counter;
 /// ARGV = field, expected version ("" for any), value ("" to delete).
-/// Returns {1, version} when done, {-1, stored version} on a mismatch.
+/// Returns {1, version} when done, {-1, stored version} on a mismatch,
+/// {0, 0} for a delete of an override the store does not hold.
+///
+/// A version is the Redis server's time in microseconds (or one more than
+/// the last version, if that is later): it never comes back after the
+/// store loses its data (FLUSHALL, a restart without persistence, a
+/// failover to a lagging replica), where a counter restarting from 0 could
+/// reach the version an instance knew with other overrides behind it.
+/// Below 2^53, so exact in Lua and in JSON.
 const WRITE_LUA: &str = r"
+if ARGV[3] == '' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {0, 0} end
 local stored = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= stored then return {-1, stored} end
-local version = redis.call('INCR', KEYS[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[3]) or '0')
+local version = string.format('%d', math.max(last + 1, now))
+redis.call('SET', KEYS[3], version)
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
@@ -34,13 +47,79 @@ end
 return {1, version}
 ";
 
+/// What tells a change: KEYS = counter, overrides; returns the counter
+/// ("0" when missing) and how many overrides the hash holds.
+const STAMP_LUA: &str = r"
+return {redis.call('GET', KEYS[1]) or '0', redis.call('HLEN', KEYS[2])}
+";
+
+/// One override and its version: KEYS = overrides, versions; ARGV = field.
+const READ_ONE_LUA: &str = r"
+return {redis.call('HGET', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1])}
+";
+
 /// One instance's heavy hitters: KEYS = the windows' hash, the numbers'
-/// hash; ARGV = instance, sealed windows, number of the last window.
+/// hash; ARGV = instance, sealed windows, number of the last window, the
+/// hashes' time to live (ms).
 const PUBLISH_LUA: &str = r"
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 ";
+
+/// How long the heavy hitters' hashes outlive the last publication: a
+/// query reads an instance's windows for two windows after it published
+/// them (the current one and the next), never later, so no key lives
+/// forever once every instance is gone.
+const HEAVY_TTL_MS: u64 = 2 * super::heavy::EPOCH_MS;
+
+/// What the store says of its overrides, read twice a second to tell a
+/// change, or a loss.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The version of the last change (0: the store has no counter).
+    pub version: u64,
+    /// How many overrides the store holds (some may not open under this
+    /// pepper).
+    pub held: u64,
+}
+
+impl Stamp {
+    /// What this stamp, read now, says against the one read last.
+    pub fn against(self, known: Stamp) -> Drift {
+        if self == known {
+            Drift::Same
+        } else if self.version == 0 && known.version > 0 {
+            Drift::CounterGone
+        } else if self.version < known.version {
+            Drift::CounterBack
+        } else if self.version == known.version && self.held < known.held {
+            Drift::Lost
+        } else {
+            Drift::Changed
+        }
+    }
+}
+
+/// How the store's overrides moved since they were last read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drift {
+    /// Not at all.
+    Same,
+    /// A change, as every write makes.
+    Changed,
+    /// The change counter is gone: the store lost its data (FLUSHALL, a
+    /// restart without persistence).
+    CounterGone,
+    /// The counter is below the last one read: a failover to a replica
+    /// that had not seen the last changes.
+    CounterBack,
+    /// Fewer overrides at the same version: lost, the counter brought back
+    /// to where it was by changes since.
+    Lost,
+}
 
 /// Where and how overrides are kept.
 pub struct Persist {
@@ -130,10 +209,11 @@ impl Persist {
             .arg(expected.map_or_else(String::new, |v| v.to_string()))
             .arg(stored.map_or_else(String::new, |s| self.seal(s)));
         let (done, version): (i64, u64) = query(backend, &cmd).await.map_err(store)?;
-        if done < 0 {
-            return Err(Refused::Conflict(version));
+        match done {
+            1 => Ok(version),
+            0 => Err(Refused::Missing),
+            _ => Err(Refused::Conflict(version)),
         }
-        Ok(version)
     }
 
     /// Publishes this instance's heavy-hitter windows (`snapshot`, sealed)
@@ -154,7 +234,8 @@ impl Persist {
             .arg(format!("{}:heavy-at", self.base()))
             .arg(instance)
             .arg(self.seal(snapshot))
-            .arg(number);
+            .arg(number)
+            .arg(HEAVY_TTL_MS);
         query::<i64>(backend, &cmd).await.map(drop)
     }
 
@@ -208,12 +289,35 @@ impl Persist {
             .expect("the overrides key")
     }
 
-    /// The change counter.
-    pub async fn version(&self, backend: &Backend) -> Result<u64, StoreError> {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&self.keys[2]);
-        let version: Option<u64> = query(backend, &cmd).await?;
-        Ok(version.unwrap_or(0))
+    /// What tells a change, in one call: the change counter (0 when the
+    /// store has none) and how many overrides the store holds.
+    pub async fn stamp(&self, backend: &Backend) -> Result<Stamp, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(STAMP_LUA)
+            .arg(2)
+            .arg(&self.keys[2])
+            .arg(&self.keys[0]);
+        let (version, held): (u64, u64) = query(backend, &cmd).await?;
+        Ok(Stamp { version, held })
+    }
+
+    /// `tenant`'s stored override, if the store holds one that opens.
+    pub async fn read_one(
+        &self,
+        backend: &Backend,
+        tenant: &str,
+    ) -> Result<Option<Stored>, StoreError> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(READ_ONE_LUA)
+            .arg(2)
+            .arg(&self.keys[..2])
+            .arg(self.field(tenant));
+        let (value, version): (Option<String>, Option<u64>) = query(backend, &cmd).await?;
+        Ok(value.and_then(|value| {
+            let mut stored: Stored = self.open(&value)?;
+            stored.version = version.unwrap_or(0);
+            Some(stored)
+        }))
     }
 
     /// Every stored override that opens (others were written under another
@@ -247,6 +351,29 @@ async fn query<T: redis::FromRedisValue>(
     }
 }
 
-fn store(e: StoreError) -> Refused {
+/// A store error as the admin API refuses with it.
+pub(super) fn store(e: StoreError) -> Refused {
     Refused::Store(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_tells_a_change_from_a_loss() {
+        let known = Stamp {
+            version: 10,
+            held: 2,
+        };
+        let at = |version, held| Stamp { version, held }.against(known);
+        assert_eq!(at(10, 2), Drift::Same);
+        assert_eq!(at(11, 1), Drift::Changed);
+        assert_eq!(at(10, 3), Drift::Changed);
+        assert_eq!(at(0, 0), Drift::CounterGone);
+        assert_eq!(at(7, 2), Drift::CounterBack);
+        assert_eq!(at(10, 0), Drift::Lost);
+        assert_eq!(Stamp::default().against(Stamp::default()), Drift::Same);
+        assert_eq!(at(10, 2), Drift::Same);
+    }
 }

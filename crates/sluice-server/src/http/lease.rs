@@ -5,9 +5,11 @@
 //! released already (releasing twice is harmless).
 //!
 //! A lease is opaque to clients: 128 random bits naming it in the store,
-//! and the request it was taken for (the client's own tenant, route and
-//! subject), so that any instance can release it. Without its random bits
-//! a lease cannot be released, so a client can only give back its own.
+//! the tenant and subject it was taken for, and the concurrency rules it
+//! holds (scope, pattern and name: what names their keys), so that any
+//! instance releases it whatever the policy is by then (an override or a
+//! reload may have changed the tenant's rules). Without its random bits a
+//! lease cannot be released, so a client can only give back its own.
 
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Deserialize;
-use sluice_core::Request;
+use sluice_core::{Request, Scope};
+use sluice_store::limiter::Lease;
 use sluice_tower::InvalidRequest;
 use sluice_tower::answer::decision_answer;
 
@@ -27,11 +30,19 @@ use super::check::{bytes, parse_normalized, to_request};
 use super::respond::refusal;
 use crate::app::App;
 
-/// The format of a lease; another first byte is not a lease.
-const VERSION: u8 = 1;
+/// A lease naming the request it was taken for (tenant, route, subject):
+/// released by the rules the current policy applies to that request. Still
+/// read, for leases given before [`HOLDING`]; written only when a lease
+/// holding its rules would be too long.
+const REQUEST: u8 = 1;
 
-/// Longest lease text accepted: the largest tenant, route and subject.
-const MAX_LEASE_CHARS: usize = 2_048;
+/// A lease naming its tenant, subject and the rules it holds.
+const HOLDING: u8 = 2;
+
+/// Longest lease text accepted (a `/v1/release` body is at most 16 KiB):
+/// a lease holding more than fits (over a hundred concurrency rules on one
+/// request) is written as [`REQUEST`].
+const MAX_LEASE_CHARS: usize = 12 * 1024;
 
 pub(super) async fn acquire(
     State(app): State<Arc<App>>,
@@ -65,7 +76,9 @@ pub(super) async fn acquire(
         serde_json::from_slice(&json).unwrap_or_default();
     fields.insert(
         "lease".to_owned(),
-        lease.map_or(serde_json::Value::Null, |id| encode(id, &request).into()),
+        lease.map_or(serde_json::Value::Null, |lease| {
+            encode(&lease, &request).into()
+        }),
     );
     let json = serde_json::to_vec(&fields).unwrap_or_default();
     Response::from_parts(parts, Body::from(json))
@@ -109,14 +122,27 @@ pub(super) async fn release(
             .with_status(StatusCode::NOT_FOUND),
         )
     };
-    let Some((id, parts)) = decode(&lease) else {
+    let Some(given) = decode(&lease) else {
         return unknown();
     };
-    let Ok(request) = Request::new(&parts.tenant, &parts.route, parts.subject.as_deref(), 1) else {
-        return unknown();
+    let lease = match &given.held {
+        Held::Rules(rules) => Lease::rebuilt(
+            given.id,
+            rules.iter().map(|(s, p, n)| (*s, p.as_str(), n.as_str())),
+        ),
+        Held::OfRoute(route) => {
+            let Ok(request) = Request::new(&given.tenant, route, given.subject.as_deref(), 1)
+            else {
+                return unknown();
+            };
+            Lease::under(&app.limiter.policy(), &request, given.id)
+        }
     };
-    let policy = app.limiter.policy();
-    match app.limiter.release(&policy, &request, id).await {
+    match app
+        .limiter
+        .release(&given.tenant, given.subject.as_deref(), &lease)
+        .await
+    {
         Ok(true) => (
             StatusCode::OK,
             [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -137,67 +163,134 @@ pub(super) async fn release(
     }
 }
 
-/// The request a lease was taken for.
+/// What a lease names.
 #[derive(Debug, PartialEq, Eq)]
-struct Parts {
+struct Given {
+    id: u128,
     tenant: String,
-    route: String,
     subject: Option<String>,
+    held: Held,
 }
 
-/// A lease as clients hold it.
-fn encode(id: u128, request: &Request<'_>) -> String {
+/// What a lease holds.
+#[derive(Debug, PartialEq, Eq)]
+enum Held {
+    /// Its rules: scope, pattern and name.
+    Rules(Vec<(Scope, String, String)>),
+    /// Whatever concurrency rules the policy applies to this route (a lease
+    /// in the [`REQUEST`] format).
+    OfRoute(String),
+}
+
+/// Scopes as a lease writes them.
+const SCOPES: [Scope; 6] = [
+    Scope::Tenant,
+    Scope::Route,
+    Scope::Subject,
+    Scope::Global,
+    Scope::Descriptor,
+    Scope::Dedupe,
+];
+
+/// `lease`, taken for `request`, as clients hold it.
+fn encode(lease: &Lease, request: &Request<'_>) -> String {
+    let mut bytes = Vec::with_capacity(128);
+    bytes.push(HOLDING);
+    bytes.extend_from_slice(&lease.id().to_be_bytes());
+    put(&mut bytes, Some(request.tenant));
+    put(&mut bytes, request.subject);
+    bytes.extend_from_slice(&(lease.held().len() as u16).to_be_bytes());
+    for (scope, pattern, name) in lease.held() {
+        let scope = SCOPES.iter().position(|s| *s == scope).unwrap_or(0);
+        bytes.push(scope as u8);
+        put(&mut bytes, Some(pattern));
+        put(&mut bytes, Some(name));
+    }
+    let text = URL_SAFE_NO_PAD.encode(bytes);
+    if text.len() <= MAX_LEASE_CHARS {
+        return text;
+    }
     let mut bytes = Vec::with_capacity(64);
-    bytes.push(VERSION);
-    bytes.extend_from_slice(&id.to_be_bytes());
+    bytes.push(REQUEST);
+    bytes.extend_from_slice(&lease.id().to_be_bytes());
     for part in [Some(request.tenant), Some(request.route), request.subject] {
-        match part {
-            None => bytes.push(0),
-            Some(text) => {
-                bytes.push(1);
-                bytes.extend_from_slice(&(text.len() as u16).to_be_bytes());
-                bytes.extend_from_slice(text.as_bytes());
-            }
-        }
+        put(&mut bytes, part);
     }
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// The id and request of a lease; `None` for anything sluice did not give.
-fn decode(lease: &str) -> Option<(u128, Parts)> {
+/// `text` (or its absence) with its length before it.
+fn put(bytes: &mut Vec<u8>, text: Option<&str>) {
+    match text {
+        None => bytes.push(0),
+        Some(text) => {
+            bytes.push(1);
+            bytes.extend_from_slice(&(text.len() as u16).to_be_bytes());
+            bytes.extend_from_slice(text.as_bytes());
+        }
+    }
+}
+
+/// What a lease names; `None` for anything sluice did not give.
+fn decode(lease: &str) -> Option<Given> {
     if lease.len() > MAX_LEASE_CHARS {
         return None;
     }
     let bytes = URL_SAFE_NO_PAD.decode(lease).ok()?;
-    let (&version, rest) = bytes.split_first()?;
-    if version != VERSION {
-        return None;
+    let mut read = Reader(&bytes);
+    let version = read.take(1)?[0];
+    let id = u128::from_be_bytes(read.take(16)?.try_into().ok()?);
+    let given = match version {
+        REQUEST => {
+            let tenant = read.text()??;
+            let route = read.text()??;
+            Given {
+                id,
+                tenant,
+                subject: read.text()?,
+                held: Held::OfRoute(route),
+            }
+        }
+        HOLDING => {
+            let tenant = read.text()??;
+            let subject = read.text()?;
+            let count = u16::from_be_bytes(read.take(2)?.try_into().ok()?);
+            let mut rules = Vec::with_capacity(usize::from(count).min(256));
+            for _ in 0..count {
+                let scope = *SCOPES.get(usize::from(read.take(1)?[0]))?;
+                let pattern = read.text()??;
+                rules.push((scope, pattern, read.text()??));
+            }
+            Given {
+                id,
+                tenant,
+                subject,
+                held: Held::Rules(rules),
+            }
+        }
+        _ => return None,
+    };
+    read.0.is_empty().then_some(given)
+}
+
+/// The bytes of a lease not read yet.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let (taken, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(taken)
     }
-    let (id, mut rest) = rest.split_at_checked(16)?;
-    let id = u128::from_be_bytes(id.try_into().ok()?);
-    let mut part = || -> Option<Option<String>> {
-        let (&present, after) = rest.split_first()?;
-        rest = after;
-        if present == 0 {
+
+    /// What [`put`] wrote.
+    fn text(&mut self) -> Option<Option<String>> {
+        if self.take(1)?[0] == 0 {
             return Some(None);
         }
-        let (len, after) = rest.split_at_checked(2)?;
-        let len = usize::from(u16::from_be_bytes(len.try_into().ok()?));
-        let (text, after) = after.split_at_checked(len)?;
-        rest = after;
-        Some(Some(String::from_utf8(text.to_vec()).ok()?))
-    };
-    let tenant = part()??;
-    let route = part()??;
-    let subject = part()?;
-    rest.is_empty().then_some((
-        id,
-        Parts {
-            tenant,
-            route,
-            subject,
-        },
-    ))
+        let len = usize::from(u16::from_be_bytes(self.take(2)?.try_into().ok()?));
+        Some(Some(String::from_utf8(self.take(len)?.to_vec()).ok()?))
+    }
 }
 
 #[cfg(test)]
@@ -207,19 +300,29 @@ mod tests {
     #[test]
     fn a_lease_reads_back_and_nothing_else_does() {
         let request = Request::new("acme", "POST /export", Some("u-1"), 1).unwrap();
-        let text = encode(0xfeed_u128 << 64 | 7, &request);
-        let (id, parts) = decode(&text).unwrap();
-        assert_eq!(id, 0xfeed_u128 << 64 | 7);
+        let held = [
+            (Scope::Route, "POST /export", "exports"),
+            (Scope::Global, "POST /export", "all"),
+            (Scope::Subject, "*", "mine"),
+        ];
+        let lease = Lease::rebuilt(0xfeed_u128 << 64 | 7, held);
+        let text = encode(&lease, &request);
+        let given = decode(&text).unwrap();
         assert_eq!(
-            parts,
-            Parts {
+            given,
+            Given {
+                id: 0xfeed_u128 << 64 | 7,
                 tenant: "acme".into(),
-                route: "POST /export".into(),
-                subject: Some("u-1".into())
+                subject: Some("u-1".into()),
+                held: Held::Rules(
+                    held.iter()
+                        .map(|(s, p, n)| (*s, p.to_string(), n.to_string()))
+                        .collect()
+                ),
             }
         );
         let none = Request::new("acme", "GET /", None, 1).unwrap();
-        assert_eq!(decode(&encode(1, &none)).unwrap().1.subject, None);
+        assert_eq!(decode(&encode(&lease, &none)).unwrap().subject, None);
         for bad in [
             "",
             "not base64!",
@@ -229,5 +332,31 @@ mod tests {
         ] {
             assert_eq!(decode(bad), None, "{bad}");
         }
+    }
+
+    /// A lease holding more rules than a lease can name is written, and
+    /// read, as the request it was taken for; so are leases given before
+    /// leases named their rules.
+    #[test]
+    fn a_lease_too_long_to_name_its_rules_names_its_request() {
+        let request = Request::new("acme", "POST /export", None, 1).unwrap();
+        let names: Vec<String> = (0..200).map(|i| format!("{i:0>60}")).collect();
+        let lease = Lease::rebuilt(
+            9,
+            names
+                .iter()
+                .map(|n| (Scope::Route, "POST /export", n.as_str())),
+        );
+        let text = encode(&lease, &request);
+        assert!(text.len() <= MAX_LEASE_CHARS);
+        assert_eq!(
+            decode(&text).unwrap(),
+            Given {
+                id: 9,
+                tenant: "acme".into(),
+                subject: None,
+                held: Held::OfRoute("POST /export".into()),
+            }
+        );
     }
 }

@@ -38,7 +38,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
-use sluice_core::Outcome;
+use sluice_core::{Outcome, Scope};
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::store::Batch;
@@ -165,6 +165,36 @@ impl DenialCache {
                     if replace { denial } else { *old }
                 },
                 denial,
+            );
+        }
+    }
+
+    /// Remembers the duplicate guards of an admitted `batch` (by the
+    /// store, or by the local fallback at `now`) as denying their
+    /// fingerprint for their whole window from `now`: what the guard's
+    /// bucket says from then on (the store's window opened a moment
+    /// earlier, so this one never ends sooner). A repeat is answered here
+    /// without the store, and so still while the store cannot be reached:
+    /// this instance admits a fingerprint at most once per window, whoever
+    /// decided it (the store, before or after an outage, or its local
+    /// fallback during one).
+    pub fn record_guards(&self, epoch: u64, batch: &Batch<'_>, now: u64) {
+        let map = self.map.pin();
+        for (i, rule) in batch.rules.iter().enumerate() {
+            if rule.scope() != Scope::Dedupe || rule.shadow() {
+                continue;
+            }
+            let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
+            if map.len() >= MAX_ENTRIES && map.get(&key).is_none() {
+                continue;
+            }
+            map.insert(
+                key.to_key(),
+                Denial {
+                    until_ms: now + rule.rule().period_ms(),
+                    cost: batch.cost_of(i),
+                    epoch,
+                },
             );
         }
     }

@@ -23,7 +23,7 @@ use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
-use sluice_core::{BoundRule, Decision, Policy, Request};
+use sluice_core::{Decision, Policy, Request};
 
 use crate::clock::{Clock, SystemClock};
 use crate::memory::MemoryStore;
@@ -34,12 +34,14 @@ pub mod breaker;
 pub mod dedupe;
 pub mod denials;
 mod fair;
+pub mod lease;
 mod shard;
 
 pub use fair::ValveLevel;
 
 use breaker::{Breaker, BreakerConfig, BreakerState};
 use denials::DenialCache;
+pub use lease::Lease;
 
 /// How a limiter copes with its store.
 #[derive(Clone)]
@@ -293,53 +295,16 @@ impl<S: Store> Limiter<S> {
 
     /// Decides one request under `policy` and, when it is admitted, takes a
     /// lease of every concurrency rule that applies: the decision, and the
-    /// lease's id when one was taken (`None` when denied, or when no
+    /// lease when one was taken (`None` when denied, or when no
     /// concurrency rule applies). Give it back with
-    /// [`release`](Self::release); unreleased, it expires after the rule's
-    /// `lease`.
+    /// [`release`](Self::release), whatever the policy is by then;
+    /// unreleased, it expires after the rule's `lease`.
     pub async fn acquire<'p>(
         &self,
         policy: &'p Policy,
         request: &Request<'_>,
-    ) -> (Decision<'p>, Option<u128>) {
+    ) -> (Decision<'p>, Option<Lease>) {
         self.decide_leasing(policy, request, true).await
-    }
-
-    /// Gives back lease `id` that [`acquire`](Self::acquire) took for
-    /// `request` under `policy`: true when it was still held, false when
-    /// it had expired, was released already or is unknown (releasing twice
-    /// is harmless).
-    pub async fn release(
-        &self,
-        policy: &Policy,
-        request: &Request<'_>,
-        id: u128,
-    ) -> Result<bool, StoreError> {
-        let applicable =
-            policy.applicable(request.tenant, request.route, request.subject.is_some());
-        let rules: Vec<BoundRule> = applicable
-            .rules
-            .iter()
-            .filter(|r| r.rule().is_concurrency())
-            .cloned()
-            .collect();
-        if rules.is_empty() {
-            return Ok(false);
-        }
-        let batch = Batch {
-            lease: Some(id),
-            ..Batch::new(request.tenant, request.subject, 1, &rules)
-        };
-        // Taken while the store was unreachable (`on_error: local`), the
-        // lease is in the local fallback.
-        let local = self.local.release_now(&batch);
-        let remote = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.release(&batch))
-                .await
-                .map_err(|_| StoreError::Timeout(budget.as_millis() as u64))??,
-            None => self.store.release(&batch).await?,
-        };
-        Ok(local || remote)
     }
 
     async fn decide_leasing<'p>(
@@ -347,7 +312,7 @@ impl<S: Store> Limiter<S> {
         policy: &'p Policy,
         request: &Request<'_>,
         leasing: bool,
-    ) -> (Decision<'p>, Option<u128>) {
+    ) -> (Decision<'p>, Option<Lease>) {
         let applicable = match prepare(policy, request) {
             Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
@@ -365,11 +330,15 @@ impl<S: Store> Limiter<S> {
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(new_lease_id());
         }
+        let rules = applicable.rules;
         let decision = self.decide_prepared(applicable, batch, request).await;
         if let Some((_, gates)) = &gated {
             self.learn(gates, &decision, request.cost);
         }
-        let lease = batch.lease.filter(|_| decision.allowed);
+        let lease = batch
+            .lease
+            .filter(|_| decision.allowed)
+            .map(|id| Lease::taken(id, rules));
         (decision, lease)
     }
 
@@ -581,6 +550,7 @@ impl<S: Store> Limiter<S> {
                         .all(|(r, o)| o.allowed || r.shadow());
                     if admitted {
                         denials.forget(batch, &outcomes);
+                        denials.record_guards(epoch, batch, answered);
                     } else {
                         let split = self.store.valve_parts() > 1;
                         denials.record(epoch, batch, &outcomes, answered, split);
@@ -629,6 +599,11 @@ impl<S: Store> Limiter<S> {
                     let mut decision =
                         Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
                     decision.degraded = Some(OnError::Local);
+                    if let Some(denials) = self.denials.as_ref().filter(|_| decision.allowed) {
+                        // Known here after the store is back too.
+                        let now = self.options.clock.now_ms();
+                        denials.record_guards(denials.epoch(), batch, now);
+                    }
                     decision
                 }
                 Err(error) => {

@@ -83,11 +83,7 @@ impl KeySet {
         // once, and others (Envoy descriptors) as they come.
         let tenant_tag = keyer.tenant_tag(batch.tenant, batch.shard);
         let tag_of = |tenant: &str, rule: &BoundRule| {
-            // A duplicate guard's and a concurrency rule's keys stay on
-            // shard 0 (see bucket.rs).
-            if (rule.scope() == sluice_core::Scope::Dedupe || rule.rule().is_concurrency())
-                && batch.shard != 0
-            {
+            if rule.on_first_shard() && batch.shard != 0 {
                 keyer.tenant_tag(tenant, 0)
             } else if tenant == batch.tenant {
                 tenant_tag

@@ -13,6 +13,13 @@
 //! and waits for a restart.
 //! Without `--config`, the example configuration compiled into the binary is
 //! used, so `sluice serve` works from any directory.
+//!
+//! The envoyproxy/ratelimit files a configuration points to are read once
+//! per poll ([`envoy_files`]): what is applied is exactly the read that
+//! settled, never a second read that a swap of the runtime directory may
+//! have changed (or mixed) in between.
+
+pub mod envoy_files;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,9 +31,10 @@ use tracing::{info, warn};
 
 use crate::Fallible;
 use crate::app::App;
+use envoy_files::EnvoyFiles;
 
 /// `examples/sluice.yaml`, compiled in.
-pub const EXAMPLE: &str = include_str!("../../../examples/sluice.yaml");
+pub const EXAMPLE: &str = include_str!("../../../../examples/sluice.yaml");
 
 /// How often a configuration file is checked for changes.
 const POLL: Duration = Duration::from_secs(2);
@@ -104,10 +112,9 @@ impl Source {
     /// Reads and validates the configuration, with what it read (the
     /// reloader compares later reads with exactly that).
     pub fn load_as_read(&self) -> Fallible<(Config, Loaded)> {
-        let text = self.text()?;
-        let config = self.parse(&text)?;
-        let loaded = Loaded(self.fingerprint(&text));
-        Ok((config, loaded))
+        let read = self.read()?;
+        let config = self.parse(&read.text)?;
+        Ok((config, Loaded(read.fingerprint)))
     }
 
     fn parse(&self, text: &str) -> Fallible<Config> {
@@ -118,30 +125,39 @@ impl Source {
         Ok(config)
     }
 
-    /// Everything a reload depends on, to tell whether it changed: the
-    /// file, and the envoyproxy/ratelimit files it points to.
-    fn fingerprint(&self, text: &str) -> String {
-        let mut all = text.to_owned();
-        let envoy = self
+    /// The configuration's text and the envoyproxy/ratelimit files it
+    /// points to, read once, with the fingerprint that tells a change.
+    fn read(&self) -> Fallible<Read> {
+        let text = self.text()?;
+        let parsed = self.parse(&text).ok();
+        let path = self
             .envoy_config
             .clone()
-            .or_else(|| self.parse(text).ok().and_then(|c| c.envoy.config_path));
-        if let Some(path) = envoy {
-            let mut files: Vec<PathBuf> = if path.is_dir() {
-                std::fs::read_dir(&path)
-                    .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
-                    .unwrap_or_default()
-            } else {
-                vec![path]
-            };
-            files.sort();
-            for file in files {
-                all.push_str(&file.display().to_string());
-                all.push_str(&std::fs::read_to_string(&file).unwrap_or_default());
-            }
+            .or_else(|| parsed.as_ref().and_then(|c| c.envoy.config_path.clone()));
+        let all_files = parsed.as_ref().is_some_and(|c| c.envoy.all_files);
+        let envoy = path.map(|path| EnvoyFiles::read(&path, all_files).map_err(|e| e.to_string()));
+        let mut fingerprint = text.clone();
+        match &envoy {
+            Some(Ok(files)) => files.fingerprint_into(&mut fingerprint),
+            Some(Err(e)) => fingerprint.push_str(e),
+            None => {}
         }
-        all
+        Ok(Read {
+            text,
+            envoy,
+            fingerprint,
+        })
     }
+}
+
+/// One read of a configuration: its text, the envoyproxy/ratelimit files
+/// it points to (or why they could not be read), and the fingerprint of
+/// both.
+#[derive(Debug, Clone)]
+struct Read {
+    text: String,
+    envoy: Option<Result<EnvoyFiles, String>>,
+    fingerprint: String,
 }
 
 /// What a configuration was loaded from, to tell a later change.
@@ -185,16 +201,16 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
                     continue;
                 }
             };
-            if !forced && last.as_deref() == Some(seen.1.as_str()) {
+            if !forced && last.as_deref() == Some(seen.fingerprint.as_str()) {
                 continue;
             }
-            let Some((text, fingerprint)) = settled(&source, seen).await else {
+            let Some(read) = settled(&source, seen).await else {
                 continue;
             };
-            last = Some(fingerprint);
+            last = Some(read.fingerprint.clone());
             match source
-                .parse(&text)
-                .and_then(|config| apply(&app, &running, config))
+                .parse(&read.text)
+                .and_then(|config| apply(&app, &running, config, read.envoy.as_ref()))
             {
                 Ok(config) => {
                     app.metrics.reload(true);
@@ -212,18 +228,15 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
     });
 }
 
-/// The configuration's text and its fingerprint, as they read now, or why
-/// they cannot be read.
-fn read(source: &Source) -> Result<(String, String), String> {
-    let text = source.text().map_err(|e| e.to_string())?;
-    let fingerprint = source.fingerprint(&text);
-    Ok((text, fingerprint))
+/// The configuration as it reads now, or why it cannot be read.
+fn read(source: &Source) -> Result<Read, String> {
+    source.read().map_err(|e| e.to_string())
 }
 
-/// The configuration's text and fingerprint once they have read the same
-/// for [`SETTLE`], starting from what was `seen`; `None` when it cannot be
-/// read or keeps changing.
-async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String, String)> {
+/// The configuration once it has read the same for [`SETTLE`], starting
+/// from what was `seen`: that read itself, applied as it is; `None` when it
+/// cannot be read or keeps changing.
+async fn settled(source: &Source, mut seen: Read) -> Option<Read> {
     info!("configuration changed; applying it once it has settled");
     let started = tokio::time::Instant::now();
     loop {
@@ -231,7 +244,7 @@ async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String,
         let now = read(source)
             .map_err(|e| warn!(error = %e, "configuration not reloaded"))
             .ok()?;
-        if now.1 == seen.1 {
+        if now.fingerprint == seen.fingerprint {
             return Some(now);
         }
         if started.elapsed() > SETTLE_AT_MOST {
@@ -244,28 +257,44 @@ async fn settled(source: &Source, mut seen: (String, String)) -> Option<(String,
 }
 
 /// The envoyproxy/ratelimit domains `config` points to, compiled (none
-/// when it points nowhere).
+/// when it points nowhere), read now.
 pub(crate) fn descriptors(config: &Config) -> Fallible<DescriptorPolicy> {
-    Ok(match &config.envoy.config_path {
-        Some(path) => {
-            let domains = crate::envoy::load_envoy_files(
-                path,
-                config.envoy.all_files,
-                config.envoy.merge_domains,
-            )?;
-            for note in domains.iter().flat_map(|d| &d.notes) {
-                warn!("{note}");
-            }
-            DescriptorPolicy::compile(&domains, config.limits.near_limit)
-        }
-        None => DescriptorPolicy::default(),
-    })
+    descriptors_of(config, None)
 }
 
-/// Applies a new configuration, envoyproxy/ratelimit files included; all
-/// or nothing: any error leaves everything as it was.
-fn apply(app: &App, running: &Config, next: Config) -> Fallible<Config> {
-    let descriptors = descriptors(&next)?;
+/// [`descriptors`], from the files already `read` when given.
+fn descriptors_of(
+    config: &Config,
+    read: Option<&Result<EnvoyFiles, String>>,
+) -> Fallible<DescriptorPolicy> {
+    let Some(path) = &config.envoy.config_path else {
+        return Ok(DescriptorPolicy::default());
+    };
+    let files = match read {
+        Some(Ok(files)) => files.clone(),
+        Some(Err(e)) => return Err(e.clone().into()),
+        None => EnvoyFiles::read(path, config.envoy.all_files)?,
+    };
+    let domains = files.domains(config.envoy.merge_domains)?;
+    for note in domains.iter().flat_map(|d| &d.notes) {
+        warn!("{note}");
+    }
+    Ok(DescriptorPolicy::compile(
+        &domains,
+        config.limits.near_limit,
+    ))
+}
+
+/// Applies a new configuration with the envoyproxy/ratelimit files as they
+/// were `read` with it (read now when not given); all or nothing: any
+/// error leaves everything as it was.
+fn apply(
+    app: &App,
+    running: &Config,
+    next: Config,
+    read: Option<&Result<EnvoyFiles, String>>,
+) -> Fallible<Config> {
+    let descriptors = descriptors_of(&next, read)?;
     let mapping = |c: &Config| {
         (
             c.envoy.domain.clone(),
@@ -315,4 +344,76 @@ fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
 #[cfg(not(unix))]
 fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
     tokio::sync::mpsc::channel(1).1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    /// A ConfigMap-style runtime directory: each generation a directory
+    /// of its own, `..data` a symlink to the current one, every file a
+    /// symlink through `..data`.
+    fn generation(dir: &Path, name: &str, limit: u32) {
+        let real = dir.join(name);
+        std::fs::create_dir(&real).unwrap();
+        for file in ["a.yaml", "b.yaml"] {
+            let domain = file.trim_end_matches(".yaml");
+            std::fs::write(
+                real.join(file),
+                format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{ unit: minute, requests_per_unit: {limit} }}\n"),
+            )
+            .unwrap();
+        }
+        let swap = dir.join("..data_tmp");
+        std::os::unix::fs::symlink(name, &swap).unwrap();
+        std::fs::rename(&swap, dir.join("..data")).unwrap();
+        for file in ["a.yaml", "b.yaml"] {
+            let link = dir.join(file);
+            if !link.exists() {
+                std::os::unix::fs::symlink(format!("..data/{file}"), link).unwrap();
+            }
+        }
+    }
+
+    fn app(config: &Config) -> Arc<App> {
+        let limiter = sluice_store::Limiter::new(
+            Policy::compile(&config.limits),
+            crate::backend::Backend::Memory(sluice_store::MemoryStore::new(1_000)),
+            config.storage.on_error,
+        );
+        App::new(
+            limiter,
+            config.server.forward_auth.clone(),
+            Default::default(),
+        )
+    }
+
+    /// What settled is what is applied: a `..data` swap after the settle
+    /// check (before, the reload read the files again and applied the new
+    /// generation, or a mix of both, without it ever settling).
+    #[test]
+    fn a_reload_applies_exactly_what_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = dir.path().join("runtime");
+        std::fs::create_dir(&runtime).unwrap();
+        generation(&runtime, "..gen_1", 7);
+        let file = dir.path().join("sluice.yaml");
+        std::fs::write(
+            &file,
+            format!("envoy:\n  config: {}\n  files: all\n", runtime.display()),
+        )
+        .unwrap();
+        let source = Source::from_arg(Some(file));
+        let (running, _) = source.load_as_read().unwrap();
+        let app = app(&running);
+        let settled = read(&source).unwrap();
+        // Swapped between the settle check and the apply.
+        generation(&runtime, "..gen_2", 9);
+        let next = source.parse(&settled.text).unwrap();
+        apply(&app, &running, next, settled.envoy.as_ref()).unwrap();
+        let applied = app.limiter.policy().descriptors().dump();
+        assert!(applied.contains("requests_per_unit=7"), "{applied}");
+        assert!(!applied.contains("requests_per_unit=9"), "{applied}");
+    }
 }
