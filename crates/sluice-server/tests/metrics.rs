@@ -50,6 +50,8 @@ plans:
     tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]
     routes:
       "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }}]
+global:
+  "GET /valve": [{{ name: orders-valve, limit: 10, per: 1s }}]
 "#,
         redis.url()
     )
@@ -119,6 +121,39 @@ async fn every_documented_metric_moves() {
         "sluice_shadow_denials_total",
     );
     check(&m, "sluice_live_instances", "sluice_live_instances");
+
+    // A fair valve (10/s) saturated by tenants each asking for 3 at once
+    // (what their own limit allows): held to their shares, the valve said
+    // to be saturated.
+    let mut held = 0;
+    for i in 0..20 {
+        for _ in 0..3 {
+            let (_, body) = post(
+                &client,
+                &server.base,
+                json!({"tenant": format!("greedy-{i}"), "route": "GET /valve"}),
+            )
+            .await;
+            held += usize::from(body["reason"] == "global_capacity");
+        }
+    }
+    assert!(held > 0, "the valve held nobody back");
+    let m = metrics(&client, &server).await;
+    check(
+        &m,
+        "sluice_valve_fair_share_denials_total",
+        "sluice_valve_fair_share_denials_total{valve=\"orders-valve\"}",
+    );
+    check(
+        &m,
+        "sluice_valve_saturated",
+        "sluice_valve_saturated{valve=\"orders-valve\"}",
+    );
+    check(
+        &m,
+        "sluice_valve_fair_share_level",
+        "sluice_valve_fair_share_level{valve=\"orders-valve\"}",
+    );
 
     // Reloads, good and bad.
     std::fs::write(&path, config(&redis, "4")).unwrap();

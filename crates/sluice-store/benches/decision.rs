@@ -10,6 +10,9 @@
 //!   sliding_window) decided atomically, against three independent governor
 //!   checks (which are not atomic: a reference point, not an equivalent).
 //!
+//! - `valve`: a tenant rule and a global valve with room, `fair` (the
+//!   default: the tenant's gate decided too) against `first_come`.
+//!
 //! `sluice` is the synchronous in-process call (`Limiter::decide_now`);
 //! `sluice_async` is the same decision through the async `Limiter::decide`
 //! that the server uses, polled once; `sluice_store_only` is the memory
@@ -26,7 +29,7 @@ use sluice_core::Request;
 use sluice_store::Batch;
 
 mod cases;
-use cases::{SINGLE, TENANTS, THREE, limiter, now};
+use cases::{SINGLE, TENANTS, THREE, VALVE_FAIR, VALVE_FIRST_COME, limiter, now};
 
 fn decisions(c: &mut Criterion) {
     let tenants = cases::tenants();
@@ -121,6 +124,28 @@ fn decisions(c: &mut Criterion) {
             black_box(ok)
         })
     });
+    group.finish();
+
+    let mut group = c.benchmark_group("valve");
+    for (name, yaml) in [("first_come", VALVE_FIRST_COME), ("fair", VALVE_FAIR)] {
+        let valve = limiter(yaml);
+        let policy = valve.policy();
+        for t in &tenants {
+            now(valve.decide(
+                &policy,
+                &Request::new(t, "GET /v1/things", None, 1).unwrap(),
+            ));
+        }
+        group.bench_function(BenchmarkId::new("sluice", name), |b| {
+            b.iter(|| {
+                i = (i + 1) % TENANTS;
+                let request = Request::new(&tenants[i], "GET /v1/things", None, 1).unwrap();
+                let decision = valve.decide_now(&policy, &request);
+                assert!(decision.allowed);
+                black_box(decision.remaining())
+            })
+        });
+    }
     group.finish();
 }
 

@@ -24,17 +24,19 @@ use sluice_core::Request;
 
 #[path = "../benches/cases/mod.rs"]
 mod cases;
-use cases::{SINGLE, TENANTS, THREE, limiter, now};
+use cases::{SINGLE, TENANTS, THREE, VALVE_FAIR, VALVE_FIRST_COME, limiter, now};
 
 const SMALL: usize = 50_000;
 const LARGE: usize = 250_000;
 
-const CASES: [&str; 5] = [
+const CASES: [&str; 7] = [
     "sluice_single_gcra",
     "governor_single",
     "sluice_async_single_gcra",
     "sluice_three_scopes",
     "governor_three",
+    "sluice_valve_first_come",
+    "sluice_valve_fair",
 ];
 
 fn main() {
@@ -84,10 +86,19 @@ fn run(case: &str, n: usize) {
     let quota = Quota::per_second(NonZeroU32::new(1_000_000).unwrap());
     let mut admitted = 0usize;
     match case {
-        "sluice_single_gcra" | "sluice_async_single_gcra" | "sluice_three_scopes" => {
+        "sluice_single_gcra"
+        | "sluice_async_single_gcra"
+        | "sluice_three_scopes"
+        | "sluice_valve_first_come"
+        | "sluice_valve_fair" => {
             let three = case == "sluice_three_scopes";
             let waiting = case == "sluice_async_single_gcra";
-            let limiter = limiter(if three { THREE } else { SINGLE });
+            let limiter = limiter(match case {
+                "sluice_three_scopes" => THREE,
+                "sluice_valve_first_come" => VALVE_FIRST_COME,
+                "sluice_valve_fair" => VALVE_FAIR,
+                _ => SINGLE,
+            });
             let policy = limiter.policy();
             let subject = three.then_some("user-1");
             for i in 0..TENANTS + n {

@@ -67,6 +67,18 @@ struct Run {
 /// Runs `senders` for `run_ms` against `yaml` on one limiter and its
 /// memory store, the clock set to each request's arrival.
 fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run {
+    run_reloading(yaml, senders, run_ms, measure_from_ms, None)
+}
+
+/// [`run`], with the configuration replaced by `reload.1` at `reload.0`
+/// ms into the run (as a reload or an override does).
+fn run_reloading(
+    yaml: &str,
+    senders: &[Sender],
+    run_ms: u64,
+    measure_from_ms: u64,
+    reload: Option<(u64, &str)>,
+) -> Run {
     let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
     let clock = Arc::new(ManualClock::new(START_MS));
     let options = LimiterOptions {
@@ -78,7 +90,8 @@ fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run
         MemoryStore::with_clock(100_000, clock.clone()),
         options,
     );
-    let policy = limiter.policy();
+    let mut policy = limiter.policy();
+    let mut reload = reload;
     // Poisson arrivals in µs (exponential gaps from a fixed seed): what
     // many independent clients look like, and what makes first come, first
     // served starve the one who asks least often.
@@ -102,6 +115,14 @@ fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run
             continue;
         }
         arrivals.push(Reverse((at_us + gap_us(s.rate), i)));
+        if let Some((at_ms, yaml)) = reload
+            && at_us / 1_000 >= at_ms
+        {
+            let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
+            limiter.set_policy(Policy::compile(&config.limits));
+            policy = limiter.policy();
+            reload = None;
+        }
         clock.set(START_MS + at_us / 1_000);
         let request = Request::new(s.tenant, "POST /v1/orders", None, 1).unwrap();
         let decision = limiter.decide_now(&policy, &request);
@@ -255,4 +276,31 @@ fn a_fair_share_denial_names_the_valve_and_changes_nothing() {
     assert_eq!(gate.name(), "orders");
     assert!(!gate.advertised());
     assert_eq!(gate.scope().reason(), Reason::GlobalCapacity);
+}
+
+#[test]
+fn a_reload_that_changes_a_weight_converges_within_a_second() {
+    let yaml = config(VALVE, HEAVY);
+    // At 5 s the heavy plan's weight goes from 2 to 4.
+    let heavier = yaml.replace("weight: 2", "weight: 4");
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("heavy", 150.0),
+    ];
+    // 1:1:2 before (25, 25, 50); 1:1:4 after (about 16.7, 16.7, 66.7,
+    // the heavy tenant then just past its ceiling of 60).
+    let before = run_reloading(&yaml, &senders, 5_000, 1_000, Some((5_000, &heavier)));
+    let after = run_reloading(&yaml, &senders, 12_000, 6_000, Some((5_000, &heavier)));
+    let rate = |run: &Run, i: usize, seconds: f64| run.counts[i].1 as f64 / seconds;
+    assert!(
+        (37.5..=62.5).contains(&rate(&before, 2, 4.0)),
+        "{:?}",
+        before.counts
+    );
+    for i in 0..2 {
+        let r = rate(&after, i, 6.0);
+        assert!((12.5..=25.0).contains(&r), "noisy-{i} after: {r:.1}");
+    }
+    assert!(rate(&after, 2, 6.0) >= 55.0, "{:?}", after.counts);
 }

@@ -32,6 +32,27 @@ plans:
       "*": [{ algorithm: sliding_window, limit: 1000000, per: 1s }]
 "#;
 
+/// A tenant rule and a global valve (fair, the default), every request
+/// admitted: what a fair valve's gate costs while the valve has room.
+pub const VALVE_FAIR: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
+global:
+  "*": [{ algorithm: gcra, limit: 1000000000, per: 1s }]
+"#;
+
+/// The same valve first come (no gate).
+pub const VALVE_FIRST_COME: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: gcra, limit: 1000000, per: 1s }]
+global:
+  "*": [{ algorithm: gcra, limit: 1000000000, per: 1s, share: first_come }]
+"#;
+
 /// The tenants' ids.
 pub fn tenants() -> Vec<String> {
     (0..TENANTS).map(|i| format!("tenant-{i:05}")).collect()
