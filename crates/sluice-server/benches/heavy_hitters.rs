@@ -13,13 +13,13 @@ fn record(c: &mut Criterion) {
     let tenants: Vec<String> = (0..10_000).map(|i| format!("tenant-{i:05}")).collect();
     let heavy = HeavyHitters::default();
     for tenant in &tenants {
-        heavy.record(tenant, true, 1_000);
+        heavy.record(tenant, true, false, 1_000);
     }
     let mut i = 0;
     c.bench_function("heavy_hitters_record_10000_tenants", |b| {
         b.iter(|| {
             i = (i + 1) % tenants.len();
-            heavy.record(black_box(&tenants[i]), true, 1_000);
+            heavy.record(black_box(&tenants[i]), true, false, 1_000);
         })
     });
 }

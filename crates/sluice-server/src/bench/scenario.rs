@@ -323,6 +323,7 @@ mod tests {
                 errors: 0,
                 most_admitted_per_tenant: 1,
                 least_admitted_per_tenant: 1,
+                admitted_per_tenant: vec![1],
                 limit: None,
                 allowance: None,
                 p50_us: 1,
