@@ -45,6 +45,8 @@ use crate::grpc::request::{DescriptorView, MAX_DESCRIPTORS, MAX_ENTRIES, Request
 use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
+mod zero_limit;
+
 /// Longest entry key or value, in bytes (the other bounds of a request,
 /// `MAX_DESCRIPTORS` and `MAX_ENTRIES`, are where it is read).
 const MAX_ENTRY_BYTES: usize = 16 * 1024;
@@ -364,8 +366,12 @@ struct Decided<'p> {
     /// Per descriptor: `unlimited: true` matched (answered with the largest
     /// remaining, as envoyproxy/ratelimit answers).
     unlimited: Vec<bool>,
-    /// Per descriptor: blocked by `requests_per_unit: 0`.
+    /// Per descriptor: at a zero limit (`requests_per_unit: 0`).
     blocked: Vec<bool>,
+    /// Per descriptor: in shadow mode (empty: none is).
+    shadow: Vec<bool>,
+    /// The time zero limits reset from.
+    now_ms: u64,
     /// Per descriptor: the configured form of its limit, for `current_limit`.
     configured: Vec<Configured>,
     /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
@@ -381,6 +387,7 @@ impl<'p> Decided<'p> {
         owners: Vec<Vec<usize>>,
         blocked: Vec<bool>,
         configured: Vec<Configured>,
+        now_ms: u64,
     ) -> Decided<'p> {
         Decided {
             decision,
@@ -388,6 +395,8 @@ impl<'p> Decided<'p> {
             quota: Vec::new(),
             unlimited: Vec::new(),
             blocked,
+            shadow: Vec::new(),
+            now_ms,
             configured,
             stats: Vec::new(),
         }
@@ -591,6 +600,10 @@ impl RateLimiter {
             .iter()
             .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
             .collect();
+        let shadow: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.shadow))
+            .collect();
         let stats = found
             .iter()
             .zip(descriptors)
@@ -619,11 +632,12 @@ impl RateLimiter {
         for (index, descriptor) in owner.iter().enumerate() {
             owners[*descriptor].push(index);
         }
-        let decision = if enforced_block {
-            // `requests_per_unit: 0` denies without counting anything else.
-            Decision::blocked()
-        } else if rules.is_empty() {
-            Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
+        let decision = if rules.is_empty() {
+            if enforced_block {
+                Decision::blocked()
+            } else {
+                Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
+            }
         } else {
             let partitions_text: Vec<String> = owner
                 .iter()
@@ -645,15 +659,27 @@ impl RateLimiter {
                 costs: &costs,
                 ..Batch::new(domain, None, 1, rules)
             };
-            self.app
-                .limiter
-                .decide_batch(Applicable::adhoc(rules), &batch)
-                .await
+            if enforced_block {
+                // Denied by `requests_per_unit: 0`: nothing counted.
+                zero_limit::decide(&self.app, Applicable::adhoc(rules), &batch, &costs).await
+            } else {
+                self.app
+                    .limiter
+                    .decide_batch(Applicable::adhoc(rules), &batch)
+                    .await
+            }
+        };
+        let now_ms = if blocked.contains(&true) {
+            zero_limit::now_ms(&self.app)
+        } else {
+            0
         };
         Decided {
             decision,
             owners,
             blocked,
+            shadow,
+            now_ms,
             quota,
             unlimited,
             configured,
@@ -724,7 +750,7 @@ impl RateLimiter {
                 }
             }
             let decision = self.app.limiter.decide(policy, &request).await;
-            Decided::native(decision, owners, blocked, configured)
+            Decided::native(decision, owners, blocked, configured, 0)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together: the rare path, boxed so that what it holds across
@@ -785,14 +811,15 @@ impl RateLimiter {
                     ..Batch::new(request.tenant, request.subject, hits, rules)
                 };
                 let enforced_block = blocked.iter().any(|b| *b);
-                let decision = if enforced_block {
-                    Decision::blocked()
+                let (decision, now_ms) = if enforced_block {
+                    let decision = zero_limit::decide(&self.app, combined, &batch, &costs).await;
+                    (decision, zero_limit::now_ms(&self.app))
                 } else {
-                    self.app.limiter.decide_batch(combined, &batch).await
+                    (self.app.limiter.decide_batch(combined, &batch).await, 0)
                 };
                 self.app.account(&request, &decision);
                 Ok(self.answer(
-                    Decided::native(decision, owners, blocked, configured),
+                    Decided::native(decision, owners, blocked, configured, now_ms),
                     started,
                     descriptors.len(),
                 ))
@@ -814,6 +841,8 @@ impl RateLimiter {
             decision,
             owners,
             blocked,
+            shadow,
+            now_ms,
             quota,
             unlimited,
             configured,
@@ -850,8 +879,12 @@ impl RateLimiter {
                         ..Default::default()
                     };
                 }
+                if blocked[i] {
+                    let shadow = shadow.get(i).copied().unwrap_or(false);
+                    return zero_limit::status(&configured[i], shadow, now_ms);
+                }
                 let quota = quota.get(i).copied().unwrap_or(false);
-                descriptor_status(&decision, &owners[i], blocked[i], quota, &configured[i])
+                descriptor_status(&decision, &owners[i], quota, &configured[i])
             })
             .collect();
         // Quota descriptors never block alone: the request is over when
@@ -907,26 +940,14 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// The status of one descriptor: over the limit when one of its enforced
-/// rules denied (or it is blocked), with the tightest of its rules as
+/// rules denied, with the tightest of its rules as
 /// `current_limit`.
 fn descriptor_status(
     decision: &Decision<'_>,
     owned: &[usize],
-    blocked: bool,
     quota: bool,
     configured: &Configured,
 ) -> DescriptorStatus {
-    if blocked {
-        return DescriptorStatus {
-            code: Code::OverLimit as i32,
-            current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
-                name: name.clone().unwrap_or_default(),
-                requests_per_unit: *rpu,
-                unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-            }),
-            ..Default::default()
-        };
-    }
     // Walked twice rather than collected: no allocation per descriptor.
     let known = || {
         owned

@@ -17,6 +17,7 @@
 //!   (environment, runtime directory, ConfigMap swap) and `cli.rs`.
 
 mod common;
+mod envoy;
 
 use common::{Server, temp_dir, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -98,6 +99,14 @@ fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
     )
     .keep(config)
     .keep(dir)
+}
+
+/// The `storage` and `keys` sections for `redis`, with the test pepper.
+fn redis_storage(redis: &RedisServer) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        redis.url()
+    )
 }
 
 async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
@@ -431,10 +440,7 @@ async fn envoyproxy_configuration_on_the_memory_store() {
 #[tokio::test]
 async fn envoyproxy_configuration_on_redis() {
     let redis = RedisServer::start();
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        redis.url()
-    );
+    let storage = redis_storage(&redis);
     let mut server = start(&storage, "redis");
     envoyproxy_semantics(&server).await;
     // The descriptors' buckets are in Redis, opaque.
@@ -964,10 +970,7 @@ async fn the_current_configuration_language_on_memory_and_redis() {
     current_language(&server).await;
     server.stop();
     let redis = RedisServer::start();
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        redis.url()
-    );
+    let storage = redis_storage(&redis);
     let mut server = start_with(&storage, "lang-redis", &[("lang.yaml", CURRENT_LANGUAGE)]);
     current_language(&server).await;
     server.stop();
