@@ -194,10 +194,12 @@ fn read_descriptor(
             "`descriptors[{index}].is_negative_hits` is not supported"
         )));
     }
+    // An empty key is taken, as upstream takes it: no configured key is
+    // empty, so it matches nothing.
     for (key, value) in &d.entries {
-        if key.is_empty() || key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {
+        if key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {
             return Err(Status::invalid_argument(format!(
-                "`descriptors[{index}].entries`: keys must be 1 to {MAX_ENTRY_BYTES} bytes and values at most {MAX_ENTRY_BYTES}"
+                "`descriptors[{index}].entries`: keys and values must be at most {MAX_ENTRY_BYTES} bytes"
             )));
         }
     }

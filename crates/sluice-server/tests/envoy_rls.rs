@@ -597,16 +597,23 @@ async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_ser
             descriptors: vec![descriptor(&[("a", "b")])],
             hits_addend: 2_000_000,
         },
-        RateLimitRequest {
-            domain: "edge".into(),
-            descriptors: vec![descriptor(&[("", "b")])],
-            hits_addend: 0,
-        },
     ];
     for request in cases {
         let status = c.should_rate_limit(request.clone()).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{request:?}");
     }
+    // An entry with an empty key is no error, as upstream takes it: no
+    // configured key is empty, so the descriptor matches no limit there.
+    for (domain, entries) in [
+        ("edge", &[("", "b")][..]),
+        ("edge", &[("remote_address", "10.9.9.9"), ("", "")]),
+        ("sluice", &[("tenant", "t-empty-key"), ("", "b")]),
+    ] {
+        let r = ask(&mut c, domain, vec![descriptor(entries)], 0).await;
+        assert_eq!(codes(&r), [Code::Ok], "{entries:?}");
+    }
+    let r = ask(&mut c, "edge", vec![descriptor(&[("", "b")])], 0).await;
+    assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
     // The bounds on descriptors (256) and on a descriptor's entries (64),
     // named with the count sent; one under each passes.
     let many = |descriptors: usize, entries: usize| RateLimitRequest {
