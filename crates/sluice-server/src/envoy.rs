@@ -45,38 +45,29 @@ use crate::grpc::request::{DescriptorView, MAX_DESCRIPTORS, MAX_ENTRIES, Request
 use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
+pub mod files;
+mod units;
 mod zero_limit;
+
+use units::{proto_unit, unit_of_proto};
 
 /// Longest entry key or value, in bytes (the other bounds of a request,
 /// `MAX_DESCRIPTORS` and `MAX_ENTRIES`, are where it is read).
 const MAX_ENTRY_BYTES: usize = 16 * 1024;
 
 /// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
-/// directory: its `*.yaml` files, or with `all_files` every file but dot
-/// files, following symlinks as a ConfigMap's `..data` swap needs), with
-/// split domains merged when `merge` is set.
+/// directory: the files [`files::names`] lists, following symlinks to
+/// files as a ConfigMap's `..data` swap needs), with split domains merged
+/// when `merge` is set.
 pub fn load_envoy_files(path: &Path, all_files: bool, merge: bool) -> Fallible<Vec<EnvoyDomain>> {
-    let mut paths = Vec::new();
-    if path.is_dir() {
-        for entry in
-            std::fs::read_dir(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        {
-            let file = entry?.path();
-            let wanted = if all_files {
-                !file
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-            } else {
-                file.extension().is_some_and(|e| e == "yaml" || e == "yml")
-            };
-            if wanted && file.is_file() {
-                paths.push(file);
-            }
-        }
-        paths.sort();
+    let paths = if path.is_dir() {
+        files::names(path, all_files)?
+            .into_iter()
+            .map(|name| path.join(name))
+            .collect()
     } else {
-        paths.push(path.to_path_buf());
-    }
+        vec![path.to_path_buf()]
+    };
     let mut files = Vec::with_capacity(paths.len());
     for file in paths {
         let text = std::fs::read_to_string(&file)
@@ -228,31 +219,6 @@ fn read_descriptor(
         cost,
         limit_override,
     })
-}
-
-fn unit_of_proto(unit: i32) -> Option<Unit> {
-    match ProtoUnit::try_from(unit).ok()? {
-        ProtoUnit::Second => Some(Unit::Second),
-        ProtoUnit::Minute => Some(Unit::Minute),
-        ProtoUnit::Hour => Some(Unit::Hour),
-        ProtoUnit::Day => Some(Unit::Day),
-        ProtoUnit::Week => Some(Unit::Week),
-        ProtoUnit::Month => Some(Unit::Month),
-        ProtoUnit::Year => Some(Unit::Year),
-        ProtoUnit::Unknown => None,
-    }
-}
-
-fn proto_unit(unit: Unit) -> ProtoUnit {
-    match unit {
-        Unit::Second => ProtoUnit::Second,
-        Unit::Minute => ProtoUnit::Minute,
-        Unit::Hour => ProtoUnit::Hour,
-        Unit::Day => ProtoUnit::Day,
-        Unit::Week => ProtoUnit::Week,
-        Unit::Month => ProtoUnit::Month,
-        Unit::Year => ProtoUnit::Year,
-    }
 }
 
 /// Where the bucket of a request descriptor lives: the domain and every
@@ -663,7 +629,14 @@ impl RateLimiter {
             };
             if enforced_block {
                 // Denied by `requests_per_unit: 0`: nothing counted.
-                zero_limit::decide(&self.app, Applicable::adhoc(rules), &batch, &costs).await
+                zero_limit::decide(
+                    self.app.limiter.store(),
+                    Applicable::adhoc(rules),
+                    &batch,
+                    &costs,
+                    CHECK_ONLY_BUDGET,
+                )
+                .await
             } else {
                 self.app
                     .limiter
@@ -672,7 +645,7 @@ impl RateLimiter {
             }
         };
         let now_ms = if blocked.contains(&true) {
-            zero_limit::now_ms(&self.app)
+            zero_limit::now_ms(self.app.limiter.store())
         } else {
             0
         };
@@ -814,8 +787,15 @@ impl RateLimiter {
                 };
                 let enforced_block = blocked.iter().any(|b| *b);
                 let (decision, now_ms) = if enforced_block {
-                    let decision = zero_limit::decide(&self.app, combined, &batch, &costs).await;
-                    (decision, zero_limit::now_ms(&self.app))
+                    let decision = zero_limit::decide(
+                        self.app.limiter.store(),
+                        combined,
+                        &batch,
+                        &costs,
+                        CHECK_ONLY_BUDGET,
+                    )
+                    .await;
+                    (decision, zero_limit::now_ms(self.app.limiter.store()))
                 } else {
                     (self.app.limiter.decide_batch(combined, &batch).await, 0)
                 };

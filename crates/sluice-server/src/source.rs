@@ -127,14 +127,16 @@ impl Source {
             .clone()
             .or_else(|| self.parse(text).ok().and_then(|c| c.envoy.config_path));
         if let Some(path) = envoy {
-            let mut files: Vec<PathBuf> = if path.is_dir() {
-                std::fs::read_dir(&path)
-                    .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            // Every file either mode would read, subdirectories included.
+            let files: Vec<PathBuf> = if path.is_dir() {
+                crate::envoy::files::names(&path, true)
                     .unwrap_or_default()
+                    .into_iter()
+                    .map(|name| path.join(name))
+                    .collect()
             } else {
                 vec![path]
             };
-            files.sort();
             for file in files {
                 all.push_str(&file.display().to_string());
                 all.push_str(&std::fs::read_to_string(&file).unwrap_or_default());

@@ -12,9 +12,10 @@
 //!   `hits_addend: 0`), `sharded_tenants_…`;
 //! - answers: `envoyproxy_semantics`, `current_language`,
 //!   `envoyproxy_http_endpoints_…` (`/json`, `/healthcheck`, `/rlconfig`),
-//!   stats on the memory store;
+//!   stats on the memory store, `envoy/zero_limits.rs`;
 //! - reload and deployment: `an_envoyproxy_ratelimit_manifest_starts_sluice`
-//!   (environment, runtime directory, ConfigMap swap) and `cli.rs`.
+//!   (environment, runtime directory, ConfigMap swap), `envoy/sources.rs`
+//!   (`--envoy-config`, subdirectories) and `cli.rs`.
 
 mod common;
 mod envoy;

@@ -19,14 +19,14 @@ use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Outcome, Rule, State};
 use sluice_store::Batch;
 
-use super::{CHECK_ONLY_BUDGET, Configured, proto_unit};
-use crate::app::App;
+use super::units::proto_unit;
+use crate::backend::Backend;
 
 /// The time zero limits reset from: the memory store's clock, else this
 /// machine's (a reset is in whole seconds; Redis is not asked for its
 /// time only for this).
-pub(super) fn now_ms(app: &App) -> u64 {
-    match app.limiter.store().memory() {
+pub(super) fn now_ms(store: &Backend) -> u64 {
+    match store.memory() {
         Some(memory) => memory.clock().now_ms(),
         None => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -34,9 +34,14 @@ pub(super) fn now_ms(app: &App) -> u64 {
     }
 }
 
-/// The status of a descriptor at a zero limit: over (OK in shadow mode),
-/// its limit, nothing remaining, reset when the limit's `unit` ends.
-pub(super) fn status(configured: &Configured, shadow: bool, now_ms: u64) -> DescriptorStatus {
+/// The status of a descriptor at a zero limit, `configured` as requests
+/// per unit, unit and name: over (OK in shadow mode), its limit, nothing
+/// remaining, reset when the limit's `unit` ends.
+pub(super) fn status(
+    configured: &Option<(u32, Option<Unit>, Option<String>)>,
+    shadow: bool,
+    now_ms: u64,
+) -> DescriptorStatus {
     let unit = configured.as_ref().and_then(|(_, unit, _)| *unit);
     DescriptorStatus {
         code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
@@ -62,19 +67,19 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
 
 /// The decision for a request a zero limit denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
-/// bucketed as `batch` says, each costing `costs[i]`) read from the store.
-/// When the store does not answer in time, their standing is unknown.
+/// bucketed as `batch` says, each costing `costs[i]`) read from `store`.
+/// When it does not answer within `budget`, their standing is unknown.
 pub(super) async fn decide<'p>(
-    app: &App,
+    store: &Backend,
     applicable: Applicable<'p>,
     batch: &Batch<'_>,
     costs: &[u64],
+    budget: std::time::Duration,
 ) -> Decision<'p> {
     if applicable.rules.is_empty() {
         return Decision::blocked();
     }
-    let peek = app.limiter.store().peek(batch);
-    let Ok(Some(Ok(peeked))) = tokio::time::timeout(CHECK_ONLY_BUDGET, peek).await else {
+    let Ok(Some(Ok(peeked))) = tokio::time::timeout(budget, store.peek(batch)).await else {
         return Decision::blocked();
     };
     let outcomes: Outcomes = peeked
