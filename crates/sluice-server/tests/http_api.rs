@@ -1492,8 +1492,8 @@ async fn heavy_hitters_name_the_most_denied_tenants_to_the_admin_api_only() {
     assert_eq!(
         top["tenants"],
         json!([
-            {"tenant": "flood", "denied": 28, "admitted": 2},
-            {"tenant": "drizzle", "denied": 4, "admitted": 2}
+            {"tenant": "flood", "denied": 28, "admitted": 2, "fair_share_denied": 0},
+            {"tenant": "drizzle", "denied": 4, "admitted": 2, "fair_share_denied": 0}
         ])
     );
     let (_, admitted) = h

@@ -569,7 +569,9 @@ async fn an_override_made_on_one_instance_applies_on_every_instance() {
             .iter()
             .find(|t| t["tenant"] == "globex")
             .cloned();
-        if globex == Some(json!({"tenant": "globex", "denied": 8, "admitted": 2})) {
+        if globex
+            == Some(json!({"tenant": "globex", "denied": 8, "admitted": 2, "fair_share_denied": 0}))
+        {
             break;
         }
         assert!(
