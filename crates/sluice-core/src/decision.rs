@@ -443,13 +443,15 @@ impl<'p> Decision<'p> {
 }
 
 /// What a denied request's enforced `rules` that would have admitted it
-/// report: their `outcomes` with their cost (`costs[i]`, else `cost`) back,
-/// since nothing was consumed.
+/// report: their `outcomes` with the units of their cost (`costs[i]`, else
+/// `cost`) back, since nothing was consumed.
 fn give_back(rules: &[BoundRule], outcomes: &mut Outcomes, cost: u64, costs: &[u64]) {
     for (i, (rule, outcome)) in rules.iter().zip(outcomes.iter_mut()).enumerate() {
         if outcome.allowed && !rule.shadow() {
-            let cost = u32::try_from(costs.get(i).copied().unwrap_or(cost)).unwrap_or(u32::MAX);
-            outcome.remaining = outcome.remaining.saturating_add(cost);
+            let units = rule.rule().units(costs.get(i).copied().unwrap_or(cost));
+            outcome.remaining = outcome
+                .remaining
+                .saturating_add(u32::try_from(units).unwrap_or(u32::MAX));
         }
     }
 }
