@@ -136,6 +136,26 @@ impl<'p> Decision<'p> {
         }
     }
 
+    /// [`blocked`](Self::blocked), with the standing of the request's
+    /// other `rules`: `outcomes` as if it had been admitted (read, nothing
+    /// counted), given their costs back as a denial gives them back
+    /// ([`from_outcomes`](Self::from_outcomes)).
+    pub fn blocked_among(
+        applicable: Applicable<'p>,
+        mut outcomes: Outcomes,
+        cost: u64,
+        costs: &[u64],
+    ) -> Decision<'p> {
+        let rules = applicable.rules;
+        debug_assert_eq!(rules.len(), outcomes.len());
+        give_back(rules, &mut outcomes, cost, costs);
+        Decision {
+            near_limit: true,
+            outcomes,
+            ..Decision::new(applicable, false, Some(Reason::DescriptorLimit), None)
+        }
+    }
+
     /// The decision for a request whose `cost` is above some rule's capacity,
     /// or `None` when every rule can hold it. Checked before the store is
     /// asked: such a request can never pass, so waiting would be a lie.
@@ -294,13 +314,7 @@ impl<'p> Decision<'p> {
             }
         }
         if !allowed {
-            for (i, outcome) in outcomes.iter_mut().enumerate() {
-                if outcome.allowed && enforced(i) {
-                    let units = rules[i].units(costs.get(i).copied().unwrap_or(cost));
-                    let cost = u32::try_from(units).unwrap_or(u32::MAX);
-                    outcome.remaining = outcome.remaining.saturating_add(cost);
-                }
-            }
+            give_back(rules, &mut outcomes, cost, costs);
         }
         let pairs = || rules.iter().zip(outcomes.iter()).enumerate();
         let mut near_limit = !allowed;
@@ -425,6 +439,20 @@ impl<'p> Decision<'p> {
             .filter(|_| self.outcomes.is_empty() && !self.allowed)
             .map(BoundRule::name);
         from_outcomes.chain(without_outcomes)
+    }
+}
+
+/// What a denied request's enforced `rules` that would have admitted it
+/// report: their `outcomes` with the units of their cost (`costs[i]`, else
+/// `cost`) back, since nothing was consumed.
+fn give_back(rules: &[BoundRule], outcomes: &mut Outcomes, cost: u64, costs: &[u64]) {
+    for (i, (rule, outcome)) in rules.iter().zip(outcomes.iter_mut()).enumerate() {
+        if outcome.allowed && !rule.shadow() {
+            let units = rule.units(costs.get(i).copied().unwrap_or(cost));
+            outcome.remaining = outcome
+                .remaining
+                .saturating_add(u32::try_from(units).unwrap_or(u32::MAX));
+        }
     }
 }
 

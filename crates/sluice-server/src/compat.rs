@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `HOST`, `PORT` | `0.0.0.0`, `8080` | `server.http` (also `/healthcheck`, `/json`, `/rlconfig`, `/metrics`) |
 //! | `GRPC_HOST`, `GRPC_PORT` | `0.0.0.0`, `8081` | `server.grpc` |
-//! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `/srv/runtime_data/current`, ``, `config` | `envoy.config` = the three joined; every file but dot files is loaded (`envoy.files: all`), reloaded when it changes (ConfigMap `..data` swaps included) |
+//! | `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY` | `/srv/runtime_data/current`, ``, `config` | `envoy.config` = the three joined; every file but dot files is loaded, subdirectories included (`envoy.files: all`), reloaded when it changes (ConfigMap `..data` swaps included) |
 //! | `MERGE_DOMAIN_CONFIG` | `false` | `envoy.merge_domains` |
 //! | `BACKEND_TYPE` | `redis` | `redis` only (`memcache` is refused) |
 //! | `REDIS_TYPE` | `SINGLE` | `SINGLE` → `redis`, `CLUSTER` → `redis-cluster` (`SENTINEL` is refused) |

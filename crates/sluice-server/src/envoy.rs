@@ -45,6 +45,12 @@ use crate::grpc::request::{DescriptorView, MAX_DESCRIPTORS, MAX_ENTRIES, Request
 use crate::grpc::{GrpcServices, RLS};
 use crate::metrics::UpstreamStatus;
 
+pub mod files;
+mod units;
+mod zero_limit;
+
+use units::{proto_unit, unit_of_proto};
+
 /// Longest entry key or value, in bytes (the other bounds of a request,
 /// `MAX_DESCRIPTORS` and `MAX_ENTRIES`, are where it is read).
 const MAX_ENTRY_BYTES: usize = 16 * 1024;
@@ -166,10 +172,12 @@ fn read_descriptor(
             "`descriptors[{index}].is_negative_hits` is not supported"
         )));
     }
+    // An empty key is taken, as upstream takes it: no configured key is
+    // empty, so it matches nothing.
     for (key, value) in &d.entries {
-        if key.is_empty() || key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {
+        if key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {
             return Err(Status::invalid_argument(format!(
-                "`descriptors[{index}].entries`: keys must be 1 to {MAX_ENTRY_BYTES} bytes and values at most {MAX_ENTRY_BYTES}"
+                "`descriptors[{index}].entries`: keys and values must be at most {MAX_ENTRY_BYTES} bytes"
             )));
         }
     }
@@ -198,31 +206,6 @@ fn read_descriptor(
         cost,
         limit_override,
     })
-}
-
-fn unit_of_proto(unit: i32) -> Option<Unit> {
-    match ProtoUnit::try_from(unit).ok()? {
-        ProtoUnit::Second => Some(Unit::Second),
-        ProtoUnit::Minute => Some(Unit::Minute),
-        ProtoUnit::Hour => Some(Unit::Hour),
-        ProtoUnit::Day => Some(Unit::Day),
-        ProtoUnit::Week => Some(Unit::Week),
-        ProtoUnit::Month => Some(Unit::Month),
-        ProtoUnit::Year => Some(Unit::Year),
-        ProtoUnit::Unknown => None,
-    }
-}
-
-fn proto_unit(unit: Unit) -> ProtoUnit {
-    match unit {
-        Unit::Second => ProtoUnit::Second,
-        Unit::Minute => ProtoUnit::Minute,
-        Unit::Hour => ProtoUnit::Hour,
-        Unit::Day => ProtoUnit::Day,
-        Unit::Week => ProtoUnit::Week,
-        Unit::Month => ProtoUnit::Month,
-        Unit::Year => ProtoUnit::Year,
-    }
 }
 
 /// Where the bucket of a request descriptor lives: the domain and every
@@ -339,8 +322,12 @@ struct Decided<'p> {
     /// Per descriptor: `unlimited: true` matched (answered with the largest
     /// remaining, as envoyproxy/ratelimit answers).
     unlimited: Vec<bool>,
-    /// Per descriptor: blocked by `requests_per_unit: 0`.
+    /// Per descriptor: at a zero limit (`requests_per_unit: 0`).
     blocked: Vec<bool>,
+    /// Per descriptor: in shadow mode (empty: none is).
+    shadow: Vec<bool>,
+    /// The time zero limits reset from.
+    now_ms: u64,
     /// Per descriptor: the configured form of its limit, for `current_limit`.
     configured: Vec<Configured>,
     /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
@@ -356,6 +343,7 @@ impl<'p> Decided<'p> {
         owners: Vec<Vec<usize>>,
         blocked: Vec<bool>,
         configured: Vec<Configured>,
+        now_ms: u64,
     ) -> Decided<'p> {
         Decided {
             decision,
@@ -363,6 +351,8 @@ impl<'p> Decided<'p> {
             quota: Vec::new(),
             unlimited: Vec::new(),
             blocked,
+            shadow: Vec::new(),
+            now_ms,
             configured,
             stats: Vec::new(),
         }
@@ -566,6 +556,10 @@ impl RateLimiter {
             .iter()
             .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
             .collect();
+        let shadow: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.shadow))
+            .collect();
         let stats = found
             .iter()
             .zip(descriptors)
@@ -594,11 +588,12 @@ impl RateLimiter {
         for (index, descriptor) in owner.iter().enumerate() {
             owners[*descriptor].push(index);
         }
-        let decision = if enforced_block {
-            // `requests_per_unit: 0` denies without counting anything else.
-            Decision::blocked()
-        } else if rules.is_empty() {
-            Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
+        let decision = if rules.is_empty() {
+            if enforced_block {
+                Decision::blocked()
+            } else {
+                Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
+            }
         } else {
             let partitions_text: Vec<String> = owner
                 .iter()
@@ -620,15 +615,34 @@ impl RateLimiter {
                 costs: &costs,
                 ..Batch::new(domain, None, 1, rules)
             };
-            self.app
-                .limiter
-                .decide_batch(Applicable::adhoc(rules), &batch)
+            if enforced_block {
+                // Denied by `requests_per_unit: 0`: nothing counted.
+                zero_limit::decide(
+                    self.app.limiter.store(),
+                    Applicable::adhoc(rules),
+                    &batch,
+                    &costs,
+                    CHECK_ONLY_BUDGET,
+                )
                 .await
+            } else {
+                self.app
+                    .limiter
+                    .decide_batch(Applicable::adhoc(rules), &batch)
+                    .await
+            }
+        };
+        let now_ms = if blocked.contains(&true) {
+            zero_limit::now_ms(self.app.limiter.store())
+        } else {
+            0
         };
         Decided {
             decision,
             owners,
             blocked,
+            shadow,
+            now_ms,
             quota,
             unlimited,
             configured,
@@ -699,7 +713,7 @@ impl RateLimiter {
                 }
             }
             let decision = self.app.limiter.decide(policy, &request).await;
-            Decided::native(decision, owners, blocked, configured)
+            Decided::native(decision, owners, blocked, configured, 0)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together: the rare path, boxed so that what it holds across
@@ -760,14 +774,22 @@ impl RateLimiter {
                     ..Batch::new(request.tenant, request.subject, hits, rules)
                 };
                 let enforced_block = blocked.iter().any(|b| *b);
-                let decision = if enforced_block {
-                    Decision::blocked()
+                let (decision, now_ms) = if enforced_block {
+                    let decision = zero_limit::decide(
+                        self.app.limiter.store(),
+                        combined,
+                        &batch,
+                        &costs,
+                        CHECK_ONLY_BUDGET,
+                    )
+                    .await;
+                    (decision, zero_limit::now_ms(self.app.limiter.store()))
                 } else {
-                    self.app.limiter.decide_batch(combined, &batch).await
+                    (self.app.limiter.decide_batch(combined, &batch).await, 0)
                 };
                 self.app.account(&request, &decision);
                 Ok(self.answer(
-                    Decided::native(decision, owners, blocked, configured),
+                    Decided::native(decision, owners, blocked, configured, now_ms),
                     started,
                     descriptors.len(),
                 ))
@@ -789,6 +811,8 @@ impl RateLimiter {
             decision,
             owners,
             blocked,
+            shadow,
+            now_ms,
             quota,
             unlimited,
             configured,
@@ -825,8 +849,12 @@ impl RateLimiter {
                         ..Default::default()
                     };
                 }
+                if blocked[i] {
+                    let shadow = shadow.get(i).copied().unwrap_or(false);
+                    return zero_limit::status(&configured[i], shadow, now_ms);
+                }
                 let quota = quota.get(i).copied().unwrap_or(false);
-                descriptor_status(&decision, &owners[i], blocked[i], quota, &configured[i])
+                descriptor_status(&decision, &owners[i], quota, &configured[i])
             })
             .collect();
         // Quota descriptors never block alone: the request is over when
@@ -882,26 +910,14 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// The status of one descriptor: over the limit when one of its enforced
-/// rules denied (or it is blocked), with the tightest of its rules as
+/// rules denied, with the tightest of its rules as
 /// `current_limit`.
 fn descriptor_status(
     decision: &Decision<'_>,
     owned: &[usize],
-    blocked: bool,
     quota: bool,
     configured: &Configured,
 ) -> DescriptorStatus {
-    if blocked {
-        return DescriptorStatus {
-            code: Code::OverLimit as i32,
-            current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
-                name: name.clone().unwrap_or_default(),
-                requests_per_unit: *rpu,
-                unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-            }),
-            ..Default::default()
-        };
-    }
     // Walked twice rather than collected: no allocation per descriptor.
     let known = || {
         owned

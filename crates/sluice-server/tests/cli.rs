@@ -90,6 +90,47 @@ fn validate_checks_envoyproxy_files_directories_and_what_a_config_points_to() {
     server.stop();
 }
 
+/// Scalars upstream's reader refuses, each in a file of its own as in
+/// upstream's test material: a floating-point value anywhere but in
+/// `metadata`, a quoted number or flag. Each is named with its file, line
+/// and column; the same values written as upstream takes them load.
+#[test]
+fn validate_refuses_floats_and_quoted_numbers_as_envoyproxy_does() {
+    let envoy = temp_dir("validate-scalars");
+    let dir = envoy.path();
+    let limit = |line: &str| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: a\n    {line}\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n"
+        )
+    };
+    let files = [
+        ("float_value.yaml", limit("value: 1.5"), ":4:12: `value: 1.5` is a floating-point number"),
+        (
+            "quoted_requests_per_unit.yaml",
+            "domain: q\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: \"10\" }\n".to_owned(),
+            ":4:52: `requests_per_unit` must be a whole number from 0 to 4294967295, unquoted",
+        ),
+        ("quoted_flag.yaml", limit("shadow_mode: \"true\""), ":4:18: `shadow_mode` must be true or false, unquoted"),
+    ];
+    for (name, text, expected) in &files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = sluice().arg("validate").arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(&format!("{name}{expected}")), "{stderr}");
+        std::fs::remove_file(&path).unwrap();
+    }
+    let taken = limit("value: \"1.5\"\n    shadow_mode: yes\n    metadata: { ratio: 0.5 }");
+    std::fs::write(dir.join("taken.yaml"), taken).unwrap();
+    let out = sluice().arg("validate").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn validate_reports_file_line_column_and_fails() {
     let path = temp_file(

@@ -12,11 +12,13 @@
 //!   `hits_addend: 0`), `sharded_tenants_…`;
 //! - answers: `envoyproxy_semantics`, `current_language`,
 //!   `envoyproxy_http_endpoints_…` (`/json`, `/healthcheck`, `/rlconfig`),
-//!   stats on the memory store;
+//!   stats on the memory store, `envoy/zero_limits.rs`;
 //! - reload and deployment: `an_envoyproxy_ratelimit_manifest_starts_sluice`
-//!   (environment, runtime directory, ConfigMap swap) and `cli.rs`.
+//!   (environment, runtime directory, ConfigMap swap), `envoy/sources.rs`
+//!   (`--envoy-config`, subdirectories) and `cli.rs`.
 
 mod common;
+mod envoy;
 
 use common::{Server, temp_dir, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -98,6 +100,14 @@ fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
     )
     .keep(config)
     .keep(dir)
+}
+
+/// The `storage` and `keys` sections for `redis`, with the test pepper.
+fn redis_storage(redis: &RedisServer) -> String {
+    format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        redis.url()
+    )
 }
 
 async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
@@ -431,10 +441,7 @@ async fn envoyproxy_configuration_on_the_memory_store() {
 #[tokio::test]
 async fn envoyproxy_configuration_on_redis() {
     let redis = RedisServer::start();
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        redis.url()
-    );
+    let storage = redis_storage(&redis);
     let mut server = start(&storage, "redis");
     envoyproxy_semantics(&server).await;
     // The descriptors' buckets are in Redis, opaque.
@@ -591,16 +598,23 @@ async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_ser
             descriptors: vec![descriptor(&[("a", "b")])],
             hits_addend: 2_000_000,
         },
-        RateLimitRequest {
-            domain: "edge".into(),
-            descriptors: vec![descriptor(&[("", "b")])],
-            hits_addend: 0,
-        },
     ];
     for request in cases {
         let status = c.should_rate_limit(request.clone()).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{request:?}");
     }
+    // An entry with an empty key is no error, as upstream takes it: no
+    // configured key is empty, so the descriptor matches no limit there.
+    for (domain, entries) in [
+        ("edge", &[("", "b")][..]),
+        ("edge", &[("remote_address", "10.9.9.9"), ("", "")]),
+        ("sluice", &[("tenant", "t-empty-key"), ("", "b")]),
+    ] {
+        let r = ask(&mut c, domain, vec![descriptor(entries)], 0).await;
+        assert_eq!(codes(&r), [Code::Ok], "{entries:?}");
+    }
+    let r = ask(&mut c, "edge", vec![descriptor(&[("", "b")])], 0).await;
+    assert!(r.statuses[0].current_limit.is_none(), "{r:?}");
     // The bounds on descriptors (256) and on a descriptor's entries (64),
     // named with the count sent; one under each passes.
     let many = |descriptors: usize, entries: usize| RateLimitRequest {
@@ -964,10 +978,7 @@ async fn the_current_configuration_language_on_memory_and_redis() {
     current_language(&server).await;
     server.stop();
     let redis = RedisServer::start();
-    let storage = format!(
-        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        redis.url()
-    );
+    let storage = redis_storage(&redis);
     let mut server = start_with(&storage, "lang-redis", &[("lang.yaml", CURRENT_LANGUAGE)]);
     current_language(&server).await;
     server.stop();

@@ -33,12 +33,16 @@ use std::collections::BTreeSet;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_saphyr::{Location, Options};
+use serde_saphyr::Location;
 
 use super::raw::{RawRule, S};
 use super::validate::Validator;
 use super::{ConfigError, ConfigErrors, NamedRule};
 use crate::rule::{Algorithm, Rule};
+
+mod scalars;
+
+use scalars::Scalar;
 
 /// A `unit` of envoyproxy/ratelimit, with its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,11 +220,11 @@ struct RawDescriptor {
     value: Option<S<String>>,
     rate_limit: Option<S<RawRateLimit>>,
     descriptors: Option<Vec<S<RawDescriptor>>>,
-    shadow_mode: Option<bool>,
-    quota_mode: Option<bool>,
-    detailed_metric: Option<bool>,
-    value_to_metric: Option<bool>,
-    share_threshold: Option<S<bool>>,
+    shadow_mode: Option<S<Scalar>>,
+    quota_mode: Option<S<Scalar>>,
+    detailed_metric: Option<S<Scalar>>,
+    value_to_metric: Option<S<Scalar>>,
+    share_threshold: Option<S<Scalar>>,
     /// Passed to Envoy by envoyproxy/ratelimit as response metadata; any
     /// shape, no effect on decisions.
     #[allow(dead_code)]
@@ -238,9 +242,9 @@ struct RawDescriptor {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRateLimit {
-    requests_per_unit: Option<S<i64>>,
+    requests_per_unit: Option<S<Scalar>>,
     unit: Option<S<String>>,
-    unlimited: Option<bool>,
+    unlimited: Option<S<Scalar>>,
     name: Option<S<String>>,
     replaces: Option<Vec<S<RawReplace>>>,
     algorithm: Option<S<String>>,
@@ -339,8 +343,11 @@ pub fn load_with(
     let mut domains: Vec<(EnvoyDomain, String)> = Vec::new();
     for (origin, text) in files {
         let mut v = Validator::new(origin);
+        for (at, refused) in scalars::refused_leaves(text) {
+            v.push(at, refused);
+        }
         let raw: Option<RawRoot> =
-            match serde_saphyr::from_str_with_options(text, Options::default()) {
+            match serde_saphyr::from_str_with_options(text, scalars::options()) {
                 Ok(raw) => Some(raw),
                 Err(e) => {
                     v.push(
@@ -471,17 +478,14 @@ fn descriptors(
             v.push(at, format!("duplicate descriptor composite key '{path}'"));
             continue;
         }
-        let share_threshold = match raw.share_threshold {
-            Some(share) if share.value && !composite.contains('*') => {
-                v.push(
-                    share.referenced,
-                    format!("share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"),
-                );
-                false
-            }
-            Some(share) => share.value,
-            None => false,
-        };
+        let mut share_threshold = scalars::flag(v, "share_threshold", raw.share_threshold.as_ref());
+        if share_threshold && !composite.contains('*') {
+            v.push(
+                raw.share_threshold.as_ref().map_or(at, |s| s.referenced),
+                format!("share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"),
+            );
+            share_threshold = false;
+        }
         let limit = match (raw.rate_limit, raw.rules) {
             (Some(_), Some(rules)) => {
                 v.push(
@@ -513,11 +517,11 @@ fn descriptors(
             key,
             value,
             limit,
-            shadow: raw.shadow_mode.unwrap_or(false),
-            quota: raw.quota_mode.unwrap_or(false),
+            shadow: scalars::flag(v, "shadow_mode", raw.shadow_mode.as_ref()),
+            quota: scalars::flag(v, "quota_mode", raw.quota_mode.as_ref()),
             share_threshold,
-            detailed_metric: raw.detailed_metric.unwrap_or(false),
-            value_to_metric: raw.value_to_metric.unwrap_or(false),
+            detailed_metric: scalars::flag(v, "detailed_metric", raw.detailed_metric.as_ref()),
+            value_to_metric: scalars::flag(v, "value_to_metric", raw.value_to_metric.as_ref()),
             children,
         });
     }
@@ -545,7 +549,7 @@ fn rate_limit(v: &mut Validator<'_>, path: &str, raw: S<RawRateLimit>) -> Option
             metadata
         ]
     );
-    let unlimited = raw.unlimited.unwrap_or(false);
+    let unlimited = scalars::flag(v, "unlimited", raw.unlimited.as_ref());
     let unit = raw.unit.as_ref().and_then(|u| Unit::from_name(&u.value));
     if unlimited && unit.is_some() {
         v.push(at, "should not specify rate limit unit when unlimited");
@@ -608,23 +612,7 @@ fn rate_limit(v: &mut Validator<'_>, path: &str, raw: S<RawRateLimit>) -> Option
             Some(n) => replaces.push(n.value),
         }
     }
-    let requests_per_unit = match &raw.requests_per_unit {
-        None => 0,
-        Some(r) => match u32::try_from(r.value) {
-            Ok(value) => value,
-            Err(_) => {
-                v.push(
-                    r.referenced,
-                    format!(
-                        "`requests_per_unit` must be from 0 to {}, got {}",
-                        u32::MAX,
-                        r.value
-                    ),
-                );
-                return None;
-            }
-        },
-    };
+    let requests_per_unit = scalars::count(v, raw.requests_per_unit.as_ref())?;
     let mut rules = Vec::new();
     if let (false, Some(unit), true) = (unlimited, unit, requests_per_unit > 0) {
         let algorithm = match &raw.algorithm {
@@ -699,7 +687,8 @@ fn policy_name(name: Option<&str>, path: &str) -> String {
 mod tests {
     use super::*;
 
-    fn load_one(text: &str) -> Result<Vec<EnvoyDomain>, Vec<String>> {
+    /// `line:column: message` of each error `text` gets, or what it loads.
+    pub(super) fn load_one(text: &str) -> Result<Vec<EnvoyDomain>, Vec<String>> {
         load(&[("rl.yaml".to_owned(), text.to_owned())]).map_err(|e| {
             e.iter()
                 .map(|e| format!("{}:{}: {}", e.line, e.column, e.message))

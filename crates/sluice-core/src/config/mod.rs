@@ -438,7 +438,19 @@ impl Config {
     /// Parses and validates a configuration. `origin` names the file in
     /// error messages.
     pub fn from_yaml(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
-        validate::load(text, origin)
+        validate::load(text, origin, None)
+    }
+
+    /// [`from_yaml`](Self::from_yaml), with the envoyproxy/ratelimit
+    /// configuration at `envoy_config` in place of `envoy.config` (the
+    /// command line's `--envoy-config`): as with an `envoy:` section, the
+    /// file then needs no `plans`.
+    pub fn from_yaml_with_envoy_config(
+        text: &str,
+        origin: &str,
+        envoy_config: &std::path::Path,
+    ) -> Result<Config, ConfigErrors> {
+        validate::load(text, origin, Some(envoy_config))
     }
 }
 

@@ -33,7 +33,11 @@ const MAX_NAME_BYTES: usize = 64;
 pub const MAX_RULES_PER_LIST: usize = 64;
 const MAX_TIMEOUT_MS: u64 = 10_000;
 
-pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+pub(super) fn load(
+    text: &str,
+    origin: &str,
+    envoy_config: Option<&std::path::Path>,
+) -> Result<Config, ConfigErrors> {
     let mut v = Validator::new(origin);
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
@@ -48,7 +52,7 @@ pub(super) fn load(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
             }
         }
     };
-    let config = v.config(raw);
+    let config = v.config(raw, envoy_config);
     if v.errors.is_empty() {
         Ok(config)
     } else {
@@ -165,14 +169,17 @@ impl<'a> Validator<'a> {
         self.errors.push(error);
     }
 
-    fn config(&mut self, raw: RawConfig) -> Config {
+    /// `envoy_config`, when given, stands for `envoy.config`.
+    fn config(&mut self, raw: RawConfig, envoy_config: Option<&std::path::Path>) -> Config {
         let server = self.server(raw.server.unwrap_or_default());
         let storage = self.storage(raw.storage.unwrap_or_default());
         let keys = self.keys(raw.keys.unwrap_or_default(), &storage.backend);
-        // A configuration for Envoy alone (an `envoy:` section, no plans)
-        // gets one empty plan: every request outside the envoyproxy/ratelimit
-        // domains is unlimited.
-        let envoy_only = raw.envoy.is_some() && raw.plans.is_none() && raw.default_plan.is_none();
+        // A configuration for Envoy alone (an `envoy:` section or
+        // `--envoy-config`, no plans) gets one empty plan: every request
+        // outside the envoyproxy/ratelimit domains is unlimited.
+        let envoy_only = (raw.envoy.is_some() || envoy_config.is_some())
+            && raw.plans.is_none()
+            && raw.default_plan.is_none();
         let limits = self.limits(
             envoy_only,
             raw.default_plan,
@@ -181,7 +188,10 @@ impl<'a> Validator<'a> {
             raw.tenants,
             raw.global,
         );
-        let envoy = self.envoy(raw.envoy.unwrap_or_default());
+        let mut envoy = self.envoy(raw.envoy.unwrap_or_default());
+        if let Some(path) = envoy_config {
+            envoy.config_path = Some(path.to_path_buf());
+        }
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         let ledger = raw.ledger.map(|l| self.ledger(l));

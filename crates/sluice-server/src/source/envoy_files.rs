@@ -41,22 +41,9 @@ impl EnvoyFiles {
             });
         }
         let real = resolved(path)?;
-        let mut names = Vec::new();
-        for entry in
-            std::fs::read_dir(&real).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        {
-            let name = entry?.file_name();
-            let text_name = name.to_string_lossy();
-            let wanted = if all_files {
-                !text_name.starts_with('.')
-            } else {
-                text_name.ends_with(".yaml") || text_name.ends_with(".yml")
-            };
-            if wanted && real.join(&name).is_file() {
-                names.push(name);
-            }
-        }
-        names.sort();
+        // The whole tree, as envoyproxy/ratelimit walks it (dot files and
+        // directories aside: see `envoy::files`).
+        let names = crate::envoy::files::names(&real, all_files)?;
         let mut files = Vec::with_capacity(names.len());
         for name in names {
             let shown = path.join(&name);

@@ -118,11 +118,11 @@ impl Source {
     }
 
     fn parse(&self, text: &str) -> Fallible<Config> {
-        let mut config = Config::from_yaml(text, &self.origin())?;
-        if let Some(path) = &self.envoy_config {
-            config.envoy.config_path = Some(path.clone());
-        }
-        Ok(config)
+        let origin = self.origin();
+        Ok(match &self.envoy_config {
+            Some(path) => Config::from_yaml_with_envoy_config(text, &origin, path)?,
+            None => Config::from_yaml(text, &origin)?,
+        })
     }
 
     /// The configuration's text and the envoyproxy/ratelimit files it

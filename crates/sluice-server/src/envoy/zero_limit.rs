@@ -1,0 +1,101 @@
+//! A limit of zero (`requests_per_unit: 0`, or a `limit` override of 0):
+//! every request over it, answered as envoyproxy/ratelimit answers it.
+//!
+//! Upstream counts such a descriptor like any other and finds it over the
+//! limit: its status names the limit, has nothing remaining and resets
+//! when the limit's calendar unit ends; in shadow mode it is OK. The other
+//! descriptors of the request are answered each on its own. sluice
+//! consumes nothing for a request over the limit, so their standing is
+//! read from the store (as a `hits_addend: 0` check reads it), not counted.
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_core::config::envoy::Unit;
+use sluice_core::decision::Outcomes;
+use sluice_core::policy::Applicable;
+use sluice_core::{Decision, Outcome, Rule, State};
+use sluice_store::Batch;
+
+use super::units::proto_unit;
+use crate::backend::Backend;
+
+/// The time zero limits reset from: the memory store's clock, else this
+/// machine's (a reset is in whole seconds; Redis is not asked for its
+/// time only for this).
+pub(super) fn now_ms(store: &Backend) -> u64 {
+    match store.memory() {
+        Some(memory) => memory.clock().now_ms(),
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+/// The status of a descriptor at a zero limit, `configured` as requests
+/// per unit, unit and name: over (OK in shadow mode), its limit, nothing
+/// remaining, reset when the limit's `unit` ends.
+pub(super) fn status(
+    configured: &Option<(u32, Option<Unit>, Option<String>)>,
+    shadow: bool,
+    now_ms: u64,
+) -> DescriptorStatus {
+    let unit = configured.as_ref().and_then(|(_, unit, _)| *unit);
+    DescriptorStatus {
+        code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
+        current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
+            name: name.clone().unwrap_or_default(),
+            requests_per_unit: *rpu,
+            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+        }),
+        limit_remaining: 0,
+        duration_until_reset: unit.map(|unit| ProtoDuration {
+            seconds: calendar_reset_ms(unit, now_ms).div_ceil(1_000) as i64,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Milliseconds until `unit`'s calendar window (aligned to the Unix epoch,
+/// as upstream aligns it) ends: from 1 to the unit's length.
+fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
+    unit.ms() - now_ms % unit.ms()
+}
+
+/// The decision for a request a zero limit denies: over the limit,
+/// nothing counted, with the standing of its other rules (`applicable`,
+/// bucketed as `batch` says, each costing `costs[i]`) read from `store`.
+/// When it does not answer within `budget`, their standing is unknown.
+pub(super) async fn decide<'p>(
+    store: &Backend,
+    applicable: Applicable<'p>,
+    batch: &Batch<'_>,
+    costs: &[u64],
+    budget: std::time::Duration,
+) -> Decision<'p> {
+    if applicable.rules.is_empty() {
+        return Decision::blocked();
+    }
+    let Ok(Some(Ok(peeked))) = tokio::time::timeout(budget, store.peek(batch)).await else {
+        return Decision::blocked();
+    };
+    let outcomes: Outcomes = peeked
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, (_, state, rule))| standing(rule, state, peeked.now, costs[i]))
+        .collect();
+    Decision::blocked_among(applicable, outcomes, 1, costs)
+}
+
+/// What `rule` would answer a request of `cost` now, from `state`.
+fn standing(rule: &Rule, state: &State, now: u64, cost: u64) -> Outcome {
+    let capacity = rule.capacity().max(1);
+    let (mut outcome, _) = rule.decide(state, now, cost.clamp(1, capacity));
+    // A cost above the capacity never passes.
+    outcome.allowed &= rule.units(cost) <= capacity;
+    outcome
+}

@@ -1,0 +1,4 @@
+//! The Envoy Rate Limit Service, by concern (the helpers are `envoy_rls.rs`'s).
+
+mod sources;
+mod zero_limits;
