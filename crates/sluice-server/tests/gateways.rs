@@ -105,6 +105,11 @@ struct Setup {
     dir: TempPath,
 }
 
+/// One gateway at a time: a gateway's port is found free before the
+/// gateway binds it (two tests at once could be handed the same one), and
+/// "sluice hung" must not be a machine too busy to tell.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn setup(gateway: &str) -> Setup {
     let config = temp_file(&format!("gateway-limits-{gateway}.yaml"), LIMITS);
     let sluice = Server::start(&["--config", config.to_str().unwrap()]).keep(config);
@@ -384,6 +389,7 @@ async fn survives(port: u16, sluice: &mut Server, hits: &Arc<AtomicUsize>, fails
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("nginx", "nginx");
+    let _one = ONE_AT_A_TIME.lock().await;
     let Setup {
         mut sluice,
         sluice_port,
@@ -422,6 +428,7 @@ async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("caddy", "caddy");
+    let _one = ONE_AT_A_TIME.lock().await;
     let Setup {
         mut sluice,
         sluice_port,
@@ -465,6 +472,7 @@ async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_haproxy_recipe_limits_passes_the_fields_and_trusts_only_its_identity() {
     need("haproxy", "haproxy");
+    let _one = ONE_AT_A_TIME.lock().await;
     let Setup {
         mut sluice,
         sluice_port,

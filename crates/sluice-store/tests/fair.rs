@@ -304,3 +304,42 @@ fn a_reload_that_changes_a_weight_converges_within_a_second() {
     }
     assert!(rate(&after, 2, 6.0) >= 55.0, "{:?}", after.counts);
 }
+
+#[test]
+fn a_shadow_valve_counts_fair_share_denials_without_enforcing_them() {
+    let yaml = config(
+        "{ name: orders, algorithm: gcra, limit: 100, per: 1s, shadow: true }",
+        HEAVY,
+    );
+    let config = Config::from_yaml(&yaml, "fair.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let limiter = Limiter::with_options(
+        Policy::compile(&config.limits),
+        MemoryStore::with_clock(100_000, clock.clone()),
+        LimiterOptions {
+            clock: clock.clone(),
+            ..LimiterOptions::new(OnError::Deny)
+        },
+    );
+    let policy = limiter.policy();
+    // Three tenants at 150/s each for 3 s, each inside its ceiling of 60/s
+    // only in part: the valve (100/s) is asked for 180/s.
+    let (mut valve_denied, mut would_have) = (0, 0);
+    for ms in 0..3_000u64 {
+        clock.set(START_MS + ms);
+        for tenant in ["n1", "n2", "n3"] {
+            if ms % 7 != 0 {
+                continue;
+            }
+            let request = Request::new(tenant, "POST /v1/orders", None, 1).unwrap();
+            let decision = limiter.decide_now(&policy, &request);
+            valve_denied += usize::from(decision.reason == Some(Reason::GlobalCapacity));
+            would_have += decision.fair_share_denials().count();
+        }
+    }
+    assert_eq!(valve_denied, 0, "a shadow valve denies nobody");
+    assert!(
+        would_have > 0,
+        "but counts whom its shares would have denied"
+    );
+}
