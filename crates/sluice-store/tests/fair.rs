@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Reason, Request, Scope};
-use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore};
+use sluice_store::{Clock, Limiter, LimiterOptions, ManualClock, MemoryStore};
 
 const START_MS: u64 = 1_764_460_800_000;
 
@@ -342,4 +342,44 @@ fn a_shadow_valve_counts_fair_share_denials_without_enforcing_them() {
         would_have > 0,
         "but counts whom its shares would have denied"
     );
+}
+
+#[test]
+fn a_fair_share_denial_says_when_the_tenant_is_back_under_its_share() {
+    let yaml = config(VALVE, HEAVY);
+    let config = Config::from_yaml(&yaml, "fair.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let limiter = Limiter::with_options(
+        Policy::compile(&config.limits),
+        MemoryStore::with_clock(100_000, clock.clone()),
+        LimiterOptions {
+            clock: clock.clone(),
+            ..LimiterOptions::new(OnError::Deny)
+        },
+    );
+    let policy = limiter.policy();
+    let mut denial = None;
+    'run: for ms in 0..3_000u64 {
+        clock.set(START_MS + ms);
+        for tenant in ["n1", "n2", "n3"] {
+            if ms % 7 != 0 {
+                continue;
+            }
+            let request = Request::new(tenant, "POST /v1/orders", None, 1).unwrap();
+            let decision = limiter.decide_now(&policy, &request);
+            if decision.fair_share_denials().next().is_some() {
+                denial = Some((tenant, decision.retry_after_ms().unwrap()));
+                break 'run;
+            }
+        }
+    }
+    let (tenant, retry) = denial.expect("a tenant went past its share");
+    // Never under a second; by then the tenant is under its share (its
+    // gate lets it through, the valve willing).
+    assert!(retry >= 1_000, "{retry}");
+    let request = Request::new(tenant, "POST /v1/orders", None, 1).unwrap();
+    let now = clock.now_ms();
+    clock.set(now + retry);
+    let on_time = limiter.decide_now(&policy, &request);
+    assert!(on_time.fair_share_denials().next().is_none(), "{on_time:?}");
 }

@@ -509,3 +509,40 @@ fn a_list_or_map_of_the_wrong_shape_is_named() {
         assert_eq!(single_error(yaml), said);
     }
 }
+
+#[test]
+fn share_is_for_valves_and_weight_has_its_range() {
+    let base = "default_plan: p\nplans:\n  p:\n";
+    let valve = |share: &str| {
+        format!(
+            "{base}    weight: 2\nglobal:\n  \"*\": [{{ name: v, limit: 100, per: 1s, share: {share} }}]\n"
+        )
+    };
+    let config = Config::from_yaml(&valve("first_come"), "t.yaml").unwrap();
+    assert_eq!(
+        config.limits.share_of("*", "v"),
+        crate::config::share::Share::FirstCome
+    );
+    assert_eq!(config.limits.plans[0].weight, 2.0);
+    let fair = Config::from_yaml(&valve("fair"), "t.yaml").unwrap();
+    assert_eq!(
+        fair.limits.share_of("*", "v"),
+        crate::config::share::Share::Fair
+    );
+    assert!(
+        single_error(&valve("fifo"))
+            .contains("`share` must be `fair` (the default) or `first_come`, got `fifo`")
+    );
+    let on_tenant = format!("{base}    tenant: [{{ limit: 10, per: 1s, share: fair }}]\n");
+    assert!(
+        single_error(&on_tenant).contains("`share` is only for valves"),
+        "{on_tenant}"
+    );
+    for weight in ["0", "-1", "1001", "0.0001"] {
+        let yaml = format!("{base}    weight: {weight}\n");
+        assert!(
+            single_error(&yaml).contains("`weight` must be a number from 0.001 to 1000"),
+            "{weight}"
+        );
+    }
+}

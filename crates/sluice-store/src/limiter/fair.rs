@@ -331,6 +331,24 @@ impl Level {
     }
 }
 
+/// The least a tenant past its share of a fair valve is told to wait.
+const MIN_RETRY_MS: u64 = 1_000;
+
+/// Makes the wait a fair-share denial gives at least a second (appendix
+/// E): the gate's own wait is the time until the tenant's use falls under
+/// its share at the rate of this decision, which can be a few ms, and the
+/// share moves with the valve.
+pub(crate) fn at_least_a_second(decision: &mut Decision<'_>) {
+    if decision.allowed || decision.outcomes.len() != decision.rules.len() {
+        return;
+    }
+    for (rule, outcome) in decision.rules.iter().zip(decision.outcomes.iter_mut()) {
+        if rule.scope() == Scope::Share && !outcome.allowed {
+            outcome.retry_after_ms = outcome.retry_after_ms.max(MIN_RETRY_MS);
+        }
+    }
+}
+
 /// The valve's rate, in units per ms.
 fn rate_per_ms(valve: &Rule) -> f64 {
     valve.limit() as f64 / valve.period_ms().max(1) as f64

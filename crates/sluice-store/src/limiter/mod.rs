@@ -331,9 +331,9 @@ impl<S: Store> Limiter<S> {
             batch.lease = Some(new_lease_id());
         }
         let rules = applicable.rules;
-        let decision = self.decide_prepared(applicable, batch, request).await;
+        let mut decision = self.decide_prepared(applicable, batch, request).await;
         if let Some((_, gates)) = &gated {
-            self.learn(gates, &decision, request.cost);
+            self.learn(gates, &mut decision, request.cost);
         }
         let lease = batch
             .lease
@@ -344,10 +344,13 @@ impl<S: Store> Limiter<S> {
 
     /// What `decision`, of a request of `cost`, tells of its fair valves'
     /// levels.
-    fn learn(&self, gates: &fair::Gates, decision: &Decision<'_>, cost: u64) {
+    /// It also makes the wait a tenant past its share is given at least a
+    /// second (see `fair::at_least_a_second`).
+    fn learn(&self, gates: &fair::Gates, decision: &mut Decision<'_>, cost: u64) {
         let now = self.options.clock.now_ms();
         self.fair
             .observe(gates, decision, cost, self.store.valve_parts(), now);
+        fair::at_least_a_second(decision);
     }
 
     async fn decide_prepared<'p>(
@@ -452,8 +455,8 @@ impl<S: Store> Limiter<S> {
             valve_turn: Some(gates.turn),
             ..*batch
         };
-        let decision = self.decide_batch_waiting(applicable, &batch).await;
-        self.learn(&gates, &decision, batch.cost);
+        let mut decision = self.decide_batch_waiting(applicable, &batch).await;
+        self.learn(&gates, &mut decision, batch.cost);
         decision
     }
 
@@ -630,8 +633,8 @@ impl Limiter<MemoryStore> {
                 .fair
                 .gate(&applicable, applicable.rules, request.cost, now);
             let batch = Batch::new(request.tenant, request.subject, request.cost, &rules);
-            let decision = self.decide_now_sharded(applicable, batch, request);
-            self.learn(&gates, &decision, request.cost);
+            let mut decision = self.decide_now_sharded(applicable, batch, request);
+            self.learn(&gates, &mut decision, request.cost);
             return decision;
         }
         let batch = Batch::new(
