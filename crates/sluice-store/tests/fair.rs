@@ -64,6 +64,22 @@ struct Run {
     admitted_per_second: Vec<u64>,
 }
 
+/// A limiter on the memory store for `yaml`, on a hand-set clock.
+fn limiter_on(yaml: &str) -> (Limiter<MemoryStore>, Arc<ManualClock>) {
+    let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let options = LimiterOptions {
+        clock: clock.clone(),
+        ..LimiterOptions::new(OnError::Deny)
+    };
+    let limiter = Limiter::with_options(
+        Policy::compile(&config.limits),
+        MemoryStore::with_clock(100_000, clock.clone()),
+        options,
+    );
+    (limiter, clock)
+}
+
 /// Runs `senders` for `run_ms` against `yaml` on one limiter and its
 /// memory store, the clock set to each request's arrival.
 fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run {
@@ -79,17 +95,7 @@ fn run_reloading(
     measure_from_ms: u64,
     reload: Option<(u64, &str)>,
 ) -> Run {
-    let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
-    let clock = Arc::new(ManualClock::new(START_MS));
-    let options = LimiterOptions {
-        clock: clock.clone(),
-        ..LimiterOptions::new(OnError::Deny)
-    };
-    let limiter = Limiter::with_options(
-        Policy::compile(&config.limits),
-        MemoryStore::with_clock(100_000, clock.clone()),
-        options,
-    );
+    let (limiter, clock) = limiter_on(yaml);
     let mut policy = limiter.policy();
     let mut reload = reload;
     // Poisson arrivals in µs (exponential gaps from a fixed seed): what
@@ -311,16 +317,7 @@ fn a_shadow_valve_counts_fair_share_denials_without_enforcing_them() {
         "{ name: orders, algorithm: gcra, limit: 100, per: 1s, shadow: true }",
         HEAVY,
     );
-    let config = Config::from_yaml(&yaml, "fair.yaml").unwrap();
-    let clock = Arc::new(ManualClock::new(START_MS));
-    let limiter = Limiter::with_options(
-        Policy::compile(&config.limits),
-        MemoryStore::with_clock(100_000, clock.clone()),
-        LimiterOptions {
-            clock: clock.clone(),
-            ..LimiterOptions::new(OnError::Deny)
-        },
-    );
+    let (limiter, clock) = limiter_on(&yaml);
     let policy = limiter.policy();
     // Three tenants at 150/s each for 3 s, each inside its ceiling of 60/s
     // only in part: the valve (100/s) is asked for 180/s.
@@ -347,16 +344,7 @@ fn a_shadow_valve_counts_fair_share_denials_without_enforcing_them() {
 #[test]
 fn a_fair_share_denial_says_when_the_tenant_is_back_under_its_share() {
     let yaml = config(VALVE, HEAVY);
-    let config = Config::from_yaml(&yaml, "fair.yaml").unwrap();
-    let clock = Arc::new(ManualClock::new(START_MS));
-    let limiter = Limiter::with_options(
-        Policy::compile(&config.limits),
-        MemoryStore::with_clock(100_000, clock.clone()),
-        LimiterOptions {
-            clock: clock.clone(),
-            ..LimiterOptions::new(OnError::Deny)
-        },
-    );
+    let (limiter, clock) = limiter_on(&yaml);
     let policy = limiter.policy();
     let mut denial = None;
     'run: for ms in 0..3_000u64 {
