@@ -127,7 +127,14 @@ pub async fn isolation(base: &Load, polite: Class, noisy: Class) -> Fallible<Out
 /// for [`VALVE_CONVERGENCE`] (shares converge) and then for
 /// `base.duration` (measured), the same tenants throughout.
 pub async fn valve(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome> {
-    let classes = vec![polite.clone(), noisy.clone()];
+    if polite.tenants.max(noisy.tenants) > open::LISTED_TENANTS {
+        return Err(format!(
+            "the valve scenario reports every tenant's rate: --polite and --noisy take at most {} tenants each",
+            open::LISTED_TENANTS
+        )
+        .into());
+    }
+    let classes = vec![polite, noisy];
     let run = format!("{}-valve", base.run);
     let converging = Load {
         classes: classes.clone(),
@@ -135,28 +142,42 @@ pub async fn valve(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome
         run: run.clone(),
         ..base.clone()
     };
-    let first = open::run(&converging).await?;
     let measured = Load {
         classes,
         run,
         ..base.clone()
     };
-    let report = open::run(&measured).await?;
+    let phases = vec![
+        Phase {
+            name: "converging".into(),
+            offered_per_second: offered(&converging.classes),
+            classes: open::run(&converging).await?,
+        },
+        Phase {
+            name: "measured".into(),
+            offered_per_second: offered(&measured.classes),
+            classes: open::run(&measured).await?,
+        },
+    ];
     let seconds = base.duration.as_secs_f64();
-    let (polite_report, noisy_report) = (&report[0], &report[1]);
+    let (polite, noisy) = (&phases[1].classes[0], &phases[1].classes[1]);
     let rates = |c: &ClassReport| -> Vec<f64> {
         c.admitted_per_tenant
             .iter()
             .map(|&n| n as f64 / seconds)
             .collect()
     };
-    let noisy_rates = rates(noisy_report);
+    let noisy_rates = rates(noisy);
     let mean = noisy_rates.iter().sum::<f64>() / noisy_rates.len().max(1) as f64;
     let even = noisy_rates
         .iter()
         .all(|r| (r - mean).abs() <= SHARE_SPREAD * mean);
-    let errors: u64 = first.iter().chain(&report).map(|c| c.errors).sum();
-    let polite_denied = polite_report.denied_percent();
+    let errors: u64 = phases
+        .iter()
+        .flat_map(|p| &p.classes)
+        .map(|c| c.errors)
+        .sum();
+    let polite_denied = polite.denied_percent();
     let passed = polite_denied <= POLITE_DENIED_PERCENT && even && errors == 0;
     let shown = |rates: &[f64]| {
         rates
@@ -169,7 +190,7 @@ pub async fn valve(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome
         "after {} s to converge, over {} s: polite tenants denied {polite_denied:.2}% (at most {POLITE_DENIED_PERCENT}%), admitted {} per second each; noisy tenants admitted {} per second each (within ±{:.0}% of their mean {mean:.1}: {}){}{}",
         VALVE_CONVERGENCE.as_secs(),
         base.duration.as_secs(),
-        shown(&rates(polite_report)),
+        shown(&rates(polite)),
         shown(&noisy_rates),
         SHARE_SPREAD * 100.0,
         if even { "yes" } else { "no" },
@@ -178,26 +199,11 @@ pub async fn valve(base: &Load, polite: Class, noisy: Class) -> Fallible<Outcome
         } else {
             String::new()
         },
-        lag_note(&[Phase {
-            name: String::new(),
-            offered_per_second: 0.0,
-            classes: report.clone(),
-        }]),
+        lag_note(&phases[1..]),
     );
     Ok(Outcome {
         scenario: "valve",
-        phases: vec![
-            Phase {
-                name: "converging".into(),
-                offered_per_second: offered(&converging.classes),
-                classes: first,
-            },
-            Phase {
-                name: "measured".into(),
-                offered_per_second: offered(&measured.classes),
-                classes: report,
-            },
-        ],
+        phases,
         passed,
         verdict,
     })
@@ -471,6 +477,30 @@ mod tests {
             search_floor(2_000.0, std::time::Duration::from_secs(10)),
             100.0
         );
+    }
+
+    /// The valve scenario judges each noisy tenant's rate, so it refuses
+    /// a class too large to list them (its check would pass on nothing),
+    /// before it sends anything.
+    #[tokio::test]
+    async fn the_valve_scenario_refuses_classes_it_cannot_list() {
+        let load = Load {
+            api: open::Api::Http("http://127.0.0.1:9".into()),
+            route: "POST /v1/orders".into(),
+            classes: Vec::new(),
+            duration: std::time::Duration::from_secs(1),
+            max_in_flight: 1,
+            run: "t".into(),
+            progress: false,
+        };
+        let class = |tenants| Class {
+            name: "c".into(),
+            tenants,
+            rate: 1.0,
+        };
+        let refused = valve(&load, class(1), class(open::LISTED_TENANTS + 1)).await;
+        let error = refused.expect_err("refused").to_string();
+        assert!(error.contains("at most 16 tenants"), "{error}");
     }
 
     /// A verdict warns when the load itself sent late, by its worst phase,
