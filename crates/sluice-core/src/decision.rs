@@ -7,8 +7,10 @@
 use smallvec::SmallVec;
 
 use crate::algorithm::Outcome;
+use crate::bound::BoundRule;
 use crate::config::OnError;
-use crate::policy::{ADHOC, Applicable, BoundRule, Class};
+use crate::policy::{ADHOC, Applicable, Class};
+pub use crate::reason::Reason;
 
 /// How long a caller denied because the store is unavailable is asked to
 /// wait.
@@ -17,44 +19,6 @@ pub const STORE_RETRY_MS: u64 = 1_000;
 /// Per-rule outcomes, in the order of the rules they answer. Three fit
 /// inline (tenant, route, subject); a fourth spills to the heap.
 pub type Outcomes = SmallVec<[Outcome; 3]>;
-
-/// Why a request was denied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// A tenant-scope rule.
-    TenantLimit,
-    /// A route-scope rule.
-    RouteLimit,
-    /// A subject-scope rule.
-    SubjectLimit,
-    /// A global valve.
-    GlobalCapacity,
-    /// An Envoy descriptor's limit.
-    DescriptorLimit,
-    /// The cost is above a rule's capacity: it can never pass.
-    CostExceedsCapacity,
-    /// The store failed and the failure policy is `deny`.
-    StoreUnavailable,
-    /// The same submission (tenant, subject, route and fingerprint) was
-    /// admitted less than its route's `dedupe.window` ago.
-    Duplicate,
-}
-
-impl Reason {
-    /// The name used in JSON answers and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::TenantLimit => "tenant_limit",
-            Reason::RouteLimit => "route_limit",
-            Reason::SubjectLimit => "subject_limit",
-            Reason::GlobalCapacity => "global_capacity",
-            Reason::DescriptorLimit => "descriptor_limit",
-            Reason::CostExceedsCapacity => "cost_exceeds_capacity",
-            Reason::StoreUnavailable => "store_unavailable",
-            Reason::Duplicate => "duplicate",
-        }
-    }
-}
 
 /// A decision about one request.
 ///

@@ -21,9 +21,10 @@
 
 use std::collections::HashMap;
 
+use crate::bound::BoundRule;
 use crate::config::NamedRule;
 use crate::config::envoy::{EnvoyDescriptor, EnvoyDomain, Unit};
-use crate::policy::{BoundRule, Scope};
+use crate::scope::Scope;
 
 /// A limit found for a descriptor.
 #[derive(Debug, Clone)]

@@ -64,6 +64,11 @@ impl fmt::Display for HumanDuration {
     }
 }
 
+/// `ms` in whole seconds, rounded up.
+pub fn seconds_rounded_up(ms: u64) -> u64 {
+    ms.div_ceil(1_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

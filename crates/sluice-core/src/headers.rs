@@ -20,32 +20,9 @@
 //! no escaping inside an sf-string. Global valves are left out of both
 //! fields: their remaining capacity would reveal other tenants' traffic.
 
+pub use crate::bound::policy_item;
 use crate::decision::Decision;
-use crate::rule::Rule;
-
-/// One `RateLimit-Policy` item, computed once per rule when the policy is
-/// compiled.
-pub fn policy_item(name: &str, rule: &Rule) -> String {
-    if rule.is_concurrency() {
-        // Requests in flight, not per window.
-        return format!("\"{name}\";q={};qu=\"concurrent-requests\"", rule.limit());
-    }
-    format!(
-        "\"{name}\";q={};w={}",
-        rule.capacity(),
-        seconds_rounded_up(refill_ms(rule)).max(1)
-    )
-}
-
-/// How long `rule` takes to refill its whole capacity from empty, in ms
-/// rounded up: `capacity × per / limit` (its `per` when the capacity is
-/// the limit). The configuration keeps `burst × per` under 2^52; 128 bits
-/// only so that no rule built otherwise can overflow it.
-fn refill_ms(rule: &Rule) -> u64 {
-    let ms = (u128::from(rule.capacity()) * u128::from(rule.period_ms()))
-        .div_ceil(u128::from(rule.limit().max(1)));
-    u64::try_from(ms).unwrap_or(u64::MAX)
-}
+use crate::duration::seconds_rounded_up;
 
 /// Writes the `RateLimit` field value for a decision into `out`; nothing
 /// when the decision has no per-rule outcomes.
@@ -76,10 +53,6 @@ pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
 /// exactly that long is never early; at least 1.
 pub fn retry_after_seconds(retry_after_ms: u64) -> u64 {
     seconds_rounded_up(retry_after_ms).max(1)
-}
-
-fn seconds_rounded_up(ms: u64) -> u64 {
-    ms.div_ceil(1_000)
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::policy::BoundRule;
+use crate::bound::BoundRule;
 
 type HmacSha256 = Hmac<Sha256>;
 

@@ -23,6 +23,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod algorithm;
+pub mod bound;
 pub mod bytes;
 pub mod config;
 pub mod decision;
@@ -32,9 +33,12 @@ pub mod headers;
 pub mod keys;
 pub mod number;
 pub mod policy;
+pub mod reason;
 pub mod request;
 pub mod route;
 pub mod rule;
+pub mod scope;
+pub mod valve;
 
 pub use algorithm::{Outcome, State, Step};
 pub use config::Config;

@@ -18,242 +18,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use foldhash::fast::RandomState;
-use sha2::{Digest, Sha256};
 
+pub use crate::bound::BoundRule;
 use crate::config::shards::shard_share;
 use crate::config::share::Share;
 use crate::config::{Limits, NamedRule, OnError, PlanSpec, RoutePattern, RouteRules};
-use crate::decision::Reason;
-use crate::headers;
-use crate::rule::{Algorithm, Rule};
-
-/// The scope a rule applies in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// One budget per tenant across its routes.
-    Tenant,
-    /// Per tenant per route pattern.
-    Route,
-    /// Per subject within tenant and route pattern.
-    Subject,
-    /// Per route pattern across all tenants.
-    Global,
-    /// Per Envoy rate-limit descriptor (envoyproxy/ratelimit configuration
-    /// and descriptor limit overrides).
-    Descriptor,
-    /// The duplicate guard of a route pattern: one admission per window for
-    /// each tenant, subject and fingerprint.
-    Dedupe,
-    /// A tenant's share of a fair valve: a `gcra` gate in the tenant's own
-    /// partition whose rate the limiter sets per decision from the valve's
-    /// fair-share level (see `sluice-store`'s `limiter::fair`). Its denials
-    /// are the valve's (`global_capacity`, named by the valve).
-    Share,
-}
-
-impl Scope {
-    /// The scope's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scope::Tenant => "tenant",
-            Scope::Route => "route",
-            Scope::Subject => "subject",
-            Scope::Global => "global",
-            Scope::Descriptor => "descriptor",
-            Scope::Dedupe => "dedupe",
-            Scope::Share => "share",
-        }
-    }
-
-    /// The denial reason this scope gives.
-    pub fn reason(self) -> Reason {
-        match self {
-            Scope::Tenant => Reason::TenantLimit,
-            Scope::Route => Reason::RouteLimit,
-            Scope::Subject => Reason::SubjectLimit,
-            Scope::Global | Scope::Share => Reason::GlobalCapacity,
-            Scope::Descriptor => Reason::DescriptorLimit,
-            Scope::Dedupe => Reason::Duplicate,
-        }
-    }
-}
-
-/// A rule bound to its place in the policy: its name, scope and stable
-/// identity, plus what the hot path would otherwise compute per request.
-#[derive(Debug, Clone)]
-pub struct BoundRule {
-    name: Arc<str>,
-    scope: Scope,
-    pattern: Arc<str>,
-    rule: Rule,
-    shadow: bool,
-    identity: Arc<[u8]>,
-    /// The length of the identity's scope and pattern (see `group`).
-    group_len: usize,
-    uid: u64,
-    policy_item: Arc<str>,
-    near_at_remaining: u64,
-}
-
-impl BoundRule {
-    /// Binds a rule to its scope and pattern (`""` for tenant rules; the
-    /// descriptor path for Envoy descriptors). Clones are cheap: the text is
-    /// shared.
-    pub fn new(scope: Scope, pattern: &str, named: &NamedRule, near_limit: f64) -> BoundRule {
-        let rule = named.rule;
-        // The identity names the bucket across reloads and restarts: same
-        // scope, pattern, name and algorithm → same state. Parameters are
-        // left out so that raising a limit keeps the budget already used.
-        let mut identity = Vec::with_capacity(64);
-        let mut group_len = 0;
-        for (i, part) in [scope.name(), pattern, &named.name, rule.algorithm().name()]
-            .into_iter()
-            .enumerate()
-        {
-            identity.extend_from_slice(part.as_bytes());
-            identity.push(0x1f);
-            if i == 1 {
-                group_len = identity.len();
-            }
-        }
-        let digest = Sha256::digest(&identity);
-        let uid = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
-        let capacity = rule.capacity();
-        let used_at_near = ((capacity as f64) * near_limit).ceil() as u64;
-        BoundRule {
-            name: named.name.as_str().into(),
-            scope,
-            pattern: pattern.into(),
-            rule,
-            shadow: named.shadow,
-            identity: identity.into(),
-            group_len,
-            uid,
-            policy_item: headers::policy_item(&named.name, &rule).into(),
-            near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
-        }
-    }
-
-    /// The gate of fair valve `valve` (see [`Scope::Share`]): named by the
-    /// valve, in the valve's shadow mode, with the valve's rule until the
-    /// limiter gives it a rate ([`with_rule`](Self::with_rule)). Its state
-    /// is a record among the tenant's tenant-scope ones (one storage key
-    /// fewer to read and write per decision), named by the valve's
-    /// identity: the same across reloads that keep the valve.
-    pub fn gate(valve: &BoundRule) -> BoundRule {
-        let mut identity = Vec::with_capacity(valve.identity.len() + 24);
-        identity.extend_from_slice(Scope::Tenant.name().as_bytes());
-        identity.extend_from_slice(&[0x1f, 0x1f]);
-        let group_len = identity.len();
-        identity.extend_from_slice(b"share:");
-        identity.extend_from_slice(&valve.identity);
-        identity.push(0x1f);
-        identity.extend_from_slice(Algorithm::Gcra.name().as_bytes());
-        identity.push(0x1f);
-        let digest = Sha256::digest(&identity);
-        BoundRule {
-            scope: Scope::Share,
-            identity: identity.into(),
-            group_len,
-            uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
-            near_at_remaining: 0,
-            ..valve.clone()
-        }
-    }
-
-    /// The same rule (name, scope, identity: the same state) with other
-    /// parameters: a fair valve's gate at the rate of one decision.
-    pub fn with_rule(&self, rule: Rule) -> BoundRule {
-        BoundRule {
-            rule,
-            ..self.clone()
-        }
-    }
-
-    /// The policy name shown in headers and denials.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The scope.
-    pub fn scope(&self) -> Scope {
-        self.scope
-    }
-
-    /// Whether the rule only observes: its denials are counted, never
-    /// enforced.
-    pub fn shadow(&self) -> bool {
-        self.shadow
-    }
-
-    /// The route pattern the rule was configured under (`""` for tenant
-    /// rules).
-    pub fn pattern(&self) -> &str {
-        &self.pattern
-    }
-
-    /// The algorithm and its parameters.
-    pub fn rule(&self) -> &Rule {
-        &self.rule
-    }
-
-    /// The units a request costing `cost` consumes of this rule: one
-    /// admission of a duplicate guard, one slot of a concurrency rule,
-    /// `cost` of any other. Only the latter take part in cost.
-    #[inline]
-    pub fn units(&self, cost: u64) -> u64 {
-        if self.counts_once() { 1 } else { cost }
-    }
-
-    /// Whether this rule's keys stay on shard 0 of a sharded tenant,
-    /// whichever shard a decision uses: a duplicate guard (one fingerprint,
-    /// one key), a concurrency rule (one lease, one place to release it
-    /// from) and a rule too small to divide ([`Rule::is_whole`]).
-    pub fn on_first_shard(&self) -> bool {
-        self.scope == Scope::Dedupe || self.rule.is_concurrency() || self.rule.is_whole()
-    }
-
-    /// Whether a request takes one unit of this rule whatever it costs.
-    fn counts_once(&self) -> bool {
-        self.scope == Scope::Dedupe || self.rule.is_concurrency()
-    }
-
-    /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
-    /// storage keys are derived from them.
-    pub fn identity(&self) -> &[u8] {
-        &self.identity
-    }
-
-    /// The part of the identity that names the rule's scope and pattern:
-    /// the rules of one group whose state is a few numbers share one
-    /// storage key (see `keys`).
-    pub fn group(&self) -> &[u8] {
-        &self.identity[..self.group_len]
-    }
-
-    /// A 64-bit digest of [`identity`](Self::identity).
-    pub fn uid(&self) -> u64 {
-        self.uid
-    }
-
-    /// Whether clients are told about this rule. Global valves are not:
-    /// their remaining capacity would show other tenants' traffic.
-    /// Shadow rules are not either: they are not enforced.
-    pub fn advertised(&self) -> bool {
-        !matches!(self.scope, Scope::Global | Scope::Dedupe | Scope::Share) && !self.shadow
-    }
-
-    /// This rule's `RateLimit-Policy` item.
-    pub fn policy_item(&self) -> &str {
-        &self.policy_item
-    }
-
-    /// Whether `remaining` units left put the rule at or past the
-    /// `near_limit` threshold.
-    pub fn is_near(&self, remaining: u64) -> bool {
-        remaining <= self.near_at_remaining
-    }
-}
+pub use crate::scope::Scope;
+use crate::valve::{self, Reserves};
 
 /// The rules of one (plan, route pattern) pair: subject rules last, so the
 /// rules of a request without a subject are a prefix.
@@ -268,10 +39,18 @@ struct Cell {
     /// Whether a fair valve's gate is among the rules (with or without
     /// subject rules alike: gates come before those).
     gated: bool,
+    /// The reserves of its fair valves (before subject rules too).
+    reserves: Box<[Reserves]>,
 }
 
 impl Cell {
-    fn new(rules: Vec<BoundRule>, without_subject: usize, plan: &str, route: &str) -> Cell {
+    fn new(
+        rules: Vec<BoundRule>,
+        without_subject: usize,
+        reserves: Vec<Reserves>,
+        plan: &str,
+        route: &str,
+    ) -> Cell {
         let class = |rules: &[BoundRule]| Class {
             plan: Cow::Owned(plan.to_owned()),
             route: Cow::Owned(route.to_owned()),
@@ -289,6 +68,7 @@ impl Cell {
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
         Cell {
             gated: rules.iter().any(|r| r.scope() == Scope::Share),
+            reserves: reserves.into(),
             rules: rules.into(),
             without_subject,
             classes,
@@ -393,19 +173,24 @@ impl Plan {
             // Each fair valve's gate, right after the valves: the tenant's
             // share of it (see `Scope::Share`). Shares are of a rate: a
             // concurrency valve (leases in flight) is first come.
-            let gates: Vec<BoundRule> = rules[valves..]
-                .iter()
-                .filter(|v| !v.rule().is_concurrency())
-                .filter(|v| limits.share_of(v.pattern(), v.name()) == Share::Fair)
-                .map(BoundRule::gate)
-                .collect();
+            let mut gates = Vec::new();
+            let mut reserves = Vec::new();
+            for (index, valve) in rules.iter_mut().enumerate().skip(valves) {
+                let share = limits.valve(valve.pattern(), valve.name());
+                if valve.rule().is_concurrency() || share.is_some_and(|s| s.share != Share::Fair) {
+                    continue;
+                }
+                gates.push(BoundRule::gate(valve));
+                // The valve's reserves: what is left of it stays in the rules.
+                reserves.extend(share.and_then(|s| valve::split(valve, index, s, &spec.name)));
+            }
             rules.extend(gates);
             // The duplicate guard applies with or without a subject.
             add(&mut rules, Scope::Dedupe, &spec.dedupe);
             let without_subject = rules.len();
             add(&mut rules, Scope::Subject, &spec.subject);
             let route = covering.map_or_else(|| "*".to_owned(), RoutePattern::source);
-            Cell::new(rules, without_subject, &spec.name, &route)
+            Cell::new(rules, without_subject, reserves, &spec.name, &route)
         };
 
         let mut cells = Vec::with_capacity(patterns.len() + 1);
@@ -473,7 +258,7 @@ fn max_cost(rules: &[BoundRule]) -> u64 {
     rules
         .iter()
         .filter(|r| !r.counts_once())
-        .map(|r| r.rule.capacity())
+        .map(|r| r.rule().capacity())
         .min()
         .unwrap_or(u64::MAX)
 }
@@ -629,6 +414,9 @@ pub struct Applicable<'p> {
     /// Whether some of these rules are fair valves' gates
     /// ([`Scope::Share`]), whose rate the limiter sets per decision.
     pub gated: bool,
+    /// The reserves of those fair valves that have some: the limiter
+    /// chooses per decision which part a request draws from.
+    pub reserves: &'p [Reserves],
 }
 
 impl<'p> Applicable<'p> {
@@ -642,6 +430,7 @@ impl<'p> Applicable<'p> {
             class: &ADHOC,
             max_cost: max_cost(rules),
             gated: false,
+            reserves: &[],
         }
     }
 
@@ -782,6 +571,7 @@ impl Policy {
             class: &cell.classes[variant],
             max_cost: cell.max_cost[variant],
             gated: cell.gated,
+            reserves: &cell.reserves,
         }
     }
 

@@ -371,3 +371,117 @@ fn a_fair_share_denial_says_when_the_tenant_is_back_under_its_share() {
     let on_time = limiter.decide_now(&policy, &request);
     assert!(on_time.fair_share_denials().next().is_none(), "{on_time:?}");
 }
+
+/// A valve of 100/s reserving `reserve` of itself for plan `ent`, whose
+/// tenants `ent-1` and `ent-2` have a ceiling above the valve; everyone
+/// else is inside a ceiling of 60/s.
+fn reserved(reserve: &str) -> String {
+    format!(
+        r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
+  ent:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 1000, per: 1s }}]
+tenants:
+  ent-1: {{ plan: ent }}
+  ent-2: {{ plan: ent }}
+global:
+  "POST /v1/orders": [{{ name: orders, algorithm: gcra, limit: 100, per: 1s, reserve: {{ ent: "{reserve}" }} }}]
+"#
+    )
+}
+
+#[test]
+fn a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve() {
+    // Without a reserve, the four tenants' fair share is 25/s: `ent-1`
+    // asking for 35/s would be held to about 25 (denied some 30%).
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("ent-1", 35.0),
+    ];
+    let reserving = run(&reserved("40%"), &senders, 20_000, 2_000);
+    let (sent, admitted, denied) = reserving.counts[3];
+    assert!(
+        denied * 100 <= sent * 2,
+        "ent-1 under its reserve was denied {denied} of {sent} ({admitted} admitted)"
+    );
+    // The others share what is left of the valve (about 65/s) evenly.
+    for (i, &(_, admitted, _)) in reserving.counts[..3].iter().enumerate() {
+        let rate = admitted as f64 / 18.0;
+        assert!(
+            (65.0 / 3.0 * 0.75..=65.0 / 3.0 * 1.25).contains(&rate),
+            "noisy-{}: {rate:.1}/s, {:?}",
+            i + 1,
+            reserving.counts
+        );
+    }
+    let total: u64 = reserving.admitted_per_second.iter().sum();
+    assert!(total <= 100 * 20 + 100, "{total} admitted in 20 s");
+
+    // The same load on a valve without the reserve: ent-1 is held to its
+    // fair share (what the reserve changes).
+    let plain = reserved("40%").replace(", reserve: { ent: \"40%\" }", "");
+    let plain = run(&plain, &senders, 20_000, 2_000);
+    let (sent, _, denied) = plain.counts[3];
+    assert!(denied * 100 > sent * 10, "{denied} of {sent}");
+}
+
+#[test]
+fn a_plans_tenants_together_get_their_reserve_and_share_it() {
+    // Two tenants of the reserved plan asking for 35/s each: together they
+    // get at least their 40/s, about evenly.
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("ent-1", 35.0),
+        sender("ent-2", 35.0),
+    ];
+    let run = run(&reserved("40%"), &senders, 20_000, 2_000);
+    let ent: Vec<f64> = run.counts[3..].iter().map(|c| c.1 as f64 / 18.0).collect();
+    assert!(ent[0] + ent[1] >= 40.0 * 0.95, "{ent:?}, {:?}", run.counts);
+    assert!(
+        (ent[0] / ent[1] - 1.0).abs() <= 0.25,
+        "{ent:?}: the reserve is shared fairly"
+    );
+    let total: u64 = run.admitted_per_second.iter().sum();
+    assert!(total <= 100 * 20 + 100, "{total} admitted in 20 s");
+}
+
+#[test]
+fn an_idle_reserve_is_used_by_everyone() {
+    // Nobody of the reserved plan is sending: the others have the whole
+    // valve (work-conserving), shared fairly.
+    let senders = [sender("noisy-1", 150.0), sender("noisy-2", 150.0)];
+    let yaml = reserved("40%").replace("limit: 60", "limit: 1000");
+    let run = run(&yaml, &senders, 20_000, 2_000);
+    let rates: Vec<f64> = run.counts.iter().map(|c| c.1 as f64 / 18.0).collect();
+    assert!(
+        rates[0] + rates[1] >= 95.0,
+        "{rates:?} of the valve's 100/s"
+    );
+    assert!((rates[0] / rates[1] - 1.0).abs() <= 0.25, "{rates:?}");
+}
+
+#[test]
+fn a_reload_that_changes_a_reserve_converges_within_a_second() {
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("ent-1", 35.0),
+    ];
+    // 10% reserved at first (ent-1 then held near its fair share), 40%
+    // from 5 s on.
+    let (small, large) = (reserved("10%"), reserved("40%"));
+    let before = run_reloading(&small, &senders, 5_000, 1_000, Some((5_000, &large)));
+    let after = run_reloading(&small, &senders, 14_000, 6_000, Some((5_000, &large)));
+    let (sent, _, denied) = before.counts[3];
+    assert!(denied * 100 > sent * 5, "before: {denied} of {sent}");
+    let (sent, _, denied) = after.counts[3];
+    assert!(denied * 100 <= sent * 2, "after: {denied} of {sent}");
+}

@@ -299,10 +299,15 @@ impl Limits {
     /// How the valve `name` under `pattern` is shared (fair unless it says
     /// otherwise).
     pub fn share_of(&self, pattern: &str, name: &str) -> share::Share {
+        self.valve(pattern, name)
+            .map_or(share::Share::Fair, |v| v.share)
+    }
+
+    /// The sharing written on the valve `name` under `pattern`, if any.
+    pub fn valve(&self, pattern: &str, name: &str) -> Option<&share::ValveShare> {
         self.valves
             .iter()
             .find(|v| v.pattern == pattern && v.name == name)
-            .map_or(share::Share::Fair, |v| v.share)
     }
 }
 

@@ -172,4 +172,5 @@ pub(crate) struct RawRule {
     pub shadow: Option<S<bool>>,
     pub lease: Option<S<String>>,
     pub share: Option<S<String>>,
+    pub reserve: Option<S<BTreeMap<String, S<String>>>>,
 }

@@ -848,7 +848,7 @@ impl<'a> Validator<'a> {
                 defaults::NEAR_LIMIT
             }
         };
-        let (global_rules, valves) = self.global_table(global.unwrap_or_default());
+        let (global_rules, valves, reserved) = self.global_table(global.unwrap_or_default());
         let global_names: Vec<String> = global_rules
             .iter()
             .flat_map(|r| r.rules.iter().map(|n| n.name.clone()))
@@ -878,6 +878,7 @@ impl<'a> Validator<'a> {
         } else if specs.is_empty() {
             self.push(plans_at, "`plans` must define at least one plan");
         }
+        self.reserved_plans(reserved, &specs);
         let plan_list = || {
             specs
                 .iter()

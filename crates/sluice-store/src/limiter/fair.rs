@@ -89,6 +89,7 @@ use std::sync::Arc;
 
 use sluice_core::policy::Applicable;
 use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS};
+use sluice_core::valve::Reserves;
 use sluice_core::{Algorithm, BoundRule, Decision, Rule, Scope};
 use smallvec::SmallVec;
 
@@ -128,7 +129,10 @@ pub struct ValveLevel {
 #[derive(Debug)]
 struct Level {
     name: Arc<str>,
-    /// The valve's rule, as last seen.
+    /// Whether this is a part of the valve reserved for a plan (the
+    /// metrics show the level of the rest).
+    reserve: bool,
+    /// The valve's rule (or the part's), as last seen.
     valve: Rule,
     /// Per key of the valve (one, unless it is split), the level a
     /// decision last found there and when.
@@ -140,6 +144,9 @@ struct Level {
 pub(crate) struct Gates {
     /// (gate index, valve index) per fair valve.
     pairs: SmallVec<[(usize, usize); 2]>,
+    /// Per fair valve, the reserve part the request draws from instead of
+    /// the valve's rest (see [`sluice_core::valve`]).
+    parts: SmallVec<[Option<BoundRule>; 2]>,
     /// The decision's [`Batch::valve_turn`](crate::Batch::valve_turn).
     pub(crate) turn: u64,
 }
@@ -147,7 +154,8 @@ pub(crate) struct Gates {
 impl FairShares {
     /// `rules` (those of `applicable`, perhaps with more after them) with
     /// each gate at the rate its valve's level gives this request's
-    /// tenant, and where the gates are.
+    /// tenant, each valve with reserves as the part the request draws
+    /// from, and where the gates are.
     pub(crate) fn gate(
         &self,
         applicable: &Applicable<'_>,
@@ -159,12 +167,23 @@ impl FairShares {
         let shards = f64::from(applicable.shards.max(1));
         let mut gated: SmallVec<[BoundRule; 6]> = rules.iter().cloned().collect();
         let mut pairs = SmallVec::new();
+        let mut parts = SmallVec::new();
         let valves = self.valves.pin();
         let n = self
             .decisions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut turn = crate::store::scatter(n ^ self.seed());
         let mut first = true;
+        let level = |rule: &BoundRule| {
+            valves
+                .get(&rule.uid())
+                .map_or(1.0, |l| l.lock().now(rule.rule(), now_ms))
+        };
+        let alpha = |rule: &BoundRule| {
+            valves
+                .get(&rule.uid())
+                .map_or(f64::INFINITY, |l| l.lock().alpha(rule.rule(), now_ms))
+        };
         for (g, gate) in rules.iter().enumerate() {
             if gate.scope() != Scope::Share {
                 continue;
@@ -176,19 +195,32 @@ impl FairShares {
             }) else {
                 continue;
             };
-            pairs.push((g, v));
             let valve = &rules[v];
-            let alpha = valves.get(&gate.uid()).map_or(f64::INFINITY, |level| {
-                let level = level.lock();
-                if std::mem::take(&mut first) {
-                    turn = level.fullest(valve.rule(), now_ms, turn);
+            let mut share = alpha(valve);
+            let mut part = None;
+            if let Some(reserves) = applicable.reserves.iter().find(|r| r.valve == v) {
+                part = choose(reserves, valve, cost, level).cloned();
+                // A reserved plan's tenants share their part as well as
+                // the rest of the valve.
+                if let Some(own) = reserves.own {
+                    share += alpha(&reserves.parts[own]);
                 }
-                level.alpha(valve.rule(), now_ms)
-            });
-            let rate = alpha * weight / shards;
+            }
+            let drawn = part.as_ref().unwrap_or(valve);
+            if std::mem::take(&mut first)
+                && let Some(level) = valves.get(&drawn.uid())
+            {
+                turn = level.lock().fullest(drawn.rule(), now_ms, turn);
+            }
+            let rate = share * weight / shards;
             gated[g] = gate.with_rule(gate_rule(rate, cost, TOLERANCE * drain_ms(valve.rule())));
+            if let Some(part) = &part {
+                gated[v] = part.clone();
+            }
+            pairs.push((g, v));
+            parts.push(part);
         }
-        (gated, Gates { pairs, turn })
+        (gated, Gates { pairs, parts, turn })
     }
 
     /// Learns each fair valve's level from `decision`, when it is known: a
@@ -207,12 +239,12 @@ impl FairShares {
             return;
         }
         let valves = self.valves.pin();
-        for &(g, v) in &gates.pairs {
+        for (&(_, v), part) in gates.pairs.iter().zip(&gates.parts) {
             let outcome = &decision.outcomes[v];
             if !decision.allowed && outcome.allowed {
                 continue;
             }
-            let valve = &decision.rules[v];
+            let valve = part.as_ref().unwrap_or(&decision.rules[v]);
             let keys = valve.rule().shares(valve_parts);
             let enforced = valve.rule().share(keys);
             // The level the request found: what it took counts as still
@@ -220,9 +252,8 @@ impl FairShares {
             // a key, and every sight after an admission would read low).
             let found = u64::from(outcome.remaining) + if outcome.allowed { cost } else { 0 };
             let level = (found as f64 / enforced.capacity() as f64).clamp(0.0, 1.0);
-            let gate = &decision.rules[g];
-            let entry = valves.get_or_insert_with(gate.uid(), || {
-                parking_lot::Mutex::new(Level::new(gate.name().into(), *valve.rule()))
+            let entry = valves.get_or_insert_with(valve.uid(), || {
+                parking_lot::Mutex::new(Level::new(valve.name().into(), part.is_some()))
             });
             let key = (gates.turn % keys) as usize;
             entry
@@ -241,8 +272,9 @@ impl FairShares {
         self.valves
             .pin()
             .values()
+            .map(|level| level.lock())
+            .filter(|level| !level.reserve)
             .map(|level| {
-                let level = level.lock();
                 let alpha = level.alpha(&level.valve, now_ms);
 
                 ValveLevel {
@@ -256,10 +288,11 @@ impl FairShares {
 }
 
 impl Level {
-    fn new(name: Arc<str>, valve: Rule) -> Level {
+    fn new(name: Arc<str>, reserve: bool) -> Level {
         Level {
             name,
-            valve,
+            reserve,
+            valve: Rule::new(Algorithm::Gcra, 1, 1, None, false).expect("a valid rule"),
             keys: SmallVec::new(),
         }
     }
@@ -329,6 +362,39 @@ impl Level {
             alpha
         }
     }
+}
+
+/// A reserve part at least this full is idle enough for others to draw
+/// on: above the level at which its own plan's gates open (`α ≥ 4C` from
+/// `ℓ ≈ 0.72`), so borrowers never hold the plan back.
+const BORROW: f64 = 0.8;
+
+/// The part of a valve with reserves that a request draws from, `None`
+/// for the valve's rest: its plan's own part while that has room for it;
+/// else another plan's part that is idle (at least [`BORROW`] full, and
+/// fuller than the rest), so that idle reserves serve everyone; else the
+/// rest. `level` is a part's fill level as this instance knows it.
+fn choose<'r>(
+    reserves: &'r Reserves,
+    rest: &BoundRule,
+    cost: u64,
+    level: impl Fn(&BoundRule) -> f64,
+) -> Option<&'r BoundRule> {
+    if let Some(own) = reserves.own.map(|i| &reserves.parts[i])
+        && level(own) * own.rule().capacity() as f64 >= cost as f64
+    {
+        return Some(own);
+    }
+    let floor = level(rest).max(BORROW);
+    reserves
+        .parts
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| Some(i) != reserves.own)
+        .map(|(_, part)| (level(part), part))
+        .filter(|&(l, _)| l >= floor)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, part)| part)
 }
 
 /// The least a tenant past its share of a fair valve is told to wait.
@@ -424,7 +490,7 @@ mod tests {
     #[test]
     fn alpha_is_the_valves_rate_at_the_set_point_and_falls_as_it_drains() {
         let valve = valve();
-        let mut level = Level::new("v".into(), valve);
+        let mut level = Level::new("v".into(), false);
         assert!(level.alpha(&valve, 1_000).is_infinite(), "a full valve");
         for t in 0..100 {
             level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
@@ -448,7 +514,7 @@ mod tests {
     #[test]
     fn a_split_valve_is_as_full_as_its_keys_on_average() {
         let valve = valve();
-        let mut level = Level::new("v".into(), valve);
+        let mut level = Level::new("v".into(), false);
         // Four keys: two empty, one half, one never seen (full).
         level.observe(&valve, 0, 4, 0.0, 1_000);
         level.observe(&valve, 1, 4, 0.0, 1_000);
@@ -462,7 +528,7 @@ mod tests {
     #[test]
     fn a_decision_joins_the_fullest_key_of_a_split_valve() {
         let valve = valve();
-        let mut level = Level::new("v".into(), valve);
+        let mut level = Level::new("v".into(), false);
         for (key, seen) in [0.1, 0.9, 0.3, 0.88].into_iter().enumerate() {
             level.observe(&valve, key, 4, seen, 1_000);
         }
@@ -472,14 +538,14 @@ mod tests {
         assert_eq!(level.fullest(&valve, 1_000, 2), 3);
         assert_eq!(level.fullest(&valve, 1_000, 7), 3);
         // Whole: the random turn as it is.
-        let whole = Level::new("w".into(), valve);
+        let whole = Level::new("w".into(), false);
         assert_eq!(whole.fullest(&valve, 1_000, 12_345), 12_345);
     }
 
     #[test]
     fn a_clock_stepping_back_keeps_the_later_time() {
         let valve = valve();
-        let mut level = Level::new("v".into(), valve);
+        let mut level = Level::new("v".into(), false);
         level.observe(&valve, 0, 1, 0.3, 10_000);
         level.observe(&valve, 0, 1, 0.3, 5_000);
         assert_eq!(level.keys[0].1, 10_000);
@@ -491,7 +557,7 @@ mod tests {
     #[test]
     fn silence_refills_the_valve_as_time_passes() {
         let valve = valve();
-        let mut level = Level::new("v".into(), valve);
+        let mut level = Level::new("v".into(), false);
         for t in 0..200 {
             level.observe(&valve, 0, 1, 0.0, 1_000 + t);
         }

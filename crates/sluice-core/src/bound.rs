@@ -1,0 +1,230 @@
+//! A rule bound to its place in the policy: its name, scope and the
+//! identity its state is stored under.
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::NamedRule;
+use crate::duration::seconds_rounded_up;
+use crate::rule::{Algorithm, Rule};
+use crate::scope::Scope;
+
+/// A rule bound to its place in the policy: its name, scope and stable
+/// identity, plus what the hot path would otherwise compute per request.
+#[derive(Debug, Clone)]
+pub struct BoundRule {
+    name: Arc<str>,
+    scope: Scope,
+    pattern: Arc<str>,
+    rule: Rule,
+    shadow: bool,
+    identity: Arc<[u8]>,
+    /// The length of the identity's scope and pattern (see `group`).
+    group_len: usize,
+    uid: u64,
+    policy_item: Arc<str>,
+    near_at_remaining: u64,
+}
+
+impl BoundRule {
+    /// Binds a rule to its scope and pattern (`""` for tenant rules; the
+    /// descriptor path for Envoy descriptors). Clones are cheap: the text is
+    /// shared.
+    pub fn new(scope: Scope, pattern: &str, named: &NamedRule, near_limit: f64) -> BoundRule {
+        let rule = named.rule;
+        // The identity names the bucket across reloads and restarts: same
+        // scope, pattern, name and algorithm → same state. Parameters are
+        // left out so that raising a limit keeps the budget already used.
+        let mut identity = Vec::with_capacity(64);
+        let mut group_len = 0;
+        for (i, part) in [scope.name(), pattern, &named.name, rule.algorithm().name()]
+            .into_iter()
+            .enumerate()
+        {
+            identity.extend_from_slice(part.as_bytes());
+            identity.push(0x1f);
+            if i == 1 {
+                group_len = identity.len();
+            }
+        }
+        let digest = Sha256::digest(&identity);
+        let uid = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
+        let capacity = rule.capacity();
+        let used_at_near = ((capacity as f64) * near_limit).ceil() as u64;
+        BoundRule {
+            name: named.name.as_str().into(),
+            scope,
+            pattern: pattern.into(),
+            rule,
+            shadow: named.shadow,
+            identity: identity.into(),
+            group_len,
+            uid,
+            policy_item: policy_item(&named.name, &rule).into(),
+            near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
+        }
+    }
+
+    /// The gate of fair valve `valve` (see [`Scope::Share`]): named by the
+    /// valve, in the valve's shadow mode, with the valve's rule until the
+    /// limiter gives it a rate ([`with_rule`](Self::with_rule)). Its state
+    /// is a record among the tenant's tenant-scope ones (one storage key
+    /// fewer to read and write per decision), named by the valve's
+    /// identity: the same across reloads that keep the valve.
+    pub fn gate(valve: &BoundRule) -> BoundRule {
+        let mut identity = Vec::with_capacity(valve.identity.len() + 24);
+        identity.extend_from_slice(Scope::Tenant.name().as_bytes());
+        identity.extend_from_slice(&[0x1f, 0x1f]);
+        let group_len = identity.len();
+        identity.extend_from_slice(b"share:");
+        identity.extend_from_slice(&valve.identity);
+        identity.push(0x1f);
+        identity.extend_from_slice(Algorithm::Gcra.name().as_bytes());
+        identity.push(0x1f);
+        let digest = Sha256::digest(&identity);
+        BoundRule {
+            scope: Scope::Share,
+            identity: identity.into(),
+            group_len,
+            uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
+            near_at_remaining: 0,
+            ..valve.clone()
+        }
+    }
+
+    /// The part of valve `valve` reserved for plan `plan`, holding `rule`
+    /// (see [`crate::valve`]): named by the valve (its denials are the
+    /// valve's), in its shadow mode, with state of its own.
+    pub fn reserve_part(valve: &BoundRule, plan: &str, rule: Rule) -> BoundRule {
+        let mut identity = Vec::with_capacity(valve.identity.len() + plan.len() + 10);
+        identity.extend_from_slice(&valve.identity);
+        identity.extend_from_slice(b"reserve:");
+        identity.extend_from_slice(plan.as_bytes());
+        identity.push(0x1f);
+        let digest = Sha256::digest(&identity);
+        BoundRule {
+            rule,
+            identity: identity.into(),
+            uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
+            ..valve.clone()
+        }
+    }
+
+    /// The same rule (name, scope, identity: the same state) with other
+    /// parameters: a fair valve's gate at the rate of one decision.
+    pub fn with_rule(&self, rule: Rule) -> BoundRule {
+        BoundRule {
+            rule,
+            ..self.clone()
+        }
+    }
+
+    /// The policy name shown in headers and denials.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// Whether the rule only observes: its denials are counted, never
+    /// enforced.
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
+
+    /// The route pattern the rule was configured under (`""` for tenant
+    /// rules).
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The algorithm and its parameters.
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// The units a request costing `cost` consumes of this rule: one
+    /// admission of a duplicate guard, one slot of a concurrency rule,
+    /// `cost` of any other. Only the latter take part in cost.
+    #[inline]
+    pub fn units(&self, cost: u64) -> u64 {
+        if self.counts_once() { 1 } else { cost }
+    }
+
+    /// Whether this rule's keys stay on shard 0 of a sharded tenant,
+    /// whichever shard a decision uses: a duplicate guard (one fingerprint,
+    /// one key), a concurrency rule (one lease, one place to release it
+    /// from) and a rule too small to divide ([`Rule::is_whole`]).
+    pub fn on_first_shard(&self) -> bool {
+        self.scope == Scope::Dedupe || self.rule.is_concurrency() || self.rule.is_whole()
+    }
+
+    /// Whether a request takes one unit of this rule whatever it costs.
+    pub(crate) fn counts_once(&self) -> bool {
+        self.scope == Scope::Dedupe || self.rule.is_concurrency()
+    }
+
+    /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
+    /// storage keys are derived from them.
+    pub fn identity(&self) -> &[u8] {
+        &self.identity
+    }
+
+    /// The part of the identity that names the rule's scope and pattern:
+    /// the rules of one group whose state is a few numbers share one
+    /// storage key (see `keys`).
+    pub fn group(&self) -> &[u8] {
+        &self.identity[..self.group_len]
+    }
+
+    /// A 64-bit digest of [`identity`](Self::identity).
+    pub fn uid(&self) -> u64 {
+        self.uid
+    }
+
+    /// Whether clients are told about this rule. Global valves are not:
+    /// their remaining capacity would show other tenants' traffic.
+    /// Shadow rules are not either: they are not enforced.
+    pub fn advertised(&self) -> bool {
+        !matches!(self.scope, Scope::Global | Scope::Dedupe | Scope::Share) && !self.shadow
+    }
+
+    /// This rule's `RateLimit-Policy` item.
+    pub fn policy_item(&self) -> &str {
+        &self.policy_item
+    }
+
+    /// Whether `remaining` units left put the rule at or past the
+    /// `near_limit` threshold.
+    pub fn is_near(&self, remaining: u64) -> bool {
+        remaining <= self.near_at_remaining
+    }
+}
+
+/// One `RateLimit-Policy` item, computed once per rule when the policy is
+/// compiled.
+pub fn policy_item(name: &str, rule: &Rule) -> String {
+    if rule.is_concurrency() {
+        // Requests in flight, not per window.
+        return format!("\"{name}\";q={};qu=\"concurrent-requests\"", rule.limit());
+    }
+    format!(
+        "\"{name}\";q={};w={}",
+        rule.capacity(),
+        seconds_rounded_up(refill_ms(rule)).max(1)
+    )
+}
+
+/// How long `rule` takes to refill its whole capacity from empty, in ms
+/// rounded up: `capacity × per / limit` (its `per` when the capacity is
+/// the limit). The configuration keeps `burst × per` under 2^52; 128 bits
+/// only so that no rule built otherwise can overflow it.
+fn refill_ms(rule: &Rule) -> u64 {
+    let ms = (u128::from(rule.capacity()) * u128::from(rule.period_ms()))
+        .div_ceil(u128::from(rule.limit().max(1)));
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
