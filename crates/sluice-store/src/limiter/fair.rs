@@ -80,6 +80,24 @@
 //!   each; the valve's level is their mean, so one `α` per valve (not per
 //!   key) is read off the whole valve.
 //!
+//! # Reserves
+//!
+//! A valve may hold a part of itself for a plan (`reserve: { plan: "n%" }`,
+//! compiled in [`sluice_core::valve`]): each reserve is a bucket of its own
+//! (`n%` of the limit and burst), the valve's rule what is left. Each part
+//! has its own level and `α`, found as above. A request of a reserved plan
+//! draws on its reserve while this instance knows it to have room for the
+//! request, else on the rest; its gate admits `wᵢ · (α_rest + α_reserve)`,
+//! so its plan's tenants share their reserve fairly between them and the
+//! rest with everyone. Anyone draws on a reserve at least [`BORROW`] full
+//! (and fuller than the rest): a reserve its plan leaves idle fills, and
+//! is then used by others, who keep it from falling under `BORROW`, while
+//! the plan's gates stay open above about `ℓ = 0.72` (`α ≥ 4C`): borrowers
+//! never hold the plan back. So the plan's tenants together get at least
+//! `min(demand, reserve)`, the others at least the rest, and nothing is
+//! left unused while someone wants it. The valve's limit holds: the parts
+//! add up to it.
+//!
 //! A gate's tolerance is a quarter of `θ` at its rate (at least the
 //! request's cost, so a costly request passes a gate with nothing owed),
 //! and its state is repaired like any `gcra` state when the rate rises.
