@@ -3,18 +3,37 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sluice_core::Policy;
 use sluice_core::config::{
     Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig,
 };
+use sluice_core::{Decision, Policy, Request};
 use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
 use tracing::warn;
 
 use crate::Fallible;
 use crate::backend::Backend;
 use crate::metrics::Metrics;
+
+/// What a decision hands back for its answer: the decision, alone or with
+/// what came with it (a lease, the Envoy service's per-descriptor view).
+pub trait Decided<'p> {
+    /// The decision itself.
+    fn decision(&self) -> &Decision<'p>;
+}
+
+impl<'p> Decided<'p> for Decision<'p> {
+    fn decision(&self) -> &Decision<'p> {
+        self
+    }
+}
+
+impl<'p, T> Decided<'p> for (Decision<'p>, T) {
+    fn decision(&self) -> &Decision<'p> {
+        &self.0
+    }
+}
 
 /// Shared state of a running service.
 #[derive(Debug)]
@@ -140,13 +159,32 @@ impl App {
         Ok(app)
     }
 
+    /// The one tail of every decision, whatever asked for it (HTTP
+    /// `/v1/check`, `/v1/acquire`, forward-auth, the Envoy Rate Limit
+    /// Service on either kind of domain): `decide` (one of the limiter's
+    /// doors) awaited, then the decision counted once in the metrics, with
+    /// the time since `started`, and, for a tenant's `request`, once in
+    /// heavy hitters and the usage ledger. envoyproxy/ratelimit's
+    /// descriptors carry no tenant: `None` there. Hands back what `decide`
+    /// gave, for the answer.
+    pub async fn decide<'p, D: Decided<'p>>(
+        &self,
+        request: Option<&Request<'_>>,
+        started: Instant,
+        decide: impl Future<Output = D>,
+    ) -> D {
+        let decided = decide.await;
+        let decision = decided.decision();
+        self.metrics.decision(decision, started.elapsed());
+        if let Some(request) = request {
+            self.account(request, decision);
+        }
+        decided
+    }
+
     /// Accounts for one decided request: heavy hitters, and the usage
     /// ledger when on.
-    pub fn account(
-        &self,
-        request: &sluice_core::Request<'_>,
-        decision: &sluice_core::Decision<'_>,
-    ) {
+    fn account(&self, request: &Request<'_>, decision: &Decision<'_>) {
         // A shadow rule's would-be denial counts as a denial here: heavy
         // hitters show whom a dark-launched limit would deny.
         self.admin.record(

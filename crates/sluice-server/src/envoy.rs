@@ -312,7 +312,7 @@ const CHECK_ONLY_BUDGET: std::time::Duration = std::time::Duration::from_millis(
 type Configured = Option<(u32, Option<Unit>, Option<String>)>;
 
 /// Everything decided about one request, ready to become an answer.
-struct Decided<'p> {
+struct Verdict<'p> {
     decision: Decision<'p>,
     /// The rules each descriptor answers for (indices into the decision's
     /// rules).
@@ -335,7 +335,7 @@ struct Decided<'p> {
     stats: Vec<Option<(String, bool, u64)>>,
 }
 
-impl<'p> Decided<'p> {
+impl<'p> Verdict<'p> {
     /// A decision on the native domain: no quota, unlimited or upstream
     /// stats there.
     fn native(
@@ -344,8 +344,8 @@ impl<'p> Decided<'p> {
         blocked: Vec<bool>,
         configured: Vec<Configured>,
         now_ms: u64,
-    ) -> Decided<'p> {
-        Decided {
+    ) -> Verdict<'p> {
+        Verdict {
             decision,
             owners,
             quota: Vec::new(),
@@ -356,6 +356,12 @@ impl<'p> Decided<'p> {
             configured,
             stats: Vec::new(),
         }
+    }
+}
+
+impl<'p> crate::app::Decided<'p> for Verdict<'p> {
+    fn decision(&self) -> &Decision<'p> {
+        &self.decision
     }
 }
 
@@ -398,9 +404,16 @@ impl RateLimiter {
             let (rules, owner) = compat_rules(&found);
             // Boxed: what it holds across the store call would otherwise
             // size every request's future, the native domain's too.
-            let decided =
-                Box::pin(self.decide_compat(domain, &descriptors, &found, &rules, &owner)).await;
-            let mut response = self.answer(decided, started, descriptors.len());
+            // envoyproxy/ratelimit's descriptors carry no tenant to account.
+            let decided = self
+                .app
+                .decide(
+                    None,
+                    started,
+                    Box::pin(self.decide_compat(domain, &descriptors, &found, &rules, &owner)),
+                )
+                .await;
+            let mut response = self.answer(decided, descriptors.len());
             // `hits_addend: 0` checks without consuming (Envoy's check now,
             // debit later): the descriptor's buckets are read, not written.
             for (i, d) in descriptors.iter().enumerate() {
@@ -532,7 +545,7 @@ impl RateLimiter {
         found: &[Found<'_>],
         rules: &'p [BoundRule],
         owner: &[usize],
-    ) -> Decided<'p> {
+    ) -> Verdict<'p> {
         // A replaced limit does not apply at all, a blocking one included.
         let replaced: Vec<&str> = found
             .iter()
@@ -637,7 +650,7 @@ impl RateLimiter {
         } else {
             0
         };
-        Decided {
+        Verdict {
             decision,
             owners,
             blocked,
@@ -712,8 +725,15 @@ impl RateLimiter {
                         .collect();
                 }
             }
-            let decision = self.app.limiter.decide(policy, &request).await;
-            Decided::native(decision, owners, blocked, configured, 0)
+            let decision = self
+                .app
+                .decide(
+                    Some(&request),
+                    started,
+                    self.app.limiter.decide(policy, &request),
+                )
+                .await;
+            Verdict::native(decision, owners, blocked, configured, 0)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together: the rare path, boxed so that what it holds across
@@ -774,40 +794,31 @@ impl RateLimiter {
                     ..Batch::new(request.tenant, request.subject, hits, rules)
                 };
                 let enforced_block = blocked.iter().any(|b| *b);
-                let (decision, now_ms) = if enforced_block {
-                    let decision = zero_limit::decide(
-                        self.app.limiter.store(),
-                        combined,
-                        &batch,
-                        &costs,
-                        CHECK_ONLY_BUDGET,
-                    )
-                    .await;
-                    (decision, zero_limit::now_ms(self.app.limiter.store()))
-                } else {
-                    (self.app.limiter.decide_batch(combined, &batch).await, 0)
+                let store = self.app.limiter.store();
+                let decide = async {
+                    if enforced_block {
+                        let decision =
+                            zero_limit::decide(store, combined, &batch, &costs, CHECK_ONLY_BUDGET)
+                                .await;
+                        (decision, zero_limit::now_ms(store))
+                    } else {
+                        (self.app.limiter.decide_batch(combined, &batch).await, 0)
+                    }
                 };
-                self.app.account(&request, &decision);
+                let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;
                 Ok(self.answer(
-                    Decided::native(decision, owners, blocked, configured, now_ms),
-                    started,
+                    Verdict::native(decision, owners, blocked, configured, now_ms),
                     descriptors.len(),
                 ))
             })
             .await;
         };
-        self.app.account(&request, &decided.decision);
-        Ok(self.answer(decided, started, descriptors.len()))
+        Ok(self.answer(decided, descriptors.len()))
     }
 
     /// The gRPC answer for a decision.
-    fn answer(
-        &self,
-        decided: Decided<'_>,
-        started: Instant,
-        descriptors: usize,
-    ) -> RateLimitResponse {
-        let Decided {
+    fn answer(&self, decided: Verdict<'_>, descriptors: usize) -> RateLimitResponse {
+        let Verdict {
             decision,
             owners,
             blocked,
@@ -836,7 +847,6 @@ impl RateLimiter {
             };
             self.app.metrics.upstream_descriptor(key, *hits, status);
         }
-        self.app.metrics.decision(&decision, started.elapsed());
         if decision.shadow_denied {
             tracing::debug!("a shadow-mode descriptor would have denied this request");
         }

@@ -49,11 +49,17 @@ pub(super) async fn check(
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
     };
+    decided(&app, &request).await
+}
+
+/// `request` decided through the app's one tail, answered (`/v1/check`
+/// and forward-auth answer alike).
+pub(super) async fn decided(app: &App, request: &Request<'_>) -> Response {
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();
-    let decision = app.limiter.decide(&policy, &request).await;
-    app.metrics.decision(&decision, started.elapsed());
-    app.account(&request, &decision);
+    let decision = app
+        .decide(Some(request), started, app.limiter.decide(&policy, request))
+        .await;
     decision_response(&decision)
 }
 

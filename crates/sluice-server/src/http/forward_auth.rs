@@ -21,7 +21,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use sluice_core::{Request, route};
 
-use super::respond::{decision_response, refusal};
+use super::respond::refusal;
 use crate::app::App;
 use sluice_tower::InvalidRequest;
 use sluice_tower::extract::{header_cost, header_text};
@@ -98,12 +98,7 @@ pub(super) async fn forward_auth(
             return refusal(&problem);
         }
     };
-    let started = std::time::Instant::now();
-    let policy = app.limiter.policy();
-    let decision = app.limiter.decide(&policy, &request).await;
-    app.metrics.decision(&decision, started.elapsed());
-    app.account(&request, &decision);
-    decision_response(&decision)
+    super::check::decided(&app, &request).await
 }
 
 /// The first of `names` the gateway sent, with the header it came from:

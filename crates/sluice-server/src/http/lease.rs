@@ -62,9 +62,13 @@ pub(super) async fn acquire(
     };
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();
-    let (decision, lease) = app.limiter.acquire(&policy, &request).await;
-    app.metrics.decision(&decision, started.elapsed());
-    app.account(&request, &decision);
+    let (decision, lease) = app
+        .decide(
+            Some(&request),
+            started,
+            app.limiter.acquire(&policy, &request),
+        )
+        .await;
     let answer = decision_answer(&decision);
     if !decision.allowed {
         return answer.map(Body::from).into_response();
