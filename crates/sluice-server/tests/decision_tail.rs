@@ -12,11 +12,8 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::{Server, metric_total, post_to, temp_dir, temp_file, temp_path};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use common::{Server, descriptor, metric_total, post_to, temp_dir, temp_file, temp_path};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -75,19 +72,6 @@ fn decisions(metrics: &str) -> (f64, f64) {
         metric_total(metrics, "sluice_decisions_total{outcome=\"allowed\""),
         metric_total(metrics, "sluice_decisions_total{outcome=\"denied\""),
     )
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 /// One decision through entry point `via` for its tenant: whether it was

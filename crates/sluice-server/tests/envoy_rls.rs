@@ -20,7 +20,7 @@
 mod common;
 mod envoy;
 
-use common::{Server, temp_dir, temp_file};
+use common::{Server, descriptor, temp_dir, temp_file};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -114,19 +114,6 @@ async fn client(server: &Server) -> RateLimitServiceClient<Channel> {
     RateLimitServiceClient::connect(server.grpc.clone())
         .await
         .unwrap()
-}
-
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
 }
 
 async fn ask(

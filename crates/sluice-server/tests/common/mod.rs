@@ -237,3 +237,22 @@ pub fn inspect_row<'t>(table: &'t str, policy: &str) -> Vec<&'t str> {
         .split_whitespace()
         .collect()
 }
+
+/// An Envoy descriptor of these entries.
+pub fn descriptor(
+    entries: &[(&str, &str)],
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
