@@ -34,7 +34,7 @@
 
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy};
-use sluice_store::script::{DECIDE_LUA, Decide, DecideCall, Selection};
+use sluice_store::redis::{DECIDE_LUA, Decide, DecideCall, Selection};
 use sluice_store::{Batch, KeySet, TimeSource, Valve};
 use sluice_testkit::{RedisServer, command_usec, replay};
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
-use sluice_store::script::{Decide, DecideCall, Selection};
+use sluice_store::redis::{Decide, DecideCall, Selection};
 use sluice_store::{Batch, ConnectOptions, KeySet, Limiter, RedisStore, TimeSource, Valve};
 use sluice_testkit::{RedisServer, command_usec, replay};
 

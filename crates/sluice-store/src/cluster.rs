@@ -48,8 +48,8 @@ use sluice_core::{BoundRule, Rule, State};
 use smallvec::SmallVec;
 
 use crate::local_connection::LocalConnections;
-use crate::script::{
-    self, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Raw, Selection, TimeSource, Valve,
+use crate::redis::{
+    self as script, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Raw, Selection, TimeSource, Valve,
 };
 use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Partition, Store, StoreError};

@@ -27,7 +27,7 @@ pub mod limiter;
 mod local_connection;
 pub mod memory;
 #[cfg(feature = "redis")]
-pub mod script;
+pub mod redis;
 #[cfg(feature = "redis")]
 pub mod standalone;
 pub mod store;
@@ -40,7 +40,7 @@ pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::{Limiter, LimiterOptions, ValveLevel};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use script::{Heartbeat, KeySet, TimeSource, Valve};
+pub use redis::{Heartbeat, KeySet, TimeSource, Valve};
 #[cfg(feature = "redis")]
 pub use standalone::{ConnectOptions, RedisStore};
 pub use store::{Batch, Partition, Store, StoreError};

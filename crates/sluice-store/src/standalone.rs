@@ -15,7 +15,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, State};
 
 use crate::local_connection::LocalConnections;
-use crate::script::{self, Buckets, Heartbeat, KeySet, Raw, TimeSource, Valve};
+use crate::redis::{self as script, Buckets, Heartbeat, KeySet, Raw, TimeSource, Valve};
 use crate::store::{Batch, Store, StoreError};
 
 /// A store on one Redis node.

@@ -845,7 +845,7 @@ async fn a_decision_on_the_servers_clock_is_stamped_with_its_time() {
     // refund names, is Redis's TIME in ms, read between two TIMEs of our
     // own, on every call whatever the milliseconds.
     use sluice_store::Valve;
-    use sluice_store::script::{self, Decide, DecideCall, Selection};
+    use sluice_store::redis::{self as script, Decide, DecideCall, Selection};
 
     let server = RedisServer::start();
     let decide = Decide::new();

@@ -470,7 +470,7 @@ fn the_scripts_division_is_exact_up_to_the_bounds() {
     ]);
     let script = format!(
         "{}\nbind()\nlocal out = {{}}\nfor i = 1, #ARGV, 2 do out[#out + 1] = string.format('%d', idiv(tonumber(ARGV[i]), tonumber(ARGV[i + 1]))) end\nreturn out\n",
-        sluice_store::script::COMMON_LUA
+        sluice_store::redis::COMMON_LUA
     );
     for chunk in pairs.chunks(2_000) {
         let mut eval = redis::cmd("EVAL");
@@ -499,7 +499,7 @@ fn the_functions_expiry_rounds_up_to_64_ms_and_keeps_at_most_4096_texts() {
          px_text = {{ n = 0 }}\nlocal most = 0\n\
          for i = 1, #ARGV do\n  out[#out + 1] = expiry(tonumber(ARGV[i]))\n  if px_text.n > most then most = px_text.n end\nend\n\
          out[#out + 1] = tostring(most)\nreturn out\n",
-        sluice_store::script::COMMON_LUA
+        sluice_store::redis::COMMON_LUA
     );
     // Every remainder of 64 near 0, then 9,000 distinct multiples (more
     // than the cache keeps), then values near the largest state a rule

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::aio::ConnectionLike;
 
-use super::DECIDE_LUA;
+use super::decide::{DECIDE_BODY, DECIDE_LUA};
 
 /// The decision as a function and as a script, and which one this store
 /// sends.
@@ -56,7 +56,7 @@ impl Decide {
         let function = format!("sluice_decide_{version}");
         let library = format!(
             "#!lua name=sluice_{version}\n{}\npx_text = {{ n = 0 }}\nredis.register_function('{function}', decide)\n",
-            super::DECIDE_BODY
+            DECIDE_BODY
         );
         Decide {
             inner: Arc::new(Inner {

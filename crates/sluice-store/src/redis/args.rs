@@ -1,0 +1,168 @@
+//! What the scripts are told of a rule, and of the call: one layout,
+//! shared by the decision and the refund.
+
+use std::sync::Arc;
+
+use sluice_core::keys::Record;
+use sluice_core::{Algorithm, BoundRule};
+use smallvec::SmallVec;
+
+use crate::clock::Clock;
+use crate::store::Batch;
+
+/// Where the script's "now" comes from.
+#[derive(Clone, Default)]
+pub enum TimeSource {
+    /// Redis's own clock (`TIME`): application clocks may drift freely.
+    #[default]
+    Server,
+    /// A clock of the caller's, sent with every call. For tests only: it
+    /// lets a test drive Redis and the memory store through the same times.
+    Client(Arc<dyn Clock>),
+}
+
+impl std::fmt::Debug for TimeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TimeSource::Server => "Server",
+            TimeSource::Client(_) => "Client",
+        })
+    }
+}
+
+fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::Gcra => 1,
+        Algorithm::TokenBucket => 2,
+        Algorithm::SlidingLog => 3,
+        Algorithm::SlidingWindow => 4,
+        Algorithm::FixedWindow => 5,
+        Algorithm::Concurrency => 6,
+    }
+}
+
+/// A lease as the scripts name it: 32 hex digits ("" for none).
+pub fn lease_arg(lease: Option<u128>) -> String {
+    lease.map_or_else(String::new, |id| format!("{id:032x}"))
+}
+
+/// The decision's header (its second argument, left out when `""`): `""`
+/// for the server's clock and no lease (what the service sends but for
+/// concurrency rules), else `"NOW;LEASE"`.
+pub(super) fn header(time: &TimeSource, lease: Option<u128>) -> String {
+    match (time, lease) {
+        (TimeSource::Server, None) => String::new(),
+        _ => format!("{};{}", now_arg(time), lease_arg(lease)),
+    }
+}
+
+/// The script's "now" argument: "" for the server's clock.
+pub(super) fn now_arg(time: &TimeSource) -> String {
+    match time {
+        TimeSource::Server => String::new(),
+        TimeSource::Client(clock) => clock.now_ms().to_string(),
+    }
+}
+
+/// The rules of a batch one script call decides: all of them on one Redis
+/// node; on Redis Cluster, those sharing a slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'s> {
+    /// Indices into the batch's rules; `None` for all of them.
+    pub indices: Option<&'s [usize]>,
+    /// Global valves are split into this many shares (Redis Cluster).
+    pub valve_parts: u64,
+}
+
+impl Selection<'_> {
+    /// Every rule, valves whole.
+    pub const ALL: Selection<'static> = Selection {
+        indices: None,
+        valve_parts: 1,
+    };
+
+    pub(super) fn each(&self, rules: usize) -> impl Iterator<Item = usize> + '_ {
+        let all = self.indices.is_none().then_some(0..rules);
+        all.into_iter()
+            .flatten()
+            .chain(self.indices.into_iter().flatten().copied())
+    }
+
+    pub(super) fn len(&self, rules: usize) -> usize {
+        self.indices.map_or(rules, <[usize]>::len)
+    }
+}
+
+/// The rule as a call enforces it: on Redis Cluster, a valve's share.
+pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule {
+    if rule.scope() == sluice_core::Scope::Global {
+        rule.rule().share(rule.rule().shares(valve_parts))
+    } else {
+        *rule.rule()
+    }
+}
+
+/// A packed rule's bytes (struct `'<BBBHddddc8'` in decide.lua).
+pub(super) const RULE_WIDTH: usize = 45;
+
+/// Appends what the decision script takes of a rule to `packed`:
+/// algorithm, aligned and shadow as bytes, the index of its key (from 1)
+/// as a 16-bit integer, then limit, per, burst and cost as little-endian
+/// doubles (every one is below 2^53, so exact; see `sluice_core::rule`),
+/// then its record's name.
+pub(super) fn pack_rule(
+    packed: &mut SmallVec<[u8; 2 * RULE_WIDTH]>,
+    values: [u64; 6],
+    shadow: bool,
+    key: u16,
+    record: Record,
+) {
+    let [algorithm, limit, per, burst, aligned, cost] = values;
+    packed.extend_from_slice(&[algorithm as u8, aligned as u8, u8::from(shadow)]);
+    packed.extend_from_slice(&key.to_le_bytes());
+    for v in [limit, per, burst, cost] {
+        debug_assert!(v < 1 << 53, "{v} is not exact as a double");
+        packed.extend_from_slice(&(v as f64).to_le_bytes());
+    }
+    packed.extend_from_slice(&record.0);
+}
+
+/// What both scripts take of rule `i` of a batch: algorithm, limit, per,
+/// burst, aligned, cost.
+pub(super) fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 6] {
+    let rule = enforced(&batch.rules[i], valve_parts);
+    [
+        u64::from(algorithm_code(rule.algorithm())),
+        rule.limit(),
+        rule.period_ms(),
+        rule.burst(),
+        u64::from(rule.aligned()),
+        batch.cost_of(i),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packed_rule_carries_its_numbers_exactly() {
+        let record = Record(*b"\x01\x02\x03\x04\x05\x06\x07\x08");
+        let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000];
+        let mut packed = smallvec::smallvec![0xee];
+        pack_rule(&mut packed, values, true, 300, record);
+        pack_rule(&mut packed, values, false, 2, Record([9; 8]));
+        assert_eq!(packed.len(), 1 + 2 * RULE_WIDTH);
+        let packed = &packed[1..];
+        assert_eq!(packed[..5], [5, 1, 1, 44, 1]);
+        let numbers: Vec<u64> = packed[5..37]
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()) as u64)
+            .collect();
+        assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000]);
+        assert_eq!(packed[37..RULE_WIDTH], record.0);
+        // The next rule follows at once.
+        assert_eq!(packed[RULE_WIDTH..RULE_WIDTH + 5], [5, 1, 0, 2, 0]);
+        assert_eq!(packed[2 * RULE_WIDTH - 8..], [9; 8]);
+    }
+}

@@ -1,0 +1,115 @@
+//! Reading a bucket's state back out of Redis (`sluice inspect`, peeks):
+//! what a key holds, decoded into the state `sluice-core` decides on.
+
+use sluice_core::algorithm::{
+    State, concurrency, fixed_window, gcra, sliding_log, sliding_window, token_bucket,
+};
+use sluice_core::keys::Record;
+use sluice_core::{Algorithm, BoundRule};
+
+/// What `GET` (or `ZRANGE … WITHSCORES` for a set) returned for a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Raw {
+    /// The key does not exist.
+    Missing,
+    /// A group's records (see [`RECORD_BYTES`]).
+    Records(Vec<u8>),
+    /// Sorted-set members with their scores.
+    Log(Vec<(String, u64)>),
+}
+
+/// The bytes of one record in a group's value: its name (8 bytes), then
+/// when its state goes idle (ms) and up to three numbers of state, as
+/// little-endian doubles (decide.lua's `RECORD`).
+pub const RECORD_BYTES: usize = 40;
+
+/// The numbers of `record`'s state in a group's value: when it goes idle,
+/// then the state's three numbers (unused ones 0); `None` when the value
+/// has no such record.
+pub fn find_record(value: &[u8], record: Record) -> Option<[u64; 4]> {
+    value
+        .chunks_exact(RECORD_BYTES)
+        .find(|r| r[..8] == record.0)
+        .map(|r| {
+            let mut numbers = [0; 4];
+            for (n, b) in numbers.iter_mut().zip(r[8..].chunks_exact(8)) {
+                *n = f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64;
+            }
+            numbers
+        })
+}
+
+/// Decodes a stored value into the state `sluice-core` decides on; a value
+/// without the rule's record reads as fresh.
+pub fn decode(rule: &BoundRule, raw: &Raw, record: Record) -> State {
+    match (rule.rule().algorithm(), raw) {
+        (_, Raw::Missing) => State::Fresh,
+        (Algorithm::Concurrency, Raw::Log(members)) => {
+            State::Leases(Box::new(concurrency::Leases::from_held(
+                members.iter().filter_map(|(id, expires)| {
+                    Some((*expires, u128::from_str_radix(id, 16).ok()?))
+                }),
+            )))
+        }
+        (Algorithm::SlidingLog, Raw::Log(members)) => {
+            let mut entries: Vec<(u64, u64)> = Vec::new();
+            for (_, at) in members {
+                match entries.last_mut() {
+                    Some((last, units)) if last == at => *units += 1,
+                    _ => entries.push((*at, 1)),
+                }
+            }
+            State::SlidingLog(Box::new(sliding_log::Log::from_entries(entries)))
+        }
+        (algorithm, Raw::Records(value)) => match find_record(value, record) {
+            None => State::Fresh,
+            Some([_idle, a, b, c]) => match algorithm {
+                Algorithm::Gcra => State::Gcra(gcra::Tat { ms: a, frac: b }),
+                Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
+                    scaled_tokens: a,
+                    last_ms: b,
+                }),
+                Algorithm::FixedWindow => State::FixedWindow(fixed_window::Window {
+                    start_ms: a,
+                    count: b,
+                }),
+                Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
+                    start_ms: a,
+                    prev: b,
+                    cur: c,
+                }),
+                Algorithm::SlidingLog | Algorithm::Concurrency => State::Fresh,
+            },
+        },
+        _ => State::Fresh,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doubles(values: &[u64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|v| (*v as f64).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_record_is_found_only_where_records_start() {
+        let record = |name: [u8; 8], numbers: [u64; 4]| -> Vec<u8> {
+            let mut r = name.to_vec();
+            r.extend(doubles(&numbers));
+            r
+        };
+        // The second record's numbers contain the first's name, misaligned.
+        let name = Record([0, 0, 0, 0, 0, 0, 0x45, 0x40]);
+        let mut value = record([7; 8], [1, 42, 0, 0]);
+        value.extend(record(name.0, [9, 1, 2, 3]));
+        assert_eq!(find_record(&value, name), Some([9, 1, 2, 3]));
+        assert_eq!(find_record(&value, Record([7; 8])), Some([1, 42, 0, 0]));
+        assert_eq!(find_record(&value, Record([8; 8])), None);
+        assert_eq!(find_record(&value[..70], name), None);
+    }
+}

@@ -1,0 +1,46 @@
+//! The Redis wire layer: what the Lua scripts are sent and what they answer,
+//! each script beside its Rust encoder and reply parser.
+//!
+//! - [`keys`]: which key and record each rule of a batch uses.
+//! - [`args`]: the argument layout the decision and the refund share (a
+//!   rule packed, the call's header).
+//! - [`decide`] (`decide.lua`): one batch decided in one call; [`function`]
+//!   sends it as a Redis Function where it can, a script elsewhere.
+//! - [`refund`] (`refund.lua`): gives back what an admission consumed;
+//!   releases leases.
+//! - [`heartbeat`] (`heartbeat.lua`): instances counting themselves.
+//! - [`inspect`]: a key's stored state read back and decoded.
+//!
+//! `common.lua` holds the helpers every script starts with.
+
+pub mod args;
+pub mod decide;
+pub mod function;
+pub mod heartbeat;
+pub mod inspect;
+pub mod keys;
+pub mod refund;
+
+pub use args::{Selection, TimeSource, lease_arg};
+pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};
+pub use function::Decide;
+pub use heartbeat::{HEARTBEAT_LUA, Heartbeat, instances_key};
+pub use inspect::{RECORD_BYTES, Raw, decode, find_record};
+pub use keys::{Buckets, KeySet, Keys, Valve, is_sorted_set};
+pub use refund::{REFUND_LUA, REFUND_WIDTH, refund_args, refund_commands};
+
+pub(crate) use args::enforced;
+
+use crate::store::StoreError;
+
+/// A Redis failure as the limiter sees it. The message never contains a
+/// key's plain inputs (keys are opaque) nor credentials.
+pub fn store_error(error: &redis::RedisError, timeout_ms: u64) -> StoreError {
+    if error.is_timeout() {
+        StoreError::Timeout(timeout_ms)
+    } else if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        StoreError::Refused(error.to_string())
+    } else {
+        StoreError::Unavailable(error.to_string())
+    }
+}
