@@ -27,8 +27,6 @@ pub const DECIDE_LUA: &str = concat!(
     "return decide(KEYS, ARGV)\n"
 );
 
-/// The heartbeat script's source: instances count themselves so that
-
 /// The helpers every script starts with (common.lua), for tests of their
 /// arithmetic.
 pub const COMMON_LUA: &str = include_str!("common.lua");
