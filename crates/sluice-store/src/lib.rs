@@ -4,8 +4,9 @@
 //!   once, all or nothing.
 //! - [`memory`]: the embedded backend.
 //! - [`standalone`]: the Redis backend (one node); [`cluster`]: the Redis
-//!   Cluster backend; [`script`]: the Lua scripts they run, one call per
-//!   decision (two with a valve on a cluster). All three come with the
+//!   Cluster backend; [`redis`]: the Lua scripts they run, each beside its
+//!   encoder and reply parser, one call per decision (two with a valve on a
+//!   cluster). All three come with the
 //!   `redis` feature (on by default): an app that limits in memory only
 //!   builds without the Redis client and TLS (`default-features = false`).
 //! - [`clock`]: the time stores decide on.

@@ -106,3 +106,19 @@ impl<S: Store> Limiter<S> {
         Ok(local || remote)
     }
 }
+
+/// A fresh lease id: 128 random bits, so that a lease cannot be guessed
+/// (holding its id is what allows releasing it).
+pub(super) fn new_lease_id() -> u128 {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No entropy source: still unique within this process.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        return t ^ (u128::from(n) << 64);
+    }
+    u128::from_le_bytes(bytes)
+}

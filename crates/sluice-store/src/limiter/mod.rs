@@ -3,12 +3,19 @@
 //! This is where a decision gets made, and where store trouble is absorbed:
 //!
 //! 1. the over-limit cache answers requests for buckets known to be
-//!    exhausted, without a store call;
-//! 2. the circuit breaker skips a store that keeps failing;
-//! 3. every store call is bounded by the time budget;
+//!    exhausted, without a store call ([`denials`]);
+//! 2. the circuit breaker skips a store that keeps failing ([`breaker`]);
+//! 3. every store call is bounded by the time budget (`budget`);
 //! 4. when the store cannot decide, the failure policy does: `allow`,
 //!    `deny`, or `local` — the memory engine enforcing each limit divided by
-//!    the number of live sluice instances.
+//!    the number of live sluice instances (`fallback`).
+//!
+//! The doors are here: [`Limiter::decide`], [`Limiter::acquire`] and
+//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::decide_batch`] for
+//! callers that key their own buckets, and `decide_now` on the memory
+//! store (`now`). Behind them: the tenant's shards (`shard`), fair valves'
+//! gates (`gate`, `fair`), duplicate guards ([`dedupe`]) and the options
+//! ([`LimiterOptions`]).
 //!
 //! The policy is swapped atomically on reload; a decision holds the policy
 //! it started with until it is done.
@@ -17,7 +24,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use sluice_core::config::OnError;
@@ -25,76 +32,29 @@ use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
-use crate::clock::{Clock, SystemClock};
 use crate::memory::MemoryStore;
-use crate::store::{Batch, Store, StoreError};
-use crate::telemetry::{NoTelemetry, Telemetry};
+use crate::store::{Batch, Store};
 
 pub mod breaker;
+mod budget;
 pub mod dedupe;
 pub mod denials;
 mod fair;
+mod fallback;
+mod gate;
 pub mod lease;
+mod now;
+mod options;
 mod shard;
+#[cfg(test)]
+mod tests;
 
 pub use fair::ValveLevel;
-
-use breaker::{Breaker, BreakerConfig, BreakerState};
-use denials::DenialCache;
 pub use lease::Lease;
+pub use options::LimiterOptions;
 
-/// How a limiter copes with its store.
-#[derive(Clone)]
-pub struct LimiterOptions {
-    /// The failure policy of plans that do not set their own.
-    pub on_error: OnError,
-    /// Budget for one store call; `None` for a store that cannot be slow
-    /// (the memory store).
-    pub timeout: Option<Duration>,
-    /// When the circuit breaker opens and closes.
-    pub breaker: BreakerConfig,
-    /// Whether to remember denials (worth it for remote stores only).
-    pub denial_cache: bool,
-    /// Live instances assumed for `local` until heartbeats tell.
-    pub fallback_instances: u64,
-    /// Most keys the local fallback store holds.
-    pub local_max_entries: usize,
-    /// Most keys one tenant holds in it.
-    pub local_tenant_share: usize,
-    /// Where store events are reported.
-    pub telemetry: Arc<dyn Telemetry>,
-    /// The clock the breaker, the caches and the local fallback use.
-    pub clock: Arc<dyn Clock>,
-}
-
-impl LimiterOptions {
-    /// Defaults for a store that never fails (the memory store).
-    pub fn new(on_error: OnError) -> LimiterOptions {
-        LimiterOptions {
-            on_error,
-            timeout: None,
-            breaker: BreakerConfig::default(),
-            denial_cache: false,
-            fallback_instances: 1,
-            local_max_entries: 100_000,
-            local_tenant_share: 100_000,
-            telemetry: Arc::new(NoTelemetry),
-            clock: Arc::new(SystemClock::default()),
-        }
-    }
-}
-
-impl std::fmt::Debug for LimiterOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LimiterOptions")
-            .field("on_error", &self.on_error)
-            .field("timeout", &self.timeout)
-            .field("breaker", &self.breaker)
-            .field("denial_cache", &self.denial_cache)
-            .finish_non_exhaustive()
-    }
-}
-
+use breaker::{Breaker, BreakerState};
+use denials::DenialCache;
 /// Decides requests against the current policy and a store.
 pub struct Limiter<S> {
     policy: ArcSwap<Policy>,
@@ -250,11 +210,6 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    /// [`decide`](Self::decide) of a request with fair valves' gates.
-    async fn decide_gated<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        self.decide_leasing(policy, request, false).await.0
-    }
-
     /// [`decide`](Self::decide)'s decision when it needs no waiting (an
     /// invalid request, or a store in this process), else the rest of it,
     /// boxed (for a request with fair valves' gates, the general way).
@@ -328,7 +283,7 @@ impl<S: Store> Limiter<S> {
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
-            batch.lease = Some(new_lease_id());
+            batch.lease = Some(lease::new_lease_id());
         }
         let rules = applicable.rules;
         let mut decision = self.decide_prepared(applicable, batch, request).await;
@@ -340,17 +295,6 @@ impl<S: Store> Limiter<S> {
             .filter(|_| decision.allowed)
             .map(|id| Lease::taken(id, rules));
         (decision, lease)
-    }
-
-    /// What `decision`, of a request of `cost`, tells of its fair valves'
-    /// levels.
-    /// It also makes the wait a tenant past its share is given at least a
-    /// second (see `fair::at_least_a_second`).
-    fn learn(&self, gates: &fair::Gates, decision: &mut Decision<'_>, cost: u64) {
-        let now = self.options.clock.now_ms();
-        self.fair
-            .observe(gates, decision, cost, self.store.valve_parts(), now);
-        fair::at_least_a_second(decision);
     }
 
     async fn decide_prepared<'p>(
@@ -440,260 +384,6 @@ impl<S: Store> Limiter<S> {
         }
         Box::pin(self.decide_batch_waiting(applicable, batch)).await
     }
-
-    /// [`decide_batch`](Self::decide_batch) of a batch with fair valves'
-    /// gates, their rates set for this request.
-    async fn decide_batch_gated<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-    ) -> Decision<'p> {
-        let now = self.options.clock.now_ms();
-        let (rules, gates) = self.fair.gate(&applicable, batch.rules, batch.cost, now);
-        let batch = Batch {
-            rules: &rules,
-            valve_turn: Some(gates.turn),
-            ..*batch
-        };
-        let mut decision = self.decide_batch_waiting(applicable, &batch).await;
-        self.learn(&gates, &mut decision, batch.cost);
-        decision
-    }
-
-    /// [`decide_batch`](Self::decide_batch) through the store's wait, the
-    /// time budget and the tenant's shards.
-    async fn decide_batch_waiting<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-    ) -> Decision<'p> {
-        if let Some(index) = cost_exceeds_capacity(batch) {
-            return Decision::cost_exceeds_capacity_at(applicable, index);
-        }
-        let deadline = self
-            .options
-            .timeout
-            .map(|budget| tokio::time::Instant::now() + budget);
-        let shards = applicable.shards;
-        if shards <= 1 {
-            return self.decide_shard(applicable, batch, deadline).await;
-        }
-        let first = self.turns.first(shards);
-        let mut best = None;
-        for k in 0..shards {
-            let on = Batch {
-                shard: (first + k) % shards,
-                ..*batch
-            };
-            let decision = self.decide_shard(applicable, &on, deadline).await;
-            if !shard::worth_another(&decision) {
-                return decision;
-            }
-            best = Some(shard::sooner(best, decision));
-            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                break;
-            }
-        }
-        best.expect("a tenant has at least one shard")
-    }
-
-    /// Decides a batch on the shard it names, the store call ending by
-    /// `deadline`.
-    async fn decide_shard<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Decision<'p> {
-        if let Some(result) = self.store.decide_in_process(batch) {
-            return self.conclude(applicable, batch, result);
-        }
-        let now = self.options.clock.now_ms();
-        if let Some(denials) = &self.denials
-            && let Some((index, retry)) = denials.check(batch, now)
-        {
-            self.options.telemetry.denial_cache_hit();
-            return Decision::remembered_denial(applicable, index, retry);
-        }
-        // Held across the store call: dropped with this future, a probe
-        // gives its turn back.
-        let Some(attempt) = self.breaker.attempt(now) else {
-            return self.fail_over(applicable, batch, None);
-        };
-        let epoch = self.denials.as_ref().map(DenialCache::epoch);
-        let started = Instant::now();
-        let result = match (self.options.timeout, deadline) {
-            (Some(budget), Some(deadline)) => {
-                match tokio::time::timeout_at(deadline, self.store.decide(batch)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
-                }
-            }
-            _ => self.store.decide(batch).await,
-        };
-        self.options
-            .telemetry
-            .store_call(started.elapsed(), result.as_ref().err());
-        let ok = !matches!(
-            result,
-            Err(StoreError::Timeout(_) | StoreError::Unavailable(_) | StoreError::Refused(_))
-        );
-        let answered = self.options.clock.now_ms();
-        if let Some(to) = attempt.finish(answered, ok) {
-            self.options.telemetry.breaker_changed(to);
-        }
-        match result {
-            Ok(outcomes) => {
-                if let (Some(denials), Some(epoch)) = (&self.denials, epoch) {
-                    // Shadow rules that denied do not deny the request.
-                    let admitted = batch
-                        .rules
-                        .iter()
-                        .zip(&outcomes)
-                        .all(|(r, o)| o.allowed || r.shadow());
-                    if admitted {
-                        denials.forget(batch, &outcomes);
-                        denials.record_guards(epoch, batch, answered);
-                    } else {
-                        let split = self.store.valve_parts() > 1;
-                        denials.record(epoch, batch, &outcomes, answered, split);
-                    }
-                }
-                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
-            }
-            Err(error) => self.fail_over(applicable, batch, Some(&error)),
-        }
-    }
-
-    /// The decision from an in-process store's answer.
-    #[inline]
-    fn conclude<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-        result: Result<Outcomes, StoreError>,
-    ) -> Decision<'p> {
-        match result {
-            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs),
-            Err(error) => {
-                self.options.telemetry.store_error(&error);
-                self.fail_over(applicable, batch, Some(&error))
-            }
-        }
-    }
-
-    /// The decision when the store could not make it.
-    fn fail_over<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-        error: Option<&StoreError>,
-    ) -> Decision<'p> {
-        // A full memory store can only refuse new keys.
-        if let Some(StoreError::Full(_) | StoreError::TenantFull(_)) = error {
-            return Decision::without_store(applicable, OnError::Deny);
-        }
-        let policy = applicable.on_error().unwrap_or(self.options.on_error);
-        self.options.telemetry.failure_policy(policy);
-        match policy {
-            OnError::Allow | OnError::Deny => Decision::without_store(applicable, policy),
-            OnError::Local => match self.local.decide_parts(batch, self.live_instances()) {
-                Ok(outcomes) => {
-                    let mut decision =
-                        Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
-                    decision.degraded = Some(OnError::Local);
-                    if let Some(denials) = self.denials.as_ref().filter(|_| decision.allowed) {
-                        // Known here after the store is back too.
-                        let now = self.options.clock.now_ms();
-                        denials.record_guards(denials.epoch(), batch, now);
-                    }
-                    decision
-                }
-                Err(error) => {
-                    // The local fallback store is full.
-                    self.options.telemetry.store_error(&error);
-                    Decision::without_store(applicable, OnError::Deny)
-                }
-            },
-        }
-    }
-}
-
-impl Limiter<MemoryStore> {
-    /// Decides one request on the memory store, synchronously: the
-    /// in-process path, for callers that are not async.
-    pub fn decide_now<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        let applicable = match prepare(policy, request) {
-            Err(decided) => return decided,
-            Ok(applicable) => applicable,
-        };
-        if applicable.gated {
-            let now = self.options.clock.now_ms();
-            let (rules, gates) = self
-                .fair
-                .gate(&applicable, applicable.rules, request.cost, now);
-            let batch = Batch::new(request.tenant, request.subject, request.cost, &rules);
-            let mut decision = self.decide_now_sharded(applicable, batch, request);
-            self.learn(&gates, &mut decision, request.cost);
-            return decision;
-        }
-        let batch = Batch::new(
-            request.tenant,
-            request.subject,
-            request.cost,
-            applicable.rules,
-        );
-        let guarded = dedupe::Guarded::of(&batch, request);
-        if applicable.shards <= 1 && !guarded.any() {
-            // The common case: one shard, no duplicate guard; most often
-            // one rule.
-            if let [_] = batch.rules {
-                return match self.store.decide_one(&batch, 1) {
-                    Ok(outcome) => Decision::from_outcome(applicable, outcome),
-                    Err(error) => self.conclude(applicable, &batch, Err(error)),
-                };
-            }
-            let result = self.store.decide_now(&batch);
-            return self.conclude(applicable, &batch, result);
-        }
-        self.decide_now_sharded(applicable, batch, request)
-    }
-
-    /// [`decide_now`](Self::decide_now) through duplicate guards and the
-    /// tenant's shards.
-    fn decide_now_sharded<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: Batch<'_>,
-        request: &Request<'_>,
-    ) -> Decision<'p> {
-        let guarded = dedupe::Guarded::of(&batch, request);
-        let partitions = guarded.partitions(&batch);
-        let batch = Batch {
-            partitions: &partitions,
-            ..batch
-        };
-        let shards = applicable.shards.max(1);
-        let first = if shards > 1 {
-            self.turns.first(shards)
-        } else {
-            0
-        };
-        let mut best = None;
-        for k in 0..shards {
-            let on = Batch {
-                shard: (first + k) % shards,
-                ..batch
-            };
-            let result = self.store.decide_now(&on);
-            let decision = self.conclude(applicable, &on, result);
-            if !shard::worth_another(&decision) {
-                return decision;
-            }
-            best = Some(shard::sooner(best, decision));
-        }
-        best.expect("a tenant has at least one shard")
-    }
 }
 
 /// The rest of a decision that waits: the common path, or the general one
@@ -707,22 +397,6 @@ enum Rest<A, B> {
 /// request can never pass.
 fn cost_exceeds_capacity(batch: &Batch<'_>) -> Option<usize> {
     (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
-}
-
-/// A fresh lease id: 128 random bits, so that a lease cannot be guessed
-/// (holding its id is what allows releasing it).
-fn new_lease_id() -> u128 {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No entropy source: still unique within this process.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        return t ^ (u128::from(n) << 64);
-    }
-    u128::from_le_bytes(bytes)
 }
 
 /// Everything decided before the store is asked: the applicable rules, or
@@ -744,213 +418,4 @@ fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'
         ));
     }
     Ok(applicable)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-    use sluice_core::{Config, Reason};
-
-    /// A store that always fails, to exercise the failure handling alone.
-    struct Broken;
-
-    impl Store for Broken {
-        async fn decide(&self, _: &Batch<'_>) -> Result<Outcomes, StoreError> {
-            Err(StoreError::Unavailable("down".to_owned()))
-        }
-
-        async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
-            Err(StoreError::Unavailable("down".to_owned()))
-        }
-    }
-
-    const PLANS: &str = r#"
-default_plan: strict
-plans:
-  strict:
-    on_error: deny
-    tenant: [{ limit: 10, per: 1h }]
-  lenient:
-    on_error: allow
-    tenant: [{ limit: 10, per: 1h }]
-  careful:
-    tenant: [{ limit: 10, per: 1h }]
-tenants:
-  l: { plan: lenient }
-  c: { plan: careful }
-"#;
-
-    fn limiter() -> Limiter<Broken> {
-        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
-        let mut options = LimiterOptions::new(OnError::Local);
-        options.clock = Arc::new(ManualClock::new(1_000_000));
-        options.breaker.failures = 1_000;
-        Limiter::with_options(policy, Broken, options)
-    }
-
-    async fn decide(
-        limiter: &Limiter<Broken>,
-        tenant: &str,
-    ) -> (bool, Option<Reason>, Option<OnError>) {
-        let policy = limiter.policy();
-        let d = limiter
-            .decide(&policy, &Request::new(tenant, "GET /", None, 1).unwrap())
-            .await;
-        (d.allowed, d.reason, d.degraded)
-    }
-
-    #[tokio::test]
-    async fn each_plan_fails_over_by_its_own_policy() {
-        let limiter = limiter();
-        assert_eq!(
-            decide(&limiter, "anyone").await,
-            (false, Some(Reason::StoreUnavailable), Some(OnError::Deny))
-        );
-        assert_eq!(
-            decide(&limiter, "l").await,
-            (true, None, Some(OnError::Allow))
-        );
-        assert_eq!(
-            decide(&limiter, "c").await,
-            (true, None, Some(OnError::Local))
-        );
-    }
-
-    #[tokio::test]
-    async fn local_divides_each_limit_by_the_live_instances() {
-        let limiter = limiter();
-        limiter.set_live_instances(4);
-        let mut admitted = 0;
-        for _ in 0..20 {
-            admitted += u32::from(decide(&limiter, "c").await.0);
-        }
-        assert_eq!(admitted, 2, "⌊10 / 4⌋ per instance");
-    }
-
-    /// A store told what to do: fail, hang, or admit.
-    #[derive(Default)]
-    struct Scripted(std::sync::atomic::AtomicU8);
-
-    const FAIL: u8 = 0;
-    const HANG: u8 = 1;
-    const ADMIT: u8 = 2;
-
-    impl Store for Scripted {
-        async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
-            Ok(false)
-        }
-
-        async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-            match self.0.load(Ordering::SeqCst) {
-                FAIL => Err(StoreError::Unavailable("down".to_owned())),
-                HANG => std::future::pending().await,
-                _ => Ok(batch
-                    .rules
-                    .iter()
-                    .map(|_| sluice_core::Outcome {
-                        allowed: true,
-                        ..Default::default()
-                    })
-                    .collect()),
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn a_probe_dropped_at_its_await_does_not_wedge_the_breaker() {
-        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
-        let clock = Arc::new(ManualClock::new(0));
-        let mut options = LimiterOptions::new(OnError::Local);
-        options.clock = clock.clone();
-        options.timeout = Some(Duration::from_secs(60));
-        let limiter = Limiter::with_options(policy, Scripted::default(), options);
-        let decide = |tenant| {
-            let limiter = &limiter;
-            async move {
-                let policy = limiter.policy();
-                let d = limiter
-                    .decide(&policy, &Request::new(tenant, "GET /", None, 1).unwrap())
-                    .await;
-                d.degraded
-            }
-        };
-        for _ in 0..5 {
-            decide("c").await;
-        }
-        assert_eq!(limiter.breaker_state(), BreakerState::Open);
-        // The cool-down passes; the probe's caller goes away mid-call.
-        clock.advance(1_000);
-        limiter.store().0.store(HANG, Ordering::SeqCst);
-        let probe = tokio::time::timeout(Duration::from_millis(20), decide("c")).await;
-        assert!(probe.is_err(), "the probe hung and was dropped");
-        assert_eq!(limiter.breaker_state(), BreakerState::HalfOpen);
-        // The store recovers: the next decisions probe it and close the
-        // breaker, instead of using the failure policy forever.
-        limiter.store().0.store(ADMIT, Ordering::SeqCst);
-        for _ in 0..3 {
-            assert_eq!(decide("c").await, None, "decided by the store");
-        }
-        assert_eq!(limiter.breaker_state(), BreakerState::Closed);
-    }
-
-    #[tokio::test]
-    async fn the_breaker_opens_and_stops_calling_the_store() {
-        let policy = Policy::compile(&Config::from_yaml(PLANS, "t.yaml").unwrap().limits);
-        let mut options = LimiterOptions::new(OnError::Local);
-        options.clock = Arc::new(ManualClock::new(0));
-        let limiter = Limiter::with_options(policy, Broken, options);
-        for _ in 0..5 {
-            decide(&limiter, "c").await;
-        }
-        assert_eq!(limiter.breaker_state(), BreakerState::Open);
-    }
-
-    #[tokio::test]
-    async fn a_full_memory_store_denies_new_keys_whatever_the_number_of_rules() {
-        // One rule takes the single-rule path, two rules the general one;
-        // the synchronous and the async decision alike.
-        for tenant_rules in [
-            "[{ limit: 10, per: 1h }]",
-            "[{ limit: 10, per: 1h }, { limit: 20, per: 1d }]",
-        ] {
-            let yaml = format!("default_plan: p\nplans:\n  p:\n    tenant: {tenant_rules}\n");
-            let policy = Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits);
-            let rules = policy.applicable("a", "GET /", false).rules.len();
-            let limiter = Limiter::new(policy, MemoryStore::new(2 * rules), OnError::Allow);
-            let policy = limiter.policy();
-            let request = |t: &'static str| Request::new(t, "GET /", None, 1).unwrap();
-            assert!(limiter.decide_now(&policy, &request("a")).allowed);
-            assert!(limiter.decide(&policy, &request("b")).await.allowed);
-            for denied in [
-                limiter.decide_now(&policy, &request("c")),
-                limiter.decide(&policy, &request("c")).await,
-            ] {
-                assert!(!denied.allowed, "{rules} rules: a new key on a full store");
-                assert_eq!(denied.reason, Some(Reason::StoreUnavailable));
-                assert_eq!(denied.degraded, Some(OnError::Deny), "not the plan's allow");
-            }
-            assert!(
-                limiter.decide_now(&policy, &request("a")).allowed,
-                "held keys work"
-            );
-            assert!(limiter.decide(&policy, &request("b")).await.allowed);
-        }
-    }
-
-    /// `decide`'s future holds across its await only the boxed rest of a
-    /// decision: with the decision's locals in it, it was 192 bytes,
-    /// copied (`memcpy`) wherever the future moved; in an axum handler or
-    /// the tower layer it is part of every request's future.
-    #[test]
-    fn the_decide_future_stays_small() {
-        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ limit: 10, per: 1h }]\n";
-        let policy = Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits);
-        let limiter = Limiter::new(policy, MemoryStore::new(10), OnError::Allow);
-        let policy = limiter.policy();
-        let request = Request::new("a", "GET /", None, 1).unwrap();
-        let future = limiter.decide(&policy, &request);
-        let size = std::mem::size_of_val(&future);
-        assert!(size <= 64, "the decide future is {size} bytes");
-    }
 }

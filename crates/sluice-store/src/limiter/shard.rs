@@ -14,7 +14,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Reason};
+
+use super::{Limiter, cost_exceeds_capacity};
+use crate::store::{Batch, Store};
 
 /// Where the next sharded decision starts.
 #[derive(Debug, Default)]
@@ -50,5 +54,44 @@ pub(crate) fn sooner<'p>(best: Option<Decision<'p>>, next: Decision<'p>) -> Deci
     match best {
         Some(best) if best.retry_after_ms() <= next.retry_after_ms() => best,
         _ => next,
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// [`decide_batch`](Self::decide_batch) through the store's wait, the
+    /// time budget and the tenant's shards.
+    pub(super) async fn decide_batch_waiting<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+    ) -> Decision<'p> {
+        if let Some(index) = cost_exceeds_capacity(batch) {
+            return Decision::cost_exceeds_capacity_at(applicable, index);
+        }
+        let deadline = self
+            .options
+            .timeout
+            .map(|budget| tokio::time::Instant::now() + budget);
+        let shards = applicable.shards;
+        if shards <= 1 {
+            return self.decide_shard(applicable, batch, deadline).await;
+        }
+        let first = self.turns.first(shards);
+        let mut best = None;
+        for k in 0..shards {
+            let on = Batch {
+                shard: (first + k) % shards,
+                ..*batch
+            };
+            let decision = self.decide_shard(applicable, &on, deadline).await;
+            if !worth_another(&decision) {
+                return decision;
+            }
+            best = Some(sooner(best, decision));
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                break;
+            }
+        }
+        best.expect("a tenant has at least one shard")
     }
 }

@@ -19,7 +19,7 @@ use crate::store::{Batch, StoreError};
 pub(super) const DECIDE_BODY: &str =
     concat!(include_str!("common.lua"), include_str!("decide.lua"));
 
-/// The decision script's source (as `EVAL` runs it; see [`Decide`] for the
+/// The decision script's source (as `EVAL` runs it; see [`Decide`](super::function::Decide) for the
 /// Redis Function).
 pub const DECIDE_LUA: &str = concat!(
     include_str!("common.lua"),
