@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
+use sluice_core::Outcome;
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
-use sluice_core::{Outcome, Rule, State};
 use sluice_store::{
-    Batch, ClusterStore, ConnectOptions, Heartbeat, KeySet, MemoryStore, RedisStore, Store,
+    Batch, ClusterStore, ConnectOptions, Heartbeat, KeySet, MemoryStore, Peeked, RedisStore, Store,
     StoreError,
 };
 
@@ -109,47 +109,6 @@ impl Backend {
             Backend::Redis(_) | Backend::Cluster(_) => None,
         }
     }
-
-    /// The stored state of every rule of `batch`, read without changing
-    /// anything, with the store's time and each rule as the store enforces
-    /// it (on Redis Cluster, a global valve's shard 0 and its share). `None`
-    /// for memory, whose state lives in each `sluice serve`.
-    pub async fn peek(&self, batch: &Batch<'_>) -> Option<Result<Peeked, StoreError>> {
-        // (`Some` for every backend; the memory store's keys are not
-        // strings, so its rows name none.)
-        Some(match self {
-            Backend::Memory(store) => Ok(Peeked {
-                now: store.clock().now_ms(),
-                rows: (0..batch.rules.len())
-                    .map(|i| {
-                        let key = "(in this process)".to_owned();
-                        (key, store.peek(batch, i), *batch.rules[i].rule())
-                    })
-                    .collect(),
-            }),
-            Backend::Redis(store) => store.peek(batch).await.map(|(now, states)| Peeked {
-                now,
-                rows: states
-                    .into_iter()
-                    .zip(batch.rules)
-                    .map(|((key, state), rule)| (key, state, *rule.rule()))
-                    .collect(),
-            }),
-            Backend::Cluster(store) => store
-                .peek(batch)
-                .await
-                .map(|(now, rows)| Peeked { now, rows }),
-        })
-    }
-}
-
-/// What [`Backend::peek`] read.
-#[derive(Debug)]
-pub struct Peeked {
-    /// The store's time, in ms since the Unix epoch.
-    pub now: u64,
-    /// Per rule of the batch: its key, its state, the rule as enforced.
-    pub rows: Vec<(String, State, Rule)>,
 }
 
 impl Store for Backend {
@@ -166,6 +125,14 @@ impl Store for Backend {
             Backend::Memory(store) => store.release(batch).await,
             Backend::Redis(store) => store.release(batch).await,
             Backend::Cluster(store) => store.release(batch).await,
+        }
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        match self {
+            Backend::Memory(store) => store.peek(batch).await,
+            Backend::Redis(store) => store.peek(batch).await,
+            Backend::Cluster(store) => store.peek(batch).await,
         }
     }
 

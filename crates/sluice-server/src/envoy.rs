@@ -36,7 +36,7 @@ use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::policy::Applicable;
 use sluice_core::request::MAX_COST;
 use sluice_core::{Algorithm, BoundRule, Decision, Reason, Request, Rule, Scope};
-use sluice_store::{Batch, Partition};
+use sluice_store::{Batch, Partition, PeekedRule};
 use tonic::Status;
 
 use crate::Fallible;
@@ -304,9 +304,6 @@ fn counted_entries<'e>(
     counted
 }
 
-/// Longest a `hits_addend: 0` check waits for the store.
-const CHECK_ONLY_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// The configured form of a descriptor's limit: requests per unit, unit,
 /// name.
 type Configured = Option<(u32, Option<Unit>, Option<String>)>;
@@ -492,35 +489,27 @@ impl RateLimiter {
             partitions: &partitions,
             ..Batch::new(domain, None, 1, &limit.rules)
         };
-        let store = self.app.limiter.store();
-        let (now, rows): (u64, Vec<(sluice_core::State, Rule)>) = match store.memory() {
-            Some(memory) => (
-                memory.clock().now_ms(),
-                (0..limit.rules.len())
-                    .map(|i| (memory.peek(&batch, i), *limit.rules[i].rule()))
-                    .collect(),
-            ),
-            None => {
-                let peeked = tokio::time::timeout(CHECK_ONLY_BUDGET, store.peek(&batch))
-                    .await
-                    .ok()??
-                    .ok()?;
-                let rows = peeked.rows.into_iter().map(|(_, s, r)| (s, r)).collect();
-                (peeked.now, rows)
-            }
-        };
-        let tightest = rows
+        let peeked = self.app.limiter.peek(&batch).await.ok()?;
+        let now = peeked.now;
+        let tightest = peeked
+            .rows
             .iter()
-            .map(|(state, rule)| {
-                let state = rule.repair(state, now).unwrap_or_else(|| state.clone());
-                let (outcome, _) = rule.decide(&state, now, 1);
-                let before = if outcome.allowed {
-                    u64::from(outcome.remaining) + 1
-                } else {
-                    u64::from(outcome.remaining)
-                };
-                (before.min(rule.capacity()), outcome.reset_after_ms)
-            })
+            .map(
+                |PeekedRule {
+                     state,
+                     enforced: rule,
+                     ..
+                 }| {
+                    let state = rule.repair(state, now).unwrap_or_else(|| state.clone());
+                    let (outcome, _) = rule.decide(&state, now, 1);
+                    let before = if outcome.allowed {
+                        u64::from(outcome.remaining) + 1
+                    } else {
+                        u64::from(outcome.remaining)
+                    };
+                    (before.min(rule.capacity()), outcome.reset_after_ms)
+                },
+            )
             .min_by_key(|(remaining, _)| *remaining)?;
         Some(DescriptorStatus {
             code: Code::Ok as i32,
@@ -630,14 +619,8 @@ impl RateLimiter {
             };
             if enforced_block {
                 // Denied by `requests_per_unit: 0`: nothing counted.
-                zero_limit::decide(
-                    self.app.limiter.store(),
-                    Applicable::adhoc(rules),
-                    &batch,
-                    &costs,
-                    CHECK_ONLY_BUDGET,
-                )
-                .await
+                zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &batch, &costs)
+                    .await
             } else {
                 self.app
                     .limiter
@@ -798,8 +781,7 @@ impl RateLimiter {
                 let decide = async {
                     if enforced_block {
                         let decision =
-                            zero_limit::decide(store, combined, &batch, &costs, CHECK_ONLY_BUDGET)
-                                .await;
+                            zero_limit::decide(&self.app.limiter, combined, &batch, &costs).await;
                         (decision, zero_limit::now_ms(store))
                     } else {
                         (self.app.limiter.decide_batch(combined, &batch).await, 0)

@@ -6,7 +6,7 @@
 use serde::Serialize;
 use sluice_core::duration::HumanDuration;
 use sluice_core::{BoundRule, Policy, Request, Rule, Scope, State};
-use sluice_store::Batch;
+use sluice_store::{Batch, Store};
 
 use crate::Fallible;
 use crate::backend::Backend;
@@ -74,12 +74,16 @@ pub async fn inspect(
             shard,
             ..Batch::new(request.tenant, request.subject, 1, &rules)
         };
-        let peeked = store
-            .peek(&batch)
-            .await
-            .ok_or("this store cannot be inspected")??;
-        for (rule, (key, state, enforced)) in rules.iter().zip(peeked.rows) {
-            rows.push(row(shard, rule, &enforced, key, &state, peeked.now));
+        let peeked = store.peek(&batch).await?;
+        for (rule, read) in rules.iter().zip(peeked.rows) {
+            rows.push(row(
+                shard,
+                rule,
+                &read.enforced,
+                read.key,
+                &read.state,
+                peeked.now,
+            ));
         }
     }
     let note = match store {

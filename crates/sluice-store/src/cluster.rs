@@ -44,15 +44,15 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::Record;
-use sluice_core::{BoundRule, Rule, State};
+
 use smallvec::SmallVec;
 
 use crate::local_connection::LocalConnections;
 use crate::redis::{
-    self as script, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Raw, Selection, TimeSource, Valve,
+    self as script, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Selection, TimeSource, Valve,
 };
 use crate::standalone::{ConnectOptions, install_tls_provider};
-use crate::store::{Batch, Partition, Store, StoreError};
+use crate::store::{Batch, Partition, Peeked, PeekedRule, Store, StoreError};
 
 /// How often a store that could not connect tries again.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
@@ -399,35 +399,6 @@ impl ClusterStore {
             .heartbeat(&mut connection, instance, ttl_ms, self.timeout_ms)
             .await
     }
-
-    /// The stored state of every rule of `batch`, read without changing
-    /// anything, with a node's time (for `sluice inspect`): per rule its key,
-    /// its state and the rule as enforced (a global valve: its shard 0 and
-    /// that shard's share).
-    pub async fn peek(
-        &self,
-        batch: &Batch<'_>,
-    ) -> Result<(u64, Vec<(String, State, Rule)>), StoreError> {
-        let mut connection = self.connection()?;
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let time: (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| self.error(&e))?;
-        let now = time.0 * 1_000 + time.1 / 1_000;
-        let mut rows = Vec::with_capacity(keys.keys.len());
-        for ((key, record), rule) in keys.keys.into_iter().zip(keys.records).zip(batch.rules) {
-            let raw = read_raw(&mut connection, &key, rule)
-                .await
-                .map_err(|e| self.error(&e))?;
-            rows.push((
-                key,
-                script::decode(rule, &raw, record),
-                script::enforced(rule, u64::from(self.valve_shards)),
-            ));
-        }
-        Ok((now, rows))
-    }
 }
 
 /// The refund of one group, prepared before its call: keys and arguments,
@@ -605,31 +576,33 @@ fn select(buckets: &Buckets, group: &[usize]) -> (Vec<String>, Vec<Record>) {
         .unzip()
 }
 
-async fn read_raw(
-    connection: &mut ClusterConnection,
-    key: &str,
-    rule: &BoundRule,
-) -> redis::RedisResult<Raw> {
-    if script::is_sorted_set(rule) {
-        let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(connection)
-            .await?;
-        Ok(if members.is_empty() {
-            Raw::Missing
-        } else {
-            Raw::Log(members)
-        })
-    } else {
-        let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(connection).await?;
-        Ok(value.map_or(Raw::Missing, Raw::Records))
-    }
-}
-
 impl Store for ClusterStore {
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        let mut connection = self.connection()?;
+        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        // The keys live on different slots: one command each.
+        let time: redis::Value = redis::cmd("TIME")
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| self.error(&e))?;
+        let mut rows = Vec::with_capacity(keys.keys.len());
+        for ((key, record), rule) in keys.keys.into_iter().zip(keys.records).zip(batch.rules) {
+            let value: redis::Value = script::read_command(&key, rule)
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| self.error(&e))?;
+            rows.push(PeekedRule {
+                state: script::decode(rule, &script::raw(rule, &value), record),
+                key,
+                enforced: script::enforced(rule, u64::from(self.valve_shards)),
+            });
+        }
+        Ok(Peeked {
+            now: script::time_ms(&time)?,
+            rows,
+        })
+    }
+
     fn valve_parts(&self) -> u64 {
         u64::from(self.valve_shards)
     }

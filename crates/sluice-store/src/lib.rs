@@ -44,5 +44,5 @@ pub use memory::MemoryStore;
 pub use redis::{Heartbeat, KeySet, TimeSource, Valve};
 #[cfg(feature = "redis")]
 pub use standalone::{ConnectOptions, RedisStore};
-pub use store::{Batch, Partition, Store, StoreError};
+pub use store::{Batch, Partition, Peeked, PeekedRule, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

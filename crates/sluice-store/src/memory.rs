@@ -50,7 +50,7 @@ use sluice_core::{Outcome, State, Step};
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Batch, Peeked, PeekedRule, Store, StoreError};
 
 /// The embedded in-memory store.
 pub struct MemoryStore {
@@ -346,8 +346,8 @@ impl MemoryStore {
     }
 
     /// The state stored for rule `index` of a request, without changing it
-    /// (for support tooling).
-    pub fn peek(&self, batch: &Batch<'_>, index: usize) -> State {
+    /// ([`Store::peek`] of one rule, synchronously).
+    pub fn peek_rule(&self, batch: &Batch<'_>, index: usize) -> State {
         let rule = &batch.rules[index];
         let key = KeyRef::new(
             &self.hasher,
@@ -508,6 +508,21 @@ impl Store for MemoryStore {
 
     fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send {
         std::future::ready(Ok(self.release_now(batch)))
+    }
+
+    fn peek(&self, batch: &Batch<'_>) -> impl Future<Output = Result<Peeked, StoreError>> + Send {
+        // Keys here are not strings: a row names where it lives.
+        let rows = (0..batch.rules.len())
+            .map(|i| PeekedRule {
+                key: "(in this process)".to_owned(),
+                state: self.peek_rule(batch, i),
+                enforced: *batch.rules[i].rule(),
+            })
+            .collect();
+        std::future::ready(Ok(Peeked {
+            now: self.clock.now_ms(),
+            rows,
+        }))
     }
 
     fn maintain(&self) {

@@ -12,11 +12,10 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
-use sluice_core::{BoundRule, State};
 
 use crate::local_connection::LocalConnections;
-use crate::redis::{self as script, Buckets, Heartbeat, KeySet, Raw, TimeSource, Valve};
-use crate::store::{Batch, Store, StoreError};
+use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
+use crate::store::{Batch, Peeked, PeekedRule, Store, StoreError};
 
 /// A store on one Redis node.
 #[derive(Clone)]
@@ -231,58 +230,6 @@ impl RedisStore {
             .await
             .map_err(|e| script::store_error(&e, self.timeout_ms))
     }
-
-    /// The stored state of every rule of `batch`, read without changing
-    /// anything, with the server's time (for `sluice inspect`).
-    pub async fn peek(&self, batch: &Batch<'_>) -> Result<(u64, Vec<(String, State)>), StoreError> {
-        let Buckets { keys, records } = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME");
-        for (key, rule) in keys.iter().zip(batch.rules) {
-            if script::is_sorted_set(rule) {
-                pipe.cmd("ZRANGE").arg(key).arg(0).arg(-1).arg("WITHSCORES");
-            } else {
-                pipe.cmd("GET").arg(key);
-            }
-        }
-        let values: Vec<redis::Value> = pipe
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
-        let (time, values) = values
-            .split_first()
-            .ok_or_else(|| StoreError::Unavailable("empty reply".to_owned()))?;
-        let (secs, micros): (u64, u64) = redis::from_redis_value_ref(time)
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let now = secs * 1_000 + micros / 1_000;
-        let states = keys
-            .into_iter()
-            .zip(records)
-            .zip(batch.rules)
-            .zip(values)
-            .map(|(((key, record), rule), value)| {
-                let state = script::decode(rule, &raw(rule, value), record);
-                (key, state)
-            })
-            .collect();
-        Ok((now, states))
-    }
-}
-
-fn raw(rule: &BoundRule, value: &redis::Value) -> Raw {
-    if script::is_sorted_set(rule) {
-        let members: Vec<(String, u64)> = redis::from_redis_value_ref(value).unwrap_or_default();
-        if members.is_empty() {
-            Raw::Missing
-        } else {
-            Raw::Log(members)
-        }
-    } else {
-        match redis::from_redis_value_ref::<Option<Vec<u8>>>(value) {
-            Ok(Some(v)) => Raw::Records(v),
-            _ => Raw::Missing,
-        }
-    }
 }
 
 impl Store for RedisStore {
@@ -298,5 +245,36 @@ impl Store for RedisStore {
             return Ok(false);
         }
         Ok(self.refund(batch, 0).await? > 0)
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        let Buckets { keys, records } = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for (key, rule) in keys.iter().zip(batch.rules) {
+            pipe.add_command(script::read_command(key, rule));
+        }
+        let values: Vec<redis::Value> = pipe
+            .query_async(&mut self.connection.clone())
+            .await
+            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
+        let (time, values) = values
+            .split_first()
+            .ok_or_else(|| StoreError::Unavailable("empty reply".to_owned()))?;
+        let rows = keys
+            .into_iter()
+            .zip(records)
+            .zip(batch.rules)
+            .zip(values)
+            .map(|(((key, record), rule), value)| PeekedRule {
+                state: script::decode(rule, &script::raw(rule, value), record),
+                key,
+                enforced: *rule.rule(),
+            })
+            .collect();
+        Ok(Peeked {
+            now: script::time_ms(time)?,
+            rows,
+        })
     }
 }

@@ -8,9 +8,8 @@
 
 use std::future::Future;
 
-use sluice_core::Outcome;
 use sluice_core::decision::Outcomes;
-use sluice_core::{BoundRule, Scope};
+use sluice_core::{BoundRule, Outcome, Rule, Scope, State};
 
 /// Every rule of one decision, with what identifies its buckets.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +109,28 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// What [`Store::peek`] read: the store's time and every rule's bucket.
+#[derive(Debug, Clone)]
+pub struct Peeked {
+    /// The store's time, in ms since the Unix epoch.
+    pub now: u64,
+    /// Per rule of the batch, in its order.
+    pub rows: Vec<PeekedRule>,
+}
+
+/// One rule's bucket as [`Store::peek`] read it.
+#[derive(Debug, Clone)]
+pub struct PeekedRule {
+    /// Its key (opaque), or where it lives for a store without string
+    /// keys.
+    pub key: String,
+    /// Its stored state (fresh when the key does not exist).
+    pub state: State,
+    /// The rule as the store enforces it (on Redis Cluster, a split global
+    /// valve's key holds its share of the limit).
+    pub enforced: Rule,
+}
+
 /// Why a store could not decide.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -169,6 +190,12 @@ pub trait Store: Send + Sync {
     /// here. Releasing is idempotent, so it needs no atomicity across
     /// rules.
     fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The stored state of every rule of `batch`, read without changing
+    /// anything, with the store's time (`sluice inspect`, checks that
+    /// consume nothing). On Redis Cluster a split global valve is read at
+    /// its key 0.
+    fn peek(&self, batch: &Batch<'_>) -> impl Future<Output = Result<Peeked, StoreError>> + Send;
 
     /// How many keys each global valve is split over (Redis Cluster's
     /// `global_shards`); each enforces its share of the valve.

@@ -12,7 +12,7 @@ use sluice_core::config::OnError;
 use sluice_core::decision::Outcomes;
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Store, StoreError, Telemetry,
+    Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError, Telemetry,
 };
 
 /// The memory store behind the remote path (no in-process shortcut), so
@@ -26,6 +26,10 @@ impl Store for Remote {
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
         Ok(self.0.release_now(batch))
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        self.0.peek(batch).await
     }
 }
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use sluice_core::config::OnError;
 use sluice_core::decision::Outcomes;
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Store, StoreError};
+use sluice_store::{
+    Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
+};
 
 fn policy(shards: u16) -> Policy {
     let yaml = format!(
@@ -28,6 +30,10 @@ impl Store for Remote {
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
         Ok(self.0.release_now(batch))
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        self.0.peek(batch).await
     }
 }
 

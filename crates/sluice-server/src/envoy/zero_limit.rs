@@ -17,7 +17,7 @@ use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Outcome, Rule, State};
-use sluice_store::Batch;
+use sluice_store::{Batch, Limiter};
 
 use super::units::proto_unit;
 use crate::backend::Backend;
@@ -67,26 +67,26 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
 
 /// The decision for a request a zero limit denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
-/// bucketed as `batch` says, each costing `costs[i]`) read from `store`.
-/// When it does not answer within `budget`, their standing is unknown.
+/// bucketed as `batch` says, each costing `costs[i]`) read through
+/// `limiter`. When the store does not answer in time, their standing is
+/// unknown.
 pub(super) async fn decide<'p>(
-    store: &Backend,
+    limiter: &Limiter<Backend>,
     applicable: Applicable<'p>,
     batch: &Batch<'_>,
     costs: &[u64],
-    budget: std::time::Duration,
 ) -> Decision<'p> {
     if applicable.rules.is_empty() {
         return Decision::blocked();
     }
-    let Ok(Some(Ok(peeked))) = tokio::time::timeout(budget, store.peek(batch)).await else {
+    let Ok(peeked) = limiter.peek(batch).await else {
         return Decision::blocked();
     };
     let outcomes: Outcomes = peeked
         .rows
         .iter()
         .enumerate()
-        .map(|(i, (_, state, rule))| standing(rule, state, peeked.now, costs[i]))
+        .map(|(i, read)| standing(&read.enforced, &read.state, peeked.now, costs[i]))
         .collect();
     Decision::blocked_among(applicable, outcomes, 1, costs)
 }

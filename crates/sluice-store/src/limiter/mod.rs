@@ -33,7 +33,7 @@ use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
 use crate::memory::MemoryStore;
-use crate::store::{Batch, Store};
+use crate::store::{Batch, Peeked, Store, StoreError};
 
 pub mod breaker;
 mod budget;
@@ -191,6 +191,17 @@ impl<S: Store> Limiter<S> {
             tracing::warn!(error = %e, "cannot start the limiter's sweeper");
             limiter.maintained.store(false, Ordering::Release);
         }
+    }
+
+    /// The stored state of every rule of `batch`, read without changing
+    /// anything ([`Store::peek`]), within the time budget of a store call.
+    pub async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        let Some(budget) = self.options.timeout else {
+            return self.store.peek(batch).await;
+        };
+        tokio::time::timeout(budget, self.store.peek(batch))
+            .await
+            .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64)))
     }
 
     /// Decides one request under `policy`. Concurrency rules only check

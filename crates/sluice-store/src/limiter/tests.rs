@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::store::StoreError;
+use crate::store::{Peeked, StoreError};
 use sluice_core::{Config, Reason};
 
 /// A store that always fails, to exercise the failure handling alone.
@@ -15,6 +15,10 @@ impl Store for Broken {
     }
 
     async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
+        Err(StoreError::Unavailable("down".to_owned()))
+    }
+
+    async fn peek(&self, _: &Batch<'_>) -> Result<Peeked, StoreError> {
         Err(StoreError::Unavailable("down".to_owned()))
     }
 }
@@ -93,6 +97,10 @@ const ADMIT: u8 = 2;
 impl Store for Scripted {
     async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
         Ok(false)
+    }
+
+    async fn peek(&self, _: &Batch<'_>) -> Result<Peeked, StoreError> {
+        Err(StoreError::Unavailable("not read here".to_owned()))
     }
 
     async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {

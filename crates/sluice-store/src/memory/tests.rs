@@ -326,7 +326,7 @@ fn a_shadow_rule_never_blocks_and_consumes_only_when_it_admits() {
 }
 
 fn snapshot(store: &MemoryStore, b: &Batch<'_>) -> Vec<State> {
-    (0..b.rules.len()).map(|i| store.peek(b, i)).collect()
+    (0..b.rules.len()).map(|i| store.peek_rule(b, i)).collect()
 }
 
 proptest! {

@@ -7,6 +7,9 @@ use sluice_core::algorithm::{
 use sluice_core::keys::Record;
 use sluice_core::{Algorithm, BoundRule};
 
+use super::keys::is_sorted_set;
+use crate::store::StoreError;
+
 /// What `GET` (or `ZRANGE … WITHSCORES` for a set) returned for a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Raw {
@@ -16,6 +19,45 @@ pub enum Raw {
     Records(Vec<u8>),
     /// Sorted-set members with their scores.
     Log(Vec<(String, u64)>),
+}
+
+/// The command that reads `rule`'s bucket at `key`: `GET`, or `ZRANGE …
+/// WITHSCORES` for a sorted set.
+pub fn read_command(key: &str, rule: &BoundRule) -> redis::Cmd {
+    if is_sorted_set(rule) {
+        let mut cmd = redis::cmd("ZRANGE");
+        cmd.arg(key).arg(0).arg(-1).arg("WITHSCORES");
+        cmd
+    } else {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        cmd
+    }
+}
+
+/// What [`read_command`] for `rule` answered; anything unreadable reads
+/// as missing.
+pub fn raw(rule: &BoundRule, value: &redis::Value) -> Raw {
+    if is_sorted_set(rule) {
+        let members: Vec<(String, u64)> = redis::from_redis_value_ref(value).unwrap_or_default();
+        if members.is_empty() {
+            Raw::Missing
+        } else {
+            Raw::Log(members)
+        }
+    } else {
+        match redis::from_redis_value_ref::<Option<Vec<u8>>>(value) {
+            Ok(Some(v)) => Raw::Records(v),
+            _ => Raw::Missing,
+        }
+    }
+}
+
+/// The time `TIME` answered, in ms since the Unix epoch.
+pub fn time_ms(value: &redis::Value) -> Result<u64, StoreError> {
+    let (secs, micros): (u64, u64) =
+        redis::from_redis_value_ref(value).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    Ok(secs * 1_000 + micros / 1_000)
 }
 
 /// The bytes of one record in a group's value: its name (8 bytes), then
