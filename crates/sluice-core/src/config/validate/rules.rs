@@ -64,21 +64,7 @@ impl Validator<'_> {
     fn rule(&mut self, raw: RawRule, at: Location) -> Option<Rule> {
         let algorithm = match &raw.algorithm {
             None => Algorithm::Gcra,
-            Some(a) => match Algorithm::from_name(&a.value) {
-                Some(algorithm) => algorithm,
-                None => {
-                    let allowed: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
-                    self.push(
-                        a.referenced,
-                        format!(
-                            "unknown `algorithm` `{}`; allowed: {}",
-                            a.value,
-                            allowed.join(", ")
-                        ),
-                    );
-                    return None;
-                }
-            },
+            Some(a) => self.algorithm(a)?,
         };
         if algorithm == Algorithm::Concurrency {
             return self.concurrency_rule(&raw, at);
@@ -130,6 +116,24 @@ impl Validator<'_> {
                 None
             }
         }
+    }
+
+    /// The algorithm `a` names; `None`, with an error listing the algorithms
+    /// allowed, when it names none.
+    pub(in crate::config) fn algorithm(&mut self, a: &S<String>) -> Option<Algorithm> {
+        let algorithm = Algorithm::from_name(&a.value);
+        if algorithm.is_none() {
+            let allowed: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            self.push(
+                a.referenced,
+                format!(
+                    "unknown `algorithm` `{}`; allowed: {}",
+                    a.value,
+                    allowed.join(", ")
+                ),
+            );
+        }
+        algorithm
     }
 
     /// `{algorithm: concurrency, limit, lease}`.
