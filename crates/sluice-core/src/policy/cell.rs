@@ -1,5 +1,7 @@
-//! A cell: the ordered rules of one plan and route pattern, with what a
-//! decision reads of them precomputed.
+//! A cell: the ordered rules of one plan and route pattern.
+//!
+//! What a decision reads of them (classes, largest cost, gates, reserves)
+//! is computed once, when the plan is compiled.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;

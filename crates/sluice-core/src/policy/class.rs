@@ -1,5 +1,4 @@
-//! The class of a request: its plan and route pattern, for metrics and the
-//! `RateLimit-Policy` field.
+//! The class of a request: plan and route pattern, for metrics and headers.
 
 use std::any::Any;
 use std::borrow::Cow;

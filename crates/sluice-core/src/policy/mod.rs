@@ -12,7 +12,7 @@
 //! prefix that matches the route and is no longer than `p` is a prefix of
 //! `p`. So the per-table answers can be computed once per union pattern.
 //!
-//! [`Plan`] compiles one plan into its [cells](cell); a [`Class`] names the
+//! [`Plan`] compiles one plan into its cells (`cell.rs`); a [`Class`] names the
 //! requests of one cell; [`TenantOverride`] changes one tenant's plan at
 //! runtime; [`Applicable`] is what one request gets.
 

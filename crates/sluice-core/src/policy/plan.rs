@@ -1,5 +1,4 @@
-//! One plan compiled: a cell per route pattern, found by exact route or
-//! longest prefix.
+//! One plan compiled: a cell per route pattern, by exact route or prefix.
 
 use std::collections::HashMap;
 

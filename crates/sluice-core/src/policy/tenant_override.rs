@@ -1,5 +1,4 @@
-//! A tenant's override at runtime: another plan, scaled limits, rules of
-//! its own, shadow mode.
+//! A tenant's runtime override: another plan, scaled limits, own rules, shadow.
 
 use crate::config::{NamedRule, PlanSpec, RouteRules};
 

@@ -1,5 +1,4 @@
-//! What a file loads into: a domain, its tree of descriptors and their
-//! limits.
+//! What a file loads into: a domain, its descriptors and their limits.
 
 use super::unit::Unit;
 use crate::config::{ConfigError, NamedRule};

@@ -1,5 +1,4 @@
-//! envoyproxy/ratelimit's configuration format, read as that project reads
-//! it, into sluice rules.
+//! envoyproxy/ratelimit's configuration, read as upstream reads it, into rules.
 //!
 //! Each file holds one `domain` and a tree of `descriptors`: `key`, optional
 //! `value` (each `*` in it matches any run of characters), optional
@@ -29,11 +28,10 @@
 //! descriptor, `descriptors` inside `rate_limit`) is refused, since
 //! upstream would load a limit that never applies.
 //!
-//! Each role has its file: [`unit`] (envoyproxy/ratelimit's units),
-//! [`domain`] (what a file loads into), [`raw`] (a file as YAML says it),
-//! [`descriptor`] (a domain and its tree), [`rate_limit`] (one limit),
-//! [`strays`] (upstream's keys out of place) and [`scalars`] (values read
-//! as upstream reads them).
+//! Each role has its file: `unit` (envoyproxy/ratelimit's units), `domain`
+//! (what a file loads into), `raw` (a file as YAML says it), `descriptor`
+//! (a domain and its tree), `rate_limit` (one limit), `strays` (upstream's
+//! keys out of place) and `scalars` (values read as upstream reads them).
 
 use serde_saphyr::Location;
 

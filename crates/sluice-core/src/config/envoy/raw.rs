@@ -1,5 +1,7 @@
-//! An envoyproxy/ratelimit file as YAML says it: every key upstream
-//! accepts, at every level, so that none is dropped unseen.
+//! An envoyproxy/ratelimit file as YAML says it, before it is checked.
+//!
+//! Every key upstream accepts is read at every level, so that none is
+//! dropped unseen.
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;

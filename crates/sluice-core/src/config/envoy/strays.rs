@@ -1,5 +1,4 @@
-//! Upstream's keys out of place: refused when they would carry a limit,
-//! noted when they only name or mark.
+//! Upstream's keys out of place: refused if they carry a limit, else noted.
 
 use super::raw::Stray;
 use crate::config::validate::Validator;

@@ -1,5 +1,4 @@
-//! Files read as envoyproxy/ratelimit reads them, and the sluice
-//! extensions.
+//! Files read as envoyproxy/ratelimit reads them, with sluice's extensions.
 
 use super::*;
 use crate::rule::Algorithm;

@@ -1,5 +1,4 @@
-//! Values any section may take: a failure policy, a whole number or a
-//! duration within bounds.
+//! Values any section takes: failure policies, bounded numbers and durations.
 
 use super::Validator;
 use crate::config::OnError;

@@ -1,5 +1,4 @@
-//! Tables keyed by route pattern (`routes`, `subject`, `global`,
-//! `dedupe`), and the patterns themselves.
+//! Route tables (`routes`, `subject`, `global`, `dedupe`) and their patterns.
 
 use std::collections::BTreeMap;
 

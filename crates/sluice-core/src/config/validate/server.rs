@@ -1,5 +1,4 @@
-//! The `server:` section: listeners, forward-auth headers and connection
-//! limits.
+//! The `server:` section: listeners, forward-auth headers, connection limits.
 
 use std::net::SocketAddr;
 

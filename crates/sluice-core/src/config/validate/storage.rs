@@ -1,5 +1,4 @@
-//! The `storage:` section: the backend, its bounds and its circuit
-//! breaker.
+//! The `storage:` section: the backend, its bounds and its circuit breaker.
 
 use std::path::PathBuf;
 
