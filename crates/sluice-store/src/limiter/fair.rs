@@ -253,7 +253,7 @@ impl FairShares {
         valve_parts: u64,
         now_ms: u64,
     ) {
-        if decision.degraded.is_some() || decision.outcomes.len() != decision.rules.len() {
+        if decision.degraded.is_some() || decision.known() != sluice_core::decision::Known::Every {
             return;
         }
         let valves = self.valves.pin();
@@ -423,7 +423,7 @@ const MIN_RETRY_MS: u64 = 1_000;
 /// its share at the rate of this decision, which can be a few ms, and the
 /// share moves with the valve.
 pub(crate) fn at_least_a_second(decision: &mut Decision<'_>) {
-    if decision.allowed || decision.outcomes.len() != decision.rules.len() {
+    if decision.allowed || decision.known() != sluice_core::decision::Known::Every {
         return;
     }
     for (rule, outcome) in decision.rules.iter().zip(decision.outcomes.iter_mut()) {

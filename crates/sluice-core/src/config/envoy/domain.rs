@@ -1,0 +1,77 @@
+//! What a file loads into: a domain, its descriptors and their limits.
+
+use super::unit::Unit;
+use crate::config::{ConfigError, NamedRule};
+
+/// One domain: the descriptors of one file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyDomain {
+    /// The domain requests name.
+    pub domain: String,
+    /// Its top-level descriptors, in file order.
+    pub descriptors: Vec<EnvoyDescriptor>,
+    /// Keys accepted but without effect, as envoyproxy/ratelimit ignores
+    /// them, each with its place.
+    pub notes: Vec<ConfigError>,
+}
+
+/// A descriptor node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyDescriptor {
+    /// The entry key.
+    pub key: String,
+    /// The entry value; `None` matches any value, a trailing `*` a prefix.
+    pub value: Option<String>,
+    /// The limit of requests whose descriptor ends here.
+    pub limit: Option<EnvoyLimit>,
+    /// Shadow mode: counted, never enforced.
+    pub shadow: bool,
+    /// Quota mode: over the limit, its status says so, but the request is
+    /// over only when every quota descriptor of it is.
+    pub quota: bool,
+    /// `share_threshold`: every value the wildcard matches shares one
+    /// counter.
+    pub share_threshold: bool,
+    /// `detailed_metric`: stats name the request's values.
+    pub detailed_metric: bool,
+    /// `value_to_metric`: stats name the value where a wildcard or a
+    /// key-only node matched it.
+    pub value_to_metric: bool,
+    /// Nested descriptors.
+    pub children: Vec<EnvoyDescriptor>,
+}
+
+impl EnvoyDescriptor {
+    /// `key` or `key_value`, as envoyproxy/ratelimit names a node.
+    pub fn composite_key(&self) -> String {
+        match &self.value {
+            Some(value) => format!("{}_{}", self.key, value),
+            None => self.key.clone(),
+        }
+    }
+}
+
+/// A descriptor's limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyLimit {
+    /// `unlimited: true`: never limited, never counted.
+    pub unlimited: bool,
+    /// `name`, which `replaces` refers to.
+    pub name: Option<String>,
+    /// Names of limits this one replaces when both apply.
+    pub replaces: Vec<String>,
+    /// The envoyproxy/ratelimit form, for `current_limit` in answers.
+    pub requests_per_unit: u32,
+    /// Its unit (`None` when unlimited or given as sluice rules).
+    pub unit: Option<Unit>,
+    /// The rules enforced (empty when unlimited, or when
+    /// `requests_per_unit` is 0: such a limit denies every request).
+    pub rules: Vec<NamedRule>,
+}
+
+impl EnvoyLimit {
+    /// `requests_per_unit: 0`: every request is over the limit.
+    pub fn blocks(&self) -> bool {
+        !self.unlimited && self.rules.is_empty()
+    }
+}

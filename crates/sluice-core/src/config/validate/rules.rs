@@ -1,0 +1,184 @@
+//! A list of rules, and each rule in it.
+
+use serde_saphyr::Location;
+
+use super::{MAX_NAME_BYTES, Validator};
+use crate::config::NamedRule;
+use crate::config::raw::{RawRule, S};
+use crate::duration::parse_duration_ms;
+use crate::rule::{Algorithm, Rule};
+
+/// Most rules in one list (a plan's `tenant` rules, one pattern's
+/// `routes` or `subject` rules, one `global` valve). A request is decided
+/// against at most four lists, all in one call to the store: bounded, so
+/// that call's arguments and answer are (Redis's Lua gives up on more than
+/// about 2,000 rules in a call; 4 × 64 stays far below).
+pub const MAX_RULES_PER_LIST: usize = 64;
+
+impl Validator<'_> {
+    pub(in crate::config) fn rules(&mut self, raw: Vec<S<RawRule>>, scope: &str) -> Vec<NamedRule> {
+        if let Some(extra) = raw.get(MAX_RULES_PER_LIST) {
+            self.push(
+                extra.referenced,
+                format!(
+                    "a list of `{scope}` rules holds at most {MAX_RULES_PER_LIST} rules, got {}",
+                    raw.len()
+                ),
+            );
+        }
+        let mut out: Vec<NamedRule> = Vec::with_capacity(raw.len());
+        for (index, rule) in raw.into_iter().enumerate() {
+            let at = rule.referenced;
+            self.no_share(&rule.value, scope);
+            let name = match &rule.value.name {
+                Some(n) => {
+                    let ok = !n.value.is_empty()
+                        && n.value.len() <= MAX_NAME_BYTES
+                        && n.value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+                    if !ok {
+                        self.push(
+                            n.referenced,
+                            format!("`name` must be 1 to {MAX_NAME_BYTES} letters, digits, `_`, `-` or `.`, got `{}`", n.value),
+                        );
+                    }
+                    if out.iter().any(|r| r.name == n.value) {
+                        self.push(
+                            n.referenced,
+                            format!("`name` `{}` is used twice in this list", n.value),
+                        );
+                    }
+                    n.value.clone()
+                }
+                None => format!("{scope}-{index}"),
+            };
+            let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
+            if let Some(rule) = self.rule(rule.value, at) {
+                out.push(NamedRule { name, rule, shadow });
+            }
+        }
+        out
+    }
+
+    fn rule(&mut self, raw: RawRule, at: Location) -> Option<Rule> {
+        let algorithm = match &raw.algorithm {
+            None => Algorithm::Gcra,
+            Some(a) => self.algorithm(a)?,
+        };
+        if algorithm == Algorithm::Concurrency {
+            return self.concurrency_rule(&raw, at);
+        }
+        if let Some(lease) = &raw.lease {
+            self.push(
+                lease.referenced,
+                "`lease` is only for `algorithm: concurrency`; rate rules take `per`",
+            );
+            return None;
+        }
+        let Some(limit) = &raw.limit else {
+            self.push(at, "rule needs `limit`, the number of units per `per`");
+            return None;
+        };
+        let Some(per) = &raw.per else {
+            self.push(at, "rule needs `per`, a duration such as 1s, 1m or 1h");
+            return None;
+        };
+        let per_ms = match parse_duration_ms(&per.value) {
+            Ok(ms) => ms,
+            Err(e) => {
+                self.push(per.referenced, format!("`per`: {e}"));
+                return None;
+            }
+        };
+        let aligned = raw.aligned.as_ref().is_some_and(|a| a.value);
+        match Rule::new(
+            algorithm,
+            limit.value.into(),
+            per_ms,
+            raw.burst.as_ref().map(|b| b.value.into()),
+            aligned,
+        ) {
+            Ok(rule) => Some(rule),
+            Err(e) => {
+                use crate::rule::RuleError as E;
+                let place = match e {
+                    E::Limit(..) | E::SlidingLogTooLarge(_) => limit.referenced,
+                    E::TooLarge { field: "limit", .. } => limit.referenced,
+                    E::Period(_) => per.referenced,
+                    E::Burst(_) | E::BurstNotAllowed(_) | E::TooLarge { .. } => {
+                        raw.burst.as_ref().map_or(at, |b| b.referenced)
+                    }
+                    E::AlignedNotAllowed(..) => raw.aligned.as_ref().map_or(at, |a| a.referenced),
+                    E::ConcurrencyTooLarge(_) | E::Lease(_) => at,
+                };
+                self.push(place, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// The algorithm `a` names; `None`, with an error listing the algorithms
+    /// allowed, when it names none.
+    pub(in crate::config) fn algorithm(&mut self, a: &S<String>) -> Option<Algorithm> {
+        let algorithm = Algorithm::from_name(&a.value);
+        if algorithm.is_none() {
+            let allowed: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            self.push(
+                a.referenced,
+                format!(
+                    "unknown `algorithm` `{}`; allowed: {}",
+                    a.value,
+                    allowed.join(", ")
+                ),
+            );
+        }
+        algorithm
+    }
+
+    /// `{algorithm: concurrency, limit, lease}`.
+    fn concurrency_rule(&mut self, raw: &RawRule, at: Location) -> Option<Rule> {
+        for (field, place) in [
+            ("per", raw.per.as_ref().map(|p| p.referenced)),
+            ("burst", raw.burst.as_ref().map(|b| b.referenced)),
+            ("aligned", raw.aligned.as_ref().map(|a| a.referenced)),
+        ] {
+            if let Some(place) = place {
+                self.push(
+                    place,
+                    format!("`{field}` is not for `algorithm: concurrency`, which takes `limit` (leases at once) and `lease` (how long one may be held)"),
+                );
+                return None;
+            }
+        }
+        let Some(limit) = &raw.limit else {
+            self.push(
+                at,
+                "a concurrency rule needs `limit`, the number of leases held at once",
+            );
+            return None;
+        };
+        let Some(lease) = &raw.lease else {
+            self.push(at, "a concurrency rule needs `lease`, how long one may be held before it expires, such as 30s");
+            return None;
+        };
+        let lease_ms = match parse_duration_ms(&lease.value) {
+            Ok(ms) => ms,
+            Err(e) => {
+                self.push(lease.referenced, format!("`lease`: {e}"));
+                return None;
+            }
+        };
+        match Rule::concurrency(limit.value.into(), lease_ms) {
+            Ok(rule) => Some(rule),
+            Err(e) => {
+                let place = match e {
+                    crate::rule::RuleError::Lease(_) => lease.referenced,
+                    _ => limit.referenced,
+                };
+                self.push(place, e.to_string());
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! A cell: the ordered rules of one plan and route pattern.
+//!
+//! What a decision reads of them (classes, largest cost, gates, reserves)
+//! is computed once, when the plan is compiled.
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+use super::class::Class;
+use crate::bound::BoundRule;
+use crate::scope::Scope;
+use crate::valve::Reserves;
+
+/// The rules of one (plan, route pattern) pair: subject rules last, so the
+/// rules of a request without a subject are a prefix.
+#[derive(Debug)]
+pub(super) struct Cell {
+    pub(super) rules: Box<[BoundRule]>,
+    pub(super) without_subject: usize,
+    /// Without and with subject rules.
+    pub(super) classes: [Class; 2],
+    /// The largest cost every rule can hold, without and with subject rules.
+    pub(super) max_cost: [u64; 2],
+    /// Whether a fair valve's gate is among the rules (with or without
+    /// subject rules alike: gates come before those).
+    pub(super) gated: bool,
+    /// The reserves of its fair valves (before subject rules too).
+    pub(super) reserves: Box<[Reserves]>,
+}
+
+impl Cell {
+    pub(super) fn new(
+        rules: Vec<BoundRule>,
+        without_subject: usize,
+        reserves: Vec<Reserves>,
+        plan: &str,
+        route: &str,
+    ) -> Cell {
+        let class = |rules: &[BoundRule]| Class {
+            plan: Cow::Owned(plan.to_owned()),
+            route: Cow::Owned(route.to_owned()),
+            policy_header: Cow::Owned(
+                rules
+                    .iter()
+                    .filter(|r| r.advertised())
+                    .map(BoundRule::policy_item)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+            handles: OnceLock::new(),
+        };
+        let classes = [class(&rules[..without_subject]), class(&rules)];
+        let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];
+        Cell {
+            gated: rules.iter().any(|r| r.scope() == Scope::Share),
+            reserves: reserves.into(),
+            rules: rules.into(),
+            without_subject,
+            classes,
+            max_cost,
+        }
+    }
+}
+
+/// The largest cost every one of `rules` can hold (a lease is one slot
+/// and a duplicate guard one admission whatever the cost, so they hold
+/// any).
+pub(super) fn max_cost(rules: &[BoundRule]) -> u64 {
+    rules
+        .iter()
+        .filter(|r| !r.counts_once())
+        .map(|r| r.rule().capacity())
+        .min()
+        .unwrap_or(u64::MAX)
+}
