@@ -112,8 +112,8 @@ pub struct Metrics {
     valve_saturated: Family<ValveLabel, Gauge>,
     valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
-    upstream_registry: Registry,
-    upstream: UpstreamStats,
+    envoyproxy_registry: Registry,
+    envoyproxy: EnvoyproxyStats,
     unlogged_failovers: AtomicU64,
     last_failover_log_ms: AtomicU64,
 }
@@ -238,12 +238,12 @@ impl Metrics {
             "A saturated fair valve's share level: units per second a tenant of weight 1 may have (+Inf while not saturated)",
             valve_share_level.clone(),
         );
-        let mut upstream_registry = Registry::default();
-        let upstream = UpstreamStats::register(&mut upstream_registry);
+        let mut envoyproxy_registry = Registry::default();
+        let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
             registry,
-            upstream_registry,
-            upstream,
+            envoyproxy_registry,
+            envoyproxy,
             id: REGISTRIES.fetch_add(1, Ordering::Relaxed),
             decisions,
             decision_seconds,
@@ -319,8 +319,8 @@ impl Metrics {
 
     /// Counts one descriptor of an envoyproxy/ratelimit domain under its
     /// limit's key (`domain.key_value…`), as that project's stats do.
-    pub fn upstream_descriptor(&self, key: &str, hits: u64, status: UpstreamStatus) {
-        self.upstream.count(key, hits, status);
+    pub fn envoyproxy_descriptor(&self, key: &str, hits: u64, status: EnvoyproxyStatus) {
+        self.envoyproxy.count(key, hits, status);
     }
 
     /// Counts a configuration reload.
@@ -354,7 +354,7 @@ impl Metrics {
         use prometheus_client::encoding::text;
         let mut out = String::with_capacity(8 * 1024);
         let _ = text::encode_registry(&mut out, &self.registry);
-        let _ = text::encode_registry(&mut out, &self.upstream_registry);
+        let _ = text::encode_registry(&mut out, &self.envoyproxy_registry);
         let _ = text::encode_eof(&mut out);
         out
     }
@@ -427,7 +427,7 @@ impl Telemetry for Metrics {
 /// How one descriptor of an envoyproxy/ratelimit domain fared, for its
 /// stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamStatus {
+pub enum EnvoyproxyStatus {
     /// Admitted; `near` when past `near_limit` of its limit afterwards.
     Within {
         /// Past `near_limit`.
@@ -447,11 +447,11 @@ pub enum UpstreamStatus {
 /// OpenMetrics would append `_total` to counters and change the names.
 /// Labels come from the configured limit's key (`domain.key1.key2`), never
 /// from request values, so series are bounded by the configuration.
-struct UpstreamStats {
+struct EnvoyproxyStats {
     families: [Family<Vec<(&'static str, String)>, Gauge>; 5],
 }
 
-impl UpstreamStats {
+impl EnvoyproxyStats {
     const NAMES: [&'static str; 5] = [
         "total_hits",
         "over_limit",
@@ -461,7 +461,7 @@ impl UpstreamStats {
     ];
 
     /// The families, registered in `registry` (which has no prefix).
-    fn register(registry: &mut Registry) -> UpstreamStats {
+    fn register(registry: &mut Registry) -> EnvoyproxyStats {
         let families: [Family<Vec<(&'static str, String)>, Gauge>; 5] = Default::default();
         for (name, family) in Self::NAMES.iter().zip(&families) {
             registry.register(
@@ -470,10 +470,10 @@ impl UpstreamStats {
                 family.clone(),
             );
         }
-        UpstreamStats { families }
+        EnvoyproxyStats { families }
     }
 
-    fn count(&self, key: &str, hits: u64, status: UpstreamStatus) {
+    fn count(&self, key: &str, hits: u64, status: EnvoyproxyStatus) {
         let mut parts = key.split('.');
         let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
         if let Some(key1) = parts.next() {
@@ -488,13 +488,13 @@ impl UpstreamStats {
         };
         add(0);
         match status {
-            UpstreamStatus::Within { near } => {
+            EnvoyproxyStatus::Within { near } => {
                 add(3);
                 if near {
                     add(2);
                 }
             }
-            UpstreamStatus::Over { shadow } => {
+            EnvoyproxyStatus::Over { shadow } => {
                 add(1);
                 if shadow {
                     add(4);

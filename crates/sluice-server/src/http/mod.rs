@@ -15,11 +15,11 @@
 //! input is a 400 problem naming the field, never a 500.
 
 mod check;
+mod envoyproxy;
 mod forward_auth;
 mod health;
 mod lease;
 mod respond;
-mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,9 +141,9 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .route("/healthcheck", get(upstream::healthcheck))
-        .route("/json", post(upstream::json))
-        .route("/rlconfig", get(upstream::rlconfig))
+        .route("/healthcheck", get(envoyproxy::healthcheck))
+        .route("/json", post(envoyproxy::json))
+        .route("/rlconfig", get(envoyproxy::rlconfig))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))

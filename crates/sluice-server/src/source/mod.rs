@@ -17,9 +17,11 @@
 //! The envoyproxy/ratelimit files a configuration points to are read once
 //! per poll ([`envoy_files`]): what is applied is exactly the read that
 //! settled, never a second read that a swap of the runtime directory may
-//! have changed (or mixed) in between.
+//! have changed (or mixed) in between. [`envoyproxy_env`] reads
+//! envoyproxy/ratelimit's environment variables as a configuration.
 
 pub mod envoy_files;
+pub mod envoyproxy_env;
 
 use std::path::PathBuf;
 use std::sync::Arc;
