@@ -38,7 +38,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 #[cfg(feature = "redis")]
 pub use cluster::ClusterStore;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::{Limiter, LimiterOptions, ValveLevel};
+pub use limiter::{Keyed, Limiter, LimiterOptions, ValveLevel};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::{Heartbeat, KeySet, TimeSource, Valve};

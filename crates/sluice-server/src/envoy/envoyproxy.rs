@@ -14,7 +14,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Decision};
-use sluice_store::{Batch, Partition, PeekedRule};
+use sluice_store::{Keyed, PeekedRule};
 
 use super::RateLimiter;
 use super::answer::Verdict;
@@ -135,13 +135,16 @@ impl RateLimiter {
             return None;
         }
         let counted = counted_entries(&d.entries, &found.shared);
-        let partition = descriptor_partition(domain, &counted);
-        let partitions = vec![Partition::Tenant(&partition); limit.rules.len()];
-        let batch = Batch {
-            partitions: &partitions,
-            ..Batch::new(domain, None, 1, &limit.rules)
-        };
-        let peeked = self.app.limiter.peek(&batch).await.ok()?;
+        let mut keyed = Keyed::named(domain);
+        for _ in limit.rules.iter() {
+            keyed.push(descriptor_partition(domain, &counted), 1);
+        }
+        let peeked = self
+            .app
+            .limiter
+            .peek_keyed(&limit.rules, &keyed)
+            .await
+            .ok()?;
         let now = peeked.now;
         let tightest = peeked
             .rows
@@ -249,34 +252,22 @@ impl RateLimiter {
                 Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
             }
         } else {
-            let partitions_text: Vec<String> = owner
-                .iter()
-                .map(|&d| {
-                    let shared = match &found[d] {
-                        Found::Config(found) => &found.shared[..],
-                        _ => &[],
-                    };
-                    descriptor_partition(domain, &counted_entries(&descriptors[d].entries, shared))
-                })
-                .collect();
-            let partitions: Vec<Partition<'_>> = partitions_text
-                .iter()
-                .map(|p| Partition::Tenant(p))
-                .collect();
-            let costs: Vec<u64> = owner.iter().map(|d| descriptors[*d].cost).collect();
-            let batch = Batch {
-                partitions: &partitions,
-                costs: &costs,
-                ..Batch::new(domain, None, 1, rules)
-            };
+            let mut keyed = Keyed::named(domain);
+            for &d in owner {
+                let shared = match &found[d] {
+                    Found::Config(found) => &found.shared[..],
+                    _ => &[],
+                };
+                let entries = counted_entries(&descriptors[d].entries, shared);
+                keyed.push(descriptor_partition(domain, &entries), descriptors[d].cost);
+            }
             if enforced_block {
                 // Denied by `requests_per_unit: 0`: nothing counted.
-                zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &batch, &costs)
-                    .await
+                zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &keyed).await
             } else {
                 self.app
                     .limiter
-                    .decide_batch(Applicable::adhoc(rules), &batch)
+                    .decide_keyed(Applicable::adhoc(rules), &keyed)
                     .await
             }
         };

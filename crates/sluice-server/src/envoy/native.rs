@@ -9,7 +9,7 @@ use sluice_core::config::EnvoyServiceConfig;
 use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Request, Scope};
-use sluice_store::{Batch, Partition};
+use sluice_store::Keyed;
 use tonic::Status;
 
 use super::RateLimiter;
@@ -96,17 +96,18 @@ impl RateLimiter {
             // the store call does not size every request's future.
             return Box::pin(async move {
                 let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
-                let mut partitions_text: Vec<String> = Vec::new();
-                let mut extra: Vec<(usize, usize)> = Vec::new();
+                // The plan's rules keyed as the limiter keys them, then
+                // each override's rules in its descriptor's bucket.
+                let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
                     blocked[*i] = limit.blocks;
                     configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
                     for rule in limit.rules.iter() {
-                        extra.push((*i, rules.len()));
-                        partitions_text.push(descriptor_partition(
-                            &native.domain,
-                            &descriptors[*i].entries,
-                        ));
+                        owners[*i].push(rules.len());
+                        keyed.push(
+                            descriptor_partition(&native.domain, &descriptors[*i].entries),
+                            descriptors[*i].cost,
+                        );
                         rules.push(rule.clone());
                     }
                 }
@@ -119,45 +120,19 @@ impl RateLimiter {
                             .collect();
                     }
                 }
-                for (i, r) in &extra {
-                    owners[*i].push(*r);
-                }
-                let probe = Batch::new(request.tenant, request.subject, hits, applicable.rules);
-                // A duplicate guard counts per subject and fingerprint, as in
-                // `Limiter::decide`.
-                let guard = sluice_store::limiter::dedupe::partition_text(
-                    request.subject,
-                    request.fingerprint,
-                );
-                let mut partitions: Vec<Partition<'_>> = (0..applicable.rules.len())
-                    .map(|r| match applicable.rules[r].scope() {
-                        Scope::Dedupe => Partition::Subject(request.tenant, &guard),
-                        _ => probe.partition(r, &applicable.rules[r]),
-                    })
-                    .collect();
-                partitions.extend(partitions_text.iter().map(|p| Partition::Tenant(p)));
-                let mut costs = vec![hits; applicable.rules.len()];
-                costs.extend(extra.iter().map(|(i, _)| descriptors[*i].cost));
-                let rules = &rules[..];
                 let combined = Applicable {
-                    rules,
+                    rules: &rules[..],
                     max_cost: u64::MAX,
                     ..applicable
                 };
-                let batch = Batch {
-                    partitions: &partitions,
-                    costs: &costs,
-                    ..Batch::new(request.tenant, request.subject, hits, rules)
-                };
                 let enforced_block = blocked.iter().any(|b| *b);
-                let store = self.app.limiter.store();
+                let limiter = &self.app.limiter;
                 let decide = async {
                     if enforced_block {
-                        let decision =
-                            zero_limit::decide(&self.app.limiter, combined, &batch, &costs).await;
-                        (decision, zero_limit::now_ms(store))
+                        let decision = zero_limit::decide(limiter, combined, &keyed).await;
+                        (decision, zero_limit::now_ms(limiter.store()))
                     } else {
-                        (self.app.limiter.decide_batch(combined, &batch).await, 0)
+                        (limiter.decide_keyed(combined, &keyed).await, 0)
                     }
                 };
                 let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;

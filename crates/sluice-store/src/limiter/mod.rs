@@ -42,6 +42,7 @@ pub mod denials;
 mod fair;
 mod fallback;
 mod gate;
+mod keyed;
 pub mod lease;
 mod now;
 mod options;
@@ -50,6 +51,7 @@ mod shard;
 mod tests;
 
 pub use fair::ValveLevel;
+pub use keyed::Keyed;
 pub use lease::Lease;
 pub use options::LimiterOptions;
 
