@@ -8,7 +8,10 @@
 //! come from the configuration. No tenant, subject or raw route ever becomes
 //! a label — that would be unbounded and a privacy leak.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -17,8 +20,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sluice_core::Policy;
 use sluice_core::config::OnError;
-use sluice_core::policy::Class;
+use sluice_core::policy::{ADHOC, Class, ClassId};
 use sluice_core::{Decision, Reason};
 use sluice_store::{BreakerState, StoreError, Telemetry};
 use tracing::warn;
@@ -33,7 +37,6 @@ struct DecisionLabels {
 
 /// The decision counters of one class of requests, in one registry.
 struct ClassCounters {
-    registry: usize,
     allowed: Counter,
     denied: [Counter; REASONS.len()],
 }
@@ -50,9 +53,33 @@ impl ClassCounters {
     }
 }
 
-/// Tells registries apart (a policy's classes keep the counters of the
-/// registry that first counted them).
-static REGISTRIES: AtomicUsize = AtomicUsize::new(0);
+/// The decision counters of the installed policy's classes, by
+/// [`ClassId::index`]: the table is built when a policy is installed, and
+/// each slot resolved on the class's first decision (so that `/metrics`
+/// shows only classes that decided), after which a decision only
+/// increments.
+#[derive(Default)]
+struct ClassTable {
+    /// The policy's number ([`Policy::id`]).
+    policy: u64,
+    counters: Box<[OnceLock<ClassCounters>]>,
+}
+
+impl ClassTable {
+    fn of(policy: &Policy) -> ClassTable {
+        ClassTable {
+            policy: policy.id(),
+            counters: policy.classes().map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The slot of class `id`, when it belongs to this table's policy.
+    fn slot(&self, id: ClassId) -> Option<&OnceLock<ClassCounters>> {
+        (id.policy == self.policy)
+            .then(|| self.counters.get(id.index as usize))
+            .flatten()
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -96,8 +123,11 @@ const LOG_EVERY_MS: u64 = 10_000;
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
-    id: usize,
     decisions: Family<DecisionLabels, Counter>,
+    /// The installed policy's decision counters.
+    classes: ArcSwap<ClassTable>,
+    /// Those of decisions outside a plan (Envoy descriptors).
+    adhoc: OnceLock<ClassCounters>,
     decision_seconds: Histogram,
     store_seconds: Histogram,
     store_errors: [Counter; 4],
@@ -244,8 +274,9 @@ impl Metrics {
             registry,
             envoyproxy_registry,
             envoyproxy,
-            id: REGISTRIES.fetch_add(1, Ordering::Relaxed),
             decisions,
+            classes: ArcSwap::default(),
+            adhoc: OnceLock::new(),
             decision_seconds,
             store_seconds,
             store_errors,
@@ -280,13 +311,19 @@ impl Metrics {
             }
         }
         let class = decision.class;
-        match class
-            .handles(|| self.class_counters(class))
-            .filter(|c| c.registry == self.id)
-        {
-            Some(counters) => counters.count(decision.reason),
-            // The class keeps another registry's counters (two services on
-            // one policy, in tests): look ours up.
+        let id = class.id();
+        let classes = self.classes.load();
+        let slot = if id == ADHOC.id() {
+            Some(&self.adhoc)
+        } else {
+            classes.slot(id)
+        };
+        match slot {
+            Some(slot) => slot
+                .get_or_init(|| self.class_counters(class))
+                .count(decision.reason),
+            // Decided under a policy no longer installed (under way across
+            // a reload): its counters looked up by label.
             None => self.class_counters(class).count(decision.reason),
         }
     }
@@ -310,11 +347,7 @@ impl Metrics {
                 .get_or_create(&labels("denied", reason.as_str()))
                 .clone()
         });
-        ClassCounters {
-            registry: self.id,
-            allowed,
-            denied,
-        }
+        ClassCounters { allowed, denied }
     }
 
     /// Counts one descriptor of an envoyproxy/ratelimit domain under its
@@ -367,6 +400,10 @@ fn now_ms() -> u64 {
 }
 
 impl Telemetry for Metrics {
+    fn policy_installed(&self, policy: &Policy) {
+        self.classes.store(Arc::new(ClassTable::of(policy)));
+    }
+
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
         self.store_seconds.observe(elapsed.as_secs_f64());
         if let Some(error) = error {
@@ -501,5 +538,60 @@ impl EnvoyproxyStats {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::{Config, Request};
+    use sluice_store::{Limiter, LimiterOptions, MemoryStore};
+
+    use super::*;
+
+    fn policy(plan: &str) -> Policy {
+        let yaml = format!(
+            "default_plan: {plan}\nplans:\n  {plan}:\n    tenant: [{{ limit: 100, per: 1m }}]\n"
+        );
+        Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits)
+    }
+
+    /// `sluice_decisions_total` of `plan`'s allowed decisions.
+    fn allowed(metrics: &Metrics, plan: &str) -> u64 {
+        let prefix =
+            format!("sluice_decisions_total{{outcome=\"allowed\",reason=\"none\",plan=\"{plan}\"");
+        metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn decisions_count_by_the_class_of_the_policy_they_were_made_under() {
+        let metrics = Arc::new(Metrics::new());
+        let mut options = LimiterOptions::new(OnError::Deny);
+        options.telemetry = metrics.clone();
+        let limiter = Limiter::with_options(policy("free"), MemoryStore::new(100), options);
+        let request = Request::new("acme", "GET /", None, 1).unwrap();
+        let old = limiter.policy();
+        for _ in 0..3 {
+            let decision = limiter.decide(&old, &request).await;
+            metrics.decision(&decision, Duration::ZERO);
+        }
+        assert_eq!(allowed(&metrics, "free"), 3);
+        // A reload installs another policy, whose first class has the same
+        // index: a decision still made under the old one counts as the old
+        // one's class, the new policy's under its own.
+        limiter.set_policy(policy("pro"));
+        let decision = limiter.decide(&old, &request).await;
+        metrics.decision(&decision, Duration::ZERO);
+        let new = limiter.policy();
+        for _ in 0..2 {
+            let decision = limiter.decide(&new, &request).await;
+            metrics.decision(&decision, Duration::ZERO);
+        }
+        assert_eq!(allowed(&metrics, "free"), 4);
+        assert_eq!(allowed(&metrics, "pro"), 2);
     }
 }

@@ -92,6 +92,7 @@ impl<S: Store> Limiter<S> {
 
     /// A limiter with explicit failure handling.
     pub fn with_options(policy: Policy, store: S, options: LimiterOptions) -> Limiter<S> {
+        options.telemetry.policy_installed(&policy);
         Limiter {
             policy: ArcSwap::from_pointee(policy),
             store,
@@ -116,6 +117,7 @@ impl<S: Store> Limiter<S> {
     /// Replaces the policy; decisions already under way finish on the old
     /// one. Remembered denials are forgotten: limits may have changed.
     pub fn set_policy(&self, policy: Policy) {
+        self.options.telemetry.policy_installed(&policy);
         self.policy.store(Arc::new(policy));
         if let Some(denials) = &self.denials {
             denials.clear();
