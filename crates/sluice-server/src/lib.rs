@@ -11,7 +11,7 @@
 //! - [`envoy`]: the Envoy Rate Limit Service (gRPC), including
 //!   envoyproxy/ratelimit configurations.
 //! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
-//!   metrics.
+//!   metrics, the admin API.
 //! - [`listen`]: accepting connections within `server.limits` (caps and
 //!   timeouts against slow and idle clients).
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.

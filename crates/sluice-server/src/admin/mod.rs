@@ -13,7 +13,6 @@
 //! overwrite each other.
 
 pub mod heavy;
-pub mod http;
 pub mod persist;
 
 use std::collections::BTreeMap;
