@@ -16,16 +16,15 @@ pub mod heavy;
 pub mod persist;
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::config::Limits;
 use sluice_core::policy::TenantOverride;
 use sluice_core::{Config, Policy};
+use sluice_store::Limiter;
 
-use crate::app::App;
 use crate::backend::Backend;
 
 /// `shadow`: the whole tenant, or some of its policies.
@@ -262,12 +261,17 @@ impl Admin {
     /// The top `limit` tenants `by` a count, over the recent window, this
     /// instance's counts added to every other live instance's on a shared
     /// store.
-    pub async fn heavy_hitters(&self, app: &App, by: heavy::By, limit: usize) -> heavy::Report {
+    pub async fn heavy_hitters(
+        &self,
+        limiter: &Limiter<Backend>,
+        by: heavy::By,
+        limit: usize,
+    ) -> heavy::Report {
         let now = now_ms();
         let (number, previous, current) = self.heavy.snapshot(now);
         let mut windows = vec![previous, current];
         if let Some(persist) = &self.persist {
-            match persist.read_heavy::<Published>(app.limiter.store()).await {
+            match persist.read_heavy::<Published>(limiter.store()).await {
                 Ok(published) => {
                     for (instance, p) in published {
                         if instance == self.instance {
@@ -292,7 +296,7 @@ impl Admin {
     /// Publishes this instance's heavy-hitter windows and, once a window,
     /// forgets those of instances silent for two windows (reading only
     /// which window each last published).
-    async fn publish_heavy(&self, app: &App) {
+    pub async fn publish_heavy(&self, limiter: &Limiter<Backend>) {
         let Some(persist) = &self.persist else { return };
         let (number, previous, current) = self.heavy.snapshot(now_ms());
         let published = Published {
@@ -300,7 +304,7 @@ impl Admin {
             previous,
             current,
         };
-        let backend = app.limiter.store();
+        let backend = limiter.store();
         if let Err(e) = persist
             .publish_heavy(backend, &self.instance, number, &published)
             .await
@@ -325,6 +329,12 @@ impl Admin {
         self.token.is_some()
     }
 
+    /// Whether its overrides need keeping in step: the API is on, or they
+    /// are shared through the store.
+    pub fn needs_sync(&self) -> bool {
+        self.enabled() || self.persist.is_some()
+    }
+
     /// Whether `presented` is the token, compared in constant time.
     pub fn authorised(&self, presented: &[u8]) -> bool {
         let Some(token) = &self.token else {
@@ -337,31 +347,31 @@ impl Admin {
         differ == 0
     }
 
-    /// Takes `limits` (the configuration's, just installed in `app`'s
-    /// limiter) as the base the overrides apply to, and applies them.
-    pub fn install(&self, app: &App, limits: &Limits, sharded: bool) {
+    /// Takes `limits` (the configuration's, just installed in `limiter`)
+    /// as the base the overrides apply to, and applies them.
+    pub fn install(&self, limiter: &Limiter<Backend>, limits: &Limits, sharded: bool) {
         let mut state = self.inner.lock().expect("admin state");
         state.limits = Some((limits.clone(), sharded));
         if !state.overrides.is_empty() {
-            self.apply(app, &state);
+            self.apply(limiter, &state);
         }
     }
 
     /// Applies the current overrides to the running policy.
-    fn apply(&self, app: &App, state: &State) {
+    fn apply(&self, limiter: &Limiter<Backend>, state: &State) {
         if let Some(policy) = compiled(state, now_ms()) {
-            let current = app.limiter.policy();
-            app.limiter.set_policy(policy.sharing_descriptors(&current));
+            let current = limiter.policy();
+            limiter.set_policy(policy.sharing_descriptors(&current));
         }
     }
 
     /// Every override in force: on a shared store, as the store holds
     /// them now (not this instance's copy, which may be half a second
     /// behind, or hold what a store that lost its data no longer has).
-    pub async fn list(&self, app: &App) -> Result<Vec<Stored>, Refused> {
+    pub async fn list(&self, limiter: &Limiter<Backend>) -> Result<Vec<Stored>, Refused> {
         let stored = match &self.persist {
             Some(persist) => persist
-                .read_all(app.limiter.store())
+                .read_all(limiter.store())
                 .await
                 .map_err(persist::store)?,
             None => {
@@ -380,10 +390,14 @@ impl Admin {
 
     /// The override of `tenant`, if one is in force (on a shared store, as
     /// the store holds it now).
-    pub async fn get(&self, app: &App, tenant: &str) -> Result<Option<Stored>, Refused> {
+    pub async fn get(
+        &self,
+        limiter: &Limiter<Backend>,
+        tenant: &str,
+    ) -> Result<Option<Stored>, Refused> {
         let stored = match &self.persist {
             Some(persist) => persist
-                .read_one(app.limiter.store(), tenant)
+                .read_one(limiter.store(), tenant)
                 .await
                 .map_err(persist::store)?,
             None => {
@@ -399,7 +413,7 @@ impl Admin {
     /// (an `If-Match`) is the stored version or absent.
     pub async fn put(
         &self,
-        app: &App,
+        limiter: &Limiter<Backend>,
         mut wanted: Stored,
         expected: Option<u64>,
     ) -> Result<Stored, Refused> {
@@ -415,10 +429,10 @@ impl Admin {
         match &self.persist {
             Some(persist) => {
                 let version = persist
-                    .write(app.limiter.store(), &wanted.tenant, Some(&wanted), expected)
+                    .write(limiter.store(), &wanted.tenant, Some(&wanted), expected)
                     .await?;
                 wanted.version = version;
-                self.sync(app, true).await;
+                self.sync(limiter, true).await;
             }
             None => {
                 let mut state = self.inner.lock().expect("admin state");
@@ -433,7 +447,7 @@ impl Admin {
                 state
                     .overrides
                     .insert(wanted.tenant.clone(), wanted.clone());
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
         }
         tracing::info!(
@@ -451,7 +465,7 @@ impl Admin {
     /// Removes `tenant`'s override.
     pub async fn delete(
         &self,
-        app: &App,
+        limiter: &Limiter<Backend>,
         tenant: &str,
         expected: Option<u64>,
     ) -> Result<(), Refused> {
@@ -459,12 +473,12 @@ impl Admin {
             Some(persist) => {
                 // The store says whether there is one to remove.
                 persist
-                    .write(app.limiter.store(), tenant, None, expected)
+                    .write(limiter.store(), tenant, None, expected)
                     .await?;
-                self.sync(app, true).await;
+                self.sync(limiter, true).await;
             }
             None => {
-                if self.get(app, tenant).await?.is_none() {
+                if self.get(limiter, tenant).await?.is_none() {
                     return Err(Refused::Missing);
                 }
                 let mut state = self.inner.lock().expect("admin state");
@@ -476,7 +490,7 @@ impl Admin {
                 }
                 state.overrides.remove(tenant);
                 state.version += 1;
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
         }
         tracing::info!(target: "sluice::audit", by = "admin token", action = "delete", tenant = %tenant, "override removed");
@@ -485,7 +499,7 @@ impl Admin {
 
     /// Reads the overrides from the store when their version moved (or
     /// when `force`d), drops expired ones, and applies what changed.
-    pub async fn sync(&self, app: &App, force: bool) {
+    pub async fn sync(&self, limiter: &Limiter<Backend>, force: bool) {
         let Some(persist) = &self.persist else {
             let mut state = self.inner.lock().expect("admin state");
             let now = now_ms();
@@ -494,12 +508,12 @@ impl Admin {
                 .overrides
                 .retain(|_, o| o.expires_at_ms.is_none_or(|at| at > now));
             if state.overrides.len() != before {
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
             return;
         };
         let known = self.inner.lock().expect("admin state").stamp;
-        let stamp = match persist.stamp(app.limiter.store()).await {
+        let stamp = match persist.stamp(limiter.store()).await {
             Ok(stamp) => stamp,
             Err(e) => {
                 tracing::debug!(error = ?e, "overrides not synchronised");
@@ -532,7 +546,7 @@ impl Admin {
         if drift == persist::Drift::Same && !force && !expiring {
             return;
         }
-        let overrides = match persist.read_all(app.limiter.store()).await {
+        let overrides = match persist.read_all(limiter.store()).await {
             Ok(overrides) => overrides,
             Err(e) => {
                 tracing::warn!(error = ?e, "overrides not read; the previous ones stay in force");
@@ -550,7 +564,7 @@ impl Admin {
             .partition(|o| o.expires_at_ms.is_none_or(|at| at > now));
         for gone in &expired {
             let removed = persist
-                .write(app.limiter.store(), &gone.tenant, None, Some(gone.version))
+                .write(limiter.store(), &gone.tenant, None, Some(gone.version))
                 .await;
             if removed.is_ok() {
                 tracing::info!(
@@ -574,26 +588,7 @@ impl Admin {
                 "overrides in force after the store's loss: PUT again those that should be"
             );
         }
-        self.apply(app, &state);
-    }
-
-    /// Keeps the overrides in step: every 500 ms, forever.
-    pub fn spawn_sync(app: &Arc<App>) {
-        if !app.admin.enabled() && app.admin.persist.is_none() {
-            return;
-        }
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for n in 0u64.. {
-                tick.tick().await;
-                app.admin.sync(&app, false).await;
-                if n % 2 == 0 {
-                    app.admin.publish_heavy(&app).await;
-                }
-            }
-        });
+        self.apply(limiter, &state);
     }
 }
 

@@ -177,7 +177,7 @@ fn with_etag(stored: &Stored) -> Response {
 }
 
 async fn list(State(app): State<Arc<App>>) -> Response {
-    match app.admin.list(&app).await {
+    match app.admin.list(&app.limiter).await {
         Ok(overrides) => json(
             StatusCode::OK,
             &serde_json::json!({ "overrides": overrides }),
@@ -187,7 +187,7 @@ async fn list(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn read(State(app): State<Arc<App>>, Tenant(tenant): Tenant) -> Response {
-    match app.admin.get(&app, &tenant).await {
+    match app.admin.get(&app.limiter, &tenant).await {
         Ok(Some(stored)) => with_etag(&stored),
         Ok(None) => not_found(),
         Err(why) => refused(why),
@@ -202,7 +202,7 @@ async fn remove(
     let Ok(expected) = if_match(&headers) else {
         return bad_if_match();
     };
-    match app.admin.delete(&app, &tenant, expected).await {
+    match app.admin.delete(&app.limiter, &tenant, expected).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(why) => refused(why),
     }
@@ -264,7 +264,7 @@ async fn put(
         expires_at_ms,
         version: 0,
     };
-    match app.admin.put(&app, wanted, expected).await {
+    match app.admin.put(&app.limiter, wanted, expected).await {
         Ok(stored) => with_etag(&stored),
         Err(why) => refused(why),
     }
@@ -315,7 +315,7 @@ async fn heavy_hitters(
     };
     json(
         StatusCode::OK,
-        &app.admin.heavy_hitters(&app, by, limit).await,
+        &app.admin.heavy_hitters(&app.limiter, by, limit).await,
     )
 }
 
