@@ -13,7 +13,7 @@
 //!   the native domain and envoyproxy/ratelimit's domains; [`grpc`] is its
 //!   transport (and `/json` in [`http`]).
 //! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
-//!   metrics.
+//!   metrics, the admin API.
 //! - [`listen`]: accepting connections within `server.limits` (caps and
 //!   timeouts against slow and idle clients).
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.

@@ -58,7 +58,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_heartbeat(&app);
-    crate::admin::Admin::spawn_sync(&app);
+    App::spawn_admin_sync(&app);
     spawn_ledger(&app);
     let http_listener = TcpListener::bind(http)
         .await

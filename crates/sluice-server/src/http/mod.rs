@@ -9,11 +9,13 @@
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
 //! | `GET /metrics` | Prometheus metrics |
 //! | `GET /healthcheck`, `POST /json`, `GET /rlconfig` | envoyproxy/ratelimit's endpoints (`upstream.rs`) |
+//! | `/v1/admin/*` | the admin API, with a token only: overrides, heavy hitters, inspect (`admin.rs`) |
 //!
 //! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;
 //! a denial is a 429 with `Retry-After` and an RFC 9457 problem body. Bad
 //! input is a 400 problem naming the field, never a 500.
 
+mod admin;
 mod check;
 mod envoyproxy;
 mod forward_auth;
@@ -125,9 +127,9 @@ pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
 pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
     // The admin API exists only with a token.
     let admin = if app.admin.enabled() {
-        crate::admin::http::routes().route_layer(axum::middleware::from_fn_with_state(
+        admin::routes().route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
-            crate::admin::http::authorise,
+            admin::authorise,
         ))
     } else {
         Router::new()

@@ -27,12 +27,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_core::Config;
+use sluice_core::config::Limits;
 use sluice_core::descriptors::DescriptorPolicy;
-use sluice_core::{Config, Policy};
 use tracing::{info, warn};
 
 use crate::Fallible;
-use crate::app::App;
 use envoy_files::EnvoyFiles;
 
 /// `examples/sluice.yaml`, compiled in.
@@ -48,6 +48,16 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// Longest a reload waits for a file that keeps changing before it gives
 /// up until the next change (a file rewritten constantly is not settling).
 const SETTLE_AT_MOST: Duration = Duration::from_secs(30);
+
+/// The running service a reload changes.
+pub trait Reloadable: Send + Sync + 'static {
+    /// Puts `limits`, with the envoyproxy/ratelimit `descriptors`, in
+    /// force as one snapshot.
+    fn install(&self, limits: &Limits, descriptors: DescriptorPolicy);
+    /// Counts a reload: applied, or refused and the running configuration
+    /// kept.
+    fn reloaded(&self, applied: bool);
+}
 
 /// A configuration file (or the embedded example), and where the
 /// envoyproxy/ratelimit configuration comes from when the command line says.
@@ -166,10 +176,15 @@ struct Read {
 #[derive(Debug, Clone)]
 pub struct Loaded(String);
 
-/// Reloads `source` on SIGHUP and when the file changes from what `running`
-/// was `loaded` from. Returns at once; the work happens on a background
-/// task.
-pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Loaded) {
+/// Reloads `source` into `service` on SIGHUP and when the file changes
+/// from what `running` was `loaded` from. Returns at once; the work happens
+/// on a background task.
+pub fn spawn_reloader(
+    source: Source,
+    service: Arc<impl Reloadable>,
+    running: Config,
+    loaded: Loaded,
+) {
     if source.file.is_none() && source.generated.is_none() {
         return;
     }
@@ -196,7 +211,7 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
                 }
                 Err(e) => {
                     if forced || unreadable.as_ref() != Some(&e) {
-                        app.metrics.reload(false);
+                        service.reloaded(false);
                         warn!(error = %e, "configuration not reloaded; the running configuration stays in force");
                     }
                     unreadable = Some(e);
@@ -212,14 +227,14 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
             last = Some(read.fingerprint.clone());
             match source
                 .parse(&read.text)
-                .and_then(|config| apply(&app, &running, config, read.envoy.as_ref()))
+                .and_then(|config| apply(&*service, &running, config, read.envoy.as_ref()))
             {
                 Ok(config) => {
-                    app.metrics.reload(true);
+                    service.reloaded(true);
                     running = config;
                 }
                 Err(errors) => {
-                    app.metrics.reload(false);
+                    service.reloaded(false);
                     for line in errors.to_string().lines() {
                         warn!("{line}");
                     }
@@ -291,7 +306,7 @@ fn descriptors_of(
 /// were `read` with it (read now when not given); all or nothing: any
 /// error leaves everything as it was.
 fn apply(
-    app: &App,
+    service: &impl Reloadable,
     running: &Config,
     next: Config,
     read: Option<&Result<EnvoyFiles, String>>,
@@ -314,11 +329,7 @@ fn apply(
             "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
         );
     }
-    let sharded = app.limiter.store().shards_tenants();
-    app.limiter
-        .set_policy(Policy::compile_for(&next.limits, sharded).with_descriptors(descriptors));
-    // Overrides stay in force over the new limits.
-    app.admin.install(app, &next.limits, sharded);
+    service.install(&next.limits, descriptors);
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),
@@ -351,6 +362,8 @@ fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::App;
+    use sluice_core::Policy;
     use std::path::Path;
 
     /// A ConfigMap-style runtime directory: each generation a directory
@@ -413,7 +426,7 @@ mod tests {
         // Swapped between the settle check and the apply.
         generation(&runtime, "..gen_2", 9);
         let next = source.parse(&settled.text).unwrap();
-        apply(&app, &running, next, settled.envoy.as_ref()).unwrap();
+        apply(&*app, &running, next, settled.envoy.as_ref()).unwrap();
         let applied = app.limiter.policy().descriptors().dump();
         assert!(applied.contains("requests_per_unit=7"), "{applied}");
         assert!(!applied.contains("requests_per_unit=9"), "{applied}");
