@@ -6,9 +6,14 @@
 //!   envoyproxy/ratelimit files it points to, and envoyproxy/ratelimit's
 //!   environment variables read as a configuration (`serve
 //!   --envoyproxy-env`).
-//! - [`bench`]: the load generator behind `sluice bench`.
+//! - [`bench`](mod@bench): the load generator behind `sluice bench`.
 //! - [`backend`]: the store chosen by `storage.backend`.
-//! - [`app`]: what every request handler shares.
+//! - [`app`]: what every request handler shares, and the one decision tail
+//!   every entry point goes through (`App::decide`: metrics, heavy hitters,
+//!   the usage ledger).
+//! - [`admin`]: overrides, heavy hitters and their storage (its HTTP
+//!   routes are in [`http`]); [`ledger`]: the usage ledger; [`inspect`]: a
+//!   tenant's buckets read back.
 //! - [`envoy`]: the Envoy Rate Limit Service's decisions and answers, for
 //!   the native domain and envoyproxy/ratelimit's domains; [`grpc`] is its
 //!   transport (and `/json` in [`http`]).

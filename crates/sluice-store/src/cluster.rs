@@ -28,7 +28,7 @@
 //! sees the budgets whole; an admitted request waits for at most two round
 //! trips, a denied one for three.
 //!
-//! What a group consumed is held by a [`Reservation`], which refunds it when
+//! What a group consumed is held by a `Reservation`, which refunds it when
 //! dropped unless the whole decision admitted. Each group's call runs as a
 //! task of its own, so a caller that goes away at any `.await` (its time
 //! budget ran out, the client hung up) leaves nothing consumed: calls under

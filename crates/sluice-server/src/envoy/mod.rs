@@ -7,7 +7,7 @@
 //! - a domain of the envoyproxy/ratelimit configuration (`envoy.config`,
 //!   `--envoy-config`): descriptors match that configuration's tree, each
 //!   matched limit counting per request descriptor, as envoyproxy/ratelimit
-//!   does ([`envoyproxy`](self::envoyproxy));
+//!   does ([`envoyproxy`]);
 //! - the native domain (`envoy.domain`): descriptor entries name the tenant,
 //!   route and subject, and sluice's plans decide; each descriptor's status
 //!   reports the scope its deepest entry names (subject, route or tenant)

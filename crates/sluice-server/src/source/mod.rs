@@ -8,7 +8,7 @@
 //! default plan until the rest lands. A reload that fails validation is
 //! logged and ignored, so an invalid file never replaces a running
 //! configuration. Everything derived from the files (plans, tenants,
-//! valves, envoyproxy/ratelimit descriptors) is one [`Policy`] snapshot,
+//! valves, envoyproxy/ratelimit descriptors) is one [`Policy`](sluice_core::Policy) snapshot,
 //! swapped at once; a change to `server`, `storage` or `keys` is reported
 //! and waits for a restart.
 //! Without `--config`, the example configuration compiled into the binary is
@@ -81,7 +81,7 @@ impl Source {
     }
 
     /// A configuration made from envoyproxy/ratelimit's environment
-    /// ([`crate::compat`]); its envoyproxy/ratelimit files are watched like
+    /// ([`envoyproxy_env`]); its envoyproxy/ratelimit files are watched like
     /// a file's.
     pub fn generated(text: String) -> Source {
         Source {
