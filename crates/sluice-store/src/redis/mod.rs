@@ -10,6 +10,8 @@
 //!   releases leases.
 //! - [`heartbeat`] (`heartbeat.lua`): instances counting themselves.
 //! - [`inspect`]: a key's stored state read back and decoded.
+//! - `store`: the Redis store both backends are, generic over how Redis is
+//!   reached (one node, a cluster): pings, heartbeats, peeks, refunds.
 //!
 //! `common.lua` holds the helpers every script starts with.
 
@@ -20,6 +22,7 @@ pub mod heartbeat;
 pub mod inspect;
 pub mod keys;
 pub mod refund;
+pub(crate) mod store;
 
 pub use args::{Selection, TimeSource, lease_arg};
 pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};
