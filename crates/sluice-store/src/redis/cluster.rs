@@ -47,12 +47,12 @@ use sluice_core::keys::Record;
 
 use smallvec::SmallVec;
 
+use super::node::{ConnectOptions, install_tls_provider};
 use crate::local_connection::LocalConnections;
 use crate::redis::store::{Reach, Redis, send};
 use crate::redis::{
     self as script, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Selection, TimeSource, Valve,
 };
-use crate::standalone::{ConnectOptions, install_tls_provider};
 use crate::store::{Batch, Partition, Peeked, Store, StoreError};
 
 /// How often a store that could not connect tries again.
