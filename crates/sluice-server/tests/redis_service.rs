@@ -310,11 +310,18 @@ async fn instances_with_different_peppers_on_one_redis_are_not_ready() {
         &["--config", path.to_str().unwrap()],
         &[("TEST_SLUICE_PEPPER", PEPPER)],
     );
-    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    // Each counts the other once it has read the other's heartbeat (one a
+    // second): polled, not a fixed wait a busy machine can outlast.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     for server in [&first, &third] {
-        let (status, body) = readyz(&client, server).await;
-        assert_eq!(status, 200, "{body}");
-        assert_eq!(body["live_instances"], 2, "{body}");
+        loop {
+            let (status, body) = readyz(&client, server).await;
+            if status == 200 && body["live_instances"] == 2 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{status}: {body}");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
     }
 }
 
