@@ -204,16 +204,16 @@ impl RedisStore {
     /// concurrency rules still held that lease.
     pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
         let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let admitted_at = vec![at; batch.rules.len()];
-        let args = script::refund_args(
+        let refund = redis::Script::new(script::REFUND_LUA);
+        let (evalsha, eval) = script::RefundCall::new(
             batch,
             script::Selection::ALL,
+            buckets.keys.into_vec(),
             &buckets.records,
-            &admitted_at,
-        );
-        let refund = redis::Script::new(script::REFUND_LUA);
-        let (evalsha, eval) =
-            script::refund_commands(&refund, &buckets.keys, &args, batch.lease, &self.time);
+            &self.time,
+            at,
+        )
+        .commands(&refund);
         let mut connection = self.deciding_connection();
         let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {

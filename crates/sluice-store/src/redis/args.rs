@@ -87,10 +87,6 @@ impl Selection<'_> {
             .flatten()
             .chain(self.indices.into_iter().flatten().copied())
     }
-
-    pub(super) fn len(&self, rules: usize) -> usize {
-        self.indices.map_or(rules, <[usize]>::len)
-    }
 }
 
 /// The rule as a call enforces it: on Redis Cluster, a valve's share.
@@ -195,6 +191,20 @@ impl PackedRules {
     pub fn is_empty(&self) -> bool {
         self.packed.is_empty()
     }
+
+    /// Keeps only the rules (by position, from 0) that `keep` names. Their
+    /// keys keep their indices: a key no rule names any more stays, unread.
+    pub fn retain(&mut self, mut keep: impl FnMut(usize) -> bool) {
+        let mut kept = 0;
+        for j in 0..self.len() {
+            if keep(j) {
+                self.packed
+                    .copy_within(j * RULE_WIDTH..(j + 1) * RULE_WIDTH, kept * RULE_WIDTH);
+                kept += 1;
+            }
+        }
+        self.packed.truncate(kept * RULE_WIDTH);
+    }
 }
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
@@ -234,5 +244,35 @@ mod tests {
         // The next rule follows at once.
         assert_eq!(packed[RULE_WIDTH..RULE_WIDTH + 5], [5, 1, 0, 2, 0]);
         assert_eq!(packed[2 * RULE_WIDTH - 8..], [9; 8]);
+    }
+
+    #[test]
+    fn retained_rules_keep_their_order_and_their_keys() {
+        let mut packed = SmallVec::new();
+        for (key, name) in [(1, 1), (2, 2), (1, 3)] {
+            pack_rule(
+                &mut packed,
+                [1, 10, 1000, 10, 0, 1],
+                false,
+                key,
+                Record([name; 8]),
+            );
+        }
+        let mut rules = PackedRules {
+            keys: vec!["a".into(), "b".into()],
+            packed,
+        };
+        assert_eq!(rules.len(), 3);
+        rules.retain(|j| j != 1);
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.keys, ["a", "b"]);
+        let kept: Vec<(u8, u8)> = rules
+            .packed
+            .chunks_exact(RULE_WIDTH)
+            .map(|rule| (rule[3], rule[RULE_WIDTH - 1]))
+            .collect();
+        assert_eq!(kept, [(1, 1), (1, 3)]);
+        rules.retain(|_| false);
+        assert!(rules.is_empty());
     }
 }

@@ -71,6 +71,13 @@ impl DecideCall {
         }
     }
 
+    /// The rules as this call sends them, for its refund (see
+    /// [`RefundCall::of`](super::RefundCall::of)). While rotating, the keys
+    /// under the previous pepper stay after the others, named by no rule.
+    pub fn into_rules(self) -> PackedRules {
+        self.rules
+    }
+
     /// Appends the key count, the keys and the arguments to `cmd` (an
     /// `FCALL`, `EVALSHA` or `EVAL` named already).
     pub fn fill(&self, cmd: &mut redis::Cmd) {
