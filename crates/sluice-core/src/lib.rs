@@ -2,6 +2,11 @@
 //!
 //! Nothing here performs I/O or reads a clock; time is always passed in.
 //!
+//! The words every module uses sit at the bottom and import nothing above
+//! them: [`scope`] (where a rule applies), [`reason`] (why a request was
+//! denied), [`bound`] (a rule bound to its place in the policy),
+//! [`number`] (numbers as errors show them). Above them:
+//!
 //! - [`duration`]: `500ms`, `1s`, `1m`… as milliseconds.
 //! - [`rule`]: an algorithm with its validated parameters.
 //! - [`algorithm`]: each algorithm as a pure state transition.
@@ -10,7 +15,8 @@
 //! - [`request`]: a request's bounds, checked once at the edge.
 //! - [`route`]: one spelling per route, so no spelling escapes a limit.
 //! - [`policy`]: the configuration compiled into a lookup structure: which
-//!   rules apply to a tenant, route and subject.
+//!   rules apply to a tenant, route and subject, and the class a decision
+//!   is counted under; [`valve`]: a fair valve's reserves, compiled.
 //! - [`decision`]: per-rule outcomes combined into one all-or-nothing
 //!   decision with its reason.
 //! - [`descriptors`]: Envoy descriptors matched against an

@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let target = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(sluice_server::envoy::serve_grpc(
+        let server = tokio::spawn(sluice_server::grpc::serve_grpc(
             app,
             listener,
             config.server.limits,

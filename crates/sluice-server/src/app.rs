@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::config::{
-    Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig,
+    Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig, Limits,
 };
+use sluice_core::descriptors::DescriptorPolicy;
 use sluice_core::{Decision, Policy, Request};
 use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
 use tracing::warn;
@@ -153,9 +154,9 @@ impl App {
             admin,
             ledger,
         });
-        app.admin.install(&app, &config.limits, sharded);
+        app.admin.install(&app.limiter, &config.limits, sharded);
         // Overrides already stored by other instances apply from the start.
-        app.admin.sync(&app, true).await;
+        app.admin.sync(&app.limiter, true).await;
         Ok(app)
     }
 
@@ -207,6 +208,25 @@ impl App {
         }
     }
 
+    /// Keeps the admin API's overrides in step: every 500 ms, forever.
+    pub fn spawn_admin_sync(app: &Arc<App>) {
+        if !app.admin.needs_sync() {
+            return;
+        }
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for n in 0u64.. {
+                tick.tick().await;
+                app.admin.sync(&app.limiter, false).await;
+                if n % 2 == 0 {
+                    app.admin.publish_heavy(&app.limiter).await;
+                }
+            }
+        });
+    }
+
     /// Whether the service can decide with its store: the store answers,
     /// the circuit breaker is closed, and no instance on the store uses
     /// another pepper.
@@ -214,5 +234,21 @@ impl App {
         self.store_reachable.load(Ordering::Relaxed)
             && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
             && self.other_peppers.load(Ordering::Relaxed) == 0
+    }
+}
+
+/// A reload installs its limits in the limiter, the admin API's overrides
+/// kept over them, and is counted in the metrics.
+impl crate::source::Reloadable for App {
+    fn install(&self, limits: &Limits, descriptors: DescriptorPolicy) {
+        let sharded = self.limiter.store().shards_tenants();
+        self.limiter
+            .set_policy(Policy::compile_for(limits, sharded).with_descriptors(descriptors));
+        // Overrides stay in force over the new limits.
+        self.admin.install(&self.limiter, limits, sharded);
+    }
+
+    fn reloaded(&self, applied: bool) {
+        self.metrics.reload(applied);
     }
 }

@@ -1,17 +1,24 @@
 //! The `sluice` service and command-line tool.
 //!
 //! - [`cli`]: the subcommands (`serve`, `check`, `validate`).
-//! - [`source`]: reading the configuration file (or the embedded example)
-//!   and reloading it on change or SIGHUP.
-//! - [`bench`]: the load generator behind `sluice bench`.
+//! - [`source`]: where the configuration comes from: the sluice file (or
+//!   the embedded example), reloaded on change or SIGHUP, the
+//!   envoyproxy/ratelimit files it points to, and envoyproxy/ratelimit's
+//!   environment variables read as a configuration (`serve
+//!   --envoyproxy-env`).
+//! - [`bench`](mod@bench): the load generator behind `sluice bench`.
 //! - [`backend`]: the store chosen by `storage.backend`.
-//! - [`compat`]: envoyproxy/ratelimit's environment variables, read as a
-//!   configuration (`serve --envoyproxy-env`).
-//! - [`app`]: what every request handler shares.
-//! - [`envoy`]: the Envoy Rate Limit Service (gRPC), including
-//!   envoyproxy/ratelimit configurations.
+//! - [`app`]: what every request handler shares, and the one decision tail
+//!   every entry point goes through (`App::decide`: metrics, heavy hitters,
+//!   the usage ledger).
+//! - [`admin`]: overrides, heavy hitters and their storage (its HTTP
+//!   routes are in [`http`]); [`ledger`]: the usage ledger; [`inspect`]: a
+//!   tenant's buckets read back.
+//! - [`envoy`]: the Envoy Rate Limit Service's decisions and answers, for
+//!   the native domain and envoyproxy/ratelimit's domains; [`grpc`] is its
+//!   transport (and `/json` in [`http`]).
 //! - [`http`]: the HTTP API — `/v1/check`, `/v1/forward-auth`, health,
-//!   metrics.
+//!   metrics, the admin API.
 //! - [`listen`]: accepting connections within `server.limits` (caps and
 //!   timeouts against slow and idle clients).
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.
@@ -24,7 +31,6 @@ pub mod app;
 pub mod backend;
 pub mod bench;
 pub mod cli;
-pub mod compat;
 pub mod envoy;
 pub mod grpc;
 pub mod http;

@@ -8,7 +8,10 @@
 //! come from the configuration. No tenant, subject or raw route ever becomes
 //! a label — that would be unbounded and a privacy leak.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -17,8 +20,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use sluice_core::Policy;
 use sluice_core::config::OnError;
-use sluice_core::policy::Class;
+use sluice_core::policy::{ADHOC, Class, ClassId};
 use sluice_core::{Decision, Reason};
 use sluice_store::{BreakerState, StoreError, Telemetry};
 use tracing::warn;
@@ -33,7 +37,6 @@ struct DecisionLabels {
 
 /// The decision counters of one class of requests, in one registry.
 struct ClassCounters {
-    registry: usize,
     allowed: Counter,
     denied: [Counter; REASONS.len()],
 }
@@ -50,9 +53,33 @@ impl ClassCounters {
     }
 }
 
-/// Tells registries apart (a policy's classes keep the counters of the
-/// registry that first counted them).
-static REGISTRIES: AtomicUsize = AtomicUsize::new(0);
+/// The decision counters of the installed policy's classes, by
+/// [`ClassId::index`]: the table is built when a policy is installed, and
+/// each slot resolved on the class's first decision (so that `/metrics`
+/// shows only classes that decided), after which a decision only
+/// increments.
+#[derive(Default)]
+struct ClassTable {
+    /// The policy's number ([`Policy::id`]).
+    policy: u64,
+    counters: Box<[OnceLock<ClassCounters>]>,
+}
+
+impl ClassTable {
+    fn of(policy: &Policy) -> ClassTable {
+        ClassTable {
+            policy: policy.id(),
+            counters: policy.classes().map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// The slot of class `id`, when it belongs to this table's policy.
+    fn slot(&self, id: ClassId) -> Option<&OnceLock<ClassCounters>> {
+        (id.policy == self.policy)
+            .then(|| self.counters.get(id.index as usize))
+            .flatten()
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -96,8 +123,11 @@ const LOG_EVERY_MS: u64 = 10_000;
 /// The service's metrics.
 pub struct Metrics {
     registry: Registry,
-    id: usize,
     decisions: Family<DecisionLabels, Counter>,
+    /// The installed policy's decision counters.
+    classes: ArcSwap<ClassTable>,
+    /// Those of decisions outside a plan (Envoy descriptors).
+    adhoc: OnceLock<ClassCounters>,
     decision_seconds: Histogram,
     store_seconds: Histogram,
     store_errors: [Counter; 4],
@@ -112,8 +142,8 @@ pub struct Metrics {
     valve_saturated: Family<ValveLabel, Gauge>,
     valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
-    upstream_registry: Registry,
-    upstream: UpstreamStats,
+    envoyproxy_registry: Registry,
+    envoyproxy: EnvoyproxyStats,
     unlogged_failovers: AtomicU64,
     last_failover_log_ms: AtomicU64,
 }
@@ -238,14 +268,15 @@ impl Metrics {
             "A saturated fair valve's share level: units per second a tenant of weight 1 may have (+Inf while not saturated)",
             valve_share_level.clone(),
         );
-        let mut upstream_registry = Registry::default();
-        let upstream = UpstreamStats::register(&mut upstream_registry);
+        let mut envoyproxy_registry = Registry::default();
+        let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
             registry,
-            upstream_registry,
-            upstream,
-            id: REGISTRIES.fetch_add(1, Ordering::Relaxed),
+            envoyproxy_registry,
+            envoyproxy,
             decisions,
+            classes: ArcSwap::default(),
+            adhoc: OnceLock::new(),
             decision_seconds,
             store_seconds,
             store_errors,
@@ -280,13 +311,19 @@ impl Metrics {
             }
         }
         let class = decision.class;
-        match class
-            .handles(|| self.class_counters(class))
-            .filter(|c| c.registry == self.id)
-        {
-            Some(counters) => counters.count(decision.reason),
-            // The class keeps another registry's counters (two services on
-            // one policy, in tests): look ours up.
+        let id = class.id();
+        let classes = self.classes.load();
+        let slot = if id == ADHOC.id() {
+            Some(&self.adhoc)
+        } else {
+            classes.slot(id)
+        };
+        match slot {
+            Some(slot) => slot
+                .get_or_init(|| self.class_counters(class))
+                .count(decision.reason),
+            // Decided under a policy no longer installed (under way across
+            // a reload): its counters looked up by label.
             None => self.class_counters(class).count(decision.reason),
         }
     }
@@ -310,17 +347,13 @@ impl Metrics {
                 .get_or_create(&labels("denied", reason.as_str()))
                 .clone()
         });
-        ClassCounters {
-            registry: self.id,
-            allowed,
-            denied,
-        }
+        ClassCounters { allowed, denied }
     }
 
     /// Counts one descriptor of an envoyproxy/ratelimit domain under its
     /// limit's key (`domain.key_value…`), as that project's stats do.
-    pub fn upstream_descriptor(&self, key: &str, hits: u64, status: UpstreamStatus) {
-        self.upstream.count(key, hits, status);
+    pub fn envoyproxy_descriptor(&self, key: &str, hits: u64, status: EnvoyproxyStatus) {
+        self.envoyproxy.count(key, hits, status);
     }
 
     /// Counts a configuration reload.
@@ -354,7 +387,7 @@ impl Metrics {
         use prometheus_client::encoding::text;
         let mut out = String::with_capacity(8 * 1024);
         let _ = text::encode_registry(&mut out, &self.registry);
-        let _ = text::encode_registry(&mut out, &self.upstream_registry);
+        let _ = text::encode_registry(&mut out, &self.envoyproxy_registry);
         let _ = text::encode_eof(&mut out);
         out
     }
@@ -367,6 +400,10 @@ fn now_ms() -> u64 {
 }
 
 impl Telemetry for Metrics {
+    fn policy_installed(&self, policy: &Policy) {
+        self.classes.store(Arc::new(ClassTable::of(policy)));
+    }
+
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
         self.store_seconds.observe(elapsed.as_secs_f64());
         if let Some(error) = error {
@@ -427,7 +464,7 @@ impl Telemetry for Metrics {
 /// How one descriptor of an envoyproxy/ratelimit domain fared, for its
 /// stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamStatus {
+pub enum EnvoyproxyStatus {
     /// Admitted; `near` when past `near_limit` of its limit afterwards.
     Within {
         /// Past `near_limit`.
@@ -447,11 +484,11 @@ pub enum UpstreamStatus {
 /// OpenMetrics would append `_total` to counters and change the names.
 /// Labels come from the configured limit's key (`domain.key1.key2`), never
 /// from request values, so series are bounded by the configuration.
-struct UpstreamStats {
+struct EnvoyproxyStats {
     families: [Family<Vec<(&'static str, String)>, Gauge>; 5],
 }
 
-impl UpstreamStats {
+impl EnvoyproxyStats {
     const NAMES: [&'static str; 5] = [
         "total_hits",
         "over_limit",
@@ -461,7 +498,7 @@ impl UpstreamStats {
     ];
 
     /// The families, registered in `registry` (which has no prefix).
-    fn register(registry: &mut Registry) -> UpstreamStats {
+    fn register(registry: &mut Registry) -> EnvoyproxyStats {
         let families: [Family<Vec<(&'static str, String)>, Gauge>; 5] = Default::default();
         for (name, family) in Self::NAMES.iter().zip(&families) {
             registry.register(
@@ -470,10 +507,10 @@ impl UpstreamStats {
                 family.clone(),
             );
         }
-        UpstreamStats { families }
+        EnvoyproxyStats { families }
     }
 
-    fn count(&self, key: &str, hits: u64, status: UpstreamStatus) {
+    fn count(&self, key: &str, hits: u64, status: EnvoyproxyStatus) {
         let mut parts = key.split('.');
         let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
         if let Some(key1) = parts.next() {
@@ -488,18 +525,73 @@ impl UpstreamStats {
         };
         add(0);
         match status {
-            UpstreamStatus::Within { near } => {
+            EnvoyproxyStatus::Within { near } => {
                 add(3);
                 if near {
                     add(2);
                 }
             }
-            UpstreamStatus::Over { shadow } => {
+            EnvoyproxyStatus::Over { shadow } => {
                 add(1);
                 if shadow {
                     add(4);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::{Config, Request};
+    use sluice_store::{Limiter, LimiterOptions, MemoryStore};
+
+    use super::*;
+
+    fn policy(plan: &str) -> Policy {
+        let yaml = format!(
+            "default_plan: {plan}\nplans:\n  {plan}:\n    tenant: [{{ limit: 100, per: 1m }}]\n"
+        );
+        Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits)
+    }
+
+    /// `sluice_decisions_total` of `plan`'s allowed decisions.
+    fn allowed(metrics: &Metrics, plan: &str) -> u64 {
+        let prefix =
+            format!("sluice_decisions_total{{outcome=\"allowed\",reason=\"none\",plan=\"{plan}\"");
+        metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn decisions_count_by_the_class_of_the_policy_they_were_made_under() {
+        let metrics = Arc::new(Metrics::new());
+        let mut options = LimiterOptions::new(OnError::Deny);
+        options.telemetry = metrics.clone();
+        let limiter = Limiter::with_options(policy("free"), MemoryStore::new(100), options);
+        let request = Request::new("acme", "GET /", None, 1).unwrap();
+        let old = limiter.policy();
+        for _ in 0..3 {
+            let decision = limiter.decide(&old, &request).await;
+            metrics.decision(&decision, Duration::ZERO);
+        }
+        assert_eq!(allowed(&metrics, "free"), 3);
+        // A reload installs another policy, whose first class has the same
+        // index: a decision still made under the old one counts as the old
+        // one's class, the new policy's under its own.
+        limiter.set_policy(policy("pro"));
+        let decision = limiter.decide(&old, &request).await;
+        metrics.decision(&decision, Duration::ZERO);
+        let new = limiter.policy();
+        for _ in 0..2 {
+            let decision = limiter.decide(&new, &request).await;
+            metrics.decision(&decision, Duration::ZERO);
+        }
+        assert_eq!(allowed(&metrics, "free"), 4);
+        assert_eq!(allowed(&metrics, "pro"), 2);
     }
 }

@@ -3,10 +3,10 @@
 //! - [`store`]: the [`Store`] trait — one call per decision, every rule at
 //!   once, all or nothing.
 //! - [`memory`]: the embedded backend.
-//! - [`standalone`]: the Redis backend (one node); [`cluster`]: the Redis
-//!   Cluster backend; [`redis`]: the Lua scripts they run, each beside its
-//!   encoder and reply parser, one call per decision (two with a valve on a
-//!   cluster). All three come with the
+//! - [`redis`]: the Redis backends — one node ([`RedisStore`]) and Redis
+//!   Cluster ([`ClusterStore`]), one generic store underneath — and the Lua
+//!   scripts they run, each beside its encoder and reply parser: one call
+//!   per decision (two with a valve on a cluster). All three come with the
 //!   `redis` feature (on by default): an app that limits in memory only
 //!   builds without the Redis client and TLS (`default-features = false`).
 //! - [`clock`]: the time stores decide on.
@@ -21,28 +21,24 @@
 
 mod bucket;
 pub mod clock;
-#[cfg(feature = "redis")]
-pub mod cluster;
 pub mod limiter;
 #[cfg(feature = "redis")]
 mod local_connection;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "redis")]
-pub mod standalone;
 pub mod store;
 pub mod telemetry;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-#[cfg(feature = "redis")]
-pub use cluster::ClusterStore;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::{Limiter, LimiterOptions, ValveLevel};
+pub use limiter::{Keyed, Limiter, LimiterOptions, ValveLevel};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
-pub use redis::{Heartbeat, KeySet, TimeSource, Valve};
+pub use redis::cluster::ClusterStore;
 #[cfg(feature = "redis")]
-pub use standalone::{ConnectOptions, RedisStore};
+pub use redis::node::{ConnectOptions, RedisStore};
+#[cfg(feature = "redis")]
+pub use redis::{Heartbeat, KeySet, TimeSource, Valve};
 pub use store::{Batch, Partition, Peeked, PeekedRule, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

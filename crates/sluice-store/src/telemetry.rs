@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use sluice_core::Policy;
 use sluice_core::config::OnError;
 
 use crate::limiter::breaker::BreakerState;
@@ -12,6 +13,13 @@ use crate::store::StoreError;
 
 /// Hooks the limiter calls. Every method defaults to doing nothing.
 pub trait Telemetry: Send + Sync {
+    /// `policy` is about to decide (at start and on every swap): the time
+    /// to resolve per-class handles, once per policy (see
+    /// [`ClassId`](sluice_core::policy::ClassId)).
+    fn policy_installed(&self, policy: &Policy) {
+        let _ = policy;
+    }
+
     /// A store call finished (or ran out of time) after `elapsed`.
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
         let _ = (elapsed, error);

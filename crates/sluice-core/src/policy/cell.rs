@@ -4,9 +4,8 @@
 //! is computed once, when the plan is compiled.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
 
-use super::class::Class;
+use super::class::{Class, ClassId};
 use crate::bound::BoundRule;
 use crate::scope::Scope;
 use crate::valve::Reserves;
@@ -47,7 +46,11 @@ impl Cell {
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
-            handles: OnceLock::new(),
+            // Numbered when the policy is complete (`Policy::number`).
+            id: ClassId {
+                policy: 0,
+                index: 0,
+            },
         };
         let classes = [class(&rules[..without_subject]), class(&rules)];
         let max_cost = [max_cost(&rules[..without_subject]), max_cost(&rules)];

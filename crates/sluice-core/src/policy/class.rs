@@ -1,8 +1,6 @@
 //! The class of a request: plan and route pattern, for metrics and headers.
 
-use std::any::Any;
 use std::borrow::Cow;
-use std::sync::OnceLock;
 
 /// The class of requests a decision belongs to: its plan and the route
 /// pattern it matched, with the rules' `RateLimit-Policy` field. Metrics
@@ -13,7 +11,21 @@ pub struct Class {
     pub(super) plan: Cow<'static, str>,
     pub(super) route: Cow<'static, str>,
     pub(super) policy_header: Cow<'static, str>,
-    pub(super) handles: OnceLock<Box<dyn Any + Send + Sync>>,
+    pub(super) id: ClassId,
+}
+
+/// Which class of which policy: dense within a policy (`0..n`, see
+/// [`Policy::classes`](super::Policy::classes)), so that a caller keeps
+/// per-class handles (metrics counters) in a table indexed by it, built
+/// when the policy is installed; a decision made under another policy
+/// (one still under way across a reload) is told apart by `policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClassId {
+    /// The policy's number ([`Policy::id`](super::Policy::id)); 0 for
+    /// [`ADHOC`], which belongs to no policy.
+    pub policy: u64,
+    /// The class's index among the policy's classes.
+    pub index: u32,
 }
 
 /// The class of rules gathered outside a plan (Envoy descriptors): no plan,
@@ -22,7 +34,10 @@ pub static ADHOC: Class = Class {
     plan: Cow::Borrowed(""),
     route: Cow::Borrowed(""),
     policy_header: Cow::Borrowed(""),
-    handles: OnceLock::new(),
+    id: ClassId {
+        policy: 0,
+        index: 0,
+    },
 };
 
 impl Class {
@@ -42,10 +57,8 @@ impl Class {
         &self.policy_header
     }
 
-    /// Whatever a caller keeps per class (its metrics handles, resolved
-    /// once), made by `init` on first use. `None` when a value of another
-    /// type is already kept.
-    pub fn handles<T: Any + Send + Sync>(&self, init: impl FnOnce() -> T) -> Option<&T> {
-        self.handles.get_or_init(|| Box::new(init())).downcast_ref()
+    /// Which class of which policy it is.
+    pub fn id(&self) -> ClassId {
+        self.id
     }
 }

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
 
@@ -33,7 +34,7 @@ mod plan;
 mod tenant_override;
 
 pub use applicable::Applicable;
-pub use class::{ADHOC, Class};
+pub use class::{ADHOC, Class, ClassId};
 pub use plan::Plan;
 pub use tenant_override::{MAX_FACTOR, TenantOverride};
 
@@ -53,7 +54,12 @@ pub struct Policy {
     /// The envoyproxy/ratelimit domains compiled from the same
     /// configuration: one snapshot, swapped as one.
     descriptors: Arc<crate::descriptors::DescriptorPolicy>,
+    /// This compiled policy's number (see [`ClassId`]).
+    id: u64,
 }
+
+/// The number of the next compiled policy (0 is no policy's: [`ADHOC`]).
+static POLICIES: AtomicU64 = AtomicU64::new(1);
 
 impl Policy {
     /// Compiles validated limits for a store that keeps one bucket per
@@ -103,7 +109,41 @@ impl Policy {
             tenants,
             near_limit: limits.near_limit,
             descriptors: Default::default(),
+            id: 0,
         }
+        .numbered()
+    }
+
+    /// This policy with a number of its own and its classes numbered in
+    /// order (see [`ClassId`]).
+    fn numbered(mut self) -> Policy {
+        self.id = POLICIES.fetch_add(1, Ordering::Relaxed);
+        let mut index = 0;
+        for plan in self.plans.iter_mut() {
+            for cell in plan.cells.iter_mut() {
+                for class in cell.classes.iter_mut() {
+                    class.id = ClassId {
+                        policy: self.id,
+                        index,
+                    };
+                    index += 1;
+                }
+            }
+        }
+        self
+    }
+
+    /// This compiled policy's number, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Every class of the policy, in the order of their [`ClassId`]
+    /// indices (`0..n`).
+    pub fn classes(&self) -> impl Iterator<Item = &Class> {
+        self.plans
+            .iter()
+            .flat_map(|p| p.cells.iter().flat_map(|c| c.classes.iter()))
     }
 
     /// [`compile_for`](Self::compile_for), with each tenant of `overrides`
@@ -154,7 +194,7 @@ impl Policy {
             );
         }
         policy.plans = plans.into();
-        policy
+        policy.numbered()
     }
 
     /// This policy with the envoyproxy/ratelimit domains of `other` (one

@@ -13,169 +13,21 @@
 //! overwrite each other.
 
 pub mod heavy;
-pub mod http;
 pub mod persist;
+mod stored;
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sluice_core::Policy;
 use sluice_core::config::Limits;
 use sluice_core::policy::TenantOverride;
-use sluice_core::{Config, Policy};
+use sluice_store::Limiter;
 
-use crate::app::App;
 use crate::backend::Backend;
-
-/// `shadow`: the whole tenant, or some of its policies.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(
-    untagged,
-    expecting = "`shadow` takes true, false or a list of policy names"
-)]
-pub enum Shadow {
-    /// `true`: every rule; `false`: none.
-    All(bool),
-    /// Only the rules of these names.
-    Policies(Vec<String>),
-}
-
-/// What an operator asked for, as stored and listed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Stored {
-    /// The tenant.
-    pub tenant: String,
-    /// The plan instead of the configured one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub plan: Option<String>,
-    /// Limits and bursts multiplied by this.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub factor: Option<f64>,
-    /// Rules of the tenant's own (`tenant`, `routes`, `subject`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rules: Option<serde_json::Value>,
-    /// Never deny this tenant (`true`), or only under these policies.
-    pub shadow: Shadow,
-    /// When it stops applying (ms since the Unix epoch).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at_ms: Option<u64>,
-    /// Its version: `If-Match` names it to change it safely.
-    pub version: u64,
-}
-
-impl Stored {
-    /// The override the policy applies, checked against `limits`: an error
-    /// names the field at fault and what is allowed.
-    pub fn compile(&self, limits: &Limits) -> Result<TenantOverride, (String, String)> {
-        if let Some(plan) = &self.plan
-            && !limits.plans.iter().any(|p| &p.name == plan)
-        {
-            let known: Vec<&str> = limits.plans.iter().map(|p| p.name.as_str()).collect();
-            return Err((
-                "plan".into(),
-                format!("no plan `{plan}`; configured: {}", known.join(", ")),
-            ));
-        }
-        let mut out = TenantOverride {
-            plan: self.plan.clone(),
-            factor: self.factor,
-            shadow: self.shadow == Shadow::All(true),
-            shadow_policies: match &self.shadow {
-                Shadow::Policies(names) => names.clone(),
-                Shadow::All(_) => Vec::new(),
-            },
-            ..Default::default()
-        };
-        if let Some(rules) = &self.rules {
-            let parts = rules_of(rules)?;
-            out.tenant_rules = parts.0;
-            out.route_rules = parts.1;
-            out.subject_rules = parts.2;
-        }
-        let base = self
-            .plan
-            .as_deref()
-            .or_else(|| {
-                limits
-                    .tenants
-                    .iter()
-                    .find(|t| t.id == self.tenant)
-                    .map(|t| t.plan.as_str())
-            })
-            .unwrap_or(&limits.default_plan);
-        if let Some(base) = limits.plans.iter().find(|p| p.name == base) {
-            out.apply(base).map_err(|e| {
-                let field = if e.starts_with("`factor`") {
-                    "factor"
-                } else if e.starts_with("`shadow`") {
-                    "shadow"
-                } else {
-                    "rules"
-                };
-                (field.to_owned(), e)
-            })?;
-        }
-        Ok(out)
-    }
-}
-
-type Parts = (
-    Option<Vec<sluice_core::config::NamedRule>>,
-    Option<Vec<sluice_core::config::RouteRules>>,
-    Option<Vec<sluice_core::config::RouteRules>>,
-);
-
-/// `{"tenant": [...], "routes": {...}, "subject": {...}}` read as the
-/// configuration reads a plan's rules (JSON is YAML), with its errors.
-fn rules_of(rules: &serde_json::Value) -> Result<Parts, (String, String)> {
-    let object = rules.as_object().ok_or_else(|| {
-        (
-            "rules".to_owned(),
-            "`rules` is an object of `tenant`, `routes` and `subject`".to_owned(),
-        )
-    })?;
-    if let Some(other) = object
-        .keys()
-        .find(|k| !matches!(k.as_str(), "tenant" | "routes" | "subject"))
-    {
-        return Err((
-            format!("rules.{other}"),
-            format!("unknown `rules.{other}`; allowed: tenant, routes, subject"),
-        ));
-    }
-    // One line per part, after three of preamble: an error's line says
-    // which part it is about.
-    let mut yaml = String::from("default_plan: o\nplans:\n  o:\n");
-    let mut given = Vec::new();
-    for part in ["tenant", "routes", "subject"] {
-        if let Some(value) = object.get(part) {
-            yaml.push_str(&format!("    {part}: {value}\n"));
-            given.push(part);
-        }
-    }
-    let config = Config::from_yaml(&yaml, "rules").map_err(|errors| {
-        let part = errors.iter().next().and_then(|e| {
-            let line = usize::try_from(e.line).ok()?;
-            given.get(line.checked_sub(4)?)
-        });
-        let message: Vec<String> = errors.iter().map(|e| e.message.clone()).collect();
-        let field = part.map_or_else(|| "rules".to_owned(), |part| format!("rules.{part}"));
-        (field, message.join("; "))
-    })?;
-    let plan = config
-        .limits
-        .plans
-        .into_iter()
-        .next()
-        .expect("one plan was given");
-    Ok((
-        object.contains_key("tenant").then_some(plan.tenant),
-        object.contains_key("routes").then_some(plan.routes),
-        object.contains_key("subject").then_some(plan.subject),
-    ))
-}
+pub use stored::{Shadow, Stored};
 
 /// Why a change was refused.
 #[derive(Debug)]
@@ -263,12 +115,17 @@ impl Admin {
     /// The top `limit` tenants `by` a count, over the recent window, this
     /// instance's counts added to every other live instance's on a shared
     /// store.
-    pub async fn heavy_hitters(&self, app: &App, by: heavy::By, limit: usize) -> heavy::Report {
+    pub async fn heavy_hitters(
+        &self,
+        limiter: &Limiter<Backend>,
+        by: heavy::By,
+        limit: usize,
+    ) -> heavy::Report {
         let now = now_ms();
         let (number, previous, current) = self.heavy.snapshot(now);
         let mut windows = vec![previous, current];
         if let Some(persist) = &self.persist {
-            match persist.read_heavy::<Published>(app.limiter.store()).await {
+            match persist.read_heavy::<Published>(limiter.store()).await {
                 Ok(published) => {
                     for (instance, p) in published {
                         if instance == self.instance {
@@ -293,7 +150,7 @@ impl Admin {
     /// Publishes this instance's heavy-hitter windows and, once a window,
     /// forgets those of instances silent for two windows (reading only
     /// which window each last published).
-    async fn publish_heavy(&self, app: &App) {
+    pub async fn publish_heavy(&self, limiter: &Limiter<Backend>) {
         let Some(persist) = &self.persist else { return };
         let (number, previous, current) = self.heavy.snapshot(now_ms());
         let published = Published {
@@ -301,7 +158,7 @@ impl Admin {
             previous,
             current,
         };
-        let backend = app.limiter.store();
+        let backend = limiter.store();
         if let Err(e) = persist
             .publish_heavy(backend, &self.instance, number, &published)
             .await
@@ -326,6 +183,12 @@ impl Admin {
         self.token.is_some()
     }
 
+    /// Whether its overrides need keeping in step: the API is on, or they
+    /// are shared through the store.
+    pub fn needs_sync(&self) -> bool {
+        self.enabled() || self.persist.is_some()
+    }
+
     /// Whether `presented` is the token, compared in constant time.
     pub fn authorised(&self, presented: &[u8]) -> bool {
         let Some(token) = &self.token else {
@@ -338,31 +201,31 @@ impl Admin {
         differ == 0
     }
 
-    /// Takes `limits` (the configuration's, just installed in `app`'s
-    /// limiter) as the base the overrides apply to, and applies them.
-    pub fn install(&self, app: &App, limits: &Limits, sharded: bool) {
+    /// Takes `limits` (the configuration's, just installed in `limiter`)
+    /// as the base the overrides apply to, and applies them.
+    pub fn install(&self, limiter: &Limiter<Backend>, limits: &Limits, sharded: bool) {
         let mut state = self.inner.lock().expect("admin state");
         state.limits = Some((limits.clone(), sharded));
         if !state.overrides.is_empty() {
-            self.apply(app, &state);
+            self.apply(limiter, &state);
         }
     }
 
     /// Applies the current overrides to the running policy.
-    fn apply(&self, app: &App, state: &State) {
+    fn apply(&self, limiter: &Limiter<Backend>, state: &State) {
         if let Some(policy) = compiled(state, now_ms()) {
-            let current = app.limiter.policy();
-            app.limiter.set_policy(policy.sharing_descriptors(&current));
+            let current = limiter.policy();
+            limiter.set_policy(policy.sharing_descriptors(&current));
         }
     }
 
     /// Every override in force: on a shared store, as the store holds
     /// them now (not this instance's copy, which may be half a second
     /// behind, or hold what a store that lost its data no longer has).
-    pub async fn list(&self, app: &App) -> Result<Vec<Stored>, Refused> {
+    pub async fn list(&self, limiter: &Limiter<Backend>) -> Result<Vec<Stored>, Refused> {
         let stored = match &self.persist {
             Some(persist) => persist
-                .read_all(app.limiter.store())
+                .read_all(limiter.store())
                 .await
                 .map_err(persist::store)?,
             None => {
@@ -381,10 +244,14 @@ impl Admin {
 
     /// The override of `tenant`, if one is in force (on a shared store, as
     /// the store holds it now).
-    pub async fn get(&self, app: &App, tenant: &str) -> Result<Option<Stored>, Refused> {
+    pub async fn get(
+        &self,
+        limiter: &Limiter<Backend>,
+        tenant: &str,
+    ) -> Result<Option<Stored>, Refused> {
         let stored = match &self.persist {
             Some(persist) => persist
-                .read_one(app.limiter.store(), tenant)
+                .read_one(limiter.store(), tenant)
                 .await
                 .map_err(persist::store)?,
             None => {
@@ -400,7 +267,7 @@ impl Admin {
     /// (an `If-Match`) is the stored version or absent.
     pub async fn put(
         &self,
-        app: &App,
+        limiter: &Limiter<Backend>,
         mut wanted: Stored,
         expected: Option<u64>,
     ) -> Result<Stored, Refused> {
@@ -416,10 +283,10 @@ impl Admin {
         match &self.persist {
             Some(persist) => {
                 let version = persist
-                    .write(app.limiter.store(), &wanted.tenant, Some(&wanted), expected)
+                    .write(limiter.store(), &wanted.tenant, Some(&wanted), expected)
                     .await?;
                 wanted.version = version;
-                self.sync(app, true).await;
+                self.sync(limiter, true).await;
             }
             None => {
                 let mut state = self.inner.lock().expect("admin state");
@@ -434,7 +301,7 @@ impl Admin {
                 state
                     .overrides
                     .insert(wanted.tenant.clone(), wanted.clone());
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
         }
         tracing::info!(
@@ -452,7 +319,7 @@ impl Admin {
     /// Removes `tenant`'s override.
     pub async fn delete(
         &self,
-        app: &App,
+        limiter: &Limiter<Backend>,
         tenant: &str,
         expected: Option<u64>,
     ) -> Result<(), Refused> {
@@ -460,12 +327,12 @@ impl Admin {
             Some(persist) => {
                 // The store says whether there is one to remove.
                 persist
-                    .write(app.limiter.store(), tenant, None, expected)
+                    .write(limiter.store(), tenant, None, expected)
                     .await?;
-                self.sync(app, true).await;
+                self.sync(limiter, true).await;
             }
             None => {
-                if self.get(app, tenant).await?.is_none() {
+                if self.get(limiter, tenant).await?.is_none() {
                     return Err(Refused::Missing);
                 }
                 let mut state = self.inner.lock().expect("admin state");
@@ -477,7 +344,7 @@ impl Admin {
                 }
                 state.overrides.remove(tenant);
                 state.version += 1;
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
         }
         tracing::info!(target: "sluice::audit", by = "admin token", action = "delete", tenant = %tenant, "override removed");
@@ -486,7 +353,7 @@ impl Admin {
 
     /// Reads the overrides from the store when their version moved (or
     /// when `force`d), drops expired ones, and applies what changed.
-    pub async fn sync(&self, app: &App, force: bool) {
+    pub async fn sync(&self, limiter: &Limiter<Backend>, force: bool) {
         let Some(persist) = &self.persist else {
             let mut state = self.inner.lock().expect("admin state");
             let now = now_ms();
@@ -495,12 +362,12 @@ impl Admin {
                 .overrides
                 .retain(|_, o| o.expires_at_ms.is_none_or(|at| at > now));
             if state.overrides.len() != before {
-                self.apply(app, &state);
+                self.apply(limiter, &state);
             }
             return;
         };
         let known = self.inner.lock().expect("admin state").stamp;
-        let stamp = match persist.stamp(app.limiter.store()).await {
+        let stamp = match persist.stamp(limiter.store()).await {
             Ok(stamp) => stamp,
             Err(e) => {
                 tracing::debug!(error = ?e, "overrides not synchronised");
@@ -533,7 +400,7 @@ impl Admin {
         if drift == persist::Drift::Same && !force && !expiring {
             return;
         }
-        let overrides = match persist.read_all(app.limiter.store()).await {
+        let overrides = match persist.read_all(limiter.store()).await {
             Ok(overrides) => overrides,
             Err(e) => {
                 tracing::warn!(error = ?e, "overrides not read; the previous ones stay in force");
@@ -551,7 +418,7 @@ impl Admin {
             .partition(|o| o.expires_at_ms.is_none_or(|at| at > now));
         for gone in &expired {
             let removed = persist
-                .write(app.limiter.store(), &gone.tenant, None, Some(gone.version))
+                .write(limiter.store(), &gone.tenant, None, Some(gone.version))
                 .await;
             if removed.is_ok() {
                 tracing::info!(
@@ -575,26 +442,7 @@ impl Admin {
                 "overrides in force after the store's loss: PUT again those that should be"
             );
         }
-        self.apply(app, &state);
-    }
-
-    /// Keeps the overrides in step: every 500 ms, forever.
-    pub fn spawn_sync(app: &Arc<App>) {
-        if !app.admin.enabled() && app.admin.persist.is_none() {
-            return;
-        }
-        let app = app.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for n in 0u64.. {
-                tick.tick().await;
-                app.admin.sync(&app, false).await;
-                if n % 2 == 0 {
-                    app.admin.publish_heavy(&app).await;
-                }
-            }
-        });
+        self.apply(limiter, &state);
     }
 }
 

@@ -22,7 +22,35 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::cli::{Api, Scenario};
+/// `sluice bench --scenario`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Closed loop on the Envoy RLS.
+    Closed,
+    /// Polite tenants with and without noisy ones.
+    Isolation,
+    /// Noisy tenants saturating a valve (`--route`) with polite ones below
+    /// their share: each tenant's admitted rate.
+    Valve,
+    /// The highest rate with p99 under 5 ms.
+    Throughput,
+    /// `--start-rate` requests per second over `--tenants` for
+    /// `--seconds` (to measure at a known load).
+    Steady,
+    /// Every `--class` together for `--seconds`, each reported.
+    Mix,
+}
+
+/// `sluice bench --api`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// `POST /v1/check`.
+    Http,
+    /// Envoy RLS `ShouldRateLimit`, native domain.
+    Grpc,
+}
 
 /// The settings a scenario file may give.
 #[derive(Debug, Default, Deserialize)]

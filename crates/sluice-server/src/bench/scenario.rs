@@ -221,7 +221,7 @@ const MIN_SAMPLES: f64 = 1_000.0;
 /// p99 stays under 5 ms, then halving the step three times between the
 /// last rate that kept up and the first that did not (see
 /// [`highest_rate`]); each try lasts `base.duration`. The search goes no
-/// lower than the rate at which a try sends [`MIN_SAMPLES`] requests
+/// lower than the rate at which a try sends `MIN_SAMPLES` requests
 /// (`start` when that is lower).
 pub async fn throughput(base: &Load, class: Class, start: f64) -> Fallible<Outcome> {
     let mut phases = Vec::new();

@@ -1,8 +1,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::{Api, BenchArgs, Scenario};
-use crate::bench::file::ScenarioFile;
+use super::BenchArgs;
+use crate::bench::file::{Api, Scenario, ScenarioFile};
 use crate::bench::open::{self, Class, Load};
 use crate::bench::scenario::{self, Outcome};
 

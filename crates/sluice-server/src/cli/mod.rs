@@ -13,6 +13,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::bench::file::{Api, Scenario};
+
 /// Multi-tenant rate limiting: one tenant's spike never starves another, and
 /// nothing about a tenant is readable from storage.
 #[derive(Debug, Parser)]
@@ -142,36 +144,6 @@ pub struct BenchArgs {
     /// Print the result as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
-}
-
-/// `sluice bench --scenario`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scenario {
-    /// Closed loop on the Envoy RLS.
-    Closed,
-    /// Polite tenants with and without noisy ones.
-    Isolation,
-    /// Noisy tenants saturating a valve (`--route`) with polite ones below
-    /// their share: each tenant's admitted rate.
-    Valve,
-    /// The highest rate with p99 under 5 ms.
-    Throughput,
-    /// `--start-rate` requests per second over `--tenants` for
-    /// `--seconds` (to measure at a known load).
-    Steady,
-    /// Every `--class` together for `--seconds`, each reported.
-    Mix,
-}
-
-/// `sluice bench --api`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Api {
-    /// `POST /v1/check`.
-    Http,
-    /// Envoy RLS `ShouldRateLimit`, native domain.
-    Grpc,
 }
 
 /// `sluice serve`.

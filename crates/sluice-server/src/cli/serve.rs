@@ -16,8 +16,8 @@ use crate::source::{Source, spawn_reloader};
 pub(super) fn run(args: ServeArgs) -> ExitCode {
     if args.envoyproxy_env {
         let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-        init_logging_with(crate::compat::log_filter(&vars));
-        for notice in crate::compat::notices(&vars) {
+        init_logging_with(crate::source::envoyproxy_env::log_filter(&vars));
+        for notice in crate::source::envoyproxy_env::notices(&vars) {
             info!("{notice}");
         }
     } else {
@@ -46,7 +46,7 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 async fn serve(args: ServeArgs) -> Fallible<()> {
     let source = if args.envoyproxy_env {
         let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-        Source::generated(crate::compat::configuration(&vars)?)
+        Source::generated(crate::source::envoyproxy_env::configuration(&vars)?)
     } else {
         Source::from_arg(args.config)
     }
@@ -58,7 +58,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_heartbeat(&app);
-    crate::admin::Admin::spawn_sync(&app);
+    App::spawn_admin_sync(&app);
     spawn_ledger(&app);
     let http_listener = TcpListener::bind(http)
         .await
@@ -99,7 +99,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     // The HTTP and gRPC listeners run on threads of their own, one
     // single-threaded runtime per core (see listen.rs); everything else
     // (reload, heartbeat, sweeper, admin sync, metrics) stays here.
-    let routes = crate::envoy::grpc_routes(app.clone(), &limits).await;
+    let routes = crate::grpc::grpc_routes(app.clone(), &limits).await;
     let router = crate::http::router(app.clone(), &limits);
     let (http_places, grpc_places) = (listen::places(&limits), listen::places(&limits));
     let http_socket = http_listener.into_std()?;

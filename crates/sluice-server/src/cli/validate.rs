@@ -12,7 +12,7 @@ fn is_envoy_file(text: &str) -> bool {
 /// Checks envoyproxy/ratelimit files (a file or a directory of them) as
 /// `serve` loads them, as upstream's `ratelimit_config_check` does.
 fn envoy(path: &std::path::Path, all_files: bool, merge: bool) -> ExitCode {
-    match crate::envoy::load_envoy_files(path, all_files, merge) {
+    match crate::source::envoy_files::load(path, all_files, merge) {
         Ok(domains) => {
             for note in domains.iter().flat_map(|d| &d.notes) {
                 eprintln!("note: {note}");

@@ -17,7 +17,7 @@ use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Outcome, Rule, State};
-use sluice_store::{Batch, Limiter};
+use sluice_store::{Keyed, Limiter};
 
 use super::units::proto_unit;
 use crate::backend::Backend;
@@ -67,28 +67,29 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
 
 /// The decision for a request a zero limit denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
-/// bucketed as `batch` says, each costing `costs[i]`) read through
-/// `limiter`. When the store does not answer in time, their standing is
-/// unknown.
+/// counting where `keyed` says) read through `limiter`. When the store
+/// does not answer in time, their standing is unknown.
 pub(super) async fn decide<'p>(
     limiter: &Limiter<Backend>,
     applicable: Applicable<'p>,
-    batch: &Batch<'_>,
-    costs: &[u64],
+    keyed: &Keyed<'_>,
 ) -> Decision<'p> {
     if applicable.rules.is_empty() {
         return Decision::blocked();
     }
-    let Ok(peeked) = limiter.peek(batch).await else {
+    let Ok(peeked) = limiter.peek_keyed(applicable.rules, keyed).await else {
         return Decision::blocked();
     };
+    let costs: Vec<u64> = (0..applicable.rules.len())
+        .map(|i| keyed.cost_of(i))
+        .collect();
     let outcomes: Outcomes = peeked
         .rows
         .iter()
-        .enumerate()
-        .map(|(i, read)| standing(&read.enforced, &read.state, peeked.now, costs[i]))
+        .zip(&costs)
+        .map(|(read, cost)| standing(&read.enforced, &read.state, peeked.now, *cost))
         .collect();
-    Decision::blocked_among(applicable, outcomes, 1, costs)
+    Decision::blocked_among(applicable, outcomes, 1, &costs)
 }
 
 /// What `rule` would answer a request of `cost` now, from `state`.

@@ -25,8 +25,53 @@ use tonic::body::Body;
 use tonic::codegen::BoxFuture;
 use tonic::server::NamedService;
 
+use std::sync::Arc;
+
+use crate::Fallible;
+use crate::app::App;
 use crate::envoy::RateLimiter;
 use request::RequestView;
+
+/// Serves the Rate Limit Service and `grpc.health.v1` on `listener` until
+/// `shutdown` resolves.
+pub async fn serve_grpc(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    limits: sluice_core::config::ConnectionLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Fallible<()> {
+    let routes = grpc_routes(app, &limits).await;
+    crate::listen::serve(
+        listener,
+        routes,
+        &limits,
+        crate::listen::Protocols::Http2,
+        shutdown,
+        crate::listen::places(&limits),
+    )
+    .await;
+    Ok(())
+}
+
+/// The Rate Limit Service and `grpc.health.v1`, reporting serving.
+pub async fn grpc_routes(
+    app: Arc<App>,
+    limits: &sluice_core::config::ConnectionLimits,
+) -> GrpcServices<
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(RLS, tonic_health::ServingStatus::Serving)
+        .await;
+    let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
+    GrpcServices::new(
+        RateLimiter::new(app),
+        max_message,
+        std::time::Duration::from_millis(limits.request_timeout_ms),
+        health_service,
+    )
+}
 
 /// The Rate Limit Service's name.
 pub const RLS: &str = "envoy.service.ratelimit.v3.RateLimitService";

@@ -9,17 +9,19 @@
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
 //! | `GET /metrics` | Prometheus metrics |
 //! | `GET /healthcheck`, `POST /json`, `GET /rlconfig` | envoyproxy/ratelimit's endpoints (`upstream.rs`) |
+//! | `/v1/admin/*` | the admin API, with a token only: overrides, heavy hitters, inspect (`admin.rs`) |
 //!
 //! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;
 //! a denial is a 429 with `Retry-After` and an RFC 9457 problem body. Bad
 //! input is a 400 problem naming the field, never a 500.
 
+mod admin;
 mod check;
+mod envoyproxy;
 mod forward_auth;
 mod health;
 mod lease;
 mod respond;
-mod upstream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,9 +127,9 @@ pub(crate) fn parse_json<'de, T: serde::Deserialize<'de>>(
 pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
     // The admin API exists only with a token.
     let admin = if app.admin.enabled() {
-        crate::admin::http::routes().route_layer(axum::middleware::from_fn_with_state(
+        admin::routes().route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
-            crate::admin::http::authorise,
+            admin::authorise,
         ))
     } else {
         Router::new()
@@ -141,9 +143,9 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
-        .route("/healthcheck", get(upstream::healthcheck))
-        .route("/json", post(upstream::json))
-        .route("/rlconfig", get(upstream::rlconfig))
+        .route("/healthcheck", get(envoyproxy::healthcheck))
+        .route("/json", post(envoyproxy::json))
+        .route("/rlconfig", get(envoyproxy::rlconfig))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))

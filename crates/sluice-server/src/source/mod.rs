@@ -8,7 +8,7 @@
 //! default plan until the rest lands. A reload that fails validation is
 //! logged and ignored, so an invalid file never replaces a running
 //! configuration. Everything derived from the files (plans, tenants,
-//! valves, envoyproxy/ratelimit descriptors) is one [`Policy`] snapshot,
+//! valves, envoyproxy/ratelimit descriptors) is one [`Policy`](sluice_core::Policy) snapshot,
 //! swapped at once; a change to `server`, `storage` or `keys` is reported
 //! and waits for a restart.
 //! Without `--config`, the example configuration compiled into the binary is
@@ -17,20 +17,22 @@
 //! The envoyproxy/ratelimit files a configuration points to are read once
 //! per poll ([`envoy_files`]): what is applied is exactly the read that
 //! settled, never a second read that a swap of the runtime directory may
-//! have changed (or mixed) in between.
+//! have changed (or mixed) in between. [`envoyproxy_env`] reads
+//! envoyproxy/ratelimit's environment variables as a configuration.
 
 pub mod envoy_files;
+pub mod envoyproxy_env;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_core::Config;
+use sluice_core::config::Limits;
 use sluice_core::descriptors::DescriptorPolicy;
-use sluice_core::{Config, Policy};
 use tracing::{info, warn};
 
 use crate::Fallible;
-use crate::app::App;
 use envoy_files::EnvoyFiles;
 
 /// `examples/sluice.yaml`, compiled in.
@@ -46,6 +48,16 @@ pub const SETTLE: Duration = Duration::from_secs(1);
 /// Longest a reload waits for a file that keeps changing before it gives
 /// up until the next change (a file rewritten constantly is not settling).
 const SETTLE_AT_MOST: Duration = Duration::from_secs(30);
+
+/// The running service a reload changes.
+pub trait Reloadable: Send + Sync + 'static {
+    /// Puts `limits`, with the envoyproxy/ratelimit `descriptors`, in
+    /// force as one snapshot.
+    fn install(&self, limits: &Limits, descriptors: DescriptorPolicy);
+    /// Counts a reload: applied, or refused and the running configuration
+    /// kept.
+    fn reloaded(&self, applied: bool);
+}
 
 /// A configuration file (or the embedded example), and where the
 /// envoyproxy/ratelimit configuration comes from when the command line says.
@@ -69,7 +81,7 @@ impl Source {
     }
 
     /// A configuration made from envoyproxy/ratelimit's environment
-    /// ([`crate::compat`]); its envoyproxy/ratelimit files are watched like
+    /// ([`envoyproxy_env`]); its envoyproxy/ratelimit files are watched like
     /// a file's.
     pub fn generated(text: String) -> Source {
         Source {
@@ -164,10 +176,15 @@ struct Read {
 #[derive(Debug, Clone)]
 pub struct Loaded(String);
 
-/// Reloads `source` on SIGHUP and when the file changes from what `running`
-/// was `loaded` from. Returns at once; the work happens on a background
-/// task.
-pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Loaded) {
+/// Reloads `source` into `service` on SIGHUP and when the file changes
+/// from what `running` was `loaded` from. Returns at once; the work happens
+/// on a background task.
+pub fn spawn_reloader(
+    source: Source,
+    service: Arc<impl Reloadable>,
+    running: Config,
+    loaded: Loaded,
+) {
     if source.file.is_none() && source.generated.is_none() {
         return;
     }
@@ -194,7 +211,7 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
                 }
                 Err(e) => {
                     if forced || unreadable.as_ref() != Some(&e) {
-                        app.metrics.reload(false);
+                        service.reloaded(false);
                         warn!(error = %e, "configuration not reloaded; the running configuration stays in force");
                     }
                     unreadable = Some(e);
@@ -210,14 +227,14 @@ pub fn spawn_reloader(source: Source, app: Arc<App>, running: Config, loaded: Lo
             last = Some(read.fingerprint.clone());
             match source
                 .parse(&read.text)
-                .and_then(|config| apply(&app, &running, config, read.envoy.as_ref()))
+                .and_then(|config| apply(&*service, &running, config, read.envoy.as_ref()))
             {
                 Ok(config) => {
-                    app.metrics.reload(true);
+                    service.reloaded(true);
                     running = config;
                 }
                 Err(errors) => {
-                    app.metrics.reload(false);
+                    service.reloaded(false);
                     for line in errors.to_string().lines() {
                         warn!("{line}");
                     }
@@ -289,7 +306,7 @@ fn descriptors_of(
 /// were `read` with it (read now when not given); all or nothing: any
 /// error leaves everything as it was.
 fn apply(
-    app: &App,
+    service: &impl Reloadable,
     running: &Config,
     next: Config,
     read: Option<&Result<EnvoyFiles, String>>,
@@ -312,11 +329,7 @@ fn apply(
             "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
         );
     }
-    let sharded = app.limiter.store().shards_tenants();
-    app.limiter
-        .set_policy(Policy::compile_for(&next.limits, sharded).with_descriptors(descriptors));
-    // Overrides stay in force over the new limits.
-    app.admin.install(app, &next.limits, sharded);
+    service.install(&next.limits, descriptors);
     info!(
         plans = next.limits.plans.len(),
         tenants = next.limits.tenants.len(),
@@ -349,6 +362,8 @@ fn hangup_signal() -> tokio::sync::mpsc::Receiver<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::app::App;
+    use sluice_core::Policy;
     use std::path::Path;
 
     /// A ConfigMap-style runtime directory: each generation a directory
@@ -411,7 +426,7 @@ mod tests {
         // Swapped between the settle check and the apply.
         generation(&runtime, "..gen_2", 9);
         let next = source.parse(&settled.text).unwrap();
-        apply(&app, &running, next, settled.envoy.as_ref()).unwrap();
+        apply(&*app, &running, next, settled.envoy.as_ref()).unwrap();
         let applied = app.limiter.policy().descriptors().dump();
         assert!(applied.contains("requests_per_unit=7"), "{applied}");
         assert!(!applied.contains("requests_per_unit=9"), "{applied}");

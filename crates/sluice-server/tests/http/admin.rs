@@ -126,7 +126,7 @@ async fn overrides_scale_shadow_and_expire_one_tenant_only() {
     assert_eq!(list["overrides"].as_array().unwrap().len(), 1);
     // Expired, it no longer applies nor lists.
     tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
-    app.admin.sync(&app, false).await;
+    app.admin.sync(&app.limiter, false).await;
     let (response, _) = h
         .admin("GET", "/v1/admin/overrides/acme", None, Some(TOKEN))
         .await;

@@ -206,7 +206,7 @@ fn admin_harness() -> (Harness, Arc<App>) {
         Default::default(),
         admin,
     );
-    app.admin.install(&app, &config.limits, false);
+    app.admin.install(&app.limiter, &config.limits, false);
     let harness = Harness {
         router: router(app.clone(), &config.server.limits),
         clock,

@@ -14,11 +14,11 @@ use smallvec::SmallVec;
 use crate::store::{Batch, Partition};
 
 /// Where a duplicate guard counts for `subject` and `fingerprint`: a
-/// subject partition of this text (callers that build their own batches,
-/// such as the Envoy adapter, use it as [`Limiter::decide`] does).
+/// subject partition of this text (for [`Limiter::decide`] and
+/// [`Keyed`](super::Keyed) alike).
 ///
 /// [`Limiter::decide`]: crate::Limiter::decide
-pub fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -> String {
+pub(super) fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -> String {
     // Lengths first, so that no (subject, fingerprint) pair can be spelled
     // like another.
     let subject = subject.unwrap_or("");

@@ -42,6 +42,7 @@ pub mod denials;
 mod fair;
 mod fallback;
 mod gate;
+mod keyed;
 pub mod lease;
 mod now;
 mod options;
@@ -50,6 +51,7 @@ mod shard;
 mod tests;
 
 pub use fair::ValveLevel;
+pub use keyed::Keyed;
 pub use lease::Lease;
 pub use options::LimiterOptions;
 
@@ -90,6 +92,7 @@ impl<S: Store> Limiter<S> {
 
     /// A limiter with explicit failure handling.
     pub fn with_options(policy: Policy, store: S, options: LimiterOptions) -> Limiter<S> {
+        options.telemetry.policy_installed(&policy);
         Limiter {
             policy: ArcSwap::from_pointee(policy),
             store,
@@ -114,6 +117,7 @@ impl<S: Store> Limiter<S> {
     /// Replaces the policy; decisions already under way finish on the old
     /// one. Remembered denials are forgotten: limits may have changed.
     pub fn set_policy(&self, policy: Policy) {
+        self.options.telemetry.policy_installed(&policy);
         self.policy.store(Arc::new(policy));
         if let Some(denials) = &self.denials {
             denials.clear();

@@ -1,6 +1,10 @@
-//! The Redis wire layer: what the Lua scripts are sent and what they answer,
-//! each script beside its Rust encoder and reply parser.
+//! The Redis backends and their wire layer: what the Lua scripts are sent
+//! and what they answer, each script beside its Rust encoder and reply
+//! parser.
 //!
+//! - [`node`]: the store on one Redis node; [`cluster`]: the store on Redis
+//!   Cluster (slot grouping, reserve then valve); `store`: the generic
+//!   store both are.
 //! - [`keys`]: which key and record each rule of a batch uses.
 //! - [`args`]: the argument layout the decision and the refund share (a
 //!   rule packed, the call's header).
@@ -10,16 +14,21 @@
 //!   releases leases.
 //! - [`heartbeat`] (`heartbeat.lua`): instances counting themselves.
 //! - [`inspect`]: a key's stored state read back and decoded.
+//! - `store`: the Redis store both backends are, generic over how Redis is
+//!   reached (one node, a cluster): pings, heartbeats, peeks, refunds.
 //!
 //! `common.lua` holds the helpers every script starts with.
 
 pub mod args;
+pub mod cluster;
 pub mod decide;
 pub mod function;
 pub mod heartbeat;
 pub mod inspect;
 pub mod keys;
+pub mod node;
 pub mod refund;
+pub(crate) mod store;
 
 pub use args::{PackedRules, Selection, TimeSource, lease_arg};
 pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};

@@ -14,28 +14,44 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
 
 use crate::local_connection::LocalConnections;
+use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
-use crate::store::{Batch, Peeked, PeekedRule, Store, StoreError};
+use crate::store::{Batch, Peeked, Store, StoreError};
 
 /// A store on one Redis node.
 #[derive(Clone)]
 pub struct RedisStore {
+    redis: Redis<Node>,
+}
+
+/// One node: a connection manager that reconnects on its own, and what
+/// makes each thread's own.
+#[derive(Clone)]
+pub(crate) struct Node {
     connection: ConnectionManager,
-    /// Decisions go over a connection of the deciding thread's own, made
-    /// from `client` and `config` as `connection` was.
-    local: LocalConnections,
     client: redis::Client,
     config: ConnectionManagerConfig,
-    decide: script::Decide,
-    keys: KeySet,
-    time: TimeSource,
-    timeout_ms: u64,
+}
+
+impl Reach for Node {
+    type Connection = ConnectionManager;
+    const PIPELINES_ANY_KEYS: bool = true;
+
+    fn shared(&self) -> Result<ConnectionManager, StoreError> {
+        Ok(self.connection.clone())
+    }
+
+    fn own(&self, local: &LocalConnections) -> Option<ConnectionManager> {
+        local.get(|_| {
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()).ok()
+        })
+    }
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("keys", &self.keys)
+            .field("keys", &self.redis.keys)
             .finish_non_exhaustive()
     }
 }
@@ -100,7 +116,6 @@ impl RedisStore {
         options: &ConnectOptions,
     ) -> Result<RedisStore, StoreError> {
         let timeout = options.timeout;
-        let timeout_ms = timeout.as_millis() as u64;
         let client = options.client(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
@@ -108,21 +123,19 @@ impl RedisStore {
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(200));
         let connection = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(|e| script::store_error(&e, timeout_ms))?;
-        let store = RedisStore {
+            .map_err(|e| script::store_error(&e, timeout.as_millis() as u64))?;
+        let node = Node {
             connection,
-            local: LocalConnections::new(),
             client,
             config,
-            decide: script::Decide::new(),
-            keys,
-            time: TimeSource::Server,
-            timeout_ms,
+        };
+        let store = RedisStore {
+            redis: Redis::new(node, keys, timeout),
         };
         // Preload the function when Redis is there; when it is not, the
         // first call after it comes back loads it (see script::Decide).
-        let mut connection = store.connection.clone();
-        let load = store.decide.load(&mut connection);
+        let mut connection = store.redis.reach.connection.clone();
+        let load = store.redis.decide.load(&mut connection);
         let _ = tokio::time::timeout(timeout.max(Duration::from_secs(1)), load).await;
         Ok(store)
     }
@@ -130,42 +143,32 @@ impl RedisStore {
     /// Checks that Redis answers (`PING`), within the time budget (at least
     /// 250 ms).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
-        let command = redis::cmd("PING");
-        let ping = command.query_async::<String>(&mut connection);
-        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), ping).await {
-            Ok(result) => result
-                .map(drop)
-                .map_err(|e| script::store_error(&e, self.timeout_ms)),
-            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
-        }
+        self.redis.ping().await
     }
 
     /// Refreshes this instance's heartbeat (lasting `ttl_ms`) and returns
     /// how many instances are live, and how many of them with another
     /// pepper.
     pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<Heartbeat, StoreError> {
-        let mut connection = self.connection.clone();
-        self.keys
-            .heartbeat(&mut connection, instance, ttl_ms, self.timeout_ms)
-            .await
+        self.redis.heartbeat(instance, ttl_ms).await
     }
 
     /// Sets where the script's "now" comes from (tests only; see
     /// [`TimeSource`]).
     pub fn with_time(mut self, time: TimeSource) -> RedisStore {
-        self.time = time;
+        self.redis.time = time;
         self
     }
 
     /// How keys are derived.
     pub fn keys(&self) -> &KeySet {
-        &self.keys
+        &self.redis.keys
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let previous = self
+        let redis = &self.redis;
+        let buckets = KeySet::keys(&redis.keys.current, batch, Valve::WHOLE);
+        let previous = redis
             .keys
             .previous
             .as_ref()
@@ -176,25 +179,14 @@ impl RedisStore {
             buckets.keys.into_vec(),
             &buckets.records,
             previous.as_ref(),
-            &self.time,
+            &redis.time,
         );
-        let reply: Vec<u8> = self
+        let reply: Vec<u8> = redis
             .decide
-            .call(&mut self.deciding_connection(), |cmd| call.fill(cmd))
+            .call(&mut redis.deciding()?, |cmd| call.fill(cmd))
             .await
-            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
+            .map_err(|e| redis.error(&e))?;
         Ok(script::reply(&reply, batch.rules.len())?.outcomes)
-    }
-
-    /// The deciding thread's own connection, or the shared one where the
-    /// thread cannot have one (off a runtime).
-    fn deciding_connection(&self) -> ConnectionManager {
-        self.local
-            .get(|_| {
-                ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                    .ok()
-            })
-            .unwrap_or_else(|| self.connection.clone())
     }
 
     /// Gives back what an admitted decision of `batch` at `at` (the
@@ -203,32 +195,15 @@ impl RedisStore {
     /// `batch.lease` released from its concurrency rules. Returns how many
     /// concurrency rules still held that lease.
     pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
-        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let refund = redis::Script::new(script::REFUND_LUA);
-        let (evalsha, eval) = script::RefundCall::new(
-            batch,
-            script::Selection::ALL,
-            buckets.keys.into_vec(),
-            &buckets.records,
-            &self.time,
-            at,
-        )
-        .commands(&refund);
-        let mut connection = self.deciding_connection();
-        let sent: redis::RedisResult<u64> = match evalsha.query_async(&mut connection).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                eval.query_async(&mut connection).await
-            }
-            other => other,
-        };
-        sent.map_err(|e| script::store_error(&e, self.timeout_ms))
+        let Buckets { keys, records } = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
+        self.redis
+            .refund(batch, script::Selection::ALL, keys.into_vec(), &records, at)
+            .await
     }
 
     /// Runs one command on this Redis (the admin API's own keys).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        cmd.query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| script::store_error(&e, self.timeout_ms))
+        self.redis.query(cmd).await
     }
 }
 
@@ -248,33 +223,6 @@ impl Store for RedisStore {
     }
 
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        let Buckets { keys, records } = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME");
-        for (key, rule) in keys.iter().zip(batch.rules) {
-            pipe.add_command(script::read_command(key, rule));
-        }
-        let values: Vec<redis::Value> = pipe
-            .query_async(&mut self.connection.clone())
-            .await
-            .map_err(|e| script::store_error(&e, self.timeout_ms))?;
-        let (time, values) = values
-            .split_first()
-            .ok_or_else(|| StoreError::Unavailable("empty reply".to_owned()))?;
-        let rows = keys
-            .into_iter()
-            .zip(records)
-            .zip(batch.rules)
-            .zip(values)
-            .map(|(((key, record), rule), value)| PeekedRule {
-                state: script::decode(rule, &script::raw(rule, value), record),
-                key,
-                enforced: *rule.rule(),
-            })
-            .collect();
-        Ok(Peeked {
-            now: script::time_ms(time)?,
-            rows,
-        })
+        self.redis.peek(batch, 1).await
     }
 }

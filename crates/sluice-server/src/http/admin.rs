@@ -8,7 +8,7 @@
 //! | `GET /v1/admin/overrides/{tenant}` | 200 the override, 404 when none |
 //! | `DELETE /v1/admin/overrides/{tenant}` | 204, 404 when none |
 //! | `GET /v1/admin/inspect?tenant=T&route=R&subject=S` | 200 the tenant's buckets as the live policy sees them (any store) |
-//! | `GET /v1/admin/heavy-hitters?by=denied\|admitted&limit=N` | 200 `{"window_s", "tenants": [{"tenant", "denied", "admitted"}]}` (see [`super::heavy`]) |
+//! | `GET /v1/admin/heavy-hitters?by=denied\|admitted&limit=N` | 200 `{"window_s", "tenants": [{"tenant", "denied", "admitted"}]}` (see [`crate::admin::heavy`]) |
 
 use std::sync::Arc;
 
@@ -24,11 +24,11 @@ use serde::Deserialize;
 use sluice_core::duration::parse_duration_ms;
 use sluice_tower::InvalidRequest;
 
-use super::{Refused, Stored, now_ms};
+use crate::admin::{Refused, Shadow, Stored, heavy, now_ms};
 use crate::app::App;
 
 /// The admin routes, behind the bearer-token check.
-pub fn routes() -> Router<Arc<App>> {
+pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/admin/overrides", get(list))
         .route(
@@ -40,7 +40,11 @@ pub fn routes() -> Router<Arc<App>> {
 }
 
 /// 401 unless the request carries the token.
-pub async fn authorise(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+pub(super) async fn authorise(
+    State(app): State<Arc<App>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -96,7 +100,7 @@ struct PutBody {
     plan: Option<String>,
     factor: Option<f64>,
     rules: Option<serde_json::Value>,
-    shadow: Option<super::Shadow>,
+    shadow: Option<Shadow>,
     expires_in: Option<String>,
 }
 
@@ -173,7 +177,7 @@ fn with_etag(stored: &Stored) -> Response {
 }
 
 async fn list(State(app): State<Arc<App>>) -> Response {
-    match app.admin.list(&app).await {
+    match app.admin.list(&app.limiter).await {
         Ok(overrides) => json(
             StatusCode::OK,
             &serde_json::json!({ "overrides": overrides }),
@@ -183,7 +187,7 @@ async fn list(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn read(State(app): State<Arc<App>>, Tenant(tenant): Tenant) -> Response {
-    match app.admin.get(&app, &tenant).await {
+    match app.admin.get(&app.limiter, &tenant).await {
         Ok(Some(stored)) => with_etag(&stored),
         Ok(None) => not_found(),
         Err(why) => refused(why),
@@ -198,7 +202,7 @@ async fn remove(
     let Ok(expected) = if_match(&headers) else {
         return bad_if_match();
     };
-    match app.admin.delete(&app, &tenant, expected).await {
+    match app.admin.delete(&app.limiter, &tenant, expected).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(why) => refused(why),
     }
@@ -216,7 +220,7 @@ async fn put(
     if let Err(e) = sluice_core::Request::new(&tenant, "GET /", None, 1) {
         return problem("tenant", e.to_string(), StatusCode::BAD_REQUEST);
     }
-    let parsed: PutBody = match crate::http::parse_json(&body, "override") {
+    let parsed: PutBody = match super::parse_json(&body, "override") {
         Ok(parsed) => parsed,
         Err(problem) => return problem.answer().map(Body::from).into_response(),
     };
@@ -256,11 +260,11 @@ async fn put(
         plan: parsed.plan,
         factor: parsed.factor,
         rules: parsed.rules,
-        shadow: parsed.shadow.unwrap_or(super::Shadow::All(false)),
+        shadow: parsed.shadow.unwrap_or(Shadow::All(false)),
         expires_at_ms,
         version: 0,
     };
-    match app.admin.put(&app, wanted, expected).await {
+    match app.admin.put(&app.limiter, wanted, expected).await {
         Ok(stored) => with_etag(&stored),
         Err(why) => refused(why),
     }
@@ -285,8 +289,8 @@ async fn heavy_hitters(
         );
     };
     let by = match query.by.as_deref() {
-        None | Some("denied") => super::heavy::By::Denied,
-        Some("admitted") => super::heavy::By::Admitted,
+        None | Some("denied") => heavy::By::Denied,
+        Some("admitted") => heavy::By::Admitted,
         Some(other) => {
             return problem(
                 "by",
@@ -311,7 +315,7 @@ async fn heavy_hitters(
     };
     json(
         StatusCode::OK,
-        &app.admin.heavy_hitters(&app, by, limit).await,
+        &app.admin.heavy_hitters(&app.limiter, by, limit).await,
     )
 }
 

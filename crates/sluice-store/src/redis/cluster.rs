@@ -28,7 +28,7 @@
 //! sees the budgets whole; an admitted request waits for at most two round
 //! trips, a denied one for three.
 //!
-//! What a group consumed is held by a [`Reservation`], which refunds it when
+//! What a group consumed is held by a `Reservation`, which refunds it when
 //! dropped unless the whole decision admitted. Each group's call runs as a
 //! task of its own, so a caller that goes away at any `.await` (its time
 //! budget ran out, the client hung up) leaves nothing consumed: calls under
@@ -47,12 +47,13 @@ use sluice_core::keys::Record;
 
 use smallvec::SmallVec;
 
+use super::node::{ConnectOptions, install_tls_provider};
 use crate::local_connection::LocalConnections;
+use crate::redis::store::{Reach, Redis, send};
 use crate::redis::{
     self as script, Buckets, Heartbeat, KeySet, RefundCall, Selection, TimeSource, Valve,
 };
-use crate::standalone::{ConnectOptions, install_tls_provider};
-use crate::store::{Batch, Partition, Peeked, PeekedRule, Store, StoreError};
+use crate::store::{Batch, Partition, Peeked, Store, StoreError};
 
 /// How often a store that could not connect tries again.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
@@ -60,25 +61,69 @@ const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 /// A store on Redis Cluster.
 #[derive(Clone)]
 pub struct ClusterStore {
-    client: ClusterClient,
-    connection: Arc<ArcSwapOption<ClusterConnection>>,
-    /// Decisions, refunds and releases go over a connection of the calling
-    /// thread's own once it is up (see `local_connection`), over
-    /// `connection` until then.
-    local: LocalConnections,
-    decide: script::Decide,
-    refund: redis::Script,
-    keys: KeySet,
-    time: TimeSource,
-    timeout_ms: u64,
+    redis: Redis<Cluster>,
     valve_shards: u16,
     next_valve: Arc<AtomicU64>,
+}
+
+/// A cluster: its client, and the shared connection once one is made.
+#[derive(Clone)]
+pub(crate) struct Cluster {
+    client: ClusterClient,
+    connection: Arc<ArcSwapOption<ClusterConnection>>,
+    /// Longest one attempt to connect may take.
+    budget: Duration,
+}
+
+impl Reach for Cluster {
+    type Connection = ClusterConnection;
+    const PIPELINES_ANY_KEYS: bool = false;
+
+    fn shared(&self) -> Result<ClusterConnection, StoreError> {
+        self.connection
+            .load_full()
+            .map(|c| (*c).clone())
+            .ok_or_else(|| StoreError::Unavailable("not connected to the cluster yet".to_owned()))
+    }
+
+    fn own(&self, local: &LocalConnections) -> Option<ClusterConnection> {
+        let slot = local.get(|runtime| {
+            let slot = Arc::new(ArcSwapOption::empty());
+            self.keep_connecting(runtime, slot.clone());
+            Some(slot)
+        })?;
+        slot.load_full().map(|c| (*c).clone())
+    }
+}
+
+impl Cluster {
+    /// Puts a connection in `slot` once one is made on `runtime` (which
+    /// then drives it), trying every second until then. (Once connected,
+    /// the client follows failovers and resharding by itself.)
+    fn keep_connecting(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        slot: Arc<ArcSwapOption<ClusterConnection>>,
+    ) {
+        let (client, budget) = (self.client.clone(), self.budget);
+        runtime.spawn(async move {
+            loop {
+                if let Ok(Ok(connection)) =
+                    tokio::time::timeout(budget, client.get_async_connection()).await
+                {
+                    slot.store(Some(Arc::new(connection)));
+                    return;
+                }
+                tokio::time::sleep(RECONNECT_EVERY).await;
+            }
+        });
+    }
 }
 
 impl std::fmt::Debug for ClusterStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterStore")
-            .field("keys", &self.keys)
+            .field("keys", &self.redis.keys)
             .field("valve_shards", &self.valve_shards)
             .finish_non_exhaustive()
     }
@@ -98,7 +143,6 @@ impl ClusterStore {
     ) -> Result<ClusterStore, StoreError> {
         install_tls_provider();
         let timeout = options.timeout;
-        let timeout_ms = timeout.as_millis() as u64;
         let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
             .connection_timeout(timeout.max(Duration::from_millis(250)))
             .response_timeout(timeout.max(Duration::from_millis(250)))
@@ -117,100 +161,44 @@ impl ClusterStore {
                 e.category()
             ))
         })?;
-        let store = ClusterStore {
+        let cluster = Cluster {
             client: client.clone(),
             connection: Arc::new(ArcSwapOption::empty()),
-            local: LocalConnections::new(),
-            decide: script::Decide::new(),
-            refund: redis::Script::new(script::REFUND_LUA),
-            keys,
-            time: TimeSource::Server,
-            timeout_ms,
+            budget: timeout.max(Duration::from_secs(1)),
+        };
+        let store = ClusterStore {
+            redis: Redis::new(cluster.clone(), keys, timeout),
             valve_shards: valve_shards.max(1),
             // Instances start their turns at different shards.
             next_valve: Arc::new(AtomicU64::new(first_turn())),
         };
         // The crate can hang connecting to a cluster that is half up: bound
-        // every attempt.
-        match tokio::time::timeout(store.connect_budget(), client.get_async_connection()).await {
-            Ok(Ok(connection)) => store.connection.store(Some(Arc::new(connection))),
-            _ => store.connect_in_background(),
+        // every attempt; when it fails, connect in the background.
+        match tokio::time::timeout(cluster.budget, client.get_async_connection()).await {
+            Ok(Ok(connection)) => cluster.connection.store(Some(Arc::new(connection))),
+            _ => cluster.keep_connecting(
+                &tokio::runtime::Handle::current(),
+                cluster.connection.clone(),
+            ),
         }
         Ok(store)
-    }
-
-    fn connect_budget(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms).max(Duration::from_secs(1))
-    }
-
-    /// Connects in the background, retrying every second. (Once connected,
-    /// the client follows failovers and resharding by itself.)
-    fn connect_in_background(&self) {
-        self.keep_connecting(&tokio::runtime::Handle::current(), self.connection.clone());
-    }
-
-    /// Puts a connection in `slot` once one is made on `runtime` (which
-    /// then drives it), trying every second until then.
-    fn keep_connecting(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        slot: Arc<ArcSwapOption<ClusterConnection>>,
-    ) {
-        let (client, budget) = (self.client.clone(), self.connect_budget());
-        runtime.spawn(async move {
-            loop {
-                if let Ok(Ok(connection)) =
-                    tokio::time::timeout(budget, client.get_async_connection()).await
-                {
-                    slot.store(Some(Arc::new(connection)));
-                    return;
-                }
-                tokio::time::sleep(RECONNECT_EVERY).await;
-            }
-        });
     }
 
     /// Sets where the scripts' "now" comes from (tests only; see
     /// [`TimeSource`]).
     pub fn with_time(mut self, time: TimeSource) -> ClusterStore {
-        self.time = time;
+        self.redis.time = time;
         self
     }
 
     /// How keys are derived.
     pub fn keys(&self) -> &KeySet {
-        &self.keys
+        &self.redis.keys
     }
 
     /// How many keys each global valve is split over.
     pub fn valve_shards(&self) -> u16 {
         self.valve_shards
-    }
-
-    /// For decisions, refunds and releases: the calling thread's own
-    /// connection when it is up, else the shared one.
-    fn deciding_connection(&self) -> Result<ClusterConnection, StoreError> {
-        let local = self.local.get(|runtime| {
-            let slot = Arc::new(ArcSwapOption::empty());
-            self.keep_connecting(runtime, slot.clone());
-            Some(slot)
-        });
-        if let Some(connection) = local.and_then(|slot| slot.load_full()) {
-            return Ok((*connection).clone());
-        }
-        self.connection()
-    }
-
-    /// The shared connection (heartbeats, admin, inspection).
-    fn connection(&self) -> Result<ClusterConnection, StoreError> {
-        self.connection
-            .load_full()
-            .map(|c| (*c).clone())
-            .ok_or_else(|| StoreError::Unavailable("not connected to the cluster yet".to_owned()))
-    }
-
-    fn error(&self, e: &redis::RedisError) -> StoreError {
-        script::store_error(e, self.timeout_ms)
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
@@ -221,24 +209,31 @@ impl ClusterStore {
             }),
             shards: valve_parts,
         };
-        let buckets = KeySet::keys(&self.keys.current, batch, valve);
+        let buckets = KeySet::keys(&self.redis.keys.current, batch, valve);
         let (first, valves) = slot_groups(batch, &buckets.keys);
         if first.len() + valves.len() == 1 {
             // One slot: one script call, atomic on its own.
             let group = first.into_iter().chain(valves).next().expect("one group");
-            let connection = self.deciding_connection()?;
+            let connection = self.redis.deciding()?;
             let selection = Selection {
                 indices: Some(&group),
                 valve_parts,
             };
             let (group_keys, records) = select(&buckets, &group);
-            let call =
-                script::DecideCall::new(batch, selection, group_keys, &records, None, &self.time);
+            let call = script::DecideCall::new(
+                batch,
+                selection,
+                group_keys,
+                &records,
+                None,
+                &self.redis.time,
+            );
             let reply: Vec<u8> = self
+                .redis
                 .decide
                 .call(&mut connection.clone(), |cmd| call.fill(cmd))
                 .await
-                .map_err(|e| self.error(&e))?;
+                .map_err(|e| self.redis.error(&e))?;
             let decided = script::reply(&reply, group.len())?.outcomes;
             let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
             for (&i, outcome) in group.iter().zip(decided) {
@@ -324,7 +319,7 @@ impl ClusterStore {
         Vec<tokio::task::JoinHandle<Result<(Outcomes, Option<Reservation>), StoreError>>>,
         StoreError,
     > {
-        let connection = self.deciding_connection()?;
+        let connection = self.redis.deciding()?;
         Ok(phase
             .iter()
             .map(|group| {
@@ -334,20 +329,25 @@ impl ClusterStore {
                 };
                 let (group_keys, records) = select(buckets, group);
                 let call = script::DecideCall::new(
-                    batch, selection, group_keys, &records, None, &self.time,
+                    batch,
+                    selection,
+                    group_keys,
+                    &records,
+                    None,
+                    &self.redis.time,
                 );
                 // The refund sends the call's own rules, with the admission
                 // time of the reply.
                 let refund = RefundPlan {
                     shadow: group.iter().map(|&i| batch.rules[i].shadow()).collect(),
                     lease: batch.lease,
-                    time: self.time.clone(),
+                    time: self.redis.time.clone(),
                 };
                 let (connection, decide, script, timeout_ms) = (
                     connection.clone(),
-                    self.decide.clone(),
-                    self.refund.clone(),
-                    self.timeout_ms,
+                    self.redis.decide.clone(),
+                    self.redis.refund.clone(),
+                    self.redis.timeout_ms,
                 );
                 tokio::spawn(async move {
                     let reply: Vec<u8> = decide
@@ -365,32 +365,20 @@ impl ClusterStore {
     /// Runs one command on the cluster, routed by its key (the admin API's
     /// own keys, which share one slot).
     pub async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        let mut connection = self.connection()?;
-        cmd.query_async(&mut connection)
-            .await
-            .map_err(|e| self.error(&e))
+        self.redis.query(cmd).await
     }
 
     /// Checks that the cluster answers (`PING` on a node), within the budget
     /// (at least 250 ms).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection()?;
-        let command = redis::cmd("PING");
-        let ping = command.query_async::<String>(&mut connection);
-        match tokio::time::timeout(Duration::from_millis(self.timeout_ms.max(250)), ping).await {
-            Ok(result) => result.map(drop).map_err(|e| self.error(&e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout_ms)),
-        }
+        self.redis.ping().await
     }
 
     /// Refreshes this instance's heartbeat (lasting `ttl_ms`) and returns
     /// how many instances are live, and how many of them with another
     /// pepper.
     pub async fn heartbeat(&self, instance: &str, ttl_ms: u64) -> Result<Heartbeat, StoreError> {
-        let mut connection = self.connection()?;
-        self.keys
-            .heartbeat(&mut connection, instance, ttl_ms, self.timeout_ms)
-            .await
+        self.redis.heartbeat(instance, ttl_ms).await
     }
 }
 
@@ -458,7 +446,7 @@ impl Reservation {
             return;
         };
         let connection = self.connection.clone();
-        let sent = tokio::spawn(async move { send::<i64>(connection, evalsha, eval).await });
+        let sent = tokio::spawn(async move { send::<_, i64>(connection, evalsha, eval).await });
         if let Ok(Err(e)) = sent.await {
             tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
         }
@@ -488,7 +476,7 @@ impl Drop for Reservation {
         };
         let connection = self.connection.clone();
         runtime.spawn(async move {
-            if let Err(e) = send::<i64>(connection, evalsha, eval).await {
+            if let Err(e) = send::<_, i64>(connection, evalsha, eval).await {
                 tracing::warn!(error = %e, "refund of a denied decision failed; the budget recovers with time");
             }
         });
@@ -535,23 +523,6 @@ fn hash_tag(key: &str) -> &str {
     &key[open..close]
 }
 
-/// Sends a script call; a node that does not know the script yet gets it
-/// as `EVAL`. Scripts are cached per node and not replicated, so a node
-/// that took over slots (failover) may not know it; `EVAL` runs it on the
-/// node that owns the keys and caches it there.
-async fn send<T: redis::FromRedisValue>(
-    mut connection: ClusterConnection,
-    evalsha: redis::Cmd,
-    eval: redis::Cmd,
-) -> redis::RedisResult<T> {
-    match evalsha.query_async::<T>(&mut connection).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            eval.query_async::<T>(&mut connection).await
-        }
-        other => other,
-    }
-}
-
 /// The keys and records of a group's rules, in its order.
 fn select(buckets: &Buckets, group: &[usize]) -> (Vec<String>, Vec<Record>) {
     group
@@ -562,29 +533,7 @@ fn select(buckets: &Buckets, group: &[usize]) -> (Vec<String>, Vec<Record>) {
 
 impl Store for ClusterStore {
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        let mut connection = self.connection()?;
-        let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
-        // The keys live on different slots: one command each.
-        let time: redis::Value = redis::cmd("TIME")
-            .query_async(&mut connection)
-            .await
-            .map_err(|e| self.error(&e))?;
-        let mut rows = Vec::with_capacity(keys.keys.len());
-        for ((key, record), rule) in keys.keys.into_iter().zip(keys.records).zip(batch.rules) {
-            let value: redis::Value = script::read_command(&key, rule)
-                .query_async(&mut connection)
-                .await
-                .map_err(|e| self.error(&e))?;
-            rows.push(PeekedRule {
-                state: script::decode(rule, &script::raw(rule, &value), record),
-                key,
-                enforced: script::enforced(rule, u64::from(self.valve_shards)),
-            });
-        }
-        Ok(Peeked {
-            now: script::time_ms(&time)?,
-            rows,
-        })
+        self.redis.peek(batch, u64::from(self.valve_shards)).await
     }
 
     fn valve_parts(&self) -> u64 {
@@ -600,9 +549,9 @@ impl Store for ClusterStore {
             return Ok(false);
         }
         let valve_parts = u64::from(self.valve_shards);
-        let buckets = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        let buckets = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
         let (first, valves) = slot_groups(batch, &buckets.keys);
-        let connection = self.deciding_connection()?;
+        let connection = self.redis.deciding()?;
         // One refund per slot, concurrently; each is idempotent.
         let calls: Vec<_> = first
             .into_iter()
@@ -614,16 +563,16 @@ impl Store for ClusterStore {
                 };
                 let (group_keys, records) = select(&buckets, &group);
                 let (evalsha, eval) =
-                    RefundCall::new(batch, selection, group_keys, &records, &self.time, 0)
-                        .commands(&self.refund);
-                tokio::spawn(send::<u64>(connection.clone(), evalsha, eval))
+                    RefundCall::new(batch, selection, group_keys, &records, &self.redis.time, 0)
+                        .commands(&self.redis.refund);
+                tokio::spawn(send::<_, u64>(connection.clone(), evalsha, eval))
             })
             .collect();
         let mut released = 0;
         for call in calls {
             match call.await {
                 Ok(Ok(n)) => released += n,
-                Ok(Err(e)) => return Err(self.error(&e)),
+                Ok(Err(e)) => return Err(self.redis.error(&e)),
                 Err(e) => return Err(StoreError::Unavailable(format!("release task failed: {e}"))),
             }
         }

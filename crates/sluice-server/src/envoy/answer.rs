@@ -1,0 +1,218 @@
+//! The `ShouldRateLimit` answer: each descriptor's status, the overall
+//! code (quota descriptors over only together) and the `RateLimit`
+//! headers.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_core::config::envoy::Unit;
+use sluice_core::headers::{retry_after_seconds, write_ratelimit};
+use sluice_core::{BoundRule, Decision, Reason};
+
+use super::RateLimiter;
+use super::units::proto_unit;
+use super::{stats, zero_limit};
+
+/// The configured form of a descriptor's limit: requests per unit, unit,
+/// name.
+pub(super) type Configured = Option<(u32, Option<Unit>, Option<String>)>;
+
+/// Everything decided about one request, ready to become an answer.
+pub(super) struct Verdict<'p> {
+    pub(super) decision: Decision<'p>,
+    /// The rules each descriptor answers for (indices into the decision's
+    /// rules).
+    pub(super) owners: Vec<Vec<usize>>,
+    /// Per descriptor: in quota mode.
+    pub(super) quota: Vec<bool>,
+    /// Per descriptor: `unlimited: true` matched (answered with the largest
+    /// remaining, as envoyproxy/ratelimit answers).
+    pub(super) unlimited: Vec<bool>,
+    /// Per descriptor: at a zero limit (`requests_per_unit: 0`).
+    pub(super) blocked: Vec<bool>,
+    /// Per descriptor: in shadow mode (empty: none is).
+    pub(super) shadow: Vec<bool>,
+    /// The time zero limits reset from.
+    pub(super) now_ms: u64,
+    /// Per descriptor: the configured form of its limit, for `current_limit`.
+    pub(super) configured: Vec<Configured>,
+    /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
+    /// whether it is in shadow mode, and its hits, for upstream's stats.
+    pub(super) stats: Vec<Option<(String, bool, u64)>>,
+}
+
+impl<'p> Verdict<'p> {
+    /// A decision on the native domain: no quota, unlimited or envoyproxy/ratelimit
+    /// stats there.
+    pub(super) fn native(
+        decision: Decision<'p>,
+        owners: Vec<Vec<usize>>,
+        blocked: Vec<bool>,
+        configured: Vec<Configured>,
+        now_ms: u64,
+    ) -> Verdict<'p> {
+        Verdict {
+            decision,
+            owners,
+            quota: Vec::new(),
+            unlimited: Vec::new(),
+            blocked,
+            shadow: Vec::new(),
+            now_ms,
+            configured,
+            stats: Vec::new(),
+        }
+    }
+}
+
+impl<'p> crate::app::Decided<'p> for Verdict<'p> {
+    fn decision(&self) -> &Decision<'p> {
+        &self.decision
+    }
+}
+
+impl RateLimiter {
+    /// The gRPC answer for a decision.
+    pub(super) fn answer(&self, decided: Verdict<'_>, descriptors: usize) -> RateLimitResponse {
+        let Verdict {
+            decision,
+            owners,
+            blocked,
+            shadow,
+            now_ms,
+            quota,
+            unlimited,
+            configured,
+            stats,
+        } = decided;
+        stats::count(&self.app.metrics, &decision, &stats, &owners, &blocked);
+        if decision.shadow_denied {
+            tracing::debug!("a shadow-mode descriptor would have denied this request");
+        }
+        let statuses: Vec<DescriptorStatus> = (0..descriptors)
+            .map(|i| {
+                if unlimited.get(i).copied().unwrap_or(false) {
+                    return DescriptorStatus {
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
+                        ..Default::default()
+                    };
+                }
+                if blocked[i] {
+                    let shadow = shadow.get(i).copied().unwrap_or(false);
+                    return zero_limit::status(&configured[i], shadow, now_ms);
+                }
+                let quota = quota.get(i).copied().unwrap_or(false);
+                descriptor_status(&decision, &owners[i], quota, &configured[i])
+            })
+            .collect();
+        // Quota descriptors never block alone: the request is over when
+        // every one of them is (as envoyproxy/ratelimit answers).
+        let quotas = statuses
+            .iter()
+            .zip(&quota)
+            .filter(|(_, q)| **q)
+            .map(|(s, _)| s.code == Code::OverLimit as i32);
+        let (quota_count, quota_over) =
+            quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));
+        let over = (!decision.allowed || (quota_count > 0 && quota_count == quota_over))
+            && !self.app.envoy.shadow_mode;
+        // RateLimit-Policy, RateLimit and Retry-After at most.
+        let mut headers = Vec::with_capacity(3);
+        let policy_header = if decision.policy_header().is_empty() {
+            decision
+                .rules
+                .iter()
+                .filter(|r| r.advertised())
+                .map(BoundRule::policy_item)
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            decision.policy_header().to_owned()
+        };
+        if !policy_header.is_empty() {
+            headers.push(header("RateLimit-Policy", policy_header));
+        }
+        let mut ratelimit = String::new();
+        write_ratelimit(&decision, &mut ratelimit);
+        if !ratelimit.is_empty() {
+            headers.push(header("RateLimit", ratelimit));
+        }
+        if over && let Some(ms) = decision.retry_after_ms() {
+            headers.push(header("Retry-After", retry_after_seconds(ms).to_string()));
+        }
+        RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        }
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    }
+}
+
+/// The status of one descriptor: over the limit when one of its enforced
+/// rules denied, with the tightest of its rules as
+/// `current_limit`.
+fn descriptor_status(
+    decision: &Decision<'_>,
+    owned: &[usize],
+    quota: bool,
+    configured: &Configured,
+) -> DescriptorStatus {
+    // Walked twice rather than collected: no allocation per descriptor.
+    let known = || {
+        owned
+            .iter()
+            .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
+    };
+    // A quota descriptor's rules are decided as shadow rules, but its
+    // status still says when it is over.
+    let denied = known().any(|(r, o)| !o.allowed && (quota || !decision.rules[r].shadow()));
+    // The store was unreachable and the failure policy denied: every
+    // descriptor with rules is over.
+    let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
+    let tightest = known().min_by_key(|(_, o)| o.remaining);
+    let current_limit = tightest.map(|(r, _)| {
+        let rule = decision.rules[r].rule();
+        let (rpu, unit) = match configured {
+            Some((rpu, unit, _)) => (*rpu, *unit),
+            None => (
+                u32::try_from(rule.limit()).unwrap_or(u32::MAX),
+                Unit::of_ms(rule.period_ms()),
+            ),
+        };
+        RateLimit {
+            name: decision.rules[r].name().to_owned(),
+            requests_per_unit: rpu,
+            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+        }
+    });
+    DescriptorStatus {
+        code: if denied || failed_closed {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32,
+        current_limit,
+        limit_remaining: tightest.map_or(0, |(_, o)| o.remaining),
+        // Whole seconds, rounded up, as envoyproxy/ratelimit reports them
+        // (never before the window actually resets).
+        duration_until_reset: tightest.map(|(_, o)| ProtoDuration {
+            seconds: o.reset_after_ms.div_ceil(1_000) as i64,
+            nanos: 0,
+        }),
+        ..Default::default()
+    }
+}

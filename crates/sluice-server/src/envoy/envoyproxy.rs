@@ -1,0 +1,291 @@
+//! The domains of the envoyproxy/ratelimit configuration: descriptors
+//! matched against its tree, `replaces`, `unlimited`, `shadow_mode`,
+//! `quota_mode` and `share_threshold` as upstream reads them, and
+//! `hits_addend: 0` checks that consume nothing.
+
+use std::time::Instant;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice_core::descriptors::DescriptorLimit;
+use sluice_core::policy::Applicable;
+use sluice_core::{BoundRule, Decision};
+use sluice_store::{Keyed, PeekedRule};
+
+use super::RateLimiter;
+use super::answer::Verdict;
+use super::descriptor::{counted_entries, descriptor_partition, override_limit};
+use super::request::Descriptor;
+use super::units::proto_unit;
+use super::zero_limit;
+
+/// The limit that applies to one descriptor of a request.
+enum Found<'p> {
+    /// No limit (also: unlimited, replaced, or counting 0 units).
+    None,
+    /// From the configuration, with the entries a `share_threshold`
+    /// wildcard counts under its pattern and its stats key.
+    Config(sluice_core::descriptors::Found<'p>),
+    /// From the descriptor's `limit` override.
+    Override(DescriptorLimit),
+}
+
+impl Found<'_> {
+    fn limit(&self) -> Option<&DescriptorLimit> {
+        match self {
+            Found::None => None,
+            Found::Config(found) => Some(found.limit),
+            Found::Override(limit) => Some(limit),
+        }
+    }
+}
+
+/// The rules to decide, once `replaces` has dropped the limits other matched
+/// limits replace, and the descriptor each rule belongs to.
+fn matched_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
+    let replaced: Vec<&str> = found
+        .iter()
+        .filter_map(Found::limit)
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    found
+        .iter()
+        .enumerate()
+        .filter_map(|(i, f)| f.limit().map(|l| (i, l)))
+        .filter(|(_, l)| !l.name.as_deref().is_some_and(|n| replaced.contains(&n)))
+        .filter(|(_, l)| !l.unlimited)
+        .flat_map(|(i, l)| l.rules.iter().map(move |r| (r.clone(), i)))
+        .unzip()
+}
+
+impl RateLimiter {
+    /// A request on a domain of the envoyproxy/ratelimit configuration:
+    /// descriptors matched against its tree, each matched limit counting
+    /// per request descriptor.
+    pub(super) async fn decide_envoyproxy(
+        &self,
+        policy: &sluice_core::Policy,
+        domain: &str,
+        descriptors: &[Descriptor<'_>],
+        started: Instant,
+    ) -> RateLimitResponse {
+        let envoy = policy.descriptors();
+        let near_limit = policy.near_limit();
+        let found: Vec<Found<'_>> = descriptors
+            .iter()
+            .map(|d| {
+                if d.cost == 0 {
+                    Found::None
+                } else if d.limit_override.is_some() {
+                    Found::Override(override_limit(domain, d, near_limit, 1))
+                } else {
+                    envoy
+                        .find(domain, &d.entries)
+                        .map_or(Found::None, Found::Config)
+                }
+            })
+            .collect();
+        let (rules, owner) = matched_rules(&found);
+        // Boxed: what it holds across the store call would otherwise
+        // size every request's future, the native domain's too.
+        // envoyproxy/ratelimit's descriptors carry no tenant to account.
+        let decided = self
+            .app
+            .decide(
+                None,
+                started,
+                Box::pin(self.decide_matched(domain, descriptors, &found, &rules, &owner)),
+            )
+            .await;
+        let mut response = self.answer(decided, descriptors.len());
+        // `hits_addend: 0` checks without consuming (Envoy's check now,
+        // debit later): the descriptor's buckets are read, not written.
+        for (i, d) in descriptors.iter().enumerate() {
+            if d.cost != 0 || d.limit_override.is_some() {
+                continue;
+            }
+            // Boxed: a peek at a remote store is a large future, and
+            // this path is rare; unboxed, it sized every request's.
+            if let Some(found) = envoy.find(domain, &d.entries)
+                && let Some(status) = Box::pin(self.check_only(domain, d, &found)).await
+            {
+                response.statuses[i] = status;
+            }
+        }
+        response
+    }
+
+    /// The status of a descriptor that consumes nothing (`hits_addend: 0`):
+    /// its buckets as they stand, OK (a denied request consumes nothing in
+    /// sluice, so a bucket is never past its limit), with what remains.
+    /// `None` when it has no rules to read or the store does not answer in
+    /// time (the descriptor is then answered OK without a limit).
+    async fn check_only(
+        &self,
+        domain: &str,
+        d: &Descriptor<'_>,
+        found: &sluice_core::descriptors::Found<'_>,
+    ) -> Option<DescriptorStatus> {
+        let limit = found.limit;
+        if limit.rules.is_empty() || limit.unlimited {
+            return None;
+        }
+        let counted = counted_entries(&d.entries, &found.shared);
+        let mut keyed = Keyed::named(domain);
+        for _ in limit.rules.iter() {
+            keyed.push(descriptor_partition(domain, &counted), 1);
+        }
+        let peeked = self
+            .app
+            .limiter
+            .peek_keyed(&limit.rules, &keyed)
+            .await
+            .ok()?;
+        let now = peeked.now;
+        let tightest = peeked
+            .rows
+            .iter()
+            .map(
+                |PeekedRule {
+                     state,
+                     enforced: rule,
+                     ..
+                 }| {
+                    let state = rule.repair(state, now).unwrap_or_else(|| state.clone());
+                    let (outcome, _) = rule.decide(&state, now, 1);
+                    let before = if outcome.allowed {
+                        u64::from(outcome.remaining) + 1
+                    } else {
+                        u64::from(outcome.remaining)
+                    };
+                    (before.min(rule.capacity()), outcome.reset_after_ms)
+                },
+            )
+            .min_by_key(|(remaining, _)| *remaining)?;
+        Some(DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(RateLimit {
+                name: limit.name.clone().unwrap_or_default(),
+                requests_per_unit: limit.requests_per_unit,
+                unit: limit.unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+            }),
+            limit_remaining: u32::try_from(tightest.0).unwrap_or(u32::MAX),
+            duration_until_reset: Some(ProtoDuration {
+                seconds: tightest.1.div_ceil(1_000) as i64,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+    }
+
+    async fn decide_matched<'p>(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_>],
+        found: &[Found<'_>],
+        rules: &'p [BoundRule],
+        owner: &[usize],
+    ) -> Verdict<'p> {
+        // A replaced limit does not apply at all, a blocking one included.
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(Found::limit)
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        let applies =
+            |l: &DescriptorLimit| !l.name.as_deref().is_some_and(|n| replaced.contains(&n));
+        let blocked: Vec<bool> = found
+            .iter()
+            .map(|f| {
+                f.limit()
+                    .is_some_and(|l| l.blocks && !l.unlimited && applies(l))
+            })
+            .collect();
+        let quota: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.quota && applies(l)))
+            .collect();
+        let unlimited: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
+            .collect();
+        let shadow: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.shadow))
+            .collect();
+        let stats = found
+            .iter()
+            .zip(descriptors)
+            .map(|(f, d)| {
+                let key = match f {
+                    Found::Config(found) => found.stats_key.clone(),
+                    _ => f.limit()?.key.clone(),
+                };
+                f.limit()
+                    .filter(|l| applies(l) && !l.unlimited)
+                    .map(|l| (key, l.shadow, d.cost))
+            })
+            .collect();
+        let configured: Vec<_> = found
+            .iter()
+            .map(|f| {
+                f.limit()
+                    .map(|l| (l.requests_per_unit, l.unit, l.name.clone()))
+            })
+            .collect();
+        let enforced_block = found
+            .iter()
+            .zip(&blocked)
+            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow || l.quota));
+        let mut owners = vec![Vec::new(); descriptors.len()];
+        for (index, descriptor) in owner.iter().enumerate() {
+            owners[*descriptor].push(index);
+        }
+        let decision = if rules.is_empty() {
+            if enforced_block {
+                Decision::blocked()
+            } else {
+                Decision::from_outcomes(Applicable::adhoc(&[]), Default::default(), 1, &[])
+            }
+        } else {
+            let mut keyed = Keyed::named(domain);
+            for &d in owner {
+                let shared = match &found[d] {
+                    Found::Config(found) => &found.shared[..],
+                    _ => &[],
+                };
+                let entries = counted_entries(&descriptors[d].entries, shared);
+                keyed.push(descriptor_partition(domain, &entries), descriptors[d].cost);
+            }
+            if enforced_block {
+                // Denied by `requests_per_unit: 0`: nothing counted.
+                zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &keyed).await
+            } else {
+                self.app
+                    .limiter
+                    .decide_keyed(Applicable::adhoc(rules), &keyed)
+                    .await
+            }
+        };
+        let now_ms = if blocked.contains(&true) {
+            zero_limit::now_ms(self.app.limiter.store())
+        } else {
+            0
+        };
+        Verdict {
+            decision,
+            owners,
+            blocked,
+            shadow,
+            now_ms,
+            quota,
+            unlimited,
+            configured,
+            stats,
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The native domain (`envoy.domain`): descriptor entries name the
+//! tenant, route and subject, sluice's plans decide, and each descriptor
+//! answers for the scope its deepest entry names.
+
+use std::time::Instant;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use sluice_core::config::EnvoyServiceConfig;
+use sluice_core::descriptors::DescriptorLimit;
+use sluice_core::policy::Applicable;
+use sluice_core::{BoundRule, Request, Scope};
+use sluice_store::Keyed;
+use tonic::Status;
+
+use super::RateLimiter;
+use super::answer::Verdict;
+use super::descriptor::{descriptor_partition, override_limit};
+use super::request::Descriptor;
+use super::zero_limit;
+
+impl RateLimiter {
+    pub(super) async fn decide_native(
+        &self,
+        policy: &sluice_core::Policy,
+        native: &EnvoyServiceConfig,
+        descriptors: &[Descriptor<'_>],
+        hits: u64,
+        started: Instant,
+    ) -> Result<RateLimitResponse, Status> {
+        let value_of = |key: &str| {
+            descriptors
+                .iter()
+                .flat_map(|d| d.entries.iter())
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+        };
+        let tenant = value_of(&native.tenant_key).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "domain `{}` needs a descriptor entry `{}` carrying the tenant",
+                native.domain, native.tenant_key
+            ))
+        })?;
+        let route = sluice_core::route::normalize(value_of(&native.route_key).unwrap_or("*"));
+        let subject = value_of(&native.subject_key);
+        let request = Request::new(tenant, &route, subject, hits)
+            .and_then(|r| r.with_fingerprint(value_of(&native.fingerprint_key)))
+            .map_err(|e| Status::invalid_argument(format!("descriptor entry {e}")))?;
+        let applicable =
+            policy.applicable(request.tenant, request.route, request.subject.is_some());
+        // Each descriptor answers for the scope its deepest entry names.
+        let level = |d: &Descriptor<'_>| {
+            let has = |key: &str| d.entries.iter().any(|(k, _)| *k == key);
+            if has(&native.subject_key) {
+                Some(&[Scope::Subject][..])
+            } else if has(&native.route_key) {
+                Some(&[Scope::Route, Scope::Global][..])
+            } else if has(&native.tenant_key) {
+                Some(&[Scope::Tenant][..])
+            } else {
+                None
+            }
+        };
+        let overrides: Vec<(usize, DescriptorLimit)> = descriptors
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.limit_override.is_some() && d.cost > 0)
+            .map(|(i, d)| {
+                let limit =
+                    override_limit(&native.domain, d, policy.near_limit(), applicable.shards);
+                (i, limit)
+            })
+            .collect();
+        let mut owners = vec![Vec::new(); descriptors.len()];
+        let mut configured = vec![None; descriptors.len()];
+        let mut blocked = vec![false; descriptors.len()];
+        let decided = if overrides.is_empty() {
+            for (i, d) in descriptors.iter().enumerate() {
+                if let Some(scopes) = level(d) {
+                    owners[i] = (0..applicable.rules.len())
+                        .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
+                        .collect();
+                }
+            }
+            let decision = self
+                .app
+                .decide(
+                    Some(&request),
+                    started,
+                    self.app.limiter.decide(policy, &request),
+                )
+                .await;
+            Verdict::native(decision, owners, blocked, configured, 0)
+        } else {
+            // Overrides add descriptor rules to the plan's, decided
+            // together: the rare path, boxed so that what it holds across
+            // the store call does not size every request's future.
+            return Box::pin(async move {
+                let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
+                // The plan's rules keyed as the limiter keys them, then
+                // each override's rules in its descriptor's bucket.
+                let mut keyed = Keyed::request(&request, applicable.rules);
+                for (i, limit) in &overrides {
+                    blocked[*i] = limit.blocks;
+                    configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
+                    for rule in limit.rules.iter() {
+                        owners[*i].push(rules.len());
+                        keyed.push(
+                            descriptor_partition(&native.domain, &descriptors[*i].entries),
+                            descriptors[*i].cost,
+                        );
+                        rules.push(rule.clone());
+                    }
+                }
+                for (i, d) in descriptors.iter().enumerate() {
+                    if d.limit_override.is_none()
+                        && let Some(scopes) = level(d)
+                    {
+                        owners[i] = (0..applicable.rules.len())
+                            .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
+                            .collect();
+                    }
+                }
+                let combined = Applicable {
+                    rules: &rules[..],
+                    max_cost: u64::MAX,
+                    ..applicable
+                };
+                let enforced_block = blocked.iter().any(|b| *b);
+                let limiter = &self.app.limiter;
+                let decide = async {
+                    if enforced_block {
+                        let decision = zero_limit::decide(limiter, combined, &keyed).await;
+                        (decision, zero_limit::now_ms(limiter.store()))
+                    } else {
+                        (limiter.decide_keyed(combined, &keyed).await, 0)
+                    }
+                };
+                let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;
+                Ok(self.answer(
+                    Verdict::native(decision, owners, blocked, configured, now_ms),
+                    descriptors.len(),
+                ))
+            })
+            .await;
+        };
+        Ok(self.answer(decided, descriptors.len()))
+    }
+}

@@ -1,0 +1,141 @@
+//! The native domain: descriptor entries name the tenant, route and
+//! subject, and sluice's plans decide.
+
+use super::*;
+
+#[tokio::test]
+async fn the_native_domain_maps_descriptors_onto_plans() {
+    let mut server = start("", "native");
+    let mut c = client(&server).await;
+    let tenant = [("tenant", "acme")];
+    let route = [("tenant", "acme"), ("route", "POST /x")];
+    let subject = [
+        ("tenant", "acme"),
+        ("route", "POST /x"),
+        ("subject", "alice"),
+    ];
+    let all = || {
+        vec![
+            descriptor(&tenant),
+            descriptor(&route),
+            descriptor(&subject),
+        ]
+    };
+    let r = ask(&mut c, "sluice", all(), 0).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::Ok]);
+    let limit = |i: usize| r.statuses[i].current_limit.as_ref().unwrap().name.clone();
+    assert_eq!(
+        (limit(0), limit(1), limit(2)),
+        ("tenant-minute".into(), "x".into(), "per-user".into())
+    );
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        100
+    );
+    assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().unit, 2); // MINUTE
+
+    // alice's second request is over her subject limit only; nothing else
+    // is consumed.
+    let r = ask(&mut c, "sluice", all(), 0).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(overall(&r), Code::OverLimit);
+    let r = ask(&mut c, "sluice", vec![descriptor(&route)], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 0,
+        "the route had 2: one used, one now"
+    );
+    assert_eq!(overall(&r), Code::Ok);
+    let r = ask(&mut c, "sluice", vec![descriptor(&route)], 0).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+
+    // A `fingerprint` entry feeds the duplicate guard: the same submission
+    // is over the limit, another one is not.
+    let pay = |f: &str| {
+        vec![descriptor(&[
+            ("tenant", "acme"),
+            ("route", "POST /pay"),
+            ("fingerprint", f),
+        ])]
+    };
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
+        Code::Ok
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
+        Code::OverLimit
+    );
+    assert_eq!(
+        overall(&ask(&mut c, "sluice", pay("f2"), 0).await),
+        Code::Ok
+    );
+
+    // A tenant is required on the native domain.
+    let status = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![descriptor(&[("route", "GET /")])],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("tenant"), "{}", status.message());
+
+    // An answer's headers: its content type, no `date` or
+    // `content-length` (no gRPC client reads them; the HTTP API's answers
+    // carry them).
+    let answer = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "sluice".into(),
+            descriptors: vec![descriptor(&tenant)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    let headers = answer.metadata();
+    assert_eq!(headers.get("content-type").unwrap(), "application/grpc");
+    assert!(headers.get("date").is_none(), "{headers:?}");
+    assert!(headers.get("content-length").is_none(), "{headers:?}");
+    drop(c);
+    server.stop();
+}
+
+#[tokio::test]
+async fn sharded_tenants_get_their_whole_limit_through_envoy() {
+    let redis = RedisServer::start();
+    let storage = format!(
+        "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\ntenants:\n  big1: {{ plan: free, shards: 4 }}\n  big2: {{ plan: free, shards: 4 }}\n  big3: {{ plan: free, shards: 4 }}\n",
+        redis.url()
+    );
+    let mut server = start(&storage, "sharded");
+    let mut c = client(&server).await;
+    // Two sharded tenants taking turns each get all of `tenant-minute`.
+    let mut admitted = [0u32; 2];
+    for i in 0..260 {
+        let t = i % 2;
+        let tenant = ["big1", "big2"][t];
+        let r = ask(&mut c, "sluice", vec![descriptor(&[("tenant", tenant)])], 0).await;
+        admitted[t] += u32::from(overall(&r) == Code::Ok);
+    }
+    assert_eq!(admitted, [100, 100]);
+    // A limit override on a sharded tenant is spread like its plan: the
+    // plan's rules still give the whole limit, the override its own.
+    let mut overridden = descriptor(&[("tenant", "big3")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 1_000,
+        unit: 3, // HOUR
+    });
+    let mut admitted = 0;
+    for _ in 0..130 {
+        let r = ask(&mut c, "sluice", vec![overridden.clone()], 0).await;
+        admitted += u32::from(overall(&r) == Code::Ok);
+    }
+    assert_eq!(admitted, 100, "the plan's tenant-minute, over all shards");
+    drop(c);
+    server.stop();
+}
