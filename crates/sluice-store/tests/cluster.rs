@@ -737,6 +737,45 @@ async fn a_decision_dropped_between_reserve_and_refund_consumes_nothing() {
     assert_eq!(passed, 3, "dropped decisions left valve budget consumed");
 }
 
+const SHADOW_VALVE: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { name: t, algorithm: token_bucket, limit: 10, per: 1h }
+      - { name: watch, algorithm: token_bucket, limit: 1, per: 1h, shadow: true }
+global:
+  "POST /scarce": [{ name: valve, algorithm: fixed_window, limit: 1, per: 1h }]
+"#;
+
+/// A shadow rule that denied wrote nothing: when the valve denies after
+/// the tenant's slot admitted, the refund gives back what the tenant's
+/// enforced rule consumed and nothing to the shadow rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_gives_nothing_to_a_shadow_rule_that_denied() {
+    let cluster = RedisCluster::start(3, 1);
+    let limiter = limiter(store(&cluster, 1).await, SHADOW_VALVE, OnError::Deny);
+    let policy = limiter.policy();
+    let scarce = Request::new("watched", "POST /scarce", None, 1).unwrap();
+    let first = limiter.decide(&policy, &scarce).await;
+    assert!(first.allowed && !first.shadow_denied, "{first:?}");
+    // The tenant's rule admits, the shadow rule (its token spent) would
+    // deny, the valve (spent) denies: the tenant's slot is refunded.
+    let second = limiter.decide(&policy, &scarce).await;
+    assert_eq!(second.reason, Some(Reason::GlobalCapacity), "{second:?}");
+    let other = Request::new("watched", "GET /y", None, 1).unwrap();
+    let third = limiter.decide(&policy, &other).await;
+    assert!(
+        third.allowed && third.shadow_denied,
+        "the shadow rule got no token back: {third:?}"
+    );
+    assert_eq!(
+        third.remaining(),
+        Some(8),
+        "the tenant's rule got back what the denied request consumed: {third:?}"
+    );
+}
+
 /// A decision on `runtime`; the runtime runs its other tasks (a thread's
 /// connection being made) while it waits.
 fn decide_on(runtime: &tokio::runtime::Runtime, limiter: &Limiter<ClusterStore>) -> bool {

@@ -87,10 +87,6 @@ impl Selection<'_> {
             .flatten()
             .chain(self.indices.into_iter().flatten().copied())
     }
-
-    pub(super) fn len(&self, rules: usize) -> usize {
-        self.indices.map_or(rules, <[usize]>::len)
-    }
 }
 
 /// The rule as a call enforces it: on Redis Cluster, a valve's share.
@@ -102,10 +98,10 @@ pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule 
     }
 }
 
-/// A packed rule's bytes (struct `'<BBBHddddc8'` in decide.lua).
+/// A packed rule's bytes (struct `RULE`, `'<BBBHddddc8'`, in common.lua).
 pub(super) const RULE_WIDTH: usize = 45;
 
-/// Appends what the decision script takes of a rule to `packed`:
+/// Appends what both scripts take of a rule to `packed`:
 /// algorithm, aligned and shadow as bytes, the index of its key (from 1)
 /// as a 16-bit integer, then limit, per, burst and cost as little-endian
 /// doubles (every one is below 2^53, so exact; see `sluice_core::rule`),
@@ -125,6 +121,90 @@ pub(super) fn pack_rule(
         packed.extend_from_slice(&(v as f64).to_le_bytes());
     }
     packed.extend_from_slice(&record.0);
+}
+
+/// The rules of one call as both scripts take them (their `KEYS` and
+/// `ARGV[1]`): the distinct keys, and every selected rule packed (see
+/// [`pack_rule`]), naming its key by its index among them. Owned, so that a
+/// call (or its refund) can go out from a task of its own.
+#[derive(Debug, Clone)]
+pub struct PackedRules {
+    /// The distinct keys, in the order the rules first name them.
+    pub(super) keys: Vec<String>,
+    /// Every rule packed, one after another; one or two rules without an
+    /// allocation.
+    pub(super) packed: SmallVec<[u8; 2 * RULE_WIDTH]>,
+}
+
+impl PackedRules {
+    /// The selected rules of a batch: `keys` and `records` are theirs (in
+    /// selection order). Rules sharing a key name it once. Also returns,
+    /// per distinct key, the first rule (in selection order) that names it.
+    pub(super) fn new(
+        batch: &Batch<'_>,
+        selection: Selection<'_>,
+        keys: Vec<String>,
+        records: &[Record],
+    ) -> (PackedRules, SmallVec<[usize; 4]>) {
+        let mut distinct: Vec<String> = Vec::with_capacity(keys.len() * 2);
+        // Per rule, the index of its key among the distinct ones (from 1);
+        // per distinct key, the first rule that names it.
+        let mut index: SmallVec<[u16; 4]> = SmallVec::new();
+        let mut first: SmallVec<[usize; 4]> = SmallVec::new();
+        // A call has far fewer keys than 2^16 (at most 256 Envoy
+        // descriptors, each with a few rules).
+        debug_assert!(keys.len() < usize::from(u16::MAX));
+        for (j, key) in keys.into_iter().enumerate() {
+            match distinct.iter().position(|k| *k == key) {
+                Some(p) => index.push(p as u16 + 1),
+                None => {
+                    distinct.push(key);
+                    first.push(j);
+                    index.push(distinct.len() as u16);
+                }
+            }
+        }
+        let mut packed = SmallVec::with_capacity(RULE_WIDTH * index.len());
+        for (j, i) in selection.each(batch.rules.len()).enumerate() {
+            let values = rule_values(batch, i, selection.valve_parts);
+            pack_rule(
+                &mut packed,
+                values,
+                batch.rules[i].shadow(),
+                index[j],
+                records[j],
+            );
+        }
+        let rules = PackedRules {
+            keys: distinct,
+            packed,
+        };
+        (rules, first)
+    }
+
+    /// How many rules.
+    pub fn len(&self) -> usize {
+        self.packed.len() / RULE_WIDTH
+    }
+
+    /// Whether there is no rule.
+    pub fn is_empty(&self) -> bool {
+        self.packed.is_empty()
+    }
+
+    /// Keeps only the rules (by position, from 0) that `keep` names. Their
+    /// keys keep their indices: a key no rule names any more stays, unread.
+    pub fn retain(&mut self, mut keep: impl FnMut(usize) -> bool) {
+        let mut kept = 0;
+        for j in 0..self.len() {
+            if keep(j) {
+                self.packed
+                    .copy_within(j * RULE_WIDTH..(j + 1) * RULE_WIDTH, kept * RULE_WIDTH);
+                kept += 1;
+            }
+        }
+        self.packed.truncate(kept * RULE_WIDTH);
+    }
 }
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
@@ -164,5 +244,35 @@ mod tests {
         // The next rule follows at once.
         assert_eq!(packed[RULE_WIDTH..RULE_WIDTH + 5], [5, 1, 0, 2, 0]);
         assert_eq!(packed[2 * RULE_WIDTH - 8..], [9; 8]);
+    }
+
+    #[test]
+    fn retained_rules_keep_their_order_and_their_keys() {
+        let mut packed = SmallVec::new();
+        for (key, name) in [(1, 1), (2, 2), (1, 3)] {
+            pack_rule(
+                &mut packed,
+                [1, 10, 1000, 10, 0, 1],
+                false,
+                key,
+                Record([name; 8]),
+            );
+        }
+        let mut rules = PackedRules {
+            keys: vec!["a".into(), "b".into()],
+            packed,
+        };
+        assert_eq!(rules.len(), 3);
+        rules.retain(|j| j != 1);
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules.keys, ["a", "b"]);
+        let kept: Vec<(u8, u8)> = rules
+            .packed
+            .chunks_exact(RULE_WIDTH)
+            .map(|rule| (rule[3], rule[RULE_WIDTH - 1]))
+            .collect();
+        assert_eq!(kept, [(1, 1), (1, 3)]);
+        rules.retain(|_| false);
+        assert!(rules.is_empty());
     }
 }

@@ -51,7 +51,7 @@ use super::node::{ConnectOptions, install_tls_provider};
 use crate::local_connection::LocalConnections;
 use crate::redis::store::{Reach, Redis, send};
 use crate::redis::{
-    self as script, Buckets, Heartbeat, KeySet, REFUND_WIDTH, Selection, TimeSource, Valve,
+    self as script, Buckets, Heartbeat, KeySet, RefundCall, Selection, TimeSource, Valve,
 };
 use crate::store::{Batch, Partition, Peeked, Store, StoreError};
 
@@ -331,19 +331,17 @@ impl ClusterStore {
                 let call = script::DecideCall::new(
                     batch,
                     selection,
-                    group_keys.clone(),
+                    group_keys,
                     &records,
                     None,
                     &self.redis.time,
                 );
-                // The refund's arguments with the admission times still to
-                // be filled in from the reply.
+                // The refund sends the call's own rules, with the admission
+                // time of the reply.
                 let refund = RefundPlan {
                     shadow: group.iter().map(|&i| batch.rules[i].shadow()).collect(),
-                    args: script::refund_args(batch, selection, &records, &vec![0; group.len()]),
                     lease: batch.lease,
                     time: self.redis.time.clone(),
-                    keys: group_keys,
                 };
                 let (connection, decide, script, timeout_ms) = (
                     connection.clone(),
@@ -356,8 +354,8 @@ impl ClusterStore {
                         .call(&mut connection.clone(), |cmd| call.fill(cmd))
                         .await
                         .map_err(|e| script::store_error(&e, timeout_ms))?;
-                    let reply = script::reply(&reply, refund.keys.len())?;
-                    let reservation = refund.reservation(&reply, connection, script);
+                    let reply = script::reply(&reply, refund.shadow.len())?;
+                    let reservation = refund.reservation(&reply, call, connection, script);
                     Ok((reply.outcomes, reservation))
                 })
             })
@@ -384,11 +382,9 @@ impl ClusterStore {
     }
 }
 
-/// The refund of one group, prepared before its call: keys and arguments,
-/// with the admission times to fill in.
+/// What the refund of one group needs besides its decision's rules,
+/// prepared before the call.
 struct RefundPlan {
-    keys: Vec<String>,
-    args: Vec<u64>,
     /// The lease the decision takes of concurrency rules.
     lease: Option<u128>,
     time: TimeSource,
@@ -398,11 +394,12 @@ struct RefundPlan {
 
 impl RefundPlan {
     /// The reservation of a group that admitted (every enforced rule did),
-    /// naming only the rules that consumed; `None` when the group denied
-    /// (it wrote nothing).
+    /// giving back the rules of `call` that consumed; `None` when the group
+    /// denied (it wrote nothing).
     fn reservation(
-        mut self,
+        self,
         reply: &script::Reply,
+        call: script::DecideCall,
         connection: ClusterConnection,
         script: redis::Script,
     ) -> Option<Reservation> {
@@ -414,21 +411,13 @@ impl RefundPlan {
         if !admitted {
             return None;
         }
-        let mut keys = Vec::new();
-        let mut args = vec![0];
-        for (k, key) in self.keys.drain(..).enumerate() {
-            if !decided[k].allowed {
-                continue; // a shadow rule that denied wrote nothing
-            }
-            let rule = &self.args[1 + k * REFUND_WIDTH..1 + (k + 1) * REFUND_WIDTH];
-            args.extend_from_slice(&rule[..REFUND_WIDTH - 1]);
-            args.push(reply.admitted_at);
-            keys.push(key);
-        }
-        args[0] = keys.len() as u64;
+        let mut rules = call.into_rules();
+        // A shadow rule that denied wrote nothing.
+        rules.retain(|k| decided[k].allowed);
         Some(Reservation {
-            refund: (!keys.is_empty())
-                .then(|| script::refund_commands(&script, &keys, &args, self.lease, &self.time)),
+            refund: (!rules.is_empty()).then(|| {
+                RefundCall::of(rules, self.lease, &self.time, reply.admitted_at).commands(&script)
+            }),
             connection,
         })
     }
@@ -573,14 +562,9 @@ impl Store for ClusterStore {
                     valve_parts,
                 };
                 let (group_keys, records) = select(&buckets, &group);
-                let args = script::refund_args(batch, selection, &records, &vec![0; group.len()]);
-                let (evalsha, eval) = script::refund_commands(
-                    &self.redis.refund,
-                    &group_keys,
-                    &args,
-                    batch.lease,
-                    &self.redis.time,
-                );
+                let (evalsha, eval) =
+                    RefundCall::new(batch, selection, group_keys, &records, &self.redis.time, 0)
+                        .commands(&self.redis.refund);
                 tokio::spawn(send::<_, u64>(connection.clone(), evalsha, eval))
             })
             .collect();

@@ -94,3 +94,34 @@ local function now_ms(arg)
   local ms = t[2] / 1000
   return seconds_ms + ms - ms % 1
 end
+
+-- The arguments the decision and the refund both start with (args.rs
+-- writes them):
+--
+-- ARGV[1]  the rules, packed one after another (struct RULE, RULE_BYTES
+--          each): per rule its algorithm, aligned, shadow, the index k of
+--          its key (KEYS[k]), limit, per, burst, cost and its record's
+--          name (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
+--          4 sliding_window, 5 fixed_window, 6 concurrency; aligned and
+--          shadow: 1 or 0). Packed, the numbers cost no string parsing
+--          (tonumber is the dearest step of a call); in one argument, a
+--          further rule costs Redis no argument of its own to read and set
+--          up.
+-- ARGV[2]  absent or "" (the commonest: no argument to set up): the
+--          server's clock (TIME), no lease; otherwise "NOW;LEASE": now in
+--          ms (tests only; "" for the server's clock) and the lease of
+--          concurrency rules (32 hex digits, or "")
+local RULE, RULE_BYTES = '<BBBHddddc8', 45
+
+-- The rules of a call's ARGV, how many, now and the lease. Each rule is
+-- read in turn with sunpack(RULE, rules, pos), which also returns where the
+-- next one starts.
+local function arguments(ARGV)
+  local rules, header = ARGV[1], ARGV[2]
+  local n = #rules / RULE_BYTES
+  if header == nil or header == '' then
+    return rules, n, now_ms(''), ''
+  end
+  local split = find(header, ';', 1, true)
+  return rules, n, now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
+end

@@ -10,27 +10,13 @@
 --                     state is a set (sliding_log, concurrency)
 -- KEYS[m+1..2m]       (only while rotating the pepper) the same keys under
 --                     the previous pepper
--- ARGV[1]             the rules, packed one after another (struct
---                     '<BBBHddddc8', RULE_BYTES each, see RULE): per rule
---                     its algorithm, aligned, shadow, the index of its
---                     key, limit, per, burst, cost and its record's name
---                     (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
---                     4 sliding_window, 5 fixed_window, 6 concurrency;
---                     aligned and shadow: 1 or 0). Packed, the numbers
---                     cost no string parsing (tonumber is the dearest step
---                     of a call); in one argument, a further rule costs
---                     Redis no argument of its own to read and set up.
--- ARGV[2]             absent or "" (the commonest: no argument to set up):
---                     the server's clock (TIME), no lease; otherwise
---                     "NOW;LEASE": now in ms (tests only; "" for the
---                     server's clock) and the lease an admission takes of
---                     each concurrency rule (32 hex digits; "":
---                     concurrency rules only check)
+-- ARGV[1], ARGV[2]    the rules and the header (see arguments in
+--                     common.lua); the lease is the one an admission
+--                     takes of each concurrency rule ("": concurrency
+--                     rules only check)
 -- ARGV[3]             (only while rotating the pepper) per rule, in order,
 --                     its record's name under the previous pepper (8 bytes
 --                     each)
---
--- n is #ARGV[1] / RULE_BYTES.
 --
 -- Returns a string of little-endian doubles: the admission time (ms) a
 -- refund of this decision would name, then per rule remaining,
@@ -54,9 +40,7 @@
 
 local SLACK = 1000
 
--- A rule as ARGV[1] packs it, and the reply's layout for n rules (made
--- once per n).
-local RULE, RULE_BYTES = '<BBBHddddc8', 45
+-- The reply's layouts, by rule count (see layout_of).
 local REPLY = {}
 
 -- Reused by every call of a loaded library (one call runs at a time): a
@@ -372,21 +356,8 @@ end
 local function decide(KEYS, ARGV)
   if not call then bind() end
   calls = calls + 1
-  local now, lease
-  local rules, header, names_before = ARGV[1], ARGV[2], ARGV[3]
-  if header == nil or header == '' then
-    -- now_ms(''), written out.
-    local t = call('TIME')
-    if t[1] ~= seconds then
-      seconds, seconds_ms = t[1], t[1] * 1000
-    end
-    local ms = t[2] / 1000
-    now, lease = seconds_ms + ms - ms % 1, ''
-  else
-    local split = find(header, ';', 1, true)
-    now, lease = now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
-  end
-  local n = #rules / RULE_BYTES
+  local rules, n, now, lease = arguments(ARGV)
+  local names_before = ARGV[3]
   local rotating = names_before ~= nil
   if rotating then
     -- Rotation: a bucket not yet under the new pepper starts from its

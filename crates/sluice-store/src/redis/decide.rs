@@ -11,7 +11,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::keys::Record;
 use smallvec::SmallVec;
 
-use super::args::{RULE_WIDTH, Selection, TimeSource, header, pack_rule, rule_values};
+use super::args::{PackedRules, Selection, TimeSource, header};
 use super::keys::Buckets;
 use crate::store::{Batch, StoreError};
 
@@ -35,14 +35,11 @@ pub const COMMON_LUA: &str = include_str!("common.lua");
 /// that a call can go out from a task of its own.
 #[derive(Debug, Clone)]
 pub struct DecideCall {
-    /// The distinct keys, then (while rotating) the same under the
-    /// previous pepper.
-    keys: Vec<String>,
+    /// The distinct keys and the rules packed; while rotating, the keys
+    /// are followed by the same under the previous pepper.
+    rules: PackedRules,
     /// `""` (not sent unless rotating), or `"NOW;LEASE"` (see decide.lua).
     header: String,
-    /// Every rule packed, one after another (see [`pack_rule`]); one or
-    /// two rules without an allocation.
-    rules: SmallVec<[u8; 2 * RULE_WIDTH]>,
     /// While rotating, each rule's record name under the previous pepper,
     /// in rule order.
     previous: Option<Vec<u8>>,
@@ -60,52 +57,33 @@ impl DecideCall {
         previous: Option<&Buckets>,
         time: &TimeSource,
     ) -> DecideCall {
-        let mut distinct: Vec<String> = Vec::with_capacity(keys.len() * 2);
-        // Per rule, the index of its key among the distinct ones (from 1);
-        // per distinct key, the first rule that names it.
-        let mut index: SmallVec<[u16; 4]> = SmallVec::new();
-        let mut first: SmallVec<[usize; 4]> = SmallVec::new();
-        // A call has far fewer keys than 2^16 (at most 256 Envoy
-        // descriptors, each with a few rules).
-        debug_assert!(keys.len() < usize::from(u16::MAX));
-        for (j, key) in keys.into_iter().enumerate() {
-            match distinct.iter().position(|k| *k == key) {
-                Some(p) => index.push(p as u16 + 1),
-                None => {
-                    distinct.push(key);
-                    first.push(j);
-                    index.push(distinct.len() as u16);
-                }
-            }
-        }
+        let (mut rules, first) = PackedRules::new(batch, selection, keys, records);
+        let n = rules.len();
         if let Some(previous) = previous {
-            distinct.extend(first.iter().map(|&j| previous.keys[j].clone()));
-        }
-        let mut rules = SmallVec::with_capacity(RULE_WIDTH * index.len());
-        for (j, i) in selection.each(batch.rules.len()).enumerate() {
-            let values = rule_values(batch, i, selection.valve_parts);
-            pack_rule(
-                &mut rules,
-                values,
-                batch.rules[i].shadow(),
-                index[j],
-                records[j],
-            );
+            rules
+                .keys
+                .extend(first.iter().map(|&j| previous.keys[j].clone()));
         }
         DecideCall {
-            keys: distinct,
-            header: header(time, batch.lease),
             rules,
-            previous: previous.map(|p| p.records[..index.len()].iter().flat_map(|r| r.0).collect()),
+            header: header(time, batch.lease),
+            previous: previous.map(|p| p.records[..n].iter().flat_map(|r| r.0).collect()),
         }
+    }
+
+    /// The rules as this call sends them, for its refund (see
+    /// [`RefundCall::of`](super::RefundCall::of)). While rotating, the keys
+    /// under the previous pepper stay after the others, named by no rule.
+    pub fn into_rules(self) -> PackedRules {
+        self.rules
     }
 
     /// Appends the key count, the keys and the arguments to `cmd` (an
     /// `FCALL`, `EVALSHA` or `EVAL` named already).
     pub fn fill(&self, cmd: &mut redis::Cmd) {
-        cmd.arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(self.rules.as_slice());
+        cmd.arg(self.rules.keys.len())
+            .arg(&self.rules.keys)
+            .arg(self.rules.packed.as_slice());
         // The commonest header, "", is left out (one argument less for
         // Redis to read and set up) unless the previous names follow it.
         if !self.header.is_empty() || self.previous.is_some() {

@@ -30,13 +30,13 @@ pub mod node;
 pub mod refund;
 pub(crate) mod store;
 
-pub use args::{Selection, TimeSource, lease_arg};
+pub use args::{PackedRules, Selection, TimeSource, lease_arg};
 pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};
 pub use function::Decide;
 pub use heartbeat::{HEARTBEAT_LUA, Heartbeat, instances_key};
 pub use inspect::{RECORD_BYTES, Raw, decode, find_record, raw, read_command, time_ms};
 pub use keys::{Buckets, KeySet, Keys, Valve, is_sorted_set};
-pub use refund::{REFUND_LUA, REFUND_WIDTH, refund_args, refund_commands};
+pub use refund::{REFUND_LUA, RefundCall};
 
 pub(crate) use args::enforced;
 

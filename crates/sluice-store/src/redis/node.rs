@@ -197,7 +197,7 @@ impl RedisStore {
     pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
         let Buckets { keys, records } = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
         self.redis
-            .refund(batch, script::Selection::ALL, &keys, &records, at)
+            .refund(batch, script::Selection::ALL, keys.into_vec(), &records, at)
             .await
     }
 

@@ -8,14 +8,13 @@
 -- It also releases a concurrency lease (`/v1/release`, the end of a
 -- response): the same call, naming the lease.
 --
--- KEYS[1..n]          the keys the decision wrote, one per rule (rules of
---                     one group name the same key)
--- ARGV[1]             now in ms, or "" to read the server clock (TIME)
--- ARGV[2]             n
--- ARGV[3]             the lease taken of concurrency rules, or ""
--- ARGV[4 + 8(i-1)..]  per rule: algorithm, limit, per, burst, aligned, cost,
---                     its record's name (8 bytes), admission time (ms, as
---                     the decision script returned it)
+-- KEYS[1..m]          the keys the decision wrote (rules of one group
+--                     name the same key)
+-- ARGV[1], ARGV[2]    the rules and the header, as the decision takes them
+--                     (see arguments in common.lua); the lease is the one
+--                     to release of concurrency rules ("": none)
+-- ARGV[3]             the admission time (ms, as the decision script
+--                     returned it)
 --
 -- Returns how many concurrency rules held the lease, unexpired.
 --
@@ -27,20 +26,14 @@
 -- concurrency removes the lease. TTLs are kept.
 
 bind()
-local now = now_ms(ARGV[1])
-local n = num(ARGV[2])
-local lease = ARGV[3]
+local rules, n, now, lease = arguments(ARGV)
+local at = num(ARGV[3])
 local released = 0
-for i = 1, n do
-  local base = 4 + 8 * (i - 1)
-  local algorithm = num(ARGV[base])
-  local limit = num(ARGV[base + 1])
-  local per = num(ARGV[base + 2])
-  local burst = num(ARGV[base + 3])
-  local cost = num(ARGV[base + 5])
-  local name = ARGV[base + 6]
-  local at = num(ARGV[base + 7])
-  local key = KEYS[i]
+local pos = 1
+for _ = 1, n do
+  local algorithm, _, _, k, limit, per, burst, cost, name, after = sunpack(RULE, rules, pos)
+  pos = after
+  local key = KEYS[k]
   if algorithm == 6 then
     if lease ~= '' then
       local expires = call('ZSCORE', key, lease)

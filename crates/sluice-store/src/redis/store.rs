@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::function::Decide;
 use super::heartbeat::Heartbeat;
 use super::keys::{KeySet, Valve};
-use super::refund::{REFUND_LUA, refund_args, refund_commands};
+use super::refund::{REFUND_LUA, RefundCall};
 use super::{Selection, TimeSource, decode, enforced, raw, read_command, store_error, time_ms};
 use crate::local_connection::LocalConnections;
 use crate::store::{Batch, Peeked, PeekedRule, StoreError};
@@ -179,13 +179,12 @@ impl<R: Reach> Redis<R> {
         &self,
         batch: &Batch<'_>,
         selection: Selection<'_>,
-        keys: &[String],
+        keys: Vec<String>,
         records: &[sluice_core::keys::Record],
         at: u64,
     ) -> Result<u64, StoreError> {
-        let admitted_at = vec![at; records.len()];
-        let args = refund_args(batch, selection, records, &admitted_at);
-        let (evalsha, eval) = refund_commands(&self.refund, keys, &args, batch.lease, &self.time);
+        let (evalsha, eval) =
+            RefundCall::new(batch, selection, keys, records, &self.time, at).commands(&self.refund);
         send(self.deciding()?, evalsha, eval)
             .await
             .map_err(|e| self.error(&e))
