@@ -4,7 +4,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::json;
 
-use crate::{Harness, TOKEN, admin_harness, harness, header};
+use crate::{Harness, TOKEN, admin_harness, admin_harness_of, harness, header};
 
 #[tokio::test]
 async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
@@ -245,6 +245,67 @@ async fn a_bad_override_is_a_400_naming_the_field_and_changes_nothing() {
         .admin("GET", "/v1/admin/overrides", None, Some(TOKEN))
         .await;
     assert_eq!(list, json!({"overrides": []}), "nothing half-applied");
+}
+
+#[tokio::test]
+async fn heavy_hitters_count_each_tenants_fair_share_denials() {
+    // A fair valve of 10/s saturated by "greedy" (160/s, inside its own
+    // ceiling); once the share has converged (a second), "modest" asks for
+    // 2/s, below its share of 5/s.
+    let (h, _) = admin_harness_of(
+        r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, limit: 1000, per: 1s }]
+global:
+  "POST /v1/orders": [{ name: orders-valve, limit: 10, per: 1s }]
+"#,
+    );
+    let mut held = 0;
+    for round in 0..120 {
+        h.clock.advance(25);
+        for _ in 0..4 {
+            let (_, body) = h
+                .check_json(json!({"tenant": "greedy", "route": "POST /v1/orders"}))
+                .await;
+            held += u64::from(body["reason"] == "global_capacity");
+        }
+        if round >= 40 && round % 20 == 0 {
+            h.check_json(json!({"tenant": "modest", "route": "POST /v1/orders"}))
+                .await;
+        }
+    }
+    assert!(held > 0, "the valve held greedy back");
+    let (response, top) = h
+        .admin(
+            "GET",
+            "/v1/admin/heavy-hitters?by=denied",
+            None,
+            Some(TOKEN),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "{top}");
+    let row = |tenant: &str| {
+        top["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tenant"] == tenant)
+            .cloned()
+    };
+    let greedy = row("greedy").expect("greedy was denied");
+    assert_eq!(greedy["fair_share_denied"], json!(held), "{top}");
+    assert_eq!(
+        greedy["denied"],
+        json!(held),
+        "only the valve denied: {top}"
+    );
+    // The modest tenant, below its share, was never held back.
+    assert!(
+        row("modest").is_none_or(|m| m["fair_share_denied"] == 0),
+        "{top}"
+    );
 }
 
 #[tokio::test]

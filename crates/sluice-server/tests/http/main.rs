@@ -74,7 +74,12 @@ struct Harness {
 /// The test configuration's limiter on a memory store and a hand-set
 /// clock.
 fn limiter() -> (Config, Arc<ManualClock>, Limiter<Backend>) {
-    let config = Config::from_yaml(CONFIG, "test.yaml").unwrap();
+    limiter_of(CONFIG)
+}
+
+/// [`limiter`] of another configuration.
+fn limiter_of(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backend>) {
+    let config = Config::from_yaml(yaml, "test.yaml").unwrap();
     let clock = Arc::new(ManualClock::new(1_764_460_800_500));
     let store = MemoryStore::with_clock(100_000, clock.clone());
     let limiter = Limiter::new(
@@ -198,7 +203,12 @@ const TOKEN: &str = "test-admin-token-0123456789";
 
 /// The harness with the admin API on.
 fn admin_harness() -> (Harness, Arc<App>) {
-    let (config, clock, limiter) = limiter();
+    admin_harness_of(CONFIG)
+}
+
+/// [`admin_harness`] of another configuration.
+fn admin_harness_of(yaml: &str) -> (Harness, Arc<App>) {
+    let (config, clock, limiter) = limiter_of(yaml);
     let admin = sluice_server::admin::Admin::new(Some(TOKEN.as_bytes().to_vec()), limiter.store());
     let app = App::new_with(
         limiter,
