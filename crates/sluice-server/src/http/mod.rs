@@ -8,7 +8,7 @@
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
 //! | `GET /metrics` | Prometheus metrics |
-//! | `GET /healthcheck`, `POST /json`, `GET /rlconfig` | envoyproxy/ratelimit's endpoints (`upstream.rs`) |
+//! | `GET /healthcheck`, `POST /json`, `GET /rlconfig` | envoyproxy/ratelimit's endpoints (`envoyproxy.rs`) |
 //! | `/v1/admin/*` | the admin API, with a token only: overrides, heavy hitters, inspect (`admin.rs`) |
 //!
 //! Every answer to a decision carries `RateLimit-Policy` and `RateLimit`;

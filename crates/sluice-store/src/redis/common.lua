@@ -38,7 +38,7 @@ end
 -- A group's value: the records of the rules of one scope whose state is a
 -- few numbers, RECORD_BYTES each: the rule's name (8 bytes), when its state
 -- goes idle (ms), and three numbers of state (unused ones 0), as
--- little-endian doubles (script/mod.rs reads them the same way).
+-- little-endian doubles (redis/inspect.rs reads them the same way).
 local RECORD, STATE, RECORD_BYTES = '<c8dddd', '<dddd', 40
 
 -- Where the record named name starts in value, or nil.

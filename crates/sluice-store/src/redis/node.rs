@@ -1,7 +1,7 @@
 //! The Redis backend: one Redis 7+ node shared by a fleet of sluice
 //! instances.
 //!
-//! Every decision is one call of `script/decide.lua` (an `FCALL` of it as a
+//! Every decision is one call of `redis/decide.lua` (an `FCALL` of it as a
 //! Redis Function, or `EVALSHA` where functions are unavailable) over a
 //! multiplexed connection that reconnects on its own: concurrent decisions
 //! are pipelined on one socket. The function is loaded when the store
