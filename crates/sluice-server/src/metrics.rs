@@ -45,10 +45,7 @@ impl ClassCounters {
     fn count(&self, reason: Option<Reason>) {
         match reason {
             None => self.allowed.inc(),
-            Some(reason) => {
-                let i = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
-                self.denied[i].inc()
-            }
+            Some(reason) => self.denied[reason_index(reason)].inc(),
         };
     }
 }
@@ -104,6 +101,21 @@ struct ValveLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+}
+
+/// Where `reason` is in [`REASONS`]: a match, so that a new reason does
+/// not compile until it has its counter.
+fn reason_index(reason: Reason) -> usize {
+    match reason {
+        Reason::TenantLimit => 0,
+        Reason::RouteLimit => 1,
+        Reason::SubjectLimit => 2,
+        Reason::GlobalCapacity => 3,
+        Reason::DescriptorLimit => 4,
+        Reason::CostExceedsCapacity => 5,
+        Reason::StoreUnavailable => 6,
+        Reason::Duplicate => 7,
+    }
 }
 
 const REASONS: [Reason; 8] = [
@@ -401,7 +413,15 @@ fn now_ms() -> u64 {
 
 impl Telemetry for Metrics {
     fn policy_installed(&self, policy: &Policy) {
-        self.classes.store(Arc::new(ClassTable::of(policy)));
+        // Policies are numbered as compiled: a late report of an older one
+        // (two swaps racing) does not replace a newer table.
+        self.classes.rcu(|current| {
+            if current.policy > policy.id() {
+                current.clone()
+            } else {
+                Arc::new(ClassTable::of(policy))
+            }
+        });
     }
 
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
@@ -565,6 +585,13 @@ mod tests {
             .filter(|l| l.starts_with(&prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
+    }
+
+    #[test]
+    fn every_reason_has_its_own_counter() {
+        for (i, reason) in REASONS.iter().enumerate() {
+            assert_eq!(reason_index(*reason), i, "{reason:?}");
+        }
     }
 
     #[tokio::test]

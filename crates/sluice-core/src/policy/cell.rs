@@ -46,7 +46,7 @@ impl Cell {
                     .collect::<Vec<_>>()
                     .join(", "),
             ),
-            // Numbered when the policy is complete (`Policy::number`).
+            // Numbered when the policy is complete (`Policy::numbered`).
             id: ClassId {
                 policy: 0,
                 index: 0,

@@ -41,7 +41,7 @@ pub(super) struct Verdict<'p> {
     /// Per descriptor: the configured form of its limit, for `current_limit`.
     pub(super) configured: Vec<Configured>,
     /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
-    /// whether it is in shadow mode, and its hits, for upstream's stats.
+    /// whether it is in shadow mode, and its hits, for envoyproxy/ratelimit's stats.
     pub(super) stats: Vec<Option<(String, bool, u64)>>,
 }
 

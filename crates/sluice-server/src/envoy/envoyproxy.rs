@@ -1,6 +1,6 @@
 //! The domains of the envoyproxy/ratelimit configuration: descriptors
 //! matched against its tree, `replaces`, `unlimited`, `shadow_mode`,
-//! `quota_mode` and `share_threshold` as upstream reads them, and
+//! `quota_mode` and `share_threshold` as envoyproxy/ratelimit reads them, and
 //! `hits_addend: 0` checks that consume nothing.
 
 use std::time::Instant;
@@ -21,7 +21,7 @@ use super::answer::Verdict;
 use super::descriptor::{counted_entries, descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::units::proto_unit;
-use super::zero_limit;
+use super::{CHECK_ONLY_BUDGET, zero_limit};
 
 /// The limit that applies to one descriptor of a request.
 enum Found<'p> {
@@ -139,11 +139,10 @@ impl RateLimiter {
         for _ in limit.rules.iter() {
             keyed.push(descriptor_partition(domain, &counted), 1);
         }
-        let peeked = self
-            .app
-            .limiter
-            .peek_keyed(&limit.rules, &keyed)
+        let peek = self.app.limiter.peek_keyed(&limit.rules, &keyed);
+        let peeked = tokio::time::timeout(CHECK_ONLY_BUDGET, peek)
             .await
+            .ok()?
             .ok()?;
         let now = peeked.now;
         let tightest = peeked

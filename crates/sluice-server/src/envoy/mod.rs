@@ -22,9 +22,9 @@
 //! Files, one role each: `request` reads and bounds a request,
 //! `descriptor` what one descriptor counts in, `envoyproxy` and `native`
 //! decide, `zero_limit` answers limits of zero, `answer` builds the
-//! response and `stats` counts envoyproxy/ratelimit's per-descriptor
-//! statistics. The transport is `crate::grpc`'s (and `/json`'s, in
-//! `crate::http`).
+//! response, `units` maps Envoy's units, and `stats` counts
+//! envoyproxy/ratelimit's per-descriptor statistics. The transport is
+//! `crate::grpc`'s (and `/json`'s, in `crate::http`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -46,6 +46,11 @@ mod units;
 mod zero_limit;
 
 use request::read_request;
+
+/// Longest a read that consumes nothing (a `hits_addend: 0` check, the
+/// standing beside a zero limit) waits for the store: past it the answer
+/// goes without what the read would have added.
+const CHECK_ONLY_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The gRPC service.
 #[derive(Debug, Clone)]

@@ -55,7 +55,7 @@ fn read_descriptor(
     d: DescriptorView<'_>,
     hits: u64,
 ) -> Result<Descriptor<'_>, Status> {
-    // An empty descriptor matches no limit (OK), as upstream answers it.
+    // An empty descriptor matches no limit (OK), as envoyproxy/ratelimit answers it.
     if d.entries.len() > MAX_ENTRIES {
         return Err(Status::invalid_argument(format!(
             "`descriptors[{index}].entries` must hold at most {MAX_ENTRIES} entries"
@@ -66,7 +66,7 @@ fn read_descriptor(
             "`descriptors[{index}].is_negative_hits` is not supported"
         )));
     }
-    // An empty key is taken, as upstream takes it: no configured key is
+    // An empty key is taken, as envoyproxy/ratelimit takes it: no configured key is
     // empty, so it matches nothing.
     for (key, value) in &d.entries {
         if key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES {

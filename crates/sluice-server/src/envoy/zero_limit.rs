@@ -1,7 +1,7 @@
 //! A limit of zero (`requests_per_unit: 0`, or a `limit` override of 0):
 //! every request over it, answered as envoyproxy/ratelimit answers it.
 //!
-//! Upstream counts such a descriptor like any other and finds it over the
+//! envoyproxy/ratelimit counts such a descriptor like any other and finds it over the
 //! limit: its status names the limit, has nothing remaining and resets
 //! when the limit's calendar unit ends; in shadow mode it is OK. The other
 //! descriptors of the request are answered each on its own. sluice
@@ -60,7 +60,7 @@ pub(super) fn status(
 }
 
 /// Milliseconds until `unit`'s calendar window (aligned to the Unix epoch,
-/// as upstream aligns it) ends: from 1 to the unit's length.
+/// as envoyproxy/ratelimit aligns it) ends: from 1 to the unit's length.
 fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
     unit.ms() - now_ms % unit.ms()
 }
@@ -68,7 +68,8 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
 /// The decision for a request a zero limit denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
 /// counting where `keyed` says) read through `limiter`. When the store
-/// does not answer in time, their standing is unknown.
+/// does not answer within [`CHECK_ONLY_BUDGET`](super::CHECK_ONLY_BUDGET),
+/// their standing is unknown.
 pub(super) async fn decide<'p>(
     limiter: &Limiter<Backend>,
     applicable: Applicable<'p>,
@@ -77,7 +78,8 @@ pub(super) async fn decide<'p>(
     if applicable.rules.is_empty() {
         return Decision::blocked();
     }
-    let Ok(peeked) = limiter.peek_keyed(applicable.rules, keyed).await else {
+    let peek = limiter.peek_keyed(applicable.rules, keyed);
+    let Ok(Ok(peeked)) = tokio::time::timeout(super::CHECK_ONLY_BUDGET, peek).await else {
         return Decision::blocked();
     };
     let costs: Vec<u64> = (0..applicable.rules.len())

@@ -92,19 +92,17 @@ pub fn load(path: &Path, all_files: bool, merge: bool) -> Fallible<Vec<EnvoyDoma
     EnvoyFiles::read(path, all_files)?.domains(merge)
 }
 
-// Which files are read:
-// Which files of a directory are envoyproxy/ratelimit configuration.
-//
-// By default (`envoy.files: yaml`) the directory's own `*.yaml` and
-// `*.yml` files, not its subdirectories'. As upstream's runtime directory (`envoy.files: all`,
-// which `serve --envoyproxy-env` sets), every file in it and in its
-// subdirectories, whatever its name, as upstream's runtime loader walks
-// the tree; but dot files and dot directories are skipped (upstream's
-// `RUNTIME_IGNOREDOTFILES=true`: a ConfigMap's `..2024_…` generation
-// directory holds every file a second time), and a link to a directory
-// is not descended, as upstream's walk does not descend one. A link to a
-// file is read through.
 /// The configuration files under `dir`, relative to it, sorted.
+///
+/// By default (`envoy.files: yaml`) the directory's own `*.yaml` and
+/// `*.yml` files, not its subdirectories'. As envoyproxy/ratelimit's
+/// runtime directory (`envoy.files: all`, which `serve --envoyproxy-env`
+/// sets), every file in it and in its subdirectories, whatever its name,
+/// as envoyproxy/ratelimit's runtime loader walks the tree; but dot files
+/// and dot directories are skipped (its `RUNTIME_IGNOREDOTFILES=true`: a
+/// ConfigMap's `..2024_…` generation directory holds every file a second
+/// time), and a link to a directory is not descended, as its walk does
+/// not descend one. A link to a file is read through.
 pub fn names(dir: &Path, all_files: bool) -> Fallible<Vec<PathBuf>> {
     let mut names = Vec::new();
     walk(dir, Path::new(""), all_files, &mut names)?;

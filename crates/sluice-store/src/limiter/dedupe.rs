@@ -14,10 +14,8 @@ use smallvec::SmallVec;
 use crate::store::{Batch, Partition};
 
 /// Where a duplicate guard counts for `subject` and `fingerprint`: a
-/// subject partition of this text (for [`Limiter::decide`] and
-/// [`Keyed`](super::Keyed) alike).
-///
-/// [`Limiter::decide`]: crate::Limiter::decide
+/// subject partition of this text (for `Limiter::decide` and `Keyed`
+/// alike).
 pub(super) fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -> String {
     // Lengths first, so that no (subject, fingerprint) pair can be spelled
     // like another.

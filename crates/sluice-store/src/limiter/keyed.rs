@@ -70,6 +70,11 @@ impl<'r> Keyed<'r> {
 
     /// Per rule of `rules`, where it counts and what it consumes.
     fn parts<'k>(&'k self, rules: &'k [BoundRule]) -> (Vec<Partition<'k>>, Vec<u64>) {
+        assert_eq!(
+            rules.len(),
+            self.own + self.named.len(),
+            "a keyed decision names a bucket for every rule after the request's own"
+        );
         let probe = Batch::new(self.tenant, self.subject, self.cost, rules);
         let mut partitions = Vec::with_capacity(rules.len());
         for (i, rule) in rules.iter().enumerate().take(self.own) {

@@ -11,11 +11,12 @@
 //!    the number of live sluice instances (`fallback`).
 //!
 //! The doors are here: [`Limiter::decide`], [`Limiter::acquire`] and
-//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::decide_batch`] for
-//! callers that key their own buckets, and `decide_now` on the memory
-//! store (`now`). Behind them: the tenant's shards (`shard`), fair valves'
-//! gates (`gate`, `fair`), duplicate guards ([`dedupe`]) and the options
-//! ([`LimiterOptions`]).
+//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::peek`],
+//! [`Limiter::decide_keyed`] and [`Limiter::peek_keyed`] for rules that
+//! count where the caller names (Envoy descriptors, `keyed`), and
+//! `decide_now` on the memory store (`now`). Behind them: the tenant's
+//! shards (`shard`), fair valves' gates (`gate`, `fair`), duplicate guards
+//! (`dedupe`) and the options ([`LimiterOptions`]).
 //!
 //! The policy is swapped atomically on reload; a decision holds the policy
 //! it started with until it is done.
@@ -37,7 +38,7 @@ use crate::store::{Batch, Peeked, Store, StoreError};
 
 pub mod breaker;
 mod budget;
-pub mod dedupe;
+mod dedupe;
 pub mod denials;
 mod fair;
 mod fallback;
@@ -117,8 +118,9 @@ impl<S: Store> Limiter<S> {
     /// Replaces the policy; decisions already under way finish on the old
     /// one. Remembered denials are forgotten: limits may have changed.
     pub fn set_policy(&self, policy: Policy) {
-        self.options.telemetry.policy_installed(&policy);
         self.policy.store(Arc::new(policy));
+        // What is stored now (another swap may have raced this one).
+        self.options.telemetry.policy_installed(&self.policy.load());
         if let Some(denials) = &self.denials {
             denials.clear();
         }
@@ -198,14 +200,11 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The stored state of every rule of `batch`, read without changing
-    /// anything ([`Store::peek`]), within the time budget of a store call.
+    /// anything ([`Store::peek`]). Not bounded here: a caller answering a
+    /// request bounds it by what that request can wait (the Envoy checks
+    /// that consume nothing wait 100 ms at most), `sluice inspect` does not.
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        let Some(budget) = self.options.timeout else {
-            return self.store.peek(batch).await;
-        };
-        tokio::time::timeout(budget, self.store.peek(batch))
-            .await
-            .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64)))
+        self.store.peek(batch).await
     }
 
     /// Decides one request under `policy`. Concurrency rules only check
@@ -370,22 +369,20 @@ impl<S: Store> Limiter<S> {
         self.decide_batch_waiting(applicable, &batch).await
     }
 
-    /// Decides a batch prepared by the caller: the rules of `applicable`,
+    /// Decides a batch prepared in this crate: the rules of `applicable`,
     /// with the partitions and costs `batch` gives them, on the tenant's
     /// shards when it has several (`batch.shard` is chosen here; see
-    /// `shard`). Envoy descriptors come this way; [`decide`](Self::decide)
-    /// is the usual entry. The whole decision, every shard tried, stays
-    /// within one time budget.
-    pub async fn decide_batch<'p>(
+    /// `shard`). [`decide_keyed`](Self::decide_keyed) comes this way. The
+    /// whole decision, every shard tried, stays within one time budget.
+    pub(crate) async fn decide_batch<'p>(
         &self,
         applicable: Applicable<'p>,
         batch: &Batch<'_>,
     ) -> Decision<'p> {
         // Decided on the spot by a store in this process; otherwise only
         // the boxed rest is held across the await, so that this future
-        // stays small (the RLS handler holding it is itself boxed per
-        // request: 3.9 KB moved into the box, where 2.8 KB of it was this
-        // future's room for a Redis call).
+        // stays small: moving a large future costs more than an in-process
+        // decision (docs/benchmarks/in-process.md, "async").
         if applicable.gated {
             return Box::pin(self.decide_batch_gated(applicable, batch)).await;
         }

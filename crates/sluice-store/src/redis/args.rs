@@ -125,7 +125,7 @@ pub(super) fn pack_rule(
 
 /// The rules of one call as both scripts take them (their `KEYS` and
 /// `ARGV[1]`): the distinct keys, and every selected rule packed (see
-/// [`pack_rule`]), naming its key by its index among them. Owned, so that a
+/// `pack_rule`), naming its key by its index among them. Owned, so that a
 /// call (or its refund) can go out from a task of its own.
 #[derive(Debug, Clone)]
 pub struct PackedRules {

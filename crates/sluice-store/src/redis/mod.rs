@@ -3,8 +3,7 @@
 //! parser.
 //!
 //! - [`node`]: the store on one Redis node; [`cluster`]: the store on Redis
-//!   Cluster (slot grouping, reserve then valve); `store`: the generic
-//!   store both are.
+//!   Cluster (slot grouping, reserve then valve).
 //! - [`keys`]: which key and record each rule of a batch uses.
 //! - [`args`]: the argument layout the decision and the refund share (a
 //!   rule packed, the call's header).

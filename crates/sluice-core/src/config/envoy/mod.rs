@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit's configuration, read as upstream reads it, into rules.
+//! envoyproxy/ratelimit's configuration, read as envoyproxy/ratelimit reads it, into rules.
 //!
 //! Each file holds one `domain` and a tree of `descriptors`: `key`, optional
 //! `value` (each `*` in it matches any run of characters), optional
@@ -21,17 +21,17 @@
 //!
 //! envoyproxy/ratelimit accepts any of its keys at any level and ignores
 //! the ones out of place. sluice accepts them too, so that a directory
-//! upstream loads still loads, but never silently: a misplaced key that
+//! envoyproxy/ratelimit loads still loads, but never silently: a misplaced key that
 //! only names or marks (`shadow_mode` inside `rate_limit`, `name` on a
 //! descriptor) becomes a [note](EnvoyDomain::notes) that `validate` prints
 //! and `serve` logs; a misplaced key that would carry a limit (`unit` on a
 //! descriptor, `descriptors` inside `rate_limit`) is refused, since
-//! upstream would load a limit that never applies.
+//! envoyproxy/ratelimit would load a limit that never applies.
 //!
 //! Each role has its file: `unit` (envoyproxy/ratelimit's units), `domain`
 //! (what a file loads into), `raw` (a file as YAML says it), `descriptor`
-//! (a domain and its tree), `rate_limit` (one limit), `strays` (upstream's
-//! keys out of place) and `scalars` (values read as upstream reads them).
+//! (a domain and its tree), `rate_limit` (one limit), `strays` (envoyproxy/ratelimit's
+//! keys out of place) and `scalars` (values read as envoyproxy/ratelimit reads them).
 
 use serde_saphyr::Location;
 

@@ -1,6 +1,6 @@
 //! An envoyproxy/ratelimit file as YAML says it, before it is checked.
 //!
-//! Every key upstream accepts is read at every level, so that none is
+//! Every key envoyproxy/ratelimit accepts is read at every level, so that none is
 //! dropped unseen.
 
 use serde::Deserialize;

@@ -36,7 +36,7 @@ pub(super) fn options() -> Options {
     options
 }
 
-/// Step 1: where `text` has a value upstream's check refuses, and why
+/// Step 1: where `text` has a value envoyproxy/ratelimit's check refuses, and why
 /// (nothing when it does not parse: step 2 says why).
 pub(super) fn refused_leaves(text: &str) -> Vec<(Location, String)> {
     let Ok(Leaf::Nested(found)) = serde_saphyr::from_str_with_options::<Leaf>(text, options())
@@ -243,7 +243,7 @@ impl<'de> Visitor<'de> for KeyVisitor {
     }
 }
 
-/// A scalar of a field whose type upstream checks (step 2): quoted, it is
+/// A scalar of a field whose type envoyproxy/ratelimit checks (step 2): quoted, it is
 /// text, whatever it spells.
 #[derive(Debug)]
 pub(super) enum Scalar {
@@ -482,7 +482,7 @@ mod tests {
 
     #[test]
     fn plain_scalars_are_typed_as_upstream_types_them() {
-        // Whole numbers in any base upstream's YAML reads (a leading 0 is
+        // Whole numbers in any base envoyproxy/ratelimit's YAML reads (a leading 0 is
         // octal there), YAML 1.1 booleans, and numbers or booleans as text
         // where text is expected, spelled as written.
         for (line, expected) in [

@@ -3,7 +3,7 @@
 use super::raw::Stray;
 use crate::config::validate::Validator;
 
-/// Keys that would carry a limit: out of place, upstream loads a limit
+/// Keys that would carry a limit: out of place, envoyproxy/ratelimit loads a limit
 /// that never applies, so sluice refuses them.
 const CARRY_LIMITS: [&str; 7] = [
     "rate_limit",
@@ -23,7 +23,7 @@ macro_rules! strays {
 }
 pub(super) use strays;
 
-/// Refuses or notes each of upstream's keys found out of `place`.
+/// Refuses or notes each of envoyproxy/ratelimit's keys found out of `place`.
 pub(super) fn refuse_or_note(v: &mut Validator<'_>, place: &str, keys: &[(&str, &Stray)]) {
     for (key, stray) in keys {
         let Some(stray) = stray else { continue };

@@ -80,7 +80,7 @@ fn assert_refused(cases: &[(&str, &str)]) {
 
 #[test]
 fn upstream_keys_out_of_place_are_noted_or_refused_never_silently_dropped() {
-    // Accepted as upstream accepts them, each with a note where it is.
+    // Accepted as envoyproxy/ratelimit accepts them, each with a note where it is.
     let domains = load_one(
         "domain: d\nshadow_mode: true\ndescriptors:\n  - key: a\n    name: marked\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      shadow_mode: true\n      quota_mode: true\n      metadata: { any: [shape] }\n      replaces: [{ name: b, shadow_mode: true }]\n",
     )
@@ -102,7 +102,7 @@ fn upstream_keys_out_of_place_are_noted_or_refused_never_silently_dropped() {
             (12, "`shadow_mode`".to_owned()),
         ]
     );
-    // The same decisions as upstream: the marks out of place do nothing.
+    // The same decisions as envoyproxy/ratelimit: the marks out of place do nothing.
     let a = &d.descriptors[0];
     assert!(!a.shadow && !a.quota);
     assert_eq!(a.limit.as_ref().unwrap().replaces, ["b"]);
