@@ -17,14 +17,14 @@ pub mod persist;
 mod stored;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use sluice_core::Policy;
 use sluice_core::config::Limits;
 use sluice_core::policy::TenantOverride;
-use sluice_store::Limiter;
+use sluice_store::{Clock, Limiter};
 
 use crate::backend::Backend;
 pub use stored::{Shadow, Stored};
@@ -55,6 +55,29 @@ pub struct Admin {
     instance: String,
     /// The window in which instances gone silent were last forgotten.
     swept: AtomicU64,
+    /// The time overrides expire and heavy-hitter windows turn by.
+    clock: WallClock,
+}
+
+/// The admin API's clock: the wall clock as it reads (override expiries
+/// are wall times other instances compare too), or a hand-set one in
+/// tests.
+#[derive(Clone)]
+struct WallClock(Arc<dyn Clock>);
+
+/// The wall clock, read as it is ([`now_ms`]).
+struct Wall;
+
+impl Clock for Wall {
+    fn now_ms(&self) -> u64 {
+        now_ms()
+    }
+}
+
+impl std::fmt::Debug for WallClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WallClock")
+    }
 }
 
 /// One instance's heavy-hitter windows, as published.
@@ -89,7 +112,19 @@ impl Admin {
             heavy: heavy::HeavyHitters::default(),
             instance: instance_name(),
             swept: AtomicU64::new(0),
+            clock: WallClock(Arc::new(Wall)),
         }
+    }
+
+    /// The same admin API on `clock` (tests set the time by hand).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Admin {
+        self.clock = WallClock(clock);
+        self
+    }
+
+    /// The admin API's time, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.0.now_ms()
     }
 
     /// An admin API that is off (no token).
@@ -101,6 +136,7 @@ impl Admin {
             heavy: heavy::HeavyHitters::default(),
             instance: instance_name(),
             swept: AtomicU64::new(0),
+            clock: WallClock(Arc::new(Wall)),
         }
     }
 
@@ -108,7 +144,7 @@ impl Admin {
     pub fn record(&self, tenant: &str, allowed: bool, fair_share_denied: bool) {
         if self.token.is_some() || self.persist.is_some() {
             self.heavy
-                .record(tenant, allowed, fair_share_denied, now_ms());
+                .record(tenant, allowed, fair_share_denied, self.now_ms());
         }
     }
 
@@ -121,7 +157,7 @@ impl Admin {
         by: heavy::By,
         limit: usize,
     ) -> heavy::Report {
-        let now = now_ms();
+        let now = self.now_ms();
         let (number, previous, current) = self.heavy.snapshot(now);
         let mut windows = vec![previous, current];
         if let Some(persist) = &self.persist {
@@ -152,7 +188,7 @@ impl Admin {
     /// which window each last published).
     pub async fn publish_heavy(&self, limiter: &Limiter<Backend>) {
         let Some(persist) = &self.persist else { return };
-        let (number, previous, current) = self.heavy.snapshot(now_ms());
+        let (number, previous, current) = self.heavy.snapshot(self.now_ms());
         let published = Published {
             number,
             previous,
@@ -213,7 +249,7 @@ impl Admin {
 
     /// Applies the current overrides to the running policy.
     fn apply(&self, limiter: &Limiter<Backend>, state: &State) {
-        if let Some(policy) = compiled(state, now_ms()) {
+        if let Some(policy) = compiled(state, self.now_ms()) {
             let current = limiter.policy();
             limiter.set_policy(policy.sharing_descriptors(&current));
         }
@@ -233,7 +269,7 @@ impl Admin {
                 state.overrides.values().cloned().collect()
             }
         };
-        let now = now_ms();
+        let now = self.now_ms();
         let mut live: Vec<Stored> = stored
             .into_iter()
             .filter(|o| o.expires_at_ms.is_none_or(|at| at > now))
@@ -259,7 +295,7 @@ impl Admin {
                 state.overrides.get(tenant).cloned()
             }
         };
-        let now = now_ms();
+        let now = self.now_ms();
         Ok(stored.filter(|o| o.expires_at_ms.is_none_or(|at| at > now)))
     }
 
@@ -356,7 +392,7 @@ impl Admin {
     pub async fn sync(&self, limiter: &Limiter<Backend>, force: bool) {
         let Some(persist) = &self.persist else {
             let mut state = self.inner.lock().expect("admin state");
-            let now = now_ms();
+            let now = self.now_ms();
             let before = state.overrides.len();
             state
                 .overrides
@@ -391,7 +427,7 @@ impl Admin {
         }
         let expiring = {
             let state = self.inner.lock().expect("admin state");
-            let now = now_ms();
+            let now = self.now_ms();
             state
                 .overrides
                 .values()
@@ -412,7 +448,7 @@ impl Admin {
         // instances, one removes it and the others are told it changed).
         // Kept, they would stay there for good, and keep every instance
         // reading every override on each tick.
-        let now = now_ms();
+        let now = self.now_ms();
         let (live, expired): (Vec<Stored>, Vec<Stored>) = overrides
             .into_iter()
             .partition(|o| o.expires_at_ms.is_none_or(|at| at > now));

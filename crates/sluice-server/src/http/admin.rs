@@ -24,7 +24,7 @@ use serde::Deserialize;
 use sluice_core::duration::parse_duration_ms;
 use sluice_tower::InvalidRequest;
 
-use crate::admin::{Refused, Shadow, Stored, heavy, now_ms};
+use crate::admin::{Refused, Shadow, Stored, heavy};
 use crate::app::App;
 
 /// The admin routes, behind the bearer-token check.
@@ -238,7 +238,7 @@ async fn put(
     let expires_at_ms = match &parsed.expires_in {
         None => None,
         Some(text) => match parse_duration_ms(text) {
-            Ok(ms) if (1_000..=366 * 86_400_000).contains(&ms) => Some(now_ms() + ms),
+            Ok(ms) if (1_000..=366 * 86_400_000).contains(&ms) => Some(app.admin.now_ms() + ms),
             Ok(_) => {
                 return problem(
                     "expires_in",

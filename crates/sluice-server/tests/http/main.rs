@@ -209,7 +209,8 @@ fn admin_harness() -> (Harness, Arc<App>) {
 /// [`admin_harness`] of another configuration.
 fn admin_harness_of(yaml: &str) -> (Harness, Arc<App>) {
     let (config, clock, limiter) = limiter_of(yaml);
-    let admin = sluice_server::admin::Admin::new(Some(TOKEN.as_bytes().to_vec()), limiter.store());
+    let admin = sluice_server::admin::Admin::new(Some(TOKEN.as_bytes().to_vec()), limiter.store())
+        .with_clock(clock.clone());
     let app = App::new_with(
         limiter,
         config.server.forward_auth.clone(),
