@@ -78,6 +78,11 @@ impl ClassTable {
     }
 }
 
+mod envoyproxy;
+
+use envoyproxy::EnvoyproxyStats;
+pub use envoyproxy::EnvoyproxyStatus;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
@@ -481,144 +486,5 @@ impl Telemetry for Metrics {
     }
 }
 
-/// How one descriptor of an envoyproxy/ratelimit domain fared, for its
-/// stats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EnvoyproxyStatus {
-    /// Admitted; `near` when past `near_limit` of its limit afterwards.
-    Within {
-        /// Past `near_limit`.
-        near: bool,
-    },
-    /// Over its limit; `shadow` when in shadow mode (not enforced).
-    Over {
-        /// In shadow mode.
-        shadow: bool,
-    },
-}
-
-/// envoyproxy/ratelimit's per-descriptor stats under the names its
-/// statsd-to-Prometheus mapping gives them
-/// (`ratelimit_service_rate_limit_total_hits{domain, key1, key2}`, …), so
-/// dashboards keep working. They are exported as gauges that only grow:
-/// OpenMetrics would append `_total` to counters and change the names.
-/// Labels come from the configured limit's key (`domain.key1.key2`), never
-/// from request values, so series are bounded by the configuration.
-struct EnvoyproxyStats {
-    families: [Family<Vec<(&'static str, String)>, Gauge>; 5],
-}
-
-impl EnvoyproxyStats {
-    const NAMES: [&'static str; 5] = [
-        "total_hits",
-        "over_limit",
-        "near_limit",
-        "within_limit",
-        "shadow_mode",
-    ];
-
-    /// The families, registered in `registry` (which has no prefix).
-    fn register(registry: &mut Registry) -> EnvoyproxyStats {
-        let families: [Family<Vec<(&'static str, String)>, Gauge>; 5] = Default::default();
-        for (name, family) in Self::NAMES.iter().zip(&families) {
-            registry.register(
-                format!("ratelimit_service_rate_limit_{name}"),
-                format!("envoyproxy/ratelimit's {name} per configured limit (grows only)"),
-                family.clone(),
-            );
-        }
-        EnvoyproxyStats { families }
-    }
-
-    fn count(&self, key: &str, hits: u64, status: EnvoyproxyStatus) {
-        let mut parts = key.split('.');
-        let mut labels = vec![("domain", parts.next().unwrap_or_default().to_owned())];
-        if let Some(key1) = parts.next() {
-            labels.push(("key1", key1.to_owned()));
-        }
-        if let Some(key2) = parts.next() {
-            labels.push(("key2", key2.to_owned()));
-        }
-        let hits = i64::try_from(hits).unwrap_or(i64::MAX);
-        let add = |i: usize| {
-            self.families[i].get_or_create(&labels).inc_by(hits);
-        };
-        add(0);
-        match status {
-            EnvoyproxyStatus::Within { near } => {
-                add(3);
-                if near {
-                    add(2);
-                }
-            }
-            EnvoyproxyStatus::Over { shadow } => {
-                add(1);
-                if shadow {
-                    add(4);
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use sluice_core::{Config, Request};
-    use sluice_store::{Limiter, LimiterOptions, MemoryStore};
-
-    use super::*;
-
-    fn policy(plan: &str) -> Policy {
-        let yaml = format!(
-            "default_plan: {plan}\nplans:\n  {plan}:\n    tenant: [{{ limit: 100, per: 1m }}]\n"
-        );
-        Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits)
-    }
-
-    /// `sluice_decisions_total` of `plan`'s allowed decisions.
-    fn allowed(metrics: &Metrics, plan: &str) -> u64 {
-        let prefix =
-            format!("sluice_decisions_total{{outcome=\"allowed\",reason=\"none\",plan=\"{plan}\"");
-        metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with(&prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    }
-
-    #[test]
-    fn every_reason_has_its_own_counter() {
-        for (i, reason) in REASONS.iter().enumerate() {
-            assert_eq!(reason_index(*reason), i, "{reason:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn decisions_count_by_the_class_of_the_policy_they_were_made_under() {
-        let metrics = Arc::new(Metrics::new());
-        let mut options = LimiterOptions::new(OnError::Deny);
-        options.telemetry = metrics.clone();
-        let limiter = Limiter::with_options(policy("free"), MemoryStore::new(100), options);
-        let request = Request::new("acme", "GET /", None, 1).unwrap();
-        let old = limiter.policy();
-        for _ in 0..3 {
-            let decision = limiter.decide(&old, &request).await;
-            metrics.decision(&decision, Duration::ZERO);
-        }
-        assert_eq!(allowed(&metrics, "free"), 3);
-        // A reload installs another policy, whose first class has the same
-        // index: a decision still made under the old one counts as the old
-        // one's class, the new policy's under its own.
-        limiter.set_policy(policy("pro"));
-        let decision = limiter.decide(&old, &request).await;
-        metrics.decision(&decision, Duration::ZERO);
-        let new = limiter.policy();
-        for _ in 0..2 {
-            let decision = limiter.decide(&new, &request).await;
-            metrics.decision(&decision, Duration::ZERO);
-        }
-        assert_eq!(allowed(&metrics, "free"), 4);
-        assert_eq!(allowed(&metrics, "pro"), 2);
-    }
-}
+mod tests;
