@@ -114,6 +114,9 @@ pub struct Rule {
     /// Kept whole on shard 0 of a sharded tenant, not divided between its
     /// shards (see [`for_shards`](Rule::for_shards)).
     whole: bool,
+    /// The most units a debit may leave owing past an exhausted bucket
+    /// (see [`with_max_debt`](Rule::with_max_debt)).
+    max_debt: u64,
 }
 
 /// Why a rule's parameters were refused; each names the field at fault.
@@ -162,6 +165,12 @@ pub enum RuleError {
     /// A `concurrency` lease outside 1ms..=1d.
     #[error("`lease` must be from 1ms to 1d, got {}", HumanDuration(*.0))]
     Lease(u64),
+    /// `max_debt` outside its range for this rule.
+    #[error("`max_debt` must be a whole number from 0 to {1}, got {0}")]
+    MaxDebt(i128, u64),
+    /// `max_debt` on a rule that never owes (concurrency).
+    #[error("`max_debt` is not for concurrency rules: a lease is held or not, never owed")]
+    MaxDebtNotAllowed,
 }
 
 impl Rule {
@@ -228,7 +237,32 @@ impl Rule {
             burst,
             aligned,
             whole: false,
+            max_debt: limit.min(debt_bound(algorithm, period_ms, burst)),
         })
+    }
+
+    /// This rule owing at most `max_debt` units past an exhausted bucket
+    /// (the default is its `limit`; 0: a debit never goes past empty).
+    /// Bounded so that a bucket in the deepest debt stays exact in a double
+    /// (`(burst + max_debt) × per < 2^52`) and, for `sliding_log`, at most
+    /// [`SLIDING_LOG_MAX_LIMIT`]; a concurrency rule never owes.
+    pub fn with_max_debt(self, max_debt: i128) -> Result<Rule, RuleError> {
+        if self.is_concurrency() {
+            return Err(RuleError::MaxDebtNotAllowed);
+        }
+        let most = debt_bound(self.algorithm, self.period_ms, self.burst);
+        let max_debt = u64::try_from(max_debt)
+            .ok()
+            .filter(|d| *d <= most)
+            .ok_or(RuleError::MaxDebt(max_debt, most))?;
+        Ok(Rule { max_debt, ..self })
+    }
+
+    /// The most units a debit may leave owing past an exhausted bucket: a
+    /// bucket in debt denies until it is repaid, and what a debit would
+    /// owe beyond this is forgiven (see `sluice_core::algorithm`).
+    pub fn max_debt(&self) -> u64 {
+        self.max_debt
     }
 
     /// The algorithm.
@@ -269,6 +303,7 @@ impl Rule {
         Rule {
             limit: cut(self.limit),
             burst: cut(self.burst),
+            max_debt: self.max_debt / parts,
             ..*self
         }
     }
@@ -302,13 +337,19 @@ impl Rule {
             return Rule::concurrency(scale(self.limit), self.period_ms);
         }
         let burst = self.algorithm.has_burst().then(|| scale(self.burst));
-        Rule::new(
+        let rule = Rule::new(
             self.algorithm,
             scale(self.limit),
             self.period_ms,
             burst,
             self.aligned,
-        )
+        )?;
+        // The debt scales with the limit, within the rule's bound.
+        let debt = ((self.max_debt as f64) * factor).floor() as u64;
+        Ok(Rule {
+            max_debt: debt.min(debt_bound(rule.algorithm, rule.period_ms, rule.burst)),
+            ..rule
+        })
     }
 
     /// Into how many shares, of at most `most`, this rule is cut: each
@@ -353,6 +394,20 @@ impl Rule {
         } else {
             self.limit
         }
+    }
+}
+
+/// The most `max_debt` a rule may have: `(burst + max_debt) × per` stays
+/// under [`MAX_SCALED`] (a fixed window only counts), a `sliding_log` owes
+/// at most [`SLIDING_LOG_MAX_LIMIT`] entries, a concurrency rule nothing.
+fn debt_bound(algorithm: Algorithm, period_ms: u64, burst: u64) -> u64 {
+    match algorithm {
+        Algorithm::Concurrency => 0,
+        Algorithm::SlidingLog => SLIDING_LOG_MAX_LIMIT,
+        Algorithm::FixedWindow => MAX_LIMIT,
+        _ => (MAX_SCALED / period_ms)
+            .saturating_sub(burst)
+            .min(MAX_LIMIT),
     }
 }
 

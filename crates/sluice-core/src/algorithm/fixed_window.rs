@@ -6,6 +6,14 @@
 //! epoch, as envoyproxy/ratelimit counts them: every key's minute starts at
 //! :00. Exact within a window; a client can still get `2·limit` across the
 //! boundary of two windows, which is what fixed windows are.
+//!
+//! # Debt
+//!
+//! A debit may leave a window counting more than `limit` (at most `limit +
+//! max_debt`). What is beyond `limit` is owed by the next window, which
+//! opens counting it: each window that passes repays `limit`, so a window
+//! opening `k` windows after one that counted `c` starts at
+//! `max(0, c − k·limit)`.
 
 use super::Outcome;
 use crate::rule::Rule;
@@ -23,21 +31,7 @@ pub struct Window {
 pub fn decide(rule: &Rule, window: Window, now: u64, cost: u64) -> (Outcome, Option<Window>) {
     let per = rule.period_ms();
     let limit = rule.limit();
-    let current = if rule.aligned() {
-        let start_ms = now - now % per;
-        if window.start_ms == start_ms {
-            window
-        } else {
-            Window { start_ms, count: 0 }
-        }
-    } else if window.count == 0 || now >= window.start_ms.saturating_add(per) {
-        Window {
-            start_ms: now,
-            count: 0,
-        }
-    } else {
-        window
-    };
+    let current = current(rule, window, now);
     let ends_in = (current.start_ms + per).saturating_sub(now).max(1);
     if current.count + cost <= limit {
         let next = Window {
@@ -46,9 +40,71 @@ pub fn decide(rule: &Rule, window: Window, now: u64, cost: u64) -> (Outcome, Opt
         };
         (Outcome::allowed(limit - next.count, ends_in), Some(next))
     } else {
+        // Owing, the request waits for the window whose carried debt
+        // leaves room for it, and the bucket is full once nothing is
+        // carried.
         let remaining = limit.saturating_sub(current.count);
-        (Outcome::denied(remaining, ends_in, ends_in), None)
+        let waits = (current.count + cost - limit).div_ceil(limit).max(1);
+        let full = current.count.div_ceil(limit).max(1);
+        (
+            Outcome::denied(
+                remaining,
+                ends_in + (full - 1) * per,
+                ends_in + (waits - 1) * per,
+            ),
+            None,
+        )
     }
+}
+
+/// The window `now` counts in: `window` itself, or the next one opened
+/// with the debt `window` carries into it.
+fn current(rule: &Rule, window: Window, now: u64) -> Window {
+    let per = rule.period_ms();
+    // The windows that passed since `window` opened, and what it still
+    // owes in the one `now` falls in.
+    let passed = now.saturating_sub(window.start_ms) / per;
+    let owed = window
+        .count
+        .saturating_sub(passed.saturating_mul(rule.limit()));
+    if rule.aligned() {
+        let start_ms = now - now % per;
+        if window.start_ms == start_ms {
+            window
+        } else {
+            Window {
+                start_ms,
+                count: owed,
+            }
+        }
+    } else if window.count == 0 || (passed >= 1 && owed == 0) {
+        Window {
+            start_ms: now,
+            count: 0,
+        }
+    } else if passed >= 1 {
+        // Owing, the windows follow one another from the one that owed, so
+        // that the debt is repaid on the schedule a denial announced.
+        Window {
+            start_ms: window.start_ms + passed * per,
+            count: owed,
+        }
+    } else {
+        window
+    }
+}
+
+/// Charges `cost` units whatever the window holds, counting at most `limit
+/// + max_debt`: the new window and the units forgiven beyond it.
+pub fn debit(rule: &Rule, window: Window, now: u64, cost: u64) -> (Window, u64) {
+    let current = current(rule, window, now);
+    let deepest = rule.limit() + rule.max_debt();
+    let count = current.count.saturating_add(cost);
+    let window = Window {
+        start_ms: current.start_ms,
+        count: count.min(deepest.max(current.count)),
+    };
+    (window, count - window.count)
 }
 
 /// The window as it must be read at `now` when it starts later than the
@@ -76,9 +132,11 @@ pub fn refund(rule: &Rule, window: Window, at: u64, cost: u64) -> Option<Window>
     })
 }
 
-/// A closed window holds nothing.
+/// A closed window holds nothing, once the windows after it have repaid
+/// what it owed.
 pub fn idle_at(rule: &Rule, window: Window) -> u64 {
-    window.start_ms + rule.period_ms()
+    let windows = window.count.div_ceil(rule.limit()).max(1);
+    window.start_ms + windows * rule.period_ms()
 }
 
 #[cfg(test)]

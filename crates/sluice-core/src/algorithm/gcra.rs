@@ -59,21 +59,23 @@ pub fn decide(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Outcome, Option<Ta
 }
 
 /// The TAT as it must be read at `now` when it lies further ahead than a
-/// full bucket allows (the clock stepped back, or the state was written by
-/// a node whose clock was ahead): an exhausted bucket as of `now`. Nothing
-/// consumed is forgotten, and a full recovery takes `burst` emission
-/// intervals from `now`, never the size of the step.
+/// bucket in its deepest debt allows (`burst + max_debt` intervals: the
+/// clock stepped back, or the state was written by a node whose clock was
+/// ahead): an exhausted bucket as of `now`. Nothing consumed is forgotten,
+/// and a full recovery takes `burst` emission intervals from `now`, never
+/// the size of the step. (A step back shorter than that reads as debt.)
 #[inline]
 pub fn repair(rule: &Rule, tat: Tat, now: u64) -> Option<Tat> {
     let limit = rule.limit();
     let capacity = rule.burst() * rule.period_ms();
+    let deepest = capacity + rule.max_debt() * rule.period_ms();
     let tat = normal(tat, limit);
     if tat.ms <= now {
         return None;
     }
     // Compared in two steps so that a step of years cannot overflow.
     let ahead_ms = tat.ms - now;
-    let beyond = ahead_ms > capacity / limit + 1 || ahead_ms * limit + tat.frac > capacity;
+    let beyond = ahead_ms > deepest / limit + 1 || ahead_ms * limit + tat.frac > deepest;
     beyond.then(|| Tat {
         ms: now + capacity / limit,
         frac: capacity % limit,
@@ -92,6 +94,37 @@ fn normal(tat: Tat, limit: u64) -> Tat {
             frac: tat.frac % limit,
         }
     }
+}
+
+/// Charges `cost` units whatever the bucket holds: the TAT moves ahead by
+/// `cost·per/limit` from `max(TAT, now)`, at most `burst + max_debt`
+/// intervals ahead of `now`. Returns the new TAT and the whole units
+/// forgiven beyond `max_debt`.
+pub fn debit(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Tat, u64) {
+    let limit = rule.limit();
+    let per = rule.period_ms();
+    let deepest_units = rule.burst() + rule.max_debt();
+    // What lies beyond the deepest debt from a fresh bucket is forgiven
+    // before multiplying (a cost of 2^32 × a year would overflow).
+    let charged = cost.min(deepest_units);
+    let tat = normal(tat, limit);
+    let base = if tat.ms > now || (tat.ms == now && tat.frac > 0) {
+        tat
+    } else {
+        Tat { ms: now, frac: 0 }
+    };
+    let ahead = (base.ms - now) * limit + base.frac + charged * per;
+    let deepest = deepest_units * per;
+    let (ahead, excess) = if ahead > deepest {
+        (deepest, ahead - deepest)
+    } else {
+        (ahead, 0)
+    };
+    let next = Tat {
+        ms: now + ahead / limit,
+        frac: ahead % limit,
+    };
+    (next, cost - charged + excess.div_ceil(per))
 }
 
 /// Gives back `cost` units: the TAT moves back by `cost·per/limit`,

@@ -21,6 +21,12 @@
 //! at `now`. [`Rule::decide`] decides on the repaired state; stores persist
 //! the repair even when the request is denied, so it happens once.
 //!
+//! A debit ([`Rule::debit`], `debit`) charges a cost already spent even
+//! past an exhausted bucket, leaving the rule in debt (up to its
+//! `max_debt`); a state ahead of `now` by no more than the deepest debt is
+//! read as debt, not as a clock step, so a clock stepped back by less
+//! than that waits it out (at most `burst + max_debt` units' worth).
+//!
 //! # Refunds
 //!
 //! [`Rule::refund`] gives back what an admission consumed (Redis Cluster
@@ -28,6 +34,7 @@
 //! twin of `refund.lua`.
 
 pub mod concurrency;
+mod debit;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_log;
@@ -35,6 +42,8 @@ pub mod sliding_window;
 pub mod token_bucket;
 
 use crate::rule::{Algorithm, Rule};
+
+pub use debit::Debit;
 
 /// What one rule says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,7 +163,7 @@ impl Rule {
         match (self.algorithm(), state) {
             (Algorithm::Gcra, State::Gcra(tat)) => gcra::repair(self, *tat, now).map(State::Gcra),
             (Algorithm::TokenBucket, State::TokenBucket(b)) => {
-                token_bucket::repair(*b, now).map(State::TokenBucket)
+                token_bucket::repair(self, *b, now).map(State::TokenBucket)
             }
             (Algorithm::FixedWindow, State::FixedWindow(w)) => {
                 fixed_window::repair(self, *w, now).map(State::FixedWindow)

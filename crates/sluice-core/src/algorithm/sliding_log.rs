@@ -101,6 +101,29 @@ pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<A
     }
 }
 
+/// Charges `cost` units whatever the log holds, as one entry at `now` (it
+/// counts, and expires, all at once), the live units at most `limit +
+/// max_debt`: what to append (nothing when nothing fits) and the units
+/// forgiven beyond it. The log is read as [`decide`] reads it.
+pub fn debit(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Option<Append>, u64) {
+    let per = rule.period_ms();
+    let expired = log
+        .entries
+        .iter()
+        .take_while(|(at, _)| at + per <= now)
+        .count();
+    let expired_units: u64 = log.entries.iter().take(expired).map(|(_, n)| n).sum();
+    let live = log.total - expired_units;
+    let room = (rule.limit() + rule.max_debt()).saturating_sub(live);
+    let units = cost.min(room);
+    let append = (units > 0).then(|| Append {
+        expired,
+        at_ms: now.max(log.entries.back().map_or(0, |(at, _)| *at)),
+        units,
+    });
+    (append, cost - units)
+}
+
 /// The log as it must be read at `now` when it holds admissions later than
 /// `now` (the clock stepped back): those count as admitted at `now`, so
 /// they expire one period from `now` and nothing consumed is forgotten.

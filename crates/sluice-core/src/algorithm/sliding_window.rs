@@ -19,6 +19,14 @@
 //! The property tests hold the algorithm to both bounds, and
 //! `docs/BENCHMARKS.md` records the error measured on random traffic. Use
 //! `gcra` or `sliding_log` when the limit must be exact over every span.
+//!
+//! # Debt
+//!
+//! A debit may leave the current window counting more than `limit` (at
+//! most `limit + max_debt`). When the windows move on, the window that
+//! becomes the previous one holds at most `limit`, and what it owed beyond
+//! that opens the new current window: each window that passes repays
+//! `limit`, as a fixed window's debt is repaid.
 
 use super::Outcome;
 use crate::rule::Rule;
@@ -40,13 +48,7 @@ pub fn decide(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Outcome, O
     let limit = rule.limit();
     // A state from the future was repaired first (`Rule::decide`).
     let start_ms = now - now % per;
-    let (prev, cur) = if windows.start_ms == start_ms {
-        (windows.prev, windows.cur)
-    } else if windows.start_ms + per == start_ms {
-        (windows.cur, 0)
-    } else {
-        (0, 0)
-    };
+    let (prev, cur) = moved(windows, start_ms, per, limit);
     let elapsed = now - start_ms;
     let capacity = limit * per;
     let weighted = prev * (per - elapsed) + cur * per;
@@ -54,7 +56,7 @@ pub fn decide(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Outcome, O
     if weighted + need <= capacity {
         let cur = cur + cost;
         let remaining = (capacity - weighted - need) / per;
-        let reset = start_ms + 2 * per - now;
+        let reset = start_ms + full_after(cur, limit) * per - now;
         (
             Outcome::allowed(remaining, reset),
             Some(Windows {
@@ -65,14 +67,32 @@ pub fn decide(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Outcome, O
         )
     } else {
         let remaining = capacity.saturating_sub(weighted) / per;
-        let reset = if cur > 0 {
-            start_ms + 2 * per - now
-        } else {
-            start_ms + per - now
-        };
+        let reset = start_ms + full_after(cur, limit) * per - now;
         let retry = retry_after(per, limit, prev, cur, cost, elapsed);
         (Outcome::denied(remaining, reset, retry), None)
     }
+}
+
+/// The counts `(prev, cur)` as of the window starting at `start_ms`: the
+/// stored ones moved on by the windows that passed, each repaying `limit`
+/// of what was owed (without debt: `(cur, 0)` one window on, nothing two
+/// windows on).
+fn moved(windows: Windows, start_ms: u64, per: u64, limit: u64) -> (u64, u64) {
+    if windows.start_ms == start_ms {
+        return (windows.prev, windows.cur);
+    }
+    let passed = (start_ms - windows.start_ms) / per;
+    let owed = |windows: u64| windows.saturating_mul(limit);
+    (
+        windows.cur.saturating_sub(owed(passed - 1)).min(limit),
+        windows.cur.saturating_sub(owed(passed)),
+    )
+}
+
+/// In how many windows from the current one's start nothing is counted
+/// any more (at least 1: the previous window's weight ends with this one).
+fn full_after(cur: u64, limit: u64) -> u64 {
+    1 + cur.div_ceil(limit)
 }
 
 /// The first moment the request passes, counted from `elapsed` into the
@@ -86,12 +106,40 @@ fn retry_after(per: u64, limit: u64, prev: u64, cur: u64, cost: u64, elapsed: u6
             return at - elapsed;
         }
     }
-    // In the next window, where prev becomes cur and cur starts at 0:
-    // cur·(per − e) ≤ (limit − cost)·per.
-    let at = ((limit - cost) * per)
-        .checked_div(cur)
-        .map_or(0, |slack| per - slack.min(per));
-    per - elapsed + at
+    // In a later window j, where the counts have moved on (`moved`):
+    // prev_j·(per − e) ≤ (limit − cur_j − cost)·per, from the first window
+    // whose carried debt leaves room for the cost. At `e = per` the window
+    // after it is tried from its start.
+    let mut j = (cur + cost).saturating_sub(limit).div_ceil(limit).max(1);
+    loop {
+        let prev_j = cur.saturating_sub((j - 1) * limit).min(limit);
+        let cur_j = cur.saturating_sub(j * limit);
+        let at = ((limit - cur_j - cost) * per)
+            .checked_div(prev_j)
+            .map_or(0, |slack| per - slack.min(per));
+        if at < per {
+            return j * per - elapsed + at;
+        }
+        j += 1;
+    }
+}
+
+/// Charges `cost` units whatever the windows hold, the current window
+/// counting at most `limit + max_debt`: the new windows and the units
+/// forgiven beyond it.
+pub fn debit(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Windows, u64) {
+    let per = rule.period_ms();
+    let limit = rule.limit();
+    let start_ms = now - now % per;
+    let (prev, cur) = moved(windows, start_ms, per, limit);
+    let deepest = (limit + rule.max_debt()).max(cur);
+    let counted = cur.saturating_add(cost);
+    let windows = Windows {
+        start_ms,
+        prev,
+        cur: counted.min(deepest),
+    };
+    (windows, counted - windows.cur)
 }
 
 /// The windows as they must be read at `now` when the current one starts
@@ -125,9 +173,10 @@ pub fn refund(rule: &Rule, windows: Windows, at: u64, cost: u64) -> Option<Windo
     }
 }
 
-/// Both windows closed: nothing is remembered.
+/// Both windows closed, and what was owed repaid: nothing is remembered.
 pub fn idle_at(rule: &Rule, windows: Windows) -> u64 {
-    windows.start_ms + 2 * rule.period_ms()
+    let windows_on = full_after(windows.cur, rule.limit()).max(2);
+    windows.start_ms + windows_on * rule.period_ms()
 }
 
 #[cfg(test)]

@@ -4,6 +4,15 @@
 //! tokens per millisecond is the whole number `limit`: a full bucket holds
 //! `burst·per` (< 2^52), a request needs `cost·per`, and a millisecond adds
 //! `limit`. Everything is an exact integer.
+//!
+//! # Debt
+//!
+//! A bucket in debt owes `d` scaled tokens: it is stored as refilling from
+//! a moment in the future, `last_ms = now + ⌈d/limit⌉`, holding the
+//! `⌈d/limit⌉·limit − d` tokens that make up the rounding. Read at `now`,
+//! it holds `tokens − (last_ms − now)·limit`, below zero until the debt is
+//! repaid, with no field of its own. A `last_ms` further ahead than the
+//! deepest debt (`max_debt`) can be is a clock that stepped back.
 
 use super::Outcome;
 use crate::rule::Rule;
@@ -30,12 +39,26 @@ pub fn decide(
     let capacity = rule.burst() * per;
     let (available, last) = match bucket {
         None => (capacity, now),
+        Some(b) if b.last_ms > now => {
+            // Owing, or repaid since the debit: read as of now.
+            let ahead = (b.last_ms - now) * limit;
+            if b.scaled_tokens < ahead {
+                let deficit = ahead - b.scaled_tokens;
+                let outcome = Outcome::denied(
+                    0,
+                    (capacity + deficit).div_ceil(limit),
+                    (cost * per + deficit).div_ceil(limit),
+                );
+                return (outcome, None);
+            }
+            ((b.scaled_tokens - ahead).min(capacity), now)
+        }
         Some(b) => {
-            let elapsed = now.saturating_sub(b.last_ms);
+            let elapsed = now - b.last_ms;
             let refilled = b
                 .scaled_tokens
                 .saturating_add(elapsed.saturating_mul(limit));
-            (refilled.min(capacity), b.last_ms.max(now))
+            (refilled.min(capacity), now)
         }
     };
     let need = cost * per;
@@ -59,14 +82,65 @@ pub fn decide(
     }
 }
 
-/// The bucket as it must be read at `now` when it was last refilled later
-/// than `now` (the clock stepped back): the same tokens, refilling from
-/// `now`.
-pub fn repair(bucket: Bucket, now: u64) -> Option<Bucket> {
-    (bucket.last_ms > now).then_some(Bucket {
+/// The bucket as it must be read at `now` when it refills from further
+/// ahead than its deepest debt allows (the clock stepped back): the same
+/// tokens, refilling from `now`.
+pub fn repair(rule: &Rule, bucket: Bucket, now: u64) -> Option<Bucket> {
+    let deepest_ms = (rule.max_debt() * rule.period_ms()).div_ceil(rule.limit());
+    (bucket.last_ms > now && bucket.last_ms - now > deepest_ms).then_some(Bucket {
         scaled_tokens: bucket.scaled_tokens,
         last_ms: now,
     })
+}
+
+/// Charges `cost` units whatever the bucket holds (`None`: never used,
+/// full), owing at most `max_debt`: the new bucket and the whole units
+/// forgiven beyond it.
+pub fn debit(rule: &Rule, bucket: Option<Bucket>, now: u64, cost: u64) -> (Bucket, u64) {
+    let per = rule.period_ms();
+    let limit = rule.limit();
+    let capacity = rule.burst() * per;
+    let charged = cost.min(rule.burst() + rule.max_debt());
+    // What the bucket holds at now, as tokens minus what it owes.
+    let (held, owed) = match bucket {
+        None => (capacity, 0),
+        Some(b) if b.last_ms > now => {
+            let ahead = (b.last_ms - now) * limit;
+            if b.scaled_tokens >= ahead {
+                ((b.scaled_tokens - ahead).min(capacity), 0)
+            } else {
+                (0, ahead - b.scaled_tokens)
+            }
+        }
+        Some(b) => {
+            let elapsed = now - b.last_ms;
+            let refilled = b
+                .scaled_tokens
+                .saturating_add(elapsed.saturating_mul(limit));
+            (refilled.min(capacity), 0)
+        }
+    };
+    let need = charged * per;
+    if owed == 0 && held >= need {
+        let bucket = Bucket {
+            scaled_tokens: held - need,
+            last_ms: now,
+        };
+        return (bucket, cost - charged);
+    }
+    let deepest = rule.max_debt() * per;
+    let owed = owed + need - held;
+    let (owed, excess) = if owed > deepest {
+        (deepest, owed - deepest)
+    } else {
+        (owed, 0)
+    };
+    let ahead_ms = owed.div_ceil(limit);
+    let bucket = Bucket {
+        scaled_tokens: ahead_ms * limit - owed,
+        last_ms: now + ahead_ms,
+    };
+    (bucket, cost - charged + excess.div_ceil(per))
 }
 
 /// Gives back `cost` units (never above the capacity).

@@ -389,6 +389,9 @@ pub struct NamedRule {
     pub rule: Rule,
     /// Shadow mode: evaluated and counted, never enforced.
     pub shadow: bool,
+    /// `count_if`: only responses of these statuses are counted (the check
+    /// before the request only asks); `None`: every request counts.
+    pub count_if: Option<crate::status::StatusSet>,
 }
 
 /// Defaults, shared with the documentation.

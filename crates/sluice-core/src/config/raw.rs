@@ -173,4 +173,20 @@ pub(crate) struct RawRule {
     pub lease: Option<S<String>>,
     pub share: Option<S<String>>,
     pub reserve: Option<S<BTreeMap<String, S<String>>>>,
+    pub max_debt: Option<S<i64>>,
+    pub count_if: Option<S<RawCountIf>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCountIf {
+    pub status: Option<S<Vec<S<RawStatus>>>>,
+}
+
+/// A status code as YAML writes it: `401` or `"4xx"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawStatus {
+    Code(i64),
+    Text(String),
 }

@@ -50,6 +50,7 @@ impl Lease {
                     name: name.to_owned(),
                     rule,
                     shadow: false,
+                    count_if: None,
                 };
                 BoundRule::new(scope, pattern, &named, 1.0)
             })

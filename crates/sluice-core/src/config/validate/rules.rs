@@ -4,9 +4,10 @@ use serde_saphyr::Location;
 
 use super::{MAX_NAME_BYTES, Validator};
 use crate::config::NamedRule;
-use crate::config::raw::{RawRule, S};
+use crate::config::raw::{RawCountIf, RawRule, RawStatus, S};
 use crate::duration::parse_duration_ms;
 use crate::rule::{Algorithm, Rule};
+use crate::status::StatusSet;
 
 /// Most rules in one list (a plan's `tenant` rules, one pattern's
 /// `routes` or `subject` rules, one `global` valve). A request is decided
@@ -54,8 +55,14 @@ impl Validator<'_> {
                 None => format!("{scope}-{index}"),
             };
             let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
+            let count_if = self.count_if(rule.value.count_if.as_ref(), at);
             if let Some(rule) = self.rule(rule.value, at) {
-                out.push(NamedRule { name, rule, shadow });
+                out.push(NamedRule {
+                    name,
+                    rule,
+                    shadow,
+                    count_if,
+                });
             }
         }
         out
@@ -99,7 +106,16 @@ impl Validator<'_> {
             raw.burst.as_ref().map(|b| b.value.into()),
             aligned,
         ) {
-            Ok(rule) => Some(rule),
+            Ok(rule) => match &raw.max_debt {
+                None => Some(rule),
+                Some(debt) => match rule.with_max_debt(debt.value.into()) {
+                    Ok(rule) => Some(rule),
+                    Err(e) => {
+                        self.push(debt.referenced, e.to_string());
+                        None
+                    }
+                },
+            },
             Err(e) => {
                 use crate::rule::RuleError as E;
                 let place = match e {
@@ -111,6 +127,7 @@ impl Validator<'_> {
                     }
                     E::AlignedNotAllowed(..) => raw.aligned.as_ref().map_or(at, |a| a.referenced),
                     E::ConcurrencyTooLarge(_) | E::Lease(_) => at,
+                    E::MaxDebt(..) | E::MaxDebtNotAllowed => at,
                 };
                 self.push(place, e.to_string());
                 None
@@ -136,12 +153,50 @@ impl Validator<'_> {
         algorithm
     }
 
+    /// `count_if: { status: [...] }`: which responses the rule counts.
+    fn count_if(&mut self, raw: Option<&S<RawCountIf>>, at: Location) -> Option<StatusSet> {
+        let raw = raw?;
+        let Some(status) = &raw.value.status else {
+            self.push(
+                raw.referenced,
+                "`count_if` needs `status`, a list of codes (401) or classes (\"4xx\")",
+            );
+            return None;
+        };
+        if status.value.is_empty() {
+            self.push(status.referenced, "`count_if.status` lists no status: name at least one code (401) or class (\"4xx\")");
+            return None;
+        }
+        let texts: Vec<String> = status
+            .value
+            .iter()
+            .map(|s| match &s.value {
+                RawStatus::Code(code) => code.to_string(),
+                RawStatus::Text(text) => text.clone(),
+            })
+            .collect();
+        match StatusSet::parse(texts.iter().map(String::as_str)) {
+            Ok(set) => Some(set),
+            Err(e) => {
+                let place = status
+                    .value
+                    .iter()
+                    .zip(&texts)
+                    .find(|(_, t)| **t == e.0)
+                    .map_or(at, |(s, _)| s.referenced);
+                self.push(place, e.to_string());
+                None
+            }
+        }
+    }
+
     /// `{algorithm: concurrency, limit, lease}`.
     fn concurrency_rule(&mut self, raw: &RawRule, at: Location) -> Option<Rule> {
         for (field, place) in [
             ("per", raw.per.as_ref().map(|p| p.referenced)),
             ("burst", raw.burst.as_ref().map(|b| b.referenced)),
             ("aligned", raw.aligned.as_ref().map(|a| a.referenced)),
+            ("max_debt", raw.max_debt.as_ref().map(|d| d.referenced)),
         ] {
             if let Some(place) = place {
                 self.push(

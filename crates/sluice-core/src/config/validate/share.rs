@@ -102,8 +102,21 @@ impl Validator<'_> {
         (rules, valves, Reserved(reserved))
     }
 
-    /// Takes `share` and `reserve` off a valve rule.
+    /// Takes `share` and `reserve` off a valve rule (and refuses what a
+    /// valve never has: debt, counting by outcome).
     fn written(&mut self, rule: &mut RawRule) -> Written {
+        if let Some(debt) = rule.max_debt.take() {
+            self.push(
+                debt.referenced,
+                "`max_debt` is not for valves (rules under `global`): a valve never goes into debt",
+            );
+        }
+        if let Some(count_if) = rule.count_if.take() {
+            self.push(
+                count_if.referenced,
+                "`count_if` is not for valves (rules under `global`): a valve counts every request it admits",
+            );
+        }
         let share_at = rule.share.as_ref().map(|s| s.referenced);
         let share = match rule.share.take() {
             None => Share::Fair,
