@@ -193,6 +193,12 @@ impl Keyer {
         self.full_key(tag, &self.digest(b"B", tag, rule.group(), subject)[..16])
     }
 
+    /// The key of a settle's marker for reservation `id` under `tag` (the
+    /// tenant's, so that it shares the slot of the tenant's rules).
+    pub fn marker_key(&self, tag: &Tag, id: &[u8]) -> String {
+        self.full_key(tag, &self.digest(b"M", tag, id, None)[..16])
+    }
+
     /// The name of `rule`'s record in its group's key under `tag`.
     pub fn record(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> Record {
         let digest = self.rule_digest(tag, rule, subject);

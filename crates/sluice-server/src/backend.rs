@@ -7,8 +7,8 @@ use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, St
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_store::{
-    Batch, ClusterStore, ConnectOptions, Heartbeat, KeySet, MemoryStore, Peeked, RedisStore, Store,
-    StoreError,
+    Adjusted, Batch, Change, ClusterStore, ConnectOptions, Heartbeat, KeySet, Marker, MemoryStore,
+    Peeked, RedisStore, Store, StoreError,
 };
 
 use crate::Fallible;
@@ -133,6 +133,19 @@ impl Store for Backend {
             Backend::Memory(store) => store.peek(batch).await,
             Backend::Redis(store) => store.peek(batch).await,
             Backend::Cluster(store) => store.peek(batch).await,
+        }
+    }
+
+    async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> Result<Adjusted, StoreError> {
+        match self {
+            Backend::Memory(store) => store.adjust(batch, change, marker).await,
+            Backend::Redis(store) => store.adjust(batch, change, marker).await,
+            Backend::Cluster(store) => store.adjust(batch, change, marker).await,
         }
     }
 

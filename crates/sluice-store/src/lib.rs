@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod adjust;
 mod bucket;
 pub mod clock;
 pub mod limiter;
@@ -30,6 +31,7 @@ pub mod redis;
 pub mod store;
 pub mod telemetry;
 
+pub use adjust::{Adjusted, Change, Marker, MarkerAnswer};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use limiter::breaker::{BreakerConfig, BreakerState};
 pub use limiter::{Keyed, Limiter, LimiterOptions, ValveLevel};

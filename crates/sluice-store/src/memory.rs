@@ -48,6 +48,7 @@ use parking_lot::{Mutex, MutexGuard};
 use sluice_core::decision::Outcomes;
 use sluice_core::{Outcome, State, Step};
 
+use crate::adjust::{Adjusted, Change, Marker};
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{Batch, Peeked, PeekedRule, Store, StoreError};
@@ -73,6 +74,9 @@ pub struct MemoryStore {
     /// tenants whose hashes meet would share one count; among n tenants
     /// the chance of any such pair is about n² / 2^65).
     per_tenant: Mutex<std::collections::HashMap<u64, u32, BuildHasherDefault<PassThrough>>>,
+    /// Settle markers: per reservation id, what was settled and until
+    /// when the marker is kept.
+    markers: Mutex<std::collections::HashMap<[u8; 16], (String, u64)>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -132,6 +136,7 @@ impl MemoryStore {
             held: AtomicUsize::new(0),
             tenant_share: max_entries,
             per_tenant: Mutex::new(std::collections::HashMap::default()),
+            markers: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -361,9 +366,11 @@ impl MemoryStore {
             .map_or(State::Fresh, |entry| entry.slot.lock().state.clone())
     }
 
-    /// Drops every key whose state is as good as fresh; returns how many.
+    /// Drops every key whose state is as good as fresh, and every settle
+    /// marker past its life; returns how many keys.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_ms();
+        self.markers.lock().retain(|_, (_, until)| *until > now);
         let guard = self.map.guard();
         let mut removed = 0;
         for (key, entry) in self.map.iter(&guard) {
@@ -525,11 +532,21 @@ impl Store for MemoryStore {
         }))
     }
 
+    fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> impl Future<Output = Result<Adjusted, StoreError>> + Send {
+        std::future::ready(self.adjust_now(batch, change, marker))
+    }
+
     fn maintain(&self) {
         self.clock.resync();
         self.sweep();
     }
 }
 
+mod adjust;
 #[cfg(test)]
 mod tests;

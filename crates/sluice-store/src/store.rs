@@ -11,6 +11,8 @@ use std::future::Future;
 use sluice_core::decision::Outcomes;
 use sluice_core::{BoundRule, Outcome, Rule, Scope, State};
 
+use crate::adjust::{Adjusted, Change, Marker};
+
 /// Every rule of one decision, with what identifies its buckets.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {
@@ -196,6 +198,19 @@ pub trait Store: Send + Sync {
     /// consume nothing). On Redis Cluster a split global valve is read at
     /// its key 0.
     fn peek(&self, batch: &Batch<'_>) -> impl Future<Output = Result<Peeked, StoreError>> + Send;
+
+    /// Changes every rule of `batch` by its cost after the fact (see
+    /// [`Change`]), atomically per slot; with a `marker`, only if no marker
+    /// of its id is stored (the store keeps it, in the tenant's slot, with
+    /// the change). Answers what a request of one unit would get after.
+    /// Concurrency rules are never changed. On Redis Cluster the rules
+    /// sharing the marker's slot change with it, the others after it.
+    fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> impl Future<Output = Result<Adjusted, StoreError>> + Send;
 
     /// How many keys each global valve is split over (Redis Cluster's
     /// `global_shards`); each enforces its share of the valve.

@@ -28,6 +28,15 @@ impl Store for Remote {
         Ok(self.0.release_now(batch))
     }
 
+    async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: sluice_store::Change,
+        marker: Option<&sluice_store::Marker>,
+    ) -> Result<sluice_store::Adjusted, StoreError> {
+        self.0.adjust(batch, change, marker).await
+    }
+
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
         self.0.peek(batch).await
     }

@@ -18,6 +18,15 @@ impl Store for Broken {
         Err(StoreError::Unavailable("down".to_owned()))
     }
 
+    async fn adjust(
+        &self,
+        _: &Batch<'_>,
+        _: crate::Change,
+        _: Option<&crate::Marker>,
+    ) -> Result<crate::Adjusted, StoreError> {
+        Err(StoreError::Unavailable("down".to_owned()))
+    }
+
     async fn peek(&self, _: &Batch<'_>) -> Result<Peeked, StoreError> {
         Err(StoreError::Unavailable("down".to_owned()))
     }
@@ -97,6 +106,15 @@ const ADMIT: u8 = 2;
 impl Store for Scripted {
     async fn release(&self, _: &Batch<'_>) -> Result<bool, StoreError> {
         Ok(false)
+    }
+
+    async fn adjust(
+        &self,
+        _: &Batch<'_>,
+        _: crate::Change,
+        _: Option<&crate::Marker>,
+    ) -> Result<crate::Adjusted, StoreError> {
+        Err(StoreError::Unavailable("not changed here".to_owned()))
     }
 
     async fn peek(&self, _: &Batch<'_>) -> Result<Peeked, StoreError> {

@@ -98,25 +98,25 @@ pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule 
     }
 }
 
-/// A packed rule's bytes (struct `RULE`, `'<BBBHddddc8'`, in common.lua).
-pub(super) const RULE_WIDTH: usize = 45;
+/// A packed rule's bytes (struct `RULE`, `'<BBBHdddddc8'`, in common.lua).
+pub(super) const RULE_WIDTH: usize = 53;
 
 /// Appends what both scripts take of a rule to `packed`:
 /// algorithm, aligned and shadow as bytes, the index of its key (from 1)
-/// as a 16-bit integer, then limit, per, burst and cost as little-endian
-/// doubles (every one is below 2^53, so exact; see `sluice_core::rule`),
-/// then its record's name.
+/// as a 16-bit integer, then limit, per, burst, cost and max_debt as
+/// little-endian doubles (every one is below 2^53, so exact; see
+/// `sluice_core::rule`), then its record's name.
 pub(super) fn pack_rule(
     packed: &mut SmallVec<[u8; 2 * RULE_WIDTH]>,
-    values: [u64; 6],
+    values: [u64; 7],
     shadow: bool,
     key: u16,
     record: Record,
 ) {
-    let [algorithm, limit, per, burst, aligned, cost] = values;
+    let [algorithm, limit, per, burst, aligned, cost, max_debt] = values;
     packed.extend_from_slice(&[algorithm as u8, aligned as u8, u8::from(shadow)]);
     packed.extend_from_slice(&key.to_le_bytes());
-    for v in [limit, per, burst, cost] {
+    for v in [limit, per, burst, cost, max_debt] {
         debug_assert!(v < 1 << 53, "{v} is not exact as a double");
         packed.extend_from_slice(&(v as f64).to_le_bytes());
     }
@@ -208,8 +208,8 @@ impl PackedRules {
 }
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
-/// burst, aligned, cost.
-pub(super) fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 6] {
+/// burst, aligned, cost, max_debt.
+pub(super) fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 7] {
     let rule = enforced(&batch.rules[i], valve_parts);
     [
         u64::from(algorithm_code(rule.algorithm())),
@@ -218,6 +218,7 @@ pub(super) fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64
         rule.burst(),
         u64::from(rule.aligned()),
         batch.cost_of(i),
+        rule.max_debt(),
     ]
 }
 
@@ -228,19 +229,19 @@ mod tests {
     #[test]
     fn a_packed_rule_carries_its_numbers_exactly() {
         let record = Record(*b"\x01\x02\x03\x04\x05\x06\x07\x08");
-        let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000];
+        let values = [5, 1_000_000_000, 366 * 86_400_000, 7, 1, 1_000_000, 9];
         let mut packed = smallvec::smallvec![0xee];
         pack_rule(&mut packed, values, true, 300, record);
         pack_rule(&mut packed, values, false, 2, Record([9; 8]));
         assert_eq!(packed.len(), 1 + 2 * RULE_WIDTH);
         let packed = &packed[1..];
         assert_eq!(packed[..5], [5, 1, 1, 44, 1]);
-        let numbers: Vec<u64> = packed[5..37]
+        let numbers: Vec<u64> = packed[5..45]
             .chunks_exact(8)
             .map(|b| f64::from_le_bytes(b.try_into().unwrap()) as u64)
             .collect();
-        assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000]);
-        assert_eq!(packed[37..RULE_WIDTH], record.0);
+        assert_eq!(numbers, [1_000_000_000, 366 * 86_400_000, 7, 1_000_000, 9]);
+        assert_eq!(packed[45..RULE_WIDTH], record.0);
         // The next rule follows at once.
         assert_eq!(packed[RULE_WIDTH..RULE_WIDTH + 5], [5, 1, 0, 2, 0]);
         assert_eq!(packed[2 * RULE_WIDTH - 8..], [9; 8]);
@@ -252,7 +253,7 @@ mod tests {
         for (key, name) in [(1, 1), (2, 2), (1, 3)] {
             pack_rule(
                 &mut packed,
-                [1, 10, 1000, 10, 0, 1],
+                [1, 10, 1000, 10, 0, 1, 10],
                 false,
                 key,
                 Record([name; 8]),

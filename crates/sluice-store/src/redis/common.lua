@@ -100,8 +100,8 @@ end
 --
 -- ARGV[1]  the rules, packed one after another (struct RULE, RULE_BYTES
 --          each): per rule its algorithm, aligned, shadow, the index k of
---          its key (KEYS[k]), limit, per, burst, cost and its record's
---          name (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
+--          its key (KEYS[k]), limit, per, burst, cost, max_debt and its
+--          record's name (algorithm: 1 gcra, 2 token_bucket, 3 sliding_log,
 --          4 sliding_window, 5 fixed_window, 6 concurrency; aligned and
 --          shadow: 1 or 0). Packed, the numbers cost no string parsing
 --          (tonumber is the dearest step of a call); in one argument, a
@@ -111,7 +111,7 @@ end
 --          server's clock (TIME), no lease; otherwise "NOW;LEASE": now in
 --          ms (tests only; "" for the server's clock) and the lease of
 --          concurrency rules (32 hex digits, or "")
-local RULE, RULE_BYTES = '<BBBHddddc8', 45
+local RULE, RULE_BYTES = '<BBBHdddddc8', 53
 
 -- The rules of a call's ARGV, how many, now and the lease. Each rule is
 -- read in turn with sunpack(RULE, rules, pos), which also returns where the
@@ -124,4 +124,68 @@ local function arguments(ARGV)
   end
   local split = find(header, ';', 1, true)
   return rules, n, now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
+end
+
+-- Gives back cost units of one rule that an admission at `at` consumed,
+-- from its state as it is now (others may have consumed since), and
+-- releases lease from a concurrency rule; returns 1 when that lease was
+-- still held (see refund.lua). The twin of Rule::refund and Rule::release.
+local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease)
+  local released = 0
+  if algorithm == 6 then
+    if lease ~= '' then
+      local expires = call('ZSCORE', key, lease)
+      if expires then
+        call('ZREM', key, lease)
+        if num(expires) > now then released = 1 end
+      end
+    end
+  elseif algorithm == 3 then
+    local members = call('ZRANGEBYSCORE', key, at, at, 'LIMIT', 0, cost)
+    if #members > 0 then
+      call('ZREM', key, unpack(members))
+    end
+  else
+    local value = call('GET', key)
+    local pos = value and find_record(value, name)
+    if pos then
+      local idle, a, b, c = sunpack(STATE, value, pos + 8)
+      local updated = true
+      if algorithm == 1 then
+        -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
+        -- milliseconds (never multiplying ms by limit: beyond 2^53).
+        local need = cost * per
+        if b >= need then
+          b = b - need
+        else
+          local borrow = idiv(need - b + limit - 1, limit)
+          a = a - borrow
+          b = b + borrow * limit - need
+        end
+      elseif algorithm == 2 then
+        a = min(burst * per, a + cost * per)
+      elseif algorithm == 4 then
+        local window = idiv(at, per) * per
+        if a == window then
+          c = max(0, c - cost)
+        elseif a == window + per then
+          b = max(0, b - cost)
+        else
+          updated = false
+        end
+      elseif at >= a and at < a + per then
+        b = max(0, b - cost)
+      else
+        updated = false
+      end
+      if updated then
+        -- The record rewritten in place; when it goes idle is kept (a
+        -- refund only makes the state fresher sooner).
+        value = sub(value, 1, pos - 1) .. spack(RECORD, name, idle, a, b, c)
+          .. sub(value, pos + RECORD_BYTES)
+        call('SET', key, value, 'KEEPTTL')
+      end
+    end
+  end
+  return released
 end

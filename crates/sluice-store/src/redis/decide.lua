@@ -58,14 +58,14 @@ local calls = 0
 
 -- Each algorithm takes the rule's record name, whether its record was
 -- found and the record's three numbers (0 when not), now, cost, limit,
--- per, burst and aligned (those it uses), and returns allowed,
+-- per, burst, aligned and max_debt (those it uses), and returns allowed,
 -- remaining, reset, retry, then when it admits the record to write and
 -- when it goes idle (nil otherwise), then when the stored state had to be
 -- repaired the repaired record and when it goes idle (written when nothing
 -- else is; nil otherwise). The divisions of the common path are idiv
 -- written out (a call costs more than its arithmetic).
 
-local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
+local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst, _, max_debt)
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
@@ -73,10 +73,14 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
   local capacity = burst * per
   local fixed, fixed_idle
   if ms > now then
+    -- Ahead by more than the deepest debt: the clock stepped back.
+    local deepest = capacity + max_debt * per
     local ahead_ms = ms - now
-    local q = capacity / limit
+    local q = deepest / limit
     q = q - q % 1
-    if ahead_ms > q + 1 or ahead_ms * limit + frac > capacity then
+    if ahead_ms > q + 1 or ahead_ms * limit + frac > deepest then
+      q = capacity / limit
+      q = q - q % 1
       ms, frac = now + q, capacity - q * limit
       fixed_idle = ms
       if frac > 0 then fixed_idle = ms + 1 end
@@ -110,17 +114,19 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst)
     nil, nil, fixed, fixed_idle
 end
 
-local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, burst)
+local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, burst, _, max_debt)
   local capacity = burst * per
   local available, last = capacity, now
   local fixed, fixed_idle
   if found then
-    if at > now then
-      -- Refilled "later" than now: the same tokens, refilling from now.
+    if at > now and at - now > ceil_div(max_debt * per, limit) then
+      -- Refilled "later" than the deepest debt allows (the clock stepped
+      -- back): the same tokens, refilling from now.
       at = now
       fixed_idle = now + ceil_div(max(0, capacity - tokens), limit)
       fixed = spack(RECORD, name, fixed_idle, tokens, now, 0)
     end
+    -- Below zero while owing (refilling from a moment ahead of now).
     available = min(capacity, tokens + (now - at) * limit)
   end
   local need = cost * per
@@ -130,8 +136,31 @@ local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, b
     return 1, idiv(left, per), full_in, 0,
       spack(RECORD, name, last + full_in, left, last, 0), last + full_in, fixed, fixed_idle
   end
-  return 0, idiv(available, per), ceil_div(capacity - available, limit),
+  return 0, idiv(max(0, available), per), ceil_div(capacity - available, limit),
     max(1, ceil_div(need - available, limit)), nil, nil, fixed, fixed_idle
+end
+
+-- The window now counts in (sluice-core's fixed_window::current): the
+-- stored one, or the next one opened owing what the stored one carries
+-- (each window that passed repays limit).
+local function window_of(start, count, now, limit, per, aligned)
+  local passed = 0
+  if now > start then passed = idiv(now - start, per) end
+  local owed = max(0, count - passed * limit)
+  if aligned == 1 then
+    local current = idiv(now, per) * per
+    if start ~= current then return current, owed end
+    return start, count
+  end
+  if count == 0 or (passed >= 1 and owed == 0) then return now, 0 end
+  if passed >= 1 then return start + passed * per, owed end
+  return start, count
+end
+
+-- When a window that counts count (perhaps owing) is idle: once the
+-- windows after it have repaid what it owed.
+local function window_idle(start, count, limit, per)
+  return start + max(1, ceil_div(count, limit)) * per
 end
 
 local function fixed_window(name, found, start, count, _, now, cost, limit, per, _, aligned)
@@ -141,20 +170,35 @@ local function fixed_window(name, found, start, count, _, now, cost, limit, per,
   if found and start > current then
     -- A window that starts "later": the window of now, same count.
     start = current
-    fixed_idle = start + per
+    fixed_idle = window_idle(start, count, limit, per)
     fixed = spack(RECORD, name, fixed_idle, start, count, 0)
   end
-  if aligned == 1 then
-    if start ~= current then start, count = current, 0 end
-  elseif count == 0 or now >= start + per then
-    start, count = now, 0
-  end
+  start, count = window_of(start, count, now, limit, per, aligned)
   local ends_in = max(1, start + per - now)
   if count + cost <= limit then
     return 1, limit - count - cost, ends_in, 0,
       spack(RECORD, name, start + per, start, count + cost, 0), start + per, fixed, fixed_idle
   end
-  return 0, max(0, limit - count), ends_in, ends_in, nil, nil, fixed, fixed_idle
+  -- Owing, the request waits for the window whose carried debt leaves
+  -- room for it; full once nothing is carried.
+  local waits = max(1, ceil_div(count + cost - limit, limit))
+  local full = max(1, ceil_div(count, limit))
+  return 0, max(0, limit - count), ends_in + (full - 1) * per,
+    ends_in + (waits - 1) * per, nil, nil, fixed, fixed_idle
+end
+
+-- The counts (prev, cur) as of the window starting at start
+-- (sluice-core's sliding_window::moved): each window that passed repays
+-- limit of what was owed.
+local function moved(wstart, prev, cur, start, per, limit)
+  if wstart == start then return prev, cur end
+  local passed = idiv(start - wstart, per)
+  return min(limit, max(0, cur - (passed - 1) * limit)), max(0, cur - passed * limit)
+end
+
+-- When windows whose current one counts cur (perhaps owing) are idle.
+local function windows_idle(start, cur, limit, per)
+  return start + max(2, 1 + ceil_div(cur, limit)) * per
 end
 
 local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, per)
@@ -163,15 +207,10 @@ local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, 
   if found and wstart > start then
     -- Windows that start "later": moved to the window of now, same counts.
     wstart = start
-    fixed_idle = start + 2 * per
+    fixed_idle = windows_idle(start, cur, limit, per)
     fixed = spack(RECORD, name, fixed_idle, start, prev, cur)
   end
-  local p, c = 0, 0
-  if wstart == start then
-    p, c = prev, cur
-  elseif wstart + per == start then
-    p, c = cur, 0
-  end
+  local p, c = moved(wstart, prev, cur, start, per, limit)
   local elapsed = now - start
   local capacity = limit * per
   local weighted = p * (per - elapsed) + c * per
@@ -182,17 +221,24 @@ local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, 
   end
   local remaining = 0
   if capacity > weighted then remaining = idiv(capacity - weighted, per) end
-  local reset = start + per - now
-  if c > 0 then reset = start + 2 * per - now end
+  local reset = start + (1 + ceil_div(c, limit)) * per - now
   local retry
   if c + cost <= limit and p > 0 then
     local at = per - min(idiv((limit - c - cost) * per, p), per)
     if at < per then retry = at - elapsed end
   end
   if not retry then
-    local at = 0
-    if c > 0 then at = per - min(idiv((limit - cost) * per, c), per) end
-    retry = per - elapsed + at
+    -- In a later window j, the counts moved on: from the first whose
+    -- carried debt leaves room for the cost, the first moment the
+    -- previous window's weight allows it (sliding_window::retry_after).
+    local j = max(1, ceil_div(max(0, c + cost - limit), limit))
+    while not retry do
+      local pj, cj = min(limit, max(0, c - (j - 1) * limit)), max(0, c - j * limit)
+      local at = 0
+      if pj > 0 then at = per - min(idiv((limit - cj - cost) * per, pj), per) end
+      if at < per then retry = j * per - elapsed + at end
+      j = j + 1
+    end
   end
   return 0, remaining, reset, max(1, retry), nil, nil, fixed, fixed_idle
 end
@@ -374,7 +420,7 @@ local function decide(KEYS, ARGV)
   if n == 1 then
     -- One rule whose state is a few numbers: no bookkeeping, its record
     -- written as soon as it is decided.
-    local algorithm, aligned, _, _, limit, per, burst, cost, name = sunpack(RULE, rules)
+    local algorithm, aligned, _, _, limit, per, burst, cost, max_debt, name = sunpack(RULE, rules)
     local decide_numbers = NUMBERS[algorithm]
     if decide_numbers then
       local value = call('GET', KEYS[1])
@@ -384,7 +430,7 @@ local function decide(KEYS, ARGV)
       if rotating and value and not found then found = find_record(value, names_before) end
       local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local _, remaining, reset, retry, r, t, f, ft =
-        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
+        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned, max_debt)
       if not r then r, t = f, ft end
       if r then
         if value and not (found == 1 and #value == RECORD_BYTES) then
@@ -415,7 +461,7 @@ local function decide(KEYS, ARGV)
     -- The tables the loop writes, as locals (an upvalue costs a step more).
     local reply, parts, replaced = reply, parts, replaced
     for i = 1, n do
-      local algorithm, aligned, shadow, _, limit, per, burst, cost, name, after =
+      local algorithm, aligned, shadow, _, limit, per, burst, cost, max_debt, name, after =
         sunpack(RULE, rules, pos)
       pos = after
       -- read_record(value, name), written out (not rotating).
@@ -423,7 +469,7 @@ local function decide(KEYS, ARGV)
       if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
       local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local allowed, remaining, reset, retry, r, t, f, ft =
-        NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned)
+        NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned, max_debt)
       local o = 3 * i - 1
       reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry
       if allowed == 0 and shadow == 0 then all_allowed = false end
@@ -464,7 +510,7 @@ local function decide(KEYS, ARGV)
   local all_allowed = true
   local pos = 1
   for i = 1, n do
-    local algorithm, aligned, shadow, k, limit, per, burst, cost, name, after =
+    local algorithm, aligned, shadow, k, limit, per, burst, cost, max_debt, name, after =
       sunpack(RULE, rules, pos)
     pos = after
     local previous = rotating and sub(names_before, 8 * i - 7, 8 * i)
@@ -482,7 +528,7 @@ local function decide(KEYS, ARGV)
       end
       local found, x, y, z = read_record(value, name, previous)
       local allowed, remaining, reset, retry, r, t, f, ft =
-        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned)
+        decide_numbers(name, found, x, y, z, now, cost, limit, per, burst, aligned, max_debt)
       record[i], idle[i], fix[i], fix_idle[i], at[i], key[i], set[i] =
         r or false, t, f or false, ft, found, k, false
       reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry

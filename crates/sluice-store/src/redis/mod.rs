@@ -11,6 +11,8 @@
 //!   sends it as a Redis Function where it can, a script elsewhere.
 //! - [`refund`] (`refund.lua`): gives back what an admission consumed;
 //!   releases leases.
+//! - [`adjust`] (`adjust.lua`): debits and give-backs after the fact, once
+//!   per settle marker.
 //! - [`heartbeat`] (`heartbeat.lua`): instances counting themselves.
 //! - [`inspect`]: a key's stored state read back and decoded.
 //! - `store`: the Redis store both backends are, generic over how Redis is
@@ -18,6 +20,7 @@
 //!
 //! `common.lua` holds the helpers every script starts with.
 
+pub mod adjust;
 pub mod args;
 pub mod cluster;
 pub mod decide;
@@ -29,6 +32,7 @@ pub mod node;
 pub mod refund;
 pub(crate) mod store;
 
+pub use adjust::{ADJUST_LUA, AdjustCall, AdjustReply, adjust_reply};
 pub use args::{PackedRules, Selection, TimeSource, lease_arg};
 pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};
 pub use function::Decide;

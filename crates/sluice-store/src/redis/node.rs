@@ -13,6 +13,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::decision::Outcomes;
 
+use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
@@ -224,5 +225,31 @@ impl Store for RedisStore {
 
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
         self.redis.peek(batch, 1).await
+    }
+
+    async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> Result<Adjusted, StoreError> {
+        let Buckets { keys, records } = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
+        let marker = marker.map(|m| self.redis.marker(batch, m));
+        let reply = self
+            .redis
+            .adjust(
+                batch,
+                script::Selection::ALL,
+                (keys.into_vec(), &records),
+                change,
+                marker,
+            )
+            .await?;
+        Ok(Adjusted {
+            now: reply.now,
+            marker: reply.marker,
+            outcomes: reply.outcomes,
+            forgiven: reply.forgiven,
+        })
     }
 }

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use super::adjust::{ADJUST_LUA, AdjustCall, AdjustReply, adjust_reply};
 use super::function::Decide;
 use super::heartbeat::Heartbeat;
 use super::keys::{KeySet, Valve};
@@ -43,6 +44,7 @@ pub(crate) struct Redis<R> {
     local: LocalConnections,
     pub(crate) decide: Decide,
     pub(crate) refund: redis::Script,
+    pub(crate) adjust: redis::Script,
     pub(crate) keys: KeySet,
     pub(crate) time: TimeSource,
     pub(crate) timeout_ms: u64,
@@ -55,6 +57,7 @@ impl<R: Reach> Redis<R> {
             local: LocalConnections::new(),
             decide: Decide::new(),
             refund: redis::Script::new(REFUND_LUA),
+            adjust: redis::Script::new(ADJUST_LUA),
             keys,
             time: TimeSource::Server,
             timeout_ms: timeout.as_millis() as u64,
@@ -188,6 +191,42 @@ impl<R: Reach> Redis<R> {
         send(self.deciding()?, evalsha, eval)
             .await
             .map_err(|e| self.error(&e))
+    }
+}
+
+impl<R: Reach> Redis<R> {
+    /// Changes the selected rules of `batch` (they must share a slot) in
+    /// one call, with the settle marker `marker` (its key, value and life)
+    /// when given.
+    pub(crate) async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        selection: Selection<'_>,
+        bucket: (Vec<String>, &[sluice_core::keys::Record]),
+        change: crate::adjust::Change,
+        marker: Option<(String, String, u64)>,
+    ) -> Result<AdjustReply, StoreError> {
+        let rules = bucket.0.len();
+        let (evalsha, eval) = AdjustCall::new(batch, selection, bucket, change, marker, &self.time)
+            .commands(&self.adjust);
+        let reply: Vec<u8> = send(self.deciding()?, evalsha, eval)
+            .await
+            .map_err(|e| self.error(&e))?;
+        adjust_reply(&reply, rules)
+    }
+
+    /// A settle marker's key (in the tenant's slot), value and life.
+    pub(crate) fn marker(
+        &self,
+        batch: &Batch<'_>,
+        marker: &crate::adjust::Marker,
+    ) -> (String, String, u64) {
+        let tag = self.keys.tenant_tag(batch.tenant, 0);
+        (
+            self.keys.current.marker_key(&tag, &marker.id),
+            marker.value.clone(),
+            marker.ttl_ms.max(1),
+        )
     }
 }
 
