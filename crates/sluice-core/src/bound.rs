@@ -9,6 +9,7 @@ use crate::config::NamedRule;
 use crate::duration::seconds_rounded_up;
 use crate::rule::{Algorithm, Rule};
 use crate::scope::Scope;
+use crate::status::StatusSet;
 
 /// A rule bound to its place in the policy: its name, scope and stable
 /// identity, plus what the hot path would otherwise compute per request.
@@ -25,6 +26,7 @@ pub struct BoundRule {
     uid: u64,
     policy_item: Arc<str>,
     near_at_remaining: u64,
+    count_if: Option<Arc<StatusSet>>,
 }
 
 impl BoundRule {
@@ -63,6 +65,7 @@ impl BoundRule {
             uid,
             policy_item: policy_item(&named.name, &rule).into(),
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
+            count_if: named.count_if.clone().map(Arc::new),
         }
     }
 
@@ -158,12 +161,22 @@ impl BoundRule {
     /// Whether this rule's keys stay on shard 0 of a sharded tenant,
     /// whichever shard a decision uses: a duplicate guard (one fingerprint,
     /// one key), a concurrency rule (one lease, one place to release it
-    /// from) and a rule too small to divide ([`Rule::is_whole`]).
+    /// from), a rule too small to divide ([`Rule::is_whole`]) and a rule
+    /// that counts by outcome (a report counts where the check asked).
     pub fn on_first_shard(&self) -> bool {
-        self.scope == Scope::Dedupe || self.rule.is_concurrency() || self.rule.is_whole()
+        self.scope == Scope::Dedupe
+            || self.rule.is_concurrency()
+            || self.rule.is_whole()
+            || self.count_if.is_some()
     }
 
     /// Whether a request takes one unit of this rule whatever it costs.
+    /// The responses this rule counts (`count_if`), when it counts by
+    /// outcome: a decision only asks it, a report counts it.
+    pub fn count_if(&self) -> Option<&StatusSet> {
+        self.count_if.as_deref()
+    }
+
     pub(crate) fn counts_once(&self) -> bool {
         self.scope == Scope::Dedupe || self.rule.is_concurrency()
     }

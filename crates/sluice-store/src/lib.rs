@@ -14,6 +14,8 @@
 //!   handling around the store call: [`limiter::breaker`] (circuit
 //!   breaker), [`limiter::denials`] (over-limit cache), the time budget and
 //!   the failure policy.
+//! - [`adjust`]: changes after the fact (debits, give-backs, settle
+//!   markers) as stores apply them.
 //! - [`telemetry`]: the hooks metrics are fed from.
 
 #![forbid(unsafe_code)]
@@ -34,7 +36,9 @@ pub mod telemetry;
 pub use adjust::{Adjusted, Change, Marker, MarkerAnswer};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::{Keyed, Limiter, LimiterOptions, ValveLevel};
+pub use limiter::{
+    Adjustment, AfterError, Keyed, Limiter, LimiterOptions, Reservation, ValveLevel,
+};
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::cluster::ClusterStore;

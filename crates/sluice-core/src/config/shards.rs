@@ -14,7 +14,9 @@ use super::{NamedRule, PlanSpec, RouteRules};
 /// The plan `spec` as one of `shards` shards enforces it.
 pub fn shard_share(spec: &PlanSpec, shards: u16) -> PlanSpec {
     let share = |named: &NamedRule| NamedRule {
-        rule: if named.rule.is_concurrency() {
+        // Counted by outcome: kept whole on shard 0 (see
+        // `BoundRule::on_first_shard`).
+        rule: if named.rule.is_concurrency() || named.count_if.is_some() {
             named.rule
         } else {
             named.rule.for_shards(u64::from(shards))

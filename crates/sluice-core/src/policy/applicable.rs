@@ -26,6 +26,10 @@ pub struct Applicable<'p> {
     /// The reserves of those fair valves that have some: the limiter
     /// chooses per decision which part a request draws from.
     pub reserves: &'p [Reserves],
+    /// The rules that count by outcome (`count_if`), not among `rules`: a
+    /// decision only asks whether they have room (a peek); a report counts
+    /// them once the outcome is known.
+    pub asked: &'p [BoundRule],
 }
 
 impl<'p> Applicable<'p> {
@@ -40,6 +44,7 @@ impl<'p> Applicable<'p> {
             max_cost: max_cost(rules),
             gated: false,
             reserves: &[],
+            asked: &[],
         }
     }
 

@@ -214,10 +214,14 @@ impl Policy {
         });
         let plan = &self.plans[entry.plan];
         let cell = plan.cell(route);
-        let (rules, variant) = if with_subject {
-            (&cell.rules[..], 1)
+        let (rules, asked, variant) = if with_subject {
+            (&cell.rules[..], &cell.asked[..], 1)
         } else {
-            (&cell.rules[..cell.without_subject], 0)
+            (
+                &cell.rules[..cell.without_subject],
+                &cell.asked[..cell.asked_without_subject],
+                0,
+            )
         };
         Applicable {
             plan: Some(plan),
@@ -227,6 +231,24 @@ impl Policy {
             max_cost: cell.max_cost[variant],
             gated: cell.gated,
             reserves: &cell.reserves,
+            asked,
+        }
+    }
+
+    /// The rules a debit of a request charges: the tenant's own rate rules
+    /// (tenant, route and subject scopes) of [`applicable`](Self::applicable)'s
+    /// cell, without the valves, gates, duplicate guards, leases and the
+    /// rules that count by outcome.
+    pub fn own_rules(&self, tenant: &str, route: &str, with_subject: bool) -> &[BoundRule] {
+        let entry = self.tenants.get(tenant).copied().unwrap_or(TenantEntry {
+            plan: self.default_plan,
+            shards: 1,
+        });
+        let cell = self.plans[entry.plan].cell(route);
+        if with_subject {
+            &cell.own
+        } else {
+            &cell.own[..cell.own_without_subject]
         }
     }
 

@@ -78,7 +78,9 @@ impl Plan {
             let without_subject = rules.len();
             add(&mut rules, Scope::Subject, &spec.subject);
             let route = covering.map_or_else(|| "*".to_owned(), RoutePattern::source);
-            Cell::new(rules, without_subject, reserves, &spec.name, &route)
+            let mut cell = Cell::new(rules, without_subject, reserves, &spec.name, &route);
+            cell.sort_out();
+            cell
         };
 
         let mut cells = Vec::with_capacity(patterns.len() + 1);

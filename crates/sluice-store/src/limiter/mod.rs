@@ -11,7 +11,9 @@
 //!    the number of live sluice instances (`fallback`).
 //!
 //! The doors are here: [`Limiter::decide`], [`Limiter::acquire`] and
-//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::peek`],
+//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::reserve`],
+//! [`Limiter::settle`] and [`Limiter::report`] (usage known after the
+//! fact, `after`), [`Limiter::peek`],
 //! [`Limiter::decide_keyed`] and [`Limiter::peek_keyed`] for rules that
 //! count where the caller names (Envoy descriptors, `keyed`), and
 //! `decide_now` on the memory store (`now`). Behind them: the tenant's
@@ -36,6 +38,7 @@ use sluice_core::{Decision, Policy, Request};
 use crate::memory::MemoryStore;
 use crate::store::{Batch, Peeked, Store, StoreError};
 
+mod after;
 pub mod breaker;
 mod budget;
 mod dedupe;
@@ -51,6 +54,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
+pub use after::{Adjustment, AfterError, Reservation};
 pub use fair::ValveLevel;
 pub use keyed::Keyed;
 pub use lease::Lease;
@@ -244,7 +248,7 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return Ok(decided),
         };
-        if applicable.gated {
+        if applicable.gated || !applicable.asked.is_empty() {
             return Err(Rest::Gated(Box::pin(self.decide_gated(policy, request))));
         }
         let batch: Batch<'a> = Batch::new(
@@ -286,6 +290,11 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
         };
+        if !applicable.asked.is_empty()
+            && let Some(decided) = self.ask(applicable, request).await
+        {
+            return (decided, None);
+        }
         let gated = applicable.gated.then(|| {
             let now = self.options.clock.now_ms();
             self.fair
@@ -421,7 +430,7 @@ fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'
     if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
         return Err(decision);
     }
-    if applicable.rules.is_empty() {
+    if applicable.rules.is_empty() && applicable.asked.is_empty() {
         return Err(Decision::from_outcomes(
             applicable,
             Outcomes::new(),

@@ -8,8 +8,9 @@
 -- KEYS[m+1]    (when ARGV[4] is not "") the settle marker
 -- ARGV[1], ARGV[2]  the rules and the header (see arguments in
 --              common.lua); a rule's cost is the units to change
--- ARGV[3]      "D": debit; otherwise the admission time (ms) of what is
---              given back
+-- ARGV[3]      "D": debit; "P": no change (only the marker, and the
+--              answer); otherwise the admission time (ms) of what is given
+--              back
 -- ARGV[4]      the marker's value ("": no marker), ARGV[5] its life (ms)
 --
 -- Returns a string of little-endian doubles: now, the marker's answer (0:
@@ -137,9 +138,9 @@ end
 local function adjust(KEYS, ARGV)
   if not call then bind() end
   local rules, n, now = arguments(ARGV)
-  local debit = ARGV[3] == 'D'
+  local debit, nothing = ARGV[3] == 'D', ARGV[3] == 'P'
   local at = 0
-  if not debit then at = num(ARGV[3]) end
+  if not (debit or nothing) then at = num(ARGV[3]) end
   local marker = ARGV[4] or ''
   local answer = 0
   if marker ~= '' then
@@ -160,7 +161,7 @@ local function adjust(KEYS, ARGV)
     pos = after
     local key = KEYS[k]
     local forgiven = 0
-    if answer == 0 and cost > 0 then
+    if answer == 0 and cost > 0 and not nothing then
       if not debit then
         give_back(key, algorithm, limit, per, burst, cost, name, at, now, '')
       elseif algorithm == 3 then

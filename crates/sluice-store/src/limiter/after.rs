@@ -1,0 +1,258 @@
+//! Usage known after the fact: the doors that change budgets once a cost
+//! is known, and the check of rules that count by outcome.
+//!
+//! - [`Limiter::reserve`] turns an admitted decision into a
+//!   [`Reservation`]: the cost it admitted is an estimate.
+//! - [`Limiter::settle`] replaces the estimate with the actual cost: the
+//!   difference is given back, or the excess taken even past the limit
+//!   (debt), once per reservation (a settle marker, kept with the change).
+//! - [`Limiter::report`] records a cost that already happened: always
+//!   counted, debt included, never denied.
+//! - A decision on a route with `count_if` rules only asks them whether
+//!   the request fits (a peek, `ask`); a report with the response's status
+//!   counts those whose statuses match.
+//!
+//! Debits charge the tenant's own rate rules only
+//! ([`Policy::own_rules`]): a valve never goes into debt, and keeps what an
+//! estimate took (it refills at its rate).
+
+use sluice_core::policy::Applicable;
+use sluice_core::{Decision, Policy, Request};
+
+use super::Limiter;
+use crate::adjust::{Change, Marker, MarkerAnswer};
+use crate::store::{Batch, Store, StoreError};
+
+/// What an admitted decision holds as an estimate until it is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// Random, unguessable.
+    pub id: [u8; 16],
+    /// Whose budgets hold it.
+    pub tenant: String,
+    /// The route it was decided on.
+    pub route: String,
+    /// The subject, if the request named one.
+    pub subject: Option<String>,
+    /// The cost admitted.
+    pub estimate: u64,
+    /// When it was admitted (ms, the limiter's clock).
+    pub at_ms: u64,
+}
+
+/// What a settle or a report left: the rules' state after it, as a
+/// decision of one unit would read it.
+#[derive(Debug)]
+pub struct Adjustment<'p> {
+    /// The rules changed (or asked), as a request of one unit would find
+    /// them now.
+    pub decision: Decision<'p>,
+    /// Units owed beyond the rules' `max_debt`, forgiven.
+    pub forgiven: u64,
+    /// Whether the change applied ([`MarkerAnswer::Applied`]), had applied
+    /// before (an identical settle), or another settle had.
+    pub marker: MarkerAnswer,
+}
+
+/// Why a report or a settle changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AfterError {
+    /// A report on a route whose rules count by outcome must say which.
+    #[error(
+        "`status` is required: this route has rules that count by outcome (`count_if`), give the response's status code (100 to 599)"
+    )]
+    StatusNeeded,
+    /// The store could not change it.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl<S: Store> Limiter<S> {
+    /// The reservation of an admitted `decision` of `request` (`None` when
+    /// it was denied): its cost is held as an estimate until settled.
+    pub fn reserve(&self, request: &Request<'_>, decision: &Decision<'_>) -> Option<Reservation> {
+        decision.allowed.then(|| Reservation {
+            id: super::lease::new_lease_id().to_le_bytes(),
+            tenant: request.tenant.to_owned(),
+            route: request.route.to_owned(),
+            subject: request.subject.map(str::to_owned),
+            estimate: request.cost,
+            at_ms: self.options.clock.now_ms(),
+        })
+    }
+
+    /// Replaces `reservation`'s estimate with `actual`: gives the
+    /// difference back, or takes the excess even past the limit (debt),
+    /// once: the change is kept with a marker living `marker_ttl_ms`, and
+    /// an identical settle finds it ([`MarkerAnswer::Again`], nothing
+    /// changed), another one finds it taken ([`MarkerAnswer::Conflict`]).
+    pub async fn settle<'p>(
+        &self,
+        policy: &'p Policy,
+        reservation: &Reservation,
+        actual: u64,
+        marker_ttl_ms: u64,
+    ) -> Result<Adjustment<'p>, StoreError> {
+        let subject = reservation.subject.as_deref();
+        let applicable =
+            policy.applicable(&reservation.tenant, &reservation.route, subject.is_some());
+        let own = policy.own_rules(&reservation.tenant, &reservation.route, subject.is_some());
+        let (change, units) = match actual.cmp(&reservation.estimate) {
+            std::cmp::Ordering::Less => (
+                Change::GiveBack {
+                    at: reservation.at_ms,
+                },
+                reservation.estimate - actual,
+            ),
+            std::cmp::Ordering::Greater => (Change::Debit, actual - reservation.estimate),
+            std::cmp::Ordering::Equal => (Change::Nothing, 0),
+        };
+        let marker = Marker {
+            id: reservation.id,
+            value: actual.to_string(),
+            ttl_ms: marker_ttl_ms,
+        };
+        let batch = Batch::new(&reservation.tenant, subject, units, own);
+        let adjusted = self
+            .adjust_within_budget(&batch, change, Some(&marker))
+            .await?;
+        Ok(Adjustment {
+            decision: Decision::from_outcomes(
+                Applicable {
+                    rules: own,
+                    ..applicable
+                },
+                adjusted.outcomes,
+                1,
+                &[],
+            ),
+            forgiven: adjusted.forgiven,
+            marker: adjusted.marker,
+        })
+    }
+
+    /// Records `request.cost` as spent: it counts whatever the rules hold,
+    /// debt included. On a route whose rules count by outcome, `status`
+    /// (the response's) is required and only those rules whose `count_if`
+    /// matches count (the check before the request counted the others);
+    /// elsewhere the tenant's own rate rules count.
+    pub async fn report<'p>(
+        &self,
+        policy: &'p Policy,
+        request: &Request<'_>,
+        status: Option<u16>,
+    ) -> Result<Adjustment<'p>, AfterError> {
+        let with_subject = request.subject.is_some();
+        let applicable = policy.applicable(request.tenant, request.route, with_subject);
+        let (rules, costs): (_, Vec<u64>) = if applicable.asked.is_empty() {
+            (
+                policy.own_rules(request.tenant, request.route, with_subject),
+                Vec::new(),
+            )
+        } else {
+            let status = status.ok_or(AfterError::StatusNeeded)?;
+            let costs = applicable
+                .asked
+                .iter()
+                .map(|r| match r.count_if() {
+                    Some(set) if set.matches(status) => request.cost,
+                    _ => 0,
+                })
+                .collect();
+            (applicable.asked, costs)
+        };
+        let batch = Batch {
+            costs: &costs,
+            ..Batch::new(request.tenant, request.subject, request.cost, rules)
+        };
+        let adjusted = self
+            .adjust_within_budget(&batch, Change::Debit, None)
+            .await?;
+        Ok(Adjustment {
+            decision: Decision::from_outcomes(
+                Applicable {
+                    rules,
+                    ..applicable
+                },
+                adjusted.outcomes,
+                1,
+                &[],
+            ),
+            forgiven: adjusted.forgiven,
+            marker: adjusted.marker,
+        })
+    }
+
+    /// [`Store::adjust`] within the time budget.
+    async fn adjust_within_budget(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> Result<crate::adjust::Adjusted, StoreError> {
+        if batch.rules.is_empty() && marker.is_none() {
+            return Ok(crate::adjust::Adjusted {
+                now: self.options.clock.now_ms(),
+                marker: MarkerAnswer::Applied,
+                outcomes: Default::default(),
+                forgiven: 0,
+            });
+        }
+        let adjusted = match self.options.timeout {
+            Some(budget) => tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            None => self.store.adjust(batch, change, marker).await,
+        }?;
+        Ok(adjusted)
+    }
+
+    /// Asks the rules of `applicable` that count by outcome whether
+    /// `request` fits, without counting it (a peek): the answer now when
+    /// one of them has no room (or the store cannot say and the failure
+    /// policy denies), or when they are the only rules; `None` to decide
+    /// the other rules.
+    pub(super) async fn ask<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        request: &Request<'_>,
+    ) -> Option<Decision<'p>> {
+        let asked = Applicable {
+            rules: applicable.asked,
+            ..applicable
+        };
+        let batch = Batch::new(request.tenant, request.subject, request.cost, asked.rules);
+        let peeked = match self.options.timeout {
+            Some(budget) => tokio::time::timeout(budget, self.store.peek(&batch))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            None => self.store.peek(&batch).await,
+        };
+        let decision = match peeked {
+            Ok(peeked) => {
+                let outcomes = peeked
+                    .rows
+                    .iter()
+                    .map(|row| {
+                        let cost = request.cost.min(row.enforced.capacity());
+                        row.enforced.decide(&row.state, peeked.now, cost).0
+                    })
+                    .collect();
+                Decision::from_outcomes(asked, outcomes, request.cost, &[])
+            }
+            Err(error) => {
+                self.options.telemetry.store_error(&error);
+                let policy = applicable.on_error().unwrap_or(self.options.on_error);
+                if policy != sluice_core::config::OnError::Deny {
+                    // Not known: the other rules decide.
+                    return applicable
+                        .rules
+                        .is_empty()
+                        .then(|| Decision::without_store(asked, policy));
+                }
+                Decision::without_store(asked, policy)
+            }
+        };
+        (!decision.allowed || applicable.rules.is_empty()).then_some(decision)
+    }
+}

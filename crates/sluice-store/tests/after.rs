@@ -1,0 +1,160 @@
+//! Usage known after the fact on the memory store, with a hand-set clock:
+//! reports past the limit leave a debt that denies until repaid, settles
+//! give back or take the difference once, and rules that count by outcome
+//! are only asked before the request and counted by its status after.
+//! (adjust.lua is held to the same arithmetic by `redis_adjust.rs`; the
+//! HTTP doors run on Redis and Redis Cluster in sluice-server's tests.)
+
+use std::sync::Arc;
+
+use sluice_core::config::OnError;
+use sluice_core::{Config, Policy, Reason, Request};
+use sluice_store::{
+    AfterError, Clock, Limiter, LimiterOptions, ManualClock, MarkerAnswer, MemoryStore,
+};
+
+const START_MS: u64 = 1_764_460_800_000;
+
+fn limiter(yaml: &str) -> (Arc<ManualClock>, Limiter<MemoryStore>) {
+    let config = Config::from_yaml(yaml, "after.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let store = MemoryStore::with_clock(10_000, clock.clone());
+    let mut options = LimiterOptions::new(OnError::Deny);
+    options.clock = clock.clone();
+    let limiter = Limiter::with_options(Policy::compile(&config.limits), store, options);
+    (clock, limiter)
+}
+
+const TOKENS: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: tokens, algorithm: gcra, limit: 1000, per: 1m }]
+"#;
+
+fn request(cost: u64) -> Request<'static> {
+    Request::new("acme", "POST /v1/chat", None, cost).unwrap()
+}
+
+#[tokio::test]
+async fn a_report_past_the_limit_counts_and_the_debt_denies_until_repaid() {
+    let (clock, limiter) = limiter(TOKENS);
+    let policy = limiter.policy();
+    // 1,500 tokens spent: 500 past the 1,000 a minute allows.
+    let report = limiter
+        .report(&policy, &request(1_500), None)
+        .await
+        .unwrap();
+    assert_eq!(report.forgiven, 0);
+    assert!(!report.decision.allowed, "in debt, a unit does not pass");
+    assert_eq!(report.decision.remaining(), Some(0));
+    // Owing 500 (30 s at 1,000 a minute), one more token waits 30.06 s.
+    let denied = limiter.decide(&policy, &request(1)).await;
+    assert!(!denied.allowed);
+    assert_eq!(denied.reason, Some(Reason::TenantLimit));
+    assert_eq!(denied.retry_after_ms(), Some(30_060));
+    clock.advance(30_059);
+    assert!(!limiter.decide(&policy, &request(1)).await.allowed);
+    clock.advance(1);
+    assert!(limiter.decide(&policy, &request(1)).await.allowed);
+}
+
+#[tokio::test]
+async fn a_debt_beyond_max_debt_is_forgiven() {
+    let (_, limiter) = limiter(
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m, max_debt: 5 }]\n",
+    );
+    let policy = limiter.policy();
+    let report = limiter.report(&policy, &request(40), None).await.unwrap();
+    assert_eq!(report.forgiven, 25, "10 + 5 counted, 25 forgiven");
+}
+
+#[tokio::test]
+async fn a_settle_gives_back_or_takes_the_difference_once() {
+    let (_, limiter) = limiter(TOKENS);
+    let policy = limiter.policy();
+    // Reserve 600, use 100: 500 come back.
+    let estimate = request(600);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let settled = limiter
+        .settle(&policy, &reservation, 100, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(settled.marker, MarkerAnswer::Applied);
+    assert_eq!(settled.decision.remaining(), Some(899));
+    // The same settle again: answered, nothing changed.
+    let again = limiter
+        .settle(&policy, &reservation, 100, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(again.marker, MarkerAnswer::Again);
+    assert_eq!(again.decision.remaining(), Some(899));
+    // Another cost for the same reservation: refused, nothing changed.
+    let other = limiter
+        .settle(&policy, &reservation, 900, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(other.marker, MarkerAnswer::Conflict);
+    assert_eq!(other.decision.remaining(), Some(899));
+    // Reserve 800 of the 900 left, use 1,200: 400 more, 300 past the limit.
+    let estimate = request(800);
+    let decision = limiter.decide(&policy, &estimate).await;
+    assert!(decision.allowed);
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let settled = limiter
+        .settle(&policy, &reservation, 1_200, 60_000)
+        .await
+        .unwrap();
+    assert!(!settled.decision.allowed, "owing 300");
+    let denied = limiter.decide(&policy, &request(1)).await;
+    assert_eq!(denied.retry_after_ms(), Some(18_060));
+}
+
+const LOGINS: &str = r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /login": [{ name: logins, algorithm: gcra, limit: 100, per: 1s }]
+    subject:
+      "POST /login":
+        - { name: failed-logins, algorithm: sliding_log, limit: 5, per: 15m, count_if: { status: [401, 403] } }
+"#;
+
+fn login() -> Request<'static> {
+    Request::new("acme", "POST /login", Some("10.0.0.1|alice"), 1).unwrap()
+}
+
+#[tokio::test]
+async fn failed_logins_count_by_outcome_and_successes_pass() {
+    let (_, limiter) = limiter(LOGINS);
+    let policy = limiter.policy();
+    // Successful logins: asked, never counted.
+    for _ in 0..20 {
+        assert!(limiter.decide(&policy, &login()).await.allowed);
+        limiter.report(&policy, &login(), Some(200)).await.unwrap();
+    }
+    // Five failures are counted; the sixth attempt is refused before it
+    // is made, naming the rule that counts failures.
+    for _ in 0..5 {
+        assert!(limiter.decide(&policy, &login()).await.allowed);
+        limiter.report(&policy, &login(), Some(401)).await.unwrap();
+    }
+    let refused = limiter.decide(&policy, &login()).await;
+    assert!(!refused.allowed);
+    assert_eq!(refused.policy().map(|r| r.name()), Some("failed-logins"));
+    assert_eq!(refused.reason, Some(Reason::SubjectLimit));
+    // Another (IP, user) is not affected.
+    let other = Request::new("acme", "POST /login", Some("10.0.0.2|alice"), 1).unwrap();
+    assert!(limiter.decide(&policy, &other).await.allowed);
+}
+
+#[tokio::test]
+async fn a_report_on_a_route_that_counts_by_outcome_needs_the_status() {
+    let (_, limiter) = limiter(LOGINS);
+    let policy = limiter.policy();
+    let err = limiter.report(&policy, &login(), None).await.unwrap_err();
+    assert_eq!(err, AfterError::StatusNeeded);
+    assert!(err.to_string().contains("`status`"));
+}
