@@ -9,9 +9,7 @@ use std::sync::Arc;
 
 use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Reason, Request};
-use sluice_store::{
-    AfterError, Clock, Limiter, LimiterOptions, ManualClock, MarkerAnswer, MemoryStore,
-};
+use sluice_store::{AfterError, Limiter, LimiterOptions, ManualClock, MarkerAnswer, MemoryStore};
 
 const START_MS: u64 = 1_764_460_800_000;
 
