@@ -12,6 +12,9 @@ pub const MAX_SUBJECT_BYTES: usize = 256;
 pub const MAX_ROUTE_BYTES: usize = 1024;
 /// Largest cost of one request.
 pub const MAX_COST: u64 = 1_000_000;
+/// Largest cost recorded after the fact (a report, a settle): usage such
+/// as LLM tokens can be far above what one request may ask for.
+pub const MAX_REPORTED_COST: u64 = u32::MAX as u64;
 /// Longest fingerprint (the duplicate guard's), in bytes.
 pub const MAX_FINGERPRINT_BYTES: usize = 256;
 
@@ -74,6 +77,24 @@ impl<'a> Request<'a> {
             cost,
             fingerprint: None,
         })
+    }
+
+    /// A cost already spent (`/v1/report`): checked like
+    /// [`new`](Self::new), the cost from 1 to [`MAX_REPORTED_COST`].
+    pub fn spent(
+        tenant: &'a str,
+        route: &'a str,
+        subject: Option<&'a str>,
+        cost: u64,
+    ) -> Result<Request<'a>, RequestError> {
+        let request = Request::new(tenant, route, subject, 1)?;
+        if !(1..=MAX_REPORTED_COST).contains(&cost) {
+            return Err(RequestError::new(
+                "cost",
+                format!("must be a whole number from 1 to {MAX_REPORTED_COST}, got {cost}"),
+            ));
+        }
+        Ok(Request { cost, ..request })
     }
 
     /// The same request with a fingerprint for the duplicate guard.

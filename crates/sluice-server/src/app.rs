@@ -57,6 +57,9 @@ pub struct App {
     pub admin: crate::admin::Admin,
     /// The usage ledger, when on.
     pub ledger: Option<crate::ledger::Ledger>,
+    /// Reservation ids, and this instance's reservations until they
+    /// expire.
+    pub reservations: crate::reservation::Reservations,
 }
 
 impl App {
@@ -96,6 +99,10 @@ impl App {
             },
             admin,
             ledger: None,
+            reservations: crate::reservation::Reservations::new(
+                None,
+                sluice_core::config::defaults::RESERVATION_TTL_MS,
+            ),
         })
     }
 
@@ -143,6 +150,8 @@ impl App {
             None => None,
         };
         let sharded = backend.shards_tenants();
+        let reservations =
+            crate::reservation::Reservations::new(backend.keyer(), config.reservation_ttl_ms);
         let limiter = Limiter::with_options(policy, backend, options);
         let app = Arc::new(App {
             limiter,
@@ -153,6 +162,7 @@ impl App {
             envoy: config.envoy.clone(),
             admin,
             ledger,
+            reservations,
         });
         app.admin.install(&app.limiter, &config.limits, sharded);
         // Overrides already stored by other instances apply from the start.
@@ -174,18 +184,51 @@ impl App {
         started: Instant,
         decide: impl Future<Output = D>,
     ) -> D {
+        self.decide_counting(request, started, decide, Ledger::Now)
+            .await
+    }
+
+    /// [`decide`](Self::decide), the usage ledger told of an admitted
+    /// request when it is settled (or expires), not now: for a
+    /// reservation, whose cost is an estimate.
+    pub async fn decide_reserving<'p, D: Decided<'p>>(
+        &self,
+        request: &Request<'_>,
+        started: Instant,
+        decide: impl Future<Output = D>,
+    ) -> D {
+        self.decide_counting(Some(request), started, decide, Ledger::AtSettle)
+            .await
+    }
+
+    async fn decide_counting<'p, D: Decided<'p>>(
+        &self,
+        request: Option<&Request<'_>>,
+        started: Instant,
+        decide: impl Future<Output = D>,
+        ledger: Ledger,
+    ) -> D {
         let decided = decide.await;
         let decision = decided.decision();
         self.metrics.decision(decision, started.elapsed());
         if let Some(request) = request {
-            self.account(request, decision);
+            self.account(request, decision, ledger);
         }
         decided
     }
 
+    /// Records in the usage ledger (when on) `cost` charged to `tenant` on
+    /// `route` (a route pattern) in the minute of `at_ms`: a settled or
+    /// expired reservation's final cost.
+    pub fn record_charged(&self, tenant: &str, route: &str, cost: u64, at_ms: u64) {
+        if let Some(ledger) = &self.ledger {
+            ledger.record(tenant, route, cost, true, at_ms);
+        }
+    }
+
     /// Accounts for one decided request: heavy hitters, and the usage
-    /// ledger when on.
-    fn account(&self, request: &Request<'_>, decision: &Decision<'_>) {
+    /// ledger when on (an admitted reservation later, at its settle).
+    fn account(&self, request: &Request<'_>, decision: &Decision<'_>, when: Ledger) {
         // A shadow rule's would-be denial counts as a denial here: heavy
         // hitters show whom a dark-launched limit would deny.
         self.admin.record(
@@ -193,7 +236,11 @@ impl App {
             decision.allowed && !decision.shadow_denied,
             decision.fair_share_denials().next().is_some(),
         );
-        if let Some(ledger) = &self.ledger {
+        if let Some(ledger) = self
+            .ledger
+            .as_ref()
+            .filter(|_| when == Ledger::Now || !decision.allowed)
+        {
             let route = match decision.class.route() {
                 "" => "*",
                 route => route,
@@ -235,6 +282,16 @@ impl App {
             && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
             && self.other_peppers.load(Ordering::Relaxed) == 0
     }
+}
+
+/// When a decided request goes into the usage ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ledger {
+    /// With the decision.
+    Now,
+    /// A denial now; an admission when its reservation is settled or
+    /// expires.
+    AtSettle,
 }
 
 /// A reload installs its limits in the limiter, the admin API's overrides

@@ -38,6 +38,7 @@ pub mod inspect;
 pub mod ledger;
 pub mod listen;
 pub mod metrics;
+pub mod reservation;
 pub mod source;
 
 /// Errors at the binary's edge, where they are only printed.

@@ -151,6 +151,19 @@ pub fn decision_answer(decision: &Decision<'_>) -> Response<Vec<u8>> {
     })
 }
 
+/// The rules' state after a cost was recorded (a settle, a report): 200
+/// with the decision fields as JSON and the `RateLimit` fields, whether or
+/// not a request would pass now (`allowed`, `retry_after_ms` say; a
+/// recorded cost is never refused).
+pub fn standing_answer(decision: &Decision<'_>) -> Response<Vec<u8>> {
+    let body = serde_json::to_vec(&DecisionView::of(decision)).unwrap_or_default();
+    answer(StatusCode::OK, "application/json", body, |headers| {
+        let mut fields = Fields::of(decision);
+        fields.retry_after = None;
+        fields.add_to(headers);
+    })
+}
+
 fn problem<'a>(decision: &'a Decision<'_>, view: DecisionView<'a>) -> Problem<'a> {
     let policy = decision.policy().map_or("", |r| r.name());
     let (kind, title, detail) = match decision.reason {

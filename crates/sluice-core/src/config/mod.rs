@@ -38,6 +38,9 @@ pub struct Config {
     pub admin_token: Option<SecretSource>,
     /// `ledger:` the durable usage record, when on.
     pub ledger: Option<LedgerConfig>,
+    /// `reservation_ttl`: how long a reservation (`"reserve": true`) may be
+    /// settled; unsettled, it keeps its estimate.
+    pub reservation_ttl_ms: u64,
 }
 
 /// `ledger:` usage per tenant, route pattern and minute, appended to
@@ -396,6 +399,10 @@ pub struct NamedRule {
 
 /// Defaults, shared with the documentation.
 pub mod defaults {
+    /// `reservation_ttl`: five minutes.
+    pub const RESERVATION_TTL_MS: u64 = 300_000;
+    /// The longest `reservation_ttl`: one day.
+    pub const MAX_RESERVATION_TTL_MS: u64 = 86_400_000;
     /// `server.http`.
     pub const HTTP: &str = "127.0.0.1:8080";
     /// `server.grpc`.

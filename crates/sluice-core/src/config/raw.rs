@@ -25,6 +25,7 @@ pub(crate) struct RawConfig {
     pub envoy: Option<RawEnvoy>,
     pub admin: Option<RawAdmin>,
     pub ledger: Option<S<RawLedger>>,
+    pub reservation_ttl: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

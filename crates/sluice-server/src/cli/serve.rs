@@ -59,6 +59,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_heartbeat(&app);
     App::spawn_admin_sync(&app);
+    crate::http::spawn_expiry(&app);
     spawn_ledger(&app);
     let http_listener = TcpListener::bind(http)
         .await

@@ -31,6 +31,10 @@ pub(super) struct CheckBody<'a> {
     cost: Option<serde_json::Number>,
     #[serde(borrow)]
     fingerprint: Option<Cow<'a, str>>,
+    /// Hold the cost as an estimate and answer a reservation to settle.
+    pub(super) reserve: Option<bool>,
+    /// The response's status (`/v1/report` only).
+    pub(super) status: Option<serde_json::Number>,
 }
 
 pub(super) async fn check(
@@ -45,11 +49,29 @@ pub(super) async fn check(
         Ok(parsed) => parsed,
         Err(problem) => return refusal(&problem),
     };
+    if let Err(problem) = no_status(&parsed) {
+        return refusal(&problem);
+    }
     let request = match to_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
     };
+    if parsed.reserve == Some(true) {
+        return super::after::reserved(&app, &request).await;
+    }
     decided(&app, &request).await
+}
+
+/// `status` belongs to `/v1/report`, which records a cost once the
+/// response is known.
+pub(super) fn no_status(body: &CheckBody<'_>) -> Result<(), InvalidRequest> {
+    match body.status {
+        None => Ok(()),
+        Some(_) => Err(InvalidRequest::new(
+            "status",
+            "`status` is only for POST /v1/report, once the response is known",
+        )),
+    }
 }
 
 /// `request` decided through the app's one tail, answered (`/v1/check`
@@ -95,23 +117,10 @@ fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
 }
 
 pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
-    let tenant = body
-        .tenant
-        .as_deref()
-        .ok_or_else(|| InvalidRequest::new("tenant", "`tenant` is required"))?;
-    let route = body.route.as_deref().ok_or_else(|| {
-        InvalidRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
-    })?;
+    let (tenant, route) = tenant_and_route(body)?;
     let cost = match &body.cost {
         None => 1,
-        // JSON has one kind of number: 2.0 and 2e0 are the whole number 2
-        // (as a client that computes a cost in floating point sends it).
-        Some(n) => match n
-            .as_i64()
-            .map(i128::from)
-            .or_else(|| n.as_u64().map(i128::from))
-            .or_else(|| whole(n.as_f64()?))
-        {
+        Some(n) => match whole_number(n) {
             Some(cost) => check_cost_signed(cost)?,
             None => {
                 return Err(InvalidRequest::new(
@@ -123,4 +132,51 @@ pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, Inv
     };
     Ok(Request::new(tenant, route, body.subject.as_deref(), cost)?
         .with_fingerprint(body.fingerprint.as_deref())?)
+}
+
+/// A JSON number as a whole number, when it is one: JSON has one kind of
+/// number, so 2.0 and 2e0 are the whole number 2 (as a client that
+/// computes a cost in floating point sends it).
+pub(super) fn whole_number(n: &serde_json::Number) -> Option<i128> {
+    n.as_i64()
+        .map(i128::from)
+        .or_else(|| n.as_u64().map(i128::from))
+        .or_else(|| whole(n.as_f64()?))
+}
+
+/// The tenant, route and subject of a body, as `/v1/report` reads them
+/// with a cost already spent (1 to `MAX_REPORTED_COST`).
+pub(super) fn to_spent_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
+    use sluice_core::request::MAX_REPORTED_COST;
+    let (tenant, route) = tenant_and_route(body)?;
+    let cost = match &body.cost {
+        None => 1,
+        Some(n) => whole_number(n)
+            .and_then(|c| u64::try_from(c).ok())
+            .filter(|c| (1..=MAX_REPORTED_COST).contains(c))
+            .ok_or_else(|| {
+                InvalidRequest::new(
+                    "cost",
+                    format!("`cost` must be a whole number from 1 to {MAX_REPORTED_COST}, got {n}"),
+                )
+            })?,
+    };
+    Ok(Request::spent(
+        tenant,
+        route,
+        body.subject.as_deref(),
+        cost,
+    )?)
+}
+
+/// The body's tenant and route, both required.
+fn tenant_and_route<'a>(body: &'a CheckBody<'a>) -> Result<(&'a str, &'a str), InvalidRequest> {
+    let tenant = body
+        .tenant
+        .as_deref()
+        .ok_or_else(|| InvalidRequest::new("tenant", "`tenant` is required"))?;
+    let route = body.route.as_deref().ok_or_else(|| {
+        InvalidRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
+    })?;
+    Ok((tenant, route))
 }

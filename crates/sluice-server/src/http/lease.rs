@@ -26,7 +26,8 @@ use sluice_store::limiter::Lease;
 use sluice_tower::InvalidRequest;
 use sluice_tower::answer::decision_answer;
 
-use super::check::{bytes, parse_normalized, to_request};
+use super::after::with_fields;
+use super::check::{bytes, no_status, parse_normalized, to_request};
 use super::respond::refusal;
 use crate::app::App;
 
@@ -56,36 +57,40 @@ pub(super) async fn acquire(
         Ok(parsed) => parsed,
         Err(problem) => return refusal(&problem),
     };
+    if let Err(problem) = no_status(&parsed) {
+        return refusal(&problem);
+    }
     let request = match to_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
     };
+    let reserving = parsed.reserve == Some(true);
     let started = std::time::Instant::now();
     let policy = app.limiter.policy();
-    let (decision, lease) = app
-        .decide(
-            Some(&request),
-            started,
-            app.limiter.acquire(&policy, &request),
-        )
-        .await;
+    let acquiring = app.limiter.acquire(&policy, &request);
+    let (decision, lease) = if reserving {
+        app.decide_reserving(&request, started, acquiring).await
+    } else {
+        app.decide(Some(&request), started, acquiring).await
+    };
     let answer = decision_answer(&decision);
     if !decision.allowed {
         return answer.map(Body::from).into_response();
     }
     // The decision's fields, and the lease (null when no concurrency rule
-    // applies: nothing to release).
-    let (parts, json) = answer.into_parts();
-    let mut fields: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&json).unwrap_or_default();
-    fields.insert(
-        "lease".to_owned(),
-        lease.map_or(serde_json::Value::Null, |lease| {
-            encode(&lease, &request).into()
-        }),
-    );
-    let json = serde_json::to_vec(&fields).unwrap_or_default();
-    Response::from_parts(parts, Body::from(json))
+    // applies: nothing to release), and the reservation when asked for.
+    let lease = lease.map_or(serde_json::Value::Null, |lease| {
+        encode(&lease, &request).into()
+    });
+    let mut fields = vec![("lease", lease)];
+    if let Some(reservation) = reserving
+        .then(|| app.limiter.reserve(&request, &decision))
+        .flatten()
+    {
+        fields.push(("reservation", app.reservations.seal(&reservation).into()));
+        app.reservations.track(reservation);
+    }
+    with_fields(answer, fields)
 }
 
 #[derive(Deserialize)]

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `POST /v1/check` | one decision, JSON in and out |
 //! | `POST /v1/acquire`, `POST /v1/release` | a decision that takes a lease of each concurrency rule; the lease given back |
+//! | `POST /v1/settle`, `POST /v1/report` | usage known after the fact: a reservation settled, a cost recorded (`after.rs`) |
 //! | `ANY /v1/forward-auth` | one decision from a gateway's forwarded headers |
 //! | `GET /healthz` | the process is up |
 //! | `GET /readyz` | the process can decide with its store (200, else 503) |
@@ -16,6 +17,7 @@
 //! input is a 400 problem naming the field, never a 500.
 
 mod admin;
+mod after;
 mod check;
 mod envoyproxy;
 mod forward_auth;
@@ -30,6 +32,7 @@ use axum::Router;
 use axum::routing::{any, get, post};
 use sluice_core::config::ConnectionLimits;
 
+pub use after::{expire_due, spawn_expiry};
 pub use sluice_tower::{DecisionView, InvalidRequest};
 
 use crate::app::App;
@@ -139,6 +142,8 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .route("/v1/check", post(check::check))
         .route("/v1/acquire", post(lease::acquire))
         .route("/v1/release", post(lease::release))
+        .route("/v1/settle", post(after::settle))
+        .route("/v1/report", post(after::report))
         .route("/v1/forward-auth", any(forward_auth::forward_auth))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
@@ -161,7 +166,7 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
 async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
     let detail = format!(
         "no endpoint at `{}`; sluice answers POST /v1/check, POST /v1/acquire, \
-         POST /v1/release, /v1/forward-auth, GET /healthz, GET /readyz, GET /metrics, \
+         POST /v1/release, POST /v1/settle, POST /v1/report, /v1/forward-auth, GET /healthz, GET /readyz, GET /metrics, \
          envoyproxy/ratelimit's POST /json, GET /healthcheck and GET /rlconfig, \
          and, with `admin.token_env` or `admin.token_file`, /v1/admin/…",
         crate::shown(uri.path())

@@ -79,9 +79,11 @@ impl ClassTable {
 }
 
 mod envoyproxy;
+mod usage;
 
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
+pub use usage::{SettleResult, UsageMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -158,6 +160,8 @@ pub struct Metrics {
     fair_share_denials: Family<ValveLabel, Counter>,
     valve_saturated: Family<ValveLabel, Gauge>,
     valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
+    /// Reservations, settles and debits.
+    pub usage: UsageMetrics,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     envoyproxy_registry: Registry,
     envoyproxy: EnvoyproxyStats,
@@ -285,9 +289,11 @@ impl Metrics {
             "A saturated fair valve's share level: units per second a tenant of weight 1 may have (+Inf while not saturated)",
             valve_share_level.clone(),
         );
+        let usage = UsageMetrics::register(&mut registry);
         let mut envoyproxy_registry = Registry::default();
         let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
+            usage,
             registry,
             envoyproxy_registry,
             envoyproxy,

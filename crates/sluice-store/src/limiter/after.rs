@@ -131,6 +131,26 @@ impl<S: Store> Limiter<S> {
         })
     }
 
+    /// Claims `reservation`'s settle marker as expired (kept
+    /// `marker_ttl_ms`): true when no settle had claimed it, so its
+    /// estimate stands; false when one had. Changes no budget.
+    pub async fn expire(
+        &self,
+        reservation: &Reservation,
+        marker_ttl_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let marker = Marker {
+            id: reservation.id,
+            value: "expired".to_owned(),
+            ttl_ms: marker_ttl_ms,
+        };
+        let batch = Batch::new(&reservation.tenant, None, 0, &[]);
+        let adjusted = self
+            .adjust_within_budget(&batch, Change::Nothing, Some(&marker))
+            .await?;
+        Ok(adjusted.marker == MarkerAnswer::Applied)
+    }
+
     /// Records `request.cost` as spent: it counts whatever the rules hold,
     /// debt included. On a route whose rules count by outcome, `status`
     /// (the response's) is required and only those rules whose `count_if`

@@ -143,6 +143,7 @@ impl<'a> Validator<'a> {
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         let ledger = raw.ledger.map(|l| self.ledger(l));
+        let reservation_ttl_ms = self.reservation_ttl(raw.reservation_ttl);
         Config {
             server,
             storage,
@@ -151,6 +152,32 @@ impl<'a> Validator<'a> {
             envoy,
             admin_token,
             ledger,
+            reservation_ttl_ms,
+        }
+    }
+
+    /// `reservation_ttl`: 1s to 1d, default 5m.
+    fn reservation_ttl(&mut self, raw: Option<crate::config::raw::S<String>>) -> u64 {
+        use crate::config::defaults::{MAX_RESERVATION_TTL_MS, RESERVATION_TTL_MS};
+        let Some(raw) = raw else {
+            return RESERVATION_TTL_MS;
+        };
+        match crate::duration::parse_duration_ms(&raw.value) {
+            Ok(ms) if (1_000..=MAX_RESERVATION_TTL_MS).contains(&ms) => ms,
+            Ok(_) => {
+                self.push(
+                    raw.referenced,
+                    format!(
+                        "`reservation_ttl` must be from 1s to 1d, got `{}`",
+                        raw.value
+                    ),
+                );
+                RESERVATION_TTL_MS
+            }
+            Err(e) => {
+                self.push(raw.referenced, format!("`reservation_ttl`: {e}"));
+                RESERVATION_TTL_MS
+            }
         }
     }
 }

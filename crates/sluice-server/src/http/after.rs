@@ -1,0 +1,285 @@
+//! Usage known after the fact, over HTTP:
+//!
+//! - `"reserve": true` on `/v1/check` (and `/v1/acquire`) holds the cost
+//!   as an estimate and answers `"reservation"`;
+//! - `POST /v1/settle` `{"reservation", "cost"}` replaces the estimate
+//!   with the actual cost, once: 200 with the rules' state after (an
+//!   identical retry answers the same and changes nothing), 404 for an
+//!   unknown, forged, expired or differently settled reservation;
+//! - `POST /v1/report` (the body of `/v1/check`, plus `"status"` where
+//!   rules count by outcome) records a cost already spent: always counted,
+//!   debt included, 200 with the rules' state after, never 429.
+//!
+//! Reservations are sealed and tracked by [`crate::reservation`]; the
+//! arithmetic is the limiter's (`Limiter::settle`, `Limiter::report`).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use sluice_core::Request;
+use sluice_core::request::MAX_REPORTED_COST;
+use sluice_store::{AfterError, MarkerAnswer, StoreError};
+use sluice_tower::InvalidRequest;
+use sluice_tower::answer::{decision_answer, standing_answer};
+
+use super::check::{CheckBody, bytes, parse_normalized, to_spent_request, whole_number};
+use super::respond::refusal;
+use crate::app::App;
+use crate::metrics::SettleResult;
+
+/// `request` decided as a reservation: the decision's answer, with
+/// `"reservation"` when admitted (the estimate held until settled).
+pub(super) async fn reserved(app: &App, request: &Request<'_>) -> Response {
+    let started = std::time::Instant::now();
+    let policy = app.limiter.policy();
+    let decision = app
+        .decide_reserving(request, started, app.limiter.decide(&policy, request))
+        .await;
+    let answer = decision_answer(&decision);
+    match app.limiter.reserve(request, &decision) {
+        None => answer.map(Body::from).into_response(),
+        Some(reservation) => {
+            let id = app.reservations.seal(&reservation);
+            app.reservations.track(reservation);
+            with_fields(answer, [("reservation", id.into())])
+        }
+    }
+}
+
+/// `answer` (a JSON object) with each `(name, value)` of `added` set.
+pub(super) fn with_fields<'n>(
+    answer: axum::http::Response<Vec<u8>>,
+    added: impl IntoIterator<Item = (&'n str, serde_json::Value)>,
+) -> Response {
+    let (parts, json) = answer.into_parts();
+    let mut fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&json).unwrap_or_default();
+    for (name, value) in added {
+        fields.insert(name.to_owned(), value);
+    }
+    let json = serde_json::to_vec(&fields).unwrap_or_default();
+    Response::from_parts(parts, Body::from(json))
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object such as {\"reservation\": \"...\", \"cost\": 42}"
+)]
+struct SettleBody {
+    reservation: Option<String>,
+    cost: Option<serde_json::Number>,
+}
+
+pub(super) async fn settle(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match bytes(body) {
+        Ok(body) => body,
+        Err(problem) => return refusal(&problem),
+    };
+    let parsed: SettleBody = match crate::http::parse_json(&body, "JSON body") {
+        Ok(parsed) => parsed,
+        Err(problem) => return refusal(&problem),
+    };
+    let Some(id) = parsed.reservation else {
+        return refusal(&InvalidRequest::new(
+            "reservation",
+            "`reservation` is required: the reservation /v1/check answered",
+        ));
+    };
+    let cost = match parsed.cost.as_ref().map(|n| {
+        whole_number(n)
+            .and_then(|c| u64::try_from(c).ok())
+            .filter(|c| *c <= MAX_REPORTED_COST)
+            .ok_or(n)
+    }) {
+        Some(Ok(cost)) => cost,
+        Some(Err(n)) => {
+            return refusal(&InvalidRequest::new(
+                "cost",
+                format!("`cost` must be a whole number from 0 to {MAX_REPORTED_COST}, got {n}"),
+            ));
+        }
+        None => {
+            return refusal(&InvalidRequest::new(
+                "cost",
+                "`cost` is required: what the request actually cost (0 or more)",
+            ));
+        }
+    };
+    let unknown = |why: &str| {
+        app.metrics.usage.settle(SettleResult::Refused, 0);
+        refusal(
+            &InvalidRequest::new(
+                "reservation",
+                format!("no such reservation to settle: {why}"),
+            )
+            .with_status(StatusCode::NOT_FOUND),
+        )
+    };
+    let now = crate::admin::now_ms();
+    let Some(reservation) = app.reservations.open(&id, now) else {
+        return unknown("it expired (reservation_ttl), or was never given");
+    };
+    let policy = app.limiter.policy();
+    let ttl = app.reservations.marker_ttl_ms(&reservation, now);
+    let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
+        Ok(settled) => settled,
+        Err(error) => return unavailable(&error),
+    };
+    match settled.marker {
+        MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
+        MarkerAnswer::Again => {
+            app.metrics.usage.settle(SettleResult::Repeated, cost);
+            standing_answer(&settled.decision)
+                .map(Body::from)
+                .into_response()
+        }
+        MarkerAnswer::Applied => {
+            app.metrics.usage.settle(SettleResult::Applied, cost);
+            if cost > reservation.estimate {
+                app.metrics.usage.debit(
+                    cost - reservation.estimate,
+                    !settled.decision.allowed,
+                    settled.forgiven,
+                );
+            }
+            let route = match settled.decision.class.route() {
+                "" => "*",
+                route => route,
+            };
+            app.record_charged(&reservation.tenant, route, cost, reservation.at_ms);
+            standing_answer(&settled.decision)
+                .map(Body::from)
+                .into_response()
+        }
+    }
+}
+
+pub(super) async fn report(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match bytes(body) {
+        Ok(body) => body,
+        Err(problem) => return refusal(&problem),
+    };
+    let parsed: CheckBody<'_> = match parse_normalized(&body) {
+        Ok(parsed) => parsed,
+        Err(problem) => return refusal(&problem),
+    };
+    if parsed.reserve.is_some() {
+        return refusal(&InvalidRequest::new(
+            "reserve",
+            "`reserve` is for /v1/check and /v1/acquire: a report records a cost already spent",
+        ));
+    }
+    let status = match parsed.status.as_ref().map(|n| {
+        whole_number(n)
+            .and_then(|s| u16::try_from(s).ok())
+            .filter(|s| (100..=599).contains(s))
+            .ok_or(n)
+    }) {
+        None => None,
+        Some(Ok(status)) => Some(status),
+        Some(Err(n)) => {
+            return refusal(&InvalidRequest::new(
+                "status",
+                format!("`status` must be an HTTP status code from 100 to 599, got {n}"),
+            ));
+        }
+    };
+    let request = match to_spent_request(&parsed) {
+        Ok(request) => request,
+        Err(problem) => return refusal(&problem),
+    };
+    let policy = app.limiter.policy();
+    match app.limiter.report(&policy, &request, status).await {
+        Ok(reported) => {
+            app.metrics
+                .usage
+                .debit(request.cost, !reported.decision.allowed, reported.forgiven);
+            let route = match reported.decision.class.route() {
+                "" => "*",
+                route => route,
+            };
+            app.record_charged(request.tenant, route, request.cost, crate::admin::now_ms());
+            standing_answer(&reported.decision)
+                .map(Body::from)
+                .into_response()
+        }
+        Err(AfterError::StatusNeeded) => refusal(&InvalidRequest::new(
+            "status",
+            AfterError::StatusNeeded.to_string(),
+        )),
+        Err(AfterError::Store(error)) => unavailable(&error),
+    }
+}
+
+/// 503 when the store could not record it: nothing was changed, the
+/// client may send it again.
+fn unavailable(error: &StoreError) -> Response {
+    refusal(
+        &InvalidRequest::new(
+            "store",
+            format!(
+                "the rate-limit store could not record it ({error}); nothing changed, send it again"
+            ),
+        )
+        .with_status(StatusCode::SERVICE_UNAVAILABLE),
+    )
+}
+
+/// Claims every reservation of this instance whose time is up as expired
+/// (unless a settle claimed it first): its estimate stands, and goes into
+/// the usage ledger in the reservation's minute. Every second, forever.
+pub fn spawn_expiry(app: &Arc<App>) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            expire_due(&app).await;
+        }
+    });
+}
+
+/// Claims the reservations due now (see [`spawn_expiry`]).
+pub async fn expire_due(app: &App) {
+    let now = crate::admin::now_ms();
+    for reservation in app.reservations.due(now) {
+        match app.limiter.expire(&reservation, 60_000).await {
+            Ok(true) => {
+                app.metrics.usage.expired();
+                let policy = app.limiter.policy();
+                let applicable = policy.applicable(
+                    &reservation.tenant,
+                    &reservation.route,
+                    reservation.subject.is_some(),
+                );
+                let route = match applicable.class.route() {
+                    "" => "*",
+                    route => route,
+                };
+                app.record_charged(
+                    &reservation.tenant,
+                    route,
+                    reservation.estimate,
+                    reservation.at_ms,
+                );
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, "could not claim an expired reservation; its estimate stands, unrecorded in the ledger");
+            }
+        }
+    }
+}
