@@ -132,7 +132,7 @@ pub(super) async fn settle(
     let ttl = app.reservations.marker_ttl_ms(&reservation, now);
     let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
-        Err(error) => return unavailable(&error),
+        Err(error) => return unavailable(&error, "send it again: a settle applies once"),
     };
     match settled.marker {
         MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
@@ -219,19 +219,24 @@ pub(super) async fn report(
             "status",
             AfterError::StatusNeeded.to_string(),
         )),
-        Err(AfterError::Store(error)) => unavailable(&error),
+        Err(AfterError::Store(error)) => unavailable(
+            &error,
+            "a report is not idempotent: send it again only if it was not recorded",
+        ),
     }
 }
 
-/// 503 when the store could not record it: nothing was changed, the
-/// client may send it again.
-fn unavailable(error: &StoreError) -> Response {
+/// 503 when the store could not answer: unreachable, nothing changed;
+/// out of time, the change may have applied (`retry` says what to do).
+fn unavailable(error: &StoreError, retry: &str) -> Response {
+    let what = match error {
+        StoreError::Timeout(_) => "the change may have applied",
+        _ => "nothing changed",
+    };
     refusal(
         &InvalidRequest::new(
             "store",
-            format!(
-                "the rate-limit store could not record it ({error}); nothing changed, send it again"
-            ),
+            format!("the rate-limit store could not record it ({error}): {what}; {retry}"),
         )
         .with_status(StatusCode::SERVICE_UNAVAILABLE),
     )
