@@ -5,6 +5,7 @@
 //! - `forward_auth`: `GET /v1/forward-auth` from a gateway's headers;
 //! - `dedupe`: duplicate submissions through both;
 //! - `lease`: `POST /v1/acquire` and `POST /v1/release`;
+//! - `after`: reservations, `POST /v1/settle` and `POST /v1/report`;
 //! - `routes`: unknown paths and methods, and spellings of a route;
 //! - `health`, `metrics`: `/healthz`, `/readyz` and `/metrics`;
 //! - `admin`: `/v1/admin/…`, its token, overrides and heavy hitters;
@@ -14,6 +15,7 @@
 mod common;
 
 mod admin;
+mod after;
 mod check;
 mod dedupe;
 mod forward_auth;
@@ -91,7 +93,12 @@ fn limiter_of(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backend>) {
 }
 
 fn harness() -> Harness {
-    let (config, clock, limiter) = limiter();
+    harness_of(CONFIG)
+}
+
+/// [`harness`] of another configuration.
+fn harness_of(yaml: &str) -> Harness {
+    let (config, clock, limiter) = limiter_of(yaml);
     let app = App::new(
         limiter,
         config.server.forward_auth.clone(),
