@@ -181,6 +181,19 @@ impl Rule {
         }
     }
 
+    /// Whether `state` is past what the rule allows at `now`: in debt,
+    /// so that even a request of nothing would be refused (a bucket that
+    /// is merely exhausted is not past it). A concurrency rule never is.
+    /// Envoy's quota checks (`hits_addend: 0`) ask this.
+    pub fn owes(&self, state: &State, now: u64) -> bool {
+        if self.is_concurrency() {
+            return false;
+        }
+        let repaired = self.repair(state, now);
+        let state = repaired.as_ref().unwrap_or(state);
+        !self.decide_current(state, now, 0, None).0.allowed
+    }
+
     /// Gives back lease `lease` of a `concurrency` rule at `now`:
     /// `(released, state to write)`, `released` only when the lease was
     /// still held; see [`concurrency::release`]. The twin of

@@ -1,7 +1,10 @@
 //! The domains of the envoyproxy/ratelimit configuration: descriptors
 //! matched against its tree, `replaces`, `unlimited`, `shadow_mode`,
 //! `quota_mode` and `share_threshold` as envoyproxy/ratelimit reads them, and
-//! `hits_addend: 0` checks that consume nothing.
+//! `hits_addend: 0` checks that consume nothing. A quota descriptor's hits
+//! always count, past its limit too (a debit: the bucket owes until it is
+//! repaid), and its check is over while it owes; every other descriptor
+//! keeps "a denied request consumes nothing".
 
 use std::time::Instant;
 
@@ -62,6 +65,19 @@ fn matched_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
         .unzip()
 }
 
+/// The quota rules (indices into `rules`) whose hits the decision did not
+/// count: decided as shadow rules, they counted what they admitted when
+/// the request was admitted; what they denied, or what a denied request
+/// left uncounted, is debited (envoyproxy/ratelimit's quota mode counts
+/// every hit).
+fn quota_debits(decided: &Verdict<'_>, rules: &[BoundRule], owner: &[usize]) -> Vec<usize> {
+    let decision = &decided.decision;
+    (0..rules.len())
+        .filter(|&r| decided.quota.get(owner[r]).copied().unwrap_or(false))
+        .filter(|&r| !decision.allowed || decision.outcome(r).is_none_or(|o| !o.allowed))
+        .collect()
+}
+
 impl RateLimiter {
     /// A request on a domain of the envoyproxy/ratelimit configuration:
     /// descriptors matched against its tree, each matched limit counting
@@ -101,27 +117,103 @@ impl RateLimiter {
                 Box::pin(self.decide_matched(domain, descriptors, &found, &rules, &owner)),
             )
             .await;
+        let debited = quota_debits(&decided, &rules, &owner);
+        if !debited.is_empty() {
+            Box::pin(self.debit(domain, descriptors, &found, &rules, &owner, &debited)).await;
+        }
         let mut response = self.answer(decided, descriptors.len());
         // `hits_addend: 0` checks without consuming (Envoy's check now,
         // debit later): the descriptor's buckets are read, not written.
+        let mut quota: Vec<bool> = found
+            .iter()
+            .map(|f| f.limit().is_some_and(|l| l.quota && !l.unlimited))
+            .collect();
+        let mut quota_checked = false;
         for (i, d) in descriptors.iter().enumerate() {
             if d.cost != 0 || d.limit_override.is_some() {
                 continue;
             }
             // Boxed: a peek at a remote store is a large future, and
             // this path is rare; unboxed, it sized every request's.
-            if let Some(found) = envoy.find(domain, &d.entries)
-                && let Some(status) = Box::pin(self.check_only(domain, d, &found)).await
-            {
-                response.statuses[i] = status;
+            if let Some(found) = envoy.find(domain, &d.entries) {
+                if found.limit.quota && !found.limit.unlimited {
+                    quota[i] = true;
+                    quota_checked = true;
+                }
+                if let Some(status) = Box::pin(self.check_only(domain, d, &found)).await {
+                    response.statuses[i] = status;
+                }
             }
+        }
+        if quota_checked && !self.app.envoy.shadow_mode {
+            // A quota check counts with the other quota descriptors: the
+            // request is over when a descriptor outside quota mode is, or
+            // when every quota descriptor is.
+            let over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+            let statuses = response.statuses.iter().zip(&quota);
+            let others_over = statuses.clone().any(|(s, q)| !q && over(s));
+            let quotas: Vec<bool> = statuses
+                .filter(|(_, q)| **q)
+                .map(|(s, _)| over(s))
+                .collect();
+            let all_quotas_over = !quotas.is_empty() && quotas.iter().all(|o| *o);
+            response.overall_code = if others_over || all_quotas_over {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            } as i32;
         }
         response
     }
 
+    /// Charges the quota rules in `debited` (indices into `rules`) the
+    /// hits of their descriptors, even past their limit: what a quota
+    /// descriptor was sent counts whatever the answer.
+    async fn debit(
+        &self,
+        domain: &str,
+        descriptors: &[Descriptor<'_>],
+        found: &[Found<'_>],
+        rules: &[BoundRule],
+        owner: &[usize],
+        debited: &[usize],
+    ) {
+        let mut keyed = Keyed::named(domain);
+        let mut charged = Vec::with_capacity(debited.len());
+        let mut units = 0;
+        for &r in debited {
+            let d = owner[r];
+            let shared = match &found[d] {
+                Found::Config(found) => &found.shared[..],
+                _ => &[],
+            };
+            let entries = counted_entries(&descriptors[d].entries, shared);
+            keyed.push(descriptor_partition(domain, &entries), descriptors[d].cost);
+            charged.push(rules[r].clone());
+            units += descriptors[d].cost;
+        }
+        match self
+            .app
+            .limiter
+            .debit_keyed(Applicable::adhoc(&charged), &keyed)
+            .await
+        {
+            Ok(debit) => {
+                self.app
+                    .metrics
+                    .usage
+                    .debit(units, !debit.decision.allowed, debit.forgiven);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a quota descriptor's hits could not be counted");
+            }
+        }
+    }
+
     /// The status of a descriptor that consumes nothing (`hits_addend: 0`):
-    /// its buckets as they stand, OK (a denied request consumes nothing in
-    /// sluice, so a bucket is never past its limit), with what remains.
+    /// its buckets as they stand, with what remains: OK, but for a quota
+    /// descriptor past its limit (only a quota's hits, counted whatever
+    /// the answer, can take a bucket past it), which is over.
     /// `None` when it has no rules to read or the store does not answer in
     /// time (the descriptor is then answered OK without a limit).
     async fn check_only(
@@ -145,6 +237,13 @@ impl RateLimiter {
             .ok()?
             .ok()?;
         let now = peeked.now;
+        // A quota descriptor past its limit (in debt) is over: the check
+        // before a request that will be debited when its stream is done.
+        let owing = limit.quota
+            && peeked
+                .rows
+                .iter()
+                .any(|row| row.enforced.owes(&row.state, now));
         let tightest = peeked
             .rows
             .iter()
@@ -165,8 +264,13 @@ impl RateLimiter {
                 },
             )
             .min_by_key(|(remaining, _)| *remaining)?;
+        let code = if owing && !limit.shadow {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
         Some(DescriptorStatus {
-            code: Code::Ok as i32,
+            code: code as i32,
             current_limit: Some(RateLimit {
                 name: limit.name.clone().unwrap_or_default(),
                 requests_per_unit: limit.requests_per_unit,

@@ -2,7 +2,7 @@
 //! what each consumes and its `limit` override.
 
 use sluice_core::config::envoy::Unit;
-use sluice_core::request::MAX_COST;
+use sluice_core::request::MAX_REPORTED_COST;
 use tonic::Status;
 
 use super::units::unit_of_proto;
@@ -32,15 +32,11 @@ pub(super) fn read_request(request: RequestView<'_>) -> Result<(u64, Vec<Descrip
             request.descriptors_sent
         )));
     }
+    // A `uint32`: every value is taken (a quota's usage can be large).
     let hits = match request.hits_addend {
         0 => 1,
         n => u64::from(n),
     };
-    if hits > MAX_COST {
-        return Err(Status::invalid_argument(format!(
-            "`hits_addend` must be at most {MAX_COST}, got {hits}"
-        )));
-    }
     let descriptors = request
         .descriptors
         .into_iter()
@@ -77,10 +73,10 @@ fn read_descriptor(
     }
     let cost = match d.hits_addend {
         None => hits,
-        Some(value) if value <= MAX_COST => value,
+        Some(value) if value <= MAX_REPORTED_COST => value,
         Some(value) => {
             return Err(Status::invalid_argument(format!(
-                "`descriptors[{index}].hits_addend` must be at most {MAX_COST}, got {value}"
+                "`descriptors[{index}].hits_addend` must be at most {MAX_REPORTED_COST}, got {value}"
             )));
         }
     };

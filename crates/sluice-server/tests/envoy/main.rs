@@ -10,7 +10,8 @@
 //!   anywhere, key-only nodes, depth), `sluice-core` `descriptors` tests;
 //! - counting: `envoyproxy_semantics` (per value, replaces, shadow, all or
 //!   nothing), `current_language` (share_threshold, quota_mode,
-//!   `hits_addend: 0`), `sharded_tenants_…`;
+//!   `hits_addend: 0`), `quota` (envoyproxy/ratelimit's quota scripts with
+//!   its example configuration), `sharded_tenants_…`;
 //! - answers: `envoyproxy_semantics`, `current_language`,
 //!   `envoyproxy_http_endpoints_…` (`/json`, `/healthcheck`, `/rlconfig`),
 //!   stats on the memory store, `zero_limits.rs`;
@@ -30,6 +31,7 @@ mod envoyproxy;
 mod http_endpoints;
 mod manifest;
 mod native;
+mod quota;
 mod requests;
 mod sources;
 mod zero_limits;

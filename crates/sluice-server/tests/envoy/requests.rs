@@ -18,11 +18,6 @@ async fn malformed_requests_are_invalid_arguments_health_is_served_and_other_ser
             descriptors: vec![],
             hits_addend: 0,
         },
-        RateLimitRequest {
-            domain: "edge".into(),
-            descriptors: vec![descriptor(&[("a", "b")])],
-            hits_addend: 2_000_000,
-        },
     ];
     for request in cases {
         let status = c.should_rate_limit(request.clone()).await.unwrap_err();

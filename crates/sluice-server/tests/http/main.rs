@@ -73,13 +73,7 @@ struct Harness {
     clock: Arc<ManualClock>,
 }
 
-/// The test configuration's limiter on a memory store and a hand-set
-/// clock.
-fn limiter() -> (Config, Arc<ManualClock>, Limiter<Backend>) {
-    limiter_of(CONFIG)
-}
-
-/// [`limiter`] of another configuration.
+/// A configuration's limiter on a memory store and a hand-set clock.
 fn limiter_of(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backend>) {
     let config = Config::from_yaml(yaml, "test.yaml").unwrap();
     let clock = Arc::new(ManualClock::new(1_764_460_800_500));

@@ -204,7 +204,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// [`Store::adjust`] within the time budget.
-    async fn adjust_within_budget(
+    pub(super) async fn adjust_within_budget(
         &self,
         batch: &Batch<'_>,
         change: Change,

@@ -107,6 +107,31 @@ impl<S: Store> Limiter<S> {
         self.decide_batch(applicable, &batch).await
     }
 
+    /// Charges every rule of `applicable` its cost in the bucket `keyed`
+    /// names (Envoy's quota descriptors: a cost already spent, counted
+    /// even past the limit), within the time budget; the rules' state
+    /// after, as a request of one unit would find it.
+    pub async fn debit_keyed<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        keyed: &Keyed<'_>,
+    ) -> Result<super::Adjustment<'p>, StoreError> {
+        let (partitions, costs) = keyed.parts(applicable.rules);
+        let batch = Batch {
+            partitions: &partitions,
+            costs: &costs,
+            ..Batch::new(keyed.tenant, keyed.subject, keyed.cost, applicable.rules)
+        };
+        let adjusted = self
+            .adjust_within_budget(&batch, crate::adjust::Change::Debit, None)
+            .await?;
+        Ok(super::Adjustment {
+            decision: Decision::from_outcomes(applicable, adjusted.outcomes, 1, &[]),
+            forgiven: adjusted.forgiven,
+            marker: adjusted.marker,
+        })
+    }
+
     /// The stored state of `rules` where `keyed` says they count, read
     /// without changing anything ([`peek`](Self::peek)).
     pub async fn peek_keyed(
