@@ -7,6 +7,7 @@ use sluice_store::{Limiter, Store};
 use tower::Layer;
 
 use crate::service::RateLimit;
+use crate::usage::Usage;
 
 /// Decides every request with a [`Limiter`] before the inner service sees
 /// it; see [`RateLimit`].
@@ -14,6 +15,7 @@ use crate::service::RateLimit;
 pub struct RateLimitLayer<S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
+    usage: Option<Usage>,
 }
 
 impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
@@ -21,6 +23,7 @@ impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
         RateLimitLayer {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
+            usage: self.usage.clone(),
         }
     }
 }
@@ -35,7 +38,20 @@ impl<S: Store + 'static, E> RateLimitLayer<S, E> {
     /// idle keys swept, clocks maintained), so an app needs no server.
     pub fn new(limiter: Arc<Limiter<S>>, extract: E) -> RateLimitLayer<S, E> {
         Limiter::keep_healthy(&limiter, SWEEP_EVERY);
-        RateLimitLayer { limiter, extract }
+        RateLimitLayer {
+            limiter,
+            extract,
+            usage: None,
+        }
+    }
+
+    /// Reads what each request cost from its response (a header such as
+    /// `x-usage-tokens`, or a closure over the response's head): the
+    /// request is admitted on its estimate and settled at that cost when
+    /// the response body ends, fails or is dropped (see [`Usage`]).
+    pub fn with_usage(mut self, usage: Usage) -> RateLimitLayer<S, E> {
+        self.usage = Some(usage);
+        self
     }
 }
 
@@ -44,5 +60,6 @@ impl<T, S, E: Clone> Layer<T> for RateLimitLayer<S, E> {
 
     fn layer(&self, inner: T) -> RateLimit<T, S, E> {
         RateLimit::new(inner, self.limiter.clone(), self.extract.clone())
+            .with_usage(self.usage.clone())
     }
 }

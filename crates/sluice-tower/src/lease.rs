@@ -4,7 +4,8 @@
 //! runs and hands it to the response body: it is given back when the body
 //! ends, fails, or is dropped (the client went away), and when the inner
 //! service fails or its future is dropped before answering. A lease never
-//! given back (the process died) expires after the rule's `lease`.
+//! given back (the process died) expires after the rule's `lease`. The
+//! body holds its request's reservation the same way (see [`crate::usage`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use sluice_store::{Limiter, Store};
 
 use crate::answer::{Fields, InvalidRequest};
 use crate::extract::Keys;
+use crate::usage::{Pending, Settlement};
 
 /// Why a request does not go on to the inner service.
 pub(crate) enum Refusal<R> {
@@ -28,11 +30,32 @@ pub(crate) enum Refusal<R> {
 /// Decides the request of `keys`, taking a lease of its concurrency rules:
 /// the fields to answer with and the lease to hold while the response
 /// lasts, or why not (a denial answered by `denied`).
+#[cfg(feature = "tonic")]
 pub(crate) async fn admit<S: Store + 'static, R>(
     limiter: Arc<Limiter<S>>,
     keys: Keys,
     denied: impl FnOnce(&Decision<'_>) -> R,
 ) -> Result<(Fields, Option<Lease>), Refusal<R>> {
+    let admitted = admit_reserving(limiter, keys, false, denied).await?;
+    Ok((admitted.fields, admitted.lease))
+}
+
+/// What an admitted request holds: the fields to answer with, its lease,
+/// and what it still owes once its response is known ([`Pending`]).
+pub(crate) struct Admitted<S> {
+    pub(crate) fields: Fields,
+    pub(crate) lease: Option<Lease>,
+    pub(crate) pending: Pending<S>,
+}
+
+/// [`admit`], holding the request's cost as an estimate to settle
+/// (`reserve`), and noting whether its route counts by outcome.
+pub(crate) async fn admit_reserving<S: Store + 'static, R>(
+    limiter: Arc<Limiter<S>>,
+    keys: Keys,
+    reserve: bool,
+    denied: impl FnOnce(&Decision<'_>) -> R,
+) -> Result<Admitted<S>, Refusal<R>> {
     let asked = sluice_core::Request::new(
         &keys.tenant,
         &keys.route,
@@ -47,10 +70,29 @@ pub(crate) async fn admit<S: Store + 'static, R>(
         return Err(Refusal::Denied(denied(&decision)));
     }
     let fields = Fields::of(&decision);
+    let reservation = reserve
+        .then(|| limiter.reserve(&asked, &decision))
+        .flatten();
+    let by_outcome = !policy
+        .applicable(asked.tenant, asked.route, asked.subject.is_some())
+        .asked
+        .is_empty();
     // Held from here: given back if the inner service fails or the call is
     // abandoned, else when the body ends.
-    let lease = lease.map(|held| Lease::new(limiter.clone(), keys.tenant, keys.subject, held));
-    Ok((fields, lease))
+    let lease = lease.map(|held| {
+        Lease::new(
+            limiter.clone(),
+            keys.tenant.clone(),
+            keys.subject.clone(),
+            held,
+        )
+    });
+    let pending = Pending::new(limiter, keys, reservation, by_outcome);
+    Ok(Admitted {
+        fields,
+        lease,
+        pending,
+    })
 }
 
 /// A lease taken for one request; given back when dropped.
@@ -107,13 +149,25 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         lease: Option<Lease>,
+        settlement: Option<Settlement>,
     }
 }
 
 impl<B> LeaseBody<B> {
     /// `inner`, holding `lease`.
     pub(crate) fn new(inner: B, lease: Option<Lease>) -> LeaseBody<B> {
-        LeaseBody { inner, lease }
+        LeaseBody {
+            inner,
+            lease,
+            settlement: None,
+        }
+    }
+
+    /// The same body, also holding `settlement` (its request's
+    /// reservation, settled when the body ends, fails or is dropped).
+    pub(crate) fn settling(mut self, settlement: Option<Settlement>) -> LeaseBody<B> {
+        self.settlement = settlement;
+        self
     }
 
     /// The body inside.
@@ -139,8 +193,10 @@ impl<B: Body> Body for LeaseBody<B> {
         let this = self.project();
         let polled = this.inner.poll_frame(cx);
         if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            // The response is over: its slot is free for the next.
+            // The response is over: its slot is free for the next, and
+            // what it cost is known.
             this.lease.take();
+            this.settlement.take();
         }
         polled
     }
@@ -159,6 +215,7 @@ impl<B: std::fmt::Debug> std::fmt::Debug for LeaseBody<B> {
         f.debug_struct("LeaseBody")
             .field("inner", &self.inner)
             .field("lease", &self.lease)
+            .field("settlement", &self.settlement)
             .finish()
     }
 }

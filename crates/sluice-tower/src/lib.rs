@@ -17,6 +17,9 @@
 //!   (`Limits::route(…).rule("10/1m").concurrent(2, "30s").by(…).prevent_duplicate("5s")`).
 //! - [`lease`]: concurrency limits' leases, held by the response body
 //!   until it ends or is dropped.
+//! - [`usage`]: what a request cost, read from its response (LLM tokens,
+//!   …) and settled when the body ends; `count_if` rules counted by the
+//!   response's status.
 //! - [`digest`]: the body's SHA-256 as the duplicate guard's fingerprint
 //!   when a request has no `Idempotency-Key`.
 //! - `grpc` (feature `tonic`, on by default): the same for tonic servers,
@@ -115,6 +118,7 @@ pub mod layer;
 pub mod lease;
 pub mod limits;
 pub mod service;
+pub mod usage;
 
 pub use answer::{DecisionView, InvalidRequest};
 pub use client_ip::{ClientIpHeader, Peer, client_ip};
@@ -122,3 +126,4 @@ pub use extract::{Extract, FromHeaders, Keys};
 pub use layer::RateLimitLayer;
 pub use lease::{Lease, LeaseBody};
 pub use service::RateLimit;
+pub use usage::{Settlement, Usage};

@@ -11,7 +11,8 @@ use tower::Service;
 
 use crate::answer::decision_answer;
 use crate::extract::Extract;
-use crate::lease::{LeaseBody, Refusal, admit};
+use crate::lease::{LeaseBody, Refusal, admit_reserving};
+use crate::usage::Usage;
 
 /// The future of a [`RateLimit`] call.
 pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
@@ -27,6 +28,10 @@ pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, 
 ///   `RateLimit-Policy` added. Where concurrency rules apply, the request
 ///   holds a lease of each from before the inner service runs until the
 ///   response body ends or is dropped (see [`LeaseBody`]).
+/// - With a [`Usage`], the request's cost is an estimate: the response says
+///   what it actually cost, settled when its body ends, fails or is
+///   dropped. On a route with `count_if` rules the response's status is
+///   reported (see [`crate::usage`]).
 ///
 /// The response body type must be buildable from bytes (`From<Vec<u8>>`:
 /// axum's `Body`, `http_body_util::Full<Bytes>`, …) for the answers made
@@ -36,6 +41,7 @@ pub struct RateLimit<T, S, E> {
     inner: T,
     limiter: Arc<Limiter<S>>,
     extract: E,
+    usage: Option<Usage>,
 }
 
 impl<T: Clone, S, E: Clone> Clone for RateLimit<T, S, E> {
@@ -44,6 +50,7 @@ impl<T: Clone, S, E: Clone> Clone for RateLimit<T, S, E> {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
+            usage: self.usage.clone(),
         }
     }
 }
@@ -55,7 +62,15 @@ impl<T, S, E> RateLimit<T, S, E> {
             inner,
             limiter,
             extract,
+            usage: None,
         }
+    }
+
+    /// The same service, reading what each request cost from its
+    /// response (see [`Usage`]).
+    pub fn with_usage(mut self, usage: Option<Usage>) -> RateLimit<T, S, E> {
+        self.usage = usage;
+        self
     }
 }
 
@@ -90,19 +105,22 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
+        let usage = self.usage.clone();
         Box::pin(async move {
-            let (fields, lease) =
-                match admit(limiter, keys, |d| decision_answer(d).map(LeaseBody::from)).await {
-                    Ok(admitted) => admitted,
-                    Err(Refusal::Invalid(problem)) => {
-                        return Ok(problem.answer().map(LeaseBody::from));
-                    }
-                    Err(Refusal::Denied(answer)) => return Ok(answer),
-                };
+            let answer = |d: &sluice_core::Decision<'_>| decision_answer(d).map(LeaseBody::from);
+            let admitted = match admit_reserving(limiter, keys, usage.is_some(), answer).await {
+                Ok(admitted) => admitted,
+                Err(Refusal::Invalid(problem)) => {
+                    return Ok(problem.answer().map(LeaseBody::from));
+                }
+                Err(Refusal::Denied(answer)) => return Ok(answer),
+            };
             let response = inner.call(request).await?;
-            let mut response = response.map(|body| LeaseBody::new(body, lease));
-            fields.add_to(response.headers_mut());
-            Ok(response)
+            let (mut parts, body) = response.into_parts();
+            let settlement = admitted.pending.respond(&parts, usage.as_ref());
+            admitted.fields.add_to(&mut parts.headers);
+            let body = LeaseBody::new(body, admitted.lease).settling(settlement);
+            Ok(Response::from_parts(parts, body))
         })
     }
 }

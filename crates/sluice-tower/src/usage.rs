@@ -1,0 +1,168 @@
+//! Usage known once the response is: what a request cost (LLM tokens,
+//! query cost, bytes) read from its response, and rules that count only
+//! some outcomes (`count_if`).
+//!
+//! With a [`Usage`] ([`RateLimitLayer::with_usage`](crate::RateLimitLayer::with_usage)),
+//! the layer admits a request on its estimate (its [`Keys::cost`]) as a
+//! reservation, reads the actual cost from the response's head, and
+//! settles the reservation at that cost when the response body ends, fails
+//! or is dropped: the difference is given back, or the excess taken even
+//! past the limit (the tenant then owes, and waits). A response that says
+//! nothing keeps the estimate. A request whose inner service fails, or
+//! whose call is abandoned before it answers, keeps its estimate too.
+//!
+//! On a route with `count_if` rules the request is only checked against
+//! them; once the response's status is known, the layer reports it, and
+//! the rules whose statuses match count it.
+
+use std::sync::Arc;
+
+use http::HeaderName;
+use http::response::Parts;
+use sluice_store::{Limiter, Reservation, Store};
+
+use crate::extract::Keys;
+
+/// How long a settle marker is kept: a settle made in process is made
+/// once, so this only has to outlive it.
+const MARKER_TTL_MS: u64 = 60_000;
+
+/// Reads a request's cost from its response's head.
+type CostOf = dyn Fn(&Parts) -> Option<u64> + Send + Sync;
+
+/// How a response says what its request cost.
+#[derive(Clone)]
+pub struct Usage {
+    cost: Arc<CostOf>,
+}
+
+impl std::fmt::Debug for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Usage")
+    }
+}
+
+impl Usage {
+    /// The cost is the response header `name`, a whole number (the inner
+    /// service sets it, e.g. `x-usage-tokens`); a response without it, or
+    /// with anything else there, keeps the estimate.
+    pub fn header(name: HeaderName) -> Usage {
+        Usage::from_response(move |parts| {
+            parts.headers.get(&name)?.to_str().ok()?.trim().parse().ok()
+        })
+    }
+
+    /// The cost is what `cost` reads of the response's head (`None`: the
+    /// estimate stands).
+    pub fn from_response(cost: impl Fn(&Parts) -> Option<u64> + Send + Sync + 'static) -> Usage {
+        Usage {
+            cost: Arc::new(cost),
+        }
+    }
+}
+
+/// What an admitted request still owes the limiter once its response is
+/// known: its reservation's settle, its report to `count_if` rules.
+pub(crate) struct Pending<S> {
+    limiter: Arc<Limiter<S>>,
+    keys: Keys,
+    reservation: Option<Reservation>,
+    by_outcome: bool,
+}
+
+impl<S: Store + 'static> Pending<S> {
+    pub(crate) fn new(
+        limiter: Arc<Limiter<S>>,
+        keys: Keys,
+        reservation: Option<Reservation>,
+        by_outcome: bool,
+    ) -> Pending<S> {
+        Pending {
+            limiter,
+            keys,
+            reservation,
+            by_outcome,
+        }
+    }
+
+    /// The response's head is known: what it cost (read by `usage`, else
+    /// the estimate) is reported to the `count_if` rules now, with its
+    /// status; the reservation is settled at that cost by the
+    /// [`Settlement`] the body holds.
+    pub(crate) fn respond(self, parts: &Parts, usage: Option<&Usage>) -> Option<Settlement> {
+        let Pending {
+            limiter,
+            keys,
+            reservation,
+            by_outcome,
+        } = self;
+        let actual = usage.and_then(|u| (u.cost)(parts));
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if by_outcome {
+            let status = parts.status.as_u16();
+            let cost = actual.unwrap_or(keys.cost).max(1);
+            let limiter = limiter.clone();
+            let keys = keys.clone();
+            let report = async move {
+                let Ok(request) = sluice_core::Request::spent(
+                    &keys.tenant,
+                    &keys.route,
+                    keys.subject.as_deref(),
+                    cost,
+                ) else {
+                    return;
+                };
+                let policy = limiter.policy();
+                if let Err(e) = limiter.report(&policy, &request, Some(status)).await {
+                    tracing::warn!(error = %e, "a response's outcome could not be counted");
+                }
+            };
+            match &runtime {
+                Some(runtime) => drop(runtime.spawn(report)),
+                None => tracing::warn!("no runtime to count a response's outcome"),
+            }
+        }
+        let reservation = reservation?;
+        let actual = actual.unwrap_or(reservation.estimate);
+        let settle = move || {
+            let Some(runtime) = runtime else {
+                tracing::warn!("no runtime to settle a reservation; it keeps its estimate");
+                return;
+            };
+            runtime.spawn(async move {
+                let policy = limiter.policy();
+                if let Err(e) = limiter
+                    .settle(&policy, &reservation, actual, MARKER_TTL_MS)
+                    .await
+                {
+                    tracing::warn!(error = %e, "a reservation could not be settled; it keeps its estimate");
+                }
+            });
+        };
+        Some(Settlement {
+            settle: Some(Box::new(settle)),
+        })
+    }
+}
+
+/// A reservation to settle at a known cost; settled when dropped (the
+/// response body ended, failed, or was dropped).
+pub struct Settlement {
+    settle: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl std::fmt::Debug for Settlement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settlement")
+            .field("pending", &self.settle.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Settlement {
+    fn drop(&mut self) {
+        if let Some(settle) = self.settle.take() {
+            settle();
+        }
+    }
+}
