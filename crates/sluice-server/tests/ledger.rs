@@ -225,3 +225,49 @@ fn usage_refuses_a_total_past_its_bound_instead_of_wrapping() {
     let (totals, _) = usage(&dir);
     assert_eq!(totals[0]["admitted"], json!(u64::MAX));
 }
+
+/// A reservation is recorded at what it finally cost: its actual cost
+/// when settled, its estimate when it expires, in the minute it was made,
+/// and once (not at the decision as well).
+#[tokio::test]
+async fn reservations_are_recorded_at_what_they_finally_cost() {
+    let dir = fresh_dir("reserved");
+    let path = config(&dir, "", "reservation_ttl: 1s\n");
+    let mut server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", server.base);
+    let reserve = |tenant: &str| {
+        json!({"tenant": tenant, "route": "POST /v1/invoices", "cost": 4, "reserve": true})
+    };
+    let minute = |ms: u64| ms - ms % 60_000;
+    let reserved_at = minute(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    );
+    // Settled at 1, not the 4 reserved.
+    let (_, settled) = common::post_to(&client, &url("/v1/check"), reserve("acme")).await;
+    let settle = json!({"reservation": settled["reservation"], "cost": 1});
+    let (status, _) = common::post_to(&client, &url("/v1/settle"), settle.clone()).await;
+    assert_eq!(status, 200);
+    // A retry of the settle records nothing more.
+    common::post_to(&client, &url("/v1/settle"), settle).await;
+    // Left to expire: its estimate, 4.
+    common::post_to(&client, &url("/v1/check"), reserve("globex")).await;
+    let want = json!([
+        {"tenant": "acme", "period": null, "admitted": 1, "denied": 0},
+        {"tenant": "globex", "period": null, "admitted": 4, "denied": 0}
+    ]);
+    let started = Instant::now();
+    while Value::Array(usage(&dir).0) != want {
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", usage(&dir));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop();
+    assert_eq!(Value::Array(usage(&dir).0), want, "nothing more at stop");
+    for line in lines(&dir) {
+        let at = line["minute"].as_u64().unwrap();
+        assert!(at == reserved_at || at == reserved_at + 60_000, "{line}");
+    }
+}

@@ -44,6 +44,7 @@ storage:
   breaker: {{ failures: 2, cool_down: 200ms, probes: 1 }}
 keys:
   pepper_env: TEST_SLUICE_PEPPER
+reservation_ttl: 1s
 default_plan: p
 plans:
   p:
@@ -154,6 +155,42 @@ async fn every_documented_metric_moves() {
         "sluice_valve_fair_share_level",
         "sluice_valve_fair_share_level{valve=\"orders-valve\"}",
     );
+
+    // Usage after the fact: a settle above its estimate goes past the
+    // limit (3 an hour, owing at most 3: 4 forgiven), is retried (the
+    // same) and contradicted (refused); a report; a reservation left to
+    // expire.
+    let url = |path: &str| format!("{}{path}", server.base);
+    let reserve = json!({"tenant": "u", "route": "GET /", "reserve": true});
+    let (_, reserved) = common::post_to(&client, &url("/v1/check"), reserve.clone()).await;
+    let settle = json!({"reservation": reserved["reservation"], "cost": 10});
+    for body in [settle.clone(), settle, json!({"reservation": reserved["reservation"], "cost": 2})] {
+        common::post_to(&client, &url("/v1/settle"), body).await;
+    }
+    common::post_to(&client, &url("/v1/report"), json!({"tenant": "v", "route": "GET /"})).await;
+    common::post_to(&client, &url("/v1/check"), json!({"tenant": "w", "route": "GET /", "reserve": true})).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = metrics(&client, &server).await;
+        if total(&m, "sluice_reservations_expired_total") > 0.0 {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no reservation expired:\n{m}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (name, prefix) in [
+        ("sluice_settles_total", "sluice_settles_total{result=\"applied\"}"),
+        ("sluice_settles_total", "sluice_settles_total{result=\"repeated\"}"),
+        ("sluice_settles_total", "sluice_settles_total{result=\"refused\"}"),
+        ("sluice_settled_cost_total", "sluice_settled_cost_total"),
+        ("sluice_debited_units_total", "sluice_debited_units_total"),
+        ("sluice_debts_total", "sluice_debts_total"),
+        ("sluice_forgiven_debt_units_total", "sluice_forgiven_debt_units_total"),
+        ("sluice_reservations_expired_total", "sluice_reservations_expired_total"),
+    ] {
+        check(&m, name, prefix);
+    }
+    assert_eq!(total(&m, "sluice_forgiven_debt_units_total"), 4.0, "{m}");
 
     // Reloads, good and bad.
     std::fs::write(&path, config(&redis, "4")).unwrap();
