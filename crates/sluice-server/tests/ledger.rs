@@ -236,9 +236,7 @@ async fn reservations_are_recorded_at_what_they_finally_cost() {
     let mut server = Server::start(&["--config", path.to_str().unwrap()]);
     let client = reqwest::Client::new();
     let url = |path: &str| format!("{}{path}", server.base);
-    let reserve = |tenant: &str| {
-        json!({"tenant": tenant, "route": "POST /v1/invoices", "cost": 4, "reserve": true})
-    };
+    let reserve = |tenant: &str| json!({"tenant": tenant, "route": "POST /v1/invoices", "cost": 4, "reserve": true});
     let minute = |ms: u64| ms - ms % 60_000;
     let reserved_at = minute(
         std::time::SystemTime::now()
@@ -261,7 +259,11 @@ async fn reservations_are_recorded_at_what_they_finally_cost() {
     ]);
     let started = Instant::now();
     while Value::Array(usage(&dir).0) != want {
-        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", usage(&dir));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            usage(&dir)
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.stop();

@@ -164,11 +164,25 @@ async fn every_documented_metric_moves() {
     let reserve = json!({"tenant": "u", "route": "GET /", "reserve": true});
     let (_, reserved) = common::post_to(&client, &url("/v1/check"), reserve.clone()).await;
     let settle = json!({"reservation": reserved["reservation"], "cost": 10});
-    for body in [settle.clone(), settle, json!({"reservation": reserved["reservation"], "cost": 2})] {
+    for body in [
+        settle.clone(),
+        settle,
+        json!({"reservation": reserved["reservation"], "cost": 2}),
+    ] {
         common::post_to(&client, &url("/v1/settle"), body).await;
     }
-    common::post_to(&client, &url("/v1/report"), json!({"tenant": "v", "route": "GET /"})).await;
-    common::post_to(&client, &url("/v1/check"), json!({"tenant": "w", "route": "GET /", "reserve": true})).await;
+    common::post_to(
+        &client,
+        &url("/v1/report"),
+        json!({"tenant": "v", "route": "GET /"}),
+    )
+    .await;
+    common::post_to(
+        &client,
+        &url("/v1/check"),
+        json!({"tenant": "w", "route": "GET /", "reserve": true}),
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let m = loop {
         let m = metrics(&client, &server).await;
@@ -179,14 +193,29 @@ async fn every_documented_metric_moves() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     for (name, prefix) in [
-        ("sluice_settles_total", "sluice_settles_total{result=\"applied\"}"),
-        ("sluice_settles_total", "sluice_settles_total{result=\"repeated\"}"),
-        ("sluice_settles_total", "sluice_settles_total{result=\"refused\"}"),
+        (
+            "sluice_settles_total",
+            "sluice_settles_total{result=\"applied\"}",
+        ),
+        (
+            "sluice_settles_total",
+            "sluice_settles_total{result=\"repeated\"}",
+        ),
+        (
+            "sluice_settles_total",
+            "sluice_settles_total{result=\"refused\"}",
+        ),
         ("sluice_settled_cost_total", "sluice_settled_cost_total"),
         ("sluice_debited_units_total", "sluice_debited_units_total"),
         ("sluice_debts_total", "sluice_debts_total"),
-        ("sluice_forgiven_debt_units_total", "sluice_forgiven_debt_units_total"),
-        ("sluice_reservations_expired_total", "sluice_reservations_expired_total"),
+        (
+            "sluice_forgiven_debt_units_total",
+            "sluice_forgiven_debt_units_total",
+        ),
+        (
+            "sluice_reservations_expired_total",
+            "sluice_reservations_expired_total",
+        ),
     ] {
         check(&m, name, prefix);
     }

@@ -50,6 +50,10 @@ pub enum Api {
     Http,
     /// Envoy RLS `ShouldRateLimit`, native domain.
     Grpc,
+    /// `POST /v1/check` with `"reserve": true`, then `POST /v1/settle` of
+    /// the reservation (at 0, 1 or 2 units in turn: 1 on average, the
+    /// estimate): what usage known after the fact costs per decision.
+    Reserve,
 }
 
 /// The settings a scenario file may give.

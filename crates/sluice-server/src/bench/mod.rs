@@ -144,3 +144,4 @@ pub async fn rls(
 pub mod file;
 pub mod open;
 pub mod scenario;
+mod settle;

@@ -32,6 +32,9 @@ use crate::Fallible;
 pub enum Api {
     /// `POST {base}/v1/check`.
     Http(String),
+    /// `POST {base}/v1/check` reserving, then `POST {base}/v1/settle`
+    /// (see [`super::settle`]).
+    Reserve(String),
     /// `ShouldRateLimit` on the native domain (one descriptor of `tenant`
     /// and `route` entries).
     Grpc {
@@ -265,6 +268,7 @@ type Read = Option<(Option<u64>, Option<String>)>;
 #[derive(Clone)]
 enum Client {
     Http(reqwest::Client, String),
+    Reserve(super::settle::Settling),
     Grpc(RateLimitServiceClient<tonic::transport::Channel>, String),
 }
 
@@ -281,6 +285,15 @@ impl Client {
                 for base in bases.split(',').map(str::trim) {
                     let url = format!("{}/v1/check", base.trim_end_matches('/'));
                     clients.push(Client::Http(http.clone(), url));
+                }
+            }
+            Api::Reserve(bases) => {
+                let http = reqwest::Client::builder()
+                    .pool_max_idle_per_host(1024)
+                    .timeout(REQUEST_TIMEOUT)
+                    .build()?;
+                for base in bases.split(',').map(str::trim) {
+                    clients.push(Client::Reserve(super::settle::Settling::new(&http, base)));
                 }
             }
             Api::Grpc { target, domain } => {
@@ -302,6 +315,11 @@ impl Client {
 
     async fn ask(&mut self, tenant: &str, route: &str, read_limit: bool) -> Answer {
         match self {
+            Client::Reserve(settling) => match settling.reserve_and_settle(tenant, route).await {
+                Some(200) => Answer::Allowed(None),
+                Some(429) => Answer::Denied(None),
+                _ => Answer::Failed,
+            },
             Client::Http(http, url) => {
                 let body = serde_json::json!({ "tenant": tenant, "route": route });
                 let Ok(response) = http.post(url.as_str()).json(&body).send().await else {

@@ -164,6 +164,12 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
                 .clone()
                 .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned()),
         ),
+        Api::Reserve => open::Api::Reserve(
+            settings
+                .target
+                .clone()
+                .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned()),
+        ),
         Api::Grpc => open::Api::Grpc {
             target: settings
                 .target

@@ -323,10 +323,11 @@ fn apply(
     if next.server != running.server
         || next.storage != running.storage
         || next.keys != running.keys
+        || next.reservation_ttl_ms != running.reservation_ttl_ms
         || mapping(&next) != mapping(running)
     {
         warn!(
-            "changes to `server`, `storage`, `keys` or the envoy key mapping take effect on restart"
+            "changes to `server`, `storage`, `keys`, `reservation_ttl` or the envoy key mapping take effect on restart"
         );
     }
     service.install(&next.limits, descriptors);
