@@ -13,6 +13,8 @@
 # LIMITADOR_BIN (a limitador-server binary; it is not on crates.io, build
 # it from its repository) also measures limitador's gRPC RLS, in memory,
 # under the same load: one limit per tenant, every request admitted.
+# APIS (default "http grpc") lists what is measured: http, grpc, and
+# reserve (each request a reservation on /v1/check, then its settle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${1:-5000}; seconds=${2:-10}; runs=${3:-3}
@@ -44,7 +46,7 @@ ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' /proc/${1:-$pid}/stat; }
 ucpu() { awk '{print $14}' /proc/${1:-$pid}/stat; }
 for run in $(seq "$runs"); do
-  apis="http grpc"; [ -n "$peer" ] && apis="http grpc limitador"
+  apis=${APIS:-http grpc}; [ -n "$peer" ] && apis="$apis limitador"
   for api in $apis; do
     target=http://127.0.0.1:$http; [ $api = grpc ] && target=http://127.0.0.1:$grpc
     server=$pid; kind=$api

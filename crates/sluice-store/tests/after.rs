@@ -156,3 +156,48 @@ async fn a_report_on_a_route_that_counts_by_outcome_needs_the_status() {
     assert_eq!(err, AfterError::StatusNeeded);
     assert!(err.to_string().contains("`status`"));
 }
+
+#[tokio::test]
+async fn a_valve_never_goes_into_debt_and_keeps_what_the_estimate_took() {
+    let (_, limiter) = limiter(
+        r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: tokens, algorithm: gcra, limit: 1000, per: 1m }]
+global:
+  "POST /v1/chat": [{ name: valve, algorithm: fixed_window, limit: 100, per: 1m, share: first_come }]
+"#,
+    );
+    let policy = limiter.policy();
+    let estimate = request(60);
+    let decision = limiter.decide(&policy, &estimate).await;
+    assert!(decision.allowed);
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    // 5,000 spent: the tenant owes (up to its max_debt), the valve is
+    // untouched by the excess.
+    let settled = limiter
+        .settle(&policy, &reservation, 5_000, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        settled.decision.rules.len(),
+        1,
+        "only the tenant's own rule"
+    );
+    assert_eq!(settled.decision.rules[0].name(), "tokens");
+    let applicable = policy.applicable("acme", "POST /v1/chat", false);
+    let batch = sluice_store::Batch::new("acme", None, 1, applicable.rules);
+    let peeked = limiter.peek(&batch).await.unwrap();
+    let valve = peeked
+        .rows
+        .iter()
+        .zip(applicable.rules)
+        .find(|(_, r)| r.name() == "valve")
+        .map(|(row, _)| row)
+        .unwrap();
+    let sluice_core::State::FixedWindow(window) = &valve.state else {
+        panic!("{:?}", valve.state)
+    };
+    assert_eq!(window.count, 60, "the valve kept the estimate, no more");
+}

@@ -98,8 +98,17 @@ impl<S: Store + 'static> Pending<S> {
         } = self;
         let actual = usage.and_then(|u| (u.cost)(parts));
         let runtime = tokio::runtime::Handle::try_current().ok();
-        if by_outcome {
-            let status = parts.status.as_u16();
+        let status = parts.status.as_u16();
+        // Only a status some `count_if` rule counts is worth a store call.
+        let counted = by_outcome && {
+            let policy = limiter.policy();
+            policy
+                .applicable(&keys.tenant, &keys.route, keys.subject.is_some())
+                .asked
+                .iter()
+                .any(|r| r.count_if().is_some_and(|set| set.matches(status)))
+        };
+        if counted {
             let cost = actual.unwrap_or(keys.cost).max(1);
             let limiter = limiter.clone();
             let keys = keys.clone();
