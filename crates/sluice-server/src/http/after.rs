@@ -27,7 +27,7 @@ use sluice_store::{AfterError, MarkerAnswer, StoreError};
 use sluice_tower::InvalidRequest;
 use sluice_tower::answer::{decision_answer, standing_answer};
 
-use super::check::{CheckBody, bytes, parse_normalized, to_spent_request, whole_number};
+use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_number};
 use super::respond::refusal;
 use crate::app::App;
 use crate::metrics::SettleResult;

@@ -1,41 +1,18 @@
 //! `POST /v1/check`: `{"tenant", "route", "subject"?, "cost"?,
-//! "fingerprint"?}` → a decision (409 for a duplicate submission).
+//! "fingerprint"?, "reserve"?}` → a decision (409 for a duplicate
+//! submission); with `"reserve": true`, a reservation (`after.rs`).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
-use serde::Deserialize;
 use sluice_core::Request;
-use sluice_core::request::{MAX_COST, check_cost_signed};
 
+use super::body::{bytes, no_status, parse_normalized, to_request};
 use super::respond::{decision_response, refusal};
 use crate::app::App;
-use sluice_tower::InvalidRequest;
-
-#[derive(Deserialize)]
-#[serde(
-    deny_unknown_fields,
-    expecting = "an object such as {\"tenant\": \"acme\", \"route\": \"GET /v1/things\"}"
-)]
-pub(super) struct CheckBody<'a> {
-    #[serde(borrow)]
-    tenant: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    route: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    subject: Option<Cow<'a, str>>,
-    cost: Option<serde_json::Number>,
-    #[serde(borrow)]
-    fingerprint: Option<Cow<'a, str>>,
-    /// Hold the cost as an estimate and answer a reservation to settle.
-    pub(super) reserve: Option<bool>,
-    /// The response's status (`/v1/report` only).
-    pub(super) status: Option<serde_json::Number>,
-}
 
 pub(super) async fn check(
     State(app): State<Arc<App>>,
@@ -62,18 +39,6 @@ pub(super) async fn check(
     decided(&app, &request).await
 }
 
-/// `status` belongs to `/v1/report`, which records a cost once the
-/// response is known.
-pub(super) fn no_status(body: &CheckBody<'_>) -> Result<(), InvalidRequest> {
-    match body.status {
-        None => Ok(()),
-        Some(_) => Err(InvalidRequest::new(
-            "status",
-            "`status` is only for POST /v1/report, once the response is known",
-        )),
-    }
-}
-
 /// `request` decided through the app's one tail, answered (`/v1/check`
 /// and forward-auth answer alike).
 pub(super) async fn decided(app: &App, request: &Request<'_>) -> Response {
@@ -83,100 +48,4 @@ pub(super) async fn decided(app: &App, request: &Request<'_>) -> Response {
         .decide(Some(request), started, app.limiter.decide(&policy, request))
         .await;
     decision_response(&decision)
-}
-
-/// The body as read, or the refusal of a body that could not be (too
-/// large, too slow).
-pub(super) fn bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, InvalidRequest> {
-    body.map_err(|rejection| {
-        InvalidRequest::new("body", rejection.body_text()).with_status(rejection.status())
-    })
-}
-
-/// [`parse`], with the route in its one spelling (see
-/// `sluice_core::route`).
-pub(super) fn parse_normalized(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
-    let mut parsed = parse(body)?;
-    if let Some(route) = &mut parsed.route
-        && let Cow::Owned(normal) = sluice_core::route::normalize(route)
-    {
-        *route = Cow::Owned(normal);
-    }
-    Ok(parsed)
-}
-
-/// `x` as an integer when it is one (small enough to convert exactly).
-fn whole(x: f64) -> Option<i128> {
-    (x.fract() == 0.0 && x.abs() < 2f64.powi(63)).then_some(x as i128)
-}
-
-/// The body of `/v1/check` (and `/v1/acquire`), each problem naming its
-/// member.
-fn parse(body: &[u8]) -> Result<CheckBody<'_>, InvalidRequest> {
-    crate::http::parse_json(body, "JSON body")
-}
-
-pub(super) fn to_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
-    let (tenant, route) = tenant_and_route(body)?;
-    let cost = match &body.cost {
-        None => 1,
-        Some(n) => match whole_number(n) {
-            Some(cost) => check_cost_signed(cost)?,
-            None => {
-                return Err(InvalidRequest::new(
-                    "cost",
-                    format!("`cost` must be a whole number from 1 to {MAX_COST}, got {n}"),
-                ));
-            }
-        },
-    };
-    Ok(Request::new(tenant, route, body.subject.as_deref(), cost)?
-        .with_fingerprint(body.fingerprint.as_deref())?)
-}
-
-/// A JSON number as a whole number, when it is one: JSON has one kind of
-/// number, so 2.0 and 2e0 are the whole number 2 (as a client that
-/// computes a cost in floating point sends it).
-pub(super) fn whole_number(n: &serde_json::Number) -> Option<i128> {
-    n.as_i64()
-        .map(i128::from)
-        .or_else(|| n.as_u64().map(i128::from))
-        .or_else(|| whole(n.as_f64()?))
-}
-
-/// The tenant, route and subject of a body, as `/v1/report` reads them
-/// with a cost already spent (1 to `MAX_REPORTED_COST`).
-pub(super) fn to_spent_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a>, InvalidRequest> {
-    use sluice_core::request::MAX_REPORTED_COST;
-    let (tenant, route) = tenant_and_route(body)?;
-    let cost = match &body.cost {
-        None => 1,
-        Some(n) => whole_number(n)
-            .and_then(|c| u64::try_from(c).ok())
-            .filter(|c| (1..=MAX_REPORTED_COST).contains(c))
-            .ok_or_else(|| {
-                InvalidRequest::new(
-                    "cost",
-                    format!("`cost` must be a whole number from 1 to {MAX_REPORTED_COST}, got {n}"),
-                )
-            })?,
-    };
-    Ok(Request::spent(
-        tenant,
-        route,
-        body.subject.as_deref(),
-        cost,
-    )?)
-}
-
-/// The body's tenant and route, both required.
-fn tenant_and_route<'a>(body: &'a CheckBody<'a>) -> Result<(&'a str, &'a str), InvalidRequest> {
-    let tenant = body
-        .tenant
-        .as_deref()
-        .ok_or_else(|| InvalidRequest::new("tenant", "`tenant` is required"))?;
-    let route = body.route.as_deref().ok_or_else(|| {
-        InvalidRequest::new("route", "`route` is required, e.g. \"POST /v1/invoices\"")
-    })?;
-    Ok((tenant, route))
 }

@@ -27,7 +27,7 @@ use sluice_tower::InvalidRequest;
 use sluice_tower::answer::decision_answer;
 
 use super::after::with_fields;
-use super::check::{bytes, no_status, parse_normalized, to_request};
+use super::body::{bytes, no_status, parse_normalized, to_request};
 use super::respond::refusal;
 use crate::app::App;
 

@@ -18,6 +18,7 @@
 
 mod admin;
 mod after;
+mod body;
 mod check;
 mod envoyproxy;
 mod forward_auth;
