@@ -44,6 +44,7 @@ pub mod request;
 pub mod route;
 pub mod rule;
 pub mod scope;
+pub mod tolerance;
 pub mod valve;
 
 pub use algorithm::{Outcome, State, Step};

@@ -71,6 +71,7 @@ mod tests {
             name: "v".into(),
             rule,
             shadow: false,
+            tolerance: crate::tolerance::Tolerance::EXACT,
         };
         BoundRule::new(Scope::Global, "/v1/orders", &named, 0.8)
     }

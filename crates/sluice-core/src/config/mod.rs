@@ -389,6 +389,10 @@ pub struct NamedRule {
     pub rule: Rule,
     /// Shadow mode: evaluated and counted, never enforced.
     pub shadow: bool,
+    /// How far over its limit a hot key may be admitted, decided from
+    /// local slices ([`Tolerance::EXACT`](crate::tolerance::Tolerance::EXACT):
+    /// never).
+    pub tolerance: crate::tolerance::Tolerance,
 }
 
 /// Defaults, shared with the documentation.

@@ -170,6 +170,7 @@ pub(crate) struct RawRule {
     pub burst: Option<S<i64>>,
     pub aligned: Option<S<bool>>,
     pub shadow: Option<S<bool>>,
+    pub tolerance: Option<S<String>>,
     pub lease: Option<S<String>>,
     pub share: Option<S<String>>,
     pub reserve: Option<S<BTreeMap<String, S<String>>>>,

@@ -48,6 +48,7 @@ pub(super) fn override_limit(
                 name: "override".to_owned(),
                 rule,
                 shadow: false,
+                tolerance: sluice_core::tolerance::Tolerance::EXACT,
             },
             near_limit,
         )]),

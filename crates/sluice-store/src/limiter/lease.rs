@@ -50,6 +50,7 @@ impl Lease {
                     name: name.to_owned(),
                     rule,
                     shadow: false,
+                    tolerance: sluice_core::tolerance::Tolerance::EXACT,
                 };
                 BoundRule::new(scope, pattern, &named, 1.0)
             })

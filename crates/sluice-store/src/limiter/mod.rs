@@ -48,6 +48,7 @@ pub mod lease;
 mod now;
 mod options;
 mod shard;
+pub mod slice;
 #[cfg(test)]
 mod tests;
 
@@ -65,6 +66,8 @@ pub struct Limiter<S> {
     options: LimiterOptions,
     breaker: Breaker,
     denials: Option<DenialCache>,
+    /// Hot keys' slices, for rules with a tolerance.
+    slices: slice::Slices,
     local: MemoryStore,
     live_instances: AtomicU64,
     /// Spreads sharded tenants' decisions over their shards in turn.
@@ -99,6 +102,7 @@ impl<S: Store> Limiter<S> {
             store,
             breaker: Breaker::new(options.breaker),
             denials: options.denial_cache.then(DenialCache::default),
+            slices: slice::Slices::default(),
             local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone())
                 .with_tenant_share(options.local_tenant_share),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
@@ -124,6 +128,8 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
+        // Limits or tolerances may have changed: slices go at once.
+        self.slices.clear();
     }
 
     /// The store.
@@ -135,6 +141,17 @@ impl<S: Store> Limiter<S> {
     /// saturated, and its fair-share level.
     pub fn valve_levels(&self) -> Vec<ValveLevel> {
         self.fair.levels(self.options.clock.now_ms())
+    }
+
+    /// The slices of hot keys this instance holds, per rule, with each
+    /// rule's declared bound (`tolerance × limit`).
+    pub fn slice_levels(&self) -> Vec<slice::SliceLevel> {
+        self.slices.levels(self.options.clock.now_ms())
+    }
+
+    /// The slices this instance holds for `tenant`'s keys.
+    pub fn slices_of(&self, tenant: &str) -> Vec<slice::HeldSlice> {
+        self.slices.of_tenant(tenant, self.options.clock.now_ms())
     }
 
     /// The circuit breaker's state.
@@ -165,6 +182,7 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.sweep(now);
         }
+        self.slices.sweep(now);
         self.local.sweep();
         self.store.maintain();
     }

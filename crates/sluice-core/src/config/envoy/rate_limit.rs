@@ -127,6 +127,7 @@ pub(super) fn rate_limit(
                 name: policy_name(name.as_deref(), path),
                 rule,
                 shadow: false,
+                tolerance: crate::tolerance::Tolerance::EXACT,
             }),
             Err(e) => {
                 v.push(at, e.to_string());

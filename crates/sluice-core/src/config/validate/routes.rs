@@ -56,6 +56,7 @@ impl Validator<'_> {
                         name: "dedupe".to_owned(),
                         rule,
                         shadow: false,
+                        tolerance: crate::tolerance::Tolerance::EXACT,
                     }],
                 }
             })

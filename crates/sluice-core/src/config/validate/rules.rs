@@ -54,8 +54,15 @@ impl Validator<'_> {
                 None => format!("{scope}-{index}"),
             };
             let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
+            let tolerance = rule.value.tolerance.clone();
             if let Some(rule) = self.rule(rule.value, at) {
-                out.push(NamedRule { name, rule, shadow });
+                let tolerance = self.tolerance(tolerance.as_ref(), &rule, scope);
+                out.push(NamedRule {
+                    name,
+                    rule,
+                    shadow,
+                    tolerance,
+                });
             }
         }
         out
