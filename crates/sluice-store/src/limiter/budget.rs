@@ -2,7 +2,7 @@
 //! the slices of hot keys ([`super::slice`]), the circuit breaker around
 //! the call, and what the answer teaches all three.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_core::Decision;
 use sluice_core::decision::Outcomes;
@@ -26,35 +26,51 @@ impl<S: Store> Limiter<S> {
         if let Some(result) = self.store.decide_in_process(batch) {
             return self.conclude(applicable, batch, result);
         }
-        let now = self.options.clock.now_ms();
+        let mut now = self.options.clock.now_ms();
+        let sliced = slice::eligible(batch);
+        let mut plan = if sliced {
+            self.slices.plan(batch, now)
+        } else {
+            Plan::Exact
+        };
+        if let Plan::Wait(landed) = plan {
+            // The slice is spent and its successor on the way: a store
+            // call of our own would cost as much as the take.
+            let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
+            let wait = deadline.map_or(most, |deadline| deadline.min(most));
+            let _ = tokio::time::timeout_at(wait, landed).await;
+            now = self.options.clock.now_ms();
+            plan = match self.slices.plan(batch, now) {
+                Plan::Wait(_) => Plan::Exact,
+                plan => plan,
+            };
+        }
+        // Units already taken are spent before remembered denials: the
+        // store counted them, and the cache would strand them.
+        if let Plan::Local(outcomes) = plan {
+            self.options.telemetry.slice_decision();
+            return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
+        }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
         {
+            if let Plan::Take(..) = plan {
+                self.slices.abandon(batch);
+            }
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
-        let sliced = slice::eligible(batch);
-        if sliced {
-            match self.slices.plan(batch, now) {
-                Plan::Local(outcomes) => {
-                    self.options.telemetry.slice_decision();
-                    return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
-                }
-                Plan::Take(sizes, epoch) => {
-                    if let Some(decision) = self
-                        .take(applicable, batch, deadline, &sizes, epoch, now)
-                        .await
-                    {
-                        return decision;
-                    }
-                }
-                Plan::Exact => {}
-            }
+        if let Plan::Take(sizes, epoch) = plan
+            && let Some(decision) = self
+                .take(applicable, batch, deadline, &sizes, epoch, now)
+                .await
+        {
+            return decision;
         }
         match self.call_store(batch, deadline, now).await {
             Ok(outcomes) => {
                 if sliced {
-                    self.slices.learn(batch, &outcomes);
+                    self.slices.learn(batch, &outcomes, false);
                 }
                 Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
             }
@@ -105,7 +121,7 @@ impl<S: Store> Limiter<S> {
                 // request alone is decided exactly. Nothing is remembered
                 // in the over-limit cache: the denied cost was not the
                 // request's.
-                self.slices.learn(batch, &outcomes);
+                self.slices.learn(batch, &outcomes, true);
                 None
             }
             Err(error) => {

@@ -52,6 +52,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
@@ -60,6 +61,8 @@ use sluice_core::decision::Outcomes;
 use sluice_core::tolerance::Tolerance;
 use sluice_core::{Algorithm, BoundRule, Outcome, Scope};
 use smallvec::SmallVec;
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::store::Batch;
@@ -74,6 +77,9 @@ pub const MAX_LIFETIME_MS: u64 = 1_000;
 /// A slice is taken only while the store's last `remaining` holds the
 /// request and this many slices.
 pub const HEADROOM: u64 = 2;
+/// The longest a request waits for a take under way when it found the
+/// slice spent (within its time budget); then it asks the store itself.
+pub const WAIT_MS: u64 = 20;
 /// The most keys followed at once; others stay exact.
 pub const MAX_KEYS: usize = 100_000;
 /// How long a take may be under way before another take of the same key
@@ -174,6 +180,9 @@ struct Entry {
     pieces: [Piece; 2],
     /// A take is under way until then.
     taking_until_ms: u64,
+    /// Wakes the requests that found the slice spent while a take was
+    /// under way, when it lands.
+    landed: Arc<Notify>,
 }
 
 impl Entry {
@@ -187,6 +196,7 @@ impl Entry {
             remaining: 0,
             pieces: [Piece::default(); 2],
             taking_until_ms: 0,
+            landed: Arc::new(Notify::new()),
         }
     }
 
@@ -244,6 +254,12 @@ impl Entry {
         Some((expires, outcome, low))
     }
 
+    /// No take under way any more: the requests waiting for it ask again.
+    fn landed(&mut self) {
+        self.taking_until_ms = 0;
+        self.landed.notify_waiters();
+    }
+
     fn give_back(&mut self, expires_ms: u64, cost: u64) {
         if let Some(piece) = self.pieces.iter_mut().find(|p| p.expires_ms == expires_ms) {
             piece.units += cost;
@@ -271,6 +287,9 @@ pub(super) enum Plan {
     /// Take a slice of each rule along with the request: the sizes, and
     /// the epoch the take started in.
     Take(SmallVec<[u64; 3]>, u64),
+    /// A slice is spent and the take of the next one under way: wait for
+    /// it to land (briefly), then plan again.
+    Wait(OwnedNotified),
     /// Ask the store, exactly.
     Exact,
 }
@@ -390,12 +409,18 @@ impl Slices {
         let mut outcomes = Outcomes::new();
         let mut local = true;
         let mut low = false;
+        let mut waiting = None;
         for i in 0..batch.rules.len() {
             let cost = batch.cost_of(i);
             let seen = self.with_entry(batch, i, true, |entry| {
                 entry.hit(now);
                 let spent = if local { entry.spend(cost, now) } else { None };
                 let taking = entry.taking_until_ms > now;
+                if spent.is_none() && taking && waiting.is_none() {
+                    // Registered under the lock: the take cannot land
+                    // unseen.
+                    waiting = Some(entry.landed.clone().notified_owned());
+                }
                 let size = (!taking)
                     .then(|| {
                         let (rate, held) = (entry.rate(now), entry.held(now));
@@ -433,6 +458,9 @@ impl Slices {
         }
         // The request goes to the store: what it spent here goes back.
         self.give_back(batch, &found);
+        if let Some(waiting) = waiting.filter(|_| !local) {
+            return Plan::Wait(waiting);
+        }
         let Some(sizes) = sizes else {
             return Plan::Exact;
         };
@@ -470,7 +498,7 @@ impl Slices {
             let size = sizes[i];
             let stored = self.with_entry(batch, i, false, |entry| {
                 entry.remaining = u64::from(outcome.remaining);
-                entry.taking_until_ms = 0;
+                entry.landed();
                 if entry.epoch != epoch {
                     return false;
                 }
@@ -494,13 +522,16 @@ impl Slices {
         outcomes
     }
 
-    /// The store answered an eligible `batch` (exactly, or a take it
-    /// denied): what each rule's `remaining` is now, and no take under way.
-    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome]) {
+    /// The store answered an eligible `batch`, exactly or (`take`) a take
+    /// it denied: what each rule's `remaining` is now, and after a take, no
+    /// take under way.
+    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome], take: bool) {
         for (i, outcome) in outcomes.iter().enumerate() {
             self.with_entry(batch, i, false, |entry| {
                 entry.remaining = u64::from(outcome.remaining);
-                entry.taking_until_ms = 0;
+                if take {
+                    entry.landed();
+                }
             });
         }
     }
@@ -508,7 +539,7 @@ impl Slices {
     /// A take failed (the store could not answer): another may start.
     pub(super) fn abandon(&self, batch: &Batch<'_>) {
         for i in 0..batch.rules.len() {
-            self.with_entry(batch, i, false, |entry| entry.taking_until_ms = 0);
+            self.with_entry(batch, i, false, Entry::landed);
         }
     }
 
