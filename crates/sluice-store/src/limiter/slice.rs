@@ -591,7 +591,7 @@ impl Slices {
         levels
     }
 
-    /// The slices held for `tenant`'s keys.
+    /// The slices held for `tenant`'s keys, by rule name.
     pub fn of_tenant(&self, tenant: &str, now: u64) -> Vec<HeldSlice> {
         let mut held = Vec::new();
         for shard in self.shards.iter() {
@@ -615,6 +615,7 @@ impl Slices {
                 });
             }
         }
+        held.sort_by(|a, b| (&a.rule, a.expires_in_ms).cmp(&(&b.rule, b.expires_in_ms)));
         held
     }
 }
