@@ -6,7 +6,7 @@
 //! instance's slice is lost (never counted twice), a reload drops slices.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use sluice_core::config::OnError;
@@ -16,15 +16,20 @@ use sluice_store::{
     Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
 };
 
-/// The memory store behind the remote path, counting the calls made to it.
+/// The memory store behind the remote path, counting the calls made to
+/// it; unreachable while `down`.
 struct Remote {
     store: Arc<MemoryStore>,
     calls: Arc<AtomicU64>,
+    down: Arc<AtomicBool>,
 }
 
 impl Store for Remote {
     async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.down.load(Ordering::Relaxed) {
+            return Err(StoreError::Unavailable("down".to_owned()));
+        }
         self.store.decide_now(batch)
     }
 
@@ -42,6 +47,7 @@ struct Fleet {
     clock: Arc<ManualClock>,
     store: Arc<MemoryStore>,
     calls: Arc<AtomicU64>,
+    down: Arc<AtomicBool>,
     instances: Vec<Limiter<Remote>>,
     denial_cache: bool,
 }
@@ -55,6 +61,7 @@ impl Fleet {
             clock,
             store,
             calls,
+            down: Arc::new(AtomicBool::new(false)),
             instances: Vec::new(),
             denial_cache: true,
         };
@@ -71,6 +78,7 @@ impl Fleet {
         let remote = Remote {
             store: self.store.clone(),
             calls: self.calls.clone(),
+            down: self.down.clone(),
         };
         self.instances
             .push(Limiter::with_options(policy(yaml), remote, options));
@@ -376,5 +384,43 @@ plans:
             "denied requests took nothing from the slice"
         );
         assert_eq!(tenant_count(&fleet), counted_before, "nor from the store");
+    });
+}
+
+/// The store down: the units already taken (counted before it went down)
+/// are spent for at most a slice's lifetime, then every decision is the
+/// failure policy's, as without slices; the first error drops every slice.
+#[test]
+fn a_store_down_falls_to_the_failure_policy() {
+    runtime().block_on(async {
+        let fleet = Fleet::new(HOT, 1);
+        for _ in 0..3_000 {
+            assert!(fleet.decide(0, "hot").await);
+            fleet.clock.advance(1);
+        }
+        assert!(!fleet.instances[0].slices_of("hot").is_empty());
+        fleet.down.store(true, Ordering::Relaxed);
+        let policy = fleet.instances[0].policy();
+        let request = Request::new("hot", "GET /", None, 1).unwrap();
+        let mut degraded_after = None;
+        for ms in 0..1_000u64 {
+            let decision = fleet.instances[0].decide(&policy, &request).await;
+            if decision.degraded.is_some() || !decision.allowed {
+                assert_eq!(decision.degraded, Some(OnError::Deny));
+                degraded_after.get_or_insert(ms);
+            } else {
+                assert!(
+                    degraded_after.is_none(),
+                    "no slice outlives the first error"
+                );
+            }
+            fleet.clock.advance(1);
+        }
+        let after = degraded_after.expect("the failure policy decides");
+        assert!(
+            after <= 600,
+            "within a slice's lifetime (1% of 1m): {after} ms"
+        );
+        assert!(fleet.instances[0].slices_of("hot").is_empty());
     });
 }

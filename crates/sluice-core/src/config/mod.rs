@@ -82,6 +82,9 @@ pub struct EnvoyServiceConfig {
     /// Every answer is OK, would-be denials only counted (its global
     /// `SHADOW_MODE`).
     pub shadow_mode: bool,
+    /// `envoy.tolerance`: the tolerance of every limit of the
+    /// envoyproxy/ratelimit domains (those it can bound).
+    pub tolerance: crate::tolerance::Tolerance,
 }
 
 /// `server:`.

@@ -56,6 +56,7 @@ pub(crate) struct RawEnvoy {
     pub files: Option<S<String>>,
     pub merge_domains: Option<bool>,
     pub shadow_mode: Option<bool>,
+    pub tolerance: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -79,9 +79,11 @@ impl ClassTable {
 }
 
 mod envoyproxy;
+mod slices;
 
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
+use slices::SliceStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
@@ -158,6 +160,7 @@ pub struct Metrics {
     fair_share_denials: Family<ValveLabel, Counter>,
     valve_saturated: Family<ValveLabel, Gauge>,
     valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
+    slices: SliceStats,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     envoyproxy_registry: Registry,
     envoyproxy: EnvoyproxyStats,
@@ -285,6 +288,7 @@ impl Metrics {
             "A saturated fair valve's share level: units per second a tenant of weight 1 may have (+Inf while not saturated)",
             valve_share_level.clone(),
         );
+        let slices = SliceStats::register(&mut registry);
         let mut envoyproxy_registry = Registry::default();
         let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
@@ -307,6 +311,7 @@ impl Metrics {
             fair_share_denials,
             valve_saturated,
             valve_share_level,
+            slices,
             unlogged_failovers: AtomicU64::new(0),
             last_failover_log_ms: AtomicU64::new(0),
         }
@@ -393,6 +398,11 @@ impl Metrics {
         }
     }
 
+    /// Records the slices of hot keys this instance holds.
+    pub fn slices(&self, levels: &[sluice_store::limiter::slice::SliceLevel]) {
+        self.slices.levels(levels);
+    }
+
     /// Records the live instance count.
     pub fn set_live_instances(&self, n: u64) {
         self.live_instances
@@ -427,6 +437,7 @@ impl Telemetry for Metrics {
                 Arc::new(ClassTable::of(policy))
             }
         });
+        self.slices.installed(policy);
     }
 
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
@@ -483,6 +494,14 @@ impl Telemetry for Metrics {
 
     fn denial_cache_hit(&self) {
         self.denial_cache_hits.inc();
+    }
+
+    fn slice_taken(&self, rule: &sluice_core::BoundRule, units: u64) {
+        self.slices.taken(rule, units);
+    }
+
+    fn slice_decision(&self) {
+        self.slices.decision();
     }
 }
 

@@ -195,6 +195,11 @@ impl<S: Store> Limiter<S> {
         if let Some(to) = attempt.finish(answered, ok) {
             self.options.telemetry.breaker_changed(to);
         }
+        if !ok {
+            // The store is in trouble: no slice outlives what it held, and
+            // decisions fall to the failure policy as without slices.
+            self.slices.clear();
+        }
         result.map_err(Some)
     }
 }

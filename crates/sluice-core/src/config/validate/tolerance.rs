@@ -7,6 +7,31 @@ use crate::rule::Rule;
 use crate::tolerance::{MAX_PPM, Tolerance};
 
 impl Validator<'_> {
+    /// `envoy.tolerance`: a percent from 0% to 10% (applied to the limits
+    /// whose algorithm it can bound).
+    pub(super) fn envoy_tolerance(&mut self, written: Option<&S<String>>) -> Tolerance {
+        let Some(written) = written else {
+            return Tolerance::EXACT;
+        };
+        self.percent(written, "envoy.tolerance")
+            .unwrap_or(Tolerance::EXACT)
+    }
+
+    fn percent(&mut self, written: &S<String>, field: &str) -> Option<Tolerance> {
+        let max = f64::from(MAX_PPM) / 1e4;
+        let tolerance = percent(&written.value).and_then(Tolerance::from_fraction);
+        if tolerance.is_none() {
+            self.push(
+                written.referenced,
+                format!(
+                    "`{field}` must be a percent from 0% to {max}%, such as \"1%\", got `{}`",
+                    written.value
+                ),
+            );
+        }
+        tolerance
+    }
+
     /// The tolerance written on a rule of `scope` (`None`: exact), or an
     /// error naming the field: a percent from 0% to 10%, never on valves,
     /// only on the algorithms it can bound.
@@ -19,15 +44,7 @@ impl Validator<'_> {
         let Some(written) = written else {
             return Tolerance::EXACT;
         };
-        let max = f64::from(MAX_PPM) / 1e4;
-        let Some(tolerance) = percent(&written.value).and_then(Tolerance::from_fraction) else {
-            self.push(
-                written.referenced,
-                format!(
-                    "`tolerance` must be a percent from 0% to {max}%, such as \"1%\", got `{}`",
-                    written.value
-                ),
-            );
+        let Some(tolerance) = self.percent(written, "tolerance") else {
             return Tolerance::EXACT;
         };
         if tolerance.is_exact() {
