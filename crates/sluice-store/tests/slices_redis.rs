@@ -28,13 +28,17 @@ fn keys() -> KeySet {
     }
 }
 
-/// Counts every store call a limiter makes.
+/// Counts every store call a limiter makes, and of those the takes.
 #[derive(Default)]
-struct Calls(AtomicU64);
+struct Calls(AtomicU64, AtomicU64);
 
 impl Telemetry for Calls {
     fn store_call(&self, _: Duration, _: Option<&StoreError>) {
         self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn slice_taken(&self, _: &sluice_core::BoundRule, _: u64) {
+        self.1.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -46,15 +50,18 @@ fn limiter<S: Store>(yaml: &str, store: S, calls: &Arc<Calls>) -> Arc<Limiter<S>
     Arc::new(Limiter::with_options(policy, store, options))
 }
 
-/// Decides for `tenant` from `tasks` tasks on each instance until `until`:
-/// decisions made and admitted.
+/// Decides for `tenant` from `tasks` tasks on each instance until `until`,
+/// `per_second` decisions a second in all: decisions made and admitted.
 async fn hammer<S: Store + 'static>(
     instances: &[Arc<Limiter<S>>],
     tenant: &'static str,
     tasks: usize,
     until: Instant,
+    per_second: u64,
 ) -> (u64, u64) {
     let mut handles = Vec::new();
+    // Every 10 ms, each task decides its share of the rate.
+    let per_tick = (per_second / 100 / (tasks * instances.len()) as u64).max(1);
     for limiter in instances {
         for _ in 0..tasks {
             let limiter = limiter.clone();
@@ -62,12 +69,13 @@ async fn hammer<S: Store + 'static>(
                 let (mut decided, mut admitted) = (0u64, 0u64);
                 let policy = limiter.policy();
                 let request = Request::new(tenant, "GET /", None, 1).unwrap();
+                let mut tick = tokio::time::interval(Duration::from_millis(10));
                 while Instant::now() < until {
-                    for _ in 0..64 {
+                    tick.tick().await;
+                    for _ in 0..per_tick {
                         decided += 1;
                         admitted += u64::from(limiter.decide(&policy, &request).await.allowed);
                     }
-                    tokio::task::yield_now().await;
                 }
                 (decided, admitted)
             }));
@@ -92,11 +100,14 @@ plans:
 async fn under_the_limit<S: Store + 'static>(stores: [S; 2]) {
     let calls = Arc::new(Calls::default());
     let instances = stores.map(|s| limiter(HOT, s, &calls));
+    // 16,000 a second: under the limit of 20,000.
     let until = Instant::now() + Duration::from_secs(3);
-    let (decided, admitted) = hammer(&instances, "hot", 8, until).await;
+    let (decided, admitted) = hammer(&instances, "hot", 8, until, 16_000).await;
+    let takes = calls.1.load(Ordering::Relaxed);
     let calls = calls.0.load(Ordering::Relaxed);
+    eprintln!("under the limit: {decided} decisions, {calls} store calls of which {takes} takes");
     assert_eq!(admitted, decided, "under its limit, all admitted");
-    assert!(decided > 10_000, "only {decided} decisions");
+    assert!(decided > 30_000, "only {decided} decisions");
     assert!(
         calls * 100 <= decided,
         "{calls} store calls for {decided} decisions"
@@ -142,8 +153,9 @@ async fn over_the_limit<S: Store + 'static>(stores: [S; 2]) {
     let start = next_window(4_000).await;
     // Inside the window: from 100 ms after it opens to 300 ms before it
     // closes.
+    // 6,000 a second: over four times the limit (1,250 a second).
     let until = Instant::now() + Duration::from_millis(3_600);
-    let (decided, admitted) = hammer(&instances, "hot", 8, until).await;
+    let (decided, admitted) = hammer(&instances, "hot", 8, until, 6_000).await;
     let calls = calls.0.load(Ordering::Relaxed);
     let (stored_start, counted) = stored_window(&instances[0], "hot").await;
     assert_eq!(stored_start, start, "still the same window");
@@ -171,7 +183,7 @@ async fn cold_beside_hot<S: Store + 'static>(stores: [S; 2]) {
     let until = Instant::now() + Duration::from_secs(2);
     let hot = {
         let instances = instances.clone();
-        tokio::spawn(async move { hammer(&instances, "hot", 4, until).await })
+        tokio::spawn(async move { hammer(&instances, "hot", 4, until, 8_000).await })
     };
     let policy = instances[0].policy();
     let request = Request::new("cold", "GET /", None, 1).unwrap();

@@ -142,5 +142,6 @@ pub async fn rls(
 }
 
 pub mod file;
+pub mod hot_key;
 pub mod open;
 pub mod scenario;

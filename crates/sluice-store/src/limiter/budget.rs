@@ -33,15 +33,16 @@ impl<S: Store> Limiter<S> {
         } else {
             Plan::Exact
         };
-        if let Plan::Wait(landed) = plan {
-            // The slice is spent and its successor on the way: a store
-            // call of our own would cost as much as the take.
-            let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
-            let wait = deadline.map_or(most, |deadline| deadline.min(most));
-            let _ = tokio::time::timeout_at(wait, landed).await;
+        // The slice is spent and its successor on the way: a store call
+        // of our own would take as long as the take, so wait for it (within
+        // the budget, and at most WAIT_MS), then ask the store ourselves.
+        let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
+        let wait_until = deadline.map_or(most, |deadline| deadline.min(most));
+        while let Plan::Wait(landed) = plan {
+            let landed = tokio::time::timeout_at(wait_until, landed).await.is_ok();
             now = self.options.clock.now_ms();
             plan = match self.slices.plan(batch, now) {
-                Plan::Wait(_) => Plan::Exact,
+                Plan::Wait(_) if !landed => Plan::Exact,
                 plan => plan,
             };
         }

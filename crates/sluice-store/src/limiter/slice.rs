@@ -77,9 +77,9 @@ pub const MAX_LIFETIME_MS: u64 = 1_000;
 /// A slice is taken only while the store's last `remaining` holds the
 /// request and this many slices.
 pub const HEADROOM: u64 = 2;
-/// The longest a request waits for a take under way when it found the
+/// The longest a request waits for takes under way when it found the
 /// slice spent (within its time budget); then it asks the store itself.
-pub const WAIT_MS: u64 = 20;
+pub const WAIT_MS: u64 = 250;
 /// The most keys followed at once; others stay exact.
 pub const MAX_KEYS: usize = 100_000;
 /// How long a take may be under way before another take of the same key
