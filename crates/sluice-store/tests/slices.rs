@@ -424,3 +424,57 @@ fn a_store_down_falls_to_the_failure_policy() {
         assert!(fleet.instances[0].slices_of("hot").is_empty());
     });
 }
+
+/// The wall clock stepped an hour back, then two forward, while a slice is
+/// held: the limiter's clock never goes back and only slews forward, so
+/// the slice still expires within its lifetime (600 ms, real time) and is
+/// never spent after it.
+#[test]
+fn clock_steps_cannot_stretch_a_slice() {
+    static WALL: AtomicU64 = AtomicU64::new(1_700_000_000_000);
+    fn wall() -> u64 {
+        WALL.load(Ordering::Relaxed)
+    }
+    runtime().block_on(async {
+        let clock = Arc::new(sluice_store::SystemClock::with_wall(wall));
+        let store = Arc::new(MemoryStore::with_clock(1_000, clock.clone()));
+        let calls = Arc::new(AtomicU64::new(0));
+        let mut options = LimiterOptions::new(OnError::Deny);
+        options.clock = clock.clone();
+        let remote = Remote {
+            store,
+            calls: calls.clone(),
+            down: Arc::new(AtomicBool::new(false)),
+        };
+        let limiter = Limiter::with_options(policy(HOT), remote, options);
+        let policy = limiter.policy();
+        let request = Request::new("hot", "GET /", None, 1).unwrap();
+        // 300 decisions in about 0.3 s: hot.
+        for _ in 0..300 {
+            assert!(limiter.decide(&policy, &request).await.allowed);
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(!limiter.slices_of("hot").is_empty(), "a slice is held");
+        let taken = std::time::Instant::now();
+        for step in [-3_600_000i64, 7_200_000] {
+            WALL.store(wall().saturating_add_signed(step), Ordering::Relaxed);
+            limiter.sweep(); // resyncs the clock
+            assert!(
+                !limiter.slices_of("hot").is_empty() || taken.elapsed().as_millis() >= 600,
+                "a forward step does not end it early either (slewed, not jumped)"
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        assert!(
+            limiter.slices_of("hot").is_empty(),
+            "expired within its lifetime, whatever the wall clock did"
+        );
+        let before = calls.load(Ordering::Relaxed);
+        assert!(limiter.decide(&policy, &request).await.allowed);
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            before + 1,
+            "asked the store again"
+        );
+    });
+}

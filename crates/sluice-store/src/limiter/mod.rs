@@ -3,7 +3,9 @@
 //! This is where a decision gets made, and where store trouble is absorbed:
 //!
 //! 1. the over-limit cache answers requests for buckets known to be
-//!    exhausted, without a store call ([`denials`]);
+//!    exhausted, without a store call ([`denials`]), and a hot key of a
+//!    rule with a `tolerance` is decided from a slice of its budget taken
+//!    ahead ([`slice`]);
 //! 2. the circuit breaker skips a store that keeps failing ([`breaker`]);
 //! 3. every store call is bounded by the time budget (`budget`);
 //! 4. when the store cannot decide, the failure policy does: `allow`,

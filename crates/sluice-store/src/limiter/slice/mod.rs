@@ -52,7 +52,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::RandomState;
@@ -61,11 +60,16 @@ use sluice_core::decision::Outcomes;
 use sluice_core::tolerance::Tolerance;
 use sluice_core::{Algorithm, BoundRule, Outcome, Scope};
 use smallvec::SmallVec;
-use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::store::Batch;
+
+mod entry;
+mod levels;
+
+use entry::{Entry, Piece};
+pub use levels::{HeldSlice, SliceLevel};
 
 /// Decisions per second of one key on one instance from which it takes
 /// slices; below it every decision is exact.
@@ -149,136 +153,6 @@ pub fn eligible(batch: &Batch<'_>) -> bool {
         })
 }
 
-/// Units taken ahead, spendable until `expires_ms`.
-#[derive(Debug, Clone, Copy, Default)]
-struct Piece {
-    units: u64,
-    /// Its size when taken (a new one is taken below half of it).
-    size: u64,
-    expires_ms: u64,
-    /// When the rule is back to full capacity, as the take said.
-    reset_at_ms: u64,
-}
-
-impl Piece {
-    fn live(&self, now: u64) -> bool {
-        self.units > 0 && now < self.expires_ms
-    }
-}
-
-/// One key as this instance follows it.
-struct Entry {
-    rule: BoundRule,
-    epoch: u64,
-    /// The second `hits` counts in, and the count of the one before.
-    second: u64,
-    hits: u64,
-    rate: u64,
-    /// The store's `remaining` at its last answer.
-    remaining: u64,
-    /// Two pieces: the one being spent and the next one taken.
-    pieces: [Piece; 2],
-    /// A take is under way until then.
-    taking_until_ms: u64,
-    /// Wakes the requests that found the slice spent while a take was
-    /// under way, when it lands.
-    landed: Arc<Notify>,
-}
-
-impl Entry {
-    fn new(rule: &BoundRule, epoch: u64) -> Entry {
-        Entry {
-            rule: rule.clone(),
-            epoch,
-            second: 0,
-            hits: 0,
-            rate: 0,
-            remaining: 0,
-            pieces: [Piece::default(); 2],
-            taking_until_ms: 0,
-            landed: Arc::new(Notify::new()),
-        }
-    }
-
-    fn hit(&mut self, now: u64) {
-        let second = now / 1_000;
-        if second != self.second {
-            self.rate = if second == self.second + 1 {
-                self.hits
-            } else {
-                0
-            };
-            self.second = second;
-            self.hits = 0;
-        }
-        self.hits += 1;
-    }
-
-    /// Decisions a second of this key here, recently.
-    fn rate(&self, now: u64) -> u64 {
-        if now / 1_000 > self.second + 1 {
-            0
-        } else {
-            self.rate.max(self.hits)
-        }
-    }
-
-    fn held(&self, now: u64) -> u64 {
-        self.pieces
-            .iter()
-            .filter(|p| p.live(now))
-            .map(|p| p.units)
-            .sum()
-    }
-
-    /// Spends `cost` from the live piece that expires first and holds it;
-    /// which piece (its expiry) and the outcome to answer.
-    fn spend(&mut self, cost: u64, now: u64) -> Option<(u64, Outcome, bool)> {
-        let index = (0..2)
-            .filter(|&i| self.pieces[i].live(now) && self.pieces[i].units >= cost)
-            .min_by_key(|&i| self.pieces[i].expires_ms)?;
-        let piece = &mut self.pieces[index];
-        piece.units -= cost;
-        let expires = piece.expires_ms;
-        let reset_after_ms = piece.reset_at_ms.saturating_sub(now).max(1);
-        let held = self.held(now);
-        let low = 2 * held < self.pieces[index].size;
-        let capacity = self.rule.rule().capacity();
-        let remaining = self.remaining.saturating_add(held).min(capacity);
-        let outcome = Outcome {
-            allowed: true,
-            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-            reset_after_ms,
-            retry_after_ms: 0,
-        };
-        Some((expires, outcome, low))
-    }
-
-    /// No take under way any more: the requests waiting for it ask again.
-    fn landed(&mut self) {
-        self.taking_until_ms = 0;
-        self.landed.notify_waiters();
-    }
-
-    fn give_back(&mut self, expires_ms: u64, cost: u64) {
-        if let Some(piece) = self.pieces.iter_mut().find(|p| p.expires_ms == expires_ms) {
-            piece.units += cost;
-        }
-    }
-
-    /// Keeps `piece` in place of a spent or expired one, else of the
-    /// smaller (whose units are lost: under-admission only).
-    fn place(&mut self, piece: Piece, now: u64) {
-        let index = (0..2)
-            .min_by_key(|&i| {
-                let p = &self.pieces[i];
-                if p.live(now) { p.units } else { 0 }
-            })
-            .unwrap_or(0);
-        self.pieces[index] = piece;
-    }
-}
-
 /// What to do for one request.
 #[derive(Debug)]
 pub(super) enum Plan {
@@ -299,32 +173,6 @@ struct Found {
     /// Where its cost was spent from, when it was.
     spent: Option<u64>,
     size: Option<u64>,
-}
-
-/// A tenant's slice of one rule, as [`Slices::of_tenant`] lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldSlice {
-    /// The rule's name.
-    pub rule: String,
-    /// Its scope.
-    pub scope: Scope,
-    /// Units held here, unspent.
-    pub units: u64,
-    /// Until when the latest of them may be spent, in ms from now.
-    pub expires_in_ms: u64,
-}
-
-/// What slices of one rule this instance holds, summed over its keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceLevel {
-    /// The rule's name.
-    pub rule: String,
-    /// Its scope.
-    pub scope: Scope,
-    /// Units held, unspent, over every key of the rule.
-    pub units: u64,
-    /// The declared bound on over-admission per window: `tolerance × limit`.
-    pub bound: u64,
 }
 
 type Map = HashMap<Key, Entry, BuildHasherDefault<PassThrough>>;
@@ -564,58 +412,5 @@ impl Slices {
             removed += before - map.len();
         }
         self.keys.fetch_sub(removed as u64, Ordering::Relaxed);
-    }
-
-    /// The slices held, per rule (summed over keys), with each rule's
-    /// declared bound.
-    pub fn levels(&self, now: u64) -> Vec<SliceLevel> {
-        let mut levels: Vec<SliceLevel> = Vec::new();
-        for shard in self.shards.iter() {
-            for entry in shard.lock().values() {
-                let units = entry.held(now);
-                let rule = &entry.rule;
-                match levels
-                    .iter_mut()
-                    .find(|l| l.rule == rule.name() && l.scope == rule.scope())
-                {
-                    Some(level) => level.units += units,
-                    None => levels.push(SliceLevel {
-                        rule: rule.name().to_owned(),
-                        scope: rule.scope(),
-                        units,
-                        bound: rule.tolerance().of(rule.rule().limit()),
-                    }),
-                }
-            }
-        }
-        levels
-    }
-
-    /// The slices held for `tenant`'s keys, by rule name.
-    pub fn of_tenant(&self, tenant: &str, now: u64) -> Vec<HeldSlice> {
-        let mut held = Vec::new();
-        for shard in self.shards.iter() {
-            for (key, entry) in shard.lock().iter() {
-                let units = entry.held(now);
-                if units == 0 || key.tenant() != tenant.as_bytes() {
-                    continue;
-                }
-                let expires = entry
-                    .pieces
-                    .iter()
-                    .filter(|p| p.live(now))
-                    .map(|p| p.expires_ms)
-                    .max()
-                    .unwrap_or(now);
-                held.push(HeldSlice {
-                    rule: entry.rule.name().to_owned(),
-                    scope: entry.rule.scope(),
-                    units,
-                    expires_in_ms: expires - now,
-                });
-            }
-        }
-        held.sort_by(|a, b| (&a.rule, a.expires_in_ms).cmp(&(&b.rule, b.expires_in_ms)));
-        held
     }
 }
