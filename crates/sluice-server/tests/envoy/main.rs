@@ -32,6 +32,7 @@ mod manifest;
 mod native;
 mod requests;
 mod sources;
+mod tolerance;
 mod zero_limits;
 
 use common::{Server, descriptor, temp_dir, temp_file};
