@@ -407,6 +407,10 @@ fn a_store_down_falls_to_the_failure_policy() {
             let decision = fleet.instances[0].decide(&policy, &request).await;
             if decision.degraded.is_some() || !decision.allowed {
                 assert_eq!(decision.degraded, Some(OnError::Deny));
+                assert!(
+                    fleet.instances[0].slices_of("hot").is_empty(),
+                    "the first error dropped every slice"
+                );
                 degraded_after.get_or_insert(ms);
             } else {
                 assert!(
