@@ -36,9 +36,12 @@ impl<S: Store> Limiter<S> {
         // The slice is spent and its successor on the way: a store call
         // of our own would take as long as the take, so wait for it (within
         // the budget, and at most WAIT_MS), then ask the store ourselves.
-        let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
-        let wait_until = deadline.map_or(most, |deadline| deadline.min(most));
+        let mut wait_until = None;
         while let Plan::Wait(landed) = plan {
+            let wait_until = *wait_until.get_or_insert_with(|| {
+                let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
+                deadline.map_or(most, |deadline| deadline.min(most))
+            });
             let landed = tokio::time::timeout_at(wait_until, landed).await.is_ok();
             now = self.options.clock.now_ms();
             plan = match self.slices.plan(batch, now) {
