@@ -344,11 +344,13 @@ impl Slices {
     ) -> Outcomes {
         for (i, outcome) in outcomes.iter_mut().enumerate() {
             let size = sizes[i];
-            let stored = self.with_entry(batch, i, false, |entry| {
+            // A reload since the take started (or a store error that
+            // dropped every slice): what it took is lost, never spent.
+            self.with_entry(batch, i, false, |entry| {
                 entry.remaining = u64::from(outcome.remaining);
                 entry.landed();
                 if entry.epoch != epoch {
-                    return false;
+                    return;
                 }
                 let piece = Piece {
                     units: size,
@@ -363,9 +365,7 @@ impl Slices {
                     .saturating_add(entry.held(now))
                     .min(capacity);
                 outcome.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
-                true
             });
-            let _ = stored;
         }
         outcomes
     }
