@@ -10,6 +10,7 @@ use crate::duration::seconds_rounded_up;
 use crate::rule::{Algorithm, Rule};
 use crate::scope::Scope;
 use crate::status::StatusSet;
+use crate::tolerance::Tolerance;
 
 /// A rule bound to its place in the policy: its name, scope and stable
 /// identity, plus what the hot path would otherwise compute per request.
@@ -20,6 +21,7 @@ pub struct BoundRule {
     pattern: Arc<str>,
     rule: Rule,
     shadow: bool,
+    tolerance: Tolerance,
     identity: Arc<[u8]>,
     /// The length of the identity's scope and pattern (see `group`).
     group_len: usize,
@@ -60,6 +62,7 @@ impl BoundRule {
             pattern: pattern.into(),
             rule,
             shadow: named.shadow,
+            tolerance: named.tolerance,
             identity: identity.into(),
             group_len,
             uid,
@@ -137,6 +140,12 @@ impl BoundRule {
     /// enforced.
     pub fn shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// How far over its limit a hot key of this rule may be admitted
+    /// from local slices ([`Tolerance::EXACT`]: never).
+    pub fn tolerance(&self) -> Tolerance {
+        self.tolerance
     }
 
     /// The route pattern the rule was configured under (`""` for tenant

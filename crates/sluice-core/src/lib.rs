@@ -45,6 +45,7 @@ pub mod route;
 pub mod rule;
 pub mod scope;
 pub mod status;
+pub mod tolerance;
 pub mod valve;
 
 pub use algorithm::{Outcome, State, Step};

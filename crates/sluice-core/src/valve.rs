@@ -72,6 +72,7 @@ mod tests {
             rule,
             shadow: false,
             count_if: None,
+            tolerance: crate::tolerance::Tolerance::EXACT,
         };
         BoundRule::new(Scope::Global, "/v1/orders", &named, 0.8)
     }

@@ -96,6 +96,7 @@ impl App {
                 all_files: false,
                 merge_domains: false,
                 shadow_mode: false,
+                tolerance: sluice_core::tolerance::Tolerance::EXACT,
             },
             admin,
             ledger: None,

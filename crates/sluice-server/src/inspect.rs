@@ -48,6 +48,38 @@ pub struct Inspection {
     /// A note on what the rows cannot show, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The slices of hot keys the service asked holds for the tenant
+    /// (rules with a `tolerance`): units taken from the rows above, not
+    /// yet spent. Only a running service knows its own (`--url`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<SliceRow>,
+}
+
+/// A slice held for one of the tenant's rules.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SliceRow {
+    /// `tenant`, `route`, `subject`, `descriptor`.
+    pub scope: String,
+    /// The policy name.
+    pub policy: String,
+    /// Units held, unspent.
+    pub units: u64,
+    /// Milliseconds until the last of them may no longer be spent.
+    pub expires_in_ms: u64,
+}
+
+impl SliceRow {
+    /// The rows of what a limiter holds.
+    pub fn of(held: Vec<sluice_store::limiter::slice::HeldSlice>) -> Vec<SliceRow> {
+        held.into_iter()
+            .map(|s| SliceRow {
+                scope: s.scope.name().to_owned(),
+                policy: s.rule,
+                units: s.units,
+                expires_in_ms: s.expires_in_ms,
+            })
+            .collect()
+    }
 }
 
 /// Reads `tenant`'s buckets under `policy`: its own rules, and with
@@ -101,6 +133,7 @@ pub async fn inspect(
         shards: applicable.shards,
         rows,
         note,
+        slices: Vec::new(),
     })
 }
 
@@ -171,6 +204,18 @@ pub fn table(inspection: &Inspection) -> String {
     if let Some(note) = &inspection.note {
         out.push_str(note);
         out.push('\n');
+    }
+    if !inspection.slices.is_empty() {
+        out.push_str("slices held by this instance (taken from the rows above, unspent):\n");
+        for slice in &inspection.slices {
+            out.push_str(&format!(
+                "{:<8} {:<16} {:>10} units, spendable for {}\n",
+                slice.scope,
+                slice.policy,
+                slice.units,
+                approximately(slice.expires_in_ms)
+            ));
+        }
     }
     out
 }

@@ -50,7 +50,12 @@ plans:
   p:
     tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]
     routes:
-      "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }}]
+      "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }},
+                      {{ name: watch-hot, limit: 1000, per: 1m, shadow: true, tolerance: "2%" }}]
+  hot:
+    tenant: [{{ name: hot, limit: 1200000, per: 1m, tolerance: "1%" }}]
+tenants:
+  hot-tenant: {{ plan: hot }}
 global:
   "GET /valve": [{{ name: orders-valve, limit: 10, per: 1s }}]
 "#,
@@ -122,6 +127,48 @@ async fn every_documented_metric_moves() {
         "sluice_shadow_denials_total",
     );
     check(&m, "sluice_live_instances", "sluice_live_instances");
+
+    // A hot tenant with a tolerance: slices taken, decisions answered
+    // from them, units held, the declared bounds.
+    let started = Instant::now();
+    for _ in 0..1_500 {
+        post(
+            &client,
+            &server.base,
+            json!({"tenant": "hot-tenant", "route": "GET /"}),
+        )
+        .await;
+    }
+    assert!(started.elapsed() < Duration::from_secs(14), "not hot");
+    let m = metrics(&client, &server).await;
+    for (name, prefix) in [
+        (
+            "sluice_slices_taken_total",
+            "sluice_slices_taken_total{rule=\"hot\",scope=\"tenant\"}",
+        ),
+        (
+            "sluice_slice_units_taken_total",
+            "sluice_slice_units_taken_total{rule=\"hot\"",
+        ),
+        (
+            "sluice_slice_decisions_total",
+            "sluice_slice_decisions_total",
+        ),
+        (
+            "sluice_slice_units_held",
+            "sluice_slice_units_held{rule=\"hot\"",
+        ),
+        (
+            "sluice_slice_bound",
+            "sluice_slice_bound{rule=\"hot\",scope=\"tenant\"} 12000",
+        ),
+        (
+            "sluice_slice_shadow_bound",
+            "sluice_slice_shadow_bound{rule=\"watch-hot\"",
+        ),
+    ] {
+        check(&m, name, prefix);
+    }
 
     // A fair valve (10/s) saturated by tenants each asking for 3 at once
     // (what their own limit allows): held to their shares, the valve said

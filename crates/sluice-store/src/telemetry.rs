@@ -44,6 +44,14 @@ pub trait Telemetry: Send + Sync {
 
     /// A denial was answered from the over-limit cache.
     fn denial_cache_hit(&self) {}
+
+    /// A slice of `units` of `rule` was taken for a hot key.
+    fn slice_taken(&self, rule: &sluice_core::BoundRule, units: u64) {
+        let _ = (rule, units);
+    }
+
+    /// A decision was answered from slices, without a store call.
+    fn slice_decision(&self) {}
 }
 
 /// Reports nothing.

@@ -85,6 +85,9 @@ pub struct EnvoyServiceConfig {
     /// Every answer is OK, would-be denials only counted (its global
     /// `SHADOW_MODE`).
     pub shadow_mode: bool,
+    /// `envoy.tolerance`: the tolerance of every limit of the
+    /// envoyproxy/ratelimit domains (those it can bound).
+    pub tolerance: crate::tolerance::Tolerance,
 }
 
 /// `server:`.
@@ -395,6 +398,10 @@ pub struct NamedRule {
     /// `count_if`: only responses of these statuses are counted (the check
     /// before the request only asks); `None`: every request counts.
     pub count_if: Option<crate::status::StatusSet>,
+    /// How far over its limit a hot key may be admitted, decided from
+    /// local slices ([`Tolerance::EXACT`](crate::tolerance::Tolerance::EXACT):
+    /// never).
+    pub tolerance: crate::tolerance::Tolerance,
 }
 
 /// Defaults, shared with the documentation.

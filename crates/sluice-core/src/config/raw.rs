@@ -57,6 +57,7 @@ pub(crate) struct RawEnvoy {
     pub files: Option<S<String>>,
     pub merge_domains: Option<bool>,
     pub shadow_mode: Option<bool>,
+    pub tolerance: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -171,6 +172,7 @@ pub(crate) struct RawRule {
     pub burst: Option<S<i64>>,
     pub aligned: Option<S<bool>>,
     pub shadow: Option<S<bool>>,
+    pub tolerance: Option<S<String>>,
     pub lease: Option<S<String>>,
     pub share: Option<S<String>>,
     pub reserve: Option<S<BTreeMap<String, S<String>>>>,

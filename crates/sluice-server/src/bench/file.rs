@@ -40,6 +40,11 @@ pub enum Scenario {
     Steady,
     /// Every `--class` together for `--seconds`, each reported.
     Mix,
+    /// Two instances on `--redis` (or `--redis-cluster`) hammering one
+    /// tenant whose rule has a tolerance, then exactly: store calls per
+    /// decision, admitted per aligned window.
+    #[serde(rename = "hot-key")]
+    HotKey,
 }
 
 /// `sluice bench --api`.

@@ -142,6 +142,7 @@ pub async fn rls(
 }
 
 pub mod file;
+pub mod hot_key;
 pub mod open;
 pub mod scenario;
 mod settle;

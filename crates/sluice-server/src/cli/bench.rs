@@ -137,6 +137,9 @@ impl Settings {
 }
 
 pub(super) fn run(args: BenchArgs) -> ExitCode {
+    if args.scenario == Some(Scenario::HotKey) {
+        return hot_key(&args);
+    }
     let settings = match Settings::of(args) {
         Ok(settings) => settings,
         Err(e) => {
@@ -213,7 +216,7 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             settings.noisy.clone(),
         )),
         Scenario::Mix => runtime.block_on(scenario::mix(&base, settings.classes.clone())),
-        Scenario::Closed => unreachable!("handled above"),
+        Scenario::Closed | Scenario::HotKey => unreachable!("handled above"),
     };
     match outcome {
         Ok(outcome) => {
@@ -336,6 +339,61 @@ fn closed(runtime: &tokio::runtime::Runtime, args: &Settings) -> ExitCode {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--scenario hot-key` (see [`crate::bench::hot_key`]).
+fn hot_key(args: &BenchArgs) -> ExitCode {
+    use crate::bench::hot_key::{self, Shared};
+    let shared = match (&args.redis, &args.redis_cluster) {
+        (Some(url), None) => Shared::Redis(url.clone()),
+        (None, Some(nodes)) => Shared::Cluster(nodes.split(',').map(str::to_owned).collect()),
+        _ => {
+            eprintln!(
+                "error: the hot-key scenario needs --redis URL or --redis-cluster NODES (the store its two instances share)"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let seconds = args.seconds.unwrap_or(10);
+    if !(1..=600).contains(&seconds) {
+        eprintln!("error: --seconds must be 1 to 600; got {seconds}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(hot_key::hot_key(&shared, seconds)) {
+        Ok(rows) => {
+            let (passed, verdict) = hot_key::verdict(&rows);
+            if args.json {
+                let json = serde_json::json!({"scenario": "hot-key", "rows": rows, "passed": passed, "verdict": verdict});
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json).unwrap_or_default()
+                );
+            } else {
+                print!("{}", hot_key::table(&rows));
+                let mark = if passed { "PASS" } else { "FAIL" };
+                println!("hot-key {mark}: {verdict}");
+            }
+            if passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
         }
         Err(e) => {

@@ -85,7 +85,10 @@ pub struct BenchArgs {
     /// the valve of `--route` beside polite ones, 2 s to converge and then
     /// `--seconds` measured (open loop); `throughput`: rising rates until
     /// p99 passes 5 ms (open loop); `steady`: one rate (open loop); `mix`:
-    /// the `--class`es together (open loop). Default `closed`.
+    /// the `--class`es together (open loop); `hot-key`: two instances in
+    /// this process on `--redis` or `--redis-cluster`, one hot tenant with
+    /// a tolerance of 1% then exact (store calls per decision, admitted
+    /// per aligned window). Default `closed`.
     #[arg(long, value_enum)]
     scenario: Option<Scenario>,
     /// The API the open-loop scenarios load. Default `http`.
@@ -144,6 +147,14 @@ pub struct BenchArgs {
     /// Print the result as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
+    /// `hot-key`: the Redis its two instances share, e.g.
+    /// redis://127.0.0.1:6379.
+    #[arg(long, conflicts_with = "redis_cluster")]
+    redis: Option<String>,
+    /// `hot-key`: the Redis Cluster its two instances share, every master,
+    /// comma-separated (their calls are counted).
+    #[arg(long)]
+    redis_cluster: Option<String>,
 }
 
 /// `sluice serve`.

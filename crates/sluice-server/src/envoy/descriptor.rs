@@ -49,6 +49,7 @@ pub(super) fn override_limit(
                 rule,
                 shadow: false,
                 count_if: None,
+                tolerance: sluice_core::tolerance::Tolerance::EXACT,
             },
             near_limit,
         )]),

@@ -370,7 +370,10 @@ async fn inspect(
     )
     .await
     {
-        Ok(inspection) => json(StatusCode::OK, &inspection),
+        Ok(mut inspection) => {
+            inspection.slices = crate::inspect::SliceRow::of(app.limiter.slices_of(&tenant));
+            json(StatusCode::OK, &inspection)
+        }
         Err(e) => problem(
             "store",
             format!("the store could not be read: {e}"),

@@ -39,6 +39,7 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
 /// Prometheus metrics, text format.
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     app.metrics.valves(&app.limiter.valve_levels());
+    app.metrics.slices(&app.limiter.slice_levels());
     (
         [(
             header::CONTENT_TYPE,

@@ -79,10 +79,12 @@ impl ClassTable {
 }
 
 mod envoyproxy;
+mod slices;
 mod usage;
 
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
+use slices::SliceStats;
 pub use usage::{SettleResult, UsageMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -162,6 +164,7 @@ pub struct Metrics {
     valve_share_level: Family<ValveLabel, Gauge<f64, AtomicU64>>,
     /// Reservations, settles and debits.
     pub usage: UsageMetrics,
+    slices: SliceStats,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     envoyproxy_registry: Registry,
     envoyproxy: EnvoyproxyStats,
@@ -290,6 +293,7 @@ impl Metrics {
             valve_share_level.clone(),
         );
         let usage = UsageMetrics::register(&mut registry);
+        let slices = SliceStats::register(&mut registry);
         let mut envoyproxy_registry = Registry::default();
         let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
@@ -313,6 +317,7 @@ impl Metrics {
             fair_share_denials,
             valve_saturated,
             valve_share_level,
+            slices,
             unlogged_failovers: AtomicU64::new(0),
             last_failover_log_ms: AtomicU64::new(0),
         }
@@ -399,6 +404,11 @@ impl Metrics {
         }
     }
 
+    /// Records the slices of hot keys this instance holds.
+    pub fn slices(&self, levels: &[sluice_store::limiter::slice::SliceLevel]) {
+        self.slices.levels(levels);
+    }
+
     /// Records the live instance count.
     pub fn set_live_instances(&self, n: u64) {
         self.live_instances
@@ -433,6 +443,7 @@ impl Telemetry for Metrics {
                 Arc::new(ClassTable::of(policy))
             }
         });
+        self.slices.installed(policy);
     }
 
     fn store_call(&self, elapsed: Duration, error: Option<&StoreError>) {
@@ -489,6 +500,14 @@ impl Telemetry for Metrics {
 
     fn denial_cache_hit(&self) {
         self.denial_cache_hits.inc();
+    }
+
+    fn slice_taken(&self, rule: &sluice_core::BoundRule, units: u64) {
+        self.slices.taken(rule, units);
+    }
+
+    fn slice_decision(&self) {
+        self.slices.decision();
     }
 }
 

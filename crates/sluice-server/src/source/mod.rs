@@ -292,7 +292,12 @@ fn descriptors_of(
         Some(Err(e)) => return Err(e.clone().into()),
         None => EnvoyFiles::read(path, config.envoy.all_files)?,
     };
-    let domains = files.domains(config.envoy.merge_domains)?;
+    let tolerance = config.envoy.tolerance;
+    let domains: Vec<_> = files
+        .domains(config.envoy.merge_domains)?
+        .into_iter()
+        .map(|domain| domain.with_tolerance(tolerance))
+        .collect();
     for note in domains.iter().flat_map(|d| &d.notes) {
         warn!("{note}");
     }

@@ -34,6 +34,7 @@ mod native;
 mod quota;
 mod requests;
 mod sources;
+mod tolerance;
 mod zero_limits;
 
 use common::{Server, descriptor, temp_dir, temp_file};

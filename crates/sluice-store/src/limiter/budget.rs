@@ -1,13 +1,17 @@
-//! One store call within the time budget: the over-limit cache first, the
-//! circuit breaker around the call, and what the answer teaches both.
+//! One store call within the time budget: the over-limit cache first, then
+//! the slices of hot keys ([`super::slice`]), the circuit breaker around
+//! the call, and what the answer teaches all three.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_core::Decision;
+use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
+use smallvec::SmallVec;
 
 use super::Limiter;
 use super::denials::DenialCache;
+use super::slice::{self, Plan};
 use crate::store::{Batch, Store, StoreError};
 
 impl<S: Store> Limiter<S> {
@@ -22,19 +26,158 @@ impl<S: Store> Limiter<S> {
         if let Some(result) = self.store.decide_in_process(batch) {
             return self.conclude(applicable, batch, result);
         }
-        let now = self.options.clock.now_ms();
+        let mut now = self.options.clock.now_ms();
+        let sliced = slice::eligible(batch);
+        let mut plan = if sliced {
+            self.slices.plan(batch, now)
+        } else {
+            Plan::Exact
+        };
+        // The slice is spent and its successor on the way: a store call
+        // of our own would take as long as the take, so wait for it (within
+        // the budget, and at most WAIT_MS), then ask the store ourselves.
+        let mut wait_until = None;
+        while let Plan::Wait(landed) = plan {
+            let wait_until = *wait_until.get_or_insert_with(|| {
+                let most = tokio::time::Instant::now() + Duration::from_millis(slice::WAIT_MS);
+                deadline.map_or(most, |deadline| deadline.min(most))
+            });
+            let landed = tokio::time::timeout_at(wait_until, landed).await.is_ok();
+            now = self.options.clock.now_ms();
+            plan = match self.slices.plan(batch, now) {
+                Plan::Wait(_) if !landed => Plan::Exact,
+                plan => plan,
+            };
+        }
+        // Units already taken are spent before remembered denials: the
+        // store counted them, and the cache would strand them.
+        if let Plan::Local(outcomes) = plan {
+            self.options.telemetry.slice_decision();
+            return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
+        }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
         {
+            if let Plan::Take(..) = plan {
+                self.slices.abandon(batch);
+            }
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
+        if let Plan::Take(sizes, epoch) = plan
+            && let Some(decision) = self
+                .take(applicable, batch, deadline, &sizes, epoch, now)
+                .await
+        {
+            return decision;
+        }
+        match self.call_store(batch, deadline, now).await {
+            Ok(outcomes) => {
+                if sliced {
+                    self.slices.learn(batch, &outcomes, false);
+                }
+                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
+            }
+            Err(error) => self.fail_over(applicable, batch, error.as_ref()),
+        }
+    }
+
+    /// Takes slices of `sizes` along with the request in one store call;
+    /// the decision when the store admitted both or could not answer,
+    /// `None` when it denied the take (the exact call follows).
+    async fn take<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+        deadline: Option<tokio::time::Instant>,
+        sizes: &[u64],
+        epoch: u64,
+        sent: u64,
+    ) -> Option<Decision<'p>> {
+        let costs: SmallVec<[u64; 3]> = (0..batch.rules.len())
+            .map(|i| batch.cost_of(i) + sizes[i])
+            .collect();
+        let take = Batch {
+            costs: &costs,
+            ..*batch
+        };
+        match self.call_store_raw(&take, deadline, sent).await {
+            Ok(outcomes) if outcomes.iter().all(|o| o.allowed) => {
+                if let Some(denials) = &self.denials {
+                    denials.forget(batch, &outcomes);
+                }
+                for (rule, size) in batch.rules.iter().zip(sizes) {
+                    self.options.telemetry.slice_taken(rule, *size);
+                }
+                let now = self.options.clock.now_ms();
+                let outcomes = self
+                    .slices
+                    .install(batch, sizes, epoch, outcomes, sent, now);
+                Some(Decision::from_outcomes(
+                    applicable,
+                    outcomes,
+                    batch.cost,
+                    batch.costs,
+                ))
+            }
+            Ok(outcomes) => {
+                // Denied with the slices: what remains is learned, and the
+                // request alone is decided exactly. Nothing is remembered
+                // in the over-limit cache: the denied cost was not the
+                // request's.
+                self.slices.learn(batch, &outcomes, true);
+                None
+            }
+            Err(error) => {
+                self.slices.abandon(batch);
+                Some(self.fail_over(applicable, batch, error.as_ref()))
+            }
+        }
+    }
+
+    /// Asks the store, through the breaker and within the budget, and
+    /// teaches the over-limit cache what it answered. `Err(None)`: the
+    /// breaker is open, no call was made.
+    async fn call_store(
+        &self,
+        batch: &Batch<'_>,
+        deadline: Option<tokio::time::Instant>,
+        now: u64,
+    ) -> Result<Outcomes, Option<StoreError>> {
+        let epoch = self.denials.as_ref().map(DenialCache::epoch);
+        let result = self.call_store_raw(batch, deadline, now).await;
+        if let (Ok(outcomes), Some(denials), Some(epoch)) = (&result, &self.denials, epoch) {
+            let answered = self.options.clock.now_ms();
+            // Shadow rules that denied do not deny the request.
+            let admitted = batch
+                .rules
+                .iter()
+                .zip(outcomes)
+                .all(|(r, o)| o.allowed || r.shadow());
+            if admitted {
+                denials.forget(batch, outcomes);
+                denials.record_guards(epoch, batch, answered);
+            } else {
+                let split = self.store.valve_parts() > 1;
+                denials.record(epoch, batch, outcomes, answered, split);
+            }
+        }
+        result
+    }
+
+    /// One store call through the breaker, within the budget; `Err(None)`
+    /// without calling when the breaker is open.
+    async fn call_store_raw(
+        &self,
+        batch: &Batch<'_>,
+        deadline: Option<tokio::time::Instant>,
+        now: u64,
+    ) -> Result<Outcomes, Option<StoreError>> {
         // Held across the store call: dropped with this future, a probe
         // gives its turn back.
         let Some(attempt) = self.breaker.attempt(now) else {
-            return self.fail_over(applicable, batch, None);
+            return Err(None);
         };
-        let epoch = self.denials.as_ref().map(DenialCache::epoch);
         let started = Instant::now();
         let result = match (self.options.timeout, deadline) {
             (Some(budget), Some(deadline)) => {
@@ -56,26 +199,11 @@ impl<S: Store> Limiter<S> {
         if let Some(to) = attempt.finish(answered, ok) {
             self.options.telemetry.breaker_changed(to);
         }
-        match result {
-            Ok(outcomes) => {
-                if let (Some(denials), Some(epoch)) = (&self.denials, epoch) {
-                    // Shadow rules that denied do not deny the request.
-                    let admitted = batch
-                        .rules
-                        .iter()
-                        .zip(&outcomes)
-                        .all(|(r, o)| o.allowed || r.shadow());
-                    if admitted {
-                        denials.forget(batch, &outcomes);
-                        denials.record_guards(epoch, batch, answered);
-                    } else {
-                        let split = self.store.valve_parts() > 1;
-                        denials.record(epoch, batch, &outcomes, answered, split);
-                    }
-                }
-                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
-            }
-            Err(error) => self.fail_over(applicable, batch, Some(&error)),
+        if !ok {
+            // The store is in trouble: no slice outlives what it held, and
+            // decisions fall to the failure policy as without slices.
+            self.slices.clear();
         }
+        result.map_err(Some)
     }
 }

@@ -51,6 +51,7 @@ impl Lease {
                     rule,
                     shadow: false,
                     count_if: None,
+                    tolerance: sluice_core::tolerance::Tolerance::EXACT,
                 };
                 BoundRule::new(scope, pattern, &named, 1.0)
             })

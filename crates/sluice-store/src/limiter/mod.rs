@@ -3,7 +3,9 @@
 //! This is where a decision gets made, and where store trouble is absorbed:
 //!
 //! 1. the over-limit cache answers requests for buckets known to be
-//!    exhausted, without a store call ([`denials`]);
+//!    exhausted, without a store call ([`denials`]), and a hot key of a
+//!    rule with a `tolerance` is decided from a slice of its budget taken
+//!    ahead ([`slice`]);
 //! 2. the circuit breaker skips a store that keeps failing ([`breaker`]);
 //! 3. every store call is bounded by the time budget (`budget`);
 //! 4. when the store cannot decide, the failure policy does: `allow`,
@@ -51,6 +53,7 @@ pub mod lease;
 mod now;
 mod options;
 mod shard;
+pub mod slice;
 #[cfg(test)]
 mod tests;
 
@@ -69,6 +72,8 @@ pub struct Limiter<S> {
     options: LimiterOptions,
     breaker: Breaker,
     denials: Option<DenialCache>,
+    /// Hot keys' slices, for rules with a tolerance.
+    slices: slice::Slices,
     local: MemoryStore,
     live_instances: AtomicU64,
     /// Spreads sharded tenants' decisions over their shards in turn.
@@ -103,6 +108,7 @@ impl<S: Store> Limiter<S> {
             store,
             breaker: Breaker::new(options.breaker),
             denials: options.denial_cache.then(DenialCache::default),
+            slices: slice::Slices::default(),
             local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone())
                 .with_tenant_share(options.local_tenant_share),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
@@ -128,6 +134,8 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
+        // Limits or tolerances may have changed: slices go at once.
+        self.slices.clear();
     }
 
     /// The store.
@@ -139,6 +147,17 @@ impl<S: Store> Limiter<S> {
     /// saturated, and its fair-share level.
     pub fn valve_levels(&self) -> Vec<ValveLevel> {
         self.fair.levels(self.options.clock.now_ms())
+    }
+
+    /// The slices of hot keys this instance holds, per rule, with each
+    /// rule's declared bound (`tolerance × limit`).
+    pub fn slice_levels(&self) -> Vec<slice::SliceLevel> {
+        self.slices.levels(self.options.clock.now_ms())
+    }
+
+    /// The slices this instance holds for `tenant`'s keys.
+    pub fn slices_of(&self, tenant: &str) -> Vec<slice::HeldSlice> {
+        self.slices.of_tenant(tenant, self.options.clock.now_ms())
     }
 
     /// The circuit breaker's state.
@@ -169,6 +188,7 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.sweep(now);
         }
+        self.slices.sweep(now);
         self.local.sweep();
         self.store.maintain();
     }

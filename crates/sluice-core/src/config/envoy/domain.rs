@@ -2,6 +2,7 @@
 
 use super::unit::Unit;
 use crate::config::{ConfigError, NamedRule};
+use crate::tolerance::Tolerance;
 
 /// One domain: the descriptors of one file.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,5 +74,24 @@ impl EnvoyLimit {
     /// `requests_per_unit: 0`: every request is over the limit.
     pub fn blocks(&self) -> bool {
         !self.unlimited && self.rules.is_empty()
+    }
+}
+
+impl EnvoyDomain {
+    /// Gives every limit of the domain `tolerance` (`envoy.tolerance`),
+    /// on the algorithms it can bound ([`Tolerance::applies_to`]).
+    pub fn with_tolerance(mut self, tolerance: Tolerance) -> EnvoyDomain {
+        fn each(descriptors: &mut [EnvoyDescriptor], tolerance: Tolerance) {
+            for descriptor in descriptors {
+                for named in descriptor.limit.iter_mut().flat_map(|l| &mut l.rules) {
+                    if Tolerance::applies_to(named.rule.algorithm()) {
+                        named.tolerance = tolerance;
+                    }
+                }
+                each(&mut descriptor.children, tolerance);
+            }
+        }
+        each(&mut self.descriptors, tolerance);
+        self
     }
 }

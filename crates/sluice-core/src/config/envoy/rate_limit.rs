@@ -128,6 +128,7 @@ pub(super) fn rate_limit(
                 rule,
                 shadow: false,
                 count_if: None,
+                tolerance: crate::tolerance::Tolerance::EXACT,
             }),
             Err(e) => {
                 v.push(at, e.to_string());

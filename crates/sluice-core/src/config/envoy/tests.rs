@@ -159,3 +159,36 @@ fn sluice_extensions_pick_algorithms_and_rules() {
     );
     assert!(d[2].limit.as_ref().unwrap().blocks());
 }
+
+#[test]
+fn envoy_tolerance_reaches_every_limit_it_can_bound() {
+    let domains = load_one(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 500 }\n    descriptors:\n      - key: b\n        rate_limit: { unit: minute, requests_per_unit: 10, algorithm: sliding_window }\n",
+    )
+    .unwrap();
+    let tolerance = crate::tolerance::Tolerance::from_ppm(20_000);
+    let domain = domains[0].clone().with_tolerance(tolerance);
+    let a = &domain.descriptors[0];
+    assert_eq!(a.limit.as_ref().unwrap().rules[0].tolerance, tolerance);
+    let b = &a.children[0];
+    assert!(
+        b.limit.as_ref().unwrap().rules[0].tolerance.is_exact(),
+        "sliding_window stays exact"
+    );
+    let config = crate::Config::from_yaml(
+        "envoy:\n  tolerance: \"2%\"\ndefault_plan: p\nplans:\n  p: {}\n",
+        "t.yaml",
+    )
+    .unwrap();
+    assert_eq!(config.envoy.tolerance, tolerance);
+    let bad = crate::Config::from_yaml(
+        "envoy:\n  tolerance: \"20%\"\ndefault_plan: p\nplans:\n  p: {}\n",
+        "t.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad.contains("`envoy.tolerance` must be a percent from 0% to 10%"),
+        "{bad}"
+    );
+}

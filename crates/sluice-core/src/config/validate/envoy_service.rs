@@ -8,6 +8,7 @@ use crate::config::{EnvoyServiceConfig, defaults};
 
 impl Validator<'_> {
     pub(super) fn envoy(&mut self, raw: RawEnvoy) -> EnvoyServiceConfig {
+        let tolerance = self.envoy_tolerance(raw.tolerance.as_ref());
         let mut text = |value: Option<S<String>>, field: &str, default: &str| match value {
             None => default.to_owned(),
             Some(v) if !v.value.is_empty() && v.value.len() <= 256 => v.value,
@@ -37,6 +38,7 @@ impl Validator<'_> {
             },
             merge_domains: raw.merge_domains.unwrap_or(false),
             shadow_mode: raw.shadow_mode.unwrap_or(false),
+            tolerance,
         }
     }
 }

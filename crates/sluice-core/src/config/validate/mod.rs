@@ -28,6 +28,7 @@ mod rules;
 mod server;
 mod share;
 mod storage;
+mod tolerance;
 mod yaml;
 
 pub use rules::MAX_RULES_PER_LIST;

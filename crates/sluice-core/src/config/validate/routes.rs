@@ -57,6 +57,7 @@ impl Validator<'_> {
                         rule,
                         shadow: false,
                         count_if: None,
+                        tolerance: crate::tolerance::Tolerance::EXACT,
                     }],
                 }
             })

@@ -56,12 +56,15 @@ impl Validator<'_> {
             };
             let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
             let count_if = self.count_if(rule.value.count_if.as_ref(), at);
+            let tolerance = rule.value.tolerance.clone();
             if let Some(rule) = self.rule(rule.value, at) {
+                let tolerance = self.tolerance(tolerance.as_ref(), &rule, scope);
                 out.push(NamedRule {
                     name,
                     rule,
                     shadow,
                     count_if,
+                    tolerance,
                 });
             }
         }

@@ -1,0 +1,73 @@
+//! Hot keys on a running `sluice` over a real Redis: a tenant decided
+//! hundreds of times a second from a rule with a `tolerance` is decided
+//! from slices, and `sluice inspect --url` shows the slices the service
+//! holds for it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, post, sluice, temp_file};
+use serde_json::json;
+use sluice_testkit::RedisServer;
+
+const PEPPER: &str = "5c1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
+const TOKEN: &str = "hot-keys-admin-token-0123456789";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_slices_a_service_holds_for_a_tenant() {
+    let redis = RedisServer::start();
+    let config = temp_file(
+        "hot-keys.yaml",
+        &format!(
+            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_HOT_ADMIN\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: hourly, limit: 10000000, per: 1h, tolerance: \"1%\" }}]\n",
+            redis.url()
+        ),
+    );
+    let server = Server::start_with_env(
+        &["--config", config.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_HOT_ADMIN", TOKEN)],
+    );
+    let base = server.base.clone();
+    let hammer = tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let until = std::time::Instant::now() + Duration::from_secs(4);
+        while std::time::Instant::now() < until {
+            let (status, _) =
+                post(&client, &base, json!({"tenant": "hot", "route": "GET /"})).await;
+            assert_eq!(status, 200);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = sluice()
+        .args(["inspect", "--url", &server.base, "--tenant", "hot"])
+        .env("SLUICE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = table
+        .lines()
+        .skip_while(|l| !l.starts_with("slices held by this instance"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no slices shown:\n{table}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cells[..2], ["tenant", "hourly"], "{table}");
+    let units: u64 = cells[2].parse().unwrap();
+    assert!(
+        units > 0 && units <= 100_000,
+        "1% of the limit at most: {table}"
+    );
+    // A cold tenant holds none.
+    let out = sluice()
+        .args(["inspect", "--url", &server.base, "--tenant", "cold"])
+        .env("SLUICE_ADMIN_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("slices held"));
+    hammer.await.unwrap();
+}
