@@ -103,6 +103,16 @@ impl Key {
     pub(crate) fn tenant(&self) -> &[u8] {
         &self.bytes[..self.tenant_len as usize]
     }
+
+    /// The subject's bytes (empty for a partition of the tenant).
+    pub(crate) fn subject(&self) -> &[u8] {
+        &self.bytes[self.tenant_len as usize..]
+    }
+
+    /// The tenant's shard.
+    pub(crate) fn shard(&self) -> u16 {
+        self.shard
+    }
 }
 
 impl Hash for Key {

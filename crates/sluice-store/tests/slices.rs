@@ -327,6 +327,38 @@ fn a_killed_instances_slice_is_lost_never_counted_twice() {
     });
 }
 
+/// An instance that stops gives back what its slices still hold: the
+/// store then counts only what was admitted, and nothing is answered from
+/// slices any more.
+#[test]
+fn a_stopping_instance_gives_its_slices_back() {
+    runtime().block_on(async {
+        let fleet = Fleet::new(WINDOW, 1);
+        let now = fleet.clock.now_ms();
+        fleet.clock.advance(10_000 - now % 10_000);
+        let mut admitted = 0u64;
+        for _ in 0..2_000 {
+            admitted += u64::from(fleet.decide(0, "t").await);
+            fleet.clock.advance(1);
+        }
+        let held: u64 = fleet.instances[0]
+            .slices_of("t")
+            .iter()
+            .map(|s| s.units)
+            .sum();
+        assert!(held > 0, "a slice is held");
+        let (_, before) = fixed_window_count(&fleet, WINDOW).unwrap();
+        assert_eq!(before, admitted + held, "the slice was counted when taken");
+        assert_eq!(fleet.instances[0].give_back_slices().await, held);
+        assert!(fleet.instances[0].slices_of("t").is_empty());
+        let (_, after) = fixed_window_count(&fleet, WINDOW).unwrap();
+        assert_eq!(
+            after, admitted,
+            "the store counts what was admitted, no more"
+        );
+    });
+}
+
 /// A reload drops every slice at once: the next decision asks the store.
 #[test]
 fn a_reload_drops_slices() {

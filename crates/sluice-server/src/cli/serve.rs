@@ -163,6 +163,12 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         (served, ()) = servers => served?,
         () = drain => info!("connections still open after the drain period; closing them"),
     }
+    // What hot keys' slices still hold goes back to the store: other
+    // instances may use it.
+    let given = app_for_ledger.limiter.give_back_slices().await;
+    if given > 0 {
+        info!(units = given, "slices given back");
+    }
     flush_ledger(&app_for_ledger).await;
     info!("sluice stopped");
     Ok(())

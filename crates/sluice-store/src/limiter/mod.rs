@@ -155,6 +155,37 @@ impl<S: Store> Limiter<S> {
         self.slices.levels(self.options.clock.now_ms())
     }
 
+    /// Gives back what this instance's slices still hold (call it when
+    /// the instance stops: `sluice serve` does, after its last request),
+    /// each to the bucket it was taken from, within the time budget: the
+    /// store then counts only what was admitted. Returns the units given
+    /// back; a store that cannot be reached keeps them (under-admission,
+    /// as after a crash). No decision is answered from slices after it.
+    pub async fn give_back_slices(&self) -> u64 {
+        let now = self.options.clock.now_ms();
+        let mut given = 0;
+        for unspent in self.slices.drain(now) {
+            let rules = std::slice::from_ref(&unspent.rule);
+            let batch = Batch {
+                shard: unspent.shard,
+                ..Batch::new(
+                    &unspent.tenant,
+                    unspent.subject.as_deref(),
+                    unspent.units,
+                    rules,
+                )
+            };
+            let change = crate::adjust::Change::GiveBack { at: unspent.at_ms };
+            match self.adjust_within_budget(&batch, change, None).await {
+                Ok(_) => given += unspent.units,
+                Err(error) => {
+                    tracing::warn!(%error, units = unspent.units, "a slice could not be given back; it is lost, as after a crash");
+                }
+            }
+        }
+        given
+    }
+
     /// The slices this instance holds for `tenant`'s keys.
     pub fn slices_of(&self, tenant: &str) -> Vec<slice::HeldSlice> {
         self.slices.of_tenant(tenant, self.options.clock.now_ms())

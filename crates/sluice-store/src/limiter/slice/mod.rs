@@ -153,6 +153,18 @@ pub fn eligible(batch: &Batch<'_>) -> bool {
         })
 }
 
+/// What a slice still holds, to give back to the bucket it was taken
+/// from.
+#[derive(Debug, Clone)]
+pub(crate) struct Unspent {
+    pub(crate) rule: BoundRule,
+    pub(crate) tenant: String,
+    pub(crate) subject: Option<String>,
+    pub(crate) shard: u16,
+    pub(crate) units: u64,
+    pub(crate) at_ms: u64,
+}
+
 /// What to do for one request.
 #[derive(Debug)]
 pub(super) enum Plan {
@@ -389,6 +401,40 @@ impl Slices {
         for i in 0..batch.rules.len() {
             self.with_entry(batch, i, false, Entry::landed);
         }
+    }
+
+    /// Takes every live slice out, to give back (the instance is
+    /// stopping): per piece, its rule, the bucket it was taken from and
+    /// its units; no decision is answered from them any more, and takes
+    /// under way keep nothing.
+    pub(crate) fn drain(&self, now: u64) -> Vec<Unspent> {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let mut unspent = Vec::new();
+        for shard in self.shards.iter() {
+            let mut map = shard.lock();
+            for (key, entry) in map.drain() {
+                let (Ok(tenant), Ok(subject)) = (
+                    std::str::from_utf8(key.tenant()),
+                    std::str::from_utf8(key.subject()),
+                ) else {
+                    continue;
+                };
+                for piece in entry.pieces.iter().filter(|p| p.live(now)) {
+                    unspent.push(Unspent {
+                        rule: entry.rule.clone(),
+                        tenant: tenant.to_owned(),
+                        subject: (!subject.is_empty()).then(|| subject.to_owned()),
+                        shard: key.shard(),
+                        units: piece.units,
+                        // A moment of the window the units were taken in
+                        // (a fixed window gives back only into it).
+                        at_ms: piece.reset_at_ms.saturating_sub(1),
+                    });
+                }
+            }
+        }
+        self.keys.store(0, Ordering::Relaxed);
+        unspent
     }
 
     /// Drops every slice (the policy changed): what they held is lost,
