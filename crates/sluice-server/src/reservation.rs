@@ -96,9 +96,9 @@ impl Reservations {
         };
         let plain = serde_json::to_vec(&sealed).expect("a reservation serialises");
         let mut nonce = [0u8; 12];
-        // The marker id's random bits are fresh per reservation: a nonce
-        // that never repeats under this key even without an entropy
-        // source.
+        // The marker id's random bits are fresh per reservation (from the
+        // entropy source: the key is shared by the fleet, so a nonce must
+        // not come from anything one process alone keeps unique).
         nonce.copy_from_slice(&reservation.id[..12]);
         let mut out = nonce.to_vec();
         out.extend(

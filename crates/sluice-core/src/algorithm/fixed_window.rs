@@ -49,8 +49,8 @@ pub fn decide(rule: &Rule, window: Window, now: u64, cost: u64) -> (Outcome, Opt
         (
             Outcome::denied(
                 remaining,
-                ends_in + (full - 1) * per,
-                ends_in + (waits - 1) * per,
+                ends_in.saturating_add((full - 1).saturating_mul(per)),
+                ends_in.saturating_add((waits - 1).saturating_mul(per)),
             ),
             None,
         )
@@ -136,7 +136,9 @@ pub fn refund(rule: &Rule, window: Window, at: u64, cost: u64) -> Option<Window>
 /// what it owed.
 pub fn idle_at(rule: &Rule, window: Window) -> u64 {
     let windows = window.count.div_ceil(rule.limit()).max(1);
-    window.start_ms + windows * rule.period_ms()
+    window
+        .start_ms
+        .saturating_add(windows.saturating_mul(rule.period_ms()))
 }
 
 #[cfg(test)]

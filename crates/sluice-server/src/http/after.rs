@@ -210,7 +210,15 @@ pub(super) async fn report(
                 "" => "*",
                 route => route,
             };
-            app.record_charged(request.tenant, route, request.cost, crate::admin::now_ms());
+            // On a route that counts by outcome the check before the
+            // request was recorded already: the report adds no line.
+            let by_outcome = !policy
+                .applicable(request.tenant, request.route, request.subject.is_some())
+                .asked
+                .is_empty();
+            if !by_outcome {
+                app.record_charged(request.tenant, route, request.cost, crate::admin::now_ms());
+            }
             standing_answer(&reported.decision)
                 .map(Body::from)
                 .into_response()

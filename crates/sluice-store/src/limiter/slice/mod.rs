@@ -457,6 +457,11 @@ impl Slices {
             map.retain(|_, e| e.held(now) > 0 || now / 1_000 <= e.second + 1);
             removed += before - map.len();
         }
-        self.keys.fetch_sub(removed as u64, Ordering::Relaxed);
+        // Saturating: a clear or a drain may have reset the count meanwhile.
+        let _ = self
+            .keys
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| {
+                Some(k.saturating_sub(removed as u64))
+            });
     }
 }
