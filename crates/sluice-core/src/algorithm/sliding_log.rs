@@ -59,18 +59,23 @@ impl Log {
     }
 }
 
-/// Decides a request; `Some(append)` when admitted.
-pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<Append>) {
-    let per = rule.period_ms();
-    let limit = rule.limit();
-    // A unit admitted at `t` is live while `t + per > now`.
+/// How many of the log's oldest entries have expired at `now`, and the
+/// units still live: a unit admitted at `t` is live while `t + per > now`.
+fn live(log: &Log, now: u64, per: u64) -> (usize, u64) {
     let expired = log
         .entries
         .iter()
         .take_while(|(at, _)| at + per <= now)
         .count();
     let expired_units: u64 = log.entries.iter().take(expired).map(|(_, n)| n).sum();
-    let live = log.total - expired_units;
+    (expired, log.total - expired_units)
+}
+
+/// Decides a request; `Some(append)` when admitted.
+pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<Append>) {
+    let per = rule.period_ms();
+    let limit = rule.limit();
+    let (expired, live) = live(log, now, per);
     if live + cost <= limit {
         let append = Append {
             expired,
@@ -106,14 +111,7 @@ pub fn decide(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Outcome, Option<A
 /// max_debt`: what to append (nothing when nothing fits) and the units
 /// forgiven beyond it. The log is read as [`decide`] reads it.
 pub fn debit(rule: &Rule, log: &Log, now: u64, cost: u64) -> (Option<Append>, u64) {
-    let per = rule.period_ms();
-    let expired = log
-        .entries
-        .iter()
-        .take_while(|(at, _)| at + per <= now)
-        .count();
-    let expired_units: u64 = log.entries.iter().take(expired).map(|(_, n)| n).sum();
-    let live = log.total - expired_units;
+    let (expired, live) = live(log, now, rule.period_ms());
     let room = (rule.limit() + rule.max_debt()).saturating_sub(live);
     let units = cost.min(room);
     let append = (units > 0).then(|| Append {
