@@ -53,6 +53,11 @@ pub struct Decision<'p> {
     pub shadow_denied: bool,
     /// Index into `rules` of the rule the summary describes.
     summary: Option<u8>,
+    /// The tenant's shard the store decided on (0 for a tenant of one).
+    pub shard: u16,
+    /// When the store decided, on its clock (ms since the epoch); 0 when
+    /// no store did. A give-back of what it admitted names this time.
+    pub at_ms: u64,
     /// Every applicable rule.
     pub rules: &'p [BoundRule],
     /// Their outcomes: one per rule after a store call; only the denying
@@ -80,6 +85,8 @@ impl<'p> Decision<'p> {
             degraded: None,
             shadow_denied: false,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
+            shard: 0,
+            at_ms: 0,
             rules: applicable.rules,
             outcomes: Outcomes::new(),
             class: applicable.class,
@@ -95,6 +102,8 @@ impl<'p> Decision<'p> {
             degraded: None,
             shadow_denied: false,
             summary: None,
+            shard: 0,
+            at_ms: 0,
             rules: &[],
             outcomes: Outcomes::new(),
             class: &ADHOC,
@@ -277,6 +286,8 @@ impl<'p> Decision<'p> {
             degraded: None,
             shadow_denied: !outcome.allowed && allowed,
             summary: (!allowed || rule.advertised()).then_some(0),
+            shard: 0,
+            at_ms: 0,
             rules: applicable.rules,
             outcomes: smallvec::smallvec![outcome],
             class: applicable.class,

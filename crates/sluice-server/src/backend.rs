@@ -4,11 +4,10 @@ use std::time::Duration;
 
 use sluice_core::Outcome;
 use sluice_core::config::{Backend as BackendConfig, KeysConfig, SecretSource, StorageConfig};
-use sluice_core::decision::Outcomes;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_store::{
-    Adjusted, Batch, Change, ClusterStore, ConnectOptions, Heartbeat, KeySet, Marker, MemoryStore,
-    Peeked, RedisStore, Store, StoreError,
+    Adjusted, Batch, Change, ClusterStore, ConnectOptions, Decided, Heartbeat, KeySet, Marker,
+    MemoryStore, Peeked, RedisStore, Store, StoreError,
 };
 
 use crate::Fallible;
@@ -112,7 +111,7 @@ impl Backend {
 }
 
 impl Store for Backend {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         match self {
             Backend::Memory(store) => store.decide(batch).await,
             Backend::Redis(store) => store.decide(batch).await,
@@ -149,14 +148,17 @@ impl Store for Backend {
         }
     }
 
-    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Decided, StoreError>> {
         match self {
             Backend::Memory(store) => store.decide_in_process(batch),
             Backend::Redis(_) | Backend::Cluster(_) => None,
         }
     }
 
-    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
+    fn decide_one_in_process(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Option<Result<(Outcome, u64), StoreError>> {
         match self {
             Backend::Memory(store) => store.decide_one_in_process(batch),
             Backend::Redis(_) | Backend::Cluster(_) => None,
@@ -261,14 +263,18 @@ plans:
             .decide_one_in_process(&Batch::new("acme", None, 1, one))
             .expect("one rule in process")
             .unwrap();
-        assert!(outcome.allowed);
-        assert_eq!(outcome.remaining, 9);
+        assert!(outcome.0.allowed);
+        assert_eq!(outcome.0.remaining, 9);
         let outcomes = backend
             .decide_in_process(&Batch::new("acme", None, 1, both))
             .expect("several rules in process")
             .unwrap();
         assert_eq!(
-            outcomes.iter().map(|o| o.remaining).collect::<Vec<_>>(),
+            outcomes
+                .outcomes
+                .iter()
+                .map(|o| o.remaining)
+                .collect::<Vec<_>>(),
             [8, 9]
         );
     }

@@ -10,8 +10,11 @@
 //! bound to its tenant by the seal; it applies once (the store's settle
 //! marker), and an identical retry finds it applied.
 //!
-//! The instance that reserved keeps each reservation until its
-//! `reservation_ttl` has passed (at most [`MAX_PENDING`]): then it claims
+//! The id holds when it expires, by the `reservation_ttl` of the instance
+//! that reserved: every instance refuses a settle past that instant, so a
+//! fleet whose instances differ in `reservation_ttl` (a rolling restart)
+//! agrees on it. The instance that reserved keeps each reservation until
+//! then (at most [`MAX_PENDING`]): then it claims
 //! the settle marker as expired, and if no settle had claimed it first the
 //! estimate stands, is recorded in the ledger and counted as expired. A
 //! killed instance's reservations keep their estimate all the same (it was
@@ -37,8 +40,22 @@ pub struct Reservations {
     cipher: ChaCha20Poly1305,
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
-    pending: Mutex<VecDeque<Reservation>>,
+    pending: Mutex<VecDeque<Held>>,
 }
+
+/// A reservation with the instant it expires (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// What it reserved.
+    pub reservation: Reservation,
+    /// Past this instant it cannot be settled and its estimate stands.
+    pub expires_ms: u64,
+}
+
+/// How long after a reservation expires its settle marker is kept: a
+/// settle that an instance whose clock is up to this far behind accepts
+/// still finds the expiry's claim.
+pub const CLOCK_SKEW_MS: u64 = 60_000;
 
 impl std::fmt::Debug for Reservations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -58,6 +75,20 @@ struct Sealed {
     s: Option<String>,
     e: u64,
     a: u64,
+    /// When it expires (absent from ids sealed before it was: the
+    /// opening instance's `reservation_ttl` from `a`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    x: Option<u64>,
+    /// When the store admitted it, on its clock (absent before: `a`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    d: Option<u64>,
+    /// The tenant's shard that holds it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    h: u16,
+}
+
+fn is_zero(shard: &u16) -> bool {
+    *shard == 0
 }
 
 impl Reservations {
@@ -84,8 +115,18 @@ impl Reservations {
         self.ttl_ms
     }
 
-    /// The id a client holds for `reservation`.
-    pub fn seal(&self, reservation: &Reservation) -> String {
+    /// `reservation` held until this instance's `reservation_ttl` has
+    /// passed from when it was made.
+    pub fn hold(&self, reservation: Reservation) -> Held {
+        Held {
+            expires_ms: reservation.at_ms.saturating_add(self.ttl_ms),
+            reservation,
+        }
+    }
+
+    /// The id a client holds for `held`.
+    pub fn seal(&self, held: &Held) -> String {
+        let reservation = &held.reservation;
         let sealed = Sealed {
             i: reservation.id.iter().map(|b| format!("{b:02x}")).collect(),
             t: reservation.tenant.clone(),
@@ -93,6 +134,9 @@ impl Reservations {
             s: reservation.subject.clone(),
             e: reservation.estimate,
             a: reservation.at_ms,
+            x: Some(held.expires_ms),
+            d: Some(reservation.admitted_ms),
+            h: reservation.shard,
         };
         let plain = serde_json::to_vec(&sealed).expect("a reservation serialises");
         let mut nonce = [0u8; 12];
@@ -111,7 +155,7 @@ impl Reservations {
 
     /// The reservation `id` names, if it opens and has not expired at
     /// `now_ms`.
-    pub fn open(&self, id: &str, now_ms: u64) -> Option<Reservation> {
+    pub fn open(&self, id: &str, now_ms: u64) -> Option<Held> {
         if id.len() > 4 * 1024 {
             return None;
         }
@@ -130,34 +174,39 @@ impl Reservations {
             subject: sealed.s,
             estimate: sealed.e,
             at_ms: sealed.a,
+            admitted_ms: sealed.d.unwrap_or(sealed.a),
+            shard: sealed.h,
         };
-        (now_ms < reservation.at_ms.saturating_add(self.ttl_ms)).then_some(reservation)
+        let expires_ms = sealed
+            .x
+            .unwrap_or_else(|| reservation.at_ms.saturating_add(self.ttl_ms));
+        (now_ms < expires_ms).then_some(Held {
+            reservation,
+            expires_ms,
+        })
     }
 
     /// How long a settle marker must be kept from `now_ms`: until the
-    /// reservation can no longer be settled, and a minute more for clocks
-    /// that differ between instances.
-    pub fn marker_ttl_ms(&self, reservation: &Reservation, now_ms: u64) -> u64 {
-        (reservation.at_ms + self.ttl_ms).saturating_sub(now_ms) + 60_000
+    /// reservation can no longer be settled, and [`CLOCK_SKEW_MS`] more
+    /// for clocks that differ between instances.
+    pub fn marker_ttl_ms(held: &Held, now_ms: u64) -> u64 {
+        held.expires_ms.saturating_sub(now_ms) + CLOCK_SKEW_MS
     }
 
-    /// Keeps `reservation` until it expires (unless [`MAX_PENDING`] are
-    /// kept already: then its expiry goes uncounted).
-    pub fn track(&self, reservation: Reservation) {
+    /// Keeps `held` until it expires (unless [`MAX_PENDING`] are kept
+    /// already: then its expiry goes uncounted).
+    pub fn track(&self, held: Held) {
         let mut pending = self.pending.lock().expect("pending reservations");
         if pending.len() < MAX_PENDING {
-            pending.push_back(reservation);
+            pending.push_back(held);
         }
     }
 
     /// The reservations kept whose time is up at `now_ms`, taken out.
-    pub fn due(&self, now_ms: u64) -> Vec<Reservation> {
+    pub fn due(&self, now_ms: u64) -> Vec<Held> {
         let mut pending = self.pending.lock().expect("pending reservations");
         let mut due = Vec::new();
-        while pending
-            .front()
-            .is_some_and(|r| r.at_ms.saturating_add(self.ttl_ms) <= now_ms)
-        {
+        while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
             due.extend(pending.pop_front());
         }
         due
@@ -176,42 +225,73 @@ mod tests {
             subject: Some("alice".into()),
             estimate: 600,
             at_ms,
+            admitted_ms: at_ms + 3,
+            shard: 2,
         }
+    }
+
+    fn opened(reservations: &Reservations, id: &str, now_ms: u64) -> Option<Reservation> {
+        reservations.open(id, now_ms).map(|held| held.reservation)
     }
 
     #[test]
     fn an_id_opens_until_it_expires_and_reads_as_nothing() {
         let reservations = Reservations::new(None, 300_000);
-        let id = reservations.seal(&reservation(1_000));
+        let id = reservations.seal(&reservations.hold(reservation(1_000)));
         assert!(!id.contains("acme") && !id.contains("alice"));
-        assert_eq!(reservations.open(&id, 1_000), Some(reservation(1_000)));
-        assert_eq!(reservations.open(&id, 300_999), Some(reservation(1_000)));
-        assert_eq!(reservations.open(&id, 301_000), None, "expired");
+        assert_eq!(opened(&reservations, &id, 1_000), Some(reservation(1_000)));
+        assert_eq!(
+            opened(&reservations, &id, 300_999),
+            Some(reservation(1_000))
+        );
+        assert_eq!(opened(&reservations, &id, 301_000), None, "expired");
+    }
+
+    #[test]
+    fn an_id_expires_when_the_instance_that_reserved_said_on_every_instance() {
+        // A rolling restart: the new instances keep reservations longer.
+        let pepper = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
+        let key = Keyer::new("sl", &pepper);
+        let short = Reservations::new(Some(&key), 300_000);
+        let long = Reservations::new(Some(&key), 600_000);
+        let id = short.seal(&short.hold(reservation(1_000)));
+        assert_eq!(opened(&long, &id, 300_999), Some(reservation(1_000)));
+        assert_eq!(
+            opened(&long, &id, 301_000),
+            None,
+            "expired where it was made"
+        );
+        // The expiry's claim outlives every instance's last settle.
+        let held = long.open(&long.seal(&long.hold(reservation(1_000))), 2_000);
+        assert_eq!(
+            Reservations::marker_ttl_ms(&held.unwrap(), 2_000),
+            599_000 + CLOCK_SKEW_MS
+        );
     }
 
     #[test]
     fn a_forged_or_altered_or_foreign_id_does_not_open() {
         let reservations = Reservations::new(None, 300_000);
-        let id = reservations.seal(&reservation(1_000));
+        let id = reservations.seal(&reservations.hold(reservation(1_000)));
         let mut altered = id.clone().into_bytes();
         let last = altered.len() - 3;
         altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
         assert_eq!(
-            reservations.open(&String::from_utf8(altered).unwrap(), 1_000),
+            opened(&reservations, &String::from_utf8(altered).unwrap(), 1_000),
             None
         );
-        assert_eq!(reservations.open("not-a-reservation", 1_000), None);
-        assert_eq!(reservations.open("", 1_000), None);
+        assert_eq!(opened(&reservations, "not-a-reservation", 1_000), None);
+        assert_eq!(opened(&reservations, "", 1_000), None);
         // Another fleet's (another key's) ids are unknown here.
         let other = Reservations::new(None, 300_000);
-        assert_eq!(other.open(&id, 1_000), None);
+        assert_eq!(opened(&other, &id, 1_000), None);
     }
 
     #[test]
     fn reservations_come_due_in_order() {
         let reservations = Reservations::new(None, 1_000);
-        reservations.track(reservation(0));
-        reservations.track(reservation(500));
+        reservations.track(reservations.hold(reservation(0)));
+        reservations.track(reservations.hold(reservation(500)));
         assert!(reservations.due(999).is_empty());
         assert_eq!(reservations.due(1_000).len(), 1);
         assert_eq!(reservations.due(2_000).len(), 1);

@@ -57,7 +57,7 @@ async fn main() {
                 lease: Some(1),
                 ..Batch::new(&tenant, None, cost, rules)
             };
-            let outcomes = store.decide(&batch).await.expect("decide");
+            let outcomes = store.decide(&batch).await.expect("decide").outcomes;
             assert!(outcomes[0].allowed);
             let key = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE)
                 .keys
@@ -78,7 +78,7 @@ async fn main() {
     );
     let rules = policy.applicable("three", "GET /", false).rules;
     let batch = Batch::new("three", None, 1, rules);
-    let outcomes = store.decide(&batch).await.expect("decide");
+    let outcomes = store.decide(&batch).await.expect("decide").outcomes;
     assert!(outcomes.iter().all(|o| o.allowed));
     let keys = KeySet::keys(&store.keys().current, &batch, Valve::WHOLE).keys;
     assert!(keys.iter().all(|k| *k == keys[0]), "one key for the three");

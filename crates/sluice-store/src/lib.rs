@@ -46,5 +46,5 @@ pub use redis::cluster::ClusterStore;
 pub use redis::node::{ConnectOptions, RedisStore};
 #[cfg(feature = "redis")]
 pub use redis::{Heartbeat, KeySet, TimeSource, Valve};
-pub use store::{Batch, Partition, Peeked, PeekedRule, Store, StoreError};
+pub use store::{Batch, Decided, Partition, Peeked, PeekedRule, Store, StoreError};
 pub use telemetry::{NoTelemetry, Telemetry};

@@ -51,7 +51,7 @@ use sluice_core::{Outcome, State, Step};
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
-use crate::store::{Batch, Peeked, PeekedRule, Store, StoreError};
+use crate::store::{Batch, Decided, Peeked, PeekedRule, Store, StoreError};
 
 /// The embedded in-memory store.
 pub struct MemoryStore {
@@ -202,12 +202,21 @@ impl MemoryStore {
     /// sluice instances enforces limits locally while the shared store is
     /// unreachable.
     pub fn decide_parts(&self, batch: &Batch<'_>, parts: u64) -> Result<Outcomes, StoreError> {
+        self.decide_parts_at(batch, parts, self.clock.now_ms())
+    }
+
+    /// [`decide_parts`](Self::decide_parts) at `now`, read by the caller.
+    fn decide_parts_at(
+        &self,
+        batch: &Batch<'_>,
+        parts: u64,
+        now: u64,
+    ) -> Result<Outcomes, StoreError> {
         if let [_] = batch.rules {
             return self
-                .decide_one(batch, parts)
+                .decide_one_at(batch, parts, now)
                 .map(|outcome| smallvec::smallvec![outcome]);
         }
-        let now = self.clock.now_ms();
         let guard = self.map.guard();
         let n = batch.rules.len();
         loop {
@@ -263,12 +272,17 @@ impl MemoryStore {
         KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard)
     }
 
-    /// [`decide_parts`](Self::decide_parts) for a batch of one rule: one
-    /// lookup, one lock, nothing to order, and the outcome alone.
+    /// [`decide_parts`](Self::decide_parts) for a batch of one rule, at
+    /// `now`: one lookup, one lock, nothing to order, and the outcome
+    /// alone.
     #[inline]
-    pub(crate) fn decide_one(&self, batch: &Batch<'_>, parts: u64) -> Result<Outcome, StoreError> {
+    fn decide_one_at(
+        &self,
+        batch: &Batch<'_>,
+        parts: u64,
+        now: u64,
+    ) -> Result<Outcome, StoreError> {
         debug_assert_eq!(batch.rules.len(), 1);
-        let now = self.clock.now_ms();
         let guard = self.map.guard();
         let bound = &batch.rules[0];
         let key = KeyRef::new(&self.hasher, bound, batch.partition(0, bound), batch.shard);
@@ -496,21 +510,43 @@ fn decide_locked<'e>(
     Some(Outcomes::from_slice(outcomes))
 }
 
+impl MemoryStore {
+    /// [`decide_now`](Self::decide_now), with the time it decided at.
+    /// A batch of one rule decided now: its outcome, and the time.
+    #[inline]
+    pub(crate) fn decided_one(&self, batch: &Batch<'_>) -> Result<(Outcome, u64), StoreError> {
+        let now = self.clock.now_ms();
+        self.decide_one_at(batch, 1, now)
+            .map(|outcome| (outcome, now))
+    }
+
+    pub(crate) fn decided(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        let now = self.clock.now_ms();
+        self.decide_parts_at(batch, 1, now).map(|outcomes| Decided {
+            outcomes,
+            at_ms: now,
+        })
+    }
+}
+
 impl Store for MemoryStore {
     fn decide(
         &self,
         batch: &Batch<'_>,
-    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
-        std::future::ready(self.decide_now(batch))
+    ) -> impl Future<Output = Result<Decided, StoreError>> + Send {
+        std::future::ready(self.decided(batch))
     }
 
-    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
-        Some(self.decide_now(batch))
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Decided, StoreError>> {
+        Some(self.decided(batch))
     }
 
     #[inline]
-    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
-        Some(self.decide_one(batch, 1))
+    fn decide_one_in_process(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Option<Result<(Outcome, u64), StoreError>> {
+        Some(self.decided_one(batch))
     }
 
     fn release(&self, batch: &Batch<'_>) -> impl Future<Output = Result<bool, StoreError>> + Send {

@@ -111,6 +111,17 @@ impl<'a> Batch<'a> {
     }
 }
 
+/// What [`Store::decide`] answered: each rule's outcome, and when the
+/// store decided on its own clock (a give-back of what it admitted names
+/// that time: `sliding_log` finds its entries by it, windows their window).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decided {
+    /// Per rule of the batch, in its order.
+    pub outcomes: Outcomes,
+    /// The store's time, in ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
 /// What [`Store::peek`] read: the store's time and every rule's bucket.
 #[derive(Debug, Clone)]
 pub struct Peeked {
@@ -163,25 +174,27 @@ pub trait Store: Send + Sync {
     /// Decides every rule of `batch` at once and commits all or none:
     /// either every outcome is allowed and every rule consumed `cost`, or
     /// nothing changed. Outcomes come back in the order of `batch.rules`.
-    fn decide(
-        &self,
-        batch: &Batch<'_>,
-    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send;
+    fn decide(&self, batch: &Batch<'_>)
+    -> impl Future<Output = Result<Decided, StoreError>> + Send;
 
     /// The same decision made on the spot, by a store in this process (the
     /// memory store); `None` for a store across the network. An in-process
     /// decision cannot time out or be unreachable, so the limiter skips the
     /// time budget, the breaker and the over-limit cache for it.
-    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcomes, StoreError>> {
+    fn decide_in_process(&self, batch: &Batch<'_>) -> Option<Result<Decided, StoreError>> {
         let _ = batch;
         None
     }
 
     /// [`decide_in_process`](Self::decide_in_process) for a batch of
-    /// exactly one rule, its outcome alone (the common case, without a
-    /// vector of one to carry). `None` where the store has no such
-    /// shortcut: the limiter then asks `decide_in_process`.
-    fn decide_one_in_process(&self, batch: &Batch<'_>) -> Option<Result<Outcome, StoreError>> {
+    /// exactly one rule, its outcome alone with the store's time (the
+    /// common case, without a vector of one to carry). `None` where the
+    /// store has no such shortcut: the limiter then asks
+    /// `decide_in_process`.
+    fn decide_one_in_process(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Option<Result<(Outcome, u64), StoreError>> {
         let _ = batch;
         None
     }

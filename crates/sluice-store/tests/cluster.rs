@@ -275,7 +275,7 @@ plans:
         let rules = policy.applicable(tenant, "GET /", subject.is_some()).rules;
         let batch = Batch::new(tenant, subject, 1 + (step as u64 % 3), rules);
         let expected = memory.decide_now(&batch).unwrap();
-        let actual = store.decide(&batch).await.unwrap();
+        let actual = store.decide(&batch).await.unwrap().outcomes;
         assert_eq!(expected.as_slice(), actual.as_slice(), "step {step}");
     }
 }
@@ -459,7 +459,7 @@ async fn a_store_made_before_the_cluster_is_up_connects_when_it_is() {
     loop {
         match store.decide(&batch).await {
             Ok(outcomes) => {
-                assert!(outcomes[0].allowed);
+                assert!(outcomes.outcomes[0].allowed);
                 break;
             }
             Err(e) => assert!(Instant::now() < deadline, "never connected: {e}"),
@@ -554,7 +554,7 @@ async fn one_script_call_per_decision_and_two_with_a_valve() {
     let mut admitted = 0;
     for i in 0..20 {
         let outcomes = decide(format!("scarce-{i}"), "POST /scarce").await;
-        admitted += usize::from(outcomes.iter().all(|o| o.allowed));
+        admitted += usize::from(outcomes.outcomes.iter().all(|o| o.allowed));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(admitted, 0, "the warm-up used the valve up");
@@ -584,12 +584,12 @@ async fn rules_on_several_slots_are_decided_all_or_nothing() {
     let batch = Batch::new("multi", None, 1, rules);
     let mut allowed = Vec::new();
     for _ in 0..5 {
-        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT");
+        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT").outcomes;
         allowed.push(outcomes.iter().all(|o| o.allowed));
     }
     assert_eq!(allowed, [true, true, true, false, false]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let outcomes = store.decide(&batch).await.unwrap();
+    let outcomes = store.decide(&batch).await.unwrap().outcomes;
     assert!(!outcomes[2].allowed, "v2 is used up");
     assert_eq!(
         outcomes[0].remaining,
@@ -623,12 +623,12 @@ plans:
     };
     let mut allowed = Vec::new();
     for _ in 0..4 {
-        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT");
+        let outcomes = store.decide(&batch).await.expect("no CROSSSLOT").outcomes;
         allowed.push(outcomes.iter().all(|o| o.allowed));
     }
     assert_eq!(allowed, [true, true, false, false]);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let outcomes = store.decide(&batch).await.unwrap();
+    let outcomes = store.decide(&batch).await.unwrap().outcomes;
     assert_eq!(
         outcomes[1].remaining,
         5 - 2 - 1,
@@ -656,7 +656,7 @@ async fn connects_over_tls_to_a_cluster_signed_by_a_private_ca() {
             .decide(&Batch::new(&tenant, None, 1, rules))
             .await
             .expect("decided over TLS");
-        assert!(outcomes[0].allowed);
+        assert!(outcomes.outcomes[0].allowed);
     }
     for (port, keys) in keys_by_master(&mut cluster) {
         assert!(!keys.is_empty(), "master {port} holds no key");

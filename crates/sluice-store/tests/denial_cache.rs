@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
+
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError, Telemetry,
+    Batch, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
+    Telemetry,
 };
 
 /// The memory store behind the remote path (no in-process shortcut), so
@@ -20,8 +21,8 @@ use sluice_store::{
 struct Remote(Arc<MemoryStore>);
 
 impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        self.0.decide_now(batch)
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        Store::decide(&*self.0, batch).await
     }
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {

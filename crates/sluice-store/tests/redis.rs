@@ -332,7 +332,7 @@ async fn a_keys_expiry_is_never_shorter_than_its_state_and_at_most_63_ms_longer(
             .decide(&Batch::new(&tenant, None, 1, rules))
             .await
             .unwrap();
-        assert!(outcomes[0].allowed);
+        assert!(outcomes.outcomes[0].allowed);
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
         assert_eq!(keys.len(), 1, "{keys:?}");
         let ttl: u64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
@@ -765,7 +765,7 @@ plans:
                 .decide(&Batch::new("acme", None, 1, rules))
                 .await
                 .unwrap();
-            outcomes.iter().all(|o| o.allowed)
+            outcomes.outcomes.iter().all(|o| o.allowed)
         }
     };
     let mut conn = server.connection();

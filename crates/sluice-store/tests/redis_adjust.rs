@@ -127,7 +127,7 @@ proptest! {
                     if cost > applicable.max_cost { continue; }
                     let batch = Batch::new("tenant-a", subject, cost, applicable.rules);
                     let expected = memory.decide_now(&batch).unwrap();
-                    let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+                    let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
                     prop_assert_eq!(expected.as_slice(), actual.as_slice(), "step {} decide at {}: {}", i, clock.now_ms(), yaml);
                     if expected.iter().all(|o| o.allowed) {
                         admitted = Some((clock.now_ms(), cost, with_subject));

@@ -267,7 +267,7 @@ proptest! {
                 ..Batch::new("tenant-a", with_subject.then_some("user-1"), cost, applicable.rules)
             };
             let expected = memory.decide_now(&batch).unwrap();
-            let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+            let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
             prop_assert_eq!(
                 expected.as_slice(),
                 actual.as_slice(),
@@ -314,7 +314,7 @@ fn single_rules_match_over_long_runs() {
                 ..Batch::new(algorithm.name(), None, 1 + i % 3, rules)
             };
             let expected = memory.decide_now(&batch).unwrap();
-            let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+            let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
             assert_eq!(
                 expected.as_slice(),
                 actual.as_slice(),
@@ -366,7 +366,7 @@ fn a_shadow_rules_repair_is_written_with_the_admission_beside_it() {
             }
             let batch = Batch::new("tenant-s", None, 1, rules);
             let expected = memory.decide_now(&batch).unwrap();
-            let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+            let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
             assert_eq!(
                 expected.as_slice(),
                 actual.as_slice(),
@@ -420,7 +420,7 @@ fn states_written_under_another_limit_match() {
                     ..Batch::new("tenant-r", None, cost, rules)
                 };
                 let expected = memory.decide_now(&batch).unwrap();
-                let actual = runtime.block_on(redis.decide(&batch)).unwrap();
+                let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
                 assert_eq!(
                     expected.as_slice(),
                     actual.as_slice(),

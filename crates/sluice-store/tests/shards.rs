@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
+
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
+    Batch, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
 };
 
 fn policy(shards: u16) -> Policy {
@@ -24,8 +24,8 @@ fn policy(shards: u16) -> Policy {
 struct Remote(MemoryStore);
 
 impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        self.0.decide_now(batch)
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        Store::decide(&self.0, batch).await
     }
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
@@ -138,4 +138,69 @@ async fn a_reload_changing_shards_grants_at_most_the_stated_extra() {
             "{from} → {to} shards: {after} more after {before}, bound {bound}"
         );
     }
+}
+
+/// A limiter on the remote path for tenant `a` with two shards of a
+/// 10-a-minute fixed window (5 each).
+fn two_shards() -> Limiter<Remote> {
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
+    let clock = clock();
+    let mut options = LimiterOptions::new(OnError::Deny);
+    options.clock = clock.clone();
+    Limiter::with_options(
+        policy,
+        Remote(MemoryStore::with_clock(1_000, clock)),
+        options,
+    )
+}
+
+fn of_a(cost: u64) -> Request<'static> {
+    Request::new("a", "POST /chat", None, cost).unwrap()
+}
+
+/// Units of 1 admitted to `a` until refused.
+async fn admitted_units(limiter: &Limiter<Remote>) -> u64 {
+    let policy = limiter.policy();
+    let mut admitted = 0;
+    while limiter.decide(&policy, &of_a(1)).await.allowed {
+        admitted += 1;
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn a_settle_goes_back_to_the_shard_that_admitted() {
+    let limiter = two_shards();
+    let policy = limiter.policy();
+    // The first unit takes shard 0, the reservation of 5 shard 1.
+    assert!(limiter.decide(&policy, &of_a(1)).await.allowed);
+    let estimate = of_a(5);
+    let decision = limiter.decide(&policy, &estimate).await;
+    assert!(decision.allowed);
+    assert_eq!(decision.shard, 1);
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    assert_eq!(reservation.shard, 1);
+    // Nothing used: the 5 go back to shard 1, where they were taken, and
+    // the tenant has the rest of its 10 a minute.
+    let settled = limiter
+        .settle(&policy, &reservation, 0, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(settled.marker, sluice_store::MarkerAnswer::Applied);
+    assert_eq!(admitted_units(&limiter).await, 9);
+}
+
+#[tokio::test]
+async fn a_report_is_split_over_the_shards() {
+    let limiter = two_shards();
+    let policy = limiter.policy();
+    // 10 spent: 5 on each shard, the minute's whole budget, and nothing
+    // forgiven (on one shard, 5 past its 5 would owe its whole max_debt).
+    let report = limiter.report(&policy, &of_a(10), None).await.unwrap();
+    assert_eq!(report.forgiven, 0);
+    assert_eq!(admitted_units(&limiter).await, 0);
+    // 12 more: 6 owed on each shard, past each one's max_debt of 5.
+    let report = limiter.report(&policy, &of_a(12), None).await.unwrap();
+    assert_eq!(report.forgiven, 2);
 }

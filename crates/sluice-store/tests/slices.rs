@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
+
 use sluice_core::{Config, Policy, Request, State};
 use sluice_store::{
-    Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
+    Batch, Clock, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store,
+    StoreError,
 };
 
 /// The memory store behind the remote path, counting the calls made to
@@ -25,12 +26,12 @@ struct Remote {
 }
 
 impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         if self.down.load(Ordering::Relaxed) {
             return Err(StoreError::Unavailable("down".to_owned()));
         }
-        self.store.decide_now(batch)
+        Store::decide(&*self.store, batch).await
     }
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {

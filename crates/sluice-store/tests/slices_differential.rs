@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
+
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, ConnectOptions, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked,
-    RedisStore, Store, StoreError, Telemetry, TimeSource,
+    Batch, ConnectOptions, Decided, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore,
+    Peeked, RedisStore, Store, StoreError, Telemetry, TimeSource,
 };
 use sluice_testkit::RedisServer;
 
@@ -25,8 +25,8 @@ use sluice_testkit::RedisServer;
 struct Remote(Arc<MemoryStore>);
 
 impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
-        self.0.decide_now(batch)
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        Store::decide(&*self.0, batch).await
     }
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {

@@ -31,6 +31,7 @@ use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_nu
 use super::respond::refusal;
 use crate::app::App;
 use crate::metrics::SettleResult;
+use crate::reservation::{CLOCK_SKEW_MS, Held, Reservations};
 
 /// `request` decided as a reservation: the decision's answer, with
 /// `"reservation"` when admitted (the estimate held until settled).
@@ -44,8 +45,9 @@ pub(super) async fn reserved(app: &App, request: &Request<'_>) -> Response {
     match app.limiter.reserve(request, &decision) {
         None => answer.map(Body::from).into_response(),
         Some(reservation) => {
-            let id = app.reservations.seal(&reservation);
-            app.reservations.track(reservation);
+            let held = app.reservations.hold(reservation);
+            let id = app.reservations.seal(&held);
+            app.reservations.track(held);
             with_fields(answer, [("reservation", id.into())])
         }
     }
@@ -125,11 +127,12 @@ pub(super) async fn settle(
         )
     };
     let now = crate::admin::now_ms();
-    let Some(reservation) = app.reservations.open(&id, now) else {
+    let Some(held) = app.reservations.open(&id, now) else {
         return unknown("it expired (reservation_ttl), or was never given");
     };
+    let ttl = Reservations::marker_ttl_ms(&held, now);
+    let reservation = held.reservation;
     let policy = app.limiter.policy();
-    let ttl = app.reservations.marker_ttl_ms(&reservation, now);
     let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
         Err(error) => return unavailable(&error, "send it again: a settle applies once"),
@@ -268,8 +271,10 @@ pub fn spawn_expiry(app: &Arc<App>) {
 /// Claims the reservations due now (see [`spawn_expiry`]).
 pub async fn expire_due(app: &App) {
     let now = crate::admin::now_ms();
-    for reservation in app.reservations.due(now) {
-        match app.limiter.expire(&reservation, 60_000).await {
+    for Held { reservation, .. } in app.reservations.due(now) {
+        // Kept as long as an instance whose clock is behind may still
+        // accept a settle of it.
+        match app.limiter.expire(&reservation, CLOCK_SKEW_MS).await {
             Ok(true) => {
                 app.metrics.usage.expired();
                 let policy = app.limiter.policy();

@@ -87,8 +87,9 @@ pub(super) async fn acquire(
         .then(|| app.limiter.reserve(&request, &decision))
         .flatten()
     {
-        fields.push(("reservation", app.reservations.seal(&reservation).into()));
-        app.reservations.track(reservation);
+        let held = app.reservations.hold(reservation);
+        fields.push(("reservation", app.reservations.seal(&held).into()));
+        app.reservations.track(held);
     }
     with_fields(answer, fields)
 }

@@ -34,10 +34,17 @@ pub struct Reservation {
     pub route: String,
     /// The subject, if the request named one.
     pub subject: Option<String>,
-    /// The cost admitted.
+    /// The cost the shared store holds for it: the cost admitted, or 0
+    /// when the failure policy admitted it without the store.
     pub estimate: u64,
-    /// When it was admitted (ms, the limiter's clock).
+    /// When it was admitted (ms, the limiter's clock): when it expires and
+    /// which minute of the usage ledger it goes into.
     pub at_ms: u64,
+    /// When the store admitted it, on the store's clock: what a give-back
+    /// names (`sliding_log` finds its entries by it, windows their window).
+    pub admitted_ms: u64,
+    /// The tenant's shard that holds it.
+    pub shard: u16,
 }
 
 /// What a settle or a report left: the rules' state after it, as a
@@ -71,13 +78,26 @@ impl<S: Store> Limiter<S> {
     /// The reservation of an admitted `decision` of `request` (`None` when
     /// it was denied): its cost is held as an estimate until settled.
     pub fn reserve(&self, request: &Request<'_>, decision: &Decision<'_>) -> Option<Reservation> {
+        let at_ms = self.options.clock.now_ms();
         decision.allowed.then(|| Reservation {
             id: super::lease::new_lease_id().to_le_bytes(),
             tenant: request.tenant.to_owned(),
             route: request.route.to_owned(),
             subject: request.subject.map(str::to_owned),
-            estimate: request.cost,
-            at_ms: self.options.clock.now_ms(),
+            // Admitted by the failure policy, the shared store holds
+            // nothing of it: a settle charges the whole actual cost.
+            estimate: if decision.degraded.is_some() {
+                0
+            } else {
+                request.cost
+            },
+            at_ms,
+            admitted_ms: if decision.at_ms == 0 {
+                at_ms
+            } else {
+                decision.at_ms
+            },
+            shard: decision.shard,
         })
     }
 
@@ -100,7 +120,7 @@ impl<S: Store> Limiter<S> {
         let (change, units) = match actual.cmp(&reservation.estimate) {
             std::cmp::Ordering::Less => (
                 Change::GiveBack {
-                    at: reservation.at_ms,
+                    at: reservation.admitted_ms,
                 },
                 reservation.estimate - actual,
             ),
@@ -112,7 +132,10 @@ impl<S: Store> Limiter<S> {
             value: actual.to_string(),
             ttl_ms: marker_ttl_ms,
         };
-        let batch = Batch::new(&reservation.tenant, subject, units, own);
+        let batch = Batch {
+            shard: reservation.shard,
+            ..Batch::new(&reservation.tenant, subject, units, own)
+        };
         let adjusted = self
             .adjust_within_budget(&batch, change, Some(&marker))
             .await?;
@@ -144,7 +167,10 @@ impl<S: Store> Limiter<S> {
             value: "expired".to_owned(),
             ttl_ms: marker_ttl_ms,
         };
-        let batch = Batch::new(&reservation.tenant, None, 0, &[]);
+        let batch = Batch {
+            shard: reservation.shard,
+            ..Batch::new(&reservation.tenant, None, 0, &[])
+        };
         let adjusted = self
             .adjust_within_budget(&batch, Change::Nothing, Some(&marker))
             .await?;
@@ -155,7 +181,10 @@ impl<S: Store> Limiter<S> {
     /// debt included. On a route whose rules count by outcome, `status`
     /// (the response's) is required and only those rules whose `count_if`
     /// matches count (the check before the request counted the others);
-    /// elsewhere the tenant's own rate rules count.
+    /// elsewhere the tenant's own rate rules count. A tenant spread over
+    /// several shards has the cost split evenly over them (each holds its
+    /// share of the limit, and of `max_debt`): one store call per shard,
+    /// the answer the last shard's.
     pub async fn report<'p>(
         &self,
         policy: &'p Policy,
@@ -181,13 +210,33 @@ impl<S: Store> Limiter<S> {
                 .collect();
             (applicable.asked, costs)
         };
-        let batch = Batch {
-            costs: &costs,
-            ..Batch::new(request.tenant, request.subject, request.cost, rules)
+        let shards = u64::from(applicable.shards.max(1));
+        let first = self.turns.first(applicable.shards.max(1));
+        let mut forgiven = 0;
+        let mut last = None;
+        for k in 0..shards {
+            // Shard `first + k` takes its even share, the first ones a unit
+            // more while the remainder lasts.
+            let share = |cost: u64| cost / shards + u64::from(k < cost % shards);
+            let shared: Vec<u64> = costs.iter().map(|&c| share(c)).collect();
+            let batch = Batch {
+                costs: &shared,
+                shard: ((u64::from(first) + k) % shards) as u16,
+                ..Batch::new(request.tenant, request.subject, share(request.cost), rules)
+            };
+            if batch.cost == 0 && shared.iter().all(|&c| c == 0) && last.is_some() {
+                continue;
+            }
+            let adjusted = self
+                .adjust_within_budget(&batch, Change::Debit, None)
+                .await?;
+            forgiven += adjusted.forgiven;
+            last = Some(adjusted);
+        }
+        let adjusted = crate::adjust::Adjusted {
+            forgiven,
+            ..last.expect("a tenant has at least one shard")
         };
-        let adjusted = self
-            .adjust_within_budget(&batch, Change::Debit, None)
-            .await?;
         Ok(Adjustment {
             decision: Decision::from_outcomes(
                 Applicable {

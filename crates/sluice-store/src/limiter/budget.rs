@@ -5,14 +5,13 @@
 use std::time::{Duration, Instant};
 
 use sluice_core::Decision;
-use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 use smallvec::SmallVec;
 
 use super::Limiter;
 use super::denials::DenialCache;
 use super::slice::{self, Plan};
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Batch, Decided, Store, StoreError};
 
 impl<S: Store> Limiter<S> {
     /// Decides a batch on the shard it names, the store call ending by
@@ -53,7 +52,11 @@ impl<S: Store> Limiter<S> {
         // store counted them, and the cache would strand them.
         if let Plan::Local(outcomes) = plan {
             self.options.telemetry.slice_decision();
-            return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
+            let mut decision =
+                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
+            // A slice's units were taken before: the local decision is now.
+            decision.at_ms = now;
+            return decision;
         }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
@@ -72,11 +75,14 @@ impl<S: Store> Limiter<S> {
             return decision;
         }
         match self.call_store(batch, deadline, now).await {
-            Ok(outcomes) => {
+            Ok(decided) => {
                 if sliced {
-                    self.slices.learn(batch, &outcomes, false);
+                    self.slices.learn(batch, &decided.outcomes, false);
                 }
-                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
+                let mut decision =
+                    Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs);
+                decision.at_ms = decided.at_ms;
+                decision
             }
             Err(error) => self.fail_over(applicable, batch, error.as_ref()),
         }
@@ -102,7 +108,7 @@ impl<S: Store> Limiter<S> {
             ..*batch
         };
         match self.call_store_raw(&take, deadline, sent).await {
-            Ok(outcomes) if outcomes.iter().all(|o| o.allowed) => {
+            Ok(Decided { outcomes, at_ms }) if outcomes.iter().all(|o| o.allowed) => {
                 if let Some(denials) = &self.denials {
                     denials.forget(batch, &outcomes);
                 }
@@ -113,14 +119,12 @@ impl<S: Store> Limiter<S> {
                 let outcomes = self
                     .slices
                     .install(batch, sizes, epoch, outcomes, sent, now);
-                Some(Decision::from_outcomes(
-                    applicable,
-                    outcomes,
-                    batch.cost,
-                    batch.costs,
-                ))
+                let mut decision =
+                    Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
+                decision.at_ms = at_ms;
+                Some(decision)
             }
-            Ok(outcomes) => {
+            Ok(Decided { outcomes, .. }) => {
                 // Denied with the slices: what remains is learned, and the
                 // request alone is decided exactly. Nothing is remembered
                 // in the over-limit cache: the denied cost was not the
@@ -143,10 +147,12 @@ impl<S: Store> Limiter<S> {
         batch: &Batch<'_>,
         deadline: Option<tokio::time::Instant>,
         now: u64,
-    ) -> Result<Outcomes, Option<StoreError>> {
+    ) -> Result<Decided, Option<StoreError>> {
         let epoch = self.denials.as_ref().map(DenialCache::epoch);
         let result = self.call_store_raw(batch, deadline, now).await;
-        if let (Ok(outcomes), Some(denials), Some(epoch)) = (&result, &self.denials, epoch) {
+        if let (Ok(Decided { outcomes, .. }), Some(denials), Some(epoch)) =
+            (&result, &self.denials, epoch)
+        {
             let answered = self.options.clock.now_ms();
             // Shadow rules that denied do not deny the request.
             let admitted = batch
@@ -172,7 +178,7 @@ impl<S: Store> Limiter<S> {
         batch: &Batch<'_>,
         deadline: Option<tokio::time::Instant>,
         now: u64,
-    ) -> Result<Outcomes, Option<StoreError>> {
+    ) -> Result<Decided, Option<StoreError>> {
         // Held across the store call: dropped with this future, a probe
         // gives its turn back.
         let Some(attempt) = self.breaker.attempt(now) else {

@@ -4,11 +4,10 @@
 
 use sluice_core::Decision;
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
 
 use super::Limiter;
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Batch, Decided, Store, StoreError};
 
 impl<S: Store> Limiter<S> {
     /// The decision from an in-process store's answer.
@@ -17,10 +16,15 @@ impl<S: Store> Limiter<S> {
         &self,
         applicable: Applicable<'p>,
         batch: &Batch<'_>,
-        result: Result<Outcomes, StoreError>,
+        result: Result<Decided, StoreError>,
     ) -> Decision<'p> {
         match result {
-            Ok(outcomes) => Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs),
+            Ok(decided) => {
+                let mut decision =
+                    Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs);
+                decision.at_ms = decided.at_ms;
+                decision
+            }
             Err(error) => {
                 self.options.telemetry.store_error(&error);
                 self.fail_over(applicable, batch, Some(&error))

@@ -405,7 +405,11 @@ impl<S: Store> Limiter<S> {
             && let Some(one) = self.store.decide_one_in_process(batch)
         {
             return Some(match one {
-                Ok(outcome) => Decision::from_outcome(applicable, outcome),
+                Ok((outcome, at_ms)) => {
+                    let mut decision = Decision::from_outcome(applicable, outcome);
+                    decision.at_ms = at_ms;
+                    decision
+                }
                 Err(error) => self.conclude(applicable, batch, Err(error)),
             });
         }
@@ -475,6 +479,9 @@ fn cost_exceeds_capacity(batch: &Batch<'_>) -> Option<usize> {
 /// the answer itself when no store call is needed (no rule applies, or the
 /// cost can never pass). The batch for the store is
 /// [`Batch::new`] of the request and these rules.
+// The error is the decision itself, handed straight back to the caller:
+// boxing it would cost an allocation where it is the answer.
+#[allow(clippy::result_large_err)]
 #[inline]
 fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'p>, Decision<'p>> {
     let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());

@@ -37,12 +37,16 @@ impl Limiter<MemoryStore> {
             // The common case: one shard, no duplicate guard; most often
             // one rule.
             if let [_] = batch.rules {
-                return match self.store.decide_one(&batch, 1) {
-                    Ok(outcome) => Decision::from_outcome(applicable, outcome),
+                return match self.store.decided_one(&batch) {
+                    Ok((outcome, at_ms)) => {
+                        let mut decision = Decision::from_outcome(applicable, outcome);
+                        decision.at_ms = at_ms;
+                        decision
+                    }
                     Err(error) => self.conclude(applicable, &batch, Err(error)),
                 };
             }
-            let result = self.store.decide_now(&batch);
+            let result = self.store.decided(&batch);
             return self.conclude(applicable, &batch, result);
         }
         self.decide_now_sharded(applicable, batch, request)
@@ -74,8 +78,9 @@ impl Limiter<MemoryStore> {
                 shard: (first + k) % shards,
                 ..batch
             };
-            let result = self.store.decide_now(&on);
-            let decision = self.conclude(applicable, &on, result);
+            let result = self.store.decided(&on);
+            let mut decision = self.conclude(applicable, &on, result);
+            decision.shard = on.shard;
             if !shard::worth_another(&decision) {
                 return decision;
             }

@@ -83,7 +83,8 @@ impl<S: Store> Limiter<S> {
                 shard: (first + k) % shards,
                 ..*batch
             };
-            let decision = self.decide_shard(applicable, &on, deadline).await;
+            let mut decision = self.decide_shard(applicable, &on, deadline).await;
+            decision.shard = on.shard;
             if !worth_another(&decision) {
                 return decision;
             }

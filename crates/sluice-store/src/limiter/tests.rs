@@ -3,14 +3,14 @@
 
 use super::*;
 use crate::clock::ManualClock;
-use crate::store::{Peeked, StoreError};
+use crate::store::{Decided, Peeked, StoreError};
 use sluice_core::{Config, Reason};
 
 /// A store that always fails, to exercise the failure handling alone.
 struct Broken;
 
 impl Store for Broken {
-    async fn decide(&self, _: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn decide(&self, _: &Batch<'_>) -> Result<Decided, StoreError> {
         Err(StoreError::Unavailable("down".to_owned()))
     }
 
@@ -68,6 +68,18 @@ async fn decide(
 }
 
 #[tokio::test]
+async fn a_reservation_the_failure_policy_admitted_holds_nothing_in_the_store() {
+    let limiter = limiter();
+    let policy = limiter.policy();
+    let request = Request::new("l", "GET /", None, 7).unwrap();
+    let decision = limiter.decide(&policy, &request).await;
+    assert_eq!(decision.degraded, Some(OnError::Allow));
+    // The store took nothing: a settle charges the whole actual cost.
+    let reservation = limiter.reserve(&request, &decision).unwrap();
+    assert_eq!(reservation.estimate, 0);
+}
+
+#[tokio::test]
 async fn each_plan_fails_over_by_its_own_policy() {
     let limiter = limiter();
     assert_eq!(
@@ -121,18 +133,21 @@ impl Store for Scripted {
         Err(StoreError::Unavailable("not read here".to_owned()))
     }
 
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         match self.0.load(Ordering::SeqCst) {
             FAIL => Err(StoreError::Unavailable("down".to_owned())),
             HANG => std::future::pending().await,
-            _ => Ok(batch
-                .rules
-                .iter()
-                .map(|_| sluice_core::Outcome {
-                    allowed: true,
-                    ..Default::default()
-                })
-                .collect()),
+            _ => Ok(Decided {
+                outcomes: batch
+                    .rules
+                    .iter()
+                    .map(|_| sluice_core::Outcome {
+                        allowed: true,
+                        ..Default::default()
+                    })
+                    .collect(),
+                at_ms: 0,
+            }),
         }
     }
 }

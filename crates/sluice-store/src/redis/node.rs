@@ -11,13 +11,12 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use sluice_core::decision::Outcomes;
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
-use crate::store::{Batch, Peeked, Store, StoreError};
+use crate::store::{Batch, Decided, Peeked, Store, StoreError};
 
 /// A store on one Redis node.
 #[derive(Clone)]
@@ -166,7 +165,7 @@ impl RedisStore {
         &self.redis.keys
     }
 
-    async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         let redis = &self.redis;
         let buckets = KeySet::keys(&redis.keys.current, batch, Valve::WHOLE);
         let previous = redis
@@ -187,7 +186,11 @@ impl RedisStore {
             .call(&mut redis.deciding()?, |cmd| call.fill(cmd))
             .await
             .map_err(|e| redis.error(&e))?;
-        Ok(script::reply(&reply, batch.rules.len())?.outcomes)
+        let reply = script::reply(&reply, batch.rules.len())?;
+        Ok(Decided {
+            outcomes: reply.outcomes,
+            at_ms: reply.admitted_at,
+        })
     }
 
     /// Gives back what an admitted decision of `batch` at `at` (the
@@ -212,7 +215,7 @@ impl Store for RedisStore {
     fn decide(
         &self,
         batch: &Batch<'_>,
-    ) -> impl Future<Output = Result<Outcomes, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Decided, StoreError>> + Send {
         self.run(batch)
     }
 

@@ -1,6 +1,6 @@
 //! [`Store::adjust`](crate::Store::adjust) on Redis Cluster: the group
 //! of rules in the settle marker's slot first, with the marker, then the
-//! other slots.
+//! other slots, each with a marker of its own.
 
 use sluice_core::keys::Record;
 
@@ -11,11 +11,12 @@ use crate::store::{Batch, StoreError};
 
 impl ClusterStore {
     /// [`Store::adjust`] one slot at a time: first the group in the
-    /// tenant's slot (or the marker alone), with the marker; then, if the
-    /// change applied, the other groups (Envoy descriptors' tags, valves)
-    /// one after another; else they are only read. A caller that goes away
-    /// between calls leaves the later groups unchanged: a give-back short,
-    /// never a change applied twice.
+    /// tenant's slot (or the marker alone), with the marker; then, unless
+    /// another settle (or the expiry) holds that marker, the other groups
+    /// (a rule kept whole on shard 0, Envoy descriptors' tags) one after
+    /// another, each with the same marker in its own slot. So a settle cut
+    /// short between calls (a failure, a caller gone) is finished by its
+    /// retry, slot by slot, and never applied twice in any.
     pub(super) async fn adjust_groups(
         &self,
         batch: &Batch<'_>,
@@ -56,7 +57,7 @@ impl ClusterStore {
                     },
                     (keys, &records),
                     change,
-                    marker,
+                    marker.clone(),
                 )
                 .await?;
             answer = reply.marker;
@@ -64,13 +65,18 @@ impl ClusterStore {
             now = reply.now;
             outcomes.extend(lead.iter().copied().zip(reply.outcomes));
         }
-        let rest_change = if answer == MarkerAnswer::Applied {
-            change
+        // Another settle's, or the expiry's: the later slots are only read.
+        let (rest_change, held) = if answer == MarkerAnswer::Conflict {
+            (Change::Nothing, None)
         } else {
-            Change::Nothing
+            (change, marker.as_ref())
         };
         for group in &groups {
             let (keys, records) = selection(group);
+            let marker = held.map(|(key, value, ttl)| {
+                let tag = hash_tag(&keys[0]);
+                (in_slot_of(key, tag), value.clone(), *ttl)
+            });
             let reply = self
                 .redis
                 .adjust(
@@ -81,7 +87,7 @@ impl ClusterStore {
                     },
                     (keys, &records),
                     rest_change,
-                    None,
+                    marker,
                 )
                 .await?;
             forgiven += reply.forgiven;
@@ -95,5 +101,24 @@ impl ClusterStore {
             outcomes: outcomes.into_iter().map(|(_, o)| o).collect(),
             forgiven,
         })
+    }
+}
+
+/// `key` with its hash tag replaced by `tag` (`{...}`): the same name, in
+/// `tag`'s slot.
+fn in_slot_of(key: &str, tag: &str) -> String {
+    let own = hash_tag(key);
+    let at = key.find(own).unwrap_or(0);
+    format!("{}{tag}{}", &key[..at], &key[at + own.len()..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_moves_to_another_slot_by_its_hash_tag() {
+        assert_eq!(in_slot_of("sl:{abc}:m1", "{xyz}"), "sl:{xyz}:m1");
+        assert_eq!(hash_tag(&in_slot_of("sl:{abc}:m1", "{xyz}")), "{xyz}");
     }
 }

@@ -56,7 +56,7 @@ use crate::redis::store::{Reach, Redis, send};
 use crate::redis::{
     self as script, Buckets, Heartbeat, KeySet, RefundCall, Selection, TimeSource, Valve,
 };
-use crate::store::{Batch, Partition, Peeked, Store, StoreError};
+use crate::store::{Batch, Decided, Partition, Peeked, Store, StoreError};
 
 /// How often a store that could not connect tries again.
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
@@ -204,7 +204,7 @@ impl ClusterStore {
         self.valve_shards
     }
 
-    async fn run(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         let valve_parts = u64::from(self.valve_shards);
         let valve = Valve {
             turn: batch.valve_turn.unwrap_or_else(|| {
@@ -237,13 +237,19 @@ impl ClusterStore {
                 .call(&mut connection.clone(), |cmd| call.fill(cmd))
                 .await
                 .map_err(|e| self.redis.error(&e))?;
-            let decided = script::reply(&reply, group.len())?.outcomes;
+            let reply = script::reply(&reply, group.len())?;
             let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
-            for (&i, outcome) in group.iter().zip(decided) {
+            for (&i, outcome) in group.iter().zip(reply.outcomes) {
                 outcomes[i] = outcome;
             }
-            return Ok(outcomes);
+            return Ok(Decided {
+                outcomes,
+                at_ms: reply.admitted_at,
+            });
         }
+        // The time of the first group's node: the tenant's own slot, where
+        // a give-back of this decision goes.
+        let mut at_ms = None;
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
         // What the groups that admitted consumed: given back when dropped
         // unconfirmed (a denial, a failure, or the caller going away).
@@ -278,7 +284,8 @@ impl ClusterStore {
                     ))),
                 };
                 match decided {
-                    Ok((decided, reservation)) => {
+                    Ok((decided, admitted_at, reservation)) => {
+                        at_ms.get_or_insert(admitted_at);
                         for (&i, outcome) in group.iter().zip(decided) {
                             outcomes[i] = outcome;
                         }
@@ -303,7 +310,10 @@ impl ClusterStore {
         } else {
             refund_all(reserved).await;
         }
-        Ok(outcomes)
+        Ok(Decided {
+            outcomes,
+            at_ms: at_ms.unwrap_or_default(),
+        })
     }
 
     /// Starts the decision script for every group of one phase, each as a
@@ -319,7 +329,7 @@ impl ClusterStore {
         buckets: &Buckets,
         valve_parts: u64,
     ) -> Result<
-        Vec<tokio::task::JoinHandle<Result<(Outcomes, Option<Reservation>), StoreError>>>,
+        Vec<tokio::task::JoinHandle<Result<(Outcomes, u64, Option<Reservation>), StoreError>>>,
         StoreError,
     > {
         let connection = self.redis.deciding()?;
@@ -359,7 +369,7 @@ impl ClusterStore {
                         .map_err(|e| script::store_error(&e, timeout_ms))?;
                     let reply = script::reply(&reply, refund.shadow.len())?;
                     let reservation = refund.reservation(&reply, call, connection, script);
-                    Ok((reply.outcomes, reservation))
+                    Ok((reply.outcomes, reply.admitted_at, reservation))
                 })
             })
             .collect())
@@ -552,7 +562,7 @@ impl Store for ClusterStore {
         u64::from(self.valve_shards)
     }
 
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Outcomes, StoreError> {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         self.run(batch).await
     }
 
