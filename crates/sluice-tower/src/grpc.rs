@@ -18,6 +18,15 @@
 //! | duplicate submission (`dedupe`) | `ALREADY_EXISTS`, with `RetryInfo` |
 //! | store unavailable under `on_error: deny` | `UNAVAILABLE`, with `RetryInfo` |
 //! | keys unreadable | `INVALID_ARGUMENT`, with `BadRequest` naming the field |
+//!
+//! With a [`Usage`] ([`GrpcRateLimitLayer::with_usage`]), a call's cost is
+//! an estimate, settled at what its response's head says (initial
+//! metadata, such as `x-usage-tokens`) when the response body ends, fails
+//! or is dropped. Rules that count by outcome (`count_if`) count a call by
+//! its `grpc-status` as it appears in the response's head (how tonic
+//! answers a call that fails), as the HTTP status gRPC maps it to
+//! (`UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, …;
+//! see [`http_status`]); a status sent only in trailers is not counted.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +44,8 @@ use tower::{Layer, Service};
 
 use crate::answer::{Fields, InvalidRequest};
 use crate::extract::Extract;
-use crate::lease::{LeaseBody, Refusal, admit};
+use crate::lease::{LeaseBody, Refusal, admit_reserving};
+use crate::usage::Usage;
 
 /// The gRPC status of a denied decision (see the module table).
 pub fn status(decision: &Decision<'_>) -> Status {
@@ -92,6 +102,7 @@ fn invalid(problem: &InvalidRequest) -> Status {
 pub struct GrpcRateLimitLayer<S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
+    usage: Option<Usage>,
 }
 
 impl<S, E: Clone> Clone for GrpcRateLimitLayer<S, E> {
@@ -99,6 +110,7 @@ impl<S, E: Clone> Clone for GrpcRateLimitLayer<S, E> {
         GrpcRateLimitLayer {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
+            usage: self.usage.clone(),
         }
     }
 }
@@ -108,7 +120,18 @@ impl<S: Store + 'static, E> GrpcRateLimitLayer<S, E> {
     /// metadata); the limiter is kept healthy from here on.
     pub fn new(limiter: Arc<Limiter<S>>, extract: E) -> GrpcRateLimitLayer<S, E> {
         Limiter::keep_healthy(&limiter, crate::layer::SWEEP_EVERY);
-        GrpcRateLimitLayer { limiter, extract }
+        GrpcRateLimitLayer {
+            limiter,
+            extract,
+            usage: None,
+        }
+    }
+
+    /// The same layer, reading what each call cost from its response's
+    /// head (see the module documentation).
+    pub fn with_usage(mut self, usage: Usage) -> GrpcRateLimitLayer<S, E> {
+        self.usage = Some(usage);
+        self
     }
 }
 
@@ -120,6 +143,7 @@ impl<T, S, E: Clone> Layer<T> for GrpcRateLimitLayer<S, E> {
             inner,
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
+            usage: self.usage.clone(),
         }
     }
 }
@@ -130,6 +154,7 @@ pub struct GrpcRateLimit<T, S, E> {
     inner: T,
     limiter: Arc<Limiter<S>>,
     extract: E,
+    usage: Option<Usage>,
 }
 
 impl<T: Clone, S, E: Clone> Clone for GrpcRateLimit<T, S, E> {
@@ -138,8 +163,42 @@ impl<T: Clone, S, E: Clone> Clone for GrpcRateLimit<T, S, E> {
             inner: self.inner.clone(),
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
+            usage: self.usage.clone(),
         }
     }
+}
+
+/// The HTTP status a gRPC status code maps to (Google's API design
+/// guide), for rules that count by outcome.
+pub fn http_status(code: Code) -> u16 {
+    match code {
+        Code::Ok => 200,
+        Code::Cancelled => 499,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => 400,
+        Code::DeadlineExceeded => 504,
+        Code::NotFound => 404,
+        Code::AlreadyExists | Code::Aborted => 409,
+        Code::PermissionDenied => 403,
+        Code::ResourceExhausted => 429,
+        Code::Unimplemented => 501,
+        Code::Unavailable => 503,
+        Code::Unauthenticated => 401,
+        Code::Unknown | Code::Internal | Code::DataLoss => 500,
+    }
+}
+
+/// The outcome of a call as its response's head tells it: its
+/// `grpc-status` as an HTTP status, `None` when the head does not carry
+/// one (it comes in the trailers).
+fn outcome(parts: &http::response::Parts) -> Option<u16> {
+    let code = parts
+        .headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(http_status(Code::from_i32(code)))
 }
 
 /// The future of a [`GrpcRateLimit`] call.
@@ -176,17 +235,22 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
+        let usage = self.usage.clone();
         Box::pin(async move {
-            let (fields, lease) = match admit(limiter, keys, status).await {
+            let admitted = match admit_reserving(limiter, keys, usage.is_some(), status).await {
                 Ok(admitted) => admitted,
                 Err(Refusal::Invalid(problem)) => return answer(invalid(&problem)),
                 Err(Refusal::Denied(status)) => return answer(status),
             };
             let response = inner.call(request).await?;
-            let mut response = response.map(|body| LeaseBody::new(body, lease));
+            let (mut parts, body) = response.into_parts();
+            let settlement = admitted
+                .pending
+                .respond(&parts, outcome(&parts), usage.as_ref());
             // The fields go out as initial metadata.
-            fields.add_to(response.headers_mut());
-            Ok(response)
+            admitted.fields.add_to(&mut parts.headers);
+            let body = LeaseBody::new(body, admitted.lease).settling(settlement);
+            Ok(Response::from_parts(parts, body))
         })
     }
 }

@@ -27,19 +27,6 @@ pub(crate) enum Refusal<R> {
     Denied(R),
 }
 
-/// Decides the request of `keys`, taking a lease of its concurrency rules:
-/// the fields to answer with and the lease to hold while the response
-/// lasts, or why not (a denial answered by `denied`).
-#[cfg(feature = "tonic")]
-pub(crate) async fn admit<S: Store + 'static, R>(
-    limiter: Arc<Limiter<S>>,
-    keys: Keys,
-    denied: impl FnOnce(&Decision<'_>) -> R,
-) -> Result<(Fields, Option<Lease>), Refusal<R>> {
-    let admitted = admit_reserving(limiter, keys, false, denied).await?;
-    Ok((admitted.fields, admitted.lease))
-}
-
 /// What an admitted request holds: the fields to answer with, its lease,
 /// and what it still owes once its response is known ([`Pending`]).
 pub(crate) struct Admitted<S> {
@@ -48,8 +35,10 @@ pub(crate) struct Admitted<S> {
     pub(crate) pending: Pending<S>,
 }
 
-/// [`admit`], holding the request's cost as an estimate to settle
-/// (`reserve`), and noting whether its route counts by outcome.
+/// Decides the request of `keys`, taking a lease of its concurrency rules
+/// and holding its cost as an estimate to settle (`reserve`), and noting
+/// whether its route counts by outcome: what it holds, or why not (a
+/// denial answered by `denied`).
 pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     limiter: Arc<Limiter<S>>,
     keys: Keys,

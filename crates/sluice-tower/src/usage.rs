@@ -87,9 +87,15 @@ impl<S: Store + 'static> Pending<S> {
 
     /// The response's head is known: what it cost (read by `usage`, else
     /// the estimate) is reported to the `count_if` rules now, with its
-    /// status; the reservation is settled at that cost by the
-    /// [`Settlement`] the body holds.
-    pub(crate) fn respond(self, parts: &Parts, usage: Option<&Usage>) -> Option<Settlement> {
+    /// `status` (an HTTP status; `None`: not known, not counted); the
+    /// reservation is settled at that cost by the [`Settlement`] the body
+    /// holds.
+    pub(crate) fn respond(
+        self,
+        parts: &Parts,
+        status: Option<u16>,
+        usage: Option<&Usage>,
+    ) -> Option<Settlement> {
         let Pending {
             limiter,
             keys,
@@ -98,16 +104,16 @@ impl<S: Store + 'static> Pending<S> {
         } = self;
         let actual = usage.and_then(|u| (u.cost)(parts));
         let runtime = tokio::runtime::Handle::try_current().ok();
-        let status = parts.status.as_u16();
         // Only a status some `count_if` rule counts is worth a store call.
-        let counted = by_outcome && {
-            let policy = limiter.policy();
-            policy
-                .applicable(&keys.tenant, &keys.route, keys.subject.is_some())
-                .asked
-                .iter()
-                .any(|r| r.count_if().is_some_and(|set| set.matches(status)))
-        };
+        let counted = by_outcome
+            && status.is_some_and(|status| {
+                let policy = limiter.policy();
+                policy
+                    .applicable(&keys.tenant, &keys.route, keys.subject.is_some())
+                    .asked
+                    .iter()
+                    .any(|r| r.count_if().is_some_and(|set| set.matches(status)))
+            });
         if counted {
             let cost = actual.unwrap_or(keys.cost).max(1);
             let limiter = limiter.clone();
@@ -122,7 +128,7 @@ impl<S: Store + 'static> Pending<S> {
                     return;
                 };
                 let policy = limiter.policy();
-                if let Err(e) = limiter.report(&policy, &request, Some(status)).await {
+                if let Err(e) = limiter.report(&policy, &request, status).await {
                     tracing::warn!(error = %e, "a response's outcome could not be counted");
                 }
             };
