@@ -204,3 +204,49 @@ async fn a_report_is_split_over_the_shards() {
     let report = limiter.report(&policy, &of_a(12), None).await.unwrap();
     assert_eq!(report.forgiven, 2);
 }
+
+/// The memory store, whose adjustments fail after the first.
+struct FailsAfterOne(MemoryStore, std::sync::atomic::AtomicU64);
+
+impl Store for FailsAfterOne {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        Store::decide(&self.0, batch).await
+    }
+
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        Ok(self.0.release_now(batch))
+    }
+
+    async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: sluice_store::Change,
+        marker: Option<&sluice_store::Marker>,
+    ) -> Result<sluice_store::Adjusted, StoreError> {
+        if self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0 {
+            return Err(StoreError::Unavailable("down".to_owned()));
+        }
+        self.0.adjust(batch, change, marker).await
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        self.0.peek(batch).await
+    }
+}
+
+#[tokio::test]
+async fn a_report_cut_short_between_shards_says_what_was_recorded() {
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
+    let store = FailsAfterOne(MemoryStore::with_clock(1_000, clock()), Default::default());
+    let limiter = Limiter::new(policy, store, OnError::Deny);
+    let policy = limiter.policy();
+    let error = limiter
+        .report(&policy, &of_a(7), None)
+        .await
+        .expect_err("the second shard fails");
+    assert!(
+        matches!(error, sluice_store::AfterError::Partly { recorded: 4, .. }),
+        "{error:?}"
+    );
+}

@@ -234,6 +234,16 @@ pub(super) async fn report(
             &error,
             "a report is not idempotent: send it again only if it was not recorded",
         ),
+        Err(AfterError::Partly { recorded, error }) => refusal(
+            &InvalidRequest::new(
+                "store",
+                format!(
+                    "the rate-limit store recorded {recorded} of the {} units, split over the tenant's shards, then failed ({error}): send only the rest again",
+                    request.cost
+                ),
+            )
+            .with_status(StatusCode::SERVICE_UNAVAILABLE),
+        ),
     }
 }
 

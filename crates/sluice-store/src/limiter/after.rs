@@ -72,6 +72,15 @@ pub enum AfterError {
     /// The store could not change it.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A report split over a tenant's shards was recorded on some of them
+    /// (`recorded` units) before the store failed on the next.
+    #[error("{recorded} units were recorded before the store failed: {error}")]
+    Partly {
+        /// Units recorded.
+        recorded: u64,
+        /// Why the rest was not.
+        error: StoreError,
+    },
 }
 
 impl<S: Store> Limiter<S> {
@@ -213,6 +222,7 @@ impl<S: Store> Limiter<S> {
         let shards = u64::from(applicable.shards.max(1));
         let first = self.turns.first(applicable.shards.max(1));
         let mut forgiven = 0;
+        let mut recorded = 0;
         let mut last = None;
         for k in 0..shards {
             // Shard `first + k` takes its even share, the first ones a unit
@@ -227,9 +237,12 @@ impl<S: Store> Limiter<S> {
             if batch.cost == 0 && shared.iter().all(|&c| c == 0) && last.is_some() {
                 continue;
             }
-            let adjusted = self
-                .adjust_within_budget(&batch, Change::Debit, None)
-                .await?;
+            let adjusted = match self.adjust_within_budget(&batch, Change::Debit, None).await {
+                Ok(adjusted) => adjusted,
+                Err(error) if recorded > 0 => return Err(AfterError::Partly { recorded, error }),
+                Err(error) => return Err(error.into()),
+            };
+            recorded += batch.cost;
             forgiven += adjusted.forgiven;
             last = Some(adjusted);
         }
