@@ -38,6 +38,8 @@ pub const MAX_PENDING: usize = 1_000_000;
 /// expire.
 pub struct Reservations {
     cipher: ChaCha20Poly1305,
+    /// The key of the version before, whose ids still open.
+    earlier: Option<ChaCha20Poly1305>,
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
@@ -85,6 +87,9 @@ struct Sealed {
     /// The tenant's shard that holds it.
     #[serde(default, skip_serializing_if = "is_zero")]
     h: u16,
+    /// What the store holds of it (absent before: `e`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    k: Option<u64>,
 }
 
 fn is_zero(shard: &u16) -> bool {
@@ -95,19 +100,37 @@ impl Reservations {
     /// Sealed under a key derived from the pepper (`keyer`, shared by a
     /// fleet), or a random one for a store of this process alone.
     pub fn new(keyer: Option<&Keyer>, ttl_ms: u64) -> Reservations {
-        let secret = match keyer {
-            Some(keyer) => keyer.derive("reservations v1"),
+        let cipher = |secret: [u8; 32]| ChaCha20Poly1305::new(Key::from_slice(&secret));
+        let (current, earlier) = match keyer {
+            // Ids of this version are sealed under a key of their own:
+            // an earlier version cannot open them (it would settle them
+            // on the wrong shard); its ids still open here.
+            Some(keyer) => (
+                keyer.derive("reservations v2"),
+                Some(cipher(keyer.derive("reservations v1"))),
+            ),
             None => {
                 let mut secret = [0u8; 32];
                 getrandom::fill(&mut secret).expect("an entropy source for the reservation key");
-                secret
+                (secret, None)
             }
         };
         Reservations {
-            cipher: ChaCha20Poly1305::new(Key::from_slice(&secret)),
+            cipher: cipher(current),
+            earlier,
             ttl_ms,
             pending: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// A reservation's id, sealed, once this instance keeps it until it
+    /// expires ([`hold`](Self::hold), [`seal`](Self::seal),
+    /// [`track`](Self::track)).
+    pub fn give(&self, reservation: Reservation) -> String {
+        let held = self.hold(reservation);
+        let id = self.seal(&held);
+        self.track(held);
+        id
     }
 
     /// How long a reservation may be settled.
@@ -137,6 +160,7 @@ impl Reservations {
             x: Some(held.expires_ms),
             d: Some(reservation.admitted_ms),
             h: reservation.shard,
+            k: Some(reservation.held),
         };
         let plain = serde_json::to_vec(&sealed).expect("a reservation serialises");
         let mut nonce = [0u8; 12];
@@ -161,7 +185,11 @@ impl Reservations {
         }
         let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
         let (nonce, sealed) = bytes.split_at_checked(12)?;
-        let plain = self.cipher.decrypt(Nonce::from_slice(nonce), sealed).ok()?;
+        let nonce = Nonce::from_slice(nonce);
+        let plain = self.cipher.decrypt(nonce, sealed).ok().or_else(|| {
+            let earlier = self.earlier.as_ref()?;
+            earlier.decrypt(nonce, sealed).ok()
+        })?;
         let sealed: Sealed = serde_json::from_slice(&plain).ok()?;
         let mut marker = [0u8; 16];
         for (i, byte) in marker.iter_mut().enumerate() {
@@ -173,6 +201,7 @@ impl Reservations {
             route: sealed.r,
             subject: sealed.s,
             estimate: sealed.e,
+            held: sealed.k.unwrap_or(sealed.e),
             at_ms: sealed.a,
             admitted_ms: sealed.d.unwrap_or(sealed.a),
             shard: sealed.h,
@@ -224,6 +253,7 @@ mod tests {
             route: "POST /v1/chat".into(),
             subject: Some("alice".into()),
             estimate: 600,
+            held: 600,
             at_ms,
             admitted_ms: at_ms + 3,
             shard: 2,
@@ -267,6 +297,44 @@ mod tests {
             Reservations::marker_ttl_ms(&held.unwrap(), 2_000),
             599_000 + CLOCK_SKEW_MS
         );
+    }
+
+    #[test]
+    fn an_earlier_versions_ids_open_here_and_not_the_other_way_round() {
+        let pepper = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
+        let key = Keyer::new("sl", &pepper);
+        // An instance of the version before: v1 key, none of x, d, h, k.
+        let earlier = Reservations {
+            cipher: ChaCha20Poly1305::new(Key::from_slice(&key.derive("reservations v1"))),
+            earlier: None,
+            ttl_ms: 300_000,
+            pending: Mutex::new(VecDeque::new()),
+        };
+        let now = Reservations::new(Some(&key), 300_000);
+        let id = now.seal(&now.hold(reservation(1_000)));
+        assert_eq!(
+            opened(&earlier, &id, 1_000),
+            None,
+            "settled on shard 0 there"
+        );
+        let plain = serde_json::json!({"i": "07".repeat(16), "t": "acme", "r": "POST /v1/chat", "s": null, "e": 600, "a": 1_000});
+        let nonce = [9u8; 12];
+        let mut old = nonce.to_vec();
+        old.extend(
+            earlier
+                .cipher
+                .encrypt(Nonce::from_slice(&nonce), plain.to_string().as_bytes())
+                .unwrap(),
+        );
+        let opened = now
+            .open(&URL_SAFE_NO_PAD.encode(old), 1_000)
+            .expect("an earlier id opens");
+        let reservation = opened.reservation;
+        assert_eq!(
+            (reservation.shard, reservation.admitted_ms, reservation.held),
+            (0, 1_000, 600)
+        );
+        assert_eq!(opened.expires_ms, 301_000);
     }
 
     #[test]

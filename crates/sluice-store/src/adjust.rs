@@ -32,6 +32,10 @@ pub struct Marker {
     pub value: String,
     /// How long the marker is kept (at least the reservation's life).
     pub ttl_ms: u64,
+    /// The tenant's shard in whose slot it is kept: the shard that
+    /// admitted the reservation, whatever the tenant's shards are by the
+    /// time it is settled or expires.
+    pub shard: u16,
 }
 
 /// What the marker said.

@@ -201,3 +201,39 @@ global:
     };
     assert_eq!(window.count, 60, "the valve kept the estimate, no more");
 }
+
+#[tokio::test]
+async fn a_settle_an_earlier_version_applied_is_not_applied_again() {
+    let (_, limiter) = limiter(TOKENS);
+    let policy = limiter.policy();
+    let estimate = request(600);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    // The version before settled it at 100: its marker holds "100".
+    let own = policy.own_rules("acme", "POST /v1/chat", false);
+    let batch = sluice_store::Batch::new("acme", None, 500, own);
+    let marker = sluice_store::Marker {
+        id: reservation.id,
+        value: "100".to_owned(),
+        ttl_ms: 60_000,
+        shard: 0,
+    };
+    let earlier = sluice_store::Store::adjust(
+        limiter.store(),
+        &batch,
+        sluice_store::Change::GiveBack {
+            at: reservation.admitted_ms,
+        },
+        Some(&marker),
+    )
+    .await
+    .unwrap();
+    assert_eq!(earlier.marker, MarkerAnswer::Applied);
+    // Its retry, here: refused, nothing given back twice.
+    let retried = limiter
+        .settle(&policy, &reservation, 100, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(retried.marker, MarkerAnswer::Conflict);
+    assert_eq!(retried.decision.remaining(), Some(899), "100 held");
+}

@@ -116,7 +116,13 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert_eq!(retried.marker, MarkerAnswer::Again);
+    // Answered as applied: the attempt cut short answered an error.
+    assert_eq!(retried.marker, MarkerAnswer::Applied);
+    let again = limiter
+        .settle(&policy, &reservation, 0, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(again.marker, MarkerAnswer::Again, "then it is done");
     // The `calls` unit the reservation took is back, once.
     assert!(limiter.decide(&policy, &request(1)).await.allowed);
     assert!(!limiter.decide(&policy, &request(1)).await.allowed);

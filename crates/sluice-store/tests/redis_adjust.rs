@@ -144,7 +144,7 @@ proptest! {
                 Step::Settle(kind) => {
                     if kind == 0 { settles += 1; }
                     let value = if kind == 2 { "other".to_owned() } else { format!("c={cost}") };
-                    let marker = Marker { id: [settles; 16], value, ttl_ms: 30 * 86_400_000 };
+                    let marker = Marker { id: [settles; 16], value, ttl_ms: 30 * 86_400_000, shard: 0 };
                     (Change::Debit, cost, Some(marker))
                 }
             };

@@ -250,3 +250,29 @@ async fn a_report_cut_short_between_shards_says_what_was_recorded() {
         "{error:?}"
     );
 }
+
+#[tokio::test]
+async fn a_settle_after_a_reload_lowered_the_shards_charges_a_shard_still_read() {
+    let limiter = two_shards();
+    let policy = limiter.policy();
+    assert!(limiter.decide(&policy, &of_a(1)).await.allowed);
+    let estimate = of_a(2);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    assert_eq!(reservation.shard, 1);
+    // One shard from now on: 10 a minute, 1 used on shard 0.
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\ntenants:\n  a: { plan: p, shards: 1 }\n";
+    limiter.set_policy(Policy::compile_for(
+        &Config::from_yaml(yaml, "t.yaml").unwrap().limits,
+        true,
+    ));
+    let policy = limiter.policy();
+    // It cost 7, 5 more than held: the 5 are owed on shard 0, where the
+    // tenant's decisions go now.
+    let settled = limiter
+        .settle(&policy, &reservation, 7, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(settled.marker, sluice_store::MarkerAnswer::Applied);
+    assert_eq!(admitted_units(&limiter).await, 4);
+}

@@ -45,9 +45,7 @@ pub(super) async fn reserved(app: &App, request: &Request<'_>) -> Response {
     match app.limiter.reserve(request, &decision) {
         None => answer.map(Body::from).into_response(),
         Some(reservation) => {
-            let held = app.reservations.hold(reservation);
-            let id = app.reservations.seal(&held);
-            app.reservations.track(held);
+            let id = app.reservations.give(reservation);
             with_fields(answer, [("reservation", id.into())])
         }
     }
@@ -135,7 +133,19 @@ pub(super) async fn settle(
     let policy = app.limiter.policy();
     let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
-        Err(error) => return unavailable(&error, "send it again: a settle applies once"),
+        Err(error) => {
+            // On Redis Cluster a settle may have applied in some slots:
+            // its retry finishes it, whatever happened.
+            return refusal(
+                &InvalidRequest::new(
+                    "store",
+                    format!(
+                        "the rate-limit store could not record the settle ({error}); it may have applied, in part: send it again, it applies once"
+                    ),
+                )
+                .with_status(StatusCode::SERVICE_UNAVAILABLE),
+            );
+        }
     };
     match settled.marker {
         MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
@@ -147,9 +157,9 @@ pub(super) async fn settle(
         }
         MarkerAnswer::Applied => {
             app.metrics.usage.settle(SettleResult::Applied, cost);
-            if cost > reservation.estimate {
+            if cost > reservation.held {
                 app.metrics.usage.debit(
-                    cost - reservation.estimate,
+                    cost - reservation.held,
                     !settled.decision.allowed,
                     settled.forgiven,
                 );

@@ -87,9 +87,7 @@ pub(super) async fn acquire(
         .then(|| app.limiter.reserve(&request, &decision))
         .flatten()
     {
-        let held = app.reservations.hold(reservation);
-        fields.push(("reservation", app.reservations.seal(&held).into()));
-        app.reservations.track(held);
+        fields.push(("reservation", app.reservations.give(reservation).into()));
     }
     with_fields(answer, fields)
 }

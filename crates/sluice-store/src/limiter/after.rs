@@ -23,6 +23,12 @@ use super::Limiter;
 use crate::adjust::{Change, Marker, MarkerAnswer};
 use crate::store::{Batch, Store, StoreError};
 
+/// What a settle marker's value starts with: settles that keep a marker
+/// in every slot they change. An identical settle of an earlier version
+/// (the value alone, one marker) answers as another settle: refused, never
+/// applied twice.
+const SETTLED: &str = "2:";
+
 /// What an admitted decision holds as an estimate until it is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reservation {
@@ -34,9 +40,12 @@ pub struct Reservation {
     pub route: String,
     /// The subject, if the request named one.
     pub subject: Option<String>,
-    /// The cost the shared store holds for it: the cost admitted, or 0
-    /// when the failure policy admitted it without the store.
+    /// The cost admitted.
     pub estimate: u64,
+    /// What the shared store holds of it: the estimate, or 0 when the
+    /// failure policy admitted it without the store (a settle then charges
+    /// the whole actual cost).
+    pub held: u64,
     /// When it was admitted (ms, the limiter's clock): when it expires and
     /// which minute of the usage ledger it goes into.
     pub at_ms: u64,
@@ -93,9 +102,10 @@ impl<S: Store> Limiter<S> {
             tenant: request.tenant.to_owned(),
             route: request.route.to_owned(),
             subject: request.subject.map(str::to_owned),
+            estimate: request.cost,
             // Admitted by the failure policy, the shared store holds
-            // nothing of it: a settle charges the whole actual cost.
-            estimate: if decision.degraded.is_some() {
+            // nothing of it.
+            held: if decision.degraded.is_some() {
                 0
             } else {
                 request.cost
@@ -110,8 +120,8 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Replaces `reservation`'s estimate with `actual`: gives the
-    /// difference back, or takes the excess even past the limit (debt),
+    /// Replaces what the store holds of `reservation` with `actual`: gives
+    /// the difference back, or takes the excess even past the limit (debt),
     /// once: the change is kept with a marker living `marker_ttl_ms`, and
     /// an identical settle finds it ([`MarkerAnswer::Again`], nothing
     /// changed), another one finds it taken ([`MarkerAnswer::Conflict`]).
@@ -126,23 +136,26 @@ impl<S: Store> Limiter<S> {
         let applicable =
             policy.applicable(&reservation.tenant, &reservation.route, subject.is_some());
         let own = policy.own_rules(&reservation.tenant, &reservation.route, subject.is_some());
-        let (change, units) = match actual.cmp(&reservation.estimate) {
+        let (change, units) = match actual.cmp(&reservation.held) {
             std::cmp::Ordering::Less => (
                 Change::GiveBack {
                     at: reservation.admitted_ms,
                 },
-                reservation.estimate - actual,
+                reservation.held - actual,
             ),
-            std::cmp::Ordering::Greater => (Change::Debit, actual - reservation.estimate),
+            std::cmp::Ordering::Greater => (Change::Debit, actual - reservation.held),
             std::cmp::Ordering::Equal => (Change::Nothing, 0),
         };
         let marker = Marker {
             id: reservation.id,
-            value: actual.to_string(),
+            value: format!("{SETTLED}{actual}"),
             ttl_ms: marker_ttl_ms,
-        };
-        let batch = Batch {
             shard: reservation.shard,
+        };
+        // A reload may have lowered the tenant's shards since: the change
+        // goes to the shard that now holds the one that admitted.
+        let batch = Batch {
+            shard: reservation.shard % applicable.shards.max(1),
             ..Batch::new(&reservation.tenant, subject, units, own)
         };
         let adjusted = self
@@ -175,6 +188,7 @@ impl<S: Store> Limiter<S> {
             id: reservation.id,
             value: "expired".to_owned(),
             ttl_ms: marker_ttl_ms,
+            shard: reservation.shard,
         };
         let batch = Batch {
             shard: reservation.shard,

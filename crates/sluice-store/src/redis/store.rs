@@ -215,14 +215,14 @@ impl<R: Reach> Redis<R> {
         adjust_reply(&reply, rules)
     }
 
-    /// A settle marker's key (in the slot of the tenant's shard the batch
-    /// names: where its reservation was admitted), value and life.
+    /// A settle marker's key (in the slot of the tenant's shard the
+    /// marker names: where its reservation was admitted), value and life.
     pub(crate) fn marker(
         &self,
         batch: &Batch<'_>,
         marker: &crate::adjust::Marker,
     ) -> (String, String, u64) {
-        let tag = self.keys.tenant_tag(batch.tenant, batch.shard);
+        let tag = self.keys.tenant_tag(batch.tenant, marker.shard);
         (
             self.keys.current.marker_key(&tag, &marker.id),
             marker.value.clone(),

@@ -90,6 +90,13 @@ impl ClusterStore {
                     marker,
                 )
                 .await?;
+            // A retry that finishes a settle cut short applied it here.
+            if answer == MarkerAnswer::Again
+                && held.is_some()
+                && reply.marker == MarkerAnswer::Applied
+            {
+                answer = MarkerAnswer::Applied;
+            }
             forgiven += reply.forgiven;
             now = now.max(reply.now);
             outcomes.extend(group.iter().copied().zip(reply.outcomes));
