@@ -57,7 +57,7 @@ pub struct Decision<'p> {
     pub shard: u16,
     /// When the store decided, on its clock (ms since the epoch); 0 when
     /// no store did. A give-back of what it admitted names this time.
-    pub at_ms: u64,
+    pub decided_ms: u64,
     /// Every applicable rule.
     pub rules: &'p [BoundRule],
     /// Their outcomes: one per rule after a store call; only the denying
@@ -86,7 +86,7 @@ impl<'p> Decision<'p> {
             shadow_denied: false,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             shard: 0,
-            at_ms: 0,
+            decided_ms: 0,
             rules: applicable.rules,
             outcomes: Outcomes::new(),
             class: applicable.class,
@@ -103,7 +103,7 @@ impl<'p> Decision<'p> {
             shadow_denied: false,
             summary: None,
             shard: 0,
-            at_ms: 0,
+            decided_ms: 0,
             rules: &[],
             outcomes: Outcomes::new(),
             class: &ADHOC,
@@ -205,6 +205,18 @@ impl<'p> Decision<'p> {
         }
     }
 
+    /// The same decision, made by the store at `decided_ms` on its clock.
+    #[inline]
+    pub fn decided_at(self, decided_ms: u64) -> Decision<'p> {
+        Decision { decided_ms, ..self }
+    }
+
+    /// The same decision, made on the tenant's shard `shard`.
+    #[inline]
+    pub fn on_shard(self, shard: u16) -> Decision<'p> {
+        Decision { shard, ..self }
+    }
+
     /// Which rules have an outcome in [`outcomes`](Self::outcomes).
     #[inline]
     pub fn known(&self) -> Known {
@@ -287,7 +299,7 @@ impl<'p> Decision<'p> {
             shadow_denied: !outcome.allowed && allowed,
             summary: (!allowed || rule.advertised()).then_some(0),
             shard: 0,
-            at_ms: 0,
+            decided_ms: 0,
             rules: applicable.rules,
             outcomes: smallvec::smallvec![outcome],
             class: applicable.class,

@@ -276,3 +276,18 @@ async fn a_settle_after_a_reload_lowered_the_shards_charges_a_shard_still_read()
     assert_eq!(settled.marker, sluice_store::MarkerAnswer::Applied);
     assert_eq!(admitted_units(&limiter).await, 4);
 }
+
+#[tokio::test]
+async fn a_report_to_rules_kept_whole_on_shard_zero_is_one_call() {
+    // Failed logins count by outcome: kept whole on shard 0, so a report
+    // of a sharded tenant charges them once, in one call (the store here
+    // fails any second one).
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\n    routes:\n      \"POST /login\": [{ name: failures, algorithm: fixed_window, limit: 5, per: 15m, count_if: { status: [401] } }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
+    let store = FailsAfterOne(MemoryStore::with_clock(1_000, clock()), Default::default());
+    let limiter = Limiter::new(policy, store, OnError::Deny);
+    let policy = limiter.policy();
+    let login = Request::new("a", "POST /login", None, 3).unwrap();
+    let report = limiter.report(&policy, &login, Some(401)).await.unwrap();
+    assert_eq!(report.decision.remaining(), Some(1), "3 of 5 counted, once");
+}

@@ -216,22 +216,15 @@ pub(super) async fn report(
     let policy = app.limiter.policy();
     match app.limiter.report(&policy, &request, status).await {
         Ok(reported) => {
-            app.metrics
-                .usage
-                .debit(request.cost, !reported.decision.allowed, reported.forgiven);
-            let route = match reported.decision.class.route() {
-                "" => "*",
-                route => route,
-            };
-            // On a route that counts by outcome the check before the
-            // request was recorded already: the report adds no line.
-            let by_outcome = !policy
-                .applicable(request.tenant, request.route, request.subject.is_some())
-                .asked
-                .is_empty();
-            if !by_outcome {
-                app.record_charged(request.tenant, route, request.cost, crate::admin::now_ms());
-            }
+            let in_debt = !reported.decision.allowed;
+            recorded(
+                &app,
+                &policy,
+                &request,
+                request.cost,
+                in_debt,
+                reported.forgiven,
+            );
             standing_answer(&reported.decision)
                 .map(Body::from)
                 .into_response()
@@ -244,16 +237,51 @@ pub(super) async fn report(
             &error,
             "a report is not idempotent: send it again only if it was not recorded",
         ),
-        Err(AfterError::Partly { recorded, error }) => refusal(
-            &InvalidRequest::new(
-                "store",
-                format!(
-                    "the rate-limit store recorded {recorded} of the {} units, split over the tenant's shards, then failed ({error}): send only the rest again",
-                    request.cost
-                ),
+        Err(AfterError::Partly {
+            recorded: units,
+            error,
+        }) => {
+            // What was recorded counts, in the metrics and the ledger.
+            recorded(&app, &policy, &request, units, false, 0);
+            let rest = match error {
+                StoreError::Timeout(_) => {
+                    "the next shard's may have been recorded too: do not send it again"
+                }
+                _ => "send only the rest again",
+            };
+            refusal(
+                &InvalidRequest::new(
+                    "store",
+                    format!(
+                        "the rate-limit store recorded {units} of the {} units, split over the tenant's shards, then failed ({error}); {rest}",
+                        request.cost
+                    ),
+                )
+                .with_status(StatusCode::SERVICE_UNAVAILABLE),
             )
-            .with_status(StatusCode::SERVICE_UNAVAILABLE),
-        ),
+        }
+    }
+}
+
+/// A report's `units` recorded: counted in the metrics (leaving the tenant
+/// `in_debt` or not, `forgiven` of them), and written to the usage ledger
+/// unless the route counts by outcome (the check before the request was).
+fn recorded(
+    app: &App,
+    policy: &sluice_core::Policy,
+    request: &Request<'_>,
+    units: u64,
+    in_debt: bool,
+    forgiven: u64,
+) {
+    app.metrics.usage.debit(units, in_debt, forgiven);
+    let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
+    let route = match applicable.class.route() {
+        "" => "*",
+        route => route,
+    };
+    if applicable.asked.is_empty() {
+        app.record_charged(request.tenant, route, units, crate::admin::now_ms());
     }
 }
 

@@ -111,10 +111,10 @@ impl<S: Store> Limiter<S> {
                 request.cost
             },
             at_ms,
-            admitted_ms: if decision.at_ms == 0 {
+            admitted_ms: if decision.decided_ms == 0 {
                 at_ms
             } else {
-                decision.at_ms
+                decision.decided_ms
             },
             shard: decision.shard,
         })
@@ -205,9 +205,10 @@ impl<S: Store> Limiter<S> {
     /// (the response's) is required and only those rules whose `count_if`
     /// matches count (the check before the request counted the others);
     /// elsewhere the tenant's own rate rules count. A tenant spread over
-    /// several shards has the cost split evenly over them (each holds its
-    /// share of the limit, and of `max_debt`): one store call per shard,
-    /// the answer the last shard's.
+    /// several shards has the cost of each divided rule split evenly over
+    /// them (each holds its share of the limit, and of `max_debt`), a rule
+    /// kept whole on shard 0 charged once: one store call per shard that
+    /// has something to charge, the answer the last one's.
     pub async fn report<'p>(
         &self,
         policy: &'p Policy,
@@ -235,28 +236,38 @@ impl<S: Store> Limiter<S> {
         };
         let shards = u64::from(applicable.shards.max(1));
         let first = self.turns.first(applicable.shards.max(1));
+        let full = |j: usize| costs.get(j).copied().unwrap_or(request.cost);
         let mut forgiven = 0;
         let mut recorded = 0;
         let mut last = None;
         for k in 0..shards {
-            // Shard `first + k` takes its even share, the first ones a unit
-            // more while the remainder lasts.
-            let share = |cost: u64| cost / shards + u64::from(k < cost % shards);
-            let shared: Vec<u64> = costs.iter().map(|&c| share(c)).collect();
+            // Shard `first + k` takes its even share of each divided rule
+            // (the first ones a unit more while the remainder lasts); a
+            // rule kept whole on shard 0 is charged once, in full.
+            let shared: Vec<u64> = rules
+                .iter()
+                .enumerate()
+                .map(|(j, rule)| match (rule.on_first_shard(), k) {
+                    (true, 0) => full(j),
+                    (true, _) => 0,
+                    (false, _) => full(j) / shards + u64::from(k < full(j) % shards),
+                })
+                .collect();
+            let units = request.cost / shards + u64::from(k < request.cost % shards);
+            if k > 0 && shared.iter().all(|&c| c == 0) {
+                continue;
+            }
             let batch = Batch {
                 costs: &shared,
                 shard: ((u64::from(first) + k) % shards) as u16,
-                ..Batch::new(request.tenant, request.subject, share(request.cost), rules)
+                ..Batch::new(request.tenant, request.subject, units, rules)
             };
-            if batch.cost == 0 && shared.iter().all(|&c| c == 0) && last.is_some() {
-                continue;
-            }
             let adjusted = match self.adjust_within_budget(&batch, Change::Debit, None).await {
                 Ok(adjusted) => adjusted,
                 Err(error) if recorded > 0 => return Err(AfterError::Partly { recorded, error }),
                 Err(error) => return Err(error.into()),
             };
-            recorded += batch.cost;
+            recorded += units;
             forgiven += adjusted.forgiven;
             last = Some(adjusted);
         }

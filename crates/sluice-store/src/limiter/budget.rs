@@ -50,13 +50,12 @@ impl<S: Store> Limiter<S> {
         }
         // Units already taken are spent before remembered denials: the
         // store counted them, and the cache would strand them.
-        if let Plan::Local(outcomes) = plan {
+        if let Plan::Local(outcomes, taken_ms) = plan {
             self.options.telemetry.slice_decision();
-            let mut decision =
-                Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
-            // A slice's units were taken before: the local decision is now.
-            decision.at_ms = now;
-            return decision;
+            // Admitted from units the store counted at the take: a
+            // give-back names the take's time.
+            return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
+                .decided_at(taken_ms);
         }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
@@ -79,10 +78,8 @@ impl<S: Store> Limiter<S> {
                 if sliced {
                     self.slices.learn(batch, &decided.outcomes, false);
                 }
-                let mut decision =
-                    Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs);
-                decision.at_ms = decided.at_ms;
-                decision
+                Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
+                    .decided_at(decided.at_ms)
             }
             Err(error) => self.fail_over(applicable, batch, error.as_ref()),
         }
@@ -116,13 +113,13 @@ impl<S: Store> Limiter<S> {
                     self.options.telemetry.slice_taken(rule, *size);
                 }
                 let now = self.options.clock.now_ms();
-                let outcomes = self
-                    .slices
-                    .install(batch, sizes, epoch, outcomes, sent, now);
-                let mut decision =
-                    Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs);
-                decision.at_ms = at_ms;
-                Some(decision)
+                let outcomes =
+                    self.slices
+                        .install(batch, sizes, epoch, outcomes, (sent, at_ms), now);
+                Some(
+                    Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
+                        .decided_at(at_ms),
+                )
             }
             Ok(Decided { outcomes, .. }) => {
                 // Denied with the slices: what remains is learned, and the

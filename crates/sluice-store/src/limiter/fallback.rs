@@ -20,10 +20,8 @@ impl<S: Store> Limiter<S> {
     ) -> Decision<'p> {
         match result {
             Ok(decided) => {
-                let mut decision =
-                    Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs);
-                decision.at_ms = decided.at_ms;
-                decision
+                Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
+                    .decided_at(decided.at_ms)
             }
             Err(error) => {
                 self.options.telemetry.store_error(&error);

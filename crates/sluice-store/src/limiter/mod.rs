@@ -406,9 +406,7 @@ impl<S: Store> Limiter<S> {
         {
             return Some(match one {
                 Ok((outcome, at_ms)) => {
-                    let mut decision = Decision::from_outcome(applicable, outcome);
-                    decision.at_ms = at_ms;
-                    decision
+                    Decision::from_outcome(applicable, outcome).decided_at(at_ms)
                 }
                 Err(error) => self.conclude(applicable, batch, Err(error)),
             });

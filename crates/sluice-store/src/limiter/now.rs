@@ -39,9 +39,7 @@ impl Limiter<MemoryStore> {
             if let [_] = batch.rules {
                 return match self.store.decided_one(&batch) {
                     Ok((outcome, at_ms)) => {
-                        let mut decision = Decision::from_outcome(applicable, outcome);
-                        decision.at_ms = at_ms;
-                        decision
+                        Decision::from_outcome(applicable, outcome).decided_at(at_ms)
                     }
                     Err(error) => self.conclude(applicable, &batch, Err(error)),
                 };
@@ -79,8 +77,7 @@ impl Limiter<MemoryStore> {
                 ..batch
             };
             let result = self.store.decided(&on);
-            let mut decision = self.conclude(applicable, &on, result);
-            decision.shard = on.shard;
+            let decision = self.conclude(applicable, &on, result).on_shard(on.shard);
             if !shard::worth_another(&decision) {
                 return decision;
             }

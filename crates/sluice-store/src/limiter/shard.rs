@@ -83,8 +83,10 @@ impl<S: Store> Limiter<S> {
                 shard: (first + k) % shards,
                 ..*batch
             };
-            let mut decision = self.decide_shard(applicable, &on, deadline).await;
-            decision.shard = on.shard;
+            let decision = self
+                .decide_shard(applicable, &on, deadline)
+                .await
+                .on_shard(on.shard);
             if !worth_another(&decision) {
                 return decision;
             }

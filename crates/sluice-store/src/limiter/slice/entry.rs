@@ -15,6 +15,8 @@ pub(super) struct Piece {
     pub(super) expires_ms: u64,
     /// When the rule is back to full capacity, as the take said.
     pub(super) reset_at_ms: u64,
+    /// When the store took it, on the store's clock.
+    pub(super) taken_ms: u64,
 }
 
 impl Piece {
@@ -89,14 +91,16 @@ impl Entry {
     }
 
     /// Spends `cost` from the live piece that expires first and holds it;
-    /// which piece (its expiry) and the outcome to answer.
-    pub(super) fn spend(&mut self, cost: u64, now: u64) -> Option<(u64, Outcome, bool)> {
+    /// which piece (its expiry), the outcome to answer, whether the slice
+    /// runs low, and when the store took the piece.
+    pub(super) fn spend(&mut self, cost: u64, now: u64) -> Option<(u64, Outcome, bool, u64)> {
         let index = (0..2)
             .filter(|&i| self.pieces[i].live(now) && self.pieces[i].units >= cost)
             .min_by_key(|&i| self.pieces[i].expires_ms)?;
         let piece = &mut self.pieces[index];
         piece.units -= cost;
         let expires = piece.expires_ms;
+        let taken_ms = piece.taken_ms;
         let reset_after_ms = piece.reset_at_ms.saturating_sub(now).max(1);
         let held = self.held(now);
         let low = 2 * held < self.pieces[index].size;
@@ -108,7 +112,7 @@ impl Entry {
             reset_after_ms,
             retry_after_ms: 0,
         };
-        Some((expires, outcome, low))
+        Some((expires, outcome, low, taken_ms))
     }
 
     /// No take under way any more: the requests waiting for it ask again.

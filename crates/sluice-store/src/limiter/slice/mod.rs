@@ -168,8 +168,9 @@ pub(crate) struct Unspent {
 /// What to do for one request.
 #[derive(Debug)]
 pub(super) enum Plan {
-    /// Decided from slices: every rule's outcome.
-    Local(Outcomes),
+    /// Decided from slices: every rule's outcome, and when the store took
+    /// the units spent (its clock; the earliest of the rules').
+    Local(Outcomes, u64),
     /// Take a slice of each rule along with the request: the sizes, and
     /// the epoch the take started in.
     Take(SmallVec<[u64; 3]>, u64),
@@ -269,6 +270,7 @@ impl Slices {
         let mut outcomes = Outcomes::new();
         let mut local = true;
         let mut low = false;
+        let mut taken_ms = u64::MAX;
         let mut waiting = None;
         for i in 0..batch.rules.len() {
             let cost = batch.cost_of(i);
@@ -298,9 +300,10 @@ impl Slices {
                 continue;
             };
             match spent {
-                Some((expires, outcome, is_low)) => {
+                Some((expires, outcome, is_low, taken)) => {
                     outcomes.push(outcome);
                     low |= is_low;
+                    taken_ms = taken_ms.min(taken);
                     found.push(Found {
                         spent: Some(expires),
                         size,
@@ -314,7 +317,7 @@ impl Slices {
         }
         let sizes: Option<SmallVec<[u64; 3]>> = found.iter().map(|f| f.size).collect();
         if local && !(low && sizes.is_some()) {
-            return Plan::Local(outcomes);
+            return Plan::Local(outcomes, taken_ms);
         }
         // The request goes to the store: what it spent here goes back.
         self.give_back(batch, &found);
@@ -351,7 +354,7 @@ impl Slices {
         sizes: &[u64],
         epoch: u64,
         mut outcomes: Outcomes,
-        sent: u64,
+        (sent, taken_ms): (u64, u64),
         now: u64,
     ) -> Outcomes {
         for (i, outcome) in outcomes.iter_mut().enumerate() {
@@ -369,6 +372,7 @@ impl Slices {
                     size,
                     expires_ms: sent + lifetime_ms(&entry.rule, outcome.reset_after_ms),
                     reset_at_ms: sent + outcome.reset_after_ms,
+                    taken_ms,
                 };
                 entry.place(piece, now);
                 let capacity = entry.rule.rule().capacity();
@@ -426,9 +430,9 @@ impl Slices {
                         subject: (!subject.is_empty()).then(|| subject.to_owned()),
                         shard: key.shard(),
                         units: piece.units,
-                        // A moment of the window the units were taken in
-                        // (a fixed window gives back only into it).
-                        at_ms: piece.reset_at_ms.saturating_sub(1),
+                        // When the store took the units, on its clock (a
+                        // fixed window gives back only into that window).
+                        at_ms: piece.taken_ms,
                     });
                 }
             }

@@ -42,6 +42,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use sluice_core::Scope;
 use sluice_core::decision::Outcomes;
 use sluice_core::keys::Record;
 
@@ -247,9 +248,22 @@ impl ClusterStore {
                 at_ms: reply.admitted_at,
             });
         }
-        // The time of the first group's node: the tenant's own slot, where
-        // a give-back of this decision goes.
+        // The time of the node of the tenant's divided rules (its shard's
+        // slot), where a give-back of this decision goes; else the first
+        // group's. A rule kept whole on shard 0 may sit on another node,
+        // whose clock can differ (docs/CONFIG.md, "Reserve, then settle").
+        let divided = |group: &[usize]| {
+            group.iter().any(|&i| {
+                let rule = &batch.rules[i];
+                !rule.on_first_shard()
+                    && matches!(
+                        rule.scope(),
+                        Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
+                    )
+            })
+        };
         let mut at_ms = None;
+        let mut first_at = None;
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
         // What the groups that admitted consumed: given back when dropped
         // unconfirmed (a denial, a failure, or the caller going away).
@@ -285,7 +299,10 @@ impl ClusterStore {
                 };
                 match decided {
                     Ok((decided, admitted_at, reservation)) => {
-                        at_ms.get_or_insert(admitted_at);
+                        first_at.get_or_insert(admitted_at);
+                        if divided(&group) {
+                            at_ms.get_or_insert(admitted_at);
+                        }
                         for (&i, outcome) in group.iter().zip(decided) {
                             outcomes[i] = outcome;
                         }
@@ -312,7 +329,7 @@ impl ClusterStore {
         }
         Ok(Decided {
             outcomes,
-            at_ms: at_ms.unwrap_or_default(),
+            at_ms: at_ms.or(first_at).unwrap_or_default(),
         })
     }
 
