@@ -52,6 +52,7 @@ plans:
     routes:
       "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }},
                       {{ name: watch-hot, limit: 1000, per: 1m, shadow: true, tolerance: "2%" }}]
+      "GET /bursty": [{{ name: watch-burst, limit: 300, per: 1s, burst: 60, shadow: true, tolerance: "10%" }}]
   hot:
     tenant: [{{ name: hot, limit: 1200000, per: 1m, tolerance: "1%" }}]
 tenants:
@@ -169,6 +170,37 @@ async fn every_documented_metric_moves() {
     ] {
         check(&m, name, prefix);
     }
+
+    // A shadow rule with a tolerance, on a key that goes from 150 a second
+    // (hot, under its 300) to as fast as the client can: what its slices
+    // would have held on top of a full bucket is counted (a few rounds,
+    // for a machine that runs slow).
+    let over = "sluice_slice_shadow_over_admitted_units_total{rule=\"watch-burst\"";
+    for _ in 0..4 {
+        let steady = Instant::now();
+        while steady.elapsed() < Duration::from_millis(1_500) {
+            post(
+                &client,
+                &server.base,
+                json!({"tenant": "bursty", "route": "GET /bursty"}),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(6)).await;
+        }
+        for _ in 0..400 {
+            post(
+                &client,
+                &server.base,
+                json!({"tenant": "bursty", "route": "GET /bursty"}),
+            )
+            .await;
+        }
+        if metrics(&client, &server).await.contains(over) {
+            break;
+        }
+    }
+    let m = metrics(&client, &server).await;
+    check(&m, "sluice_slice_shadow_over_admitted_units_total", over);
 
     // A fair valve (10/s) saturated by tenants each asking for 3 at once
     // (what their own limit allows): held to their shares, the valve said

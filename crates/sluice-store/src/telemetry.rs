@@ -52,6 +52,13 @@ pub trait Telemetry: Send + Sync {
 
     /// A decision was answered from slices, without a store call.
     fn slice_decision(&self) {}
+
+    /// A shadow rule's tolerance would have admitted `units` more than the
+    /// rule exactly, replayed on this instance's traffic
+    /// ([`WhatIfs`](crate::limiter::slice::WhatIfs)).
+    fn slice_shadow_over(&self, rule: &sluice_core::BoundRule, units: u64) {
+        let _ = (rule, units);
+    }
 }
 
 /// Reports nothing.

@@ -509,6 +509,10 @@ impl Telemetry for Metrics {
     fn slice_decision(&self) {
         self.slices.decision();
     }
+
+    fn slice_shadow_over(&self, rule: &sluice_core::BoundRule, units: u64) {
+        self.slices.shadow_over(rule, units);
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! decisions answered from them without a store call, the units held
 //! here, and each rule's declared bound (`tolerance × limit`, the most
 //! the fleet may admit over its limit in one window; for a shadow rule,
-//! the over-admission its tolerance would allow once enforced). Labelled
+//! the over-admission its tolerance would allow once enforced), and what a
+//! shadow rule's tolerance would have over-admitted, replayed. Labelled
 //! by rule name and scope, which come from the configuration: never a
 //! tenant.
 
@@ -36,6 +37,7 @@ pub(super) struct SliceStats {
     held: Family<RuleLabels, Gauge>,
     bound: Family<RuleLabels, Gauge>,
     shadow_bound: Family<RuleLabels, Gauge>,
+    shadow_over: Family<RuleLabels, Counter>,
     /// The rules `held` was last set for, to zero those no longer held.
     seen: Mutex<Vec<RuleLabels>>,
 }
@@ -49,6 +51,7 @@ impl SliceStats {
             held: Family::default(),
             bound: Family::default(),
             shadow_bound: Family::default(),
+            shadow_over: Family::default(),
             seen: Mutex::new(Vec::new()),
         };
         registry.register(
@@ -81,6 +84,11 @@ impl SliceStats {
             "A shadow rule's tolerance × limit: the over-admission it would allow per window once enforced",
             stats.shadow_bound.clone(),
         );
+        registry.register(
+            "slice_shadow_over_admitted_units",
+            "Units a shadow rule's tolerance would have admitted beyond the rule exactly, replayed on this instance's traffic",
+            stats.shadow_over.clone(),
+        );
         stats
     }
 
@@ -110,6 +118,10 @@ impl SliceStats {
 
     pub(super) fn decision(&self) {
         self.decisions.inc();
+    }
+
+    pub(super) fn shadow_over(&self, rule: &BoundRule, units: u64) {
+        self.shadow_over.get_or_create(&labels(rule)).inc_by(units);
     }
 
     /// What this instance holds now, per rule.

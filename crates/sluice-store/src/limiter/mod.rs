@@ -74,6 +74,8 @@ pub struct Limiter<S> {
     denials: Option<DenialCache>,
     /// Hot keys' slices, for rules with a tolerance.
     slices: slice::Slices,
+    /// What shadow rules' tolerances would admit (`slice::WhatIfs`).
+    what_ifs: slice::WhatIfs,
     local: MemoryStore,
     live_instances: AtomicU64,
     /// Spreads sharded tenants' decisions over their shards in turn.
@@ -109,6 +111,7 @@ impl<S: Store> Limiter<S> {
             breaker: Breaker::new(options.breaker),
             denials: options.denial_cache.then(DenialCache::default),
             slices: slice::Slices::default(),
+            what_ifs: slice::WhatIfs::default(),
             local: MemoryStore::with_clock(options.local_max_entries, options.clock.clone())
                 .with_tenant_share(options.local_tenant_share),
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
@@ -136,6 +139,7 @@ impl<S: Store> Limiter<S> {
         }
         // Limits or tolerances may have changed: slices go at once.
         self.slices.clear();
+        self.what_ifs.clear();
     }
 
     /// The store.
@@ -220,8 +224,33 @@ impl<S: Store> Limiter<S> {
             denials.sweep(now);
         }
         self.slices.sweep(now);
+        self.what_ifs.sweep(now);
         self.local.sweep();
         self.store.maintain();
+    }
+
+    /// Replays `batch` on its shadow rules with a tolerance: what their
+    /// tolerance would over-admit, reported to the telemetry (see
+    /// [`slice::WhatIfs`]). Nothing to do for a batch without one.
+    #[inline]
+    fn what_if(&self, batch: &Batch<'_>) {
+        if batch
+            .rules
+            .iter()
+            .any(|r| r.shadow() && !r.tolerance().is_exact())
+        {
+            self.replay_shadows(batch);
+        }
+    }
+
+    #[cold]
+    fn replay_shadows(&self, batch: &Batch<'_>) {
+        let now = self.options.clock.now_ms();
+        self.what_ifs.replay(batch, now, |i, units| {
+            self.options
+                .telemetry
+                .slice_shadow_over(&batch.rules[i], units);
+        });
     }
 
     /// Keeps an embedded limiter healthy without a server: a thread of its
@@ -308,6 +337,7 @@ impl<S: Store> Limiter<S> {
             request.cost,
             applicable.rules,
         );
+        self.what_if(&batch);
         let guarded = dedupe::Guarded::of(&batch, request);
         if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
             return Ok(decision);
@@ -355,6 +385,7 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
+        self.what_if(&batch);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(lease::new_lease_id());

@@ -36,8 +36,8 @@ impl Slices {
     /// declared bound.
     pub fn levels(&self, now: u64) -> Vec<SliceLevel> {
         let mut levels: Vec<SliceLevel> = Vec::new();
-        for shard in self.shards.iter() {
-            for entry in shard.lock().values() {
+        self.entries.each(|map| {
+            for entry in map.values() {
                 let units = entry.held(now);
                 let rule = &entry.rule;
                 match levels
@@ -53,15 +53,15 @@ impl Slices {
                     }),
                 }
             }
-        }
+        });
         levels
     }
 
     /// The slices held for `tenant`'s keys, by rule name.
     pub fn of_tenant(&self, tenant: &str, now: u64) -> Vec<HeldSlice> {
         let mut held = Vec::new();
-        for shard in self.shards.iter() {
-            for (key, entry) in shard.lock().iter() {
+        self.entries.each(|map| {
+            for (key, entry) in map.iter() {
                 let units = entry.held(now);
                 if units == 0 || key.tenant() != tenant.as_bytes() {
                     continue;
@@ -80,7 +80,7 @@ impl Slices {
                     expires_in_ms: expires - now,
                 });
             }
-        }
+        });
         held.sort_by(|a, b| (&a.rule, a.expires_in_ms).cmp(&(&b.rule, b.expires_in_ms)));
         held
     }

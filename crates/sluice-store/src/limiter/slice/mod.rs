@@ -50,26 +50,25 @@
 //! store call each. A take the store denies anyway (another instance
 //! spent the budget meanwhile) is followed by the exact call.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use foldhash::fast::RandomState;
-use parking_lot::Mutex;
 use sluice_core::decision::Outcomes;
 use sluice_core::tolerance::Tolerance;
 use sluice_core::{Algorithm, BoundRule, Outcome, Scope};
 use smallvec::SmallVec;
 use tokio::sync::futures::OwnedNotified;
 
-use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::store::Batch;
 
 mod entry;
+mod keys;
 mod levels;
+mod what_if;
 
 use entry::{Entry, Piece};
+use keys::KeyMap;
 pub use levels::{HeldSlice, SliceLevel};
+pub use what_if::WhatIfs;
 
 /// Decisions per second of one key on one instance from which it takes
 /// slices; below it every decision is exact.
@@ -89,7 +88,6 @@ pub const MAX_KEYS: usize = 100_000;
 /// How long a take may be under way before another take of the same key
 /// may start (a take whose call was dropped never reports back).
 const TAKE_PATIENCE_MS: u64 = 1_000;
-const SHARDS: usize = 32;
 
 /// How long a slice taken by a call sent at `s` may be spent from `s`:
 /// to the end of the window for `fixed_window` (`reset_after_ms` of the
@@ -188,21 +186,17 @@ struct Found {
     size: Option<u64>,
 }
 
-type Map = HashMap<Key, Entry, BuildHasherDefault<PassThrough>>;
-
 /// Every key this instance follows for slices; see the module
 /// documentation.
 pub struct Slices {
-    shards: Box<[Mutex<Map>]>,
-    hasher: RandomState,
+    entries: KeyMap<Entry>,
     epoch: AtomicU64,
-    keys: AtomicU64,
 }
 
 impl std::fmt::Debug for Slices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Slices")
-            .field("keys", &self.keys.load(Ordering::Relaxed))
+            .field("keys", &self.entries.len())
             .finish()
     }
 }
@@ -210,10 +204,8 @@ impl std::fmt::Debug for Slices {
 impl Default for Slices {
     fn default() -> Slices {
         Slices {
-            shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
-            hasher: RandomState::default(),
+            entries: KeyMap::default(),
             epoch: AtomicU64::new(0),
-            keys: AtomicU64::new(0),
         }
     }
 }
@@ -221,11 +213,6 @@ impl Default for Slices {
 impl Slices {
     fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
-    }
-
-    fn shard(&self, key: &KeyRef<'_>) -> &Mutex<Map> {
-        let hash = BuildHasherDefault::<PassThrough>::default().hash_one(key);
-        &self.shards[(hash as usize) % SHARDS]
     }
 
     /// Runs `f` on the entry of rule `index` of `batch`, created when
@@ -238,21 +225,13 @@ impl Slices {
         f: impl FnOnce(&mut Entry) -> T,
     ) -> Option<T> {
         let rule = &batch.rules[index];
-        let key = KeyRef::new(
-            &self.hasher,
-            rule,
-            batch.partition(index, rule),
-            batch.shard,
-        );
+        let key = self.entries.key(batch, index, batch.shard);
         let epoch = self.epoch();
-        let mut map = self.shard(&key).lock();
+        let mut map = self.entries.lock(&key);
         let owned = key.to_key();
-        let full = self.keys.load(Ordering::Relaxed) as usize >= MAX_KEYS;
-        if !map.contains_key(&owned) {
-            if !create || full {
-                return None;
-            }
-            self.keys.fetch_add(1, Ordering::Relaxed);
+        let followed = map.contains_key(&owned) || (create && self.entries.admit());
+        if !followed {
+            return None;
         }
         let entry = map.entry(owned).or_insert_with(|| Entry::new(rule, epoch));
         if entry.epoch != epoch {
@@ -414,30 +393,26 @@ impl Slices {
     pub(crate) fn drain(&self, now: u64) -> Vec<Unspent> {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         let mut unspent = Vec::new();
-        for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            for (key, entry) in map.drain() {
-                let (Ok(tenant), Ok(subject)) = (
-                    std::str::from_utf8(key.tenant()),
-                    std::str::from_utf8(key.subject()),
-                ) else {
-                    continue;
-                };
-                for piece in entry.pieces.iter().filter(|p| p.live(now)) {
-                    unspent.push(Unspent {
-                        rule: entry.rule.clone(),
-                        tenant: tenant.to_owned(),
-                        subject: (!subject.is_empty()).then(|| subject.to_owned()),
-                        shard: key.shard(),
-                        units: piece.units,
-                        // When the store took the units, on its clock (a
-                        // fixed window gives back only into that window).
-                        at_ms: piece.taken_ms,
-                    });
-                }
+        self.entries.drain(|key, entry| {
+            let (Ok(tenant), Ok(subject)) = (
+                std::str::from_utf8(key.tenant()),
+                std::str::from_utf8(key.subject()),
+            ) else {
+                return;
+            };
+            for piece in entry.pieces.iter().filter(|p| p.live(now)) {
+                unspent.push(Unspent {
+                    rule: entry.rule.clone(),
+                    tenant: tenant.to_owned(),
+                    subject: (!subject.is_empty()).then(|| subject.to_owned()),
+                    shard: key.shard(),
+                    units: piece.units,
+                    // When the store took the units, on its clock (a
+                    // fixed window gives back only into that window).
+                    at_ms: piece.taken_ms,
+                });
             }
-        }
-        self.keys.store(0, Ordering::Relaxed);
+        });
         unspent
     }
 
@@ -445,27 +420,13 @@ impl Slices {
     /// and takes under way keep nothing.
     pub fn clear(&self) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        for shard in self.shards.iter() {
-            shard.lock().clear();
-        }
-        self.keys.store(0, Ordering::Relaxed);
+        self.entries.clear();
     }
 
     /// Forgets keys that hold nothing and were not decided in the last
     /// two seconds.
     pub fn sweep(&self, now: u64) {
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|_, e| e.held(now) > 0 || now / 1_000 <= e.second + 1);
-            removed += before - map.len();
-        }
-        // Saturating: a clear or a drain may have reset the count meanwhile.
-        let _ = self
-            .keys
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| {
-                Some(k.saturating_sub(removed as u64))
-            });
+        self.entries
+            .retain(|e| e.held(now) > 0 || now / 1_000 <= e.second + 1);
     }
 }
