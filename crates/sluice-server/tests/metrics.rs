@@ -52,11 +52,13 @@ plans:
     routes:
       "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }},
                       {{ name: watch-hot, limit: 1000, per: 1m, shadow: true, tolerance: "2%" }}]
-      "GET /bursty": [{{ name: watch-burst, limit: 300, per: 1s, burst: 60, shadow: true, tolerance: "10%" }}]
   hot:
     tenant: [{{ name: hot, limit: 1200000, per: 1m, tolerance: "1%" }}]
+  bursty:
+    tenant: [{{ name: watch-burst, limit: 300, per: 1s, burst: 60, shadow: true, tolerance: "10%" }}]
 tenants:
   hot-tenant: {{ plan: hot }}
+  bursty: {{ plan: bursty }}
 global:
   "GET /valve": [{{ name: orders-valve, limit: 10, per: 1s }}]
 "#,

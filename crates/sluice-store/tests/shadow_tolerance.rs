@@ -1,14 +1,44 @@
 //! A shadow rule with a tolerance reports the over-admission its
 //! tolerance would have allowed, changing nothing: replayed on this
 //! instance's traffic, the rule with its tolerance against the rule
-//! exactly, window by window.
+//! exactly, window by window. (On the memory store behind the remote path,
+//! where slices are taken, as on Redis.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sluice_core::config::OnError;
 use sluice_core::{BoundRule, Config, Policy, Request};
-use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore, Telemetry};
+use sluice_store::{
+    Adjusted, Batch, Change, Decided, Limiter, LimiterOptions, ManualClock, Marker, MemoryStore,
+    Peeked, Store, StoreError, Telemetry,
+};
+
+/// The memory store behind the remote path, where slices are taken.
+struct Remote(MemoryStore);
+
+impl Store for Remote {
+    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        Store::decide(&self.0, batch).await
+    }
+
+    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
+        Ok(self.0.release_now(batch))
+    }
+
+    async fn adjust(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> Result<Adjusted, StoreError> {
+        self.0.adjust(batch, change, marker).await
+    }
+
+    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        self.0.peek(batch).await
+    }
+}
 
 /// The over-admission reported, by rule name.
 #[derive(Default)]
@@ -33,14 +63,14 @@ impl Over {
 
 const START_MS: u64 = 1_764_460_800_000;
 
-fn limiter(yaml: &str) -> (Arc<ManualClock>, Arc<Over>, Limiter<MemoryStore>) {
+fn limiter(yaml: &str) -> (Arc<ManualClock>, Arc<Over>, Limiter<Remote>) {
     let config = Config::from_yaml(yaml, "shadow.yaml").unwrap();
     let clock = Arc::new(ManualClock::new(START_MS));
     let over = Arc::new(Over::default());
     let mut options = LimiterOptions::new(OnError::Deny);
     options.clock = clock.clone();
     options.telemetry = over.clone();
-    let store = MemoryStore::with_clock(10_000, clock.clone());
+    let store = Remote(MemoryStore::with_clock(10_000, clock.clone()));
     let limiter = Limiter::with_options(Policy::compile(&config.limits), store, options);
     (clock, over, limiter)
 }
@@ -48,7 +78,7 @@ fn limiter(yaml: &str) -> (Arc<ManualClock>, Arc<Over>, Limiter<MemoryStore>) {
 /// Requests of `tenant`, one every `every_ms`, for `ms`: how many were
 /// admitted (a shadow rule never denies).
 async fn drive(
-    limiter: &Limiter<MemoryStore>,
+    limiter: &Limiter<Remote>,
     clock: &ManualClock,
     tenant: &str,
     every_ms: u64,
@@ -74,7 +104,7 @@ plans:
 "#;
 
 /// `per_ms` requests of `tenant` every millisecond, for `ms`.
-async fn burst(limiter: &Limiter<MemoryStore>, clock: &ManualClock, per_ms: u64, ms: u64) {
+async fn burst(limiter: &Limiter<Remote>, clock: &ManualClock, per_ms: u64, ms: u64) {
     let policy = limiter.policy();
     let request = Request::new("hot", "GET /", None, 1).unwrap();
     for _ in 0..ms {
@@ -163,5 +193,70 @@ plans:
     );
     drive(&limiter, &clock, "hot", 1, 5_000).await;
     assert_eq!(over.of("enforced"), 0);
+    assert_eq!(over.of("watch"), 0);
+}
+
+#[tokio::test]
+async fn each_instance_replays_its_share_of_the_rule() {
+    let (clock, over, limiter) = limiter(GCRA);
+    // One of four live instances, seeing a quarter of the key's traffic:
+    // its copies hold a quarter of the rule (250 a second, a burst of 50),
+    // so its 200 a second are near that share and its burst well past it.
+    limiter.set_live_instances(4);
+    drive(&limiter, &clock, "hot", 5, 3_000).await;
+    burst(&limiter, &clock, 1, 1_000).await;
+    let alone = over.of("watch");
+    // Alone, the same traffic is under the whole rule: nothing over.
+    let (clock, solo_over, solo) = self::limiter(GCRA);
+    drive(&solo, &clock, "hot", 5, 3_000).await;
+    burst(&solo, &clock, 1, 1_000).await;
+    assert_eq!(
+        solo_over.of("watch"),
+        0,
+        "1,000 a second is the whole limit"
+    );
+    assert!(
+        alone > 0,
+        "past its share, it shows what its slices would add"
+    );
+}
+
+#[tokio::test]
+async fn a_request_an_exact_rule_keeps_exact_is_not_replayed() {
+    // An enforced rule without a tolerance keeps every request exact,
+    // enforced or not: the shadow rule's tolerance would change nothing.
+    let yaml = GCRA.replace(
+        "    tenant:\n",
+        "    tenant:\n      - { name: exact, algorithm: gcra, limit: 100000, per: 1s }\n",
+    );
+    let (clock, over, limiter) = limiter(&yaml);
+    drive(&limiter, &clock, "hot", 5, 3_000).await;
+    burst(&limiter, &clock, 4, 1_000).await;
+    assert_eq!(over.of("watch"), 0);
+}
+
+#[tokio::test]
+async fn nothing_is_replayed_on_a_store_that_takes_no_slices() {
+    // The memory store decides in process: no slice is ever taken there.
+    let config = Config::from_yaml(GCRA, "shadow.yaml").unwrap();
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let over = Arc::new(Over::default());
+    let mut options = LimiterOptions::new(OnError::Deny);
+    options.clock = clock.clone();
+    options.telemetry = over.clone();
+    let store = MemoryStore::with_clock(10_000, clock.clone());
+    let limiter = Limiter::with_options(Policy::compile(&config.limits), store, options);
+    let policy = limiter.policy();
+    let request = Request::new("hot", "GET /", None, 1).unwrap();
+    for _ in 0..600 {
+        limiter.decide(&policy, &request).await;
+        clock.advance(5);
+    }
+    for _ in 0..1_000 {
+        for _ in 0..4 {
+            limiter.decide(&policy, &request).await;
+        }
+        clock.advance(1);
+    }
     assert_eq!(over.of("watch"), 0);
 }

@@ -239,21 +239,16 @@ pub(super) async fn report(
         ),
         Err(AfterError::Partly {
             recorded: units,
+            forgiven,
             error,
         }) => {
             // What was recorded counts, in the metrics and the ledger.
-            recorded(&app, &policy, &request, units, false, 0);
-            let rest = match error {
-                StoreError::Timeout(_) => {
-                    "the next shard's may have been recorded too: do not send it again"
-                }
-                _ => "send only the rest again",
-            };
+            recorded(&app, &policy, &request, units, false, forgiven);
             refusal(
                 &InvalidRequest::new(
                     "store",
                     format!(
-                        "the rate-limit store recorded {units} of the {} units, split over the tenant's shards, then failed ({error}); {rest}",
+                        "the rate-limit store recorded the report on some of the tenant's shards ({units} of the {} units; rules kept whole on shard 0, in full), then failed ({error}): sending it again would count that part twice",
                         request.cost
                     ),
                 )

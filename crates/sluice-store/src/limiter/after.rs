@@ -82,11 +82,15 @@ pub enum AfterError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A report split over a tenant's shards was recorded on some of them
-    /// (`recorded` units) before the store failed on the next.
+    /// (`recorded` units of its divided rules, the rules kept whole on
+    /// shard 0 in full) before the store failed on the next.
     #[error("{recorded} units were recorded before the store failed: {error}")]
     Partly {
-        /// Units recorded.
+        /// Units of the divided rules recorded.
         recorded: u64,
+        /// Units owed beyond `max_debt` on the shards that recorded,
+        /// forgiven.
+        forgiven: u64,
         /// Why the rest was not.
         error: StoreError,
     },
@@ -264,7 +268,13 @@ impl<S: Store> Limiter<S> {
             };
             let adjusted = match self.adjust_within_budget(&batch, Change::Debit, None).await {
                 Ok(adjusted) => adjusted,
-                Err(error) if recorded > 0 => return Err(AfterError::Partly { recorded, error }),
+                Err(error) if recorded > 0 => {
+                    return Err(AfterError::Partly {
+                        recorded,
+                        forgiven,
+                        error,
+                    });
+                }
                 Err(error) => return Err(error.into()),
             };
             recorded += units;

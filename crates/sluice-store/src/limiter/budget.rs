@@ -25,6 +25,21 @@ impl<S: Store> Limiter<S> {
         if let Some(result) = self.store.decide_in_process(batch) {
             return self.conclude(applicable, batch, result);
         }
+        let decision = self.decide_remote(applicable, batch, deadline).await;
+        // What a shadow rule's tolerance would do, on what the store
+        // admitted (a denial or a failure-policy answer charged nothing).
+        self.what_if(batch, decision.allowed && decision.degraded.is_none());
+        decision
+    }
+
+    /// [`decide_shard`](Self::decide_shard) on a store across the network:
+    /// from slices, with a take, or exactly.
+    async fn decide_remote<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Decision<'p> {
         let mut now = self.options.clock.now_ms();
         let sliced = slice::eligible(batch);
         let mut plan = if sliced {

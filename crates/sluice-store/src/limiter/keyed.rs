@@ -104,7 +104,6 @@ impl<S: Store> Limiter<S> {
             costs: &costs,
             ..Batch::new(keyed.tenant, keyed.subject, keyed.cost, applicable.rules)
         };
-        self.what_if(&batch);
         self.decide_batch(applicable, &batch).await
     }
 

@@ -229,16 +229,13 @@ impl<S: Store> Limiter<S> {
         self.store.maintain();
     }
 
-    /// Replays `batch` on its shadow rules with a tolerance: what their
+    /// Replays an admitted `batch` on its shadow rules with a tolerance,
+    /// where the batch would take slices were they enforced: what their
     /// tolerance would over-admit, reported to the telemetry (see
-    /// [`slice::WhatIfs`]). Nothing to do for a batch without one.
+    /// [`slice::WhatIfs`]). Nothing to do for other batches.
     #[inline]
-    fn what_if(&self, batch: &Batch<'_>) {
-        if batch
-            .rules
-            .iter()
-            .any(|r| r.shadow() && !r.tolerance().is_exact())
-        {
+    fn what_if(&self, batch: &Batch<'_>, admitted: bool) {
+        if admitted && slice::replayed(batch) {
             self.replay_shadows(batch);
         }
     }
@@ -246,7 +243,8 @@ impl<S: Store> Limiter<S> {
     #[cold]
     fn replay_shadows(&self, batch: &Batch<'_>) {
         let now = self.options.clock.now_ms();
-        self.what_ifs.replay(batch, now, |i, units| {
+        let parts = self.live_instances();
+        self.what_ifs.replay(batch, now, parts, |i, units| {
             self.options
                 .telemetry
                 .slice_shadow_over(&batch.rules[i], units);
@@ -337,7 +335,6 @@ impl<S: Store> Limiter<S> {
             request.cost,
             applicable.rules,
         );
-        self.what_if(&batch);
         let guarded = dedupe::Guarded::of(&batch, request);
         if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
             return Ok(decision);
@@ -385,7 +382,6 @@ impl<S: Store> Limiter<S> {
             .as_ref()
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
-        self.what_if(&batch);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(lease::new_lease_id());

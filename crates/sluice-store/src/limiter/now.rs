@@ -22,7 +22,6 @@ impl Limiter<MemoryStore> {
                 .fair
                 .gate(&applicable, applicable.rules, request.cost, now);
             let batch = Batch::new(request.tenant, request.subject, request.cost, &rules);
-            self.what_if(&batch);
             let mut decision = self.decide_now_sharded(applicable, batch, request);
             self.learn(&gates, &mut decision, request.cost);
             return decision;
@@ -33,7 +32,6 @@ impl Limiter<MemoryStore> {
             request.cost,
             applicable.rules,
         );
-        self.what_if(&batch);
         let guarded = dedupe::Guarded::of(&batch, request);
         if applicable.shards <= 1 && !guarded.any() {
             // The common case: one shard, no duplicate guard; most often

@@ -161,6 +161,18 @@ fn sluice_extensions_pick_algorithms_and_rules() {
 }
 
 #[test]
+fn envoy_tolerance_leaves_quota_mode_limits_exact() {
+    let domains = load_one(
+        "domain: d\ndescriptors:\n  - key: tokens\n    quota_mode: true\n    rate_limit: { unit: minute, requests_per_unit: 500 }\n",
+    )
+    .unwrap();
+    let tolerance = crate::tolerance::Tolerance::from_ppm(20_000);
+    let domain = domains[0].clone().with_tolerance(tolerance);
+    let rule = &domain.descriptors[0].limit.as_ref().unwrap().rules[0];
+    assert!(rule.tolerance.is_exact(), "quota hits are debits");
+}
+
+#[test]
 fn envoy_tolerance_reaches_every_limit_it_can_bound() {
     let domains = load_one(
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 500 }\n    descriptors:\n      - key: b\n        rate_limit: { unit: minute, requests_per_unit: 10, algorithm: sliding_window }\n",

@@ -13,7 +13,8 @@ use super::MAX_KEYS;
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::store::Batch;
 
-const SHARDS: usize = 32;
+const SHARD_BITS: u32 = 5;
+const SHARDS: usize = 1 << SHARD_BITS;
 
 /// One shard of a [`KeyMap`].
 pub(super) type Map<V> = HashMap<Key, V, BuildHasherDefault<PassThrough>>;
@@ -42,10 +43,11 @@ impl<V> KeyMap<V> {
         KeyRef::new(&self.hasher, rule, batch.partition(index, rule), shard)
     }
 
-    /// The shard `key` lives in, locked.
+    /// The shard `key` lives in, locked. Chosen by the hash's high bits:
+    /// the table inside starts its probes from the low ones.
     pub(super) fn lock(&self, key: &KeyRef<'_>) -> MutexGuard<'_, Map<V>> {
         let hash = BuildHasherDefault::<PassThrough>::default().hash_one(key);
-        self.shards[(hash as usize) % SHARDS].lock()
+        self.shards[(hash >> (64 - SHARD_BITS)) as usize].lock()
     }
 
     /// Counts a key about to be added: false (not counted) when

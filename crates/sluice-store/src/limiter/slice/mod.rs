@@ -136,19 +136,34 @@ pub fn slice_size(
     (enough && remaining >= room).then_some(size)
 }
 
+/// Whether `rule` could be decided from slices, were it enforced: it has
+/// a tolerance, of a tenant's own scope, for an algorithm that takes one.
+fn sliceable(rule: &BoundRule) -> bool {
+    !rule.tolerance().is_exact()
+        && matches!(
+            rule.scope(),
+            Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
+        )
+        && Tolerance::applies_to(rule.rule().algorithm())
+}
+
 /// Whether every rule of `batch` may be decided from slices.
 pub fn eligible(batch: &Batch<'_>) -> bool {
     batch.lease.is_none()
         && !batch.rules.is_empty()
-        && batch.rules.iter().all(|rule| {
-            !rule.tolerance().is_exact()
-                && !rule.shadow()
-                && matches!(
-                    rule.scope(),
-                    Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
-                )
-                && Tolerance::applies_to(rule.rule().algorithm())
-        })
+        && batch
+            .rules
+            .iter()
+            .all(|rule| sliceable(rule) && !rule.shadow())
+}
+
+/// Whether `batch` is replayed for its shadow rules' tolerances
+/// ([`WhatIfs`]): it has one, and would be [`eligible`] were they
+/// enforced.
+pub fn replayed(batch: &Batch<'_>) -> bool {
+    batch.rules.iter().any(BoundRule::shadow)
+        && batch.lease.is_none()
+        && batch.rules.iter().all(sliceable)
 }
 
 /// What a slice still holds, to give back to the bucket it was taken

@@ -2,50 +2,44 @@
 //! changing nothing.
 //!
 //! A rule in shadow mode is decided exactly and never denies. With a
-//! tolerance, this instance also replays its own requests of each of the
-//! rule's keys against two copies of the rule kept here: one enforced
-//! exactly, one enforced with its tolerance, the key followed as
-//! [`Slices::plan`](super::Slices) follows it (the same [`Entry`]: hot
-//! threshold, slice sizes and lifetimes, spends, a new take when a slice
-//! runs low). In each window of the rule's `per` (aligned to the epoch),
-//! the units the second admits beyond the first are the over-admission
-//! the tolerance would have allowed on this instance's traffic, reported
-//! as they appear ([`Telemetry::slice_shadow_over`](crate::Telemetry::slice_shadow_over)).
-//! The fleet's is the sum over its instances: an estimate, since each
-//! instance's exact copy sees only its share of a key's traffic.
+//! tolerance, each request the store admits whose rules would all take
+//! slices were the shadow ones enforced ([`replayed`](super::replayed)) is
+//! replayed on this instance against two copies of each shadow rule, kept
+//! here per key: one enforced exactly, one enforced with its tolerance,
+//! the key followed as [`Slices::plan`](super::Slices) follows it (the
+//! same [`Entry`]: hot threshold, slice sizes and lifetimes, spends, a new
+//! take when a slice runs low). In each window of the rule's `per`
+//! (aligned to the epoch), the units the second admits beyond the first
+//! are the over-admission the tolerance would have allowed, reported as
+//! they appear ([`Telemetry::slice_shadow_over`](crate::Telemetry::slice_shadow_over)).
 //!
-//! Over-admission shows where a hot key goes from below its limit to past
-//! it (the slices held on top of a full bucket, whose refill an exact
-//! bucket would have dropped); a key held at its limit, or a
+//! Each instance replays only its share of a key's traffic, so its copies
+//! hold its share of the rule among the live instances (as the local
+//! fallback does), on the tenant's shard that decided; the fleet's figure
+//! is the sum over instances, an estimate that assumes traffic spread
+//! evenly. Over-admission shows where a hot key goes from below its limit
+//! to past it (the slices held on top of a full bucket, whose refill an
+//! exact bucket would have dropped); a key held at its limit, or a
 //! `fixed_window` (its slices end with their window), shows none.
 //!
-//! Both copies live in this process: the what-if costs no store call, on
-//! any backend. At most [`MAX_KEYS`](super::MAX_KEYS) keys are followed;
-//! a key is forgotten two windows after its last request, and every key
-//! on a reload.
+//! Both copies live in this process: the what-if costs no store call. It
+//! runs where slices do, on Redis and Redis Cluster. At most
+//! [`MAX_KEYS`](super::MAX_KEYS) keys are followed; a key idle for two
+//! seconds whose copies are both as good as fresh is forgotten, and every
+//! key on a reload.
 
-use sluice_core::tolerance::Tolerance;
-use sluice_core::{BoundRule, Rule, Scope, State};
+use sluice_core::{BoundRule, Rule, State};
 
 use super::entry::{Entry, Piece};
 use super::keys::KeyMap;
 use super::{lifetime_ms, slice_size};
 use crate::store::Batch;
 
-/// Whether `rule` is replayed: a shadow rule with a tolerance it takes.
-fn followed(rule: &BoundRule) -> bool {
-    rule.shadow()
-        && !rule.tolerance().is_exact()
-        && matches!(
-            rule.scope(),
-            Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
-        )
-        && Tolerance::applies_to(rule.rule().algorithm())
-}
-
-/// One key of a followed rule, replayed both ways.
+/// One key of a shadow rule with a tolerance, replayed both ways.
 struct Replay {
+    /// This instance's share of the rule (see [`WhatIfs::replay`]).
     rule: Rule,
+    parts: u64,
     /// Enforced exactly.
     exact: State,
     /// Enforced with the tolerance: the store's state, and the key as
@@ -62,12 +56,13 @@ struct Replay {
 }
 
 impl Replay {
-    fn new(bound: &BoundRule) -> Replay {
-        let rule = *bound.rule();
+    fn new(bound: &BoundRule, parts: u64) -> Replay {
+        let rule = bound.rule().share(parts);
         let mut entry = Entry::new(bound, 0);
         entry.remaining = rule.capacity();
         Replay {
             rule,
+            parts,
             exact: State::Fresh,
             sliced: State::Fresh,
             entry,
@@ -95,6 +90,16 @@ impl Replay {
         let new = over.saturating_sub(self.reported);
         self.reported = self.reported.max(over);
         new
+    }
+
+    /// Whether the key can be forgotten at `now` without changing what it
+    /// would report: not decided for two seconds, no slice held, and both
+    /// copies as good as fresh (as they are recreated).
+    fn idle(&self, now: u64) -> bool {
+        now / 1_000 > self.entry.second + 1
+            && self.entry.held(now) == 0
+            && self.rule.idle_at(&self.exact) <= now
+            && self.rule.idle_at(&self.sliced) <= now
     }
 
     /// Whether the copy with the tolerance admits `cost` at `now`, as
@@ -148,7 +153,7 @@ fn admit(rule: &Rule, state: &mut State, now: u64, cost: u64) -> Option<sluice_c
     })
 }
 
-/// Every key of a followed rule this instance replays.
+/// Every key of a shadow rule with a tolerance this instance replays.
 #[derive(Default)]
 pub struct WhatIfs {
     replays: KeyMap<Replay>,
@@ -163,21 +168,36 @@ impl std::fmt::Debug for WhatIfs {
 }
 
 impl WhatIfs {
-    /// Replays `batch` at `now` on every followed rule of it: each one's
-    /// over-admission that appears with it, by rule index (`report`).
-    pub fn replay(&self, batch: &Batch<'_>, now: u64, mut report: impl FnMut(usize, u64)) {
+    /// Replays `batch`, which the store admitted at `now`, on its shadow
+    /// rules with a tolerance: each one's over-admission that appears with
+    /// it, by rule index (`report`). Each copy holds this instance's share
+    /// of the rule among `parts` live instances (as the local fallback
+    /// does), the key's traffic being spread over them.
+    pub fn replay(
+        &self,
+        batch: &Batch<'_>,
+        now: u64,
+        parts: u64,
+        mut report: impl FnMut(usize, u64),
+    ) {
         for (i, bound) in batch.rules.iter().enumerate() {
-            if !followed(bound) {
+            if !bound.shadow() {
                 continue;
             }
-            let key = self.replays.key(batch, i, 0);
+            let key = self.replays.key(batch, i, batch.shard);
             let mut map = self.replays.lock(&key);
             let owned = key.to_key();
-            let followed = map.contains_key(&owned) || self.replays.admit();
-            if !followed {
+            let known = map.contains_key(&owned) || self.replays.admit();
+            if !known {
                 continue;
             }
-            let replay = map.entry(owned).or_insert_with(|| Replay::new(bound));
+            let replay = map
+                .entry(owned)
+                .or_insert_with(|| Replay::new(bound, parts));
+            if replay.parts != parts {
+                // Another number of instances: another share, afresh.
+                *replay = Replay::new(bound, parts);
+            }
             let over = replay.replay(batch.cost_of(i), now);
             if over > 0 {
                 report(i, over);
@@ -190,10 +210,8 @@ impl WhatIfs {
         self.replays.clear();
     }
 
-    /// Forgets keys not decided in their last two windows: both copies
-    /// would be whole again (idle past the rule's `per`), or nearly so.
+    /// Forgets idle keys whose copies are alike (see `Replay::idle`).
     pub fn sweep(&self, now: u64) {
-        self.replays
-            .retain(|r| now < r.window + 2 * r.rule.period_ms());
+        self.replays.retain(|r| !r.idle(now));
     }
 }
