@@ -173,7 +173,7 @@ async fn every_documented_metric_moves() {
         check(&m, name, prefix);
     }
 
-    // A shadow rule with a tolerance, on a key that goes from 150 a second
+    // A shadow rule with a tolerance, on a key that goes from 200 a second
     // (hot, under its 300) to as fast as the client can: what its slices
     // would have held on top of a full bucket is counted (a few rounds,
     // for a machine that runs slow).
@@ -187,7 +187,7 @@ async fn every_documented_metric_moves() {
                 json!({"tenant": "bursty", "route": "GET /bursty"}),
             )
             .await;
-            tokio::time::sleep(Duration::from_millis(6)).await;
+            tokio::time::sleep(Duration::from_millis(4)).await;
         }
         for _ in 0..400 {
             post(
