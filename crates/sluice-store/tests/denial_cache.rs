@@ -11,37 +11,10 @@ use proptest::prelude::*;
 use sluice_core::config::OnError;
 
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{
-    Batch, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
-    Telemetry,
-};
+use sluice_store::{Batch, Limiter, LimiterOptions, ManualClock, MemoryStore, Telemetry};
 
-/// The memory store behind the remote path (no in-process shortcut), so
-/// that the limiter uses its over-limit cache.
-struct Remote(Arc<MemoryStore>);
-
-impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        Store::decide(&*self.0, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.0.release_now(batch))
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: sluice_store::Change,
-        marker: Option<&sluice_store::Marker>,
-    ) -> Result<sluice_store::Adjusted, StoreError> {
-        self.0.adjust(batch, change, marker).await
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.0.peek(batch).await
-    }
-}
+mod remote;
+use remote::Remote;
 
 #[derive(Default)]
 struct Hits(AtomicU64);
@@ -94,7 +67,7 @@ fn a_cached_denial_is_what_the_store_would_answer() {
         options.clock = clock.clone();
         options.telemetry = hits.clone();
         let policy = Policy::compile(&Config::from_yaml(CONFIG, "t.yaml").unwrap().limits);
-        let limiter = Limiter::with_options(policy, Remote(store.clone()), options);
+        let limiter = Limiter::with_options(policy, Remote::new(store.clone()), options);
         let policy = limiter.policy();
         for (advance, route, subject, cost) in steps {
             clock.advance(advance);
@@ -154,7 +127,7 @@ async fn a_cheaper_admission_forgets_a_dearer_denial() {
     options.clock = clock.clone();
     let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 10, per: 1s, burst: 3 }]\n";
     let policy = Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits);
-    let limiter = Limiter::with_options(policy, Remote(store.clone()), options);
+    let limiter = Limiter::with_options(policy, Remote::new(store.clone()), options);
     let policy = limiter.policy();
     let decide = |cost| {
         let (limiter, policy) = (&limiter, &policy);

@@ -9,36 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use sluice_core::config::OnError;
 use sluice_core::{BoundRule, Config, Policy, Request};
-use sluice_store::{
-    Adjusted, Batch, Change, Decided, Limiter, LimiterOptions, ManualClock, Marker, MemoryStore,
-    Peeked, Store, StoreError, Telemetry,
-};
+use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore, Telemetry};
 
-/// The memory store behind the remote path, where slices are taken.
-struct Remote(MemoryStore);
-
-impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        Store::decide(&self.0, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.0.release_now(batch))
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: Change,
-        marker: Option<&Marker>,
-    ) -> Result<Adjusted, StoreError> {
-        self.0.adjust(batch, change, marker).await
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.0.peek(batch).await
-    }
-}
+mod remote;
+use remote::Remote;
 
 /// The over-admission reported, by rule name.
 #[derive(Default)]
@@ -70,7 +44,7 @@ fn limiter(yaml: &str) -> (Arc<ManualClock>, Arc<Over>, Limiter<Remote>) {
     let mut options = LimiterOptions::new(OnError::Deny);
     options.clock = clock.clone();
     options.telemetry = over.clone();
-    let store = Remote(MemoryStore::with_clock(10_000, clock.clone()));
+    let store = Remote::new(MemoryStore::with_clock(10_000, clock.clone()));
     let limiter = Limiter::with_options(Policy::compile(&config.limits), store, options);
     (clock, over, limiter)
 }

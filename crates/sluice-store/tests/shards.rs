@@ -7,9 +7,10 @@ use std::sync::Arc;
 use sluice_core::config::OnError;
 
 use sluice_core::{Config, Policy, Request};
-use sluice_store::{
-    Batch, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store, StoreError,
-};
+use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore, Store};
+
+mod remote;
+use remote::Remote;
 
 fn policy(shards: u16) -> Policy {
     let yaml = format!(
@@ -17,33 +18,6 @@ fn policy(shards: u16) -> Policy {
     );
     // As on Redis: tenants are spread over their shards.
     Policy::compile_for(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits, true)
-}
-
-/// The memory store behind the remote path, so that the over-limit cache
-/// takes part.
-struct Remote(MemoryStore);
-
-impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        Store::decide(&self.0, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.0.release_now(batch))
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: sluice_store::Change,
-        marker: Option<&sluice_store::Marker>,
-    ) -> Result<sluice_store::Adjusted, StoreError> {
-        self.0.adjust(batch, change, marker).await
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.0.peek(batch).await
-    }
 }
 
 fn clock() -> Arc<ManualClock> {
@@ -98,7 +72,7 @@ async fn through_the_over_limit_cache_too() {
     options.clock = clock.clone();
     let limiter = Limiter::with_options(
         policy(4),
-        Remote(MemoryStore::with_clock(1_000, clock)),
+        Remote::new(MemoryStore::with_clock(1_000, clock)),
         options,
     );
     assert_eq!(drain(&limiter).await, (100, 100));
@@ -150,7 +124,7 @@ fn two_shards() -> Limiter<Remote> {
     options.clock = clock.clone();
     Limiter::with_options(
         policy,
-        Remote(MemoryStore::with_clock(1_000, clock)),
+        Remote::new(MemoryStore::with_clock(1_000, clock)),
         options,
     )
 }
@@ -205,40 +179,11 @@ async fn a_report_is_split_over_the_shards() {
     assert_eq!(report.forgiven, 2);
 }
 
-/// The memory store, whose adjustments fail after the first.
-struct FailsAfterOne(MemoryStore, std::sync::atomic::AtomicU64);
-
-impl Store for FailsAfterOne {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        Store::decide(&self.0, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.0.release_now(batch))
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: sluice_store::Change,
-        marker: Option<&sluice_store::Marker>,
-    ) -> Result<sluice_store::Adjusted, StoreError> {
-        if self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0 {
-            return Err(StoreError::Unavailable("down".to_owned()));
-        }
-        self.0.adjust(batch, change, marker).await
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.0.peek(batch).await
-    }
-}
-
 #[tokio::test]
 async fn a_report_cut_short_between_shards_says_what_was_recorded() {
     let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
     let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
-    let store = FailsAfterOne(MemoryStore::with_clock(1_000, clock()), Default::default());
+    let store = Remote::new(MemoryStore::with_clock(1_000, clock())).failing_adjustments_after(1);
     let limiter = Limiter::new(policy, store, OnError::Deny);
     let policy = limiter.policy();
     let error = limiter
@@ -284,7 +229,7 @@ async fn a_report_to_rules_kept_whole_on_shard_zero_is_one_call() {
     // fails any second one).
     let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\n    routes:\n      \"POST /login\": [{ name: failures, algorithm: fixed_window, limit: 5, per: 15m, count_if: { status: [401] } }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
     let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
-    let store = FailsAfterOne(MemoryStore::with_clock(1_000, clock()), Default::default());
+    let store = Remote::new(MemoryStore::with_clock(1_000, clock())).failing_adjustments_after(1);
     let limiter = Limiter::new(policy, store, OnError::Deny);
     let policy = limiter.policy();
     let login = Request::new("a", "POST /login", None, 3).unwrap();

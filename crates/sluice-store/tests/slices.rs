@@ -12,46 +12,10 @@ use proptest::prelude::*;
 use sluice_core::config::OnError;
 
 use sluice_core::{Config, Policy, Request, State};
-use sluice_store::{
-    Batch, Clock, Decided, Limiter, LimiterOptions, ManualClock, MemoryStore, Peeked, Store,
-    StoreError,
-};
+use sluice_store::{Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore};
 
-/// The memory store behind the remote path, counting the calls made to
-/// it; unreachable while `down`.
-struct Remote {
-    store: Arc<MemoryStore>,
-    calls: Arc<AtomicU64>,
-    down: Arc<AtomicBool>,
-}
-
-impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        if self.down.load(Ordering::Relaxed) {
-            return Err(StoreError::Unavailable("down".to_owned()));
-        }
-        Store::decide(&*self.store, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.store.release_now(batch))
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.store.peek(batch).await
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: sluice_store::Change,
-        marker: Option<&sluice_store::Marker>,
-    ) -> Result<sluice_store::Adjusted, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.store.adjust_now(batch, change, marker)
-    }
-}
+mod remote;
+use remote::Remote;
 
 /// Instances sharing one store and one clock.
 struct Fleet {
@@ -87,9 +51,9 @@ impl Fleet {
         options.clock = self.clock.clone();
         options.denial_cache = self.denial_cache;
         let remote = Remote {
-            store: self.store.clone(),
             calls: self.calls.clone(),
             down: self.down.clone(),
+            ..Remote::new(self.store.clone())
         };
         self.instances
             .push(Limiter::with_options(policy(yaml), remote, options));
@@ -489,9 +453,8 @@ fn clock_steps_cannot_stretch_a_slice() {
         let mut options = LimiterOptions::new(OnError::Deny);
         options.clock = clock.clone();
         let remote = Remote {
-            store,
             calls: calls.clone(),
-            down: Arc::new(AtomicBool::new(false)),
+            ..Remote::new(store)
         };
         let limiter = Limiter::with_options(policy(HOT), remote, options);
         let policy = limiter.policy();

@@ -16,36 +16,13 @@ use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, ConnectOptions, Decided, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore,
-    Peeked, RedisStore, Store, StoreError, Telemetry, TimeSource,
+    ConnectOptions, KeySet, Limiter, LimiterOptions, ManualClock, MemoryStore, RedisStore, Store,
+    StoreError, Telemetry, TimeSource,
 };
 use sluice_testkit::RedisServer;
 
-/// The memory store behind the remote path.
-struct Remote(Arc<MemoryStore>);
-
-impl Store for Remote {
-    async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        Store::decide(&*self.0, batch).await
-    }
-
-    async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {
-        Ok(self.0.release_now(batch))
-    }
-
-    async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.0.peek(batch).await
-    }
-
-    async fn adjust(
-        &self,
-        batch: &Batch<'_>,
-        change: sluice_store::Change,
-        marker: Option<&sluice_store::Marker>,
-    ) -> Result<sluice_store::Adjusted, StoreError> {
-        self.0.adjust_now(batch, change, marker)
-    }
-}
+mod remote;
+use remote::Remote;
 
 #[derive(Default)]
 struct Calls(AtomicU64);
@@ -106,7 +83,7 @@ fn slices_decide_the_same_on_memory_and_redis() {
                 let mut on_memory = Vec::new();
                 let mut on_redis = Vec::new();
                 for _ in 0..2 {
-                    on_memory.push(limiter(Remote(memory.clone()), &clock, &memory_calls));
+                    on_memory.push(limiter(Remote::new(memory.clone()), &clock, &memory_calls));
                     let keys = KeySet {
                         current: Keyer::new("sd", &Pepper::parse(&[b'q'; 32]).unwrap()),
                         previous: None,
