@@ -197,6 +197,25 @@ impl MemoryStore {
         self.decide_parts(batch, 1)
     }
 
+    /// [`decide_now`](Self::decide_now), with the time it decided at (a
+    /// give-back of what it admitted names that time).
+    pub(crate) fn decided(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        let now = self.clock.now_ms();
+        self.decide_parts_at(batch, 1, now).map(|outcomes| Decided {
+            outcomes,
+            at_ms: now,
+        })
+    }
+
+    /// [`decided`](Self::decided) for a batch of one rule: its outcome
+    /// alone, and the time.
+    #[inline]
+    pub(crate) fn decided_one(&self, batch: &Batch<'_>) -> Result<(Outcome, u64), StoreError> {
+        let now = self.clock.now_ms();
+        self.decide_one_at(batch, 1, now)
+            .map(|outcome| (outcome, now))
+    }
+
     /// Decides a batch against one of `parts` equal shares of every rule
     /// (see [`Rule::share`](sluice_core::Rule::share)): how each of `parts`
     /// sluice instances enforces limits locally while the shared store is
@@ -508,25 +527,6 @@ fn decide_locked<'e>(
         }
     }
     Some(Outcomes::from_slice(outcomes))
-}
-
-impl MemoryStore {
-    /// [`decide_now`](Self::decide_now), with the time it decided at.
-    /// A batch of one rule decided now: its outcome, and the time.
-    #[inline]
-    pub(crate) fn decided_one(&self, batch: &Batch<'_>) -> Result<(Outcome, u64), StoreError> {
-        let now = self.clock.now_ms();
-        self.decide_one_at(batch, 1, now)
-            .map(|outcome| (outcome, now))
-    }
-
-    pub(crate) fn decided(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        let now = self.clock.now_ms();
-        self.decide_parts_at(batch, 1, now).map(|outcomes| Decided {
-            outcomes,
-            at_ms: now,
-        })
-    }
 }
 
 impl Store for MemoryStore {
