@@ -103,3 +103,32 @@ async fn the_runtime_directory_is_walked_with_its_subdirectories() {
     server.stop();
     drop((runtime, elsewhere));
 }
+
+/// A directory named by `--envoy-config` (or `envoy.config`) is read as
+/// upstream's runtime loader reads one: every file, whatever its
+/// extension, in it and in its subdirectories; `sluice validate` checks
+/// the same files.
+#[tokio::test]
+async fn a_configuration_directory_is_read_as_upstream_reads_it() {
+    let dir = temp_dir("envoy-tree");
+    let team = dir.path().join("team-a");
+    std::fs::create_dir_all(&team).unwrap();
+    std::fs::write(dir.path().join("top.yaml"), one_per_hour("top")).unwrap();
+    std::fs::write(team.join("limits.yaml"), one_per_hour("team")).unwrap();
+    std::fs::write(dir.path().join("limits.conf"), one_per_hour("conf")).unwrap();
+    let (out, _) = crate::common::succeeds(crate::common::sluice().arg("validate").arg(dir.path()));
+    assert!(out.contains("ok (3 domains"), "{out}");
+    let config = temp_file("tree.yaml", "storage: { backend: memory }\n");
+    let mut server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--envoy-config",
+        dir.path().to_str().unwrap(),
+    ])
+    .keep(config)
+    .keep(dir);
+    for domain in ["top", "team", "conf"] {
+        limits(&server, domain).await;
+    }
+    server.stop();
+}
