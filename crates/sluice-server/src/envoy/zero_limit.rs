@@ -1,5 +1,7 @@
 //! A limit of zero (`requests_per_unit: 0`, or a `limit` override of 0):
 //! every request over it, answered as envoyproxy/ratelimit answers it.
+//! [`decide`] also answers a request with more hits than one of its
+//! limits can ever hold: over too, whatever the store holds.
 //!
 //! envoyproxy/ratelimit counts such a descriptor like any other and finds it over the
 //! limit: its status names the limit, has nothing remaining and resets
@@ -8,10 +10,7 @@
 //! consumes nothing for a request over the limit, so their standing is
 //! read from the store (as a `hits_addend: 0` check reads it), not counted.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
@@ -19,7 +18,7 @@ use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Outcome, Rule, State};
 use sluice_store::{Keyed, Limiter};
 
-use super::units::proto_unit;
+use super::units::current_limit;
 use crate::backend::Backend;
 
 /// The time zero limits reset from: the memory store's clock, else this
@@ -45,11 +44,9 @@ pub(super) fn status(
     let unit = configured.as_ref().and_then(|(_, unit, _)| *unit);
     DescriptorStatus {
         code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
-        current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
-            name: name.clone().unwrap_or_default(),
-            requests_per_unit: *rpu,
-            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-        }),
+        current_limit: configured
+            .as_ref()
+            .map(|(rpu, unit, name)| current_limit(*rpu, *unit, name.as_deref().unwrap_or(""))),
         limit_remaining: 0,
         duration_until_reset: unit.map(|unit| ProtoDuration {
             seconds: calendar_reset_ms(unit, now_ms).div_ceil(1_000) as i64,
@@ -65,7 +62,8 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
     unit.ms() - now_ms % unit.ms()
 }
 
-/// The decision for a request a zero limit denies: over the limit,
+/// The decision for a request a zero limit (or hits above a limit's
+/// capacity) denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
 /// counting where `keyed` says) read through `limiter`. When the store
 /// does not answer within [`CHECK_ONLY_BUDGET`](super::CHECK_ONLY_BUDGET),

@@ -34,6 +34,7 @@ mod native;
 mod quota;
 mod requests;
 mod sources;
+mod statuses;
 mod tolerance;
 mod zero_limits;
 
