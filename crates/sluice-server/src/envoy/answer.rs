@@ -204,7 +204,12 @@ fn descriptor_status(
     // descriptor with rules is over.
     let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
     let over = denied || failed_closed;
-    let tightest = known().min_by_key(|(_, o)| o.remaining);
+    // What a hidden rule holds (a valve's capacity, a fair share) is never
+    // shown, as in the `RateLimit` headers: it would show other tenants'
+    // traffic. Its denial still makes the descriptor over.
+    let tightest = known()
+        .filter(|&(r, _)| !decision.rules[r].hidden())
+        .min_by_key(|(_, o)| o.remaining);
     DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
         current_limit: tightest.map(|(r, _)| reported_limit(configured, &decision.rules[r])),

@@ -18,6 +18,16 @@ use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::zero_limit;
 
+/// What a descriptor naming a subject answers for.
+const SUBJECT: &[Scope] = &[Scope::Subject];
+/// What a descriptor naming a route (and no subject) answers for: the
+/// route's rules, valves, their gates and the duplicate guard.
+const ROUTE: &[Scope] = &[Scope::Route, Scope::Global, Scope::Share, Scope::Dedupe];
+/// What a subject descriptor answers for when no descriptor answers for
+/// the route: the route's hidden rules too.
+const SUBJECT_AND_ROUTE_HIDDEN: &[Scope] =
+    &[Scope::Subject, Scope::Global, Scope::Share, Scope::Dedupe];
+
 impl RateLimiter {
     pub(super) async fn decide_native(
         &self,
@@ -48,13 +58,24 @@ impl RateLimiter {
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());
         // Each descriptor answers for the scope its deepest entry names.
+        // The route's valves, their gates and its duplicate guard are the
+        // route descriptor's, so that it says over when one of them
+        // denies (never what they hold: see `answer`); without a route
+        // descriptor, the subject descriptors' (they name the route too).
+        let has = |d: &Descriptor<'_>, key: &str| d.entries.iter().any(|(k, _)| *k == key);
+        let route_level =
+            |d: &Descriptor<'_>| has(d, &native.route_key) && !has(d, &native.subject_key);
+        let route_answered = descriptors.iter().any(route_level);
         let level = |d: &Descriptor<'_>| {
-            let has = |key: &str| d.entries.iter().any(|(k, _)| *k == key);
-            if has(&native.subject_key) {
-                Some(&[Scope::Subject][..])
-            } else if has(&native.route_key) {
-                Some(&[Scope::Route, Scope::Global][..])
-            } else if has(&native.tenant_key) {
+            if has(d, &native.subject_key) {
+                Some(if route_answered {
+                    SUBJECT
+                } else {
+                    SUBJECT_AND_ROUTE_HIDDEN
+                })
+            } else if has(d, &native.route_key) {
+                Some(ROUTE)
+            } else if has(d, &native.tenant_key) {
                 Some(&[Scope::Tenant][..])
             } else {
                 None

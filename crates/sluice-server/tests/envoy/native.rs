@@ -139,3 +139,74 @@ async fn sharded_tenants_get_their_whole_limit_through_envoy() {
     drop(c);
     server.stop();
 }
+
+/// A route with a rule of its own and a fair valve (all tenants, 100 an
+/// hour: nothing refills during the test).
+const VALVED: &str = r#"
+default_plan: free
+plans:
+  free:
+    tenant: [{ name: tenant-hour, algorithm: fixed_window, limit: 1000, per: 1h }]
+    routes:
+      "POST /v": [{ name: v-route, algorithm: fixed_window, limit: 500, per: 1h }]
+global:
+  "POST /v": [{ name: v-valve, algorithm: gcra, limit: 100, per: 1h, burst: 100 }]
+"#;
+
+/// A valve is never shown in a descriptor's status (as it never is in the
+/// `RateLimit` headers): what it has left would show other tenants'
+/// traffic. When it or the tenant's share of it denies, the descriptor
+/// that answers for the route says over.
+async fn valves_stay_hidden(server: &Server) {
+    let mut c = client(server).await;
+    let both = |tenant: &str| {
+        vec![
+            descriptor(&[("tenant", tenant)]),
+            descriptor(&[("tenant", tenant), ("route", "POST /v")]),
+        ]
+    };
+    let route_status = |r: &RateLimitResponse| {
+        let status = &r.statuses[1];
+        let limit = status.current_limit.as_ref().expect("the route's own rule");
+        (limit.name.clone(), status.limit_remaining)
+    };
+    let r = ask(&mut c, "sluice", both("a"), 1).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
+    assert_eq!(route_status(&r), ("v-route".into(), 499));
+    // Another tenant's 40 units change nothing in what `a` is shown.
+    let r = ask(&mut c, "sluice", both("b"), 40).await;
+    assert_eq!(overall(&r), Code::Ok);
+    let r = ask(&mut c, "sluice", both("a"), 1).await;
+    assert_eq!(route_status(&r), ("v-route".into(), 498));
+
+    // `b` drains the valve, past its share: each denial is the route's.
+    let mut denied = 0;
+    for tenant in ["b", "b", "b", "a", "b", "a", "b", "a"] {
+        let r = ask(&mut c, "sluice", both(tenant), 12).await;
+        if overall(&r) == Code::OverLimit {
+            denied += 1;
+            assert_eq!(codes(&r), [Code::Ok, Code::OverLimit], "{tenant}");
+            assert_eq!(route_status(&r), ("v-route".into(), 0), "{tenant}");
+        } else {
+            assert_eq!(route_status(&r).0, "v-route");
+        }
+    }
+    assert!(denied > 0, "the valve (100) was asked for 138");
+    // Without a route descriptor, the subject's (it names the route too)
+    // says over: more than the valve has left.
+    let subject = descriptor(&[("tenant", "a"), ("route", "POST /v"), ("subject", "u")]);
+    let r = ask(&mut c, "sluice", vec![subject], 100).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+}
+
+#[tokio::test]
+async fn valves_are_never_shown_and_their_denials_are_the_routes() {
+    let mut server = start_config(VALVED, "valved-memory", &[]);
+    valves_stay_hidden(&server).await;
+    server.stop();
+    let redis = RedisServer::start();
+    let yaml = format!("{}{VALVED}", redis_storage(&redis));
+    let mut server = start_config(&yaml, "valved-redis", &[]);
+    valves_stay_hidden(&server).await;
+    server.stop();
+}

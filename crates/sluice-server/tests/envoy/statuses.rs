@@ -13,7 +13,7 @@ use sluice_testkit::{RedisCluster, RedisServer};
 
 use crate::common::Server;
 use crate::zero_limits::assert_status;
-use crate::{ask, client, codes, descriptor, overall, redis_storage, start_with};
+use crate::{ask, client, cluster_storage, codes, descriptor, overall, redis_storage, start_with};
 
 const LIMITS: &str = r#"
 domain: st
@@ -107,10 +107,7 @@ async fn descriptor_statuses_answer_as_envoyproxy_does_on_every_store() {
     statuses(&server).await;
     server.stop();
     let cluster = RedisCluster::start(3, 0);
-    let storage = format!(
-        "storage:\n  backend: redis-cluster\n  nodes: [{}]\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        cluster.urls().join(", ")
-    );
+    let storage = cluster_storage(&cluster);
     let mut server = start_with(&storage, "statuses-cluster", &[("st.yaml", LIMITS)]);
     statuses(&server).await;
     server.stop();
