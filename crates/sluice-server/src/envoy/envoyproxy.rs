@@ -354,17 +354,10 @@ impl RateLimiter {
             .iter()
             .map(|f| f.limit().and_then(configured))
             .collect();
-        // More hits than an enforced rule can ever hold: over, as a zero
-        // limit is, that rule answering over with nothing remaining and
-        // the others with their standing.
-        let never_fits = rules.iter().zip(owner).any(|(rule, &d)| {
-            !rule.shadow() && rule.units(descriptors[d].cost) > rule.rule().capacity()
-        });
-        let enforced_block = never_fits
-            || found
-                .iter()
-                .zip(&blocked)
-                .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow || l.quota));
+        let enforced_block = found
+            .iter()
+            .zip(&blocked)
+            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow || l.quota));
         let mut owners = vec![Vec::new(); descriptors.len()];
         for (index, descriptor) in owner.iter().enumerate() {
             owners[*descriptor].push(index);
@@ -381,9 +374,9 @@ impl RateLimiter {
                 let cost = counted_cost(rule, descriptors[d].cost, quota[d]);
                 keyed.push(bucket(domain, &descriptors[d], &found[d]), cost);
             }
-            if enforced_block {
-                // Denied by `requests_per_unit: 0`, or by hits no bucket
-                // can hold: nothing counted.
+            if enforced_block || zero_limit::never_fits(rules, &keyed) {
+                // Denied by `requests_per_unit: 0`, or by hits a limit can
+                // never hold: nothing counted.
                 zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &keyed).await
             } else {
                 self.app

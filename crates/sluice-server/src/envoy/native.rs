@@ -94,7 +94,10 @@ impl RateLimiter {
         let mut owners = vec![Vec::new(); descriptors.len()];
         let mut configured = vec![None; descriptors.len()];
         let mut blocked = vec![false; descriptors.len()];
-        let decided = if overrides.is_empty() {
+        // More hits than a rule can ever hold: decided as a zero limit is
+        // (below), so that the descriptor that cannot fit says so.
+        let fits = request.cost <= applicable.max_cost;
+        let decided = if overrides.is_empty() && fits {
             for (i, d) in descriptors.iter().enumerate() {
                 if let Some(scopes) = level(d) {
                     owners[i] = (0..applicable.rules.len())
@@ -113,8 +116,9 @@ impl RateLimiter {
             Verdict::native(decision, owners, blocked, configured, 0)
         } else {
             // Overrides add descriptor rules to the plan's, decided
-            // together: the rare path, boxed so that what it holds across
-            // the store call does not size every request's future.
+            // together; a request that cannot fit reads every rule's
+            // standing: the rare paths, boxed so that what they hold
+            // across the store call does not size every request's future.
             return Box::pin(async move {
                 let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
                 // The plan's rules keyed as the limiter keys them, then
@@ -146,7 +150,8 @@ impl RateLimiter {
                     max_cost: u64::MAX,
                     ..applicable
                 };
-                let enforced_block = blocked.iter().any(|b| *b);
+                let enforced_block =
+                    blocked.iter().any(|b| *b) || zero_limit::never_fits(&rules, &keyed);
                 let limiter = &self.app.limiter;
                 let decide = async {
                     if enforced_block {

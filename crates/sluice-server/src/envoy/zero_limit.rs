@@ -15,7 +15,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
-use sluice_core::{Decision, Outcome, Rule, State};
+use sluice_core::{BoundRule, Decision, Outcome, Rule, State};
 use sluice_store::{Keyed, Limiter};
 
 use super::units::current_limit;
@@ -90,6 +90,18 @@ pub(super) async fn decide<'p>(
         .map(|(read, cost)| standing(&read.enforced, &read.state, peeked.now, *cost))
         .collect();
     Decision::blocked_among(applicable, outcomes, 1, &costs)
+}
+
+/// Whether an enforced rule of `rules` is asked for more than it can ever
+/// hold (its cost where `keyed` counts it): such a request is over, as at
+/// a zero limit, whatever the store holds ([`decide`] says which rule).
+/// Shadow rules never deny (the Envoy domains count at most their
+/// capacity in them).
+pub(super) fn never_fits(rules: &[BoundRule], keyed: &Keyed<'_>) -> bool {
+    rules
+        .iter()
+        .enumerate()
+        .any(|(i, rule)| !rule.shadow() && rule.units(keyed.cost_of(i)) > rule.rule().capacity())
 }
 
 /// What `rule` would answer a request of `cost` now, from `state`.

@@ -21,6 +21,19 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
             descriptor(&subject),
         ]
     };
+    // More hits than alice's limit (1) can ever hold: her descriptor is
+    // over, with its limit; the others keep their standing; nothing is
+    // consumed.
+    let r = ask(&mut c, "sluice", all(), 2).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::OverLimit]);
+    let shown = |r: &RateLimitResponse, i: usize| {
+        let status = &r.statuses[i];
+        let name = status.current_limit.as_ref().map(|l| l.name.clone());
+        (name.unwrap_or_default(), status.limit_remaining)
+    };
+    assert_eq!(shown(&r, 0), ("tenant-minute".into(), 100));
+    assert_eq!(shown(&r, 2), ("per-user".into(), 0));
+
     let r = ask(&mut c, "sluice", all(), 0).await;
     assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::Ok]);
     let limit = |i: usize| r.statuses[i].current_limit.as_ref().unwrap().name.clone();
