@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Status `i` of `r`: the name of its `current_limit` (empty: none) and
+/// what it has left.
+fn shown(r: &RateLimitResponse, i: usize) -> (String, u32) {
+    let status = &r.statuses[i];
+    let name = status.current_limit.as_ref().map(|l| l.name.clone());
+    (name.unwrap_or_default(), status.limit_remaining)
+}
+
 #[tokio::test]
 async fn the_native_domain_maps_descriptors_onto_plans() {
     let mut server = start("", "native");
@@ -26,11 +34,6 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
     // consumed.
     let r = ask(&mut c, "sluice", all(), 2).await;
     assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::OverLimit]);
-    let shown = |r: &RateLimitResponse, i: usize| {
-        let status = &r.statuses[i];
-        let name = status.current_limit.as_ref().map(|l| l.name.clone());
-        (name.unwrap_or_default(), status.limit_remaining)
-    };
     assert_eq!(shown(&r, 0), ("tenant-minute".into(), 100));
     assert_eq!(shown(&r, 2), ("per-user".into(), 0));
 
@@ -178,11 +181,7 @@ async fn valves_stay_hidden(server: &Server) {
             descriptor(&[("tenant", tenant), ("route", "POST /v")]),
         ]
     };
-    let route_status = |r: &RateLimitResponse| {
-        let status = &r.statuses[1];
-        let limit = status.current_limit.as_ref().expect("the route's own rule");
-        (limit.name.clone(), status.limit_remaining)
-    };
+    let route_status = |r: &RateLimitResponse| shown(r, 1);
     let r = ask(&mut c, "sluice", both("a"), 1).await;
     assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
     assert_eq!(route_status(&r), ("v-route".into(), 499));
