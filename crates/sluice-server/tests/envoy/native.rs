@@ -81,10 +81,14 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
         overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
         Code::Ok
     );
+    // Over on the descriptor that names the route, what the guard
+    // remembers never shown.
+    let r = ask(&mut c, "sluice", pay("f1"), 0).await;
     assert_eq!(
-        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
-        Code::OverLimit
+        (overall(&r), codes(&r)),
+        (Code::OverLimit, vec![Code::OverLimit])
     );
+    assert_eq!(shown(&r, 0).1, 0);
     assert_eq!(
         overall(&ask(&mut c, "sluice", pay("f2"), 0).await),
         Code::Ok
