@@ -9,6 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
+use sluice_core::decision::Known;
 use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::{BoundRule, Decision, Reason};
@@ -203,7 +204,18 @@ fn descriptor_status(
     // The store was unreachable and the failure policy denied: every
     // descriptor with rules is over.
     let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
-    let over = denied || failed_closed;
+    // A denial decided without any outcome (the store too slow to read
+    // the standing of a request that can never fit) names its rule.
+    let named = (!decision.allowed && decision.known() == Known::Nothing)
+        .then(|| decision.policy())
+        .flatten()
+        .and_then(|p| {
+            owned
+                .iter()
+                .copied()
+                .find(|&r| std::ptr::eq(p, &decision.rules[r]))
+        });
+    let over = denied || failed_closed || named.is_some();
     // What a hidden rule holds (a valve's capacity, a fair share) is never
     // shown, as in the `RateLimit` headers: it would show other tenants'
     // traffic. Its denial still makes the descriptor over.
@@ -212,7 +224,10 @@ fn descriptor_status(
         .min_by_key(|(_, o)| o.remaining);
     DescriptorStatus {
         code: if over { Code::OverLimit } else { Code::Ok } as i32,
-        current_limit: tightest.map(|(r, _)| reported_limit(configured, &decision.rules[r])),
+        current_limit: tightest
+            .map(|(r, _)| r)
+            .or(named.filter(|&r| !decision.rules[r].hidden()))
+            .map(|r| reported_limit(configured, &decision.rules[r])),
         // Over, nothing remains for this descriptor now, as
         // envoyproxy/ratelimit answers (a bucket may still hold less than
         // the hits asked for).

@@ -67,7 +67,8 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
 /// nothing counted, with the standing of its other rules (`applicable`,
 /// counting where `keyed` says) read through `limiter`. When the store
 /// does not answer within [`CHECK_ONLY_BUDGET`](super::CHECK_ONLY_BUDGET),
-/// their standing is unknown.
+/// their standing is unknown, but a rule that can never hold the request
+/// is still named (its descriptor answers over).
 pub(super) async fn decide<'p>(
     limiter: &Limiter<Backend>,
     applicable: Applicable<'p>,
@@ -78,7 +79,10 @@ pub(super) async fn decide<'p>(
     }
     let peek = limiter.peek_keyed(applicable.rules, keyed);
     let Ok(Ok(peeked)) = tokio::time::timeout(super::CHECK_ONLY_BUDGET, peek).await else {
-        return Decision::blocked();
+        return match first_never_fitting(applicable.rules, keyed) {
+            Some(index) => Decision::cost_exceeds_capacity_at(applicable, index),
+            None => Decision::blocked(),
+        };
     };
     let costs: Vec<u64> = (0..applicable.rules.len())
         .map(|i| keyed.cost_of(i))
@@ -98,10 +102,15 @@ pub(super) async fn decide<'p>(
 /// Shadow rules never deny (the Envoy domains count at most their
 /// capacity in them).
 pub(super) fn never_fits(rules: &[BoundRule], keyed: &Keyed<'_>) -> bool {
-    rules
-        .iter()
-        .enumerate()
-        .any(|(i, rule)| !rule.shadow() && rule.units(keyed.cost_of(i)) > rule.rule().capacity())
+    first_never_fitting(rules, keyed).is_some()
+}
+
+/// The first rule [`never_fits`] finds.
+fn first_never_fitting(rules: &[BoundRule], keyed: &Keyed<'_>) -> Option<usize> {
+    (0..rules.len()).find(|&i| {
+        let rule = &rules[i];
+        !rule.shadow() && rule.units(keyed.cost_of(i)) > rule.rule().capacity()
+    })
 }
 
 /// What `rule` would answer a request of `cost` now, from `state`.

@@ -105,6 +105,32 @@ async fn descriptor_statuses_answer_as_envoyproxy_does_on_every_store() {
         &[("st.yaml", LIMITS)],
     );
     statuses(&server).await;
+    // Redis too slow to read what the other rules hold: the descriptor
+    // that can never fit still says so, with its limit (the other's
+    // standing is unknown: OK).
+    let mut c = client(&server).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("ALL")
+        .query(&mut redis.connection())
+        .unwrap();
+    let r = ask(
+        &mut c,
+        "st",
+        vec![
+            descriptor(&[("counted", "slow")]),
+            descriptor(&[("named", "slow")]),
+        ],
+        5,
+    )
+    .await;
+    assert_eq!(codes(&r), [Code::OverLimit, Code::Ok]);
+    let limit = r.statuses[0].current_limit.as_ref().expect("its limit");
+    assert_eq!(
+        (limit.requests_per_unit, r.statuses[0].limit_remaining),
+        (3, 0)
+    );
     server.stop();
     let cluster = RedisCluster::start(3, 0);
     let storage = cluster_storage(&cluster);
