@@ -13,7 +13,7 @@ use sluice_store::Keyed;
 use tonic::Status;
 
 use super::RateLimiter;
-use super::answer::Verdict;
+use super::answer::{self, Verdict};
 use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::zero_limit;
@@ -126,7 +126,7 @@ impl RateLimiter {
                 let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
                     blocked[*i] = limit.blocks;
-                    configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
+                    configured[*i] = answer::configured(limit);
                     for rule in limit.rules.iter() {
                         owners[*i].push(rules.len());
                         keyed.push(
