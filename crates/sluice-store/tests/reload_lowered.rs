@@ -79,10 +79,9 @@ async fn locked_out<S: Store>(store: S, clock: &Arc<ManualClock>, case: usize) -
 }
 
 async fn every_algorithm<S: Store>(mut store: impl FnMut(&Arc<ManualClock>) -> S) {
-    for case in 0..ALGORITHMS.len() {
+    for (case, (algorithm, extra)) in ALGORITHMS.iter().enumerate() {
         let clock = Arc::new(ManualClock::new(START_MS));
         let (waited, retry_after) = locked_out(store(&clock), &clock, case).await;
-        let (algorithm, extra) = ALGORITHMS[case];
         assert!(
             waited <= 10_000 && retry_after <= 10_000,
             "{algorithm}{extra}: refused {waited} ms after the reload (Retry-After {retry_after} ms), longer than the new rule's 10 s"
