@@ -149,6 +149,21 @@ async fn failed_logins_count_by_outcome_and_successes_pass() {
 }
 
 #[tokio::test]
+async fn the_synchronous_door_asks_the_rules_that_count_by_outcome() {
+    let (_, limiter) = limiter(LOGINS);
+    let policy = limiter.policy();
+    for _ in 0..5 {
+        assert!(limiter.decide_now(&policy, &login()).allowed);
+        limiter.report(&policy, &login(), Some(401)).await.unwrap();
+    }
+    let refused = limiter.decide_now(&policy, &login());
+    assert!(!refused.allowed, "a sixth failed login after five");
+    assert_eq!(refused.policy().map(|r| r.name()), Some("failed-logins"));
+    let other = Request::new("acme", "POST /login", Some("10.0.0.2|alice"), 1).unwrap();
+    assert!(limiter.decide_now(&policy, &other).allowed);
+}
+
+#[tokio::test]
 async fn a_report_on_a_route_that_counts_by_outcome_needs_the_status() {
     let (_, limiter) = limiter(LOGINS);
     let policy = limiter.policy();
