@@ -314,10 +314,11 @@ pub fn spawn_expiry(app: &Arc<App>) {
 /// Claims the reservations due now (see [`spawn_expiry`]).
 pub async fn expire_due(app: &App) {
     let now = crate::admin::now_ms();
-    for Held { reservation, .. } in app.reservations.due(now) {
+    for held in app.reservations.due(now) {
+        let reservation = &held.reservation;
         // Kept as long as an instance whose clock is behind may still
         // accept a settle of it.
-        match app.limiter.expire(&reservation, CLOCK_SKEW_MS).await {
+        match app.limiter.expire(reservation, CLOCK_SKEW_MS).await {
             Ok(true) => {
                 app.metrics.usage.expired();
                 let policy = app.limiter.policy();
@@ -339,7 +340,9 @@ pub async fn expire_due(app: &App) {
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, "could not claim an expired reservation; its estimate stands, unrecorded in the ledger");
+                if !app.reservations.retry(held.clone(), now) {
+                    tracing::warn!(%error, "could not claim an expired reservation in time; its estimate stands, unrecorded in the ledger");
+                }
             }
         }
     }

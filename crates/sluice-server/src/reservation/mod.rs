@@ -43,6 +43,9 @@ pub struct Reservations {
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
+    /// Expiries whose claim failed (the store unreachable), with when to
+    /// try again.
+    retrying: Mutex<Vec<(Held, u64)>>,
 }
 
 /// A reservation with the instant it expires (ms since the epoch).
@@ -58,6 +61,9 @@ pub struct Held {
 /// settle that an instance whose clock is up to this far behind accepts
 /// still finds the expiry's claim.
 pub const CLOCK_SKEW_MS: u64 = 60_000;
+
+/// How long after a failed expiry claim it is tried again.
+const RETRY_MS: u64 = 1_000;
 
 impl std::fmt::Debug for Reservations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -125,6 +131,7 @@ impl Reservations {
             earlier,
             ttl_ms,
             pending: Mutex::new(VecDeque::new()),
+            retrying: Mutex::new(Vec::new()),
         }
     }
 
@@ -236,14 +243,42 @@ impl Reservations {
         }
     }
 
-    /// The reservations kept whose time is up at `now_ms`, taken out.
+    /// The reservations kept whose time is up at `now_ms`, taken out
+    /// (with those whose claim is to be tried again by then).
     pub fn due(&self, now_ms: u64) -> Vec<Held> {
-        let mut pending = self.pending.lock().expect("pending reservations");
         let mut due = Vec::new();
-        while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
-            due.extend(pending.pop_front());
+        {
+            let mut pending = self.pending.lock().expect("pending reservations");
+            while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
+                due.extend(pending.pop_front());
+            }
         }
+        let mut retrying = self.retrying.lock().expect("retried reservations");
+        retrying.retain(|(held, at)| {
+            let now = *at <= now_ms;
+            if now {
+                due.push(held.clone());
+            }
+            !now
+        });
         due
+    }
+
+    /// Tries `held`'s expiry claim again in a second, if a settle could
+    /// still be told from it then: its settle marker lives
+    /// [`CLOCK_SKEW_MS`] past the expiry, and a claim made after that would
+    /// find none and bill a settled reservation again. False when it is
+    /// too late (the estimate stands, unrecorded).
+    pub fn retry(&self, held: Held, now_ms: u64) -> bool {
+        let next = now_ms + RETRY_MS;
+        // Half the marker's extra life: room for clocks that differ.
+        let late = next > held.expires_ms + CLOCK_SKEW_MS / 2;
+        let mut retrying = self.retrying.lock().expect("retried reservations");
+        if late || retrying.len() >= MAX_PENDING {
+            return false;
+        }
+        retrying.push((held, next));
+        true
     }
 }
 
@@ -315,6 +350,7 @@ mod tests {
             earlier: Vec::new(),
             ttl_ms: 300_000,
             pending: Mutex::new(VecDeque::new()),
+            retrying: Mutex::new(Vec::new()),
         };
         let now = Reservations::new(Some(&key), 300_000);
         let id = now.seal(&now.hold(reservation(1_000)));
@@ -394,6 +430,21 @@ mod tests {
         // Another fleet's (another key's) ids are unknown here.
         let other = Reservations::new(None, 300_000);
         assert_eq!(opened(&other, &id, 1_000), None);
+    }
+
+    #[test]
+    fn a_failed_expiry_claim_is_tried_again_while_a_settle_can_be_told() {
+        let reservations = Reservations::new(None, 1_000);
+        let held = reservations.hold(reservation(0));
+        assert_eq!(held.expires_ms, 1_000);
+        // The store failed at the expiry: tried again a second later.
+        assert!(reservations.retry(held.clone(), 1_000));
+        assert!(reservations.due(1_999).is_empty());
+        assert_eq!(reservations.due(2_000), vec![held.clone()]);
+        assert!(reservations.due(3_000).is_empty(), "taken out");
+        // Until the settle marker could be gone.
+        assert!(reservations.retry(held.clone(), 1_000 + CLOCK_SKEW_MS / 2 - RETRY_MS));
+        assert!(!reservations.retry(held, 1_000 + CLOCK_SKEW_MS / 2));
     }
 
     #[test]
