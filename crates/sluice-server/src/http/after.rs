@@ -31,7 +31,7 @@ use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_nu
 use super::respond::refusal;
 use crate::app::App;
 use crate::metrics::SettleResult;
-use crate::reservation::{CLOCK_SKEW_MS, Held, Reservations};
+use crate::reservation::{CLOCK_SKEW_MS, Reservations};
 
 /// `request` decided as a reservation: the decision's answer, with
 /// `"reservation"` when admitted (the estimate held until settled).
@@ -131,21 +131,22 @@ pub(super) async fn settle(
     let ttl = Reservations::marker_ttl_ms(&held, now);
     let reservation = held.reservation;
     let policy = app.limiter.policy();
+    let unavailable = |error: &StoreError| {
+        refusal(
+            &InvalidRequest::new(
+                "store",
+                format!(
+                    "the rate-limit store could not record the settle ({error}); it may have applied, in part: send it again, it applies once"
+                ),
+            )
+            .with_status(StatusCode::SERVICE_UNAVAILABLE),
+        )
+    };
     let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
-        Err(error) => {
-            // On Redis Cluster a settle may have applied in some slots:
-            // its retry finishes it, whatever happened.
-            return refusal(
-                &InvalidRequest::new(
-                    "store",
-                    format!(
-                        "the rate-limit store could not record the settle ({error}); it may have applied, in part: send it again, it applies once"
-                    ),
-                )
-                .with_status(StatusCode::SERVICE_UNAVAILABLE),
-            );
-        }
+        // On Redis Cluster or a sharded tenant a settle may have applied
+        // in some slots: its retry finishes it, whatever happened.
+        Err(error) => return unavailable(&error),
     };
     match settled.marker {
         MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
@@ -169,6 +170,12 @@ pub(super) async fn settle(
                 route => route,
             };
             app.record_charged(&reservation.tenant, route, cost, reservation.at_ms);
+            // Made under its lead marker, and counted once here; a retry
+            // finishes the slots or shards the store failed to reach (and
+            // answers as a repeat).
+            if let Some(error) = &settled.unfinished {
+                return unavailable(error);
+            }
             standing_answer(&settled.decision)
                 .map(Body::from)
                 .into_response()

@@ -73,6 +73,10 @@ pub struct Adjustment<'p> {
     /// Whether the change applied ([`MarkerAnswer::Applied`]), had applied
     /// before (an identical settle), or another settle had.
     pub marker: MarkerAnswer,
+    /// A settle applied under its lead marker that the store failed to
+    /// finish on every slot or shard: made, and finished by a retry
+    /// ([`Adjusted::unfinished`](crate::Adjusted::unfinished)).
+    pub unfinished: Option<StoreError>,
 }
 
 /// Why a report or a settle changed nothing.
@@ -237,6 +241,7 @@ impl<S: Store> Limiter<S> {
             ),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: adjusted.unfinished,
         })
     }
 
@@ -320,6 +325,7 @@ impl<S: Store> Limiter<S> {
             ),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: adjusted.unfinished,
         })
     }
 
@@ -376,6 +382,16 @@ impl<S: Store> Limiter<S> {
                 .await
             {
                 Ok(adjusted) => adjusted,
+                // A settle whose lead marker applied is made: the rest is
+                // a retry's to finish.
+                Err(error) if answer == Some(MarkerAnswer::Applied) && marker.is_some() => {
+                    let last = last.expect("the lead shard answered");
+                    return Ok(crate::adjust::Adjusted {
+                        forgiven,
+                        unfinished: Some(error),
+                        ..last
+                    });
+                }
                 Err(error) if recorded > 0 => {
                     return Err(AfterError::Partly {
                         recorded,
@@ -385,12 +401,14 @@ impl<S: Store> Limiter<S> {
                 }
                 Err(error) => return Err(error.into()),
             };
-            let first = *answer.get_or_insert(adjusted.marker);
-            if first == MarkerAnswer::Conflict {
+            // The lead shard's answer is the settle's: another settle's
+            // or the expiry's marker there charges nothing more, and a
+            // retry that finishes the other shards is the same settle.
+            let lead = *answer.get_or_insert(adjusted.marker);
+            if lead == MarkerAnswer::Conflict {
                 return Ok(adjusted);
             }
             if adjusted.marker == MarkerAnswer::Applied {
-                answer = Some(MarkerAnswer::Applied);
                 recorded += units;
             }
             forgiven += adjusted.forgiven;
@@ -416,13 +434,20 @@ impl<S: Store> Limiter<S> {
                 marker: MarkerAnswer::Applied,
                 outcomes: Default::default(),
                 forgiven: 0,
+                unfinished: None,
             });
         }
-        let adjusted = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            None => self.store.adjust(batch, change, marker).await,
+        // A settle's change (with a marker) is not cut short from here:
+        // on Redis Cluster it is made once its lead slot applies, and what
+        // that call answered must reach the caller (each of its calls is
+        // bounded by the store's own response timeout).
+        let adjusted = match (self.options.timeout, marker) {
+            (Some(budget), None) => {
+                tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64)))
+            }
+            _ => self.store.adjust(batch, change, marker).await,
         }?;
         Ok(adjusted)
     }

@@ -136,6 +136,7 @@ impl<S: Store> Limiter<S> {
             decision: Decision::from_outcomes(applicable, adjusted.outcomes, 1, &[]),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: None,
         })
     }
 

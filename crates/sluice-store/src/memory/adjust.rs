@@ -109,6 +109,7 @@ impl MemoryStore {
             marker: answer,
             outcomes,
             forgiven,
+            unfinished: None,
         })
     }
 }
