@@ -40,6 +40,8 @@ pub struct Reservations {
     cipher: ChaCha20Poly1305,
     /// The keys of the versions before, whose ids (JSON) still open.
     earlier: Vec<ChaCha20Poly1305>,
+    /// Keys of this version's ids under a previous pepper.
+    earlier_v3: Vec<ChaCha20Poly1305>,
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
@@ -61,6 +63,11 @@ pub struct Held {
 /// settle that an instance whose clock is up to this far behind accepts
 /// still finds the expiry's claim.
 pub const CLOCK_SKEW_MS: u64 = 60_000;
+
+/// What this version's key is derived for: the key prefix is part of it.
+fn v3_purpose(keyer: &Keyer) -> String {
+    format!("reservations v3\0{}", keyer.prefix())
+}
 
 /// How long after a failed expiry claim it is tried again.
 const RETRY_MS: u64 = 1_000;
@@ -114,7 +121,7 @@ impl Reservations {
             // earlier version cannot open them (it would read them wrong);
             // its ids still open here.
             Some(keyer) => (
-                keyer.derive(&format!("reservations v3\0{}", keyer.prefix())),
+                keyer.derive(&v3_purpose(keyer)),
                 vec![
                     cipher(keyer.derive("reservations v2")),
                     cipher(keyer.derive("reservations v1")),
@@ -129,10 +136,26 @@ impl Reservations {
         Reservations {
             cipher: cipher(current),
             earlier,
+            earlier_v3: Vec::new(),
             ttl_ms,
             pending: Mutex::new(VecDeque::new()),
             retrying: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same, also opening the ids sealed under `previous` (the pepper
+    /// a rotation moves away from), so that a rotation drops no
+    /// reservation given before it.
+    pub fn opening_under(mut self, previous: Option<&Keyer>) -> Reservations {
+        if let Some(previous) = previous {
+            let cipher = |secret: [u8; 32]| ChaCha20Poly1305::new(Key::from_slice(&secret));
+            self.earlier_v3
+                .push(cipher(previous.derive(&v3_purpose(previous))));
+            for version in ["reservations v2", "reservations v1"] {
+                self.earlier.push(cipher(previous.derive(version)));
+            }
+        }
+        self
     }
 
     /// A reservation's id, sealed, once this instance keeps it until it
@@ -186,9 +209,13 @@ impl Reservations {
         let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
         let (nonce, sealed) = bytes.split_at_checked(12)?;
         let nonce = Nonce::from_slice(nonce);
-        let held = match self.cipher.decrypt(nonce, sealed) {
-            Ok(plain) => plain::decode(&plain)?,
-            Err(_) => {
+        let current = std::iter::once(&self.cipher).chain(&self.earlier_v3);
+        let held = match current
+            .into_iter()
+            .find_map(|c| c.decrypt(nonce, sealed).ok())
+        {
+            Some(plain) => plain::decode(&plain)?,
+            None => {
                 let plain = self
                     .earlier
                     .iter()
@@ -348,6 +375,7 @@ mod tests {
         let earlier = Reservations {
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.derive("reservations v1"))),
             earlier: Vec::new(),
+            earlier_v3: Vec::new(),
             ttl_ms: 300_000,
             pending: Mutex::new(VecDeque::new()),
             retrying: Mutex::new(Vec::new()),
@@ -402,6 +430,22 @@ mod tests {
             body.len()
         );
         assert_eq!(opened(&reservations, &id, 1_000), Some(reservation));
+    }
+
+    #[test]
+    fn an_id_sealed_before_a_pepper_rotation_opens_after_it() {
+        let old = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
+        let new = sluice_core::keys::Pepper::parse(&[8u8; 32]).unwrap();
+        let before = Reservations::new(Some(&Keyer::new("sl", &old)), 300_000);
+        let id = before.seal(&before.hold(reservation(1_000)));
+        let after = Reservations::new(Some(&Keyer::new("sl", &new)), 300_000);
+        assert_eq!(
+            opened(&after, &id, 1_000),
+            None,
+            "without the previous pepper"
+        );
+        let rotating = after.opening_under(Some(&Keyer::new("sl", &old)));
+        assert_eq!(opened(&rotating, &id, 1_000), Some(reservation(1_000)));
     }
 
     #[test]
