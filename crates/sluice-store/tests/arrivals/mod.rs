@@ -15,6 +15,8 @@ use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Reason, Request};
 use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore, Store};
 
+pub mod edges;
+
 pub const START_MS: u64 = 1_764_460_800_000;
 
 /// A valve on `POST /v1/orders`, each tenant inside a ceiling of 60/s;
@@ -218,4 +220,43 @@ pub async fn run_on<S: Store>(
         counts,
         admitted_per_second,
     }
+}
+
+/// [`run`] on a real Redis at `url` (each run under keys of its own), the
+/// scripts told the time by the hand-set clock.
+pub fn run_redis(
+    url: &str,
+    yaml: &str,
+    senders: &[Sender],
+    run_ms: u64,
+    measure_from_ms: u64,
+) -> Run {
+    use sluice_core::keys::{Keyer, Pepper};
+    use sluice_store::{ConnectOptions, KeySet, RedisStore, TimeSource};
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let prefix = format!(
+        "fair{}",
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = Arc::new(ManualClock::new(START_MS));
+        let keys = KeySet {
+            current: Keyer::new(&prefix, &Pepper::parse(&[b'q'; 32]).unwrap()),
+            previous: None,
+        };
+        let store = RedisStore::connect(
+            url,
+            keys,
+            &ConnectOptions::with_timeout(std::time::Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .with_time(TimeSource::Client(clock.clone()));
+        let limiter = Limiter::with_options(policy(yaml), store, options(&clock));
+        run_on(&limiter, &clock, senders, run_ms, measure_from_ms, None).await
+    })
 }

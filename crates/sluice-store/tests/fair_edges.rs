@@ -1,0 +1,10 @@
+//! Fair valves at their edges (issue 45, B) on the memory store with a
+//! hand-set clock: the scenarios of `arrivals/edges.rs`.
+
+mod arrivals;
+use arrivals::{edges, run};
+
+#[test]
+fn a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out() {
+    edges::a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out(&run);
+}
