@@ -8,3 +8,10 @@ use arrivals::{edges, run};
 fn a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out() {
     edges::a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out(&run);
 }
+
+#[test]
+fn a_herd_in_step_leaves_a_polite_tenant_alone() {
+    for n in [60, 80] {
+        edges::a_herd_in_step_leaves_a_polite_tenant_alone(&run, n);
+    }
+}

@@ -16,3 +16,9 @@ fn a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out() {
     let server = RedisServer::start();
     edges::a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out(&on(&server));
 }
+
+#[test]
+fn a_herd_in_step_leaves_a_polite_tenant_alone() {
+    let server = RedisServer::start();
+    edges::a_herd_in_step_leaves_a_polite_tenant_alone(&on(&server), 80);
+}

@@ -41,3 +41,23 @@ pub fn a_tenant_admitted_while_the_valve_was_nearly_empty_is_not_shut_out(run: R
         "polite (1/s of a 33/s share): {polite:?}"
     );
 }
+
+/// A herd of `n` tenants asking once a second each, in step (a cron job
+/// on each), beside a polite tenant asking 10/s: together under the
+/// valve's 100/s, so nobody's share is reached. Each second the herd
+/// takes much of the valve at once, which the valve's burst is there to
+/// absorb: the polite tenant is denied at most 2%, never told to wait
+/// more than a second, and the herd itself is not denied.
+pub fn a_herd_in_step_leaves_a_polite_tenant_alone(run: Runner<'_>, n: usize) {
+    let yaml = config(VALVE, HEAVY);
+    let mut senders = herd(n, 0, u64::MAX);
+    senders.push(sender("polite", 10.0));
+    let run = run(&yaml, &senders, 30_000, 2_000);
+    let polite = run.counts[n];
+    assert!(
+        polite.denied * 100 <= polite.sent * 2 && polite.longest_retry_ms <= 1_000,
+        "herd of {n}: polite {polite:?}"
+    );
+    let herd_denied: u64 = run.counts[..n].iter().map(|c| c.denied).sum();
+    assert_eq!(herd_denied, 0, "herd of {n}");
+}

@@ -1,0 +1,198 @@
+//! One fair valve's level as this instance has seen it, and the `α` read
+//! off it (the law is argued in the parent module).
+
+use std::sync::Arc;
+
+use sluice_core::{Algorithm, Rule};
+use smallvec::SmallVec;
+
+use super::{K, OPEN, SET_POINT, drain_ms, rate_per_ms};
+
+/// One valve's level, as this instance has seen it.
+#[derive(Debug)]
+pub(super) struct Level {
+    pub(super) name: Arc<str>,
+    /// Whether this is a part of the valve reserved for a plan (the
+    /// metrics show the level of the rest).
+    pub(super) reserve: bool,
+    /// The valve's rule (or the part's), as last seen.
+    pub(super) valve: Rule,
+    /// Per key of the valve (one, unless it is split), the level a
+    /// decision last found there and when.
+    keys: SmallVec<[(f64, u64); 4]>,
+}
+
+impl Level {
+    pub(super) fn new(name: Arc<str>, reserve: bool) -> Level {
+        Level {
+            name,
+            reserve,
+            valve: Rule::new(Algorithm::Gcra, 1, 1, None, false).expect("a valid rule"),
+            keys: SmallVec::new(),
+        }
+    }
+
+    /// Notes the level a decision found at `now_ms` on key `key` of a valve
+    /// split over `keys` (1 when whole).
+    pub(super) fn observe(
+        &mut self,
+        valve: &Rule,
+        key: usize,
+        keys: usize,
+        seen: f64,
+        now_ms: u64,
+    ) {
+        self.valve = *valve;
+        if self.keys.len() != keys {
+            // New, or split anew (a reload): keys not seen yet count full.
+            self.keys = smallvec::smallvec![(1.0, now_ms); keys];
+        }
+        let (level, at) = &mut self.keys[key];
+        // A clock that stepped back keeps the later time.
+        *level = seen;
+        *at = (*at).max(now_ms);
+    }
+
+    /// The valve's level now: the mean of its keys' levels as last found,
+    /// each refilled at its rate for the time since (a key nobody told of
+    /// is one nobody drained).
+    pub(super) fn now(&self, valve: &Rule, now_ms: u64) -> f64 {
+        if self.keys.is_empty() {
+            return 1.0;
+        }
+        let theta = drain_ms(valve);
+        let sum: f64 = self
+            .keys
+            .iter()
+            .map(|&(level, at)| (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0))
+            .sum();
+        sum / self.keys.len() as f64
+    }
+
+    /// A turn (see [`Batch::valve_turn`](crate::Batch::valve_turn)) that
+    /// puts a decision on the key of a split valve it knows to be fullest
+    /// (the first of those within a unit of it, from `random`'s key on;
+    /// `random` itself for a whole valve): joining the fullest key keeps
+    /// the keys level, so that a request finds one empty only when the
+    /// whole valve nearly is.
+    pub(super) fn fullest(&self, valve: &Rule, now_ms: u64, random: u64) -> u64 {
+        let keys = self.keys.len() as u64;
+        if keys <= 1 {
+            return random;
+        }
+        let theta = drain_ms(valve);
+        let unit = keys as f64 / valve.capacity().max(1) as f64;
+        let level = |k: u64| {
+            let (level, at) = self.keys[k as usize];
+            (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0)
+        };
+        let best = (0..keys).map(level).fold(0.0, f64::max);
+        let start = random % keys;
+        (0..keys)
+            .map(|i| (start + i) % keys)
+            .find(|&k| level(k) >= best - unit)
+            .unwrap_or(start)
+    }
+
+    /// `α` now, in units per ms per unit of weight (infinite while it
+    /// holds nobody back).
+    pub(super) fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
+        let alpha = rate_per_ms(valve) * (K * (self.now(valve, now_ms) - SET_POINT)).exp();
+        if alpha >= OPEN * rate_per_ms(valve) {
+            f64::INFINITY
+        } else {
+            alpha
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valve() -> Rule {
+        Rule::new(Algorithm::Gcra, 100, 1_000, None, false).unwrap()
+    }
+
+    #[test]
+    fn alpha_is_the_valves_rate_at_the_set_point_and_falls_as_it_drains() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        assert!(level.alpha(&valve, 1_000).is_infinite(), "a full valve");
+        for t in 0..100 {
+            level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
+        }
+        // At the set point, α is the valve's rate: one tenant may have it all.
+        let alpha = level.alpha(&valve, 1_099);
+        assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
+        // Draining: α falls with the level, e^12 over the whole valve.
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 0.2, 1_100 + t);
+        }
+        let lower = level.alpha(&valve, 1_299);
+        assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
+        // Full again: nobody held back.
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 1.0, 1_300 + t);
+        }
+        assert!(level.alpha(&valve, 1_500).is_infinite());
+    }
+
+    #[test]
+    fn a_split_valve_is_as_full_as_its_keys_on_average() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        // Four keys: two empty, one half, one never seen (full).
+        level.observe(&valve, 0, 4, 0.0, 1_000);
+        level.observe(&valve, 1, 4, 0.0, 1_000);
+        level.observe(&valve, 2, 4, 0.5, 1_000);
+        assert!((level.now(&valve, 1_000) - 0.375).abs() < 1e-9);
+        // Split anew (a reload): what was seen is forgotten.
+        level.observe(&valve, 0, 2, 0.2, 1_000);
+        assert!((level.now(&valve, 1_000) - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_decision_joins_the_fullest_key_of_a_split_valve() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        for (key, seen) in [0.1, 0.9, 0.3, 0.88].into_iter().enumerate() {
+            level.observe(&valve, key, 4, seen, 1_000);
+        }
+        // Keys 1 and 3 are within a unit (4 %) of each other: the first
+        // from the random key on.
+        assert_eq!(level.fullest(&valve, 1_000, 0), 1);
+        assert_eq!(level.fullest(&valve, 1_000, 2), 3);
+        assert_eq!(level.fullest(&valve, 1_000, 7), 3);
+        // Whole: the random turn as it is.
+        let whole = Level::new("w".into(), false);
+        assert_eq!(whole.fullest(&valve, 1_000, 12_345), 12_345);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_keeps_the_later_time() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        level.observe(&valve, 0, 1, 0.3, 10_000);
+        level.observe(&valve, 0, 1, 0.3, 5_000);
+        assert_eq!(level.keys[0].1, 10_000);
+        // No time has passed for a clock behind: the level as found.
+        assert!((level.now(&valve, 5_000) - 0.3).abs() < 1e-9);
+        assert!(level.alpha(&valve, 5_000).is_finite());
+    }
+
+    #[test]
+    fn silence_refills_the_valve_as_time_passes() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        for t in 0..200 {
+            level.observe(&valve, 0, 1, 0.0, 1_000 + t);
+        }
+        let shut = level.alpha(&valve, 1_200);
+        // No news for half a θ: half the valve back.
+        let opening = level.alpha(&valve, 1_700);
+        assert!(opening > shut * 100.0, "{shut} → {opening}");
+        // No news for a θ: full, nobody held back.
+        assert!(level.alpha(&valve, 2_300).is_infinite());
+    }
+}
