@@ -17,9 +17,77 @@ pub(super) struct Level {
     pub(super) reserve: bool,
     /// The valve's rule (or the part's), as last seen.
     pub(super) valve: Rule,
-    /// Per key of the valve (one, unless it is split), the level a
-    /// decision last found there and when.
-    keys: SmallVec<[(f64, u64); 4]>,
+    /// Per key of the valve (one, unless it is split), what decisions
+    /// found there.
+    keys: SmallVec<[Key; 4]>,
+}
+
+/// What decisions found on one key of a valve: the level the latest
+/// found and when, and the highest found lately (over the last
+/// `HOLD`–`2·HOLD` of `θ`), which `α` is read off while it is higher.
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    level: f64,
+    at: u64,
+    /// The highest level found since `since`, and in the half before.
+    high: f64,
+    before: f64,
+    since: u64,
+}
+
+/// How long a level found is held, as a share of `θ` (at least this, at
+/// most twice this).
+const HOLD: f64 = 0.25;
+
+impl Key {
+    /// A key nobody has told of: as full as nobody drained it, with
+    /// nothing found to hold.
+    fn new(at: u64) -> Key {
+        Key {
+            level: 1.0,
+            at,
+            high: 0.0,
+            before: 0.0,
+            since: at,
+        }
+    }
+
+    /// The level found at `now_ms`, as it is now (`theta` being `θ`).
+    fn observe(&mut self, seen: f64, now_ms: u64, theta: f64) {
+        let hold = (HOLD * theta) as u64;
+        if now_ms >= self.since.saturating_add(hold) {
+            let recent = now_ms < self.since.saturating_add(2 * hold);
+            self.before = if recent { self.high } else { 0.0 };
+            self.high = seen;
+            self.since = now_ms;
+        } else {
+            self.high = self.high.max(seen);
+        }
+        self.level = seen;
+        // A clock that stepped back keeps the later time.
+        self.at = self.at.max(now_ms);
+    }
+
+    /// The level now: as last found, refilled at the valve's rate for the
+    /// time since.
+    fn now(&self, now_ms: u64, theta: f64) -> f64 {
+        (self.level + now_ms.saturating_sub(self.at) as f64 / theta).min(1.0)
+    }
+
+    /// The level `α` is read off: [`now`](Self::now), or the highest found
+    /// lately when that is higher.
+    fn held(&self, now_ms: u64, theta: f64) -> f64 {
+        let hold = (HOLD * theta) as u64;
+        let age = now_ms.saturating_sub(self.since);
+        let held = if age < hold {
+            self.high.max(self.before)
+        } else if age < 2 * hold {
+            self.high
+        } else {
+            0.0
+        };
+        self.now(now_ms, theta).max(held)
+    }
 }
 
 impl Level {
@@ -45,27 +113,32 @@ impl Level {
         self.valve = *valve;
         if self.keys.len() != keys {
             // New, or split anew (a reload): keys not seen yet count full.
-            self.keys = smallvec::smallvec![(1.0, now_ms); keys];
+            self.keys = smallvec::smallvec![Key::new(now_ms); keys];
         }
-        let (level, at) = &mut self.keys[key];
-        // A clock that stepped back keeps the later time.
-        *level = seen;
-        *at = (*at).max(now_ms);
+        self.keys[key].observe(seen, now_ms, drain_ms(valve));
     }
 
     /// The valve's level now: the mean of its keys' levels as last found,
     /// each refilled at its rate for the time since (a key nobody told of
     /// is one nobody drained).
     pub(super) fn now(&self, valve: &Rule, now_ms: u64) -> f64 {
+        self.mean(valve, |key, theta| key.now(now_ms, theta))
+    }
+
+    /// The level `α` is read off: the mean of its keys' levels, each the
+    /// highest found lately where that is higher than it is now.
+    fn held(&self, valve: &Rule, now_ms: u64) -> f64 {
+        self.mean(valve, |key, theta| key.held(now_ms, theta))
+    }
+
+    /// The mean over the keys of `level` (given `θ`); full when none is
+    /// known.
+    fn mean(&self, valve: &Rule, level: impl Fn(&Key, f64) -> f64) -> f64 {
         if self.keys.is_empty() {
             return 1.0;
         }
         let theta = drain_ms(valve);
-        let sum: f64 = self
-            .keys
-            .iter()
-            .map(|&(level, at)| (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0))
-            .sum();
+        let sum: f64 = self.keys.iter().map(|key| level(key, theta)).sum();
         sum / self.keys.len() as f64
     }
 
@@ -82,10 +155,7 @@ impl Level {
         }
         let theta = drain_ms(valve);
         let unit = keys as f64 / valve.capacity().max(1) as f64;
-        let level = |k: u64| {
-            let (level, at) = self.keys[k as usize];
-            (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0)
-        };
+        let level = |k: u64| self.keys[k as usize].now(now_ms, theta);
         let best = (0..keys).map(level).fold(0.0, f64::max);
         let start = random % keys;
         (0..keys)
@@ -97,7 +167,7 @@ impl Level {
     /// `α` now, in units per ms per unit of weight (infinite while it
     /// holds nobody back).
     pub(super) fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
-        let alpha = rate_per_ms(valve) * (K * (self.now(valve, now_ms) - SET_POINT)).exp();
+        let alpha = rate_per_ms(valve) * (K * (self.held(valve, now_ms) - SET_POINT)).exp();
         if alpha >= OPEN * rate_per_ms(valve) {
             f64::INFINITY
         } else {
@@ -125,17 +195,42 @@ mod tests {
         // At the set point, α is the valve's rate: one tenant may have it all.
         let alpha = level.alpha(&valve, 1_099);
         assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
-        // Draining: α falls with the level, e^12 over the whole valve.
-        for t in 0..200 {
+        // Draining for longer than a level is held: α falls with the
+        // level, e^12 over the whole valve.
+        for t in 0..600 {
             level.observe(&valve, 0, 1, 0.2, 1_100 + t);
         }
-        let lower = level.alpha(&valve, 1_299);
+        let lower = level.alpha(&valve, 1_699);
         assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
         // Full again: nobody held back.
         for t in 0..200 {
-            level.observe(&valve, 0, 1, 1.0, 1_300 + t);
+            level.observe(&valve, 0, 1, 1.0, 1_700 + t);
         }
-        assert!(level.alpha(&valve, 1_500).is_infinite());
+        assert!(level.alpha(&valve, 1_900).is_infinite());
+    }
+
+    #[test]
+    fn a_dip_shorter_than_the_hold_leaves_alpha_as_it_was() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        for t in 0..300 {
+            level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
+        }
+        // A herd takes half the valve at once; the level refills from
+        // there.
+        level.observe(&valve, 0, 1, 0.1, 1_300);
+        for t in 1..100 {
+            level.observe(&valve, 0, 1, 0.1 + t as f64 / 1_000.0, 1_300 + t);
+        }
+        let alpha = level.alpha(&valve, 1_399);
+        assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
+        // Held at most twice `HOLD` of θ: a level that stays low is read
+        // within half a second.
+        for t in 0..400 {
+            level.observe(&valve, 0, 1, 0.2, 1_400 + t);
+        }
+        let lower = level.alpha(&valve, 1_799);
+        assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
     }
 
     #[test]
@@ -175,7 +270,7 @@ mod tests {
         let mut level = Level::new("v".into(), false);
         level.observe(&valve, 0, 1, 0.3, 10_000);
         level.observe(&valve, 0, 1, 0.3, 5_000);
-        assert_eq!(level.keys[0].1, 10_000);
+        assert_eq!(level.keys[0].at, 10_000);
         // No time has passed for a clock behind: the level as found.
         assert!((level.now(&valve, 5_000) - 0.3).abs() < 1e-9);
         assert!(level.alpha(&valve, 5_000).is_finite());
