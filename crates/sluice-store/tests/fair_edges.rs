@@ -15,3 +15,8 @@ fn a_herd_in_step_leaves_a_polite_tenant_alone() {
         edges::a_herd_in_step_leaves_a_polite_tenant_alone(&run, n);
     }
 }
+
+#[test]
+fn a_window_valve_keeps_its_whole_capacity() {
+    edges::a_window_valve_keeps_its_whole_capacity(&run);
+}

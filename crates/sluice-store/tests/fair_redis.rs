@@ -22,3 +22,9 @@ fn a_herd_in_step_leaves_a_polite_tenant_alone() {
     let server = RedisServer::start();
     edges::a_herd_in_step_leaves_a_polite_tenant_alone(&on(&server), 80);
 }
+
+#[test]
+fn a_window_valve_keeps_its_whole_capacity() {
+    let server = RedisServer::start();
+    edges::a_window_valve_keeps_its_whole_capacity(&on(&server));
+}

@@ -531,7 +531,7 @@ fn share_is_for_valves_and_weight_has_its_range() {
     );
     assert!(
         single_error(&valve("fifo"))
-            .contains("`share` must be `fair` (the default) or `first_come`, got `fifo`")
+            .contains("`share` must be `fair` (the default on `gcra` and `token_bucket` valves) or `first_come`, got `fifo`")
     );
     let on_tenant = format!("{base}    tenant: [{{ limit: 10, per: 1s, share: fair }}]\n");
     assert!(
@@ -545,6 +545,55 @@ fn share_is_for_valves_and_weight_has_its_range() {
             "{weight}"
         );
     }
+}
+
+#[test]
+fn window_and_concurrency_valves_are_first_come_and_refuse_share_fair() {
+    use crate::config::share::Share;
+    let valve = |algorithm: &str, extra: &str| {
+        let per = if algorithm == "concurrency" {
+            "lease: 30s"
+        } else {
+            "per: 1s"
+        };
+        format!(
+            "default_plan: p\nplans:\n  p: {{}}\nglobal:\n  \"*\": [{{ name: v, algorithm: {algorithm}, limit: 100, {per}{extra} }}]\n"
+        )
+    };
+    for algorithm in ["gcra", "token_bucket"] {
+        let config = Config::from_yaml(&valve(algorithm, ""), "t.yaml").unwrap();
+        assert_eq!(config.limits.share_of("*", "v"), Share::Fair, "{algorithm}");
+    }
+    for algorithm in [
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+        "concurrency",
+    ] {
+        // Unwritten: first come, the whole valve (what it was before fair
+        // valves, and what it keeps on upgrade).
+        let config = Config::from_yaml(&valve(algorithm, ""), "t.yaml").unwrap();
+        assert_eq!(
+            config.limits.share_of("*", "v"),
+            Share::FirstCome,
+            "{algorithm}"
+        );
+        let written = Config::from_yaml(&valve(algorithm, ", share: first_come"), "t.yaml");
+        assert!(written.is_ok(), "{algorithm}");
+        let error = single_error(&valve(algorithm, ", share: fair"));
+        assert!(
+            error.contains(&format!(
+                "`share: fair` needs a valve of `algorithm: gcra` or `token_bucket` (its room comes back at its rate); valve `v` is `{algorithm}`, which is first come: drop `share` or change its algorithm"
+            )),
+            "{algorithm}: {error}"
+        );
+    }
+    let reserved = valve("sliding_window", ", reserve: { p: \"10%\" }");
+    let error = single_error(&reserved);
+    assert!(
+        error.contains("`reserve` needs a fair valve, of `algorithm: gcra` or `token_bucket`; valve `v` is `sliding_window` (first come)"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -61,3 +61,20 @@ pub fn a_herd_in_step_leaves_a_polite_tenant_alone(run: Runner<'_>, n: usize) {
     let herd_denied: u64 = run.counts[..n].iter().map(|c| c.denied).sum();
     assert_eq!(herd_denied, 0, "herd of {n}");
 }
+
+/// A valve of each windowed algorithm, written without `share`, saturated
+/// by three tenants (150/s each, inside ceilings of 60/s): it admits its
+/// whole 100/s (first come, its default), never half.
+pub fn a_window_valve_keeps_its_whole_capacity(run: Runner<'_>) {
+    for algorithm in ["fixed_window", "sliding_window", "sliding_log"] {
+        let valve = format!("{{ name: orders, algorithm: {algorithm}, limit: 100, per: 1s }}");
+        let yaml = config(&valve, HEAVY);
+        let senders: Vec<Sender> = (1..=3)
+            .map(|i| sender(&format!("noisy-{i}"), 150.0))
+            .collect();
+        let run = run(&yaml, &senders, 12_000, 2_000);
+        let admitted: u64 = run.counts.iter().map(|c| c.admitted).sum();
+        let rate = admitted as f64 / 10.0;
+        assert!(rate >= 95.0, "{algorithm}: {rate:.1}/s of 100/s");
+    }
+}

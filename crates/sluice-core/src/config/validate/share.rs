@@ -11,7 +11,8 @@ use crate::config::{PlanSpec, RouteRules};
 
 /// How a valve rule is shared, as written, before the rule itself is read.
 struct Written {
-    share: Share,
+    /// `None` when not written: the default for the valve's algorithm.
+    share: Option<Share>,
     /// Where `share` was written, when it was.
     share_at: Option<Location>,
     /// `reserve`: each plan's fraction and where it was written.
@@ -49,18 +50,28 @@ impl Validator<'_> {
                 continue;
             }
             for (rule, written) in route.rules.iter().zip(written) {
+                let share = self.valve_share(rule, &written);
                 let mut reserve = Vec::with_capacity(written.reserve.len());
                 if !written.reserve.is_empty() {
                     let at = written.reserve_at;
-                    if written.share == Share::FirstCome {
+                    let algorithm = rule.rule.algorithm();
+                    if rule.rule.is_concurrency() {
+                        self.push(at, "`reserve` is for valves of a rate, not `concurrency` valves (they are first come)");
+                    } else if !algorithm.refills() {
+                        self.push(
+                            at,
+                            format!(
+                                "`reserve` needs a fair valve, of `algorithm: gcra` or `token_bucket`; valve `{}` is `{}` (first come): change its algorithm or drop the reserve",
+                                rule.name,
+                                algorithm.name()
+                            ),
+                        );
+                    } else if written.share == Some(Share::FirstCome) {
                         let at = written.share_at.unwrap_or(at);
                         self.push(
                             at,
                             "`reserve` needs a fair valve: drop `share: first_come` or the reserve",
                         );
-                    }
-                    if rule.rule.is_concurrency() {
-                        self.push(at, "`reserve` is for valves of a rate, not `concurrency` valves (they are first come)");
                     }
                     let total: f64 = written.reserve.iter().map(|(r, _)| r.fraction).sum();
                     if total >= 1.0 {
@@ -94,7 +105,7 @@ impl Validator<'_> {
                 valves.push(ValveShare {
                     pattern: route.pattern.source(),
                     name: rule.name.clone(),
-                    share: written.share,
+                    share,
                     reserve,
                 });
             }
@@ -119,18 +130,18 @@ impl Validator<'_> {
         }
         let share_at = rule.share.as_ref().map(|s| s.referenced);
         let share = match rule.share.take() {
-            None => Share::Fair,
-            Some(s) if s.value == "fair" => Share::Fair,
-            Some(s) if s.value == "first_come" => Share::FirstCome,
+            None => None,
+            Some(s) if s.value == "fair" => Some(Share::Fair),
+            Some(s) if s.value == "first_come" => Some(Share::FirstCome),
             Some(s) => {
                 self.push(
                     s.referenced,
                     format!(
-                        "`share` must be `fair` (the default) or `first_come`, got `{}`",
+                        "`share` must be `fair` (the default on `gcra` and `token_bucket` valves) or `first_come`, got `{}`",
                         s.value
                     ),
                 );
-                Share::Fair
+                None
             }
         };
         let raw = rule.reserve.take();
@@ -155,6 +166,32 @@ impl Validator<'_> {
             share_at,
             reserve,
             reserve_at,
+        }
+    }
+
+    /// How valve `rule` is shared: as written, or its algorithm's default.
+    /// Fair needs a level that refills at the valve's rate (see
+    /// [`Algorithm::refills`](crate::Algorithm::refills)): `gcra` and
+    /// `token_bucket` valves are fair by default, window and concurrency
+    /// valves first come, and `share: fair` on those is refused.
+    fn valve_share(&mut self, rule: &crate::config::NamedRule, written: &Written) -> Share {
+        let algorithm = rule.rule.algorithm();
+        match written.share {
+            Some(Share::Fair) if !algorithm.refills() => {
+                let at = written.share_at.unwrap_or(Location::UNKNOWN);
+                self.push(
+                    at,
+                    format!(
+                        "`share: fair` needs a valve of `algorithm: gcra` or `token_bucket` (its room comes back at its rate); valve `{}` is `{}`, which is first come: drop `share` or change its algorithm",
+                        rule.name,
+                        algorithm.name()
+                    ),
+                );
+                Share::FirstCome
+            }
+            Some(share) => share,
+            None if algorithm.refills() => Share::Fair,
+            None => Share::FirstCome,
         }
     }
 
