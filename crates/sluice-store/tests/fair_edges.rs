@@ -20,3 +20,13 @@ fn a_herd_in_step_leaves_a_polite_tenant_alone() {
 fn a_window_valve_keeps_its_whole_capacity() {
     edges::a_window_valve_keeps_its_whole_capacity(&run);
 }
+
+#[test]
+fn weights_are_scale_free() {
+    edges::weights_are_scale_free(&run);
+}
+
+#[test]
+fn weights_at_both_ends_in_one_valve() {
+    edges::weights_at_both_ends_in_one_valve(&run);
+}

@@ -28,3 +28,15 @@ fn a_window_valve_keeps_its_whole_capacity() {
     let server = RedisServer::start();
     edges::a_window_valve_keeps_its_whole_capacity(&on(&server));
 }
+
+#[test]
+fn weights_are_scale_free() {
+    let server = RedisServer::start();
+    edges::weights_are_scale_free(&on(&server));
+}
+
+#[test]
+fn weights_at_both_ends_in_one_valve() {
+    let server = RedisServer::start();
+    edges::weights_at_both_ends_in_one_valve(&on(&server));
+}

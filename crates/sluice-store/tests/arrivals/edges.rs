@@ -78,3 +78,132 @@ pub fn a_window_valve_keeps_its_whole_capacity(run: Runner<'_>) {
         assert!(rate >= 95.0, "{algorithm}: {rate:.1}/s of 100/s");
     }
 }
+
+/// Plans `p` (the default), `big` and `small`, each inside a ceiling of
+/// 60/s, of the weights given; tenants `big-*` on `big`, `small-*` on
+/// `small`; the valve of 100/s.
+fn weighted(p: f64, big: f64, small: f64) -> String {
+    let plan = |name: &str, weight: f64| {
+        format!(
+            "  {name}:\n    weight: {weight}\n    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]\n"
+        )
+    };
+    let tenants: String = (1..=3)
+        .flat_map(|i| {
+            [
+                format!("  big-{i}: {{ plan: big }}\n"),
+                format!("  small-{i}: {{ plan: small }}\n"),
+            ]
+        })
+        .collect();
+    format!(
+        "default_plan: p\nplans:\n{}{}{}tenants:\n{tenants}global:\n  \"POST /v1/orders\": [{VALVE}]\n",
+        plan("p", p),
+        plan("big", big),
+        plan("small", small)
+    )
+}
+
+/// Whether `polite` (of `run`, sent by the sender at `i`) was denied at
+/// most 2% of its requests, never told to wait more than a second.
+fn spared(run: &Run, i: usize, what: &str) {
+    let polite = run.counts[i];
+    assert!(
+        polite.denied * 100 <= polite.sent * 2 && polite.longest_retry_ms <= 1_000,
+        "{what}: polite {polite:?}, all {:?}",
+        run.counts
+    );
+}
+
+/// Every weight multiplied by the same factor changes nothing: three noisy
+/// tenants and a polite one (10/s) of one plan, at weights from 0.001 to
+/// 1000: the polite one is spared, the noisy ones split the rest evenly.
+pub fn weights_are_scale_free(run: Runner<'_>) {
+    for weight in [0.001, 0.01, 1.0, 1000.0] {
+        let yaml = weighted(weight, weight, weight);
+        let senders = [
+            sender("noisy-1", 150.0),
+            sender("noisy-2", 150.0),
+            sender("noisy-3", 150.0),
+            sender("polite", 10.0),
+        ];
+        let run = run(&yaml, &senders, 12_000, 2_000);
+        spared(&run, 3, &format!("weight {weight}"));
+        for i in 0..3 {
+            let rate = run.rate(i, 10.0);
+            assert!(
+                (22.5..=37.5).contains(&rate),
+                "weight {weight}: noisy-{} {rate:.1}/s, {:?}",
+                i + 1,
+                run.counts
+            );
+        }
+    }
+}
+
+/// Weights at both ends of their range in one valve. Weighted max-min:
+/// a tenant of weight 1000 (at its ceiling of 60/s) and a polite one of
+/// weight 1 (10/s) get what they ask; two of weight 0.001 split the rest
+/// (15/s each) rather than leave it unused.
+pub fn weights_at_both_ends_in_one_valve(run: Runner<'_>) {
+    let yaml = weighted(1.0, 1000.0, 0.001);
+    let senders = [
+        sender("big-1", 150.0),
+        sender("small-1", 150.0),
+        sender("small-2", 150.0),
+        sender("polite", 10.0),
+    ];
+    let both = run(&yaml, &senders, 12_000, 2_000);
+    spared(&both, 3, "1000, 0.001 and 1");
+    let big = both.rate(0, 10.0);
+    assert!(big >= 57.0, "big-1 {big:.1}/s, {:?}", both.counts);
+    let total: u64 = both.counts.iter().map(|c| c.admitted).sum();
+    assert!(
+        total >= 950,
+        "{total} of the valve's 1000 in 10 s, {:?}",
+        both.counts
+    );
+
+    // Only the light ones saturate, beside a polite one of weight 1000:
+    // they still have the valve between them.
+    let senders = [
+        sender("small-1", 150.0),
+        sender("small-2", 150.0),
+        sender("small-3", 150.0),
+        sender("big-1", 10.0),
+    ];
+    let light = run(&yaml, &senders, 12_000, 2_000);
+    spared(&light, 3, "0.001 beside 1000");
+    let total: u64 = light.counts.iter().map(|c| c.admitted).sum();
+    assert!(
+        total >= 950,
+        "{total} of the valve's 1000 in 10 s, {:?}",
+        light.counts
+    );
+
+    // Heavy ones start saturating too, once the light ones are the
+    // reference: the heavy ones share the valve (a light one's share is a
+    // millionth of theirs) and a polite heavy one is spared.
+    let later = |s: Sender| Sender {
+        from_ms: 4_000,
+        ..s
+    };
+    let senders = [
+        sender("small-1", 150.0),
+        sender("small-2", 150.0),
+        later(sender("big-1", 150.0)),
+        later(sender("big-2", 150.0)),
+        later(sender("big-3", 10.0)),
+    ];
+    let heavy = run(&yaml, &senders, 18_000, 8_000);
+    spared(&heavy, 4, "1000 beside 1000 and 0.001");
+    for i in 2..4 {
+        let rate = heavy.rate(i, 10.0);
+        assert!(
+            (33.75..=56.25).contains(&rate),
+            "big-{}: {rate:.1}/s, {:?}",
+            i - 1,
+            heavy.counts
+        );
+    }
+}

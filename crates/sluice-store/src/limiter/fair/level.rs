@@ -20,6 +20,17 @@ pub(super) struct Level {
     /// Per key of the valve (one, unless it is split), what decisions
     /// found there.
     keys: SmallVec<[Key; 4]>,
+    /// The weights of the tenants its gates held back lately: `α` is a
+    /// rate per unit of the heaviest of them (see the parent module's
+    /// "Weights").
+    held_back: Peak,
+    /// The weights of the tenants that asked lately: the heaviest is the
+    /// reference while nobody is held back.
+    asked: Peak,
+    /// The reference as last known, while nobody has asked lately.
+    reference: f64,
+    /// Since when the valve has been empty (see [`EMPTY`]), if it is.
+    empty_since: Option<u64>,
 }
 
 /// What decisions found on one key of a valve: the level the latest
@@ -29,15 +40,25 @@ pub(super) struct Level {
 struct Key {
     level: f64,
     at: u64,
-    /// The highest level found since `since`, and in the half before.
-    high: f64,
-    before: f64,
-    since: u64,
+    high: Peak,
 }
 
 /// How long a level found is held, as a share of `θ` (at least this, at
 /// most twice this).
 const HOLD: f64 = 0.25;
+
+/// A valve at most this full is empty: every gate is about as tight as
+/// the level makes it, so a tenant who keeps draining it for long is
+/// heavier than the reference.
+const EMPTY: f64 = 0.05;
+
+/// How long the valve must stay empty, in `θ`, for the reference to be
+/// raised: longer than a heavy tenant's own burst drains it.
+const EMPTY_FOR: f64 = 2.0;
+
+/// How long the weight of a tenant held back is remembered as the
+/// reference, as a share of `θ` (at least this, at most twice this).
+const REFERENCE_HOLD: f64 = 0.5;
 
 impl Key {
     /// A key nobody has told of: as full as nobody drained it, with
@@ -46,23 +67,13 @@ impl Key {
         Key {
             level: 1.0,
             at,
-            high: 0.0,
-            before: 0.0,
-            since: at,
+            high: Peak::NONE,
         }
     }
 
     /// The level found at `now_ms`, as it is now (`theta` being `θ`).
     fn observe(&mut self, seen: f64, now_ms: u64, theta: f64) {
-        let hold = (HOLD * theta) as u64;
-        if now_ms >= self.since.saturating_add(hold) {
-            let recent = now_ms < self.since.saturating_add(2 * hold);
-            self.before = if recent { self.high } else { 0.0 };
-            self.high = seen;
-            self.since = now_ms;
-        } else {
-            self.high = self.high.max(seen);
-        }
+        self.high.note(seen, now_ms, (HOLD * theta) as u64);
         self.level = seen;
         // A clock that stepped back keeps the later time.
         self.at = self.at.max(now_ms);
@@ -77,16 +88,50 @@ impl Key {
     /// The level `α` is read off: [`now`](Self::now), or the highest found
     /// lately when that is higher.
     fn held(&self, now_ms: u64, theta: f64) -> f64 {
-        let hold = (HOLD * theta) as u64;
+        let held = self.high.get(now_ms, (HOLD * theta) as u64);
+        self.now(now_ms, theta).max(held.unwrap_or(0.0))
+    }
+}
+
+/// The highest of the values noted over the last one to two `window`s
+/// (two halves, the older dropped as a new one starts: no list kept).
+#[derive(Debug, Clone, Copy)]
+struct Peak {
+    /// The highest noted since `since`, and in the window before.
+    high: f64,
+    before: f64,
+    since: u64,
+}
+
+impl Peak {
+    const NONE: Peak = Peak {
+        high: f64::NEG_INFINITY,
+        before: f64::NEG_INFINITY,
+        since: 0,
+    };
+
+    fn note(&mut self, value: f64, now_ms: u64, window: u64) {
+        if now_ms >= self.since.saturating_add(window) {
+            let recent = now_ms < self.since.saturating_add(window.saturating_mul(2));
+            self.before = if recent { self.high } else { f64::NEG_INFINITY };
+            self.high = value;
+            self.since = now_ms;
+        } else {
+            self.high = self.high.max(value);
+        }
+    }
+
+    /// The highest noted over the last one to two `window`s, if any.
+    fn get(&self, now_ms: u64, window: u64) -> Option<f64> {
         let age = now_ms.saturating_sub(self.since);
-        let held = if age < hold {
+        let peak = if age < window {
             self.high.max(self.before)
-        } else if age < 2 * hold {
+        } else if age < window.saturating_mul(2) {
             self.high
         } else {
-            0.0
+            f64::NEG_INFINITY
         };
-        self.now(now_ms, theta).max(held)
+        (peak > f64::NEG_INFINITY).then_some(peak)
     }
 }
 
@@ -97,6 +142,35 @@ impl Level {
             reserve,
             valve: Rule::new(Algorithm::Gcra, 1, 1, None, false).expect("a valid rule"),
             keys: SmallVec::new(),
+            held_back: Peak::NONE,
+            asked: Peak::NONE,
+            reference: 1.0,
+            empty_since: None,
+        }
+    }
+
+    /// Notes that a tenant of weight `weight` asked at `now_ms`, and
+    /// whether its gate held it back.
+    pub(super) fn asked(&mut self, valve: &Rule, weight: f64, held_back: bool, now_ms: u64) {
+        let window = (REFERENCE_HOLD * drain_ms(valve)) as u64;
+        self.asked.note(weight, now_ms, window);
+        if held_back {
+            self.held_back.note(weight, now_ms, window);
+        }
+        self.reference = self.reference(valve, now_ms);
+    }
+
+    /// The weight `α` is a rate per unit of: the heaviest of the tenants
+    /// held back lately; while nobody is, or while the valve is empty
+    /// (gates too loose for someone heavier), the heaviest that asked
+    /// lately if heavier; else as last known.
+    fn reference(&self, valve: &Rule, now_ms: u64) -> f64 {
+        let window = (REFERENCE_HOLD * drain_ms(valve)) as u64;
+        let asked = self.asked.get(now_ms, window);
+        match self.held_back.get(now_ms, window) {
+            Some(held) if self.empty_for(valve, now_ms) => held.max(asked.unwrap_or(held)),
+            Some(held) => held,
+            None => asked.unwrap_or(self.reference),
         }
     }
 
@@ -116,6 +190,16 @@ impl Level {
             self.keys = smallvec::smallvec![Key::new(now_ms); keys];
         }
         self.keys[key].observe(seen, now_ms, drain_ms(valve));
+        let empty = self.held(valve, now_ms) <= EMPTY;
+        self.empty_since = empty.then(|| self.empty_since.unwrap_or(now_ms));
+    }
+
+    /// Whether the valve has been empty for a whole `θ`: longer than a
+    /// gate's overshoot lasts, so a tenant heavier than the reference is
+    /// draining it.
+    fn empty_for(&self, valve: &Rule, now_ms: u64) -> bool {
+        self.empty_since
+            .is_some_and(|since| now_ms.saturating_sub(since) as f64 >= EMPTY_FOR * drain_ms(valve))
     }
 
     /// The valve's level now: the mean of its keys' levels as last found,
@@ -165,13 +249,14 @@ impl Level {
     }
 
     /// `α` now, in units per ms per unit of weight (infinite while it
-    /// holds nobody back).
+    /// holds nobody back): read off the level per unit of the
+    /// [`reference`](Self::reference) weight.
     pub(super) fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
         let alpha = rate_per_ms(valve) * (K * (self.held(valve, now_ms) - SET_POINT)).exp();
         if alpha >= OPEN * rate_per_ms(valve) {
             f64::INFINITY
         } else {
-            alpha
+            alpha / self.reference(valve, now_ms)
         }
     }
 }
@@ -289,5 +374,62 @@ mod tests {
         assert!(opening > shut * 100.0, "{shut} → {opening}");
         // No news for a θ: full, nobody held back.
         assert!(level.alpha(&valve, 2_300).is_infinite());
+    }
+
+    #[test]
+    fn alpha_is_per_unit_of_the_heaviest_weight_held_back() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        for t in 0..600 {
+            level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
+        }
+        let near = |alpha: f64| (alpha / 0.1 - 1.0).abs() < 0.02;
+        // Nobody asked yet: per unit of weight 1.
+        assert!(near(level.alpha(&valve, 1_599)));
+        // Tenants of weight 1000 ask (none held back): per unit of 1000,
+        // so each of them may have what one of weight 1 had.
+        level.asked(&valve, 1_000.0, false, 1_600);
+        level.asked(&valve, 0.001, false, 1_600);
+        assert!(near(level.alpha(&valve, 1_600) * 1_000.0));
+        // Tenants of weight 0.001 are held back, the heavy one is not:
+        // per unit of 0.001.
+        level.asked(&valve, 0.001, true, 1_610);
+        level.observe(&valve, 0, 1, SET_POINT, 1_610);
+        assert!(near(level.alpha(&valve, 1_610) * 0.001));
+        // Nobody held back or asking for a while: as last known.
+        level.observe(&valve, 0, 1, SET_POINT, 9_000);
+        assert!(near(level.alpha(&valve, 9_000) * 0.001));
+    }
+
+    #[test]
+    fn a_valve_kept_empty_raises_the_reference_to_the_heaviest_asking() {
+        let valve = valve();
+        let mut level = Level::new("v".into(), false);
+        // Light tenants held back, a heavy one asking: light reference.
+        let mut t = 1_000;
+        let step = |level: &mut Level, seen: f64, t: u64| {
+            level.asked(&valve, 0.001, true, t);
+            level.asked(&valve, 1_000.0, false, t);
+            level.observe(&valve, 0, 1, seen, t);
+        };
+        while t < 2_000 {
+            step(&mut level, 0.4, t);
+            t += 10;
+        }
+        assert!((level.reference(&valve, t) - 0.001).abs() < 1e-12);
+        // Empty for a θ (a heavy tenant's burst): still light.
+        while t < 3_000 {
+            step(&mut level, 0.0, t);
+            t += 10;
+        }
+        assert!((level.reference(&valve, t) - 0.001).abs() < 1e-12);
+        // Empty for two (from when the level held from before is gone):
+        // the heavy one drains it; its weight is the reference, so its
+        // gate holds it.
+        while t < 4_600 {
+            step(&mut level, 0.0, t);
+            t += 10;
+        }
+        assert_eq!(level.reference(&valve, t), 1_000.0);
     }
 }

@@ -15,7 +15,9 @@
 //!
 //! where `wᵢ` is the tenant's plan weight, `shardsᵢ` its number of shards
 //! (its decisions are spread over them, so a sharded tenant counts as one)
-//! and `α` the valve's *fair-share level*, kept per valve by each instance.
+//! and `α` the valve's *fair-share level* per unit of weight, kept per
+//! valve by each instance (the law below gives it per unit of a reference
+//! weight: see "Weights").
 //! A tenant sending less than `wᵢ · α` never meets its gate's limit; one
 //! sending more is held to it. The gate is decided with every other rule,
 //! all or nothing: a request the gate (or anything else) denies consumes
@@ -93,6 +95,49 @@
 //!   [`scatter`](crate::store::scatter)) and keeps the level last found on
 //!   each; the valve's level is their mean, so one `α` per valve (not per
 //!   key) is read off the whole valve.
+//!
+//! # Weights
+//!
+//! The law reads `α̂`, a rate per unit of a *reference weight* `w_ref`,
+//! off the level, and the gates admit `α = α̂ / w_ref` per unit of
+//! weight: `ρᵢ = (wᵢ / w_ref) · α̂`. The reference is the heaviest weight
+//! among the tenants whose gates held them back (and nothing of their
+//! own: a tenant its own limit holds does not saturate the valve) over
+//! the last half to whole `θ`: the saturating ones. While nobody is held
+//! back it is the heaviest among those that asked; while nobody asks, as
+//! last known (1 at first). Each instance keeps it per valve beside the
+//! level.
+//!
+//! Why: the level spans a fixed range of `α̂` (`C·e^−7.2` at empty to the
+//! `4C` that opens every gate), and weights span a million (0.001 to
+//! 1000). Read per unit of weight 1, weights all ×1000 put every gate
+//! 1000 times above its share (the valve, emptied, first come: a polite
+//! tenant denied 0–99%), all ×0.01 held every gate under `4C·0.01` (60–71%
+//! denied), and a mix left the light ones' share out of reach. Per unit of
+//! the heaviest saturating weight, every weight ×k changes nothing, and
+//! `α̂* = (C − what the others take) / Σ_saturating (wᵢ/w_ref) ≤ C`
+//! (the heaviest counts 1): the fair level is always where the level can
+//! settle, at `ℓ* ≤ T`, whatever the mix; the room argued above is that of
+//! `n` saturating tenants of the reference's weight, and more room with
+//! lighter ones beside them. A tenant lighter than the reference by far
+//! has, rightly, a share lighter by as much.
+//!
+//! It corrects itself. A reference too heavy (the heavy tenant stopped)
+//! holds the light ones back, and they become it within a `θ`. A
+//! reference too light (a heavy tenant starts saturating) leaves heavy
+//! gates loose, and the valve drains: up to about 200 times the
+//! reference (`e^(K·ℓ*)`), the level falls until the heavy gates hold
+//! and the heavy tenants become the reference; beyond, not even an empty
+//! valve's `α̂` holds them, so a valve that stays empty (5% full or less)
+//! for two `θ` (longer than a heavy tenant's own burst drains it) raises
+//! the reference to the heaviest that asked (measured: light tenants of
+//! weight 0.001 saturating, two of weight 1000 join at 4 s and a polite
+//! one of 1000 beside them; the reference is theirs at 6.5 s, the polite
+//! one spared from then on). Meanwhile the valve is first come between
+//! those heavy tenants, and exact. Instances agree as long as each sees
+//! the tenants that saturate (as a load balancer spreading each tenant's
+//! requests gives); an instance that sees none of them keeps its own,
+//! heavier or lighter, until it does.
 //!
 //! # Reserves
 //!
@@ -184,6 +229,8 @@ pub(crate) struct Gates {
     parts: SmallVec<[Option<BoundRule>; 2]>,
     /// The decision's [`Batch::valve_turn`](crate::Batch::valve_turn).
     pub(crate) turn: u64,
+    /// The tenant's plan weight.
+    weight: f64,
 }
 
 impl FairShares {
@@ -255,7 +302,15 @@ impl FairShares {
             pairs.push((g, v));
             parts.push(part);
         }
-        (gated, Gates { pairs, parts, turn })
+        (
+            gated,
+            Gates {
+                pairs,
+                parts,
+                turn,
+                weight,
+            },
+        )
     }
 
     /// Learns each fair valve's level from `decision`, when it is known: a
@@ -274,12 +329,29 @@ impl FairShares {
             return;
         }
         let valves = self.valves.pin();
-        for (&(_, v), part) in gates.pairs.iter().zip(&gates.parts) {
+        let own_rules_allow =
+            decision
+                .rules
+                .iter()
+                .zip(decision.outcomes.iter())
+                .all(|(rule, outcome)| {
+                    outcome.allowed || matches!(rule.scope(), Scope::Global | Scope::Share)
+                });
+        for (&(g, v), part) in gates.pairs.iter().zip(&gates.parts) {
+            let valve = part.as_ref().unwrap_or(&decision.rules[v]);
+            let entry = valves.get_or_insert_with(valve.uid(), || {
+                parking_lot::Mutex::new(Level::new(valve.name().into(), part.is_some()))
+            });
+            // Held back by its gate, and by nothing of its own (a tenant
+            // its own limit holds does not saturate the valve).
+            let held_back = !decision.outcomes[g].allowed && own_rules_allow;
+            entry
+                .lock()
+                .asked(valve.rule(), gates.weight, held_back, now_ms);
             let outcome = &decision.outcomes[v];
             if !decision.allowed && outcome.allowed {
                 continue;
             }
-            let valve = part.as_ref().unwrap_or(&decision.rules[v]);
             let keys = valve.rule().shares(valve_parts);
             let enforced = valve.rule().share(keys);
             // The level the request found: what it took counts as still
@@ -287,9 +359,6 @@ impl FairShares {
             // a key, and every sight after an admission would read low).
             let found = u64::from(outcome.remaining) + if outcome.allowed { cost } else { 0 };
             let level = (found as f64 / enforced.capacity() as f64).clamp(0.0, 1.0);
-            let entry = valves.get_or_insert_with(valve.uid(), || {
-                parking_lot::Mutex::new(Level::new(valve.name().into(), part.is_some()))
-            });
             let key = (gates.turn % keys) as usize;
             entry
                 .lock()
