@@ -30,3 +30,8 @@ fn weights_are_scale_free() {
 fn weights_at_both_ends_in_one_valve() {
     edges::weights_at_both_ends_in_one_valve(&run);
 }
+
+#[test]
+fn many_light_ids_outweigh_a_heavy_one_unless_it_reserves() {
+    edges::many_light_ids_outweigh_a_heavy_one_unless_it_reserves(&run);
+}

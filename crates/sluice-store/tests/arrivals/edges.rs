@@ -207,3 +207,48 @@ pub fn weights_at_both_ends_in_one_valve(run: Runner<'_>) {
         );
     }
 }
+
+/// Forty tenant ids of weight 1 (10/s each) beside one of weight 10
+/// (asking 150/s): weights are per tenant, so the forty together weigh 40
+/// against 10 and take about 80% of the valve. A reserve for the heavy
+/// plan is what holds its part (CONFIG.md, "Weights").
+pub fn many_light_ids_outweigh_a_heavy_one_unless_it_reserves(run: Runner<'_>) {
+    let yaml = |reserve: &str| {
+        format!(
+            r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
+  heavy:
+    weight: 10
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 1000, per: 1s }}]
+tenants:
+  heavy: {{ plan: heavy }}
+global:
+  "POST /v1/orders": [{{ name: orders, algorithm: gcra, limit: 100, per: 1s{reserve} }}]
+"#
+        )
+    };
+    let mut senders: Vec<Sender> = (0..40).map(|i| sender(&format!("id-{i}"), 10.0)).collect();
+    senders.push(sender("heavy", 150.0));
+    let plain = run(&yaml(""), &senders, 12_000, 2_000);
+    let heavy = plain.rate(40, 10.0);
+    assert!(
+        (15.0..=30.0).contains(&heavy),
+        "without a reserve: heavy {heavy:.1}/s"
+    );
+    let reserved = run(
+        &yaml(r#", reserve: { heavy: "50%" }"#),
+        &senders,
+        12_000,
+        2_000,
+    );
+    let heavy = reserved.rate(40, 10.0);
+    // At least its reserve, within the noise of Poisson arrivals (5%).
+    assert!(
+        heavy >= 50.0 * 0.95,
+        "with a 50% reserve: heavy {heavy:.1}/s, {:?}",
+        reserved.counts[40]
+    );
+}
