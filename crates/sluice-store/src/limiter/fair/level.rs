@@ -34,18 +34,16 @@ pub(super) struct Level {
 }
 
 /// What decisions found on one key of a valve: the level the latest
-/// found and when, and the highest found lately (over the last
-/// `HOLD`–`2·HOLD` of `θ`), which `α` is read off while it is higher.
+/// found and when, and the highest found, falling since at the valve's
+/// rate, which `α` is read off while it is higher.
 #[derive(Debug, Clone, Copy)]
 struct Key {
     level: f64,
     at: u64,
-    high: Peak,
+    /// The highest level found, and when (see [`Key::held`]).
+    high: f64,
+    high_at: u64,
 }
-
-/// How long a level found is held, as a share of `θ` (at least this, at
-/// most twice this).
-const HOLD: f64 = 0.25;
 
 /// A valve at most this full is empty: every gate is about as tight as
 /// the level makes it, so a tenant who keeps draining it for long is
@@ -67,13 +65,16 @@ impl Key {
         Key {
             level: 1.0,
             at,
-            high: Peak::NONE,
+            high: 0.0,
+            high_at: at,
         }
     }
 
     /// The level found at `now_ms`, as it is now (`theta` being `θ`).
     fn observe(&mut self, seen: f64, now_ms: u64, theta: f64) {
-        self.high.note(seen, now_ms, (HOLD * theta) as u64);
+        if seen >= self.fallen(now_ms, theta) {
+            (self.high, self.high_at) = (seen, now_ms);
+        }
         self.level = seen;
         // A clock that stepped back keeps the later time.
         self.at = self.at.max(now_ms);
@@ -85,11 +86,19 @@ impl Key {
         (self.level + now_ms.saturating_sub(self.at) as f64 / theta).min(1.0)
     }
 
+    /// The highest level found, less what the valve's rate would have
+    /// drained of it since: as low as a load the valve cannot carry takes
+    /// it, never lower than that.
+    fn fallen(&self, now_ms: u64, theta: f64) -> f64 {
+        self.high - now_ms.saturating_sub(self.high_at) as f64 / theta
+    }
+
     /// The level `α` is read off: [`now`](Self::now), or the highest found
-    /// lately when that is higher.
+    /// falling at the valve's rate when that is higher. A burst takes the
+    /// level down at once; saturation at the rate the gates let through
+    /// beyond the valve's, which is slower: only the burst is held.
     fn held(&self, now_ms: u64, theta: f64) -> f64 {
-        let held = self.high.get(now_ms, (HOLD * theta) as u64);
-        self.now(now_ms, theta).max(held.unwrap_or(0.0))
+        self.now(now_ms, theta).max(self.fallen(now_ms, theta))
     }
 }
 
@@ -295,27 +304,37 @@ mod tests {
     }
 
     #[test]
-    fn a_dip_shorter_than_the_hold_leaves_alpha_as_it_was() {
+    fn a_burst_is_read_as_the_level_before_it_falling_at_the_valves_rate() {
         let valve = valve();
         let mut level = Level::new("v".into(), false);
+        let near =
+            |alpha: f64, of: f64| (alpha / (0.1 * (K * (of - SET_POINT)).exp()) - 1.0).abs() < 0.01;
         for t in 0..300 {
             level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
         }
         // A herd takes half the valve at once; the level refills from
-        // there.
+        // there (0.9 a θ, a tenth of the valve's rate still asked for).
         level.observe(&valve, 0, 1, 0.1, 1_300);
-        for t in 1..100 {
-            level.observe(&valve, 0, 1, 0.1 + t as f64 / 1_000.0, 1_300 + t);
+        for t in 1..=100 {
+            level.observe(&valve, 0, 1, 0.1 + 0.9 * t as f64 / 1_000.0, 1_300 + t);
         }
-        let alpha = level.alpha(&valve, 1_399);
-        assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
-        // Held at most twice `HOLD` of θ: a level that stays low is read
-        // within half a second.
-        for t in 0..400 {
-            level.observe(&valve, 0, 1, 0.2, 1_400 + t);
+        // Read as the level before it, falling at the valve's rate since:
+        // 0.499 a tenth of θ later, not the 0.19 found.
+        let alpha = level.alpha(&valve, 1_400);
+        assert!(near(alpha, 0.499), "{alpha}");
+        // Once the valve has refilled past that, as found.
+        for t in 1..=300 {
+            level.observe(&valve, 0, 1, 0.19 + 0.9 * t as f64 / 1_000.0, 1_400 + t);
         }
-        let lower = level.alpha(&valve, 1_799);
-        assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
+        let alpha = level.alpha(&valve, 1_700);
+        assert!(near(alpha, 0.46), "{alpha}");
+        // A level that stays low is read as it is within the time the
+        // valve's rate takes to drain what was above it.
+        for t in 1..=400 {
+            level.observe(&valve, 0, 1, 0.2, 1_700 + t);
+        }
+        let lower = level.alpha(&valve, 2_100);
+        assert!(near(lower, 0.2), "{lower}");
     }
 
     #[test]

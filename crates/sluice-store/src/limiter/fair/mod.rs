@@ -50,8 +50,8 @@
 //! of it is gated, within about `θ` in any case that matters. The level
 //! used is the one the latest decision found (before its own units: on a
 //! valve split into small keys one unit is much of a key), refilled at the
-//! valve's rate for the time since, or the highest found over the last
-//! quarter to half of `θ` when that is higher.
+//! valve's rate for the time since, or, when that is higher, the highest
+//! found, less what the valve's own rate would have drained of it since.
 //!
 //! Why held: the level mixes two things, a rate above `C` (saturation,
 //! which it is read for) and a burst the valve absorbs (what a valve's
@@ -61,10 +61,18 @@
 //! refill, and shuts every gate to a fraction of its share, though
 //! nobody asks more than its share (measured: 80 tenants at 1/s in step
 //! beside one at 10/s on a 100/s valve, 30% of the polite one's requests
-//! denied). A level held from before the burst keeps `α` where it was
-//! until the valve has refilled past it. Saturation is still read: a
-//! level that stays low is what is held a half `θ` later, which delays
-//! the gates by at most that (the valve itself stays exact meanwhile).
+//! denied). The two differ in speed: saturation drains the valve at what
+//! the gates let through beyond `C`, a small multiple of `C` at most,
+//! while a burst takes its units at once. So the level before a burst,
+//! falling since at `C` (`1/θ` of the valve per unit of time), is what
+//! the burst is read as until the refilling valve passes it: after a
+//! herd took 80% of a full valve, never under 0.58 (`α ≥ 0.8C`). Under
+//! saturation the highest level found lies only the last fluctuation
+//! above the level now and falls below it within that fraction of `θ`:
+//! the law above is what is read. (Holding the highest level over a fixed
+//! quarter to half of `θ` instead, measured: the gates late by that much
+//! whenever the level fell, the valve emptied under two instances' wall
+//! clock load, a polite tenant denied 3.5–5%.)
 //!
 //! What is between `ℓ*` and empty is the room a tenant under its share
 //! draws on: the valve denies it only when that room is gone. The room
