@@ -84,6 +84,8 @@ pub struct Count {
     pub denied: u64,
     /// The longest wait such a denial gave, in ms.
     pub longest_retry_ms: u64,
+    /// The shortest, if any.
+    pub shortest_retry_ms: Option<u64>,
 }
 
 /// Per sender, what it was answered; per second of the run, admitted by
@@ -91,6 +93,8 @@ pub struct Count {
 pub struct Run {
     pub counts: Vec<Count>,
     pub admitted_per_second: Vec<u64>,
+    /// Decisions over the whole run.
+    pub decided: u64,
 }
 
 impl Run {
@@ -185,6 +189,7 @@ pub async fn run_on<S: Store>(
     }
     let mut counts = vec![Count::default(); senders.len()];
     let mut admitted_per_second = vec![0; (run_ms / 1_000) as usize + 1];
+    let mut decided = 0;
     while let Some(Reverse((at_us, i))) = arrivals.pop() {
         let s = &senders[i];
         if at_us >= run_ms * 1_000 || at_us >= s.until_ms.saturating_mul(1_000) {
@@ -201,6 +206,7 @@ pub async fn run_on<S: Store>(
         clock.set(START_MS + at_us / 1_000);
         let request = Request::new(&s.tenant, "POST /v1/orders", None, 1).unwrap();
         let decision = limiter.decide(&policy, &request).await;
+        decided += 1;
         if decision.allowed {
             admitted_per_second[(at_us / 1_000_000) as usize] += 1;
         }
@@ -213,12 +219,14 @@ pub async fn run_on<S: Store>(
                 c.denied += 1;
                 let retry = decision.retry_after_ms().unwrap_or(0);
                 c.longest_retry_ms = c.longest_retry_ms.max(retry);
+                c.shortest_retry_ms = Some(c.shortest_retry_ms.map_or(retry, |s| s.min(retry)));
             }
         }
     }
     Run {
         counts,
         admitted_per_second,
+        decided,
     }
 }
 
