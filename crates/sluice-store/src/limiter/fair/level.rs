@@ -72,7 +72,9 @@ impl Key {
 
     /// The level found at `now_ms`, as it is now (`theta` being `θ`).
     fn observe(&mut self, seen: f64, now_ms: u64, theta: f64) {
-        if seen >= self.fallen(now_ms, theta) {
+        // A clock that stepped back would hold the highest for as long as
+        // the step: it starts afresh.
+        if seen >= self.fallen(now_ms, theta) || now_ms < self.high_at {
             (self.high, self.high_at) = (seen, now_ms);
         }
         self.level = seen;
@@ -120,6 +122,12 @@ impl Peak {
     };
 
     fn note(&mut self, value: f64, now_ms: u64, window: u64) {
+        if now_ms < self.since {
+            // The clock stepped back: what was noted is from a time that
+            // would last as long as the step.
+            *self = Peak::NONE;
+            self.since = now_ms;
+        }
         if now_ms >= self.since.saturating_add(window) {
             let recent = now_ms < self.since.saturating_add(window.saturating_mul(2));
             self.before = if recent { self.high } else { f64::NEG_INFINITY };
@@ -378,6 +386,20 @@ mod tests {
         // No time has passed for a clock behind: the level as found.
         assert!((level.now(&valve, 5_000) - 0.3).abs() < 1e-9);
         assert!(level.alpha(&valve, 5_000).is_finite());
+        // Nor is the highest level found before the step held for as long
+        // as the step, nor the weights noted before it.
+        let mut stepped = Level::new("s".into(), false);
+        stepped.observe(&valve, 0, 1, 0.7, 10_000);
+        stepped.asked(&valve, 1_000.0, true, 10_000);
+        stepped.observe(&valve, 0, 1, 0.2, 5_000);
+        stepped.asked(&valve, 0.001, true, 5_000);
+        let read = stepped.alpha(&valve, 5_000) * 0.001;
+        let at = |l: f64| 0.1 * (K * (l - SET_POINT)).exp();
+        assert!(
+            (read / at(0.2) - 1.0).abs() < 1e-6,
+            "{read} for {}",
+            at(0.2)
+        );
     }
 
     #[test]
