@@ -115,6 +115,16 @@ fn spared(run: &Run, i: usize, what: &str) {
     );
 }
 
+/// Whether `run` (10 s measured) used the valve's 100/s, within 5%.
+fn whole_valve_used(run: &Run) {
+    let total: u64 = run.counts.iter().map(|c| c.admitted).sum();
+    assert!(
+        total >= 950,
+        "{total} of the valve's 1000 in 10 s, {:?}",
+        run.counts
+    );
+}
+
 /// Every weight multiplied by the same factor changes nothing: three noisy
 /// tenants and a polite one (10/s) of one plan, at weights from 0.001 to
 /// 1000: the polite one is spared, the noisy ones split the rest evenly.
@@ -157,12 +167,7 @@ pub fn weights_at_both_ends_in_one_valve(run: Runner<'_>) {
     spared(&both, 3, "1000, 0.001 and 1");
     let big = both.rate(0, 10.0);
     assert!(big >= 57.0, "big-1 {big:.1}/s, {:?}", both.counts);
-    let total: u64 = both.counts.iter().map(|c| c.admitted).sum();
-    assert!(
-        total >= 950,
-        "{total} of the valve's 1000 in 10 s, {:?}",
-        both.counts
-    );
+    whole_valve_used(&both);
 
     // Only the light ones saturate, beside a polite one of weight 1000:
     // they still have the valve between them.
@@ -174,12 +179,7 @@ pub fn weights_at_both_ends_in_one_valve(run: Runner<'_>) {
     ];
     let light = run(&yaml, &senders, 12_000, 2_000);
     spared(&light, 3, "0.001 beside 1000");
-    let total: u64 = light.counts.iter().map(|c| c.admitted).sum();
-    assert!(
-        total >= 950,
-        "{total} of the valve's 1000 in 10 s, {:?}",
-        light.counts
-    );
+    whole_valve_used(&light);
 
     // Heavy ones start saturating too, once the light ones are the
     // reference: the heavy ones share the valve (a light one's share is a
