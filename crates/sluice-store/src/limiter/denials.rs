@@ -32,8 +32,8 @@
 //! One kind of denial keeps these promises only approximately: a fair
 //! valve's share (its gate, [`Scope::Share`]), whose rate is set afresh for
 //! every decision from a level that moves. Its denial is remembered for its
-//! own wait at the rate it was decided at, and never longer than a fifth of
-//! the gate's tolerance (a twentieth of the valve's period): the share may
+//! own wait at the rate it was decided at, and never longer than a
+//! twentieth of the valve's period: the share may
 //! rise meanwhile, and a tenant past its share be denied up to that long
 //! after the store would admit it again (see `fair::remembered_wait`).
 //! Without it, a saturated fair valve cost a store call per decision.
@@ -155,7 +155,7 @@ impl DenialCache {
             // A fair valve's share: for a moment only (see
             // `fair::remembered_wait`).
             let wait = if rule.scope() == Scope::Share {
-                super::fair::remembered_wait(rule.rule(), outcome.retry_after_ms)
+                super::fair::remembered_wait(rule, batch.rules, outcome.retry_after_ms)
             } else {
                 outcome.retry_after_ms
             };

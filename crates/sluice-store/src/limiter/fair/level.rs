@@ -266,15 +266,25 @@ impl Level {
     }
 
     /// `α` now, in units per ms per unit of weight (infinite while it
-    /// holds nobody back): read off the level per unit of the
-    /// [`reference`](Self::reference) weight.
+    /// holds nobody back): read off the level now per unit of the
+    /// [`reference`](Self::reference) weight. What a gate refills at.
     pub(super) fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
-        let alpha = rate_per_ms(valve) * (K * (self.held(valve, now_ms) - SET_POINT)).exp();
+        let alpha = rate_per_ms(valve) * (K * (self.now(valve, now_ms) - SET_POINT)).exp();
         if alpha >= OPEN * rate_per_ms(valve) {
             f64::INFINITY
         } else {
             alpha / self.reference(valve, now_ms)
         }
+    }
+
+    /// `α` read off the [`held`](Self::held) level instead (a burst read
+    /// as the level before it), at most the valve's rate per unit of the
+    /// reference: what a gate may hold (its burst, a quarter of `θ` at
+    /// this rate). Higher, a gate open a moment ago left every tenant a
+    /// whole valve's worth to spend at once as it closed.
+    pub(super) fn alpha_saved(&self, valve: &Rule, now_ms: u64) -> f64 {
+        let level = self.held(valve, now_ms).min(SET_POINT);
+        rate_per_ms(valve) * (K * (level - SET_POINT)).exp() / self.reference(valve, now_ms)
     }
 }
 
@@ -326,22 +336,25 @@ mod tests {
         for t in 1..=100 {
             level.observe(&valve, 0, 1, 0.1 + 0.9 * t as f64 / 1_000.0, 1_300 + t);
         }
-        // Read as the level before it, falling at the valve's rate since:
-        // 0.499 a tenth of θ later, not the 0.19 found.
-        let alpha = level.alpha(&valve, 1_400);
+        // What a gate may have saved is read as the level before it,
+        // falling at the valve's rate since: 0.499 a tenth of θ later; what
+        // it refills at, as the level is: the 0.19 found.
+        let alpha = level.alpha_saved(&valve, 1_400);
         assert!(near(alpha, 0.499), "{alpha}");
+        let now = level.alpha(&valve, 1_400);
+        assert!(near(now, 0.19), "{now}");
         // Once the valve has refilled past that, as found.
         for t in 1..=300 {
             level.observe(&valve, 0, 1, 0.19 + 0.9 * t as f64 / 1_000.0, 1_400 + t);
         }
-        let alpha = level.alpha(&valve, 1_700);
+        let alpha = level.alpha_saved(&valve, 1_700);
         assert!(near(alpha, 0.46), "{alpha}");
         // A level that stays low is read as it is within the time the
         // valve's rate takes to drain what was above it.
         for t in 1..=400 {
             level.observe(&valve, 0, 1, 0.2, 1_700 + t);
         }
-        let lower = level.alpha(&valve, 2_100);
+        let lower = level.alpha_saved(&valve, 2_100);
         assert!(near(lower, 0.2), "{lower}");
     }
 

@@ -4,8 +4,8 @@
 //! # The mechanism
 //!
 //! A valve stays what it was: a bucket all tenants draw from, exact. What
-//! is added is a *gate* per tenant and valve ([`Scope::Share`]): a `gcra`
-//! rule in the tenant's own partition (so in the tenant's slot on Redis
+//! is added is a *gate* per tenant and valve ([`Scope::Share`]): a
+//! `token_bucket` rule in the tenant's own partition (so in the tenant's slot on Redis
 //! Cluster, decided in the same call as the tenant's other rules), whose
 //! rate this module sets for each decision to
 //!
@@ -50,29 +50,17 @@
 //! of it is gated, within about `θ` in any case that matters. The level
 //! used is the one the latest decision found (before its own units: on a
 //! valve split into small keys one unit is much of a key), refilled at the
-//! valve's rate for the time since, or, when that is higher, the highest
-//! found, less what the valve's own rate would have drained of it since.
+//! valve's rate for the time since.
 //!
-//! Why held: the level mixes two things, a rate above `C` (saturation,
-//! which it is read for) and a burst the valve absorbs (what a valve's
-//! burst is for). A herd of tenants asking in step (a cron job on each)
-//! takes much of the valve in one millisecond and is gone; read as it is
-//! then, the level says saturated for as long as the valve takes to
-//! refill, and shuts every gate to a fraction of its share, though
-//! nobody asks more than its share (measured: 80 tenants at 1/s in step
-//! beside one at 10/s on a 100/s valve, 30% of the polite one's requests
-//! denied). The two differ in speed: saturation drains the valve at what
-//! the gates let through beyond `C`, a small multiple of `C` at most,
-//! while a burst takes its units at once. So the level before a burst,
-//! falling since at `C` (`1/θ` of the valve per unit of time), is what
-//! the burst is read as until the refilling valve passes it: after a
-//! herd took 80% of a full valve, never under 0.58 (`α ≥ 0.8C`). Under
-//! saturation the highest level found lies only the last fluctuation
-//! above the level now and falls below it within that fraction of `θ`:
-//! the law above is what is read. (Holding the highest level over a fixed
-//! quarter to half of `θ` instead, measured: the gates late by that much
-//! whenever the level fell, the valve emptied under two instances' wall
-//! clock load, a polite tenant denied 3.5–5%.)
+//! The level mixes two things, a rate above `C` (saturation, which it is
+//! read for) and a burst the valve absorbs (what a valve's burst is for).
+//! A herd of tenants asking in step (a cron job on each) takes much of the
+//! valve in one millisecond and is gone; the level then says saturated
+//! for as long as the valve takes to refill, and a gate's rate falls to a
+//! fraction of its share, though nobody asks more than its share
+//! (measured: 80 tenants at 1/s in step beside one at 10/s on a 100/s
+//! valve, 30% of the polite one's requests denied). What a tenant had
+//! saved is what carries it through: see "Gates".
 //!
 //! What is between `ℓ*` and empty is the room a tenant under its share
 //! draws on: the valve denies it only when that room is gone. The room
@@ -167,27 +155,48 @@
 //!
 //! # Gates
 //!
-//! A gate's tolerance is a quarter of `θ` at its rate (at least the
-//! request's cost, so a costly request passes a gate with nothing owed).
-//! A gate whose valve is not saturated runs at a rate no request reaches.
+//! A gate is a token bucket: it refills at `ρᵢ` and holds what `ρᵢ`
+//! saves in a quarter of `θ` (at least the request's cost, so a costly
+//! request passes a gate with nothing owed). A gate whose valve is not
+//! saturated is open (a rate no request reaches). Every gate of a valve
+//! has the same `per` ([`gate_per`]: the time the valve makes 10,000 units
+//! in), so that its tokens, stored as `tokens × per`, are units whatever
+//! the rate: a gate's rate changes with every decision, and what it
+//! holds must mean the same at the next one.
 //!
-//! A gate never owes (its `max_debt` is 0). Its state is a `TAT`, a time:
-//! what the tenant took, spread at the rate of the moment it took it. A
-//! unit taken while the valve was nearly empty (`α` down to `C·e^−7.2`,
-//! 0.075/s of a 100/s valve) puts the `TAT` seconds ahead; read at the
-//! rate of a moment later, when the valve has refilled, that distance
-//! would be debt, and the tenant shut out for those seconds (measured: a
-//! tenant asking 1/s of a 33/s share, 7 of 15 denied, told to wait 6.5 s).
-//! So a `TAT` further ahead than the gate's tolerance at this decision's
-//! rate is read as an exhausted gate at that rate (the repair every
-//! `gcra` state has, with nothing owed): a change of rate never weighs
-//! more than one burst, and a tenant under its share is back within one
-//! of its units at the new rate, well within `θ`.
+//! - **A gate never owes.** Its state is the units the tenant has left,
+//!   refilled at the rate of the decision that reads it. A `gcra` gate
+//!   kept a `TAT`, a time: a unit taken while the valve was nearly empty
+//!   (`α` down to `C·e^−7.2`, 0.075/s of a 100/s valve) put it seconds
+//!   ahead, and read at the rate of a moment later, when the valve had
+//!   refilled, that distance was debt (measured: a tenant asking 1/s of a
+//!   33/s share, 7 of 15 denied, told to wait 6.5 s). A token spent at any
+//!   rate is one unit, refilled at the next rate: a tenant under its share
+//!   is back within one of its units at that rate.
+//! - **The rate is read off the level now; what a gate may hold, off the
+//!   level before a burst.** A burst takes the valve's units at once, and
+//!   saturation at what the gates let through beyond `C`, a small multiple
+//!   of `C` at most. So the highest level found, less what the valve's own
+//!   rate would have drained of it since ([`Level::held`](level)), is the
+//!   level before a burst until the refilling valve passes it, and within
+//!   the last fluctuation of the level now under saturation. A gate's
+//!   burst is a quarter of `θ` at the `α` of that held level, at most
+//!   `α(T) = C` per unit of the reference: a tenant that had saved its
+//!   units (one asking under its share) keeps them through a herd's dip and
+//!   spends them there, while one that spends its units as they come (one
+//!   past its share) is refilled at the rate of the level now and held to
+//!   it. (Reading the rate itself off the held level held the gates open
+//!   while one tenant sent in clumps: the valve emptied, a polite tenant
+//!   was denied 3.5–5% under wall-clock load and another 4 of 4.)
+//! - A gate's `limit` (its rate × `per`) holds a share down to a
+//!   ten-thousandth of the valve to about one in two, and up to many times
+//!   the valve (past what a rule holds, the gate is open: no share that
+//!   large binds).
 
 use std::sync::Arc;
 
 use sluice_core::policy::Applicable;
-use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS};
+use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS, MAX_SCALED};
 use sluice_core::valve::Reserves;
 use sluice_core::{Algorithm, BoundRule, Decision, Rule, Scope};
 use smallvec::SmallVec;
@@ -203,8 +212,8 @@ const K: f64 = 12.0;
 const OPEN: f64 = 4.0;
 /// A gate's tolerance, as a share of `θ`.
 const TOLERANCE: f64 = 0.25;
-/// Rates (units per ms) at which a gate is written with a precision of
-/// about one in this many.
+/// How many units a gate's `limit` counts for the valve's whole rate (see
+/// [`gate_per`]).
 const PRECISION: f64 = 10_000.0;
 
 /// Each fair valve's level, as this instance knows it.
@@ -269,31 +278,36 @@ impl FairShares {
                 .get(&rule.uid())
                 .map_or(1.0, |l| l.lock().now(rule.rule(), now_ms))
         };
+        // (α now, α a gate may have saved) per part of a valve.
         let alpha = |rule: &BoundRule| {
             valves
                 .get(&rule.uid())
-                .map_or(f64::INFINITY, |l| l.lock().alpha(rule.rule(), now_ms))
+                .map_or((f64::INFINITY, f64::INFINITY), |l| {
+                    let l = l.lock();
+                    (
+                        l.alpha(rule.rule(), now_ms),
+                        l.alpha_saved(rule.rule(), now_ms),
+                    )
+                })
         };
         for (g, gate) in rules.iter().enumerate() {
             if gate.scope() != Scope::Share {
                 continue;
             }
-            let Some(v) = rules.iter().position(|r| {
-                r.scope() == Scope::Global
-                    && r.name() == gate.name()
-                    && r.pattern() == gate.pattern()
-            }) else {
+            let Some(v) = rules.iter().position(|r| valve_of(gate, r)) else {
                 continue;
             };
             let valve = &rules[v];
-            let mut share = alpha(valve);
+            let (mut share, mut saved) = alpha(valve);
             let mut part = None;
             if let Some(reserves) = applicable.reserves.iter().find(|r| r.valve == v) {
                 part = choose(reserves, valve, cost, level).cloned();
                 // A reserved plan's tenants share their part as well as
                 // the rest of the valve.
                 if let Some(own) = reserves.own {
-                    share += alpha(&reserves.parts[own]);
+                    let (own_share, own_saved) = alpha(&reserves.parts[own]);
+                    share += own_share;
+                    saved += own_saved;
                 }
             }
             let drawn = part.as_ref().unwrap_or(valve);
@@ -303,7 +317,8 @@ impl FairShares {
                 turn = level.lock().fullest(drawn.rule(), now_ms, turn);
             }
             let rate = share * weight / shards;
-            gated[g] = gate.with_rule(gate_rule(rate, cost, TOLERANCE * drain_ms(valve.rule())));
+            let saved = saved * weight / shards;
+            gated[g] = gate.with_rule(gate_rule(rate, saved, cost, valve.rule()));
             if let Some(part) = &part {
                 gated[v] = part.clone();
             }
@@ -432,6 +447,11 @@ fn choose<'r>(
         .map(|(_, part)| part)
 }
 
+/// Whether `rule` is the valve `gate` is the gate of.
+fn valve_of(gate: &BoundRule, rule: &BoundRule) -> bool {
+    rule.scope() == Scope::Global && rule.name() == gate.name() && rule.pattern() == gate.pattern()
+}
+
 /// The least a tenant past its share of a fair valve is told to wait.
 const MIN_RETRY_MS: u64 = 1_000;
 
@@ -457,28 +477,35 @@ pub(crate) fn at_least_a_second(decision: &mut Decision<'_>) {
     }
 }
 
-/// A fifth of a gate's tolerance: the longest a denial of the gate is
-/// remembered (by the over-limit cache).
-const REMEMBERED: f64 = 0.2;
+/// The longest a denial of a gate is remembered (by the over-limit
+/// cache), as a share of `θ`.
+const REMEMBERED: f64 = 0.05;
 
-/// How long the over-limit cache may remember a denial of `gate` that the
-/// store said to retry in `retry_ms`: that wait, at most a fifth of the
-/// gate's tolerance (a twentieth of `θ`).
+/// How long the over-limit cache may remember a denial of gate `gate` of
+/// `valve` (among `rules`, the batch's) that the store said to retry in
+/// `retry_ms`: that wait, at most a twentieth of `θ`; 0 for the open gate
+/// or a gate whose valve is not among the rules.
 ///
-/// A gate's wait is at most one request's worth at its rate (it never
-/// owes: see "Gates"), and the rate can only rise after it, with the
-/// level: `α` by at most `e^(K·t/θ)` in a time `t` from the level alone,
-/// 1.8 times in `θ/20` (and more when the reference weight falls, which
-/// takes the tenants saturating the valve changing). So a tenant past its
-/// share, denied locally, waits at most that fraction longer than its
-/// gate would have had it asked the store, within `θ/20`; a tenant under
-/// its share is not denied by its gate, and is not remembered. Saturated,
-/// the noisy tenants' denials are then mostly answered here (measured: a
-/// 100/s valve, three tenants at 150/s beside one at 10/s: 0.43 store
-/// calls per decision, from 0.99, shares as they were).
-pub(crate) fn remembered_wait(gate: &Rule, retry_ms: u64) -> u64 {
-    let tolerance_ms = gate.burst() as f64 * gate.period_ms() as f64 / gate.limit().max(1) as f64;
-    retry_ms.min((tolerance_ms * REMEMBERED) as u64)
+/// A gate's wait is at most one request's worth at its rate (its tokens
+/// refill at the rate of each decision), and the rate can only rise after
+/// it, with the level: `α` by at most `e^(K·t/θ)` in a time `t` from the
+/// level alone, 1.8 times in `θ/20` (and more when the reference weight
+/// falls, which takes the tenants saturating the valve changing). So a
+/// tenant past its share, denied locally, waits at most that fraction
+/// longer than its gate would have had it asked the store, within `θ/20`;
+/// a tenant under its share is not denied by its gate, and is not
+/// remembered. Saturated, the noisy tenants' denials are then mostly
+/// answered here (measured: a 100/s valve, three tenants at 150/s beside
+/// one at 10/s: 0.43 store calls per decision, from 0.99, shares as they
+/// were).
+pub(crate) fn remembered_wait(gate: &BoundRule, rules: &[BoundRule], retry_ms: u64) -> u64 {
+    let valve = rules.iter().find(|r| valve_of(gate, r));
+    match valve {
+        Some(valve) if gate.rule().limit() < MAX_LIMIT => {
+            retry_ms.min((REMEMBERED * drain_ms(valve.rule())) as u64)
+        }
+        _ => 0,
+    }
 }
 
 /// The valve's rate, in units per ms.
@@ -492,13 +519,16 @@ fn drain_ms(valve: &Rule) -> f64 {
     (valve.capacity() as f64 / rate_per_ms(valve)).max(1.0)
 }
 
-/// A gate admitting `rate` units per ms with a tolerance of `tolerance_ms`
-/// (at least `cost` units). A rate no request reaches (a valve not
-/// saturated) is a gate of the largest limit per millisecond.
-fn gate_rule(rate: f64, cost: u64, tolerance_ms: f64) -> Rule {
+/// A gate refilling at `rate` units per ms, holding what `saved` units per
+/// ms save in a quarter of `θ` (at least `cost` units): a token bucket of
+/// the valve's [`gate_per`], so that its tokens are units whatever the rate
+/// (see "Gates"). A rate no request reaches (a valve not saturated, or a
+/// tenant whose share is beyond what a rule of that `per` holds, many
+/// times the valve's rate) is the open gate.
+fn gate_rule(rate: f64, saved: f64, cost: u64, valve: &Rule) -> Rule {
     let open = || {
         Rule::new(
-            Algorithm::Gcra,
+            Algorithm::TokenBucket,
             i128::from(MAX_LIMIT),
             1,
             Some(i128::from(MAX_LIMIT)),
@@ -507,59 +537,100 @@ fn gate_rule(rate: f64, cost: u64, tolerance_ms: f64) -> Rule {
         .and_then(|rule| rule.with_max_debt(0))
         .expect("the open gate is a valid rule")
     };
-    if !rate.is_finite() || rate * 1.0 >= MAX_LIMIT as f64 / 2.0 {
+    let per = gate_per(valve);
+    let limit = (rate * per).round().max(1.0);
+    if !limit.is_finite() || limit > MAX_LIMIT as f64 || limit * per > MAX_SCALED as f64 {
         return open();
     }
-    let per = (PRECISION / rate).round().clamp(1.0, MAX_PERIOD_MS as f64);
-    let limit = (rate * per).round().clamp(1.0, MAX_LIMIT as f64);
-    let burst = (rate * tolerance_ms).ceil().max(cost as f64).max(1.0);
+    let burst = (saved.max(rate) * TOLERANCE * drain_ms(valve))
+        .ceil()
+        .max(cost as f64)
+        .max(1.0);
     // Beyond what a rule can hold (a costly request at a tiny rate), the
-    // gate lets it through rather than hold it for ever. A gate never
-    // owes: its state, written at the rate of another moment, is read as
-    // at most an exhausted gate at this one (see the module's "Gates").
+    // gate lets it through rather than hold it for ever.
+    let most = (MAX_SCALED as f64 / per).floor().min(MAX_LIMIT as f64);
+    if burst > most {
+        return open();
+    }
     Rule::new(
-        Algorithm::Gcra,
+        Algorithm::TokenBucket,
         limit as i128,
         per as u64,
-        Some(burst.min(MAX_LIMIT as f64) as i128),
+        Some(burst as i128),
         false,
     )
     .and_then(|rule| rule.with_max_debt(0))
     .unwrap_or_else(|_| open())
 }
 
+/// The `per` of every gate of `valve`: the time in which the valve's rate
+/// makes [`PRECISION`] units, so that a gate's `limit` (its rate times
+/// this) holds a share of a ten-thousandth of the valve to about one in
+/// two, of the whole valve to one in ten thousand.
+fn gate_per(valve: &Rule) -> f64 {
+    (PRECISION / rate_per_ms(valve))
+        .round()
+        .clamp(1.0, MAX_PERIOD_MS as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_gate_admits_its_rate_within_a_thousandth() {
-        for rate in [1e-6, 1e-5, 0.003, 0.03, 1.0, 250.0, 40_000.0] {
-            let rule = gate_rule(rate, 1, 100.0);
-            let admits = rule.limit() as f64 / rule.period_ms() as f64;
-            assert!((admits - rate).abs() <= rate * 1e-3, "{rate}: {rule:?}");
-            assert!(rule.burst() >= 1);
-        }
-        // Slower than a unit in 366 days' thousandth: the period is the
-        // longest a rule has, within a few percent.
-        let rule = gate_rule(1e-9, 1, 100.0);
-        let admits = rule.limit() as f64 / rule.period_ms() as f64;
-        assert!((admits - 1e-9).abs() <= 1e-9 * 0.05, "{rule:?}");
-        // A costly request passes a gate with nothing owed.
-        assert_eq!(gate_rule(0.03, 50, 100.0).burst(), 50);
-        // Not saturated: no request reaches the gate's limit.
-        let open = gate_rule(f64::INFINITY, 1_000_000, 100.0);
-        assert_eq!(open.limit(), MAX_LIMIT);
-        assert_eq!(open.period_ms(), 1);
+    /// A valve of 100/s (θ one second).
+    fn valve() -> Rule {
+        Rule::new(Algorithm::Gcra, 100, 1_000, None, false).unwrap()
     }
 
     #[test]
-    fn a_gate_denial_is_remembered_for_at_most_a_fifth_of_its_tolerance() {
-        // 40/s with a tolerance of 250 ms: its own wait (25 ms), or 50 ms.
-        let gate = gate_rule(0.04, 1, 250.0);
-        assert_eq!(remembered_wait(&gate, 25), 25);
-        assert_eq!(remembered_wait(&gate, 800), 50);
+    fn a_gate_refills_at_its_rate_and_keeps_what_it_saves() {
+        let valve = valve();
+        // One per valve: the same `per` whatever the rate, so a token is a
+        // unit at any rate.
+        let per = gate_rule(0.05, 0.05, 1, &valve).period_ms();
+        assert_eq!(per, 100_000);
+        for rate in [0.001, 0.003, 0.03, 0.1, 0.4, 25.0] {
+            let rule = gate_rule(rate, rate, 1, &valve);
+            assert_eq!(rule.algorithm(), Algorithm::TokenBucket);
+            assert_eq!(rule.period_ms(), per);
+            let admits = rule.limit() as f64 / per as f64;
+            assert!((admits - rate).abs() <= rate * 1e-3, "{rate}: {rule:?}");
+            // A quarter of θ at its rate.
+            assert_eq!(rule.burst(), (rate * 250.0).ceil().max(1.0) as u64);
+        }
+        // A ten-thousandth of the valve, to about one in two.
+        let tiny = gate_rule(1e-5, 1e-5, 1, &valve);
+        assert_eq!(tiny.limit(), 1);
+        // What it saves is read at the held level: a burst the valve
+        // absorbs leaves a tenant what it had saved.
+        assert_eq!(gate_rule(0.001, 0.03, 1, &valve).burst(), 8);
+        // A costly request passes a gate with nothing owed.
+        assert_eq!(gate_rule(0.03, 0.03, 50, &valve).burst(), 50);
+        // Not saturated, or a share far beyond the valve: open.
+        for open in [
+            gate_rule(f64::INFINITY, f64::INFINITY, 1_000_000, &valve),
+            gate_rule(1e5, 1e5, 1, &valve),
+        ] {
+            assert_eq!(open.limit(), MAX_LIMIT);
+            assert_eq!(open.period_ms(), 1);
+        }
+    }
+
+    #[test]
+    fn a_gate_denial_is_remembered_for_at_most_a_twentieth_of_the_valves_period() {
+        use sluice_core::{Config, Policy};
+        let yaml = "default_plan: p\nplans:\n  p: {}\nglobal:\n  \"*\": [{ name: v, limit: 100, per: 1s }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let gate = rules.iter().find(|r| r.scope() == Scope::Share).unwrap();
+        // 40/s: its own wait (25 ms), or 50 ms.
+        let at = |rate: f64| gate.with_rule(gate_rule(rate, rate, 1, &valve()));
+        assert_eq!(remembered_wait(&at(0.04), rules, 25), 25);
+        assert_eq!(remembered_wait(&at(0.04), rules, 800), 50);
+        // Whatever it had saved.
+        let saved = gate.with_rule(gate_rule(0.001, 0.3, 1, &valve()));
+        assert_eq!(remembered_wait(&saved, rules, 800), 50);
         // The open gate: not remembered at all.
-        assert_eq!(remembered_wait(&gate_rule(f64::INFINITY, 1, 250.0), 5), 0);
+        assert_eq!(remembered_wait(&at(f64::INFINITY), rules, 5), 0);
     }
 }
