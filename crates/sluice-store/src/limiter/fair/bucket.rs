@@ -52,7 +52,7 @@ const REMEMBERED: f64 = 0.05;
 /// a tenant under its share is not denied by its gate, and is not
 /// remembered. Saturated, the noisy tenants' denials are then mostly
 /// answered here (measured: a 100/s valve, three tenants at 150/s beside
-/// one at 10/s: 0.43 store calls per decision, from 0.99, shares as they
+/// one at 10/s: 0.42 store calls per decision, from 0.99, shares as they
 /// were).
 pub(crate) fn remembered_wait(gate: &BoundRule, rules: &[BoundRule], retry_ms: u64) -> u64 {
     let valve = rules.iter().find(|r| valve_of(gate, r));
