@@ -216,7 +216,7 @@ async fn a_saturated_valve_starves_no_one_on_redis_cluster_with_two_instances() 
 }
 
 /// The valve over 4 keys (25/s each): one share level per valve, read
-/// off all its keys (see `sluice-store`'s `limiter/fair.rs`), so the
+/// off all its keys (see `sluice-store`'s `limiter/fair/mod.rs`), so the
 /// shares are those of the whole valve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valve_split_over_four_keys_keeps_one_share_level() {
