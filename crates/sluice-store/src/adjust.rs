@@ -65,5 +65,5 @@ pub struct Adjusted {
     /// [`MarkerAnswer::Applied`]) but the store failed before it reached
     /// every slot (Redis Cluster) or shard: the settle counts as made, and
     /// a retry finishes the rest (answering [`MarkerAnswer::Again`]).
-    pub unfinished: Option<crate::store::StoreError>,
+    pub unfinished: Option<crate::error::StoreError>,
 }

@@ -24,6 +24,7 @@
 pub mod adjust;
 mod bucket;
 pub mod clock;
+mod error;
 pub mod limiter;
 #[cfg(feature = "redis")]
 mod local_connection;

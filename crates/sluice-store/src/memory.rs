@@ -460,9 +460,21 @@ impl MemoryStore {
 /// keeps the repair whatever the decision: see `sluice_core::algorithm`.
 #[inline]
 fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
+    fresh_mark(slot, now);
     if let Some(repaired) = rule.repair(&slot.state, now) {
         slot.state = repaired;
         slot.idle_at = rule.idle_at(&slot.state);
+    }
+}
+
+/// A key without a state (new, or swept: its bucket was whole) is marked
+/// as given back to now: no give-back of an admission before it can count
+/// on where that admission's units sat
+/// ([`Rule::returnable`](sluice_core::Rule::returnable)), as `decide.lua`
+/// marks a record it makes.
+fn fresh_mark(slot: &mut Slot, now: u64) {
+    if matches!(slot.state, State::Fresh) {
+        slot.given_back_ms = now;
     }
 }
 

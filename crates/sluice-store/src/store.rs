@@ -6,6 +6,7 @@
 //! what lets the Redis backend make one round trip per decision however many
 //! rules apply.
 
+pub use crate::error::StoreError;
 use std::future::Future;
 
 use sluice_core::decision::Outcomes;
@@ -151,31 +152,6 @@ pub struct PeekedRule {
     /// The rule as the store enforces it (on Redis Cluster, a split global
     /// valve's key holds its share of the limit).
     pub enforced: Rule,
-}
-
-/// Why a store could not decide.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// The memory store holds `max_entries` keys and this decision needs a
-    /// new one.
-    #[error("the memory store is full ({0} keys); raise storage.max_entries")]
-    Full(usize),
-    /// The tenant of this decision holds its share of the memory store
-    /// (`max_entries_per_tenant` keys) and this decision needs a new one.
-    #[error(
-        "the tenant holds its share of the memory store ({0} keys); raise storage.max_entries_per_tenant"
-    )]
-    TenantFull(usize),
-    /// The call did not finish within its time budget.
-    #[error("store call timed out after {0}ms")]
-    Timeout(u64),
-    /// The store could not be reached or answered with an error.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store refused our credentials: a configuration error, not an
-    /// outage.
-    #[error("store refused the credentials: {0}")]
-    Refused(String),
 }
 
 /// Where rate-limit state lives.

@@ -150,10 +150,11 @@ async fn identical_settles_at_once_are_applied_once() {
     let decision = limiter.decide(&policy, &estimate).await;
     let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
-    for round in 0..20 {
-        // The same settle sent ten times at once (a client's retries):
-        // one answer says applied, the others repeated, whichever
-        // reached the second slot first.
+    let rounds = 5u8;
+    for round in 0..rounds {
+        // The same settle, one unit above the estimate, sent ten times at
+        // once (a client's retries): one answer says applied, the others
+        // repeated, whichever reached the second slot first.
         let reservation = sluice_store::Reservation {
             id: [round; 16],
             ..reservation.clone()
@@ -163,7 +164,7 @@ async fn identical_settles_at_once_are_applied_once() {
                 let (limiter, reservation) = (limiter.clone(), reservation.clone());
                 tokio::spawn(async move {
                     let policy = limiter.policy();
-                    let settled = limiter.settle(&policy, &reservation, 1, 60_000).await;
+                    let settled = limiter.settle(&policy, &reservation, 2, 60_000).await;
                     settled.unwrap().marker
                 })
             })
@@ -173,5 +174,19 @@ async fn identical_settles_at_once_are_applied_once() {
             applied += usize::from(settle.await.unwrap() == MarkerAnswer::Applied);
         }
         assert_eq!(applied, 1, "round {round}: one settle counted");
+    }
+    // And each round charged its unit once: shard 1's `tokens` window
+    // holds the reservation's unit and one per round.
+    let own = policy.own_rules(&tenant, "POST /chat", false);
+    let batch = Batch {
+        shard: 1,
+        ..Batch::new(&tenant, None, 1, &own[..1])
+    };
+    let peeked = limiter.peek(&batch).await.unwrap();
+    match &peeked.rows[0].state {
+        sluice_core::State::FixedWindow(window) => {
+            assert_eq!(window.count, 1 + u64::from(rounds), "charged once a round");
+        }
+        other => panic!("a fixed window, not {other:?}"),
     }
 }

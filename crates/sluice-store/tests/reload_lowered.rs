@@ -67,6 +67,16 @@ async fn locked_out<S: Store>(store: S, clock: &Arc<ManualClock>, case: usize) -
     loop {
         let decision = limiter.decide(&new, &request(1)).await;
         if decision.allowed {
+            // And no more than the new rule allows pass then: the old
+            // usage is read as spent, never as nothing.
+            let mut passed = 1;
+            while passed <= 100 && limiter.decide(&new, &request(1)).await.allowed {
+                passed += 1;
+            }
+            assert!(
+                passed <= 50,
+                "{algorithm}{extra}: {passed} passed at once under 50 per 10 s"
+            );
             return (clock.now_ms() - reloaded, retry_after.unwrap_or(0));
         }
         retry_after.get_or_insert(decision.retry_after_ms().unwrap_or(0));
@@ -128,4 +138,50 @@ async fn a_lowered_limit_locks_out_for_at_most_its_period_on_redis_cluster() {
         store.with_time(TimeSource::Client(clock.clone()))
     })
     .await;
+}
+
+/// Two rules of one bucket (an Envoy override of another limit on the same
+/// descriptor; instances mid-reload): the lower one reads the higher one's
+/// window as spent without writing it so, and the higher one still finds
+/// what it counted (it was erased to the lower limit on every denial, so
+/// alternating requests let the higher one admit without end).
+async fn shared_bucket<S: Store>(store: S, clock: &Arc<ManualClock>) {
+    let mut options = LimiterOptions::new(OnError::Deny);
+    options.clock = clock.clone();
+    let limiter = Limiter::with_options(policy("gcra", "", 1, "1s"), store, options);
+    for (case, algorithm) in ["fixed_window", "sliding_window"].into_iter().enumerate() {
+        let (high, low) = (
+            policy(algorithm, "", 1_000, "1m"),
+            policy(algorithm, "", 10, "1m"),
+        );
+        let tenant = format!("shared-{case}");
+        let request = Request::new(&tenant, "GET /", None, 500).unwrap();
+        assert!(limiter.decide(&high, &request).await.allowed);
+        let one = Request::new(&tenant, "GET /", None, 1).unwrap();
+        for _ in 0..3 {
+            assert!(
+                !limiter.decide(&low, &one).await.allowed,
+                "{algorithm}: spent under 10 a minute"
+            );
+        }
+        let rest = Request::new(&tenant, "GET /", None, 501).unwrap();
+        assert!(
+            !limiter.decide(&high, &rest).await.allowed,
+            "{algorithm}: the 500 counted under 1000 a minute were erased"
+        );
+        clock.advance(1);
+    }
+}
+
+#[tokio::test]
+async fn a_lower_rule_of_the_same_bucket_leaves_the_higher_ones_count() {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    shared_bucket(MemoryStore::with_clock(10_000, clock.clone()), &clock).await;
+    let server = RedisServer::start();
+    let options = ConnectOptions::with_timeout(Duration::from_secs(5));
+    let redis = RedisStore::connect(&server.url(), keys(), &options)
+        .await
+        .unwrap()
+        .with_time(TimeSource::Client(clock.clone()));
+    shared_bucket(redis, &clock).await;
 }

@@ -60,6 +60,20 @@ pub fn decide(rule: &Rule, window: Window, now: u64, cost: u64) -> (Outcome, Opt
 /// The window `now` counts in: `window` itself, or the next one opened
 /// with the debt `window` carries into it.
 fn current(rule: &Rule, window: Window, now: u64) -> Window {
+    // A window counting more than the rule can ever owe was written under
+    // another rule (a reload lowered the limit, an Envoy override of
+    // another limit shares the key): read as spent, nothing carried past
+    // it, so the tenant waits at most one period of this rule, never the
+    // other rule's usage repaid at this one's rate. Only read so: a denial
+    // writes nothing, and the other rule still finds its count.
+    let window = if window.count > rule.limit().saturating_add(rule.max_debt()) {
+        Window {
+            count: rule.limit(),
+            ..window
+        }
+    } else {
+        window
+    };
     let per = rule.period_ms();
     // The windows that passed since `window` opened, and what it still
     // owes in the one `now` falls in.
@@ -107,27 +121,19 @@ pub fn debit(rule: &Rule, window: Window, now: u64, cost: u64) -> (Window, u64) 
     (window, count - window.count)
 }
 
-/// The window as it must be read at `now`:
-///
-/// - when it starts later than the window `now` falls in (the clock
-///   stepped back): the window of `now`, keeping its count, so nothing
-///   consumed is forgotten and it reopens within one period;
-/// - when it counts more than the rule can ever owe (`limit + max_debt`),
-///   it was written under another rule (a reload lowered the limit): its
-///   window is spent, and nothing is carried past it, so the tenant waits
-///   at most one period of the new rule, never the old usage repaid at
-///   the new rate.
+/// The window as it must be read at `now` when it starts later than the
+/// window `now` falls in (the clock stepped back): the window of `now`,
+/// keeping its count, so nothing consumed is forgotten and it reopens
+/// within one period.
 pub fn repair(rule: &Rule, window: Window, now: u64) -> Option<Window> {
     let start_ms = if rule.aligned() {
         now - now % rule.period_ms()
     } else {
         now
     };
-    let ahead = window.start_ms > start_ms;
-    let foreign = window.count > rule.limit().saturating_add(rule.max_debt());
-    (ahead || foreign).then_some(Window {
-        start_ms: if ahead { start_ms } else { window.start_ms },
-        count: if foreign { rule.limit() } else { window.count },
+    (window.start_ms > start_ms).then_some(Window {
+        start_ms,
+        count: window.count,
     })
 }
 

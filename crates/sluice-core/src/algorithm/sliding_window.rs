@@ -48,7 +48,7 @@ pub fn decide(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Outcome, O
     let limit = rule.limit();
     // A state from the future was repaired first (`Rule::decide`).
     let start_ms = now - now % per;
-    let (prev, cur) = moved(windows, start_ms, per, limit);
+    let (prev, cur) = moved(as_read(rule, windows), start_ms, per, limit);
     let elapsed = now - start_ms;
     let capacity = limit * per;
     let weighted = prev * (per - elapsed) + cur * per;
@@ -131,7 +131,7 @@ pub fn debit(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Windows, u6
     let per = rule.period_ms();
     let limit = rule.limit();
     let start_ms = now - now % per;
-    let (prev, cur) = moved(windows, start_ms, per, limit);
+    let (prev, cur) = moved(as_read(rule, windows), start_ms, per, limit);
     let deepest = (limit + rule.max_debt()).max(cur);
     let counted = cur.saturating_add(cost);
     let windows = Windows {
@@ -142,40 +142,39 @@ pub fn debit(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Windows, u6
     (windows, counted - windows.cur)
 }
 
-/// The windows as they must be read at `now`:
-///
-/// - when the current one starts later than the window `now` falls in
-///   (the clock stepped back): moved to the window of `now` with both
-///   counts, so nothing consumed is forgotten;
-/// - when they hold what the rule can never hold (the current window more
-///   than `limit + max_debt`, the previous one more than `limit`, or a
-///   start that is no window of `per`), they were written under another
-///   rule (a reload lowered the limit or changed `per`): the window they
-///   name is spent and nothing is carried past it, so the tenant waits at
-///   most about one period of the new rule, never the old usage repaid at
-///   the new rate.
+/// The windows as they must be read at `now` when the current one starts
+/// later than the window `now` falls in (the clock stepped back): moved to
+/// the window of `now` with both counts, so nothing consumed is forgotten.
 pub fn repair(rule: &Rule, windows: Windows, now: u64) -> Option<Windows> {
+    let start_ms = now - now % rule.period_ms();
+    (windows.start_ms > start_ms).then_some(Windows {
+        start_ms,
+        ..windows
+    })
+}
+
+/// The windows as this rule reads them. Holding what the rule can never
+/// hold (the current window more than `limit + max_debt`, the previous one
+/// more than `limit`, or a start that is no window of `per`), they were
+/// written under another rule (a reload lowered the limit or changed
+/// `per`, an Envoy override of another limit shares the key): the window
+/// they name is read as spent and nothing is carried past it, so the
+/// tenant waits at most about one period of this rule, never the other
+/// rule's usage repaid at this one's rate. Only read so: a denial writes
+/// nothing, and the other rule still finds its counts.
+fn as_read(rule: &Rule, windows: Windows) -> Windows {
     let (per, limit) = (rule.period_ms(), rule.limit());
-    let start_ms = now - now % per;
-    let ahead = windows.start_ms > start_ms;
     let foreign = windows.cur > limit.saturating_add(rule.max_debt())
         || windows.prev > limit
         || !windows.start_ms.is_multiple_of(per);
-    (ahead || foreign).then(|| {
-        let start = if ahead { start_ms } else { windows.start_ms };
-        if foreign {
-            Windows {
-                start_ms: start - start % per,
-                prev: windows.prev.min(limit),
-                cur: windows.cur.min(limit),
-            }
-        } else {
-            Windows {
-                start_ms: start,
-                ..windows
-            }
-        }
-    })
+    if !foreign {
+        return windows;
+    }
+    Windows {
+        start_ms: windows.start_ms - windows.start_ms % per,
+        prev: windows.prev.min(limit),
+        cur: windows.cur.min(limit),
+    }
 }
 
 /// Gives back `cost` units admitted at `at`, from the window they were

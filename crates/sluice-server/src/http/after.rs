@@ -129,7 +129,23 @@ pub(super) async fn settle(
         return unknown("it expired (reservation_ttl), or was never given");
     };
     let ttl = Reservations::marker_ttl_ms(&held, now);
-    let reservation = held.reservation;
+    // On a task of its own: a client gone mid-settle cannot cut the
+    // settle off between the store applying it and its count in the
+    // metrics and the ledger (its retry would find it applied, uncounted).
+    let settling = tokio::spawn(settle_and_count(app, held.reservation, cost, ttl));
+    settling.await.unwrap_or_else(|error| {
+        tracing::error!(%error, "a settle's task failed");
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    })
+}
+
+/// Settles `reservation` at `cost` and counts what it did: the answer.
+async fn settle_and_count(
+    app: Arc<App>,
+    reservation: sluice_store::Reservation,
+    cost: u64,
+    ttl: u64,
+) -> Response {
     let policy = app.limiter.policy();
     let unavailable = |error: &StoreError| {
         refusal(
@@ -149,7 +165,16 @@ pub(super) async fn settle(
         Err(error) => return unavailable(&error),
     };
     match settled.marker {
-        MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
+        MarkerAnswer::Conflict => {
+            app.metrics.usage.settle(SettleResult::Refused, 0);
+            refusal(
+                &InvalidRequest::new(
+                    "reservation",
+                    "no such reservation to settle: it was settled already, at another cost, or expired",
+                )
+                .with_status(StatusCode::NOT_FOUND),
+            )
+        }
         MarkerAnswer::Again => {
             app.metrics.usage.settle(SettleResult::Repeated, cost);
             standing_answer(&settled.decision)
@@ -158,7 +183,8 @@ pub(super) async fn settle(
         }
         MarkerAnswer::Applied => {
             app.metrics.usage.settle(SettleResult::Applied, cost);
-            if cost > reservation.held {
+            // Unfinished, the rules' state after is not known everywhere.
+            if cost > reservation.held && settled.unfinished.is_none() {
                 app.metrics.usage.debit(
                     cost - reservation.held,
                     !settled.decision.allowed,

@@ -244,6 +244,7 @@ impl Reservations {
             admitted_ms: sealed.d.unwrap_or(sealed.a),
             shard: sealed.h,
             whole_after_ms: Vec::new(),
+            rules_print: 0,
         };
         let expires_ms = sealed
             .x
@@ -325,6 +326,7 @@ mod tests {
             admitted_ms: at_ms + 3,
             shard: 2,
             whole_after_ms: vec![1_000, 0, 60_000],
+            rules_print: 0x5eed,
         }
     }
 

@@ -27,6 +27,7 @@ const MAX_PLAIN: usize = 1
     + (2 + MAX_TENANT_BYTES)
     + (2 + MAX_ROUTE_BYTES)
     + (1 + 2 + MAX_SUBJECT_BYTES)
+    + 8
     + 1
     + 8 * MAX_WHOLE;
 
@@ -61,6 +62,7 @@ pub(super) fn encode(held: &Held) -> Vec<u8> {
     } else {
         &[]
     };
+    out.extend_from_slice(&r.rules_print.to_le_bytes());
     out.push(whole.len() as u8);
     for n in whole {
         out.extend_from_slice(&n.to_le_bytes());
@@ -95,6 +97,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
         [1] => Some(at.text()?),
         _ => return None,
     };
+    let rules_print = at.u64()?;
     let count = usize::from(at.take(1)?[0]);
     let whole_after_ms = (0..count).map(|_| at.u64()).collect::<Option<_>>()?;
     (at.pos == bytes.len()).then_some(Held {
@@ -109,6 +112,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
             admitted_ms,
             shard,
             whole_after_ms,
+            rules_print,
         },
         expires_ms,
     })

@@ -59,6 +59,17 @@ pub struct Reservation {
     /// after `admitted_ms` (0: not known). A give-back returns only what
     /// is still missing of it ([`Batch::whole_at`]); empty: none known.
     pub whole_after_ms: Vec<u64>,
+    /// The identities of the rules `whole_after_ms` was read for
+    /// (a digest of their uids): a reload that changed them since makes them not
+    /// known.
+    pub rules_print: u64,
+}
+
+/// A digest of `rules`' identities, in order.
+fn rules_print(rules: &[sluice_core::BoundRule]) -> u64 {
+    rules.iter().fold(0xcbf2_9ce4_8422_2325, |print, rule| {
+        (print ^ rule.uid()).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// What a settle or a report left: the rules' state after it, as a
@@ -150,6 +161,7 @@ impl<S: Store> Limiter<S> {
             },
             shard: decision.shard,
             whole_after_ms,
+            rules_print: rules_print(own),
         })
     }
 
@@ -187,7 +199,9 @@ impl<S: Store> Limiter<S> {
         };
         // Per rule, when what the estimate took would have refilled (a
         // reload that changed the rules since: not known).
-        let whole_at: Vec<u64> = if reservation.whole_after_ms.len() == own.len() {
+        let whole_at: Vec<u64> = if reservation.whole_after_ms.len() == own.len()
+            && reservation.rules_print == rules_print(own)
+        {
             let whole = |after: &u64| match after {
                 0 => 0,
                 after => reservation.admitted_ms.saturating_add(*after),
@@ -266,7 +280,9 @@ impl<S: Store> Limiter<S> {
         let adjusted = self
             .adjust_within_budget(&batch, Change::Nothing, Some(&marker))
             .await?;
-        Ok(adjusted.marker == MarkerAnswer::Applied)
+        // Again: this instance's own claim, made by a call whose answer
+        // was lost (only the instance that reserved claims an expiry).
+        Ok(adjusted.marker != MarkerAnswer::Conflict)
     }
 
     /// Records `request.cost` as spent: it counts whatever the rules hold,
@@ -349,6 +365,7 @@ impl<S: Store> Limiter<S> {
         let mut forgiven = 0;
         let mut recorded = 0;
         let mut answer = None;
+        let mut unfinished = None;
         let mut last = None;
         for k in 0..shards {
             let shared: Vec<u64> = spread
@@ -388,6 +405,7 @@ impl<S: Store> Limiter<S> {
                     let last = last.expect("the lead shard answered");
                     return Ok(crate::adjust::Adjusted {
                         forgiven,
+                        marker: MarkerAnswer::Applied,
                         unfinished: Some(error),
                         ..last
                     });
@@ -412,11 +430,15 @@ impl<S: Store> Limiter<S> {
                 recorded += units;
             }
             forgiven += adjusted.forgiven;
+            // A shard a Redis Cluster call did not finish: the settle is
+            // unfinished, whatever the later shards answer.
+            unfinished = unfinished.or(adjusted.unfinished.clone());
             last = Some(adjusted);
         }
         Ok(crate::adjust::Adjusted {
             forgiven,
             marker: answer.unwrap_or(MarkerAnswer::Applied),
+            unfinished,
             ..last.expect("a tenant has at least one shard")
         })
     }

@@ -6,6 +6,7 @@ use sluice_core::Step;
 use sluice_core::decision::Outcomes;
 
 use super::{MemoryStore, repair};
+
 use crate::adjust::{Adjusted, Change, Marker, MarkerAnswer};
 use crate::bucket::KeyRef;
 use crate::store::{Batch, StoreError};
@@ -76,6 +77,9 @@ impl MemoryStore {
             // Not repaired here: a debit repairs what it reads (Rule::debit),
             // a give-back changes the state as it is (as refund.lua does).
             if changes {
+                if change == Change::Debit {
+                    super::fresh_mark(slot, now);
+                }
                 let next = match change {
                     Change::Debit => {
                         let debit = rule.debit(&slot.state, now, cost);

@@ -58,6 +58,8 @@ end
 -- the units forgiven. The twin of sluice-core's algorithm::debit.
 local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst, aligned, max_debt)
   local found, x, y, z = repaired(key, algorithm, name, now, limit, per, burst, aligned, max_debt)
+  -- A gcra or token_bucket record made now: its give-back mark is now.
+  if not found then z = now end
   local forgiven = 0
   if algorithm == 1 then
     -- gcra: the TAT moves ahead of max(TAT, now), at most burst + max_debt
@@ -106,7 +108,9 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     end
     write_record(key, name, last + ceil_div(max(0, capacity - tokens), limit), tokens, last, z, now)
   elseif algorithm == 5 then
-    -- fixed_window: the window of now counts it, owing beyond limit.
+    -- fixed_window: the window of now counts it, owing beyond limit (a
+    -- count of another rule read as spent).
+    if y > limit + max_debt then y = limit end
     local start, count = window_of(x, y, now, limit, per, aligned)
     local counted = count + cost
     local kept = min(counted, max(limit + max_debt, count))
@@ -115,6 +119,7 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
   else
     -- sliding_window: the current window counts it, owing beyond limit.
     local start = idiv(now, per) * per
+    x, y, z = as_read(x, y, z, limit, per, max_debt)
     local p, c = moved(x, y, z, start, per, limit)
     local counted = c + cost
     local kept = min(counted, max(limit + max_debt, c))

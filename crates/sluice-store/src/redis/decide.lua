@@ -66,6 +66,9 @@ local calls = 0
 -- written out (a call costs more than its arithmetic).
 
 local function gcra(name, found, ms, frac, given, now, cost, limit, per, burst, _, max_debt)
+  -- A bucket without a record was whole: no give-back before now can
+  -- count on where its admission's units sat (see give_back).
+  if not found then given = now end
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
@@ -115,6 +118,7 @@ local function gcra(name, found, ms, frac, given, now, cost, limit, per, burst, 
 end
 
 local function token_bucket(name, found, tokens, at, given, now, cost, limit, per, burst, _, max_debt)
+  if not found then given = now end
   local capacity = burst * per
   local available, last = capacity, now
   local fixed, fixed_idle
@@ -168,16 +172,15 @@ local function fixed_window(name, found, start, count, _, now, cost, limit, per,
   local fixed, fixed_idle
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
-  local ahead, foreign = start > current, count > limit + max_debt
-  if found and (ahead or foreign) then
-    -- A window that starts "later": the window of now, same count. One
-    -- counting more than the rule can owe was written under another rule
-    -- (a reload lowered it): spent, nothing carried past it.
-    if ahead then start = current end
-    if foreign then count = limit end
+  if found and start > current then
+    -- A window that starts "later": the window of now, same count.
+    start = current
     fixed_idle = window_idle(start, count, limit, per)
     fixed = spack(RECORD, name, fixed_idle, start, count, 0)
   end
+  -- Counting more than the rule can owe: written under another rule,
+  -- read as spent (sluice-core's fixed_window::current), never written so.
+  if count > limit + max_debt then count = limit end
   start, count = window_of(start, count, now, limit, per, aligned)
   local ends_in = max(1, start + per - now)
   if count + cost <= limit then
@@ -201,6 +204,16 @@ local function moved(wstart, prev, cur, start, per, limit)
   return min(limit, max(0, cur - (passed - 1) * limit)), max(0, cur - passed * limit)
 end
 
+-- Windows holding what the rule can never hold, or starting off its per,
+-- were written under another rule: read as spent, never written so
+-- (sluice-core's sliding_window::as_read).
+local function as_read(wstart, prev, cur, limit, per, max_debt)
+  if cur > limit + max_debt or prev > limit or wstart % per ~= 0 then
+    return wstart - wstart % per, min(prev, limit), min(cur, limit)
+  end
+  return wstart, prev, cur
+end
+
 -- When windows whose current one counts cur (perhaps owing) are idle.
 local function windows_idle(start, cur, limit, per)
   return start + max(2, 1 + ceil_div(cur, limit)) * per
@@ -210,21 +223,13 @@ local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, 
                               max_debt)
   local start = idiv(now, per) * per
   local fixed, fixed_idle
-  local ahead = wstart > start
-  local foreign = cur > limit + max_debt or prev > limit or wstart % per ~= 0
-  if found and (ahead or foreign) then
+  if found and wstart > start then
     -- Windows that start "later": moved to the window of now, same counts.
-    -- Counts the rule can never hold, or a start that is no window of per,
-    -- were written under another rule (a reload): that window is spent,
-    -- nothing carried past it (sliding_window::repair).
-    if ahead then wstart = start end
-    if foreign then
-      wstart = wstart - wstart % per
-      prev, cur = min(prev, limit), min(cur, limit)
-    end
-    fixed_idle = windows_idle(wstart, cur, limit, per)
-    fixed = spack(RECORD, name, fixed_idle, wstart, prev, cur)
+    wstart = start
+    fixed_idle = windows_idle(start, cur, limit, per)
+    fixed = spack(RECORD, name, fixed_idle, start, prev, cur)
   end
+  wstart, prev, cur = as_read(wstart, prev, cur, limit, per, max_debt)
   local p, c = moved(wstart, prev, cur, start, per, limit)
   local elapsed = now - start
   local capacity = limit * per
