@@ -126,11 +126,11 @@ async fn a_key_under_its_limit_or_cold_would_not_over_admit() {
     let (clock, over, limiter) = limiter(GCRA);
     // Hot (200 a second) but under the limit: both copies admit all.
     drive(&limiter, &clock, "under", 5, 5_000).await;
-    // Cold (20 a second), far past the limit's share of its rate: no
+    // Cold (20 a second, at its limit): no
     // slice is ever taken.
     let yaml = GCRA.replace(
         "limit: 1000, per: 1s, burst: 200",
-        "limit: 10, per: 1s, burst: 10",
+        "limit: 20, per: 1s, burst: 20",
     );
     let (cold_clock, cold_over, cold) = self::limiter(&yaml);
     drive(&cold, &cold_clock, "cold", 50, 5_000).await;
