@@ -81,10 +81,8 @@ impl<S: Store> Limiter<S> {
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
-        if let Plan::Take(sizes, epoch) = plan
-            && let Some(decision) = self
-                .take(applicable, batch, deadline, &sizes, epoch, now)
-                .await
+        if let Plan::Take(sizes) = plan
+            && let Some(decision) = self.take(applicable, batch, deadline, &sizes, now).await
         {
             return decision;
         }
@@ -109,7 +107,6 @@ impl<S: Store> Limiter<S> {
         batch: &Batch<'_>,
         deadline: Option<tokio::time::Instant>,
         sizes: &[u64],
-        epoch: u64,
         sent: u64,
     ) -> Option<Decision<'p>> {
         let costs: SmallVec<[u64; 3]> = (0..batch.rules.len())
@@ -128,9 +125,9 @@ impl<S: Store> Limiter<S> {
                     self.options.telemetry.slice_taken(rule, *size);
                 }
                 let now = self.options.clock.now_ms();
-                let outcomes =
-                    self.slices
-                        .install(batch, sizes, epoch, outcomes, (sent, at_ms), now);
+                let outcomes = self
+                    .slices
+                    .install(batch, sizes, outcomes, (sent, at_ms), now);
                 Some(
                     Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
                         .decided_at(at_ms),
@@ -219,7 +216,8 @@ impl<S: Store> Limiter<S> {
         }
         if !ok {
             // The store is in trouble: no slice outlives what it held, and
-            // decisions fall to the failure policy as without slices.
+            // decisions fall to the failure policy as without slices (what
+            // they held is given back once the store answers).
             self.slices.clear();
         }
         result.map_err(Some)

@@ -137,8 +137,9 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
-        // Limits or tolerances may have changed: slices go at once.
-        self.slices.clear();
+        // Slices of the rules whose limits or tolerances changed go at
+        // once (given back by `give_back_dropped_slices`); the others stay.
+        self.slices.keep_unchanged(&self.policy.load());
         self.what_ifs.clear();
     }
 
@@ -166,9 +167,31 @@ impl<S: Store> Limiter<S> {
     /// back; a store that cannot be reached keeps them (under-admission,
     /// as after a crash). No decision is answered from slices after it.
     pub async fn give_back_slices(&self) -> u64 {
-        let now = self.options.clock.now_ms();
+        self.give_back(self.slices.drain()).await
+    }
+
+    /// Gives back what slices no longer spent here held: dropped by a
+    /// change of their rule (a reload, an override) or a store error,
+    /// replaced by a newer take, or expired unspent (the key cooled).
+    /// Returns the units given back. Never called on a decision's path:
+    /// `sluice serve` calls it whenever [`slices_dropped`](Self::slices_dropped)
+    /// resolves and every [`GIVE_BACK_EVERY`](slice::GIVE_BACK_EVERY); an
+    /// embedded limiter on a remote store does the same from a task of its
+    /// own (else what they held is lost: under-admission only).
+    pub async fn give_back_dropped_slices(&self) -> u64 {
+        self.slices.expire(self.options.clock.now_ms());
+        self.give_back(self.slices.take_dropped()).await
+    }
+
+    /// Resolves once a slice was dropped since the last
+    /// [`give_back_dropped_slices`](Self::give_back_dropped_slices).
+    pub async fn slices_dropped(&self) {
+        self.slices.dropped().await;
+    }
+
+    async fn give_back(&self, unspent: Vec<slice::Unspent>) -> u64 {
         let mut given = 0;
-        for unspent in self.slices.drain(now) {
+        for unspent in unspent {
             let rules = std::slice::from_ref(&unspent.rule);
             let whole_at = [unspent.whole_at_ms];
             let batch = Batch {

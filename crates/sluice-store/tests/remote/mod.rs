@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+pub mod fleet;
+
 use sluice_store::{
     Adjusted, Batch, Change, Decided, Marker, MemoryStore, Peeked, Store, StoreError,
 };

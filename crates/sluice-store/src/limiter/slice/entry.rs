@@ -32,7 +32,6 @@ impl Piece {
 /// One key as this instance follows it.
 pub(super) struct Entry {
     pub(super) rule: BoundRule,
-    pub(super) epoch: u64,
     /// The second `hits` counts in, and the count of the one before.
     pub(super) second: u64,
     pub(super) hits: u64,
@@ -46,13 +45,15 @@ pub(super) struct Entry {
     /// Wakes the requests that found the slice spent while a take was
     /// under way, when it lands.
     pub(super) landed: Arc<Notify>,
+    /// Pieces no longer spent here that still hold units, to give back
+    /// (see [`Slices`](super::Slices)): one replaced by a newer take.
+    pub(super) unspent: Vec<Piece>,
 }
 
 impl Entry {
-    pub(super) fn new(rule: &BoundRule, epoch: u64) -> Entry {
+    pub(super) fn new(rule: &BoundRule) -> Entry {
         Entry {
             rule: rule.clone(),
-            epoch,
             second: 0,
             hits: 0,
             rate: 0,
@@ -60,7 +61,38 @@ impl Entry {
             pieces: [Piece::default(); 2],
             taking_until_ms: 0,
             landed: Arc::new(Notify::new()),
+            unspent: Vec::new(),
         }
+    }
+
+    /// Takes out every piece that still holds units, live or expired:
+    /// none is spent here any more.
+    pub(super) fn take_pieces(&mut self) -> impl Iterator<Item = Piece> + '_ {
+        self.pieces
+            .iter_mut()
+            .filter(|p| p.units > 0)
+            .map(std::mem::take)
+            .chain(self.unspent.drain(..))
+    }
+
+    /// Takes out the pieces expired at `now` that still hold units.
+    pub(super) fn take_expired(&mut self, now: u64) -> impl Iterator<Item = Piece> + '_ {
+        self.pieces
+            .iter_mut()
+            .filter(move |p| p.units > 0 && now >= p.expires_ms)
+            .map(std::mem::take)
+            .chain(self.unspent.drain(..))
+    }
+
+    /// When the first piece still holding units expires (`u64::MAX`:
+    /// none).
+    pub(super) fn next_expiry(&self) -> u64 {
+        self.pieces
+            .iter()
+            .filter(|p| p.units > 0)
+            .map(|p| p.expires_ms)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     pub(super) fn hit(&mut self, now: u64) {
@@ -132,7 +164,8 @@ impl Entry {
     }
 
     /// Keeps `piece` in place of a spent or expired one, else of the
-    /// smaller (whose units are lost: under-admission only).
+    /// smaller; what the one replaced still holds is to give back
+    /// ([`unspent`](Self::unspent)).
     pub(super) fn place(&mut self, piece: Piece, now: u64) {
         let index = (0..2)
             .min_by_key(|&i| {
@@ -140,6 +173,9 @@ impl Entry {
                 if p.live(now) { p.units } else { 0 }
             })
             .unwrap_or(0);
-        self.pieces[index] = piece;
+        let replaced = std::mem::replace(&mut self.pieces[index], piece);
+        if replaced.units > 0 {
+            self.unspent.push(replaced);
+        }
     }
 }

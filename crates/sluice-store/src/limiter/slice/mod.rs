@@ -35,10 +35,31 @@
 //!   in that window: at most `limit`, no over-admission at all.
 //!
 //! Other algorithms take no tolerance (see `Tolerance::applies_to`).
-//! A slice that is never spent (an instance killed, a reload, a key gone
-//! cold) is simply lost: the store counted it, so loss is under-admission
-//! only, never double counting, and at most one slice (`tolerance ×
-//! limit`) per instance and key.
+//!
+//! # What is not spent goes back
+//!
+//! A slice that will not be spent here is taken out of the key under its
+//! lock (no admission from it afterwards) and given back to the bucket it
+//! was taken from, out of band (`Limiter::give_back_dropped_slices`,
+//! which `sluice serve` runs from a task of its own, never on a
+//! decision's path): a slice expired unspent (the key cooled), one
+//! replaced by a newer take, the slices of a rule a reload or an override
+//! changed (other parameters or tolerance: dropped at once, see
+//! [`Slices::keep_unchanged`]; slices of rules left alone are kept, as
+//! are takes under way for them, so an unrelated tenant's override costs
+//! a hot key nothing), and all of them after a store error or when the
+//! instance stops. A give-back only lowers what the store counts by units
+//! never admitted, and returns at most what they still hold
+//! (`Rule::returnable`: on `gcra` and `token_bucket`, no more than the
+//! bucket as the take left it still misses of them; on `fixed_window`,
+//! only into the window they were counted in), so the bound above is
+//! unchanged. What is lost is under-admission only, never double
+//! counting: a slice held by an instance killed (at most one,
+//! `tolerance × limit`, per instance and key), a give-back the store
+//! could not take, and what expired slices hold for at most
+//! `GIVE_BACK_EVERY` after they expire; so a key that cools again and
+//! again loses nothing per window beyond what its instances hold at a
+//! time.
 //!
 //! All-or-nothing holds across rules: a request is decided here only when
 //! every rule of it has a slice holding its cost; units taken from one
@@ -52,10 +73,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use sluice_core::decision::Outcomes;
 use sluice_core::tolerance::Tolerance;
-use sluice_core::{Algorithm, BoundRule, Outcome, Scope};
+use sluice_core::{Algorithm, BoundRule, Outcome, Policy, Scope};
 use smallvec::SmallVec;
+use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
 use crate::store::Batch;
@@ -85,6 +108,9 @@ pub const HEADROOM: u64 = 2;
 pub const WAIT_MS: u64 = 250;
 /// The most keys followed at once; others stay exact.
 pub const MAX_KEYS: usize = 100_000;
+/// How often a server gives back what slices expired unspent held (see
+/// `Limiter::give_back_dropped_slices`).
+pub const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a take may be under way before another take of the same key
 /// may start (a take whose call was dropped never reports back).
 const TAKE_PATIENCE_MS: u64 = 1_000;
@@ -181,15 +207,44 @@ pub(crate) struct Unspent {
     pub(crate) whole_at_ms: u64,
 }
 
+impl Unspent {
+    /// What `piece`, taken of `rule` for the bucket `key` names, still
+    /// holds; `None` when it holds nothing (or the key is not text).
+    fn of(rule: &BoundRule, key: (&[u8], &[u8], u16), piece: &Piece) -> Option<Unspent> {
+        let (tenant, subject, shard) = key;
+        let (Ok(tenant), Ok(subject)) = (std::str::from_utf8(tenant), std::str::from_utf8(subject))
+        else {
+            return None;
+        };
+        (piece.units > 0).then(|| Unspent {
+            rule: rule.clone(),
+            tenant: tenant.to_owned(),
+            subject: (!subject.is_empty()).then(|| subject.to_owned()),
+            shard,
+            units: piece.units,
+            // When the store took the units, on its clock (a fixed window
+            // gives back only into that window).
+            at_ms: piece.taken_ms,
+            whole_at_ms: piece.whole_at_ms,
+        })
+    }
+}
+
+/// Whether slices taken under `held` may be spent under `now`: the same
+/// parameters and tolerance (the uid, which names the bucket, is the
+/// same by the key).
+fn same_terms(held: &BoundRule, now: &BoundRule) -> bool {
+    held.rule() == now.rule() && held.tolerance() == now.tolerance()
+}
+
 /// What to do for one request.
 #[derive(Debug)]
 pub(super) enum Plan {
     /// Decided from slices: every rule's outcome, and when the store took
     /// the units spent (its clock; the earliest of the rules').
     Local(Outcomes, u64),
-    /// Take a slice of each rule along with the request: the sizes, and
-    /// the epoch the take started in.
-    Take(SmallVec<[u64; 3]>, u64),
+    /// Take a slice of each rule along with the request: the sizes.
+    Take(SmallVec<[u64; 3]>),
     /// A slice is spent and the take of the next one under way: wait for
     /// it to land (briefly), then plan again.
     Wait(OwnedNotified),
@@ -208,7 +263,13 @@ struct Found {
 /// documentation.
 pub struct Slices {
     entries: KeyMap<Entry>,
-    epoch: AtomicU64,
+    /// What slices no longer spent here still hold (dropped, replaced,
+    /// expired), to give back; `unspent` wakes whoever gives it back.
+    dropped: Mutex<Vec<Unspent>>,
+    unspent: Notify,
+    /// When the first piece held expires, at the earliest (`u64::MAX`:
+    /// none held): [`expire`](Slices::expire) looks no sooner.
+    next_expiry: AtomicU64,
 }
 
 impl std::fmt::Debug for Slices {
@@ -223,18 +284,18 @@ impl Default for Slices {
     fn default() -> Slices {
         Slices {
             entries: KeyMap::default(),
-            epoch: AtomicU64::new(0),
+            dropped: Mutex::new(Vec::new()),
+            unspent: Notify::new(),
+            next_expiry: AtomicU64::new(u64::MAX),
         }
     }
 }
 
 impl Slices {
-    fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
     /// Runs `f` on the entry of rule `index` of `batch`, created when
-    /// missing (unless [`MAX_KEYS`] are followed: `None`).
+    /// missing (unless [`MAX_KEYS`] are followed: `None`). An entry
+    /// learned under other terms of the rule (an override or a reload
+    /// changed it) is forgotten first, what it held given back.
     fn with_entry<T>(
         &self,
         batch: &Batch<'_>,
@@ -244,25 +305,56 @@ impl Slices {
     ) -> Option<T> {
         let rule = &batch.rules[index];
         let key = self.entries.key(batch, index, batch.shard);
-        let epoch = self.epoch();
         let mut map = self.entries.lock(&key);
         let owned = key.to_key();
         let followed = map.contains_key(&owned) || (create && self.entries.admit());
         if !followed {
             return None;
         }
-        let entry = map.entry(owned).or_insert_with(|| Entry::new(rule, epoch));
-        if entry.epoch != epoch {
-            // Learned under another policy: forgotten.
-            *entry = Entry::new(rule, epoch);
+        let entry = map.entry(owned).or_insert_with(|| Entry::new(rule));
+        if !same_terms(&entry.rule, rule) {
+            let old = std::mem::replace(entry, Entry::new(rule));
+            self.drop_pieces(
+                &old.rule,
+                key.parts(),
+                old.pieces.into_iter().chain(old.unspent),
+            );
         }
-        Some(f(entry))
+        let answer = f(entry);
+        if !entry.unspent.is_empty() {
+            let rule = entry.rule.clone();
+            self.drop_pieces(&rule, key.parts(), entry.unspent.drain(..));
+        }
+        Some(answer)
+    }
+
+    /// Queues what `pieces` of `rule`, for the bucket `key` names, still
+    /// hold, to give back.
+    fn drop_pieces(
+        &self,
+        rule: &BoundRule,
+        key: (&[u8], &[u8], u16),
+        pieces: impl IntoIterator<Item = Piece>,
+    ) {
+        let mut dropped = self.dropped.lock();
+        let before = dropped.len();
+        // Bounded: with nobody giving back, the rest is lost (as after a
+        // crash: under-admission only).
+        let room = MAX_KEYS.saturating_sub(before);
+        dropped.extend(
+            pieces
+                .into_iter()
+                .filter_map(|p| Unspent::of(rule, key, &p))
+                .take(room),
+        );
+        if dropped.len() > before {
+            self.unspent.notify_one();
+        }
     }
 
     /// What to do for an eligible `batch` at `now` (see [`Plan`]); counts
     /// the decision towards each key's rate.
     pub(super) fn plan(&self, batch: &Batch<'_>, now: u64) -> Plan {
-        let epoch = self.epoch();
         let mut found: SmallVec<[Found; 3]> = SmallVec::new();
         let mut outcomes = Outcomes::new();
         let mut local = true;
@@ -329,7 +421,7 @@ impl Slices {
                 entry.taking_until_ms = now + TAKE_PATIENCE_MS;
             });
         }
-        Plan::Take(sizes, epoch)
+        Plan::Take(sizes)
     }
 
     fn give_back(&self, batch: &Batch<'_>, found: &[Found]) {
@@ -342,36 +434,35 @@ impl Slices {
     }
 
     /// A take sent at `sent` (this instance's clock) admitted `batch` and
-    /// the slices `sizes`: keeps them (unless the policy changed since
-    /// `epoch`) and returns the outcomes to answer, each `remaining`
-    /// counting what is now held here.
+    /// the slices `sizes`: keeps them and returns the outcomes to answer,
+    /// each `remaining` counting what is now held here. A slice whose key
+    /// is no longer followed under the rule it was taken of (dropped by a
+    /// change of the rule, a store error or the instance stopping) is
+    /// given back instead, never spent.
     pub(super) fn install(
         &self,
         batch: &Batch<'_>,
         sizes: &[u64],
-        epoch: u64,
         mut outcomes: Outcomes,
         (sent, taken_ms): (u64, u64),
         now: u64,
     ) -> Outcomes {
         for (i, outcome) in outcomes.iter_mut().enumerate() {
             let size = sizes[i];
-            // A reload since the take started (or a store error that
-            // dropped every slice): what it took is lost, never spent.
-            self.with_entry(batch, i, false, |entry| {
+            let rule = &batch.rules[i];
+            let piece = Piece {
+                units: size,
+                size,
+                expires_ms: sent + lifetime_ms(rule, outcome.reset_after_ms),
+                reset_at_ms: sent + outcome.reset_after_ms,
+                taken_ms,
+                whole_at_ms: taken_ms.saturating_add(outcome.reset_after_ms),
+            };
+            // Created only by a decision under the current policy, which
+            // `with_entry` checks against the take's rule.
+            let kept = self.with_entry(batch, i, false, |entry| {
                 entry.remaining = u64::from(outcome.remaining);
                 entry.landed();
-                if entry.epoch != epoch {
-                    return;
-                }
-                let piece = Piece {
-                    units: size,
-                    size,
-                    expires_ms: sent + lifetime_ms(&entry.rule, outcome.reset_after_ms),
-                    reset_at_ms: sent + outcome.reset_after_ms,
-                    taken_ms,
-                    whole_at_ms: taken_ms.saturating_add(outcome.reset_after_ms),
-                };
                 entry.place(piece, now);
                 let capacity = entry.rule.rule().capacity();
                 let remaining = entry
@@ -380,6 +471,13 @@ impl Slices {
                     .min(capacity);
                 outcome.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
             });
+            if kept.is_none() {
+                let key = self.entries.key(batch, i, batch.shard);
+                self.drop_pieces(rule, key.parts(), [piece]);
+            } else {
+                self.next_expiry
+                    .fetch_min(piece.expires_ms, Ordering::Relaxed);
+            }
         }
         outcomes
     }
@@ -405,48 +503,85 @@ impl Slices {
         }
     }
 
-    /// Takes every live slice out, to give back (the instance is
-    /// stopping): per piece, its rule, the bucket it was taken from and
-    /// its units; no decision is answered from them any more, and takes
-    /// under way keep nothing.
-    pub(crate) fn drain(&self, now: u64) -> Vec<Unspent> {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut unspent = Vec::new();
-        self.entries.drain(|key, entry| {
-            let (Ok(tenant), Ok(subject)) = (
-                std::str::from_utf8(key.tenant()),
-                std::str::from_utf8(key.subject()),
-            ) else {
-                return;
-            };
-            for piece in entry.pieces.iter().filter(|p| p.live(now)) {
-                unspent.push(Unspent {
-                    rule: entry.rule.clone(),
-                    tenant: tenant.to_owned(),
-                    subject: (!subject.is_empty()).then(|| subject.to_owned()),
-                    shard: key.shard(),
-                    units: piece.units,
-                    // When the store took the units, on its clock (a
-                    // fixed window gives back only into that window).
-                    at_ms: piece.taken_ms,
-                    whole_at_ms: piece.whole_at_ms,
-                });
-            }
+    /// Takes every slice out, to give back with what was dropped before
+    /// (the instance is stopping): no decision is answered from them any
+    /// more, and takes under way give theirs back too.
+    pub(crate) fn drain(&self) -> Vec<Unspent> {
+        self.entries.drain(|key, mut entry| {
+            let rule = entry.rule.clone();
+            let pieces: Vec<Piece> = entry.take_pieces().collect();
+            self.drop_pieces(&rule, key.parts(), pieces);
         });
-        unspent
+        self.take_dropped()
     }
 
-    /// Drops every slice (the policy changed): what they held is lost,
-    /// and takes under way keep nothing.
+    /// What was dropped since last asked, to give back.
+    pub(crate) fn take_dropped(&self) -> Vec<Unspent> {
+        std::mem::take(&mut *self.dropped.lock())
+    }
+
+    /// Resolves once something is dropped that was not taken out yet
+    /// ([`take_dropped`](Self::take_dropped)).
+    pub(crate) async fn dropped(&self) {
+        self.unspent.notified().await;
+    }
+
+    /// Drops every slice (the store is in trouble): what they held is
+    /// given back (when the store answers again).
     pub fn clear(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.entries.clear();
+        self.entries.drain(|key, mut entry| {
+            let rule = entry.rule.clone();
+            let pieces: Vec<Piece> = entry.take_pieces().collect();
+            self.drop_pieces(&rule, key.parts(), pieces);
+        });
+    }
+
+    /// The policy is now `policy`: the slices of every key whose rule it
+    /// changed (other parameters or tolerance, or no such rule for the
+    /// key's tenant any more) are dropped at once, what they held given
+    /// back; the others are kept, as are takes under way for them.
+    pub fn keep_unchanged(&self, policy: &Policy) {
+        let rules = policy.rules_by_uid();
+        self.entries.retain(|key, entry| {
+            let tenant = std::str::from_utf8(key.tenant()).unwrap_or_default();
+            let kept = rules
+                .find(tenant, entry.rule.uid())
+                .is_some_and(|now| same_terms(&entry.rule, now));
+            if !kept {
+                let rule = entry.rule.clone();
+                let pieces: Vec<Piece> = entry.take_pieces().collect();
+                self.drop_pieces(&rule, key.parts(), pieces);
+            }
+            kept
+        });
+    }
+
+    /// Takes out the pieces expired by `now` that still hold units (the
+    /// key cooled before spending them), to give back; looks only once
+    /// one may have expired.
+    pub(crate) fn expire(&self, now: u64) {
+        if now < self.next_expiry.load(Ordering::Relaxed) {
+            return;
+        }
+        self.next_expiry.store(u64::MAX, Ordering::Relaxed);
+        self.entries.each(|map| {
+            for (key, entry) in map.iter_mut() {
+                let rule = entry.rule.clone();
+                let expired: Vec<Piece> = entry.take_expired(now).collect();
+                if !expired.is_empty() {
+                    self.drop_pieces(&rule, key.parts(), expired);
+                }
+                self.next_expiry
+                    .fetch_min(entry.next_expiry(), Ordering::Relaxed);
+            }
+        });
     }
 
     /// Forgets keys that hold nothing and were not decided in the last
-    /// two seconds.
+    /// two seconds (expired pieces are taken out first, to give back).
     pub fn sweep(&self, now: u64) {
+        self.expire(now);
         self.entries
-            .retain(|e| e.held(now) > 0 || now / 1_000 <= e.second + 1);
+            .retain(|_, e| e.next_expiry() != u64::MAX || now / 1_000 <= e.second + 1);
     }
 }

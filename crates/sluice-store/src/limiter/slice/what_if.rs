@@ -58,7 +58,7 @@ struct Replay {
 impl Replay {
     fn new(bound: &BoundRule, parts: u64) -> Replay {
         let rule = bound.rule().share(parts);
-        let mut entry = Entry::new(bound, 0);
+        let mut entry = Entry::new(bound);
         entry.remaining = rule.capacity();
         Replay {
             rule,
@@ -213,6 +213,6 @@ impl WhatIfs {
 
     /// Forgets idle keys whose copies are alike (see `Replay::idle`).
     pub fn sweep(&self, now: u64) {
-        self.replays.retain(|r| !r.idle(now));
+        self.replays.retain(|_, r| !r.idle(now));
     }
 }
