@@ -66,11 +66,19 @@ impl<S: Store> Limiter<S> {
         // Units already taken are spent before remembered denials: the
         // store counted them, and the cache would strand them.
         if let Plan::Local(outcomes, taken_ms) = plan {
-            self.options.telemetry.slice_decision();
+            if !batch.asked_before {
+                self.options.telemetry.slice_decision();
+            }
             // Admitted from units the store counted at the take: a
             // give-back names the take's time.
             return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
                 .decided_at(taken_ms);
+        }
+        if let Plan::Deny(index, retry) = plan {
+            if !batch.asked_before {
+                self.options.telemetry.slice_decision();
+            }
+            return Decision::remembered_denial(applicable, index, retry);
         }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
@@ -89,7 +97,7 @@ impl<S: Store> Limiter<S> {
         match self.call_store(batch, deadline, now).await {
             Ok(decided) => {
                 if sliced {
-                    self.slices.learn(batch, &decided.outcomes, false);
+                    self.slices.learn(batch, &decided.outcomes, false, now);
                 }
                 Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
                     .decided_at(decided.at_ms)
@@ -138,7 +146,7 @@ impl<S: Store> Limiter<S> {
                 // request alone is decided exactly. Nothing is remembered
                 // in the over-limit cache: the denied cost was not the
                 // request's.
-                self.slices.learn(batch, &outcomes, true);
+                self.slices.learn(batch, &outcomes, true, sent);
                 None
             }
             Err(error) => {

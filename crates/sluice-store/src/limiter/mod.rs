@@ -408,6 +408,8 @@ impl<S: Store> Limiter<S> {
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
+        // The rules that count by outcome were read from the store.
+        batch.asked_before = !applicable.asked.is_empty();
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(lease::new_lease_id());
         }

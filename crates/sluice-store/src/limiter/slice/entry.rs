@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::{BoundRule, Outcome};
+use sluice_core::{Algorithm, BoundRule, Outcome};
 use tokio::sync::Notify;
 
 /// Units taken ahead, spendable until `expires_ms`.
@@ -38,6 +38,9 @@ pub(super) struct Entry {
     pub(super) rate: u64,
     /// The store's `remaining` at its last answer.
     pub(super) remaining: u64,
+    /// When the call of that answer was sent (this instance's clock) and
+    /// its `reset_after_ms`; `None` before any.
+    pub(super) answered: Option<(u64, u64)>,
     /// Two pieces: the one being spent and the next one taken.
     pub(super) pieces: [Piece; 2],
     /// A take is under way until then.
@@ -58,6 +61,7 @@ impl Entry {
             hits: 0,
             rate: 0,
             remaining: 0,
+            answered: None,
             pieces: [Piece::default(); 2],
             taking_until_ms: 0,
             landed: Arc::new(Notify::new()),
@@ -149,6 +153,43 @@ impl Entry {
             retry_after_ms: 0,
         };
         Some((expires, outcome, low, taken_ms))
+    }
+
+    /// The store answered `outcome` to a call sent at `sent`.
+    pub(super) fn learn(&mut self, outcome: &Outcome, sent: u64) {
+        self.remaining = u64::from(outcome.remaining);
+        self.answered = Some((sent, outcome.reset_after_ms));
+    }
+
+    /// Until when the store, as it last answered, denies `cost` for sure
+    /// (at `now`; `None`: it may admit it). Its `remaining` was below
+    /// `cost`; since, others can only have consumed more, and time alone
+    /// brings the rule back: a `fixed_window` at the end of its window,
+    /// no sooner than `reset_after` from the call's sending; a bucket
+    /// (`gcra`, `token_bucket`), which was whole again no sooner than
+    /// `reset_after` (rounded up to the ms, so one ms less) from then,
+    /// once it misses no more than `capacity − cost`, i.e. `(capacity −
+    /// cost) × per / limit` earlier. Trusted no longer than a slice would
+    /// be spent ([`lifetime_ms`](super::lifetime_ms)): what others gave
+    /// back meanwhile is found then.
+    pub(super) fn denied_until(&self, cost: u64, now: u64) -> Option<u64> {
+        let (sent, reset_after) = self.answered?;
+        if self.remaining >= cost {
+            return None;
+        }
+        let rule = self.rule.rule();
+        let whole = sent.saturating_add(reset_after);
+        let until = if rule.algorithm() == Algorithm::FixedWindow {
+            whole
+        } else {
+            let missing = u128::from(rule.capacity().saturating_sub(cost))
+                * u128::from(rule.period_ms())
+                / u128::from(rule.limit().max(1));
+            let missing = u64::try_from(missing).unwrap_or(u64::MAX);
+            whole.saturating_sub(1).saturating_sub(missing)
+        };
+        let until = until.min(sent.saturating_add(super::lifetime_ms(&self.rule, reset_after)));
+        (now < until).then_some(until)
     }
 
     /// No take under way any more: the requests waiting for it ask again.

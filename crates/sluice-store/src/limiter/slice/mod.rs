@@ -248,6 +248,10 @@ pub(super) enum Plan {
     /// A slice is spent and the take of the next one under way: wait for
     /// it to land (briefly), then plan again.
     Wait(OwnedNotified),
+    /// Denied without a store call: rule `.0` denies the request for `.1`
+    /// ms more, as the store's last answer makes certain (see
+    /// `Entry::denied_until`).
+    Deny(usize, u64),
     /// Ask the store, exactly.
     Exact,
 }
@@ -257,6 +261,8 @@ struct Found {
     /// Where its cost was spent from, when it was.
     spent: Option<u64>,
     size: Option<u64>,
+    /// Until when the store denies its cost for sure, when it does.
+    denied: Option<u64>,
 }
 
 /// Every key this instance follows for slices; see the module
@@ -366,6 +372,12 @@ impl Slices {
             let seen = self.with_entry(batch, i, true, |entry| {
                 entry.hit(now);
                 let spent = if local { entry.spend(cost, now) } else { None };
+                let hot = entry.rate(now) >= HOT_PER_SECOND;
+                let denied = spent
+                    .is_none()
+                    .then(|| entry.denied_until(cost, now))
+                    .flatten()
+                    .filter(|_| hot);
                 let taking = entry.taking_until_ms > now;
                 if spent.is_none() && taking && waiting.is_none() {
                     // Registered under the lock: the take cannot land
@@ -378,13 +390,14 @@ impl Slices {
                         slice_size(&entry.rule, rate, held, cost, entry.remaining)
                     })
                     .flatten();
-                (spent, size)
+                (spent, size, denied)
             });
-            let Some((spent, size)) = seen else {
+            let Some((spent, size, denied)) = seen else {
                 local = false;
                 found.push(Found {
                     spent: None,
                     size: None,
+                    denied: None,
                 });
                 continue;
             };
@@ -396,11 +409,16 @@ impl Slices {
                     found.push(Found {
                         spent: Some(expires),
                         size,
+                        denied,
                     });
                 }
                 None => {
                     local = false;
-                    found.push(Found { spent: None, size });
+                    found.push(Found {
+                        spent: None,
+                        size,
+                        denied,
+                    });
                 }
             }
         }
@@ -408,8 +426,17 @@ impl Slices {
         if local && !(low && sizes.is_some()) {
             return Plan::Local(outcomes, taken_ms);
         }
-        // The request goes to the store: what it spent here goes back.
+        // The request is not admitted here: what it spent here goes back.
         self.give_back(batch, &found);
+        // The rule that denies longest, as the store's answer would.
+        let denied = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| f.denied.map(|until| (i, until - now)))
+            .max_by_key(|&(i, wait)| (wait, std::cmp::Reverse(i)));
+        if let Some((index, wait)) = denied {
+            return Plan::Deny(index, wait);
+        }
         if let Some(waiting) = waiting.filter(|_| !local) {
             return Plan::Wait(waiting);
         }
@@ -461,7 +488,7 @@ impl Slices {
             // Created only by a decision under the current policy, which
             // `with_entry` checks against the take's rule.
             let kept = self.with_entry(batch, i, false, |entry| {
-                entry.remaining = u64::from(outcome.remaining);
+                entry.learn(outcome, sent);
                 entry.landed();
                 entry.place(piece, now);
                 let capacity = entry.rule.rule().capacity();
@@ -483,12 +510,12 @@ impl Slices {
     }
 
     /// The store answered an eligible `batch`, exactly or (`take`) a take
-    /// it denied: what each rule's `remaining` is now, and after a take, no
-    /// take under way.
-    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome], take: bool) {
+    /// it denied, to a call sent at `sent`: what each rule's `remaining`
+    /// is now, and after a take, no take under way.
+    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome], take: bool, sent: u64) {
         for (i, outcome) in outcomes.iter().enumerate() {
             self.with_entry(batch, i, false, |entry| {
-                entry.remaining = u64::from(outcome.remaining);
+                entry.learn(outcome, sent);
                 if take {
                     entry.landed();
                 }
