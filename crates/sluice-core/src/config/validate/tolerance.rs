@@ -4,7 +4,7 @@ use super::Validator;
 use crate::config::raw::S;
 use crate::config::share::percent;
 use crate::rule::Rule;
-use crate::tolerance::{MAX_PPM, Tolerance};
+use crate::tolerance::{MAX_PPM, MIN_SLICE, Tolerance};
 
 impl Validator<'_> {
     /// `envoy.tolerance`: a percent from 0% to 10% (applied to the limits
@@ -76,17 +76,13 @@ impl Validator<'_> {
             );
             return Tolerance::EXACT;
         }
-        if tolerance.of(rule.limit()) < MIN_SLICE {
+        if !tolerance.can_slice(rule.limit()) {
             self.push(written.referenced, too_small(tolerance, rule.limit()));
             return Tolerance::EXACT;
         }
         tolerance
     }
 }
-
-/// The smallest slice: one that holds two requests of one unit (see
-/// `sluice_store::limiter::slice::slice_size`).
-const MIN_SLICE: u64 = 2;
 
 /// Why `tolerance` of `limit` would never make a slice, and what would.
 fn too_small(tolerance: Tolerance, limit: u64) -> String {

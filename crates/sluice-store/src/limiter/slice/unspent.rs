@@ -1,0 +1,158 @@
+//! What slices will not spend, given back: see "What is not spent goes
+//! back" in the [module documentation](super). A piece is taken out of
+//! its key under the key's lock (nothing is admitted from it after) and
+//! queued; `Limiter::give_back_dropped_slices` empties the queue into the
+//! store, out of band.
+
+use std::sync::atomic::Ordering;
+
+use sluice_core::{BoundRule, Policy};
+
+use super::entry::Piece;
+use super::{MAX_KEYS, Slices, same_terms};
+
+/// What a slice still holds, to give back to the bucket it was taken
+/// from.
+#[derive(Debug, Clone)]
+pub(crate) struct Unspent {
+    pub(crate) rule: BoundRule,
+    pub(crate) tenant: String,
+    pub(crate) subject: Option<String>,
+    pub(crate) shard: u16,
+    pub(crate) units: u64,
+    pub(crate) at_ms: u64,
+    /// When the take's rule, as the take left it, would have been whole
+    /// again (its outcome's reset): see [`crate::Batch::whole_at`].
+    pub(crate) whole_at_ms: u64,
+}
+
+impl Unspent {
+    /// What `piece`, taken of `rule` for the bucket `key` names, still
+    /// holds; `None` when it holds nothing (or the key is not text).
+    fn of(rule: &BoundRule, key: (&[u8], &[u8], u16), piece: &Piece) -> Option<Unspent> {
+        let (tenant, subject, shard) = key;
+        let (Ok(tenant), Ok(subject)) = (std::str::from_utf8(tenant), std::str::from_utf8(subject))
+        else {
+            return None;
+        };
+        (piece.units > 0).then(|| Unspent {
+            rule: rule.clone(),
+            tenant: tenant.to_owned(),
+            subject: (!subject.is_empty()).then(|| subject.to_owned()),
+            shard,
+            units: piece.units,
+            // When the store took the units, on its clock (a fixed window
+            // gives back only into that window).
+            at_ms: piece.taken_ms,
+            whole_at_ms: piece.whole_at_ms,
+        })
+    }
+}
+
+impl Slices {
+    /// Queues what `pieces` of `rule`, for the bucket `key` names, still
+    /// hold, to give back.
+    pub(super) fn drop_pieces(
+        &self,
+        rule: &BoundRule,
+        key: (&[u8], &[u8], u16),
+        pieces: impl IntoIterator<Item = Piece>,
+    ) {
+        let mut dropped = self.dropped.lock();
+        let before = dropped.len();
+        // Bounded: with nobody giving back, the rest is lost (as after a
+        // crash: under-admission only).
+        let room = MAX_KEYS.saturating_sub(before);
+        dropped.extend(
+            pieces
+                .into_iter()
+                .filter_map(|p| Unspent::of(rule, key, &p))
+                .take(room),
+        );
+        if dropped.len() > before {
+            self.unspent.notify_one();
+        }
+    }
+
+    /// Takes every slice out, to give back with what was dropped before
+    /// (the instance is stopping): no decision is answered from them any
+    /// more, and takes under way give theirs back too.
+    pub(crate) fn drain(&self) -> Vec<Unspent> {
+        self.entries.drain(|key, mut entry| {
+            let rule = entry.rule.clone();
+            let pieces: Vec<Piece> = entry.take_pieces().collect();
+            self.drop_pieces(&rule, key.parts(), pieces);
+        });
+        self.take_dropped()
+    }
+
+    /// What was dropped since last asked, to give back.
+    pub(crate) fn take_dropped(&self) -> Vec<Unspent> {
+        std::mem::take(&mut *self.dropped.lock())
+    }
+
+    /// Resolves once something is dropped that was not taken out yet
+    /// ([`take_dropped`](Self::take_dropped)).
+    pub(crate) async fn dropped(&self) {
+        self.unspent.notified().await;
+    }
+
+    /// Drops every slice (the store is in trouble): what they held is
+    /// given back (when the store answers again).
+    pub fn clear(&self) {
+        self.entries.drain(|key, mut entry| {
+            let rule = entry.rule.clone();
+            let pieces: Vec<Piece> = entry.take_pieces().collect();
+            self.drop_pieces(&rule, key.parts(), pieces);
+        });
+    }
+
+    /// The policy is now `policy`: the slices of every key whose rule it
+    /// changed (other parameters or tolerance, or no such rule for the
+    /// key's tenant any more) are dropped at once, what they held given
+    /// back; the others are kept, as are takes under way for them.
+    pub fn keep_unchanged(&self, policy: &Policy) {
+        let rules = policy.rules_by_uid();
+        self.entries.retain(|key, entry| {
+            let tenant = std::str::from_utf8(key.tenant()).unwrap_or_default();
+            let kept = rules
+                .find(tenant, entry.rule.uid())
+                .is_some_and(|now| same_terms(&entry.rule, now));
+            if !kept {
+                let rule = entry.rule.clone();
+                let pieces: Vec<Piece> = entry.take_pieces().collect();
+                self.drop_pieces(&rule, key.parts(), pieces);
+            }
+            kept
+        });
+    }
+
+    /// Takes out the pieces expired by `now` that still hold units (the
+    /// key cooled before spending them), to give back; looks only once
+    /// one may have expired.
+    pub(crate) fn expire(&self, now: u64) {
+        if now < self.next_expiry.load(Ordering::Relaxed) {
+            return;
+        }
+        self.next_expiry.store(u64::MAX, Ordering::Relaxed);
+        self.entries.each(|map| {
+            for (key, entry) in map.iter_mut() {
+                let rule = entry.rule.clone();
+                let expired: Vec<Piece> = entry.take_expired(now).collect();
+                if !expired.is_empty() {
+                    self.drop_pieces(&rule, key.parts(), expired);
+                }
+                self.next_expiry
+                    .fetch_min(entry.next_expiry(), Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Forgets keys that hold nothing and were not decided in the last
+    /// two seconds (expired pieces are taken out first, to give back).
+    pub fn sweep(&self, now: u64) {
+        self.expire(now);
+        self.entries
+            .retain(|_, e| e.next_expiry() != u64::MAX || now / 1_000 <= e.second + 1);
+    }
+}
