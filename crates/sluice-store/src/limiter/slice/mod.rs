@@ -279,10 +279,13 @@ impl Default for Slices {
 }
 
 impl Slices {
-    /// Runs `f` on the entry of rule `index` of `batch`, created when
-    /// missing (unless [`MAX_KEYS`] are followed: `None`). An entry
-    /// learned under other terms of the rule (an override or a reload
-    /// changed it) is forgotten first, what it held given back.
+    /// Runs `f` on the entry of rule `index` of `batch`. A decision
+    /// planning (`create`) creates it when missing (unless [`MAX_KEYS`]
+    /// are followed: `None`) and forgets one learned under other terms of
+    /// the rule (an override or a reload changed it), what it held given
+    /// back. What follows a plan (a take landing, an answer learned) finds
+    /// only an entry of its own terms (`None` otherwise: the policy
+    /// changed under the decision).
     fn with_entry<T>(
         &self,
         batch: &Batch<'_>,
@@ -300,6 +303,9 @@ impl Slices {
         }
         let entry = map.entry(owned).or_insert_with(|| Entry::new(rule));
         if !same_terms(&entry.rule, rule) {
+            if !create {
+                return None;
+            }
             let old = std::mem::replace(entry, Entry::new(rule));
             self.drop_pieces(
                 &old.rule,

@@ -156,3 +156,60 @@ impl Slices {
             .retain(|_, e| e.next_expiry() != u64::MAX || now / 1_000 <= e.second + 1);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::decision::Outcomes;
+    use sluice_core::{Config, Outcome, Policy};
+
+    use super::super::{Plan, Slices};
+    use crate::store::Batch;
+
+    fn policy(limit: u64) -> Policy {
+        let yaml = format!(
+            "default_plan: p\nplans:\n  p:\n    tenant: [{{ name: hot, limit: {limit}, per: 1m, tolerance: \"1%\" }}]\n"
+        );
+        Policy::compile(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits)
+    }
+
+    fn admitted(remaining: u32) -> Outcome {
+        Outcome {
+            allowed: true,
+            remaining,
+            reset_after_ms: 1_000,
+            retry_after_ms: 0,
+        }
+    }
+
+    /// A take sent under the old rule lands after an override changed it
+    /// and a decision under the new rule followed the key afresh: the
+    /// take's slice is given back, and the key as the new rule follows it
+    /// is left alone (never reset to the old rule, never given the slice).
+    #[test]
+    fn a_take_landing_after_its_rule_changed_is_given_back() {
+        let slices = Slices::default();
+        let (old, new) = (policy(1_200_000), policy(600_000));
+        let old_batch = Batch::new("t", None, 1, old.applicable("t", "GET /", false).rules);
+        let new_batch = Batch::new("t", None, 1, new.applicable("t", "GET /", false).rules);
+        let now = 1_000_000;
+        let _ = slices.plan(&old_batch, now);
+        slices.learn(&old_batch, &[admitted(1_000_000)], false, now);
+        let mut sizes = None;
+        for _ in 0..200 {
+            if let Plan::Take(taken) = slices.plan(&old_batch, now) {
+                sizes = Some(taken);
+                break;
+            }
+        }
+        let sizes = sizes.expect("the key is hot: a take");
+        slices.keep_unchanged(&new);
+        let _ = slices.plan(&new_batch, now);
+        let outcomes: Outcomes = [admitted(900_000)].into_iter().collect();
+        slices.install(&old_batch, &sizes, outcomes, (now, now), now + 1);
+        assert!(slices.of_tenant("t", now + 1).is_empty(), "not spent here");
+        let dropped = slices.take_dropped();
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].units, sizes[0]);
+        assert_eq!(dropped[0].rule.rule().limit(), 1_200_000, "of the old rule");
+    }
+}
