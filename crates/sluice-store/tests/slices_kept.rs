@@ -3,6 +3,9 @@
 //! dropped (its rule changed) or left unspent (the key cooled) gives back
 //! what it held, out of band, so the store counts only what was admitted.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
 use sluice_core::policy::TenantOverride;
 use sluice_core::{Config, Policy};
 use sluice_store::Clock;
@@ -89,6 +92,33 @@ fn a_dropped_slice_gives_back_what_it_held() {
         let (_, counted) = window_of(&fleet, TWO, "hot").unwrap();
         assert_eq!(counted, admitted, "the store counts what was admitted");
         assert_eq!(limiter.give_back_dropped_slices().await, 0, "once");
+    });
+}
+
+/// The store failing give-backs: the first failure stops the rest (each
+/// would wait out the time budget); what they held is lost, never counted
+/// as given back.
+#[test]
+fn a_store_that_refuses_a_give_back_is_not_asked_again_for_the_rest() {
+    runtime().block_on(async {
+        let mut fleet = Fleet::new(TWO, 0);
+        fleet.adjusts_left = Some(Arc::new(AtomicU64::new(0)));
+        fleet.start(TWO);
+        let now = fleet.clock.now_ms();
+        fleet.clock.advance(10_000 - now % 10_000);
+        for _ in 0..2_000 {
+            for tenant in ["a", "b", "c"] {
+                fleet.decide(0, tenant).await;
+            }
+            fleet.clock.advance(1);
+        }
+        let limiter = &fleet.instances[0];
+        limiter.give_back_dropped_slices().await;
+        assert!(["a", "b", "c"].iter().all(|t| fleet.held(0, t) > 0));
+        limiter.set_policy(policy(&TWO.replace("limit: 200000,", "limit: 100000,")));
+        let before = fleet.calls();
+        assert_eq!(limiter.give_back_dropped_slices().await, 0);
+        assert_eq!(fleet.calls(), before + 1, "one attempt, not one per slice");
     });
 }
 

@@ -189,9 +189,14 @@ impl<S: Store> Limiter<S> {
         self.slices.dropped().await;
     }
 
+    /// Gives `unspent` back, each to its bucket, within the time budget:
+    /// the units given back. After the first failure the rest is not
+    /// tried (the store is in trouble): it is lost, as after a crash,
+    /// and logged once.
     async fn give_back(&self, unspent: Vec<slice::Unspent>) -> u64 {
         let mut given = 0;
-        for unspent in unspent {
+        let mut pieces = unspent.into_iter();
+        for unspent in pieces.by_ref() {
             let rules = std::slice::from_ref(&unspent.rule);
             let whole_at = [unspent.whole_at_ms];
             let batch = Batch {
@@ -208,7 +213,9 @@ impl<S: Store> Limiter<S> {
             match self.adjust_within_budget(&batch, change, None).await {
                 Ok(_) => given += unspent.units,
                 Err(error) => {
-                    tracing::warn!(%error, units = unspent.units, "a slice could not be given back; it is lost, as after a crash");
+                    let lost = unspent.units + pieces.map(|p| p.units).sum::<u64>();
+                    tracing::warn!(%error, units = lost, "slices could not be given back; they are lost, as after a crash");
+                    break;
                 }
             }
         }

@@ -18,6 +18,8 @@ pub struct Fleet {
     pub down: Arc<AtomicBool>,
     pub instances: Vec<Limiter<Remote>>,
     pub denial_cache: bool,
+    /// Adjustments that still succeed, when counted (see [`Remote`]).
+    pub adjusts_left: Option<Arc<AtomicU64>>,
 }
 
 impl Fleet {
@@ -32,6 +34,7 @@ impl Fleet {
             down: Arc::new(AtomicBool::new(false)),
             instances: Vec::new(),
             denial_cache: true,
+            adjusts_left: None,
         };
         for _ in 0..instances {
             fleet.start(yaml);
@@ -46,6 +49,7 @@ impl Fleet {
         let remote = Remote {
             calls: self.calls.clone(),
             down: self.down.clone(),
+            adjusts_left: self.adjusts_left.clone(),
             ..Remote::new(self.store.clone())
         };
         self.instances
