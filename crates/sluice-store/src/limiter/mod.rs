@@ -191,12 +191,14 @@ impl<S: Store> Limiter<S> {
 
     /// Gives `unspent` back, each to its bucket, within the time budget:
     /// the units given back. After the first failure the rest is not
-    /// tried (the store is in trouble): it is lost, as after a crash,
-    /// and logged once.
+    /// tried now (the store is in trouble, each would wait out the
+    /// budget): it is queued again, for the next pass, as long as a
+    /// give-back could still return something of it (else it is lost,
+    /// under-admission only), and logged once.
     async fn give_back(&self, unspent: Vec<slice::Unspent>) -> u64 {
         let mut given = 0;
         let mut pieces = unspent.into_iter();
-        for unspent in pieces.by_ref() {
+        while let Some(unspent) = pieces.next() {
             let rules = std::slice::from_ref(&unspent.rule);
             let whole_at = [unspent.whole_at_ms];
             let batch = Batch {
@@ -213,8 +215,11 @@ impl<S: Store> Limiter<S> {
             match self.adjust_within_budget(&batch, change, None).await {
                 Ok(_) => given += unspent.units,
                 Err(error) => {
-                    let lost = unspent.units + pieces.map(|p| p.units).sum::<u64>();
-                    tracing::warn!(%error, units = lost, "slices could not be given back; they are lost, as after a crash");
+                    let now = self.options.clock.now_ms();
+                    let rest: Vec<_> = std::iter::once(unspent).chain(pieces).collect();
+                    let units: u64 = rest.iter().map(|u| u.units).sum();
+                    let kept = self.slices.requeue(rest, now);
+                    tracing::warn!(%error, units, kept, "slices could not be given back now; those a later give-back can still return are kept for it, the others are lost, as after a crash");
                     break;
                 }
             }

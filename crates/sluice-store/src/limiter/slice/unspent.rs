@@ -27,6 +27,26 @@ pub(crate) struct Unspent {
 }
 
 impl Unspent {
+    /// Whether a give-back at `now` could still return some of it: a
+    /// window's units only go back into their window (at most `per` after
+    /// they were taken), a bucket's only until, as the take left it, it
+    /// would have been whole again and their own refill is over
+    /// (`Rule::returnable`).
+    fn returnable_at(&self, now: u64) -> bool {
+        let rule = self.rule.rule();
+        let until = if rule.algorithm().has_burst() {
+            let own = u128::from(self.units) * u128::from(rule.period_ms())
+                / u128::from(rule.limit().max(1));
+            let own = self
+                .at_ms
+                .saturating_add(u64::try_from(own).unwrap_or(u64::MAX));
+            own.max(self.whole_at_ms)
+        } else {
+            self.at_ms.saturating_add(rule.period_ms())
+        };
+        now < until
+    }
+
     /// What `piece`, taken of `rule` for the bucket `key` names, still
     /// holds; `None` when it holds nothing (or the key is not text).
     fn of(rule: &BoundRule, key: (&[u8], &[u8], u16), piece: &Piece) -> Option<Unspent> {
@@ -84,6 +104,22 @@ impl Slices {
             self.drop_pieces(&rule, key.parts(), pieces);
         });
         self.take_dropped()
+    }
+
+    /// Queues `unspent` again, not given back now, keeping what a
+    /// give-back could still return some of at `now`: the units kept.
+    /// Wakes nobody (the next pass finds them).
+    pub(crate) fn requeue(&self, unspent: Vec<Unspent>, now: u64) -> u64 {
+        let mut dropped = self.dropped.lock();
+        let room = MAX_KEYS.saturating_sub(dropped.len());
+        let before = dropped.len();
+        dropped.extend(
+            unspent
+                .into_iter()
+                .filter(|u| u.returnable_at(now))
+                .take(room),
+        );
+        dropped[before..].iter().map(|u| u.units).sum()
     }
 
     /// What was dropped since last asked, to give back.
