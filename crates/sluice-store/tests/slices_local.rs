@@ -102,3 +102,57 @@ plans:
         assert_eq!(local.0.load(Ordering::Relaxed), 0, "none counted as local");
     });
 }
+
+/// Every denial one instance answers without a store call (from its
+/// slices' knowledge, or remembered) is one the store would give: for
+/// random costs and gaps past the limit, on each algorithm that takes a
+/// tolerance, the store's state at that moment denies the request too.
+#[test]
+fn a_denial_decided_here_is_one_the_store_would_give() {
+    use proptest::prelude::*;
+    use sluice_core::Request;
+    use sluice_store::{Batch, Clock};
+    let rules = [
+        "{ algorithm: gcra, limit: 600, per: 1s, burst: 50, tolerance: \"10%\" }",
+        "{ algorithm: token_bucket, limit: 600, per: 1s, burst: 50, tolerance: \"10%\" }",
+        "{ algorithm: fixed_window, limit: 600, per: 1s, tolerance: \"10%\" }",
+    ];
+    let steps = prop::collection::vec((1u64..4, 0u64..4), 3_000..4_000);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 6,
+        ..ProptestConfig::default()
+    });
+    for rule in rules {
+        let yaml = format!("default_plan: p\nplans:\n  p:\n    tenant: [{rule}]\n");
+        runner
+            .run(&steps, |steps| {
+                runtime().block_on(async {
+                    let fleet = Fleet::new(&yaml, 1);
+                    let limiter = &fleet.instances[0];
+                    let policy = limiter.policy();
+                    let mut local_denials = 0;
+                    for (cost, gap) in &steps {
+                        let request = Request::new("t", "GET /", None, *cost).unwrap();
+                        let before = fleet.calls();
+                        let decision = limiter.decide(&policy, &request).await;
+                        if !decision.allowed && fleet.calls() == before {
+                            local_denials += 1;
+                            let rules = policy.applicable("t", "GET /", false).rules;
+                            let batch = Batch::new("t", None, *cost, rules);
+                            let state = fleet.store.peek_rule(&batch, 0);
+                            let (outcome, _) =
+                                rules[0].rule().decide(&state, fleet.clock.now_ms(), *cost);
+                            prop_assert!(
+                                !outcome.allowed,
+                                "{rule}: denied here, the store would admit {cost}"
+                            );
+                        }
+                        fleet.clock.advance(*gap);
+                    }
+                    prop_assert!(local_denials > 0, "{rule}: no local denial");
+                    Ok(())
+                })
+            })
+            .unwrap();
+    }
+}

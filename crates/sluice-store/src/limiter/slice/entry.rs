@@ -169,7 +169,8 @@ impl Entry {
     /// (`gcra`, `token_bucket`), which was whole again no sooner than
     /// `reset_after` (rounded up to the ms, so one ms less) from then,
     /// once it misses no more than `capacity − cost`, i.e. `(capacity −
-    /// cost) × per / limit` earlier. Trusted no longer than a slice would
+    /// cost) × per / limit` earlier (rounded up, so never later than the
+    /// store's own moment). Trusted no longer than a slice would
     /// be spent ([`lifetime_ms`](super::lifetime_ms)): what others gave
     /// back meanwhile is found then.
     pub(super) fn denied_until(&self, cost: u64, now: u64) -> Option<u64> {
@@ -182,9 +183,10 @@ impl Entry {
         let until = if rule.algorithm() == Algorithm::FixedWindow {
             whole
         } else {
-            let missing = u128::from(rule.capacity().saturating_sub(cost))
-                * u128::from(rule.period_ms())
-                / u128::from(rule.limit().max(1));
+            // Rounded up: the bucket's moment is never overstated.
+            let missing = (u128::from(rule.capacity().saturating_sub(cost))
+                * u128::from(rule.period_ms()))
+            .div_ceil(u128::from(rule.limit().max(1)));
             let missing = u64::try_from(missing).unwrap_or(u64::MAX);
             whole.saturating_sub(1).saturating_sub(missing)
         };
