@@ -56,7 +56,8 @@
 //! unchanged. What is lost is under-admission only, never double
 //! counting: a slice held by an instance killed (at most one,
 //! `tolerance × limit`, per instance and key), a give-back the store
-//! could not take, and what expired slices hold for at most
+//! refused until nothing of it could be returned any more (it is tried
+//! again every pass till then), and what expired slices hold for at most
 //! `GIVE_BACK_EVERY` after they expire; so a key that cools again and
 //! again loses nothing per window beyond what its instances hold at a
 //! time.
