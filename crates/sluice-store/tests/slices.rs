@@ -197,8 +197,7 @@ fn a_killed_instances_slice_is_lost_never_counted_twice() {
     runtime().block_on(async {
         let mut fleet = Fleet::new(WINDOW, 2);
         // At the start of a window.
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..2_000 {
             for i in 0..2 {
@@ -230,8 +229,7 @@ fn a_killed_instances_slice_is_lost_never_counted_twice() {
 fn a_stopping_instance_gives_its_slices_back() {
     runtime().block_on(async {
         let fleet = Fleet::new(WINDOW, 1);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..2_000 {
             admitted += u64::from(fleet.decide(0, "t").await);
@@ -291,8 +289,7 @@ plans:
         let mut fleet = Fleet::new(yaml, 0);
         fleet.denial_cache = false;
         fleet.start(yaml);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..3_000 {
             admitted += u64::from(fleet.decide(0, "t").await);

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_core::policy::TenantOverride;
 use sluice_core::{Config, Policy};
-use sluice_store::Clock;
 
 mod remote;
 use remote::fleet::{Fleet, policy, runtime, window_of};
@@ -50,8 +49,7 @@ fn overridden(yaml: &str, tenant: &str, factor: f64) -> Policy {
 fn a_change_to_other_rules_keeps_slices() {
     runtime().block_on(async {
         let fleet = Fleet::new(TWO, 1);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         hot_for(&fleet, "hot", 2_000).await;
         let changes = [
             overridden(TWO, "other", 2.0),
@@ -78,8 +76,7 @@ fn a_change_to_other_rules_keeps_slices() {
 fn a_dropped_slice_gives_back_what_it_held() {
     runtime().block_on(async {
         let fleet = Fleet::new(TWO, 1);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let admitted = hot_for(&fleet, "hot", 2_000).await;
         let held = fleet.held(0, "hot");
         assert!(held > 0, "a slice is held");
@@ -105,8 +102,7 @@ fn give_backs_the_store_refuses_wait_for_it_to_answer() {
         let left = Arc::new(AtomicU64::new(0));
         fleet.adjusts_left = Some(left.clone());
         fleet.start(TWO);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0;
         for _ in 0..2_000 {
             for tenant in ["a", "b", "c"] {
@@ -148,8 +144,7 @@ plans:
 fn a_key_that_cools_again_and_again_loses_nothing() {
     runtime().block_on(async {
         let fleet = Fleet::new(WINDOW, 1);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(60_000 - now % 60_000);
+        fleet.to_next_window(60_000);
         let (mut asked, mut denied, mut given) = (0u64, 0u64, 0u64);
         for burst in 0..12 {
             let wanted = if burst == 11 { 144 } else { 200 };

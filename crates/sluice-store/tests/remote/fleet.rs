@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sluice_core::config::OnError;
 use sluice_core::{Config, Policy, Request, State};
-use sluice_store::{Batch, Limiter, LimiterOptions, ManualClock, MemoryStore};
+use sluice_store::{Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore};
 
 use super::Remote;
 
@@ -54,6 +54,13 @@ impl Fleet {
         };
         self.instances
             .push(Limiter::with_options(policy(yaml), remote, options));
+    }
+
+    /// Moves the clock to the start of the next aligned window of
+    /// `per_ms`.
+    pub fn to_next_window(&self, per_ms: u64) {
+        let now = self.clock.now_ms();
+        self.clock.advance(per_ms - now % per_ms);
     }
 
     /// Store calls so far (decisions and adjustments).
