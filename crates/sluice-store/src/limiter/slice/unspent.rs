@@ -9,7 +9,13 @@ use std::sync::atomic::Ordering;
 use sluice_core::{BoundRule, Policy};
 
 use super::entry::Piece;
-use super::{MAX_KEYS, Slices, same_terms};
+use super::{Slices, same_terms};
+
+/// The most pieces queued to give back; beyond, they are lost (nobody
+/// gives back: an embedded limiter that never calls
+/// `Limiter::give_back_dropped_slices`), as after a crash. Only hot keys
+/// hold slices, so a pass every 100 ms stays far below it.
+const MAX_QUEUED: usize = 10_000;
 
 /// What a slice still holds, to give back to the bucket it was taken
 /// from.
@@ -82,7 +88,7 @@ impl Slices {
         let before = dropped.len();
         // Bounded: with nobody giving back, the rest is lost (as after a
         // crash: under-admission only).
-        let room = MAX_KEYS.saturating_sub(before);
+        let room = MAX_QUEUED.saturating_sub(before);
         dropped.extend(
             pieces
                 .into_iter()
@@ -96,14 +102,20 @@ impl Slices {
 
     /// Takes every slice out, to give back with what was dropped before
     /// (the instance is stopping): no decision is answered from them any
-    /// more, and takes under way give theirs back too.
+    /// more. A take under way that lands after queues its slice, given
+    /// back only by a later pass.
     pub(crate) fn drain(&self) -> Vec<Unspent> {
+        let mut unspent = self.take_dropped();
         self.entries.drain(|key, mut entry| {
             let rule = entry.rule.clone();
             let pieces: Vec<Piece> = entry.take_pieces().collect();
-            self.drop_pieces(&rule, key.parts(), pieces);
+            unspent.extend(
+                pieces
+                    .iter()
+                    .filter_map(|p| Unspent::of(&rule, key.parts(), p)),
+            );
         });
-        self.take_dropped()
+        unspent
     }
 
     /// Queues `unspent` again, not given back now, keeping what a
@@ -111,7 +123,7 @@ impl Slices {
     /// Wakes nobody (the next pass finds them).
     pub(crate) fn requeue(&self, unspent: Vec<Unspent>, now: u64) -> u64 {
         let mut dropped = self.dropped.lock();
-        let room = MAX_KEYS.saturating_sub(dropped.len());
+        let room = MAX_QUEUED.saturating_sub(dropped.len());
         let before = dropped.len();
         dropped.extend(
             unspent
