@@ -234,3 +234,30 @@ async fn nothing_is_replayed_on_a_store_that_takes_no_slices() {
     }
     assert_eq!(over.of("watch"), 0);
 }
+
+/// Overrides of another tenant while a shadow rule's key is replayed
+/// change nothing of what it reports (they used to start every replay
+/// afresh).
+#[tokio::test]
+async fn another_tenants_override_leaves_the_what_if_alone() {
+    async fn reported(overrides: bool) -> u64 {
+        let (clock, over, limiter) = limiter(GCRA);
+        let limits = Config::from_yaml(GCRA, "shadow.yaml").unwrap().limits;
+        let doubled = sluice_core::policy::TenantOverride {
+            factor: Some(2.0),
+            ..Default::default()
+        };
+        drive(&limiter, &clock, "hot", 5, 3_000).await;
+        for _ in 0..10 {
+            if overrides {
+                let changed = Policy::compile_overridden(&limits, false, &[("other", &doubled)]);
+                limiter.set_policy(changed);
+            }
+            burst(&limiter, &clock, 4, 100).await;
+        }
+        over.of("watch")
+    }
+    let quiet = reported(false).await;
+    assert!(quiet > 0);
+    assert_eq!(reported(true).await, quiet);
+}

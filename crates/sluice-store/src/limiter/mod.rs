@@ -130,6 +130,8 @@ impl<S: Store> Limiter<S> {
 
     /// Replaces the policy; decisions already under way finish on the old
     /// one. Remembered denials are forgotten: limits may have changed.
+    /// Hot keys' slices (and shadow what-ifs) of the rules it changes are
+    /// dropped, those of the others kept (see `slice`).
     pub fn set_policy(&self, policy: Policy) {
         self.policy.store(Arc::new(policy));
         // What is stored now (another swap may have raced this one).
@@ -139,8 +141,9 @@ impl<S: Store> Limiter<S> {
         }
         // Slices of the rules whose limits or tolerances changed go at
         // once (given back by `give_back_dropped_slices`); the others stay.
-        self.slices.keep_unchanged(&self.policy.load());
-        self.what_ifs.clear();
+        let policy = self.policy.load();
+        self.slices.keep_unchanged(&policy);
+        self.what_ifs.keep_unchanged(&policy);
     }
 
     /// The store.
