@@ -14,9 +14,8 @@ use sluice_testkit::RedisServer;
 const PEPPER: &str = "5c1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
 const TOKEN: &str = "hot-keys-admin-token-0123456789";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inspect_shows_the_slices_a_service_holds_for_a_tenant() {
-    let redis = RedisServer::start();
+/// A service on `redis` whose tenants have 10,000,000 an hour with 1%.
+fn hourly(redis: &RedisServer) -> Server {
     let config = temp_file(
         "hot-keys.yaml",
         &format!(
@@ -24,10 +23,17 @@ async fn inspect_shows_the_slices_a_service_holds_for_a_tenant() {
             redis.url()
         ),
     );
-    let server = Server::start_with_env(
+    Server::start_with_env(
         &["--config", config.to_str().unwrap()],
         &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_HOT_ADMIN", TOKEN)],
-    );
+    )
+    .keep(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_slices_a_service_holds_for_a_tenant() {
+    let redis = RedisServer::start();
+    let server = hourly(&redis);
     let base = server.base.clone();
     let hammer = tokio::spawn(async move {
         let client = reqwest::Client::new();
@@ -78,17 +84,7 @@ async fn inspect_shows_the_slices_a_service_holds_for_a_tenant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overrides_of_other_tenants_leave_a_hot_tenants_slices_alone() {
     let redis = RedisServer::start();
-    let config = temp_file(
-        "hot-overrides.yaml",
-        &format!(
-            "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\nadmin:\n  token_env: TEST_HOT_ADMIN\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: hourly, limit: 10000000, per: 1h, tolerance: \"1%\" }}]\n",
-            redis.url()
-        ),
-    );
-    let server = Server::start_with_env(
-        &["--config", config.to_str().unwrap()],
-        &[("TEST_SLUICE_PEPPER", PEPPER), ("TEST_HOT_ADMIN", TOKEN)],
-    );
+    let server = hourly(&redis);
     let client = reqwest::Client::new();
     let decide = |client: reqwest::Client, base: String, seconds: u64| async move {
         let until = std::time::Instant::now() + Duration::from_secs(seconds);
