@@ -85,7 +85,8 @@
 //! nothing, so the bound above is untouched; what such a denial can miss
 //! is room another instance gave back since, so the answer is trusted no
 //! longer than [`lifetime_ms`] after its call was sent: a give-back is
-//! found by then, never lost (a bucket keeps it until it is full). With
+//! found by then (a bucket keeps it until it is full, a window until it
+//! ends, at most a lifetime later than it could have been used). With
 //! it a key far past its limit costs about one store call per admission
 //! per instance. Keys below [`HOT_PER_SECOND`] stay exact.
 
