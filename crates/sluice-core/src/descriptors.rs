@@ -167,6 +167,23 @@ impl DescriptorPolicy {
         lines.into_iter().map(|l| l + "\n").collect()
     }
 
+    /// Every rule of every limit, in no particular order.
+    pub fn rules(&self) -> Vec<&BoundRule> {
+        fn walk<'n>(node: &'n Node, rules: &mut Vec<&'n BoundRule>) {
+            if let Some(limit) = &node.limit {
+                rules.extend(limit.rules.iter());
+            }
+            for child in node.children.values() {
+                walk(child, rules);
+            }
+        }
+        let mut rules = Vec::new();
+        for root in self.domains.values() {
+            walk(root, &mut rules);
+        }
+        rules
+    }
+
     /// The limit for one request descriptor, if any.
     pub fn lookup<'k>(
         &self,

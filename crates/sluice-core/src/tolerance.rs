@@ -13,6 +13,10 @@ use crate::rule::Algorithm;
 /// The largest tolerance a rule may declare: 10 %.
 pub const MAX_PPM: u32 = 100_000;
 
+/// The smallest slice: two requests of one unit (a slice that would not
+/// hold two is never taken, see `sluice_store::limiter::slice`).
+pub const MIN_SLICE: u64 = 2;
+
 /// A rule's tolerance; [`Tolerance::EXACT`] (the default) keeps every
 /// decision exact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -59,6 +63,12 @@ impl Tolerance {
     pub fn of(self, units: u64) -> u64 {
         let share = u128::from(units) * u128::from(self.ppm) / 1_000_000;
         u64::try_from(share).unwrap_or(u64::MAX)
+    }
+
+    /// Whether this tolerance of a rule of `limit` makes a slice at all:
+    /// its share of the limit holds [`MIN_SLICE`] units.
+    pub fn can_slice(self, limit: u64) -> bool {
+        self.of(limit) >= MIN_SLICE
     }
 
     /// Whether a tolerance can apply to `algorithm`: those whose guarantee

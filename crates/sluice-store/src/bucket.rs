@@ -81,6 +81,12 @@ impl<'a> KeyRef<'a> {
         self.tenant
     }
 
+    /// The tenant's bytes, the subject's (empty for a partition of the
+    /// tenant) and the shard.
+    pub(crate) fn parts(&self) -> (&'a [u8], &'a [u8], u16) {
+        (self.tenant, self.subject, self.shard)
+    }
+
     pub(crate) fn to_key(&self) -> Key {
         let mut bytes = SmallVec::with_capacity(self.tenant.len() + self.subject.len());
         bytes.extend_from_slice(self.tenant);
@@ -109,9 +115,9 @@ impl Key {
         &self.bytes[self.tenant_len as usize..]
     }
 
-    /// The tenant's shard.
-    pub(crate) fn shard(&self) -> u16 {
-        self.shard
+    /// The tenant's bytes, the subject's and the shard.
+    pub(crate) fn parts(&self) -> (&[u8], &[u8], u16) {
+        (self.tenant(), self.subject(), self.shard)
     }
 }
 

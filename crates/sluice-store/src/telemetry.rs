@@ -50,7 +50,9 @@ pub trait Telemetry: Send + Sync {
         let _ = (rule, units);
     }
 
-    /// A decision was answered from slices, without a store call.
+    /// A decision was answered from slices (admitted from one, or denied
+    /// as the store's last answer made certain), without any store call
+    /// for the request.
     fn slice_decision(&self) {}
 
     /// A shadow rule's tolerance would have admitted `units` more than the

@@ -126,11 +126,11 @@ async fn a_key_under_its_limit_or_cold_would_not_over_admit() {
     let (clock, over, limiter) = limiter(GCRA);
     // Hot (200 a second) but under the limit: both copies admit all.
     drive(&limiter, &clock, "under", 5, 5_000).await;
-    // Cold (20 a second), far past the limit's share of its rate: no
+    // Cold (20 a second, at its limit): no
     // slice is ever taken.
     let yaml = GCRA.replace(
         "limit: 1000, per: 1s, burst: 200",
-        "limit: 10, per: 1s, burst: 10",
+        "limit: 20, per: 1s, burst: 20",
     );
     let (cold_clock, cold_over, cold) = self::limiter(&yaml);
     drive(&cold, &cold_clock, "cold", 50, 5_000).await;
@@ -233,4 +233,31 @@ async fn nothing_is_replayed_on_a_store_that_takes_no_slices() {
         clock.advance(1);
     }
     assert_eq!(over.of("watch"), 0);
+}
+
+/// Overrides of another tenant while a shadow rule's key is replayed
+/// change nothing of what it reports (they used to start every replay
+/// afresh).
+#[tokio::test]
+async fn another_tenants_override_leaves_the_what_if_alone() {
+    async fn reported(overrides: bool) -> u64 {
+        let (clock, over, limiter) = limiter(GCRA);
+        let limits = Config::from_yaml(GCRA, "shadow.yaml").unwrap().limits;
+        let doubled = sluice_core::policy::TenantOverride {
+            factor: Some(2.0),
+            ..Default::default()
+        };
+        drive(&limiter, &clock, "hot", 5, 3_000).await;
+        for _ in 0..10 {
+            if overrides {
+                let changed = Policy::compile_overridden(&limits, false, &[("other", &doubled)]);
+                limiter.set_policy(changed);
+            }
+            burst(&limiter, &clock, 4, 100).await;
+        }
+        over.of("watch")
+    }
+    let quiet = reported(false).await;
+    assert!(quiet > 0);
+    assert_eq!(reported(true).await, quiet);
 }

@@ -6,81 +6,17 @@
 //! instance's slice is lost (never counted twice), a reload drops slices.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use sluice_core::config::OnError;
 
-use sluice_core::{Config, Policy, Request, State};
-use sluice_store::{Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore};
+use sluice_core::Request;
+use sluice_store::{Clock, Limiter, LimiterOptions, MemoryStore};
 
 mod remote;
 use remote::Remote;
-
-/// Instances sharing one store and one clock.
-struct Fleet {
-    clock: Arc<ManualClock>,
-    store: Arc<MemoryStore>,
-    calls: Arc<AtomicU64>,
-    down: Arc<AtomicBool>,
-    instances: Vec<Limiter<Remote>>,
-    denial_cache: bool,
-}
-
-impl Fleet {
-    fn new(yaml: &str, instances: usize) -> Fleet {
-        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-        let store = Arc::new(MemoryStore::with_clock(100_000, clock.clone()));
-        let calls = Arc::new(AtomicU64::new(0));
-        let mut fleet = Fleet {
-            clock,
-            store,
-            calls,
-            down: Arc::new(AtomicBool::new(false)),
-            instances: Vec::new(),
-            denial_cache: true,
-        };
-        for _ in 0..instances {
-            fleet.start(yaml);
-        }
-        fleet
-    }
-
-    fn start(&mut self, yaml: &str) {
-        let mut options = LimiterOptions::new(OnError::Deny);
-        options.clock = self.clock.clone();
-        options.denial_cache = self.denial_cache;
-        let remote = Remote {
-            calls: self.calls.clone(),
-            down: self.down.clone(),
-            ..Remote::new(self.store.clone())
-        };
-        self.instances
-            .push(Limiter::with_options(policy(yaml), remote, options));
-    }
-
-    fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
-    }
-
-    async fn decide(&self, instance: usize, tenant: &str) -> bool {
-        let limiter = &self.instances[instance];
-        let policy = limiter.policy();
-        let request = Request::new(tenant, "GET /", None, 1).unwrap();
-        limiter.decide(&policy, &request).await.allowed
-    }
-}
-
-fn policy(yaml: &str) -> Policy {
-    Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits)
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
+use remote::fleet::{Fleet, policy, runtime, window_of};
 
 const HOT: &str = r#"
 default_plan: p
@@ -244,12 +180,7 @@ fn a_fleet_never_admits_more_than_the_limit_and_its_tolerance() {
 
 /// The store's fixed window for tenant `t`: its start and count.
 fn fixed_window_count(fleet: &Fleet, yaml: &str) -> Option<(u64, u64)> {
-    let policy = policy(yaml);
-    let rules = policy.applicable("t", "GET /", false).rules;
-    match fleet.store.peek_rule(&Batch::new("t", None, 1, rules), 0) {
-        State::FixedWindow(window) => Some((window.start_ms, window.count)),
-        _ => None,
-    }
+    window_of(fleet, yaml, "t")
 }
 
 const WINDOW: &str = r#"
@@ -266,8 +197,7 @@ fn a_killed_instances_slice_is_lost_never_counted_twice() {
     runtime().block_on(async {
         let mut fleet = Fleet::new(WINDOW, 2);
         // At the start of a window.
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..2_000 {
             for i in 0..2 {
@@ -299,8 +229,7 @@ fn a_killed_instances_slice_is_lost_never_counted_twice() {
 fn a_stopping_instance_gives_its_slices_back() {
     runtime().block_on(async {
         let fleet = Fleet::new(WINDOW, 1);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..2_000 {
             admitted += u64::from(fleet.decide(0, "t").await);
@@ -360,8 +289,7 @@ plans:
         let mut fleet = Fleet::new(yaml, 0);
         fleet.denial_cache = false;
         fleet.start(yaml);
-        let now = fleet.clock.now_ms();
-        fleet.clock.advance(10_000 - now % 10_000);
+        fleet.to_next_window(10_000);
         let mut admitted = 0u64;
         for _ in 0..3_000 {
             admitted += u64::from(fleet.decide(0, "t").await);

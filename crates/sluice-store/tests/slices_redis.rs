@@ -4,7 +4,9 @@
 //! store sees at most one call per hundred decisions; against an aligned
 //! window offered several times its limit, what is admitted in the
 //! window is at most the limit (read back from the store's counter) and
-//! close to it; a cold tenant beside the hot one gets one call each.
+//! close to it; a cold tenant beside the hot one gets one call each; an
+//! override keeps the slices of rules it leaves alone and gives back
+//! those of the rule it changes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -200,6 +202,54 @@ async fn cold_beside_hot<S: Store + 'static>(stores: [S; 2]) {
     assert!(!instances[0].slices_of("hot").is_empty() || !instances[1].slices_of("hot").is_empty());
 }
 
+const CHANGED: &str = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ algorithm: fixed_window, aligned: true, limit: 400000, per: 4s, tolerance: "1%" }]
+"#;
+
+/// An override of another tenant keeps the hot tenant's slice; one of its
+/// own rule drops it, and what it held goes back: the store counts what
+/// was admitted.
+async fn kept_or_given_back<S: Store + 'static>(store: S) {
+    let calls = Arc::new(Calls::default());
+    let limiter = limiter(CHANGED, store, &calls);
+    next_window(4_000).await;
+    let policy = limiter.policy();
+    let request = Request::new("hot", "GET /", None, 1).unwrap();
+    let mut admitted = 0;
+    for _ in 0..1_000 {
+        admitted += u64::from(limiter.decide(&policy, &request).await.allowed);
+    }
+    let held =
+        |limiter: &Limiter<S>| -> u64 { limiter.slices_of("hot").iter().map(|s| s.units).sum() };
+    // What earlier takes replaced goes back first.
+    limiter.give_back_dropped_slices().await;
+    let before = held(&limiter);
+    assert!(before > 0, "a slice is held");
+    let limits = Config::from_yaml(CHANGED, "t.yaml").unwrap().limits;
+    let halved = sluice_core::policy::TenantOverride {
+        factor: Some(0.5),
+        ..Default::default()
+    };
+    limiter.set_policy(Policy::compile_overridden(
+        &limits,
+        false,
+        &[("other", &halved)],
+    ));
+    assert_eq!(held(&limiter), before, "another tenant's override keeps it");
+    limiter.set_policy(Policy::compile_overridden(
+        &limits,
+        false,
+        &[("hot", &halved)],
+    ));
+    assert_eq!(held(&limiter), 0, "its own drops it");
+    assert_eq!(limiter.give_back_dropped_slices().await, before);
+    let (_, counted) = stored_window(&limiter, "hot").await;
+    assert_eq!(counted, admitted, "the store counts what was admitted");
+}
+
 async fn redis_stores(server: &RedisServer) -> [RedisStore; 2] {
     let connect = || async {
         RedisStore::connect(
@@ -243,6 +293,20 @@ async fn redis_an_aligned_window_admits_at_most_its_limit_across_instances() {
 async fn redis_a_cold_tenant_beside_a_hot_one_stays_exact() {
     let server = RedisServer::start();
     cold_beside_hot(redis_stores(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_slice_is_kept_or_given_back_on_an_override() {
+    let server = RedisServer::start();
+    let [store, _] = redis_stores(&server).await;
+    kept_or_given_back(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_slice_is_kept_or_given_back_on_an_override() {
+    let cluster = RedisCluster::start(3, 0);
+    let [store, _] = cluster_stores(&cluster).await;
+    kept_or_given_back(store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

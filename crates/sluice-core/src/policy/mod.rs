@@ -28,12 +28,14 @@ use crate::config::shards::shard_share;
 pub use crate::scope::Scope;
 
 mod applicable;
+mod by_uid;
 mod cell;
 mod class;
 mod plan;
 mod tenant_override;
 
 pub use applicable::Applicable;
+pub use by_uid::RulesByUid;
 pub use class::{ADHOC, Class, ClassId};
 pub use plan::Plan;
 pub use tenant_override::{MAX_FACTOR, TenantOverride};
@@ -262,6 +264,14 @@ impl Policy {
     /// The envoyproxy/ratelimit domains (empty when none are configured).
     pub fn descriptors(&self) -> &crate::descriptors::DescriptorPolicy {
         &self.descriptors
+    }
+
+    /// The plan `tenant` is decided under, by its index in
+    /// [`plans`](Self::plans).
+    fn plan_index(&self, tenant: &str) -> usize {
+        self.tenants
+            .get(tenant)
+            .map_or(self.default_plan, |entry| entry.plan)
     }
 
     /// Compiled plans.

@@ -57,6 +57,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let grpc = args.grpc.unwrap_or(config.server.grpc);
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
+    spawn_slice_give_back(&app);
     spawn_heartbeat(&app);
     App::spawn_admin_sync(&app);
     crate::http::spawn_expiry(&app);
@@ -193,6 +194,30 @@ fn spawn_sweeper(app: &Arc<App>, every_ms: u64) {
             app.limiter.sweep();
             if let Some(memory) = app.limiter.store().memory() {
                 tracing::debug!(held = memory.len(), "swept idle keys");
+            }
+        }
+    });
+}
+
+/// Gives back what hot keys' slices held and will not spend (dropped by a
+/// reload or an override that changed their rule, expired unspent as the
+/// key cooled) as soon as it is dropped, and every `GIVE_BACK_EVERY` for
+/// the expired ones: off the decisions' path.
+fn spawn_slice_give_back(app: &Arc<App>) {
+    if app.limiter.store().memory().is_some() {
+        return;
+    }
+    let app = app.clone();
+    tokio::spawn(async move {
+        let every = sluice_store::limiter::slice::GIVE_BACK_EVERY;
+        loop {
+            tokio::select! {
+                () = app.limiter.slices_dropped() => {}
+                () = tokio::time::sleep(every) => {}
+            }
+            let given = app.limiter.give_back_dropped_slices().await;
+            if given > 0 {
+                tracing::debug!(units = given, "slices given back");
             }
         }
     });

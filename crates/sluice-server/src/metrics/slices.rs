@@ -66,7 +66,7 @@ impl SliceStats {
         );
         registry.register(
             "slice_decisions",
-            "Decisions answered from slices, without a store call",
+            "Decisions answered from slices (admitted, or denied as the store last said), without any store call for the request",
             stats.decisions.clone(),
         );
         registry.register(

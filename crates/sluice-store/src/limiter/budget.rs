@@ -66,11 +66,19 @@ impl<S: Store> Limiter<S> {
         // Units already taken are spent before remembered denials: the
         // store counted them, and the cache would strand them.
         if let Plan::Local(outcomes, taken_ms) = plan {
-            self.options.telemetry.slice_decision();
+            if !batch.asked_before {
+                self.options.telemetry.slice_decision();
+            }
             // Admitted from units the store counted at the take: a
             // give-back names the take's time.
             return Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
                 .decided_at(taken_ms);
+        }
+        if let Plan::Deny(index, retry) = plan {
+            if !batch.asked_before {
+                self.options.telemetry.slice_decision();
+            }
+            return Decision::remembered_denial(applicable, index, retry);
         }
         if let Some(denials) = &self.denials
             && let Some((index, retry)) = denials.check(batch, now)
@@ -81,17 +89,15 @@ impl<S: Store> Limiter<S> {
             self.options.telemetry.denial_cache_hit();
             return Decision::remembered_denial(applicable, index, retry);
         }
-        if let Plan::Take(sizes, epoch) = plan
-            && let Some(decision) = self
-                .take(applicable, batch, deadline, &sizes, epoch, now)
-                .await
+        if let Plan::Take(sizes) = plan
+            && let Some(decision) = self.take(applicable, batch, deadline, &sizes, now).await
         {
             return decision;
         }
         match self.call_store(batch, deadline, now).await {
             Ok(decided) => {
                 if sliced {
-                    self.slices.learn(batch, &decided.outcomes, false);
+                    self.slices.learn(batch, &decided.outcomes, false, now);
                 }
                 Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
                     .decided_at(decided.at_ms)
@@ -109,7 +115,6 @@ impl<S: Store> Limiter<S> {
         batch: &Batch<'_>,
         deadline: Option<tokio::time::Instant>,
         sizes: &[u64],
-        epoch: u64,
         sent: u64,
     ) -> Option<Decision<'p>> {
         let costs: SmallVec<[u64; 3]> = (0..batch.rules.len())
@@ -128,9 +133,9 @@ impl<S: Store> Limiter<S> {
                     self.options.telemetry.slice_taken(rule, *size);
                 }
                 let now = self.options.clock.now_ms();
-                let outcomes =
-                    self.slices
-                        .install(batch, sizes, epoch, outcomes, (sent, at_ms), now);
+                let outcomes = self
+                    .slices
+                    .install(batch, sizes, outcomes, (sent, at_ms), now);
                 Some(
                     Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
                         .decided_at(at_ms),
@@ -141,7 +146,7 @@ impl<S: Store> Limiter<S> {
                 // request alone is decided exactly. Nothing is remembered
                 // in the over-limit cache: the denied cost was not the
                 // request's.
-                self.slices.learn(batch, &outcomes, true);
+                self.slices.learn(batch, &outcomes, true, sent);
                 None
             }
             Err(error) => {
@@ -219,7 +224,8 @@ impl<S: Store> Limiter<S> {
         }
         if !ok {
             // The store is in trouble: no slice outlives what it held, and
-            // decisions fall to the failure policy as without slices.
+            // decisions fall to the failure policy as without slices (what
+            // they held is given back once the store answers).
             self.slices.clear();
         }
         result.map_err(Some)

@@ -130,6 +130,8 @@ impl<S: Store> Limiter<S> {
 
     /// Replaces the policy; decisions already under way finish on the old
     /// one. Remembered denials are forgotten: limits may have changed.
+    /// Hot keys' slices (and shadow what-ifs) of the rules it changes are
+    /// dropped, those of the others kept (see `slice`).
     pub fn set_policy(&self, policy: Policy) {
         self.policy.store(Arc::new(policy));
         // What is stored now (another swap may have raced this one).
@@ -137,9 +139,11 @@ impl<S: Store> Limiter<S> {
         if let Some(denials) = &self.denials {
             denials.clear();
         }
-        // Limits or tolerances may have changed: slices go at once.
-        self.slices.clear();
-        self.what_ifs.clear();
+        // Slices of the rules whose limits or tolerances changed go at
+        // once (given back by `give_back_dropped_slices`); the others stay.
+        let policy = self.policy.load();
+        self.slices.keep_unchanged(&policy);
+        self.what_ifs.keep_unchanged(&policy);
     }
 
     /// The store.
@@ -166,9 +170,38 @@ impl<S: Store> Limiter<S> {
     /// back; a store that cannot be reached keeps them (under-admission,
     /// as after a crash). No decision is answered from slices after it.
     pub async fn give_back_slices(&self) -> u64 {
-        let now = self.options.clock.now_ms();
+        self.give_back(self.slices.drain()).await
+    }
+
+    /// Gives back what slices no longer spent here held: dropped by a
+    /// change of their rule (a reload, an override) or a store error,
+    /// replaced by a newer take, or expired unspent (the key cooled).
+    /// Returns the units given back. Never called on a decision's path:
+    /// `sluice serve` calls it whenever [`slices_dropped`](Self::slices_dropped)
+    /// resolves and every [`GIVE_BACK_EVERY`](slice::GIVE_BACK_EVERY); an
+    /// embedded limiter on a remote store does the same from a task of its
+    /// own (else what they held is lost: under-admission only).
+    pub async fn give_back_dropped_slices(&self) -> u64 {
+        self.slices.expire(self.options.clock.now_ms());
+        self.give_back(self.slices.take_dropped()).await
+    }
+
+    /// Resolves once a slice was dropped since the last
+    /// [`give_back_dropped_slices`](Self::give_back_dropped_slices).
+    pub async fn slices_dropped(&self) {
+        self.slices.dropped().await;
+    }
+
+    /// Gives `unspent` back, each to its bucket, within the time budget:
+    /// the units given back. After the first failure the rest is not
+    /// tried now (the store is in trouble, each would wait out the
+    /// budget): it is queued again, for the next pass, as long as a
+    /// give-back could still return something of it (else it is lost,
+    /// under-admission only), and logged once.
+    async fn give_back(&self, unspent: Vec<slice::Unspent>) -> u64 {
         let mut given = 0;
-        for unspent in self.slices.drain(now) {
+        let mut pieces = unspent.into_iter();
+        while let Some(unspent) = pieces.next() {
             let rules = std::slice::from_ref(&unspent.rule);
             let whole_at = [unspent.whole_at_ms];
             let batch = Batch {
@@ -185,7 +218,12 @@ impl<S: Store> Limiter<S> {
             match self.adjust_within_budget(&batch, change, None).await {
                 Ok(_) => given += unspent.units,
                 Err(error) => {
-                    tracing::warn!(%error, units = unspent.units, "a slice could not be given back; it is lost, as after a crash");
+                    let now = self.options.clock.now_ms();
+                    let rest: Vec<_> = std::iter::once(unspent).chain(pieces).collect();
+                    let units: u64 = rest.iter().map(|u| u.units).sum();
+                    let kept = self.slices.requeue(rest, now);
+                    tracing::warn!(%error, units, kept, "slices could not be given back now; those a later give-back can still return are kept for it, the others are lost, as after a crash");
+                    break;
                 }
             }
         }
@@ -386,6 +424,8 @@ impl<S: Store> Limiter<S> {
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
+        // The rules that count by outcome were read from the store.
+        batch.asked_before = !applicable.asked.is_empty();
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(lease::new_lease_id());
         }

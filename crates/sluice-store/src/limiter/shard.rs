@@ -81,6 +81,8 @@ impl<S: Store> Limiter<S> {
         for k in 0..shards {
             let on = Batch {
                 shard: (first + k) % shards,
+                // Another shard was tried: it may have called the store.
+                asked_before: batch.asked_before || k > 0,
                 ..*batch
             };
             let decision = self

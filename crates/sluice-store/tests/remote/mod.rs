@@ -8,6 +8,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+pub mod fleet;
+
 use sluice_store::{
     Adjusted, Batch, Change, Decided, Marker, MemoryStore, Peeked, Store, StoreError,
 };
@@ -22,6 +24,8 @@ pub struct Remote {
     pub down: Arc<AtomicBool>,
     /// Adjustments that still succeed, when counted: the ones after fail.
     pub adjusts_left: Option<Arc<AtomicU64>>,
+    /// Reads asked of it (peeks: a `count_if` rule's check).
+    pub peeks: Arc<AtomicU64>,
 }
 
 impl Remote {
@@ -31,6 +35,7 @@ impl Remote {
             calls: Arc::default(),
             down: Arc::default(),
             adjusts_left: None,
+            peeks: Arc::default(),
         }
     }
 
@@ -78,6 +83,7 @@ impl Store for Remote {
     }
 
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
+        self.peeks.fetch_add(1, Ordering::Relaxed);
         self.store.peek(batch).await
     }
 }

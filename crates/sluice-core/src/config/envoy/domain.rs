@@ -83,15 +83,20 @@ impl EnvoyLimit {
 
 impl EnvoyDomain {
     /// Gives every limit of the domain `tolerance` (`envoy.tolerance`),
-    /// on the algorithms it can bound ([`Tolerance::applies_to`]), except
-    /// quota-mode descriptors (their hits are debits: always exact).
+    /// on the algorithms it can bound ([`Tolerance::applies_to`]) and the
+    /// limits it can slice ([`Tolerance::can_slice`]), except quota-mode
+    /// descriptors (their hits are debits: always exact).
     pub fn with_tolerance(mut self, tolerance: Tolerance) -> EnvoyDomain {
         fn each(descriptors: &mut [EnvoyDescriptor], tolerance: Tolerance) {
             for descriptor in descriptors {
-                // Quota-mode hits are debits: always exact.
+                // Quota-mode hits are debits: always exact. So is a limit
+                // too small for the tolerance to slice.
                 let exact = descriptor.quota;
                 for named in descriptor.limit.iter_mut().flat_map(|l| &mut l.rules) {
-                    if !exact && Tolerance::applies_to(named.rule.algorithm()) {
+                    if !exact
+                        && Tolerance::applies_to(named.rule.algorithm())
+                        && tolerance.can_slice(named.rule.limit())
+                    {
                         named.tolerance = tolerance;
                     }
                 }

@@ -173,6 +173,19 @@ fn envoy_tolerance_leaves_quota_mode_limits_exact() {
 }
 
 #[test]
+fn envoy_tolerance_leaves_limits_too_small_to_slice_exact() {
+    let domains = load_one(
+        "domain: d\ndescriptors:\n  - key: small\n    rate_limit: { unit: minute, requests_per_unit: 99 }\n  - key: large\n    rate_limit: { unit: minute, requests_per_unit: 100 }\n",
+    )
+    .unwrap();
+    let tolerance = crate::tolerance::Tolerance::from_ppm(20_000);
+    let domain = domains[0].clone().with_tolerance(tolerance);
+    let tolerance_of = |i: usize| domain.descriptors[i].limit.as_ref().unwrap().rules[0].tolerance;
+    assert!(tolerance_of(0).is_exact(), "2% of 99 is 1 unit: no slice");
+    assert_eq!(tolerance_of(1), tolerance, "2% of 100 is 2 units");
+}
+
+#[test]
 fn envoy_tolerance_reaches_every_limit_it_can_bound() {
     let domains = load_one(
         "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: second, requests_per_unit: 500 }\n    descriptors:\n      - key: b\n        rate_limit: { unit: minute, requests_per_unit: 10, algorithm: sliding_window }\n",

@@ -58,7 +58,8 @@ impl Validator<'_> {
             let count_if = self.count_if(rule.value.count_if.as_ref(), at);
             let tolerance = rule.value.tolerance.clone();
             if let Some(rule) = self.rule(rule.value, at) {
-                let tolerance = self.tolerance(tolerance.as_ref(), &rule, scope);
+                let tolerance =
+                    self.tolerance(tolerance.as_ref(), &rule, scope, count_if.is_some());
                 out.push(NamedRule {
                     name,
                     rule,

@@ -78,21 +78,15 @@ impl<V> KeyMap<V> {
         self.keys.store(0, Ordering::Relaxed);
     }
 
-    /// Forgets every key.
-    pub(super) fn clear(&self) {
-        self.each(HashMap::clear);
-        self.keys.store(0, Ordering::Relaxed);
-    }
-
-    /// Keeps the keys whose value `keep` says.
-    pub(super) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+    /// Keeps the keys `keep` says, given each key and its value.
+    pub(super) fn retain(&self, mut keep: impl FnMut(&Key, &mut V) -> bool) {
         let mut removed = 0;
         self.each(|map| {
             let before = map.len();
-            map.retain(|_, value| keep(value));
+            map.retain(|key, value| keep(key, value));
             removed += before - map.len();
         });
-        // Saturating: a clear or a drain may have reset the count meanwhile.
+        // Saturating: a drain may have reset the count meanwhile.
         let _ = self
             .keys
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |k| {

@@ -35,10 +35,32 @@
 //!   in that window: at most `limit`, no over-admission at all.
 //!
 //! Other algorithms take no tolerance (see `Tolerance::applies_to`).
-//! A slice that is never spent (an instance killed, a reload, a key gone
-//! cold) is simply lost: the store counted it, so loss is under-admission
-//! only, never double counting, and at most one slice (`tolerance ×
-//! limit`) per instance and key.
+//!
+//! # What is not spent goes back
+//!
+//! A slice that will not be spent here is taken out of the key under its
+//! lock (no admission from it afterwards) and given back to the bucket it
+//! was taken from, out of band (`Limiter::give_back_dropped_slices`,
+//! which `sluice serve` runs from a task of its own, never on a
+//! decision's path): a slice expired unspent (the key cooled), one
+//! replaced by a newer take, the slices of a rule a reload or an override
+//! changed (other parameters or tolerance: dropped at once, see
+//! [`Slices::keep_unchanged`]; slices of rules left alone are kept, as
+//! are takes under way for them, so an unrelated tenant's override costs
+//! a hot key nothing), and all of them after a store error or when the
+//! instance stops. A give-back only lowers what the store counts by units
+//! never admitted, and returns at most what they still hold
+//! (`Rule::returnable`: on `gcra` and `token_bucket`, no more than the
+//! bucket as the take left it still misses of them; on `fixed_window`,
+//! only into the window they were counted in), so the bound above is
+//! unchanged. What is lost is under-admission only, never double
+//! counting: a slice held by an instance killed (at most one,
+//! `tolerance × limit`, per instance and key), a give-back the store
+//! refused until nothing of it could be returned any more (it is tried
+//! again every pass till then), and what expired slices hold for at most
+//! `GIVE_BACK_EVERY` after they expire; so a key that cools again and
+//! again loses nothing per window beyond what its instances hold at a
+//! time.
 //!
 //! All-or-nothing holds across rules: a request is decided here only when
 //! every rule of it has a slice holding its cost; units taken from one
@@ -49,13 +71,33 @@
 //! plus [`HEADROOM`] slices) no slice is taken and decisions are exact, one
 //! store call each. A take the store denies anyway (another instance
 //! spent the budget meanwhile) is followed by the exact call.
+//!
+//! # Denials decided here
+//!
+//! Past the limit, a hot key's request that no slice pays is denied
+//! without a store call when the store's last answer for the key makes
+//! the denial certain (`Entry::denied_until`): its `remaining` was below
+//! the cost, and too little time has passed since the call was sent for
+//! time alone to make room (a `fixed_window` until its window ends; a
+//! bucket until, as the store left it, it misses no more than `capacity −
+//! cost`, counted from the earliest instant the store can have answered).
+//! Others' admissions since only push that moment later. A denial admits
+//! nothing, so the bound above is untouched; what such a denial can miss
+//! is room another instance gave back since, so the answer is trusted no
+//! longer than [`lifetime_ms`] after its call was sent: a give-back is
+//! found by then (a bucket keeps it until it is full, a window until it
+//! ends, at most a lifetime later than it could have been used). With
+//! it a key far past its limit costs about one store call per admission
+//! per instance. Keys below [`HOT_PER_SECOND`] stay exact.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use sluice_core::decision::Outcomes;
 use sluice_core::tolerance::Tolerance;
 use sluice_core::{Algorithm, BoundRule, Outcome, Scope};
 use smallvec::SmallVec;
+use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
 use crate::store::Batch;
@@ -63,11 +105,13 @@ use crate::store::Batch;
 mod entry;
 mod keys;
 mod levels;
+mod unspent;
 mod what_if;
 
 use entry::{Entry, Piece};
 use keys::KeyMap;
 pub use levels::{HeldSlice, SliceLevel};
+pub(crate) use unspent::Unspent;
 pub use what_if::WhatIfs;
 
 /// Decisions per second of one key on one instance from which it takes
@@ -85,6 +129,9 @@ pub const HEADROOM: u64 = 2;
 pub const WAIT_MS: u64 = 250;
 /// The most keys followed at once; others stay exact.
 pub const MAX_KEYS: usize = 100_000;
+/// How often a server gives back what slices expired unspent held (see
+/// `Limiter::give_back_dropped_slices`).
+pub const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 /// How long a take may be under way before another take of the same key
 /// may start (a take whose call was dropped never reports back).
 const TAKE_PATIENCE_MS: u64 = 1_000;
@@ -166,19 +213,11 @@ pub fn replayed(batch: &Batch<'_>) -> bool {
         && batch.rules.iter().all(sliceable)
 }
 
-/// What a slice still holds, to give back to the bucket it was taken
-/// from.
-#[derive(Debug, Clone)]
-pub(crate) struct Unspent {
-    pub(crate) rule: BoundRule,
-    pub(crate) tenant: String,
-    pub(crate) subject: Option<String>,
-    pub(crate) shard: u16,
-    pub(crate) units: u64,
-    pub(crate) at_ms: u64,
-    /// When the take's rule, as the take left it, would have been whole
-    /// again (its outcome's reset): see [`crate::Batch::whole_at`].
-    pub(crate) whole_at_ms: u64,
+/// Whether slices taken under `held` may be spent under `now`: the same
+/// parameters and tolerance (the uid, which names the bucket, is the
+/// same by the key).
+fn same_terms(held: &BoundRule, now: &BoundRule) -> bool {
+    held.rule() == now.rule() && held.tolerance() == now.tolerance()
 }
 
 /// What to do for one request.
@@ -187,12 +226,15 @@ pub(super) enum Plan {
     /// Decided from slices: every rule's outcome, and when the store took
     /// the units spent (its clock; the earliest of the rules').
     Local(Outcomes, u64),
-    /// Take a slice of each rule along with the request: the sizes, and
-    /// the epoch the take started in.
-    Take(SmallVec<[u64; 3]>, u64),
+    /// Take a slice of each rule along with the request: the sizes.
+    Take(SmallVec<[u64; 3]>),
     /// A slice is spent and the take of the next one under way: wait for
     /// it to land (briefly), then plan again.
     Wait(OwnedNotified),
+    /// Denied without a store call: rule `.0` denies the request for `.1`
+    /// ms more, as the store's last answer makes certain (see
+    /// `Entry::denied_until`).
+    Deny(usize, u64),
     /// Ask the store, exactly.
     Exact,
 }
@@ -202,13 +244,21 @@ struct Found {
     /// Where its cost was spent from, when it was.
     spent: Option<u64>,
     size: Option<u64>,
+    /// Until when the store denies its cost for sure, when it does.
+    denied: Option<u64>,
 }
 
 /// Every key this instance follows for slices; see the module
 /// documentation.
 pub struct Slices {
     entries: KeyMap<Entry>,
-    epoch: AtomicU64,
+    /// What slices no longer spent here still hold (dropped, replaced,
+    /// expired), to give back; `unspent` wakes whoever gives it back.
+    dropped: Mutex<Vec<Unspent>>,
+    unspent: Notify,
+    /// When the first piece held expires, at the earliest (`u64::MAX`:
+    /// none held): [`expire`](Slices::expire) looks no sooner.
+    next_expiry: AtomicU64,
 }
 
 impl std::fmt::Debug for Slices {
@@ -223,18 +273,21 @@ impl Default for Slices {
     fn default() -> Slices {
         Slices {
             entries: KeyMap::default(),
-            epoch: AtomicU64::new(0),
+            dropped: Mutex::new(Vec::new()),
+            unspent: Notify::new(),
+            next_expiry: AtomicU64::new(u64::MAX),
         }
     }
 }
 
 impl Slices {
-    fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    /// Runs `f` on the entry of rule `index` of `batch`, created when
-    /// missing (unless [`MAX_KEYS`] are followed: `None`).
+    /// Runs `f` on the entry of rule `index` of `batch`. A decision
+    /// planning (`create`) creates it when missing (unless [`MAX_KEYS`]
+    /// are followed: `None`) and forgets one learned under other terms of
+    /// the rule (an override or a reload changed it), what it held given
+    /// back. What follows a plan (a take landing, an answer learned) finds
+    /// only an entry of its own terms (`None` otherwise: the policy
+    /// changed under the decision).
     fn with_entry<T>(
         &self,
         batch: &Batch<'_>,
@@ -244,25 +297,35 @@ impl Slices {
     ) -> Option<T> {
         let rule = &batch.rules[index];
         let key = self.entries.key(batch, index, batch.shard);
-        let epoch = self.epoch();
         let mut map = self.entries.lock(&key);
         let owned = key.to_key();
         let followed = map.contains_key(&owned) || (create && self.entries.admit());
         if !followed {
             return None;
         }
-        let entry = map.entry(owned).or_insert_with(|| Entry::new(rule, epoch));
-        if entry.epoch != epoch {
-            // Learned under another policy: forgotten.
-            *entry = Entry::new(rule, epoch);
+        let entry = map.entry(owned).or_insert_with(|| Entry::new(rule));
+        if !same_terms(&entry.rule, rule) {
+            if !create {
+                return None;
+            }
+            let old = std::mem::replace(entry, Entry::new(rule));
+            self.drop_pieces(
+                &old.rule,
+                key.parts(),
+                old.pieces.into_iter().chain(old.unspent),
+            );
         }
-        Some(f(entry))
+        let answer = f(entry);
+        if !entry.unspent.is_empty() {
+            let rule = entry.rule.clone();
+            self.drop_pieces(&rule, key.parts(), entry.unspent.drain(..));
+        }
+        Some(answer)
     }
 
     /// What to do for an eligible `batch` at `now` (see [`Plan`]); counts
     /// the decision towards each key's rate.
     pub(super) fn plan(&self, batch: &Batch<'_>, now: u64) -> Plan {
-        let epoch = self.epoch();
         let mut found: SmallVec<[Found; 3]> = SmallVec::new();
         let mut outcomes = Outcomes::new();
         let mut local = true;
@@ -274,6 +337,12 @@ impl Slices {
             let seen = self.with_entry(batch, i, true, |entry| {
                 entry.hit(now);
                 let spent = if local { entry.spend(cost, now) } else { None };
+                let hot = entry.rate(now) >= HOT_PER_SECOND;
+                let denied = spent
+                    .is_none()
+                    .then(|| entry.denied_until(cost, now))
+                    .flatten()
+                    .filter(|_| hot);
                 let taking = entry.taking_until_ms > now;
                 if spent.is_none() && taking && waiting.is_none() {
                     // Registered under the lock: the take cannot land
@@ -286,13 +355,14 @@ impl Slices {
                         slice_size(&entry.rule, rate, held, cost, entry.remaining)
                     })
                     .flatten();
-                (spent, size)
+                (spent, size, denied)
             });
-            let Some((spent, size)) = seen else {
+            let Some((spent, size, denied)) = seen else {
                 local = false;
                 found.push(Found {
                     spent: None,
                     size: None,
+                    denied: None,
                 });
                 continue;
             };
@@ -304,11 +374,16 @@ impl Slices {
                     found.push(Found {
                         spent: Some(expires),
                         size,
+                        denied,
                     });
                 }
                 None => {
                     local = false;
-                    found.push(Found { spent: None, size });
+                    found.push(Found {
+                        spent: None,
+                        size,
+                        denied,
+                    });
                 }
             }
         }
@@ -316,8 +391,17 @@ impl Slices {
         if local && !(low && sizes.is_some()) {
             return Plan::Local(outcomes, taken_ms);
         }
-        // The request goes to the store: what it spent here goes back.
+        // The request is not admitted here: what it spent here goes back.
         self.give_back(batch, &found);
+        // The rule that denies longest, as the store's answer would.
+        let denied = found
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| f.denied.map(|until| (i, until - now)))
+            .max_by_key(|&(i, wait)| (wait, std::cmp::Reverse(i)));
+        if let Some((index, wait)) = denied {
+            return Plan::Deny(index, wait);
+        }
         if let Some(waiting) = waiting.filter(|_| !local) {
             return Plan::Wait(waiting);
         }
@@ -329,7 +413,7 @@ impl Slices {
                 entry.taking_until_ms = now + TAKE_PATIENCE_MS;
             });
         }
-        Plan::Take(sizes, epoch)
+        Plan::Take(sizes)
     }
 
     fn give_back(&self, batch: &Batch<'_>, found: &[Found]) {
@@ -342,36 +426,35 @@ impl Slices {
     }
 
     /// A take sent at `sent` (this instance's clock) admitted `batch` and
-    /// the slices `sizes`: keeps them (unless the policy changed since
-    /// `epoch`) and returns the outcomes to answer, each `remaining`
-    /// counting what is now held here.
+    /// the slices `sizes`: keeps them and returns the outcomes to answer,
+    /// each `remaining` counting what is now held here. A slice whose key
+    /// is no longer followed under the rule it was taken of (dropped by a
+    /// change of the rule, a store error or the instance stopping) is
+    /// given back instead, never spent.
     pub(super) fn install(
         &self,
         batch: &Batch<'_>,
         sizes: &[u64],
-        epoch: u64,
         mut outcomes: Outcomes,
         (sent, taken_ms): (u64, u64),
         now: u64,
     ) -> Outcomes {
         for (i, outcome) in outcomes.iter_mut().enumerate() {
             let size = sizes[i];
-            // A reload since the take started (or a store error that
-            // dropped every slice): what it took is lost, never spent.
-            self.with_entry(batch, i, false, |entry| {
-                entry.remaining = u64::from(outcome.remaining);
+            let rule = &batch.rules[i];
+            let piece = Piece {
+                units: size,
+                size,
+                expires_ms: sent + lifetime_ms(rule, outcome.reset_after_ms),
+                reset_at_ms: sent + outcome.reset_after_ms,
+                taken_ms,
+                whole_at_ms: taken_ms.saturating_add(outcome.reset_after_ms),
+            };
+            // Created only by a decision under the current policy, which
+            // `with_entry` checks against the take's rule.
+            let kept = self.with_entry(batch, i, false, |entry| {
+                entry.learn(outcome, sent);
                 entry.landed();
-                if entry.epoch != epoch {
-                    return;
-                }
-                let piece = Piece {
-                    units: size,
-                    size,
-                    expires_ms: sent + lifetime_ms(&entry.rule, outcome.reset_after_ms),
-                    reset_at_ms: sent + outcome.reset_after_ms,
-                    taken_ms,
-                    whole_at_ms: taken_ms.saturating_add(outcome.reset_after_ms),
-                };
                 entry.place(piece, now);
                 let capacity = entry.rule.rule().capacity();
                 let remaining = entry
@@ -380,17 +463,24 @@ impl Slices {
                     .min(capacity);
                 outcome.remaining = u32::try_from(remaining).unwrap_or(u32::MAX);
             });
+            if kept.is_none() {
+                let key = self.entries.key(batch, i, batch.shard);
+                self.drop_pieces(rule, key.parts(), [piece]);
+            } else {
+                self.next_expiry
+                    .fetch_min(piece.expires_ms, Ordering::Relaxed);
+            }
         }
         outcomes
     }
 
     /// The store answered an eligible `batch`, exactly or (`take`) a take
-    /// it denied: what each rule's `remaining` is now, and after a take, no
-    /// take under way.
-    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome], take: bool) {
+    /// it denied, to a call sent at `sent`: what each rule's `remaining`
+    /// is now, and after a take, no take under way.
+    pub(super) fn learn(&self, batch: &Batch<'_>, outcomes: &[Outcome], take: bool, sent: u64) {
         for (i, outcome) in outcomes.iter().enumerate() {
             self.with_entry(batch, i, false, |entry| {
-                entry.remaining = u64::from(outcome.remaining);
+                entry.learn(outcome, sent);
                 if take {
                     entry.landed();
                 }
@@ -403,50 +493,5 @@ impl Slices {
         for i in 0..batch.rules.len() {
             self.with_entry(batch, i, false, Entry::landed);
         }
-    }
-
-    /// Takes every live slice out, to give back (the instance is
-    /// stopping): per piece, its rule, the bucket it was taken from and
-    /// its units; no decision is answered from them any more, and takes
-    /// under way keep nothing.
-    pub(crate) fn drain(&self, now: u64) -> Vec<Unspent> {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut unspent = Vec::new();
-        self.entries.drain(|key, entry| {
-            let (Ok(tenant), Ok(subject)) = (
-                std::str::from_utf8(key.tenant()),
-                std::str::from_utf8(key.subject()),
-            ) else {
-                return;
-            };
-            for piece in entry.pieces.iter().filter(|p| p.live(now)) {
-                unspent.push(Unspent {
-                    rule: entry.rule.clone(),
-                    tenant: tenant.to_owned(),
-                    subject: (!subject.is_empty()).then(|| subject.to_owned()),
-                    shard: key.shard(),
-                    units: piece.units,
-                    // When the store took the units, on its clock (a
-                    // fixed window gives back only into that window).
-                    at_ms: piece.taken_ms,
-                    whole_at_ms: piece.whole_at_ms,
-                });
-            }
-        });
-        unspent
-    }
-
-    /// Drops every slice (the policy changed): what they held is lost,
-    /// and takes under way keep nothing.
-    pub fn clear(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        self.entries.clear();
-    }
-
-    /// Forgets keys that hold nothing and were not decided in the last
-    /// two seconds.
-    pub fn sweep(&self, now: u64) {
-        self.entries
-            .retain(|e| e.held(now) > 0 || now / 1_000 <= e.second + 1);
     }
 }

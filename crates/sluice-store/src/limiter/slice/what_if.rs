@@ -26,13 +26,13 @@
 //! runs where slices do, on Redis and Redis Cluster. At most
 //! [`MAX_KEYS`](super::MAX_KEYS) keys are followed; a key idle for two
 //! seconds whose copies are both as good as fresh is forgotten, and every
-//! key on a reload.
+//! key whose rule a reload or an override changes.
 
-use sluice_core::{BoundRule, Rule, State};
+use sluice_core::{BoundRule, Policy, Rule, State};
 
 use super::entry::{Entry, Piece};
 use super::keys::KeyMap;
-use super::{lifetime_ms, slice_size};
+use super::{lifetime_ms, same_terms, slice_size};
 use crate::store::Batch;
 
 /// One key of a shadow rule with a tolerance, replayed both ways.
@@ -58,7 +58,7 @@ struct Replay {
 impl Replay {
     fn new(bound: &BoundRule, parts: u64) -> Replay {
         let rule = bound.rule().share(parts);
-        let mut entry = Entry::new(bound, 0);
+        let mut entry = Entry::new(bound);
         entry.remaining = rule.capacity();
         Replay {
             rule,
@@ -195,8 +195,9 @@ impl WhatIfs {
             let replay = map
                 .entry(owned)
                 .or_insert_with(|| Replay::new(bound, parts));
-            if replay.parts != parts {
-                // Another number of instances: another share, afresh.
+            if replay.parts != parts || !same_terms(&replay.entry.rule, bound) {
+                // Another number of instances: another share, afresh; or
+                // the rule changed under it.
                 *replay = Replay::new(bound, parts);
             }
             let over = replay.replay(batch.cost_of(i), now);
@@ -206,13 +207,21 @@ impl WhatIfs {
         }
     }
 
-    /// Forgets every key (the policy changed).
-    pub fn clear(&self) {
-        self.replays.clear();
+    /// The policy is now `policy`: forgets the keys whose rule it changed
+    /// (or no longer holds in shadow mode), keeps the others (as
+    /// [`Slices::keep_unchanged`](super::Slices::keep_unchanged) does).
+    pub fn keep_unchanged(&self, policy: &Policy) {
+        let rules = policy.rules_by_uid();
+        self.replays.retain(|key, replay| {
+            let tenant = std::str::from_utf8(key.tenant()).unwrap_or_default();
+            rules
+                .find(tenant, replay.entry.rule.uid())
+                .is_some_and(|now| now.shadow() && same_terms(&replay.entry.rule, now))
+        });
     }
 
     /// Forgets idle keys whose copies are alike (see `Replay::idle`).
     pub fn sweep(&self, now: u64) {
-        self.replays.retain(|r| !r.idle(now));
+        self.replays.retain(|_, r| !r.idle(now));
     }
 }
