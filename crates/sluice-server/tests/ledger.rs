@@ -41,6 +41,19 @@ fn usage(dir: &std::path::Path) -> (Vec<Value>, String) {
     (lines, stderr)
 }
 
+/// Waits (at most 10 s) until `sluice usage` sums `dir` to `want`.
+async fn usage_reaches(dir: &std::path::Path, want: &Value) {
+    let started = Instant::now();
+    while Value::Array(usage(dir).0) != *want {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}, not {want}",
+            usage(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every line of every file in `dir`.
 fn lines(dir: &std::path::Path) -> Vec<Value> {
     let mut out = Vec::new();
@@ -78,15 +91,7 @@ async fn usage_is_appended_per_tenant_route_and_minute_and_summed() {
         {"tenant": "acme", "period": null, "admitted": 5, "denied": 3},
         {"tenant": "globex", "period": null, "admitted": 2, "denied": 0}
     ]);
-    let started = Instant::now();
-    while Value::Array(usage(&dir).0) != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            usage(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    usage_reaches(&dir, &want).await;
     let line = &lines(&dir)[0];
     assert_eq!(line["route"], "POST /v1/invoices");
     assert_eq!(line["minute"].as_u64().unwrap() % 60_000, 0);
@@ -262,15 +267,7 @@ async fn reservations_are_recorded_at_what_they_finally_cost() {
         {"tenant": "acme", "period": null, "admitted": 1, "denied": 0},
         {"tenant": "globex", "period": null, "admitted": 4, "denied": 0}
     ]);
-    let started = Instant::now();
-    while Value::Array(usage(&dir).0) != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            usage(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    usage_reaches(&dir, &want).await;
     server.stop();
     assert_eq!(Value::Array(usage(&dir).0), want, "nothing more at stop");
     for line in lines(&dir) {
@@ -310,15 +307,7 @@ async fn reports_are_recorded_except_where_the_check_was() {
         {"tenant": "acme", "period": null, "admitted": 3, "denied": 0},
         {"tenant": "globex", "period": null, "admitted": 1, "denied": 0}
     ]);
-    let started = Instant::now();
-    while Value::Array(usage(&dir).0) != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            usage(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    usage_reaches(&dir, &want).await;
     server.stop();
     assert_eq!(Value::Array(usage(&dir).0), want, "nothing more at stop");
     let routes: HashSet<(String, String)> = lines(&dir)
