@@ -208,11 +208,19 @@ impl BoundRule {
         self.uid
     }
 
-    /// Whether clients are told about this rule. Global valves are not:
-    /// their remaining capacity would show other tenants' traffic.
-    /// Shadow rules are not either: they are not enforced.
+    /// Whether clients are told about this rule: never about a hidden one,
+    /// nor about a shadow rule (it is not enforced).
     pub fn advertised(&self) -> bool {
-        !matches!(self.scope, Scope::Global | Scope::Dedupe | Scope::Share) && !self.shadow
+        !self.hidden() && !self.shadow
+    }
+
+    /// Whether what this rule holds is kept from clients, in every answer
+    /// (headers, Envoy descriptor statuses): a global valve's remaining
+    /// capacity, or its gates' (the tenant's share of it), would show
+    /// other tenants' traffic; a duplicate guard's would show what it
+    /// remembers. A denial by one is still a denial.
+    pub fn hidden(&self) -> bool {
+        matches!(self.scope, Scope::Global | Scope::Dedupe | Scope::Share)
     }
 
     /// This rule's `RateLimit-Policy` item.

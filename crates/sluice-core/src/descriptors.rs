@@ -51,6 +51,9 @@ pub struct DescriptorLimit {
     pub requests_per_unit: u32,
     /// As configured, for `current_limit`.
     pub unit: Option<Unit>,
+    /// Given as sluice `rules:`: `current_limit` reports the tightest
+    /// rule itself, not `requests_per_unit`, `unit` and `name`.
+    pub rules_given: bool,
 }
 
 #[derive(Debug, Default)]
@@ -282,6 +285,7 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
             replaces: limit.replaces.clone(),
             requests_per_unit: limit.requests_per_unit,
             unit: limit.unit,
+            rules_given: limit.rules_given,
         });
     }
     for child in &descriptor.children {

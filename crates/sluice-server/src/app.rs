@@ -93,7 +93,7 @@ impl App {
                 subject_key: "subject".to_owned(),
                 fingerprint_key: "fingerprint".to_owned(),
                 config_path: None,
-                all_files: false,
+                all_files: true,
                 merge_domains: false,
                 shadow_mode: false,
                 tolerance: sluice_core::tolerance::Tolerance::EXACT,

@@ -98,6 +98,10 @@ struct Slot {
     idle_at: u64,
     /// Set by the sweeper before it removes the entry.
     dead: bool,
+    /// When something was last given back to it (`gcra` and
+    /// `token_bucket`; see [`Rule::returnable`](sluice_core::Rule::returnable)):
+    /// `refund.lua` and `adjust.lua` keep it in the record's third number.
+    given_back_ms: u64,
 }
 
 impl Entry {
@@ -107,6 +111,7 @@ impl Entry {
                 state: State::Fresh,
                 idle_at: 0,
                 dead: false,
+                given_back_ms: 0,
             }),
         }
     }
@@ -369,6 +374,9 @@ impl MemoryStore {
                 }
                 _ => rule.rule().refund(&slot.state, at, batch.cost_of(i)),
             };
+            if next.is_some() && rule.rule().algorithm().has_burst() {
+                slot.given_back_ms = slot.given_back_ms.max(now);
+            }
             if let Some(state) = next {
                 slot.state = state;
                 slot.idle_at = rule.rule().idle_at(&slot.state);

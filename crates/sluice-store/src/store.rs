@@ -32,6 +32,14 @@ pub struct Batch<'a> {
     /// Per rule, the units it consumes, overriding `cost` (Envoy
     /// descriptors carry their own `hits_addend`). Empty: `cost` for all.
     pub costs: &'a [u64],
+    /// Per rule, for a give-back ([`Change::GiveBack`](crate::Change)):
+    /// when the units given back, as their admission left the rule, would
+    /// have refilled had nothing else happened (the admission's time plus
+    /// its outcome's `reset_after_ms`; 0: not known). Only what the
+    /// admission still holds is given back
+    /// ([`Rule::returnable`](sluice_core::Rule::returnable)). Empty: none
+    /// known.
+    pub whole_at: &'a [u64],
     /// The lease an admission takes of every `concurrency` rule (random,
     /// chosen by the caller); `None`: concurrency rules only check.
     pub lease: Option<u128>,
@@ -83,6 +91,7 @@ impl<'a> Batch<'a> {
             rules,
             partitions: &[],
             costs: &[],
+            whole_at: &[],
             lease: None,
             valve_turn: None,
         }

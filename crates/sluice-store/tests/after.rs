@@ -74,7 +74,7 @@ async fn a_settle_gives_back_or_takes_the_difference_once() {
     // Reserve 600, use 100: 500 come back.
     let estimate = request(600);
     let decision = limiter.decide(&policy, &estimate).await;
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     let settled = limiter
         .settle(&policy, &reservation, 100, 60_000)
         .await
@@ -99,7 +99,7 @@ async fn a_settle_gives_back_or_takes_the_difference_once() {
     let estimate = request(800);
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed);
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     let settled = limiter
         .settle(&policy, &reservation, 1_200, 60_000)
         .await
@@ -180,7 +180,7 @@ global:
     let estimate = request(60);
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed);
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     let before = held().await;
     let settled = limiter
         .settle(&policy, &reservation, 5_000, 60_000)
@@ -236,7 +236,7 @@ async fn a_settle_an_earlier_version_applied_is_not_applied_again() {
     let policy = limiter.policy();
     let estimate = request(600);
     let decision = limiter.decide(&policy, &estimate).await;
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     // The version before settled it at 100: its marker holds "100".
     let own = policy.own_rules("acme", "POST /v1/chat", false);
     let batch = sluice_store::Batch::new("acme", None, 500, own);

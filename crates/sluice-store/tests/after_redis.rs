@@ -50,7 +50,7 @@ async fn a_settle_below_the_estimate_gives_back_a_sliding_logs_entries() {
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     let settled = limiter
         .settle(&policy, &reservation, 2, 60_000)
         .await
@@ -74,7 +74,7 @@ async fn an_expiry_and_a_settle_meet_on_the_shard_that_admitted() {
     assert!(limiter.decide(&policy, &of_a(1)).await.allowed);
     let estimate = of_a(5);
     let decision = limiter.decide(&policy, &estimate).await;
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
     // Claimed as expired first: a late settle finds the claim, and the
     // estimate stands.

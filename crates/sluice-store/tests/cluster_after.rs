@@ -98,7 +98,7 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     let estimate = request(1);
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed, "{decision:?}");
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
     assert!(!limiter.decide(&policy, &request(1)).await.allowed);
     // Five more `tokens` on shard 1, besides the reservation's one: what a

@@ -60,8 +60,11 @@ fn rule() -> impl Strategy<Value = String> {
 enum Step {
     Decide,
     Debit,
-    /// Give back part of the last admission.
-    GiveBack,
+    /// Give back part of an admission still open (the one picked, modulo
+    /// their number), naming when each rule would have refilled or not:
+    /// what it returns depends on the time since, and on give-backs made
+    /// in between.
+    GiveBack(u8, bool),
     /// A debit under a settle marker: a new one, the same one again, or
     /// the same id with another value.
     Settle(u8),
@@ -74,7 +77,7 @@ fn steps() -> impl Strategy<Value = Vec<(u64, u64, bool, Step)>> {
     let step = prop_oneof![
         6 => Just(Step::Decide),
         4 => Just(Step::Debit),
-        2 => Just(Step::GiveBack),
+        3 => (any::<u8>(), any::<bool>()).prop_map(|(pick, whole)| Step::GiveBack(pick, whole)),
         2 => (0u8..3).prop_map(Step::Settle),
         1 => Just(Step::Back),
         1 => Just(Step::Forward),
@@ -114,7 +117,10 @@ proptest! {
             .block_on(RedisStore::connect(&server.url(), keys, &ConnectOptions::with_timeout(Duration::from_secs(5))))
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()));
-        let mut admitted: Option<(u64, u64, bool)> = None;
+        // Admissions not yet given back: when, their cost, with the
+        // subject or not, and per rule when it would have refilled.
+        let mut admitted: Vec<(u64, u64, bool, Vec<u64>)> = Vec::new();
+        let mut whole_at = Vec::new();
         let mut settles = 0u8;
         for (i, (gap, cost, with_subject, step)) in steps.into_iter().enumerate() {
             clock.advance(gap);
@@ -130,17 +136,20 @@ proptest! {
                     let actual = runtime.block_on(redis.decide(&batch)).unwrap().outcomes;
                     prop_assert_eq!(expected.as_slice(), actual.as_slice(), "step {} decide at {}: {}", i, clock.now_ms(), yaml);
                     if expected.iter().all(|o| o.allowed) {
-                        admitted = Some((clock.now_ms(), cost, with_subject));
+                        let now = clock.now_ms();
+                        let whole = expected.iter().map(|o| now + o.reset_after_ms).collect();
+                        admitted.push((now, cost, with_subject, whole));
                     }
                     continue;
                 }
                 Step::Debit => (Change::Debit, cost, None),
-                Step::GiveBack => match admitted.take() {
-                    Some((at, spent, subject)) if subject == with_subject => {
-                        (Change::GiveBack { at }, 1 + cost % spent, None)
-                    }
-                    _ => continue,
-                },
+                Step::GiveBack(pick, whole) => {
+                    let open: Vec<usize> = (0..admitted.len()).filter(|&k| admitted[k].2 == with_subject).collect();
+                    if open.is_empty() { continue; }
+                    let (at, spent, _, whole_of) = admitted.remove(open[usize::from(pick) % open.len()]);
+                    whole_at = if whole { whole_of } else { Vec::new() };
+                    (Change::GiveBack { at }, 1 + cost % spent, None)
+                }
                 Step::Settle(kind) => {
                     if kind == 0 { settles += 1; }
                     let value = if kind == 2 { "other".to_owned() } else { format!("c={cost}") };
@@ -148,7 +157,10 @@ proptest! {
                     (Change::Debit, cost, Some(marker))
                 }
             };
-            let batch = Batch::new("tenant-a", subject, cost, applicable.rules);
+            let batch = Batch {
+                whole_at: &whole_at,
+                ..Batch::new("tenant-a", subject, cost, applicable.rules)
+            };
             let expected = memory.adjust_now(&batch, change, marker.as_ref()).unwrap();
             let actual = runtime.block_on(redis.adjust(&batch, change, marker.as_ref())).unwrap();
             prop_assert_eq!(expected.marker, actual.marker, "step {} {:?} marker", i, step);

@@ -153,7 +153,7 @@ async fn a_settle_goes_back_to_the_shard_that_admitted() {
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed);
     assert_eq!(decision.shard, 1);
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
     // Nothing used: the 5 go back to shard 1, where they were taken, and
     // the tenant has the rest of its 10 a minute.
@@ -203,7 +203,7 @@ async fn a_settle_after_a_reload_lowered_the_shards_charges_a_shard_still_read()
     assert!(limiter.decide(&policy, &of_a(1)).await.allowed);
     let estimate = of_a(2);
     let decision = limiter.decide(&policy, &estimate).await;
-    let reservation = limiter.reserve(&estimate, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
     // One shard from now on: 10 a minute, 1 used on shard 0.
     let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\ntenants:\n  a: { plan: p, shards: 1 }\n";

@@ -60,7 +60,7 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     }
     let fields = Fields::of(&decision);
     let reservation = reserve
-        .then(|| limiter.reserve(&asked, &decision))
+        .then(|| limiter.reserve(&policy, &asked, &decision))
         .flatten();
     let by_outcome = !policy
         .applicable(asked.tenant, asked.route, asked.subject.is_some())

@@ -235,6 +235,58 @@ impl Rule {
         }
     }
 
+    /// How many of `cost` units that an admission at `at` took from this
+    /// rule a give-back at `now` returns ([`refund`](Self::refund) them):
+    /// what the admission still holds.
+    ///
+    /// On `gcra` and `token_bucket` a bucket refills whatever took its
+    /// units: once the units an estimate took have refilled, giving them
+    /// back would bank them, a second burst on top of the refill. Two
+    /// bounds on what is still missing of them, the larger taken:
+    ///
+    /// - their own refill: `cost·per/limit` ms from `at`, as if the bucket
+    ///   had been whole when they were taken;
+    /// - where they sit: an admission's units lie on top of what the
+    ///   bucket missed before it and drain last, until the bucket as the
+    ///   admission left it would have been whole again had nothing else
+    ///   happened, `whole_at` (the admission's time plus its outcome's
+    ///   `reset_after_ms`, rounded up to the ms: one ms less is taken).
+    ///   What others consumed since only delays the refill; a give-back
+    ///   since may have moved the units down, so this bound holds only
+    ///   when none was made to the rule since `at` (`given_back_ms`, the
+    ///   latest one's time, which the store keeps beside the state), and
+    ///   when `whole_at` is known (not 0).
+    ///
+    /// Whole units, rounded down: a give-back never returns more than had
+    /// the admission cost less in the first place (`tests/give_back.rs`).
+    /// The window algorithms give back into the window the units were
+    /// counted in ([`refund`](Self::refund)'s `at`), which forgets them
+    /// when it ends: all `cost` units. The twin of `returnable` in
+    /// `common.lua`.
+    pub fn returnable(
+        &self,
+        cost: u64,
+        at: u64,
+        whole_at: u64,
+        given_back_ms: u64,
+        now: u64,
+    ) -> u64 {
+        if !self.algorithm().has_burst() {
+            return cost;
+        }
+        // In units of 1/limit ms, in 128 bits (years of milliseconds times
+        // a large limit overflow 64).
+        let (limit, per) = (u128::from(self.limit()), u128::from(self.period_ms()));
+        let since = u128::from(now.saturating_sub(at));
+        let own = (u128::from(cost) * per).saturating_sub(since * limit);
+        let queued = if whole_at == 0 || given_back_ms >= at {
+            0
+        } else {
+            u128::from(whole_at.saturating_sub(1).saturating_sub(now)) * limit
+        };
+        u64::try_from(own.max(queued) / per).map_or(cost, |units| units.min(cost))
+    }
+
     /// [`decide`](Self::decide) for a state already [`repair`](Self::repair)ed
     /// at `now` (stores repair under their lock first, then decide): the
     /// same answer without checking for a repair again.

@@ -74,10 +74,11 @@ pub struct EnvoyServiceConfig {
     /// Descriptor entry key carrying the duplicate guard's fingerprint.
     pub fingerprint_key: String,
     /// envoyproxy/ratelimit configuration: a YAML file, or a directory of
-    /// `*.yaml` files.
+    /// them (its subdirectories included).
     pub config_path: Option<PathBuf>,
-    /// A directory's files: `*.yaml` only, or every file but dot files (as
-    /// envoyproxy/ratelimit's runtime directory loads them).
+    /// A directory's files: every file but dot files (the default, as
+    /// envoyproxy/ratelimit's runtime directory loads them), or only
+    /// `*.yaml` and `*.yml` ones (`envoy.files: yaml`).
     pub all_files: bool,
     /// Domains split over several files are merged (envoyproxy/ratelimit's
     /// `MERGE_DOMAIN_CONFIG`) instead of refused.

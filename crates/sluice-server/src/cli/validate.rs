@@ -34,7 +34,7 @@ fn envoy(path: &std::path::Path, all_files: bool, merge: bool) -> ExitCode {
 
 pub(super) fn run(args: ValidateArgs) -> ExitCode {
     if args.file.is_dir() {
-        return envoy(&args.file, false, false);
+        return envoy(&args.file, true, false);
     }
     let origin = args.file.display().to_string();
     let text = match std::fs::read_to_string(&args.file) {
@@ -45,7 +45,7 @@ pub(super) fn run(args: ValidateArgs) -> ExitCode {
         }
     };
     if is_envoy_file(&text) {
-        return envoy(&args.file, false, false);
+        return envoy(&args.file, true, false);
     }
     match Config::from_yaml(&text, &origin) {
         Ok(config) => {

@@ -4,22 +4,43 @@
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
+use sluice_core::decision::Known;
+use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::{BoundRule, Decision, Reason};
 
 use super::RateLimiter;
-use super::units::proto_unit;
+use super::units::current_limit;
 use super::{stats, zero_limit};
 
 /// The configured form of a descriptor's limit: requests per unit, unit,
-/// name.
+/// name (`None`: its rules answer each for itself).
 pub(super) type Configured = Option<(u32, Option<Unit>, Option<String>)>;
+
+/// The form `limit` is answered in: as configured (`rate_limit`, or a
+/// `limit` override), or, for sluice `rules:`, by each rule itself.
+pub(super) fn configured(limit: &DescriptorLimit) -> Configured {
+    (!limit.rules_given).then(|| (limit.requests_per_unit, limit.unit, limit.name.clone()))
+}
+
+/// The `current_limit` of a descriptor whose tightest rule is `rule`: its
+/// limit as `configured`, named as configured (an unnamed limit has no
+/// name, as envoyproxy/ratelimit answers), else the rule's own.
+pub(super) fn reported_limit(configured: &Configured, rule: &BoundRule) -> RateLimit {
+    match configured {
+        Some((rpu, unit, name)) => current_limit(*rpu, *unit, name.as_deref().unwrap_or("")),
+        None => current_limit(
+            u32::try_from(rule.rule().limit()).unwrap_or(u32::MAX),
+            Unit::of_ms(rule.rule().period_ms()),
+            rule.name(),
+        ),
+    }
+}
 
 /// Everything decided about one request, ready to become an answer.
 pub(super) struct Verdict<'p> {
@@ -183,30 +204,38 @@ fn descriptor_status(
     // The store was unreachable and the failure policy denied: every
     // descriptor with rules is over.
     let failed_closed = decision.reason == Some(Reason::StoreUnavailable) && !owned.is_empty();
-    let tightest = known().min_by_key(|(_, o)| o.remaining);
-    let current_limit = tightest.map(|(r, _)| {
-        let rule = decision.rules[r].rule();
-        let (rpu, unit) = match configured {
-            Some((rpu, unit, _)) => (*rpu, *unit),
-            None => (
-                u32::try_from(rule.limit()).unwrap_or(u32::MAX),
-                Unit::of_ms(rule.period_ms()),
-            ),
-        };
-        RateLimit {
-            name: decision.rules[r].name().to_owned(),
-            requests_per_unit: rpu,
-            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-        }
-    });
+    // A denial decided without any outcome (the store too slow to read
+    // the standing of a request that can never fit) names its rule.
+    let named = (!decision.allowed && decision.known() == Known::Nothing)
+        .then(|| decision.policy())
+        .flatten()
+        .and_then(|p| {
+            owned
+                .iter()
+                .copied()
+                .find(|&r| std::ptr::eq(p, &decision.rules[r]))
+        });
+    let over = denied || failed_closed || named.is_some();
+    // What a hidden rule holds (a valve's capacity, a fair share) is never
+    // shown, as in the `RateLimit` headers: it would show other tenants'
+    // traffic. Its denial still makes the descriptor over.
+    let tightest = known()
+        .filter(|&(r, _)| !decision.rules[r].hidden())
+        .min_by_key(|(_, o)| o.remaining);
     DescriptorStatus {
-        code: if denied || failed_closed {
-            Code::OverLimit
+        code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit: tightest
+            .map(|(r, _)| r)
+            .or(named.filter(|&r| !decision.rules[r].hidden()))
+            .map(|r| reported_limit(configured, &decision.rules[r])),
+        // Over, nothing remains for this descriptor now, as
+        // envoyproxy/ratelimit answers (a bucket may still hold less than
+        // the hits asked for).
+        limit_remaining: if over {
+            0
         } else {
-            Code::Ok
-        } as i32,
-        current_limit,
-        limit_remaining: tightest.map_or(0, |(_, o)| o.remaining),
+            tightest.map_or(0, |(_, o)| o.remaining)
+        },
         // Whole seconds, rounded up, as envoyproxy/ratelimit reports them
         // (never before the window actually resets).
         duration_until_reset: tightest.map(|(_, o)| ProtoDuration {

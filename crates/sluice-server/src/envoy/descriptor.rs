@@ -66,6 +66,7 @@ pub(super) fn override_limit(
         replaces: Vec::new(),
         requests_per_unit,
         unit: Some(unit),
+        rules_given: false,
     }
 }
 

@@ -9,10 +9,7 @@
 use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::policy::Applicable;
@@ -20,10 +17,9 @@ use sluice_core::{BoundRule, Decision};
 use sluice_store::{Keyed, PeekedRule};
 
 use super::RateLimiter;
-use super::answer::Verdict;
+use super::answer::{Verdict, configured, reported_limit};
 use super::descriptor::{counted_entries, descriptor_partition, override_limit};
 use super::request::Descriptor;
-use super::units::proto_unit;
 use super::{CHECK_ONLY_BUDGET, zero_limit};
 
 /// The limit that applies to one descriptor of a request.
@@ -44,6 +40,29 @@ impl Found<'_> {
             Found::Config(found) => Some(found.limit),
             Found::Override(limit) => Some(limit),
         }
+    }
+}
+
+/// The bucket descriptor `d` counts in: its entries, the values a
+/// `share_threshold` wildcard matched counted under the pattern.
+fn bucket(domain: &str, d: &Descriptor<'_>, found: &Found<'_>) -> String {
+    let shared = match found {
+        Found::Config(found) => &found.shared[..],
+        _ => &[],
+    };
+    descriptor_partition(domain, &counted_entries(&d.entries, shared))
+}
+
+/// What a descriptor's `cost` counts in `rule`: all of it, but never more
+/// than a shadow-mode limit can hold. Past its capacity the request could
+/// never pass, and a limit that never denies would deny it; filled, its
+/// bucket is over for the rest of its window, as envoyproxy/ratelimit's
+/// is. A quota limit's hits all count (its debit, when over).
+fn counted_cost(rule: &BoundRule, cost: u64, quota: bool) -> u64 {
+    if rule.shadow() && !quota && rule.units(cost) > rule.rule().capacity() {
+        rule.rule().capacity()
+    } else {
+        cost
     }
 }
 
@@ -183,12 +202,10 @@ impl RateLimiter {
         let mut units = 0;
         for &r in debited {
             let d = owner[r];
-            let shared = match &found[d] {
-                Found::Config(found) => &found.shared[..],
-                _ => &[],
-            };
-            let entries = counted_entries(&descriptors[d].entries, shared);
-            keyed.push(descriptor_partition(domain, &entries), descriptors[d].cost);
+            keyed.push(
+                bucket(domain, &descriptors[d], &found[d]),
+                descriptors[d].cost,
+            );
             charged.push(rules[r].clone());
             units += descriptors[d].cost;
         }
@@ -247,12 +264,16 @@ impl RateLimiter {
         let tightest = peeked
             .rows
             .iter()
+            .zip(&limit.rules)
             .map(
-                |PeekedRule {
-                     state,
-                     enforced: rule,
-                     ..
-                 }| {
+                |(
+                    PeekedRule {
+                        state,
+                        enforced: rule,
+                        ..
+                    },
+                    bound,
+                )| {
                     let state = rule.repair(state, now).unwrap_or_else(|| state.clone());
                     let (outcome, _) = rule.decide(&state, now, 1);
                     let before = if outcome.allowed {
@@ -260,10 +281,10 @@ impl RateLimiter {
                     } else {
                         u64::from(outcome.remaining)
                     };
-                    (before.min(rule.capacity()), outcome.reset_after_ms)
+                    (before.min(rule.capacity()), outcome.reset_after_ms, bound)
                 },
             )
-            .min_by_key(|(remaining, _)| *remaining)?;
+            .min_by_key(|(remaining, ..)| *remaining)?;
         let code = if owing && !limit.shadow {
             Code::OverLimit
         } else {
@@ -271,11 +292,7 @@ impl RateLimiter {
         };
         Some(DescriptorStatus {
             code: code as i32,
-            current_limit: Some(RateLimit {
-                name: limit.name.clone().unwrap_or_default(),
-                requests_per_unit: limit.requests_per_unit,
-                unit: limit.unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-            }),
+            current_limit: Some(reported_limit(&configured(limit), tightest.2)),
             limit_remaining: u32::try_from(tightest.0).unwrap_or(u32::MAX),
             duration_until_reset: Some(ProtoDuration {
                 seconds: tightest.1.div_ceil(1_000) as i64,
@@ -335,10 +352,7 @@ impl RateLimiter {
             .collect();
         let configured: Vec<_> = found
             .iter()
-            .map(|f| {
-                f.limit()
-                    .map(|l| (l.requests_per_unit, l.unit, l.name.clone()))
-            })
+            .map(|f| f.limit().and_then(configured))
             .collect();
         let enforced_block = found
             .iter()
@@ -356,16 +370,13 @@ impl RateLimiter {
             }
         } else {
             let mut keyed = Keyed::named(domain);
-            for &d in owner {
-                let shared = match &found[d] {
-                    Found::Config(found) => &found.shared[..],
-                    _ => &[],
-                };
-                let entries = counted_entries(&descriptors[d].entries, shared);
-                keyed.push(descriptor_partition(domain, &entries), descriptors[d].cost);
+            for (rule, &d) in rules.iter().zip(owner) {
+                let cost = counted_cost(rule, descriptors[d].cost, quota[d]);
+                keyed.push(bucket(domain, &descriptors[d], &found[d]), cost);
             }
-            if enforced_block {
-                // Denied by `requests_per_unit: 0`: nothing counted.
+            if enforced_block || zero_limit::never_fits(rules, &keyed) {
+                // Denied by `requests_per_unit: 0`, or by hits a limit can
+                // never hold: nothing counted.
                 zero_limit::decide(&self.app.limiter, Applicable::adhoc(rules), &keyed).await
             } else {
                 self.app

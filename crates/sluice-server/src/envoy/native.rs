@@ -13,10 +13,20 @@ use sluice_store::Keyed;
 use tonic::Status;
 
 use super::RateLimiter;
-use super::answer::Verdict;
+use super::answer::{self, Verdict};
 use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::zero_limit;
+
+/// What a descriptor naming a subject answers for.
+const SUBJECT: &[Scope] = &[Scope::Subject];
+/// What a descriptor naming a route (and no subject) answers for: the
+/// route's rules, valves, their gates and the duplicate guard.
+const ROUTE: &[Scope] = &[Scope::Route, Scope::Global, Scope::Share, Scope::Dedupe];
+/// What a subject descriptor answers for when no descriptor answers for
+/// the route: the route's hidden rules too.
+const SUBJECT_AND_ROUTE_HIDDEN: &[Scope] =
+    &[Scope::Subject, Scope::Global, Scope::Share, Scope::Dedupe];
 
 impl RateLimiter {
     pub(super) async fn decide_native(
@@ -48,13 +58,24 @@ impl RateLimiter {
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());
         // Each descriptor answers for the scope its deepest entry names.
+        // The route's valves, their gates and its duplicate guard are the
+        // route descriptor's, so that it says over when one of them
+        // denies (never what they hold: see `answer`); without a route
+        // descriptor, the subject descriptors' (they name the route too).
+        let has = |d: &Descriptor<'_>, key: &str| d.entries.iter().any(|(k, _)| *k == key);
+        let route_level =
+            |d: &Descriptor<'_>| has(d, &native.route_key) && !has(d, &native.subject_key);
+        let route_answered = descriptors.iter().any(route_level);
         let level = |d: &Descriptor<'_>| {
-            let has = |key: &str| d.entries.iter().any(|(k, _)| *k == key);
-            if has(&native.subject_key) {
-                Some(&[Scope::Subject][..])
-            } else if has(&native.route_key) {
-                Some(&[Scope::Route, Scope::Global][..])
-            } else if has(&native.tenant_key) {
+            if has(d, &native.subject_key) {
+                Some(if route_answered {
+                    SUBJECT
+                } else {
+                    SUBJECT_AND_ROUTE_HIDDEN
+                })
+            } else if has(d, &native.route_key) {
+                Some(ROUTE)
+            } else if has(d, &native.tenant_key) {
                 Some(&[Scope::Tenant][..])
             } else {
                 None
@@ -73,7 +94,10 @@ impl RateLimiter {
         let mut owners = vec![Vec::new(); descriptors.len()];
         let mut configured = vec![None; descriptors.len()];
         let mut blocked = vec![false; descriptors.len()];
-        let decided = if overrides.is_empty() {
+        // More hits than a rule can ever hold: decided as a zero limit is
+        // (below), so that the descriptor that cannot fit says so.
+        let fits = request.cost <= applicable.max_cost;
+        let decided = if overrides.is_empty() && fits {
             for (i, d) in descriptors.iter().enumerate() {
                 if let Some(scopes) = level(d) {
                     owners[i] = (0..applicable.rules.len())
@@ -92,8 +116,9 @@ impl RateLimiter {
             Verdict::native(decision, owners, blocked, configured, 0)
         } else {
             // Overrides add descriptor rules to the plan's, decided
-            // together: the rare path, boxed so that what it holds across
-            // the store call does not size every request's future.
+            // together; a request that cannot fit reads every rule's
+            // standing: the rare paths, boxed so that what they hold
+            // across the store call does not size every request's future.
             return Box::pin(async move {
                 let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
                 // The plan's rules keyed as the limiter keys them, then
@@ -101,7 +126,7 @@ impl RateLimiter {
                 let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
                     blocked[*i] = limit.blocks;
-                    configured[*i] = Some((limit.requests_per_unit, limit.unit, None));
+                    configured[*i] = answer::configured(limit);
                     for rule in limit.rules.iter() {
                         owners[*i].push(rules.len());
                         keyed.push(
@@ -125,7 +150,8 @@ impl RateLimiter {
                     max_cost: u64::MAX,
                     ..applicable
                 };
-                let enforced_block = blocked.iter().any(|b| *b);
+                let enforced_block =
+                    blocked.iter().any(|b| *b) || zero_limit::never_fits(&rules, &keyed);
                 let limiter = &self.app.limiter;
                 let decide = async {
                     if enforced_block {

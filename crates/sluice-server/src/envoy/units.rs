@@ -1,6 +1,7 @@
 //! Envoy's `RateLimit.Unit` and envoyproxy/ratelimit's `unit`, one for
-//! the other.
+//! the other, and the `current_limit` an answer names.
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
 use sluice_core::config::envoy::Unit;
 
@@ -18,8 +19,18 @@ pub(super) fn unit_of_proto(unit: i32) -> Option<Unit> {
     }
 }
 
+/// A status's `current_limit`: `requests_per_unit` per `unit` (unknown
+/// when the period is none of the units), named `name`.
+pub(super) fn current_limit(requests_per_unit: u32, unit: Option<Unit>, name: &str) -> RateLimit {
+    RateLimit {
+        name: name.to_owned(),
+        requests_per_unit,
+        unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
+    }
+}
+
 /// The unit answers name.
-pub(super) fn proto_unit(unit: Unit) -> ProtoUnit {
+fn proto_unit(unit: Unit) -> ProtoUnit {
     match unit {
         Unit::Second => ProtoUnit::Second,
         Unit::Minute => ProtoUnit::Minute,

@@ -1,5 +1,7 @@
 //! A limit of zero (`requests_per_unit: 0`, or a `limit` override of 0):
 //! every request over it, answered as envoyproxy/ratelimit answers it.
+//! [`decide`] also answers a request with more hits than one of its
+//! limits can ever hold: over too, whatever the store holds.
 //!
 //! envoyproxy/ratelimit counts such a descriptor like any other and finds it over the
 //! limit: its status names the limit, has nothing remaining and resets
@@ -8,18 +10,15 @@
 //! consumes nothing for a request over the limit, so their standing is
 //! read from the store (as a `hits_addend: 0` check reads it), not counted.
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as ProtoUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
 use sluice_core::policy::Applicable;
-use sluice_core::{Decision, Outcome, Rule, State};
+use sluice_core::{BoundRule, Decision, Outcome, Rule, State};
 use sluice_store::{Keyed, Limiter};
 
-use super::units::proto_unit;
+use super::units::current_limit;
 use crate::backend::Backend;
 
 /// The time zero limits reset from: the memory store's clock, else this
@@ -45,11 +44,9 @@ pub(super) fn status(
     let unit = configured.as_ref().and_then(|(_, unit, _)| *unit);
     DescriptorStatus {
         code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
-        current_limit: configured.as_ref().map(|(rpu, unit, name)| RateLimit {
-            name: name.clone().unwrap_or_default(),
-            requests_per_unit: *rpu,
-            unit: unit.map_or(ProtoUnit::Unknown, proto_unit) as i32,
-        }),
+        current_limit: configured
+            .as_ref()
+            .map(|(rpu, unit, name)| current_limit(*rpu, *unit, name.as_deref().unwrap_or(""))),
         limit_remaining: 0,
         duration_until_reset: unit.map(|unit| ProtoDuration {
             seconds: calendar_reset_ms(unit, now_ms).div_ceil(1_000) as i64,
@@ -65,11 +62,13 @@ fn calendar_reset_ms(unit: Unit, now_ms: u64) -> u64 {
     unit.ms() - now_ms % unit.ms()
 }
 
-/// The decision for a request a zero limit denies: over the limit,
+/// The decision for a request a zero limit (or hits above a limit's
+/// capacity) denies: over the limit,
 /// nothing counted, with the standing of its other rules (`applicable`,
 /// counting where `keyed` says) read through `limiter`. When the store
 /// does not answer within [`CHECK_ONLY_BUDGET`](super::CHECK_ONLY_BUDGET),
-/// their standing is unknown.
+/// their standing is unknown, but a rule that can never hold the request
+/// is still named (its descriptor answers over).
 pub(super) async fn decide<'p>(
     limiter: &Limiter<Backend>,
     applicable: Applicable<'p>,
@@ -80,7 +79,10 @@ pub(super) async fn decide<'p>(
     }
     let peek = limiter.peek_keyed(applicable.rules, keyed);
     let Ok(Ok(peeked)) = tokio::time::timeout(super::CHECK_ONLY_BUDGET, peek).await else {
-        return Decision::blocked();
+        return match first_never_fitting(applicable.rules, keyed) {
+            Some(index) => Decision::cost_exceeds_capacity_at(applicable, index),
+            None => Decision::blocked(),
+        };
     };
     let costs: Vec<u64> = (0..applicable.rules.len())
         .map(|i| keyed.cost_of(i))
@@ -92,6 +94,23 @@ pub(super) async fn decide<'p>(
         .map(|(read, cost)| standing(&read.enforced, &read.state, peeked.now, *cost))
         .collect();
     Decision::blocked_among(applicable, outcomes, 1, &costs)
+}
+
+/// Whether an enforced rule of `rules` is asked for more than it can ever
+/// hold (its cost where `keyed` counts it): such a request is over, as at
+/// a zero limit, whatever the store holds ([`decide`] says which rule).
+/// Shadow rules never deny (the Envoy domains count at most their
+/// capacity in them).
+pub(super) fn never_fits(rules: &[BoundRule], keyed: &Keyed<'_>) -> bool {
+    first_never_fitting(rules, keyed).is_some()
+}
+
+/// The first rule [`never_fits`] finds.
+fn first_never_fitting(rules: &[BoundRule], keyed: &Keyed<'_>) -> Option<usize> {
+    (0..rules.len()).find(|&i| {
+        let rule = &rules[i];
+        !rule.shadow() && rule.units(keyed.cost_of(i)) > rule.rule().capacity()
+    })
 }
 
 /// What `rule` would answer a request of `cost` now, from `state`.

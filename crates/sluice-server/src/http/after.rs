@@ -42,7 +42,7 @@ pub(super) async fn reserved(app: &App, request: &Request<'_>) -> Response {
         .decide_reserving(request, started, app.limiter.decide(&policy, request))
         .await;
     let answer = decision_answer(&decision);
-    match app.limiter.reserve(request, &decision) {
+    match app.limiter.reserve(&policy, request, &decision) {
         None => answer.map(Body::from).into_response(),
         Some(reservation) => {
             let id = app.reservations.give(reservation);

@@ -84,7 +84,7 @@ pub(super) async fn acquire(
     });
     let mut fields = vec![("lease", lease)];
     if let Some(reservation) = reserving
-        .then(|| app.limiter.reserve(&request, &decision))
+        .then(|| app.limiter.reserve(&policy, &request, &decision))
         .flatten()
     {
         fields.push(("reservation", app.reservations.give(reservation).into()));

@@ -29,9 +29,8 @@ pub struct EnvoyFiles {
 }
 
 impl EnvoyFiles {
-    /// Reads `path`: a file, or a directory's `*.yaml` files (with
-    /// `all_files`, every file but dot files), from the one directory it
-    /// resolves to now.
+    /// Reads `path`: a file, or a directory's files (see [`names`]), from
+    /// the one directory it resolves to now.
     pub fn read(path: &Path, all_files: bool) -> Fallible<EnvoyFiles> {
         if !path.is_dir() {
             let text = std::fs::read_to_string(path)
@@ -84,25 +83,22 @@ fn resolved(dir: &Path) -> Fallible<PathBuf> {
 }
 
 /// Reads envoyproxy/ratelimit configuration from `path` (a file, or a
-/// directory: its `*.yaml` files, or with `all_files` every file but dot
-/// files, read through the one directory it resolves to: see
-/// [`EnvoyFiles`]), with split
-/// domains merged when `merge` is set.
+/// directory's files as [`names`] lists them, read through the one
+/// directory it resolves to: see [`EnvoyFiles`]), with split domains
+/// merged when `merge` is set.
 pub fn load(path: &Path, all_files: bool, merge: bool) -> Fallible<Vec<EnvoyDomain>> {
     EnvoyFiles::read(path, all_files)?.domains(merge)
 }
 
-/// The configuration files under `dir`, relative to it, sorted.
-///
-/// By default (`envoy.files: yaml`) the directory's own `*.yaml` and
-/// `*.yml` files, not its subdirectories'. As envoyproxy/ratelimit's
-/// runtime directory (`envoy.files: all`, which `serve --envoyproxy-env`
-/// sets), every file in it and in its subdirectories, whatever its name,
-/// as envoyproxy/ratelimit's runtime loader walks the tree; but dot files
-/// and dot directories are skipped (its `RUNTIME_IGNOREDOTFILES=true`: a
-/// ConfigMap's `..2024_…` generation directory holds every file a second
-/// time), and a link to a directory is not descended, as its walk does
-/// not descend one. A link to a file is read through.
+/// The configuration files under `dir`, relative to it, sorted: every
+/// file in it and in its subdirectories, whatever its name, as
+/// envoyproxy/ratelimit's runtime loader walks the tree (goruntime reads
+/// every file it meets), or with `all_files` unset (`envoy.files: yaml`)
+/// only the `*.yaml` and `*.yml` ones, subdirectories included. Dot files
+/// and dot directories are skipped (upstream's `RUNTIME_IGNOREDOTFILES=true`:
+/// a ConfigMap's `..2024_…` generation directory holds every file a
+/// second time), and a link to a directory is not descended, as upstream's
+/// walk does not descend one. A link to a file is read through.
 pub fn names(dir: &Path, all_files: bool) -> Fallible<Vec<PathBuf>> {
     let mut names = Vec::new();
     walk(dir, Path::new(""), all_files, &mut names)?;
@@ -117,20 +113,14 @@ fn walk(dir: &Path, under: &Path, all_files: bool, names: &mut Vec<PathBuf>) -> 
     for entry in entries {
         let entry = entry.map_err(|e| format!("cannot read {}: {e}", here.display()))?;
         let name = entry.file_name();
-        let text = name.to_string_lossy();
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
         let path = under.join(&name);
-        let real_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if all_files {
-            if text.starts_with('.') {
-                continue;
-            }
-            if real_dir {
-                walk(dir, &path, all_files, names)?;
-            } else if dir.join(&path).is_file() {
-                names.push(path);
-            }
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml")
-            && dir.join(&path).is_file()
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(dir, &path, all_files, names)?;
+        } else if dir.join(&path).is_file()
+            && (all_files || path.extension().is_some_and(|e| e == "yaml" || e == "yml"))
         {
             names.push(path);
         }
@@ -143,7 +133,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn yaml_files_of_the_directory_or_every_file_of_the_tree() {
+    fn every_file_of_the_tree_or_its_yaml_files() {
         let dir = tempfile::tempdir().unwrap();
         let at = |p: &str| dir.path().join(p);
         for d in ["sub/deeper", ".hidden", "..2024_01_01"] {
@@ -170,7 +160,7 @@ mod tests {
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(shown(false), [".dot.yaml", "a.yaml", "b.yml"]);
+        assert_eq!(shown(false), ["a.yaml", "b.yml", "sub/c.yaml"]);
         assert_eq!(
             shown(true),
             [

@@ -298,10 +298,7 @@ async fn envoyproxy_configuration_on_redis_cluster() {
     // Descriptors have tags of their own, on different slots: the same
     // semantics (all descriptors all or nothing) hold across masters.
     let cluster = RedisCluster::start(3, 0);
-    let storage = format!(
-        "storage:\n  backend: redis-cluster\n  nodes: [{}]\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        cluster.urls().join(", ")
-    );
+    let storage = cluster_storage(&cluster);
     let mut server = start(&storage, "cluster");
     envoyproxy_semantics(&server).await;
     server.stop();

@@ -34,6 +34,7 @@ mod native;
 mod quota;
 mod requests;
 mod sources;
+mod statuses;
 mod tolerance;
 mod zero_limits;
 
@@ -95,14 +96,17 @@ fn start(storage: &str, name: &str) -> Server {
 
 /// `sluice serve` with `files` as its envoyproxy/ratelimit directory.
 fn start_with(storage: &str, name: &str, files: &[(&str, &str)]) -> Server {
+    start_config(&format!("{storage}{SLUICE_CONFIG}"), name, files)
+}
+
+/// `sluice serve` with configuration `yaml` and `files` as its
+/// envoyproxy/ratelimit directory.
+fn start_config(yaml: &str, name: &str, files: &[(&str, &str)]) -> Server {
     let dir = temp_dir("rls");
     for (file, text) in files {
         std::fs::write(dir.path().join(file), text).unwrap();
     }
-    let config = temp_file(
-        &format!("{name}.yaml"),
-        &format!("{storage}{SLUICE_CONFIG}"),
-    );
+    let config = temp_file(&format!("{name}.yaml"), yaml);
     Server::start_with_env(
         &[
             "--config",
@@ -124,6 +128,15 @@ fn redis_storage(redis: &RedisServer) -> String {
     format!(
         "storage:\n  backend: redis\n  url: {}\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
         redis.url()
+    )
+}
+
+/// The `storage` and `keys` sections for `redis-cluster`, with the test
+/// pepper.
+fn cluster_storage(cluster: &RedisCluster) -> String {
+    format!(
+        "storage:\n  backend: redis-cluster\n  nodes: [{}]\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
+        cluster.urls().join(", ")
     )
 }
 

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// Status `i` of `r`: the name of its `current_limit` (empty: none) and
+/// what it has left.
+fn shown(r: &RateLimitResponse, i: usize) -> (String, u32) {
+    let status = &r.statuses[i];
+    let name = status.current_limit.as_ref().map(|l| l.name.clone());
+    (name.unwrap_or_default(), status.limit_remaining)
+}
+
 #[tokio::test]
 async fn the_native_domain_maps_descriptors_onto_plans() {
     let mut server = start("", "native");
@@ -21,6 +29,14 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
             descriptor(&subject),
         ]
     };
+    // More hits than alice's limit (1) can ever hold: her descriptor is
+    // over, with its limit; the others keep their standing; nothing is
+    // consumed.
+    let r = ask(&mut c, "sluice", all(), 2).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(shown(&r, 0), ("tenant-minute".into(), 100));
+    assert_eq!(shown(&r, 2), ("per-user".into(), 0));
+
     let r = ask(&mut c, "sluice", all(), 0).await;
     assert_eq!(codes(&r), [Code::Ok, Code::Ok, Code::Ok]);
     let limit = |i: usize| r.statuses[i].current_limit.as_ref().unwrap().name.clone();
@@ -65,10 +81,14 @@ async fn the_native_domain_maps_descriptors_onto_plans() {
         overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
         Code::Ok
     );
+    // Over on the descriptor that names the route, what the guard
+    // remembers never shown.
+    let r = ask(&mut c, "sluice", pay("f1"), 0).await;
     assert_eq!(
-        overall(&ask(&mut c, "sluice", pay("f1"), 0).await),
-        Code::OverLimit
+        (overall(&r), codes(&r)),
+        (Code::OverLimit, vec![Code::OverLimit])
     );
+    assert_eq!(shown(&r, 0).1, 0);
     assert_eq!(
         overall(&ask(&mut c, "sluice", pay("f2"), 0).await),
         Code::Ok
@@ -137,5 +157,72 @@ async fn sharded_tenants_get_their_whole_limit_through_envoy() {
     }
     assert_eq!(admitted, 100, "the plan's tenant-minute, over all shards");
     drop(c);
+    server.stop();
+}
+
+/// A route with a rule of its own and a fair valve (all tenants, 100 an
+/// hour: nothing refills during the test).
+const VALVED: &str = r#"
+default_plan: free
+plans:
+  free:
+    tenant: [{ name: tenant-hour, algorithm: fixed_window, limit: 1000, per: 1h }]
+    routes:
+      "POST /v": [{ name: v-route, algorithm: fixed_window, limit: 500, per: 1h }]
+global:
+  "POST /v": [{ name: v-valve, algorithm: gcra, limit: 100, per: 1h, burst: 100 }]
+"#;
+
+/// A valve is never shown in a descriptor's status (as it never is in the
+/// `RateLimit` headers): what it has left would show other tenants'
+/// traffic. When it or the tenant's share of it denies, the descriptor
+/// that answers for the route says over.
+async fn valves_stay_hidden(server: &Server) {
+    let mut c = client(server).await;
+    let both = |tenant: &str| {
+        vec![
+            descriptor(&[("tenant", tenant)]),
+            descriptor(&[("tenant", tenant), ("route", "POST /v")]),
+        ]
+    };
+    let route_status = |r: &RateLimitResponse| shown(r, 1);
+    let r = ask(&mut c, "sluice", both("a"), 1).await;
+    assert_eq!(codes(&r), [Code::Ok, Code::Ok]);
+    assert_eq!(route_status(&r), ("v-route".into(), 499));
+    // Another tenant's 40 units change nothing in what `a` is shown.
+    let r = ask(&mut c, "sluice", both("b"), 40).await;
+    assert_eq!(overall(&r), Code::Ok);
+    let r = ask(&mut c, "sluice", both("a"), 1).await;
+    assert_eq!(route_status(&r), ("v-route".into(), 498));
+
+    // `b` drains the valve, past its share: each denial is the route's.
+    let mut denied = 0;
+    for tenant in ["b", "b", "b", "a", "b", "a", "b", "a"] {
+        let r = ask(&mut c, "sluice", both(tenant), 12).await;
+        if overall(&r) == Code::OverLimit {
+            denied += 1;
+            assert_eq!(codes(&r), [Code::Ok, Code::OverLimit], "{tenant}");
+            assert_eq!(route_status(&r), ("v-route".into(), 0), "{tenant}");
+        } else {
+            assert_eq!(route_status(&r).0, "v-route");
+        }
+    }
+    assert!(denied > 0, "the valve (100) was asked for 138");
+    // Without a route descriptor, the subject's (it names the route too)
+    // says over: more than the valve has left.
+    let subject = descriptor(&[("tenant", "a"), ("route", "POST /v"), ("subject", "u")]);
+    let r = ask(&mut c, "sluice", vec![subject], 100).await;
+    assert_eq!(codes(&r), [Code::OverLimit]);
+}
+
+#[tokio::test]
+async fn valves_are_never_shown_and_their_denials_are_the_routes() {
+    let mut server = start_config(VALVED, "valved-memory", &[]);
+    valves_stay_hidden(&server).await;
+    server.stop();
+    let redis = RedisServer::start();
+    let yaml = format!("{}{VALVED}", redis_storage(&redis));
+    let mut server = start_config(&yaml, "valved-redis", &[]);
+    valves_stay_hidden(&server).await;
     server.stop();
 }

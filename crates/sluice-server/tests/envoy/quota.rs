@@ -156,10 +156,7 @@ async fn envoyproxy_quota_sequences_on_redis() {
 #[tokio::test]
 async fn envoyproxy_quota_sequences_on_redis_cluster() {
     let cluster = RedisCluster::start(3, 0);
-    let storage = format!(
-        "storage:\n  backend: redis-cluster\n  nodes: [{}]\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n",
-        cluster.urls().join(", ")
-    );
+    let storage = cluster_storage(&cluster);
     let mut server = start_example(&storage, "quota-cluster");
     quota_mode(&server).await;
     server.stop();

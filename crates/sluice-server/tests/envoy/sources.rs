@@ -3,7 +3,7 @@
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-use crate::common::{Server, temp_dir, temp_file};
+use crate::common::{Server, TempPath, temp_dir, temp_file};
 use crate::{ask, client, descriptor, overall};
 
 /// A file whose domain `domain` allows 1 request per hour per `user`.
@@ -11,6 +11,18 @@ fn one_per_hour(domain: &str) -> String {
     format!(
         "domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: hour, requests_per_unit: 1 }}\n"
     )
+}
+
+/// `sluice serve` with configuration `config` and `--envoy-config dir`.
+fn serve(config: TempPath, dir: tempfile::TempDir) -> Server {
+    Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--envoy-config",
+        dir.path().to_str().unwrap(),
+    ])
+    .keep(config)
+    .keep(dir)
 }
 
 /// The second request of `user` to `domain` is over, the first not.
@@ -43,14 +55,7 @@ async fn envoy_config_on_the_command_line_needs_no_plans() {
         !out.status.success(),
         "alone, a file without plans is refused"
     );
-    let mut server = Server::start(&[
-        "--config",
-        config.to_str().unwrap(),
-        "--envoy-config",
-        dir.path().to_str().unwrap(),
-    ])
-    .keep(config)
-    .keep(dir);
+    let mut server = serve(config, dir);
     limits(&server, "flag").await;
     server.stop();
 }
@@ -102,4 +107,26 @@ async fn the_runtime_directory_is_walked_with_its_subdirectories() {
     limits(&server, "moved").await;
     server.stop();
     drop((runtime, elsewhere));
+}
+
+/// A directory named by `--envoy-config` (or `envoy.config`) is read as
+/// upstream's runtime loader reads one: every file, whatever its
+/// extension, in it and in its subdirectories; `sluice validate` checks
+/// the same files.
+#[tokio::test]
+async fn a_configuration_directory_is_read_as_upstream_reads_it() {
+    let dir = temp_dir("envoy-tree");
+    let team = dir.path().join("team-a");
+    std::fs::create_dir_all(&team).unwrap();
+    std::fs::write(dir.path().join("top.yaml"), one_per_hour("top")).unwrap();
+    std::fs::write(team.join("limits.yaml"), one_per_hour("team")).unwrap();
+    std::fs::write(dir.path().join("limits.conf"), one_per_hour("conf")).unwrap();
+    let (out, _) = crate::common::succeeds(crate::common::sluice().arg("validate").arg(dir.path()));
+    assert!(out.contains("ok (3 domains"), "{out}");
+    let config = temp_file("tree.yaml", "storage: { backend: memory }\n");
+    let mut server = serve(config, dir);
+    for domain in ["top", "team", "conf"] {
+        limits(&server, domain).await;
+    }
+    server.stop();
 }

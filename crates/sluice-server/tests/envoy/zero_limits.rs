@@ -25,7 +25,7 @@ descriptors:
 
 /// `status` names `requests_per_unit` per `unit` (and `name`), with
 /// `remaining` left, resetting within one `unit` (whole seconds).
-fn assert_status(status: &DescriptorStatus, limit: (u32, Unit, &str), remaining: u32) {
+pub(crate) fn assert_status(status: &DescriptorStatus, limit: (u32, Unit, &str), remaining: u32) {
     let current = status.current_limit.as_ref().expect("current_limit");
     assert_eq!(
         (

@@ -54,6 +54,11 @@ pub struct Reservation {
     pub admitted_ms: u64,
     /// The tenant's shard that holds it.
     pub shard: u16,
+    /// Per rule a settle changes ([`Policy::own_rules`]), in order: when
+    /// what it took would have refilled had nothing else happened, ms
+    /// after `admitted_ms` (0: not known). A give-back returns only what
+    /// is still missing of it ([`Batch::whole_at`]); empty: none known.
+    pub whole_after_ms: Vec<u64>,
 }
 
 /// What a settle or a report left: the rules' state after it, as a
@@ -99,8 +104,27 @@ pub enum AfterError {
 impl<S: Store> Limiter<S> {
     /// The reservation of an admitted `decision` of `request` (`None` when
     /// it was denied): its cost is held as an estimate until settled.
-    pub fn reserve(&self, request: &Request<'_>, decision: &Decision<'_>) -> Option<Reservation> {
+    pub fn reserve(
+        &self,
+        policy: &Policy,
+        request: &Request<'_>,
+        decision: &Decision<'_>,
+    ) -> Option<Reservation> {
         let at_ms = self.options.clock.now_ms();
+        // Where each own rule's outcome says it would be whole again.
+        let own = policy.own_rules(request.tenant, request.route, request.subject.is_some());
+        let whole_after_ms = if decision.decided_ms == 0 {
+            Vec::new()
+        } else {
+            own.iter()
+                .map(|rule| {
+                    decision
+                        .known_outcomes()
+                        .find(|(r, _)| r.uid() == rule.uid())
+                        .map_or(0, |(_, o)| o.reset_after_ms)
+                })
+                .collect()
+        };
         decision.allowed.then(|| Reservation {
             id: super::lease::new_lease_id().to_le_bytes(),
             tenant: request.tenant.to_owned(),
@@ -121,6 +145,7 @@ impl<S: Store> Limiter<S> {
                 decision.decided_ms
             },
             shard: decision.shard,
+            whole_after_ms,
         })
     }
 
@@ -156,10 +181,22 @@ impl<S: Store> Limiter<S> {
             ttl_ms: marker_ttl_ms,
             shard: reservation.shard,
         };
+        // Per rule, when what the estimate took would have refilled (a
+        // reload that changed the rules since: not known).
+        let whole_at: Vec<u64> = if reservation.whole_after_ms.len() == own.len() {
+            let whole = |after: &u64| match after {
+                0 => 0,
+                after => reservation.admitted_ms.saturating_add(*after),
+            };
+            reservation.whole_after_ms.iter().map(whole).collect()
+        } else {
+            Vec::new()
+        };
         // A reload may have lowered the tenant's shards since: the change
         // goes to the shard that now holds the one that admitted.
         let batch = Batch {
             shard: reservation.shard % applicable.shards.max(1),
+            whole_at: &whole_at,
             ..Batch::new(&reservation.tenant, subject, units, own)
         };
         let adjusted = self

@@ -170,8 +170,10 @@ impl<S: Store> Limiter<S> {
         let mut given = 0;
         for unspent in self.slices.drain(now) {
             let rules = std::slice::from_ref(&unspent.rule);
+            let whole_at = [unspent.whole_at_ms];
             let batch = Batch {
                 shard: unspent.shard,
+                whole_at: &whole_at,
                 ..Batch::new(
                     &unspent.tenant,
                     unspent.subject.as_deref(),

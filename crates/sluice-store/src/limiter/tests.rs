@@ -75,7 +75,7 @@ async fn a_reservation_the_failure_policy_admitted_holds_nothing_in_the_store() 
     let decision = limiter.decide(&policy, &request).await;
     assert_eq!(decision.degraded, Some(OnError::Allow));
     // The store took nothing: a settle charges the whole actual cost.
-    let reservation = limiter.reserve(&request, &decision).unwrap();
+    let reservation = limiter.reserve(&policy, &request, &decision).unwrap();
     assert_eq!((reservation.estimate, reservation.held), (7, 0));
 }
 

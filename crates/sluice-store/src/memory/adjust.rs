@@ -83,7 +83,13 @@ impl MemoryStore {
                         Some(debit.step)
                     }
                     Change::GiveBack { at } => {
-                        rule.refund(&slot.state, at, cost).map(Step::Replace)
+                        let whole_at = batch.whole_at.get(i).copied().unwrap_or(0);
+                        let units = rule.returnable(cost, at, whole_at, slot.given_back_ms, now);
+                        let next = rule.refund(&slot.state, at, units);
+                        if next.is_some() && rule.algorithm().has_burst() {
+                            slot.given_back_ms = slot.given_back_ms.max(now);
+                        }
+                        next.map(Step::Replace)
                     }
                     Change::Nothing => None,
                 };

@@ -12,6 +12,9 @@
 --              answer); otherwise the admission time (ms) of what is given
 --              back
 -- ARGV[4]      the marker's value ("": no marker), ARGV[5] its life (ms)
+-- ARGV[6]      with a give-back: per rule, when its units would have
+--              refilled (see give_back in common.lua), little-endian
+--              doubles; "" or absent: not known
 --
 -- Returns a string of little-endian doubles: now, the marker's answer (0:
 -- applied or no marker; 1: the same value was applied before, nothing
@@ -75,7 +78,7 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     forgiven = cost - charged + ceil_div(excess, per)
     local idle = ms
     if frac > 0 then idle = ms + 1 end
-    write_record(key, name, idle, ms, frac, 0, now)
+    write_record(key, name, idle, ms, frac, z, now)
   elseif algorithm == 2 then
     -- token_bucket: owing, it refills from a moment ahead of now.
     local capacity = burst * per
@@ -101,7 +104,7 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
       tokens, last = ahead_ms * limit - owed, now + ahead_ms
       forgiven = cost - charged + ceil_div(excess, per)
     end
-    write_record(key, name, last + ceil_div(max(0, capacity - tokens), limit), tokens, last, 0, now)
+    write_record(key, name, last + ceil_div(max(0, capacity - tokens), limit), tokens, last, z, now)
   elseif algorithm == 5 then
     -- fixed_window: the window of now counts it, owing beyond limit.
     local start, count = window_of(x, y, now, limit, per, aligned)
@@ -142,6 +145,7 @@ local function adjust(KEYS, ARGV)
   local at = 0
   if not (debit or nothing) then at = num(ARGV[3]) end
   local marker = ARGV[4] or ''
+  local wholes = ARGV[6] or ''
   local answer = 0
   if marker ~= '' then
     local key = KEYS[#KEYS]
@@ -163,7 +167,9 @@ local function adjust(KEYS, ARGV)
     local forgiven = 0
     if answer == 0 and cost > 0 and not nothing then
       if not debit then
-        give_back(key, algorithm, limit, per, burst, cost, name, at, now, '')
+        local whole = 0
+        if wholes ~= '' then whole = sunpack('<d', wholes, 8 * i - 7) end
+        give_back(key, algorithm, limit, per, burst, cost, name, at, now, '', whole)
       elseif algorithm == 3 then
         forgiven = debit_log(key, now, cost, limit, per, max_debt)
       elseif algorithm ~= 6 then

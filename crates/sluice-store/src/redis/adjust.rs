@@ -29,6 +29,9 @@ pub struct AdjustCall {
     change: String,
     /// The marker's key, value and life, when the call carries one.
     marker: Option<(String, String, u64)>,
+    /// Per rule, for a give-back, when its units would have refilled
+    /// (little-endian doubles; empty: not known).
+    whole_at: Vec<u8>,
 }
 
 impl AdjustCall {
@@ -43,6 +46,16 @@ impl AdjustCall {
         marker: Option<(String, String, u64)>,
         time: &TimeSource,
     ) -> AdjustCall {
+        let whole_at = match change {
+            Change::GiveBack { .. } if !batch.whole_at.is_empty() => selection
+                .each(batch.rules.len())
+                .flat_map(|i| {
+                    let whole = batch.whole_at.get(i).copied().unwrap_or(0);
+                    (whole as f64).to_le_bytes()
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let (rules, _) = PackedRules::new(batch, selection, keys, records);
         let change = match change {
             Change::Debit => "D".to_owned(),
@@ -54,6 +67,7 @@ impl AdjustCall {
             header: header(time, None),
             change,
             marker,
+            whole_at,
         }
     }
 
@@ -76,6 +90,9 @@ impl AdjustCall {
                 Some((_, value, ttl)) => cmd.arg(value).arg(*ttl),
                 None => cmd.arg("").arg(0),
             };
+            if !self.whole_at.is_empty() {
+                cmd.arg(self.whole_at.as_slice());
+            }
         }
         (evalsha, eval)
     }

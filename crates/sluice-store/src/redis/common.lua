@@ -126,11 +126,39 @@ local function arguments(ARGV)
   return rules, n, now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
 end
 
+-- How many of cost units that an admission at `at` took from a gcra or
+-- token_bucket rule a give-back at now returns: the larger of what their
+-- own refill leaves and, when whole (when the bucket as the admission left
+-- it was whole again; 0: not known) is known and no give-back was made
+-- since (given, the latest one's time), what lies above whole - 1 ms. The
+-- twin of Rule::returnable (compared before multiplying, so products stay
+-- under 2^53).
+local function returnable(cost, at, whole, given, now, limit, per)
+  local need = cost * per
+  local own_ms = ceil_div(need, limit)
+  local held = 0
+  local since = max(0, now - at)
+  if since < own_ms then held = need - since * limit end
+  if whole ~= 0 and given < at then
+    local left = whole - 1 - now
+    if left >= own_ms then return cost end
+    if left > 0 and left * limit > held then held = left * limit end
+  end
+  return min(cost, idiv(held, per))
+end
+
 -- Gives back cost units of one rule that an admission at `at` consumed,
 -- from its state as it is now (others may have consumed since), and
 -- releases lease from a concurrency rule; returns 1 when that lease was
 -- still held (see refund.lua). The twin of Rule::refund and Rule::release.
-local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease)
+--
+-- whole (gcra and token_bucket; nil for an undo right after the
+-- admission, which gives back everything): when the units would have
+-- refilled had nothing else happened (0: not known). Only what is still
+-- held is given back (returnable), so that units the bucket refilled
+-- already are not given twice. The record's third number keeps the time
+-- of the latest give-back (decisions and debits keep it).
+local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease, whole)
   local released = 0
   if algorithm == 6 then
     if lease ~= '' then
@@ -151,6 +179,10 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
     if pos then
       local idle, a, b, c = sunpack(STATE, value, pos + 8)
       local updated = true
+      if whole and algorithm <= 2 then
+        cost = returnable(cost, at, whole, c, now, limit, per)
+      end
+      if algorithm <= 2 then c = max(c, now) end
       if algorithm == 1 then
         -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
         -- milliseconds (never multiplying ms by limit: beyond 2^53).

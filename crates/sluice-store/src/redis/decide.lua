@@ -65,7 +65,7 @@ local calls = 0
 -- else is; nil otherwise). The divisions of the common path are idiv
 -- written out (a call costs more than its arithmetic).
 
-local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst, _, max_debt)
+local function gcra(name, found, ms, frac, given, now, cost, limit, per, burst, _, max_debt)
   if frac >= limit then
     local q = idiv(frac, limit)
     ms, frac = ms + q, frac - q * limit
@@ -84,7 +84,7 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst, _, m
       ms, frac = now + q, capacity - q * limit
       fixed_idle = ms
       if frac > 0 then fixed_idle = ms + 1 end
-      fixed = spack(RECORD, name, fixed_idle, ms, frac, 0)
+      fixed = spack(RECORD, name, fixed_idle, ms, frac, given)
     end
   end
   local bms, bfrac = now, 0
@@ -103,7 +103,7 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst, _, m
     local r = left / per
     r = r - r % 1
     return 1, r, nms - now + nround, 0,
-      spack(RECORD, name, nms + nround, nms, nfrac, 0), nms + nround, fixed, fixed_idle
+      spack(RECORD, name, nms + nround, nms, nfrac, given), nms + nround, fixed, fixed_idle
   end
   local base_ahead = (bms - now) * limit + bfrac
   local remaining = 0
@@ -114,7 +114,7 @@ local function gcra(name, found, ms, frac, _, now, cost, limit, per, burst, _, m
     nil, nil, fixed, fixed_idle
 end
 
-local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, burst, _, max_debt)
+local function token_bucket(name, found, tokens, at, given, now, cost, limit, per, burst, _, max_debt)
   local capacity = burst * per
   local available, last = capacity, now
   local fixed, fixed_idle
@@ -124,7 +124,7 @@ local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, b
       -- back): the same tokens, refilling from now.
       at = now
       fixed_idle = now + ceil_div(max(0, capacity - tokens), limit)
-      fixed = spack(RECORD, name, fixed_idle, tokens, now, 0)
+      fixed = spack(RECORD, name, fixed_idle, tokens, now, given)
     end
     -- Below zero while owing (refilling from a moment ahead of now).
     available = min(capacity, tokens + (now - at) * limit)
@@ -134,7 +134,7 @@ local function token_bucket(name, found, tokens, at, _, now, cost, limit, per, b
     local left = available - need
     local full_in = ceil_div(capacity - left, limit)
     return 1, idiv(left, per), full_in, 0,
-      spack(RECORD, name, last + full_in, left, last, 0), last + full_in, fixed, fixed_idle
+      spack(RECORD, name, last + full_in, left, last, given), last + full_in, fixed, fixed_idle
   end
   return 0, idiv(max(0, available), per), ceil_div(capacity - available, limit),
     max(1, ceil_div(need - available, limit)), nil, nil, fixed, fixed_idle

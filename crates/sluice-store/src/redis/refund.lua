@@ -23,7 +23,8 @@
 -- cost·per/limit, token_bucket adds the tokens back, the window algorithms
 -- take the units off the window they were counted in (if it is still
 -- there), sliding_log removes that many entries of the admission time,
--- concurrency removes the lease. TTLs are kept.
+-- concurrency removes the lease. TTLs are kept. gcra and token_bucket note
+-- the time in their record (see give_back).
 
 bind()
 local rules, n, now, lease = arguments(ARGV)

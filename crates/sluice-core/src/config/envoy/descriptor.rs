@@ -117,6 +117,7 @@ fn descriptors(
                     requests_per_unit: named.first().map_or(0, |r| r.rule.limit() as u32),
                     unit: named.first().and_then(|r| Unit::of_ms(r.rule.period_ms())),
                     rules: named,
+                    rules_given: true,
                 })
             }
             (None, None) => None,

@@ -68,6 +68,10 @@ pub struct EnvoyLimit {
     /// The rules enforced (empty when unlimited, or when
     /// `requests_per_unit` is 0: such a limit denies every request).
     pub rules: Vec<NamedRule>,
+    /// Given as sluice `rules:` rather than `rate_limit`: answers report
+    /// the tightest rule itself (its name, limit and period), not a
+    /// configured `requests_per_unit` per `unit`.
+    pub rules_given: bool,
 }
 
 impl EnvoyLimit {

@@ -143,6 +143,7 @@ pub(super) fn rate_limit(
         requests_per_unit,
         unit,
         rules,
+        rules_given: false,
     })
 }
 

@@ -24,8 +24,11 @@ impl Validator<'_> {
             subject_key: text(raw.subject_key, "envoy.subject_key", "subject"),
             fingerprint_key: text(raw.fingerprint_key, "envoy.fingerprint_key", "fingerprint"),
             config_path: raw.config.map(|c| PathBuf::from(c.value)),
+            // A directory is read as envoyproxy/ratelimit reads its runtime
+            // directory unless `yaml` is asked for: nothing it would load
+            // is left out unasked.
             all_files: match raw.files {
-                None => false,
+                None => true,
                 Some(f) if f.value == "yaml" => false,
                 Some(f) if f.value == "all" => true,
                 Some(f) => {

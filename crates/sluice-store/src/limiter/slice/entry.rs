@@ -17,6 +17,10 @@ pub(super) struct Piece {
     pub(super) reset_at_ms: u64,
     /// When the store took it, on the store's clock.
     pub(super) taken_ms: u64,
+    /// When the rule, as the take left it, would be whole again, on the
+    /// store's clock (what a give-back of it may return:
+    /// [`crate::Batch::whole_at`]).
+    pub(super) whole_at_ms: u64,
 }
 
 impl Piece {

@@ -176,6 +176,9 @@ pub(crate) struct Unspent {
     pub(crate) shard: u16,
     pub(crate) units: u64,
     pub(crate) at_ms: u64,
+    /// When the take's rule, as the take left it, would have been whole
+    /// again (its outcome's reset): see [`crate::Batch::whole_at`].
+    pub(crate) whole_at_ms: u64,
 }
 
 /// What to do for one request.
@@ -367,6 +370,7 @@ impl Slices {
                     expires_ms: sent + lifetime_ms(&entry.rule, outcome.reset_after_ms),
                     reset_at_ms: sent + outcome.reset_after_ms,
                     taken_ms,
+                    whole_at_ms: taken_ms.saturating_add(outcome.reset_after_ms),
                 };
                 entry.place(piece, now);
                 let capacity = entry.rule.rule().capacity();
@@ -425,6 +429,7 @@ impl Slices {
                     // When the store took the units, on its clock (a
                     // fixed window gives back only into that window).
                     at_ms: piece.taken_ms,
+                    whole_at_ms: piece.whole_at_ms,
                 });
             }
         });

@@ -134,6 +134,7 @@ impl Replay {
                 expires_ms: now + lifetime_ms(&entry.rule, taken.reset_after_ms),
                 reset_at_ms: now + taken.reset_after_ms,
                 taken_ms: now,
+                whole_at_ms: now + taken.reset_after_ms,
             };
             entry.place(piece, now);
             return true;

@@ -27,7 +27,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sluice_core::keys::Keyer;
 use sluice_store::Reservation;
 
@@ -38,8 +38,8 @@ pub const MAX_PENDING: usize = 1_000_000;
 /// expire.
 pub struct Reservations {
     cipher: ChaCha20Poly1305,
-    /// The key of the version before, whose ids still open.
-    earlier: Option<ChaCha20Poly1305>,
+    /// The keys of the versions before, whose ids (JSON) still open.
+    earlier: Vec<ChaCha20Poly1305>,
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
@@ -67,8 +67,12 @@ impl std::fmt::Debug for Reservations {
     }
 }
 
-/// What a sealed id holds.
-#[derive(Serialize, Deserialize)]
+mod plain;
+
+pub use plain::MAX_ID_CHARS;
+
+/// What a sealed id of an earlier version holds (JSON).
+#[derive(Deserialize)]
 struct Sealed {
     /// The marker id, hex.
     i: String,
@@ -79,21 +83,17 @@ struct Sealed {
     a: u64,
     /// When it expires (absent from ids sealed before it was: the
     /// opening instance's `reservation_ttl` from `a`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     x: Option<u64>,
     /// When the store admitted it, on its clock (absent before: `a`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     d: Option<u64>,
     /// The tenant's shard that holds it.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default)]
     h: u16,
     /// What the store holds of it (absent before: `e`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     k: Option<u64>,
-}
-
-fn is_zero(shard: &u16) -> bool {
-    *shard == 0
 }
 
 impl Reservations {
@@ -102,17 +102,22 @@ impl Reservations {
     pub fn new(keyer: Option<&Keyer>, ttl_ms: u64) -> Reservations {
         let cipher = |secret: [u8; 32]| ChaCha20Poly1305::new(Key::from_slice(&secret));
         let (current, earlier) = match keyer {
-            // Ids of this version are sealed under a key of their own:
-            // an earlier version cannot open them (it would settle them
-            // on the wrong shard); its ids still open here.
+            // Ids of this version are sealed under a key of their own,
+            // which the key prefix is part of (a staging fleet sharing
+            // production's pepper cannot settle production's ids): an
+            // earlier version cannot open them (it would read them wrong);
+            // its ids still open here.
             Some(keyer) => (
-                keyer.derive("reservations v2"),
-                Some(cipher(keyer.derive("reservations v1"))),
+                keyer.derive(&format!("reservations v3\0{}", keyer.prefix())),
+                vec![
+                    cipher(keyer.derive("reservations v2")),
+                    cipher(keyer.derive("reservations v1")),
+                ],
             ),
             None => {
                 let mut secret = [0u8; 32];
                 getrandom::fill(&mut secret).expect("an entropy source for the reservation key");
-                (secret, None)
+                (secret, Vec::new())
             }
         };
         Reservations {
@@ -150,19 +155,7 @@ impl Reservations {
     /// The id a client holds for `held`.
     pub fn seal(&self, held: &Held) -> String {
         let reservation = &held.reservation;
-        let sealed = Sealed {
-            i: reservation.id.iter().map(|b| format!("{b:02x}")).collect(),
-            t: reservation.tenant.clone(),
-            r: reservation.route.clone(),
-            s: reservation.subject.clone(),
-            e: reservation.estimate,
-            a: reservation.at_ms,
-            x: Some(held.expires_ms),
-            d: Some(reservation.admitted_ms),
-            h: reservation.shard,
-            k: Some(reservation.held),
-        };
-        let plain = serde_json::to_vec(&sealed).expect("a reservation serialises");
+        let plain = plain::encode(held);
         let mut nonce = [0u8; 12];
         // The marker id's random bits are fresh per reservation (from the
         // entropy source: the key is shared by the fleet, so a nonce must
@@ -180,17 +173,28 @@ impl Reservations {
     /// The reservation `id` names, if it opens and has not expired at
     /// `now_ms`.
     pub fn open(&self, id: &str, now_ms: u64) -> Option<Held> {
-        if id.len() > 4 * 1024 {
+        if id.len() > MAX_ID_CHARS {
             return None;
         }
         let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
         let (nonce, sealed) = bytes.split_at_checked(12)?;
         let nonce = Nonce::from_slice(nonce);
-        let plain = self.cipher.decrypt(nonce, sealed).ok().or_else(|| {
-            let earlier = self.earlier.as_ref()?;
-            earlier.decrypt(nonce, sealed).ok()
-        })?;
-        let sealed: Sealed = serde_json::from_slice(&plain).ok()?;
+        let held = match self.cipher.decrypt(nonce, sealed) {
+            Ok(plain) => plain::decode(&plain)?,
+            Err(_) => {
+                let plain = self
+                    .earlier
+                    .iter()
+                    .find_map(|earlier| earlier.decrypt(nonce, sealed).ok())?;
+                self.opened_json(&plain)?
+            }
+        };
+        (now_ms < held.expires_ms).then_some(held)
+    }
+
+    /// An id of an earlier version (JSON).
+    fn opened_json(&self, plain: &[u8]) -> Option<Held> {
+        let sealed: Sealed = serde_json::from_slice(plain).ok()?;
         let mut marker = [0u8; 16];
         for (i, byte) in marker.iter_mut().enumerate() {
             *byte = u8::from_str_radix(sealed.i.get(2 * i..2 * i + 2)?, 16).ok()?;
@@ -205,11 +209,12 @@ impl Reservations {
             at_ms: sealed.a,
             admitted_ms: sealed.d.unwrap_or(sealed.a),
             shard: sealed.h,
+            whole_after_ms: Vec::new(),
         };
         let expires_ms = sealed
             .x
             .unwrap_or_else(|| reservation.at_ms.saturating_add(self.ttl_ms));
-        (now_ms < expires_ms).then_some(Held {
+        Some(Held {
             reservation,
             expires_ms,
         })
@@ -257,6 +262,7 @@ mod tests {
             at_ms,
             admitted_ms: at_ms + 3,
             shard: 2,
+            whole_after_ms: vec![1_000, 0, 60_000],
         }
     }
 
@@ -306,7 +312,7 @@ mod tests {
         // An instance of the version before: v1 key, none of x, d, h, k.
         let earlier = Reservations {
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.derive("reservations v1"))),
-            earlier: None,
+            earlier: Vec::new(),
             ttl_ms: 300_000,
             pending: Mutex::new(VecDeque::new()),
         };
@@ -335,6 +341,41 @@ mod tests {
             (0, 1_000, 600)
         );
         assert_eq!(opened.expires_ms, 301_000);
+    }
+
+    #[test]
+    fn an_id_at_every_bound_opens_and_fits_a_settles_body() {
+        use sluice_core::request::{MAX_ROUTE_BYTES, MAX_SUBJECT_BYTES, MAX_TENANT_BYTES};
+        let reservations = Reservations::new(None, 300_000);
+        // Control characters, quotes and backslashes: what JSON escaped
+        // into six bytes each (an id of 4,950 characters no settle took).
+        let worst = |n: usize| "\u{1}\"\\".repeat(n / 3 + 1)[..n].to_owned();
+        let reservation = Reservation {
+            tenant: worst(MAX_TENANT_BYTES),
+            route: worst(MAX_ROUTE_BYTES),
+            subject: Some(worst(MAX_SUBJECT_BYTES)),
+            whole_after_ms: vec![u64::MAX; 255],
+            ..reservation(1_000)
+        };
+        let id = reservations.seal(&reservations.hold(reservation.clone()));
+        assert!(id.len() <= MAX_ID_CHARS, "{} characters", id.len());
+        let body = serde_json::json!({"reservation": id, "cost": u32::MAX}).to_string();
+        assert!(
+            body.len() <= crate::http::MAX_BODY_BYTES,
+            "a settle of it is {} bytes",
+            body.len()
+        );
+        assert_eq!(opened(&reservations, &id, 1_000), Some(reservation));
+    }
+
+    #[test]
+    fn another_key_prefix_does_not_open_an_id() {
+        let pepper = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
+        let production = Reservations::new(Some(&Keyer::new("sl", &pepper)), 300_000);
+        let staging = Reservations::new(Some(&Keyer::new("staging", &pepper)), 300_000);
+        let id = production.seal(&production.hold(reservation(1_000)));
+        assert_eq!(opened(&staging, &id, 1_000), None);
+        assert_eq!(opened(&production, &id, 1_000), Some(reservation(1_000)));
     }
 
     #[test]
