@@ -1,7 +1,9 @@
 //! Fair valves with real servers (appendix E): a valve of 100/s on
 //! `POST /v1/orders`, three noisy tenants inside their own ceilings of
-//! 60/s each offering 150/s, one polite tenant sending 10/s, far below its
-//! fair share. Loaded open loop over HTTP (the `sluice bench --scenario
+//! 60/s each offering 80/s (past their ceilings, so that the valve is
+//! asked for 180/s; no more, so that the machine's own load, the servers'
+//! and the load's, stays well under what two shared cores give), one
+//! polite tenant sending 10/s, far below its fair share. Loaded open loop over HTTP (the `sluice bench --scenario
 //! valve` machinery), on the memory store, on Redis with two instances and
 //! on Redis Cluster with two instances (whole valves, and valves split
 //! over 4 keys).
@@ -98,7 +100,7 @@ async fn run(servers: &[Server], polite_rate: f64) -> (Outcome, Vec<Vec<f64>>) {
     let noisy = Class {
         name: "noisy".into(),
         tenants: 3,
-        rate: 150.0,
+        rate: 80.0,
     };
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let done = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -167,9 +169,11 @@ async fn failed_over(servers: &[Server]) -> f64 {
 /// What appendix E promises of this scenario, checked on `outcome`: the
 /// polite tenant, asking for `polite_rate` a second (below its share, or
 /// its plan's reserve), is almost never denied; the noisy ones share the
-/// rest evenly, and every instance's share level says so. Bounds are
-/// wider than the deterministic ones of `sluice-store`'s `tests/fair.rs`:
-/// here a loaded machine's scheduling is part of the load.
+/// rest evenly, and every instance's share level says so. The polite
+/// tenant's bound is 5 %, not appendix E's 2 % (which the deterministic
+/// `sluice-store` `tests/fair.rs` holds): on two cores shared with other
+/// builds, a server stalled for a moment while the load runs on is seen
+/// denying it 3.5 % with the load on time.
 fn holds(outcome: &Outcome, levels: &[Vec<f64>], store: &str, polite_rate: f64) {
     eprintln!("{store}: {}; share levels {levels:?}", outcome.verdict);
     let measured: &[ClassReport] = &outcome.phases[1].classes;
@@ -189,18 +193,18 @@ fn holds(outcome: &Outcome, levels: &[Vec<f64>], store: &str, polite_rate: f64) 
         outcome.verdict
     );
     // The noisy tenants share the rest evenly (with a polite 10/s, 30/s
-    // each), ±35%.
+    // each), ±25%.
     let share = (100.0 - polite_rate) / 3.0;
     for (i, &admitted) in noisy.admitted_per_tenant.iter().enumerate() {
         let rate = admitted as f64 / seconds;
         assert!(
-            (share * 0.65..=share * 1.35).contains(&rate),
+            (share * 0.75..=share * 1.25).contains(&rate),
             "{store}: noisy tenant {i} had {rate:.1}/s, not about {share:.1}: {}",
             outcome.verdict
         );
     }
     // Each instance's one level for the valve, while it was saturated, is
-    // that share (a tenant of weight 1 gets it): its median within 35%.
+    // that share (a tenant of weight 1 gets it): its median within 25%.
     for (i, samples) in levels.iter().enumerate() {
         let mut sorted = samples.clone();
         sorted.sort_by(f64::total_cmp);
@@ -211,7 +215,7 @@ fn holds(outcome: &Outcome, levels: &[Vec<f64>], store: &str, polite_rate: f64) 
         );
         let median = sorted[sorted.len() / 2];
         assert!(
-            (share * 0.65..=share * 1.35).contains(&median),
+            (share * 0.75..=share * 1.25).contains(&median),
             "{store}: instance {i}'s share level {median:.1}/s, not about {share:.1}: {sorted:?}"
         );
     }
@@ -230,12 +234,40 @@ async fn holds_on(servers: &[Server], store: &str) {
     holds_at(servers, store, 10.0).await;
 }
 
+/// How far behind its schedule the load itself may fall (99th percentile
+/// of its send lag, in any class and phase) for a run to say anything of
+/// the service: past it, the machine stalled the generator (another build
+/// on the same two cores), the scenario was not what was sent, and it is
+/// run again.
+const STALLED_LOAD: Duration = Duration::from_millis(100);
+
+/// Runs of the scenario tried before the machine is called too busy.
+const ATTEMPTS: usize = 3;
+
 /// [`holds_on`], the polite tenant sending `polite_rate` a second.
 async fn holds_at(servers: &[Server], store: &str, polite_rate: f64) {
-    let (outcome, levels) = run(servers, polite_rate).await;
-    let failed = failed_over(servers).await;
-    assert_eq!(failed, 0.0, "{store}: the store missed its time budget");
-    holds(&outcome, &levels, store, polite_rate);
+    for attempt in 1..=ATTEMPTS {
+        let (outcome, levels) = run(servers, polite_rate).await;
+        let lag = outcome
+            .phases
+            .iter()
+            .flat_map(|p| &p.classes)
+            .map(|c| c.send_lag_p99_us)
+            .max()
+            .unwrap_or(0);
+        if lag > STALLED_LOAD.as_micros() as u64 {
+            eprintln!(
+                "{store}: the load fell {lag} µs behind at p99 (run {attempt}), run again: {}",
+                outcome.verdict
+            );
+            continue;
+        }
+        let failed = failed_over(servers).await;
+        assert_eq!(failed, 0.0, "{store}: the store missed its time budget");
+        holds(&outcome, &levels, store, polite_rate);
+        return;
+    }
+    panic!("{store}: the load fell behind in each of {ATTEMPTS} runs: the machine is too busy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -277,7 +309,6 @@ async fn on_a_cluster(global_shards: u16) {
 
 /// The valve on one key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 45 B: on this loaded two-core machine the polite tenant was denied 5.5 % (11 of 200) in one run of five (at most 5 % here, 2 % in appendix E); another run had 12 failed requests"]
 async fn a_saturated_valve_starves_no_one_on_redis_cluster_with_two_instances() {
     on_a_cluster(1).await;
 }
@@ -288,7 +319,6 @@ async fn a_saturated_valve_starves_no_one_on_redis_cluster_with_two_instances() 
 /// `sluice_valve_fair_share_level` for it, at the whole valve's share
 /// (30/s, not a key's 7.5).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 45 B: on this loaded two-core machine the polite tenant was denied 8.5-10 % (17-20 of 200) in three runs of six, with or without the level scraped (at most 5 % here, 2 % in appendix E); the share levels themselves held (medians about 27-30/s on both instances)"]
 async fn a_valve_split_over_four_keys_keeps_one_share_level() {
     on_a_cluster(4).await;
 }
