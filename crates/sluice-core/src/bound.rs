@@ -86,7 +86,9 @@ impl BoundRule {
         identity.extend_from_slice(b"share:");
         identity.extend_from_slice(&valve.identity);
         identity.push(0x1f);
-        identity.extend_from_slice(Algorithm::Gcra.name().as_bytes());
+        // A token bucket (its tokens are units whatever its rate); named
+        // so, a gcra gate's state of an older release is not read as one.
+        identity.extend_from_slice(Algorithm::TokenBucket.name().as_bytes());
         identity.push(0x1f);
         let digest = Sha256::digest(&identity);
         BoundRule {

@@ -85,6 +85,15 @@ impl Algorithm {
         matches!(self, Algorithm::Gcra | Algorithm::TokenBucket)
     }
 
+    /// Whether what a rule of this algorithm has left comes back
+    /// continuously, at its rate, as time passes (not when a window moves
+    /// on, nor when a lease is released): what a fair valve's level law
+    /// reads (see the store crate's `limiter::fair`), so the algorithms a
+    /// valve may be `share: fair` on.
+    pub fn refills(self) -> bool {
+        matches!(self, Algorithm::Gcra | Algorithm::TokenBucket)
+    }
+
     /// Whether the algorithm's state is a set of entries (sliding_log's
     /// admissions, concurrency's leases) rather than a few numbers.
     pub fn keeps_a_set(self) -> bool {

@@ -152,7 +152,8 @@ impl App {
         };
         let sharded = backend.shards_tenants();
         let reservations =
-            crate::reservation::Reservations::new(backend.keyer(), config.reservation_ttl_ms);
+            crate::reservation::Reservations::new(backend.keyer(), config.reservation_ttl_ms)
+                .opening_under(backend.previous_keyer());
         let limiter = Limiter::with_options(policy, backend, options);
         let app = Arc::new(App {
             limiter,

@@ -64,6 +64,16 @@ impl Backend {
         }
     }
 
+    /// The key derivation under the pepper being rotated away from, if
+    /// any.
+    pub fn previous_keyer(&self) -> Option<&sluice_core::keys::Keyer> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Redis(store) => store.keys().previous.as_ref(),
+            Backend::Cluster(store) => store.keys().previous.as_ref(),
+        }
+    }
+
     /// The backend's configuration name.
     pub fn name(&self) -> &'static str {
         match self {

@@ -94,9 +94,12 @@ pub async fn inspect(
     let pattern = route.unwrap_or("*");
     let request = Request::new(tenant, pattern, subject, 1)?;
     let applicable = policy.applicable(request.tenant, pattern, request.subject.is_some());
+    // The rules a decision consumes, then those that count by outcome
+    // (asked before a request, counted by its report).
     let rules: Vec<BoundRule> = applicable
         .rules
         .iter()
+        .chain(applicable.asked)
         .filter(|r| route.is_some() || r.scope() == Scope::Tenant)
         .cloned()
         .collect();
@@ -238,6 +241,27 @@ fn approximately(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::approximately;
+
+    #[tokio::test]
+    async fn rules_that_count_by_outcome_are_shown_with_the_others() {
+        let yaml = r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /login": [{ name: logins, algorithm: gcra, limit: 100, per: 1s }]
+    subject:
+      "POST /login": [{ name: failed, algorithm: sliding_log, limit: 5, per: 15m, count_if: { status: [401] } }]
+"#;
+        let config = sluice_core::Config::from_yaml(yaml, "t.yaml").unwrap();
+        let policy = sluice_core::Policy::compile(&config.limits);
+        let store = crate::backend::Backend::Memory(sluice_store::MemoryStore::new(100));
+        let seen = super::inspect(&policy, &store, "acme", Some("POST /login"), Some("alice"))
+            .await
+            .unwrap();
+        let names: Vec<&str> = seen.rows.iter().map(|r| r.policy.as_str()).collect();
+        assert_eq!(names, ["logins", "failed"]);
+    }
 
     #[test]
     fn waits_read_in_their_two_largest_units() {

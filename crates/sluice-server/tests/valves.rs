@@ -314,7 +314,7 @@ async fn a_saturated_valve_starves_no_one_on_redis_cluster_with_two_instances() 
 }
 
 /// The valve over 4 keys (25/s each): one share level per valve, read
-/// off all its keys (see `sluice-store`'s `limiter/fair.rs`), so the
+/// off all its keys (see `sluice-store`'s `limiter/fair/mod.rs`), so the
 /// shares are those of the whole valve: each instance exports one
 /// `sluice_valve_fair_share_level` for it, at the whole valve's share
 /// (30/s, not a key's 7.5).

@@ -61,4 +61,9 @@ pub struct Adjusted {
     /// Units owed beyond the rules' `max_debt`, forgiven (summed over the
     /// rules).
     pub forgiven: u64,
+    /// Set when a settle applied under its lead marker (the answer is
+    /// [`MarkerAnswer::Applied`]) but the store failed before it reached
+    /// every slot (Redis Cluster) or shard: the settle counts as made, and
+    /// a retry finishes the rest (answering [`MarkerAnswer::Again`]).
+    pub unfinished: Option<crate::store::StoreError>,
 }

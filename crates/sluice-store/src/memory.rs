@@ -74,10 +74,15 @@ pub struct MemoryStore {
     /// tenants whose hashes meet would share one count; among n tenants
     /// the chance of any such pair is about n² / 2^65).
     per_tenant: Mutex<std::collections::HashMap<u64, u32, BuildHasherDefault<PassThrough>>>,
-    /// Settle markers: per reservation id, what was settled and until
-    /// when the marker is kept.
-    markers: Mutex<std::collections::HashMap<[u8; 16], (String, u64)>>,
+    /// Settle markers: per reservation id and the tenant's shard whose
+    /// slot keeps it on Redis, what was settled and until when the marker
+    /// is kept.
+    markers: Mutex<Markers>,
 }
+
+/// Settle markers by reservation id and shard: the settled value, and
+/// until when it is kept.
+type Markers = std::collections::HashMap<([u8; 16], u16), (String, u64)>;
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -407,6 +412,22 @@ impl MemoryStore {
             .map_or(State::Fresh, |entry| entry.slot.lock().state.clone())
     }
 
+    /// [`Store::peek`], synchronously.
+    pub fn peek_now(&self, batch: &Batch<'_>) -> Peeked {
+        // Keys here are not strings: a row names where it lives.
+        let rows = (0..batch.rules.len())
+            .map(|i| PeekedRule {
+                key: "(in this process)".to_owned(),
+                state: self.peek_rule(batch, i),
+                enforced: *batch.rules[i].rule(),
+            })
+            .collect();
+        Peeked {
+            now: self.clock.now_ms(),
+            rows,
+        }
+    }
+
     /// Drops every key whose state is as good as fresh, and every settle
     /// marker past its life; returns how many keys.
     pub fn sweep(&self) -> usize {
@@ -562,18 +583,7 @@ impl Store for MemoryStore {
     }
 
     fn peek(&self, batch: &Batch<'_>) -> impl Future<Output = Result<Peeked, StoreError>> + Send {
-        // Keys here are not strings: a row names where it lives.
-        let rows = (0..batch.rules.len())
-            .map(|i| PeekedRule {
-                key: "(in this process)".to_owned(),
-                state: self.peek_rule(batch, i),
-                enforced: *batch.rules[i].rule(),
-            })
-            .collect();
-        std::future::ready(Ok(Peeked {
-            now: self.clock.now_ms(),
-            rows,
-        }))
+        std::future::ready(Ok(self.peek_now(batch)))
     }
 
     fn adjust(

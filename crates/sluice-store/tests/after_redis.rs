@@ -90,3 +90,33 @@ async fn an_expiry_and_a_settle_meet_on_the_shard_that_admitted() {
     }
     assert_eq!(admitted, 4, "4 + 1 + 5 of the tenant's 10");
 }
+
+#[tokio::test]
+async fn a_settles_excess_is_owed_on_every_shard() {
+    let server = RedisServer::start();
+    let limiter = limiter(
+        &server,
+        "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 1000, per: 1h }]\ntenants:\n  a: { plan: p, shards: 4 }\n",
+    )
+    .await;
+    let policy = limiter.policy();
+    let estimate = of_a(1);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
+    let settled = limiter
+        .settle(&policy, &reservation, 100_000, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(settled.marker, MarkerAnswer::Applied);
+    assert!(
+        !limiter.decide(&policy, &of_a(1)).await.allowed,
+        "the excess is owed on every shard (750 units passed when one shard owed it)"
+    );
+    let again = limiter
+        .settle(&policy, &reservation, 100_000, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(again.marker, MarkerAnswer::Again);
+    // The expiry finds the settle on the shard that admitted.
+    assert!(!limiter.expire(&reservation, 60_000).await.unwrap());
+}

@@ -122,7 +122,16 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     cluster.node(shard_zero).signal("STOP");
     let cut = limiter.settle(&policy, &reservation, 0, 60_000).await;
     cluster.node(shard_zero).signal("CONT");
-    assert!(cut.is_err(), "the stalled slot fails the settle: {cut:?}");
+    // Made under its lead marker (shard 1's slot), counted once, and said
+    // to be unfinished: the stalled slot is a retry's to finish.
+    let cut = cut.expect("the lead slot applied");
+    assert_eq!(cut.marker, MarkerAnswer::Applied);
+    assert!(cut.unfinished.is_some(), "the stalled slot is not reached");
+    assert_eq!(
+        tokens_used(&limiter, &on_shard_one(1)).await,
+        5,
+        "given back on shard 1"
+    );
 
     // Its retry finishes it: the `calls` unit comes back on shard 0, and
     // nothing is given back twice on shard 1.
@@ -137,13 +146,9 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    // Answered as applied: the attempt cut short answered an error.
-    assert_eq!(retried.marker, MarkerAnswer::Applied);
-    let again = limiter
-        .settle(&policy, &reservation, 0, 60_000)
-        .await
-        .unwrap();
-    assert_eq!(again.marker, MarkerAnswer::Again, "then it is done");
+    // Answered as a repeat: the attempt cut short counted the settle.
+    assert_eq!(retried.marker, MarkerAnswer::Again);
+    assert!(retried.unfinished.is_none());
     // The reservation's `tokens` unit is back on shard 1, once: the five
     // others are still spent.
     assert_eq!(tokens_used(&limiter, &on_shard_one(1)).await, 5);
@@ -158,5 +163,53 @@ async fn tokens_used(limiter: &Limiter<ClusterStore>, batch: &Batch<'_>) -> u64 
     match &peeked.rows[0].state {
         sluice_core::State::FixedWindow(window) => window.count,
         other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_settles_at_once_are_applied_once() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let store = ClusterStore::connect(
+        &cluster.urls(),
+        keys(),
+        &ConnectOptions::with_timeout(Duration::from_secs(5)),
+        1,
+    )
+    .await
+    .unwrap();
+    let policy = split();
+    let (tenant, _) = tenant_on_two_masters(&mut cluster, &policy);
+    let limiter = Arc::new(Limiter::new(policy, store, OnError::Deny));
+    let policy = limiter.policy();
+    let request = |cost| Request::new(&tenant, "POST /chat", None, cost).unwrap();
+    // A reservation on shard 1, whose settle touches two slots.
+    assert!(limiter.decide(&policy, &request(1)).await.allowed);
+    let estimate = request(1);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
+    assert_eq!(reservation.shard, 1);
+    for round in 0..20 {
+        // The same settle sent ten times at once (a client's retries):
+        // one answer says applied, the others repeated, whichever
+        // reached the second slot first.
+        let reservation = sluice_store::Reservation {
+            id: [round; 16],
+            ..reservation.clone()
+        };
+        let settles: Vec<_> = (0..10)
+            .map(|_| {
+                let (limiter, reservation) = (limiter.clone(), reservation.clone());
+                tokio::spawn(async move {
+                    let policy = limiter.policy();
+                    let settled = limiter.settle(&policy, &reservation, 1, 60_000).await;
+                    settled.unwrap().marker
+                })
+            })
+            .collect();
+        let mut applied = 0;
+        for settle in settles {
+            applied += usize::from(settle.await.unwrap() == MarkerAnswer::Applied);
+        }
+        assert_eq!(applied, 1, "round {round}: one settle counted");
     }
 }

@@ -3,161 +3,13 @@
 //! on Redis and Redis Cluster with real servers: sluice-server's
 //! `tests/valves.rs`).
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::Arc;
+use sluice_core::{Reason, Request, Scope};
+use sluice_store::{Batch, Clock};
 
-use sluice_core::config::OnError;
-use sluice_core::{Config, Policy, Reason, Request, Scope};
-use sluice_store::{Batch, Clock, Limiter, LimiterOptions, ManualClock, MemoryStore};
-
-const START_MS: u64 = 1_764_460_800_000;
-
-/// A valve of 100/s on `POST /v1/orders`, each tenant inside a ceiling of
-/// 60/s; `extra` is appended to the plans (more plans, weights).
-fn config(valve: &str, extra: &str) -> String {
-    format!(
-        r#"
-default_plan: p
-plans:
-  p:
-    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
-{extra}
-tenants:
-  heavy: {{ plan: heavy }}
-global:
-  "POST /v1/orders": [{valve}]
-"#
-    )
-}
-
-/// The valve: 100 a second, fair (the default).
-const VALVE: &str = "{ name: orders, algorithm: gcra, limit: 100, per: 1s }";
-
-const HEAVY: &str = r#"  heavy:
-    weight: 2
-    tenant: [{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }]"#;
-
-/// One tenant's offered load: `rate` per second from `from_ms` to
-/// `until_ms` (run time).
-#[derive(Clone, Copy)]
-struct Sender {
-    tenant: &'static str,
-    rate: f64,
-    from_ms: u64,
-    until_ms: u64,
-}
-
-fn sender(tenant: &'static str, rate: f64) -> Sender {
-    Sender {
-        tenant,
-        rate,
-        from_ms: 0,
-        until_ms: u64::MAX,
-    }
-}
-
-/// Per tenant: (sent, admitted, denied by the valve or its gate) counted
-/// from `measure_from_ms` on, and per second of the run, admitted by all;
-/// per tenant and second of the run, the same three counts.
-struct Run {
-    counts: Vec<(u64, u64, u64)>,
-    admitted_per_second: Vec<u64>,
-    seconds: Vec<Vec<(u64, u64, u64)>>,
-}
-
-/// A limiter on the memory store for `yaml`, on a hand-set clock.
-fn limiter_on(yaml: &str) -> (Limiter<MemoryStore>, Arc<ManualClock>) {
-    let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
-    let clock = Arc::new(ManualClock::new(START_MS));
-    let options = LimiterOptions {
-        clock: clock.clone(),
-        ..LimiterOptions::new(OnError::Deny)
-    };
-    let limiter = Limiter::with_options(
-        Policy::compile(&config.limits),
-        MemoryStore::with_clock(100_000, clock.clone()),
-        options,
-    );
-    (limiter, clock)
-}
-
-/// Runs `senders` for `run_ms` against `yaml` on one limiter and its
-/// memory store, the clock set to each request's arrival.
-fn run(yaml: &str, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Run {
-    run_reloading(yaml, senders, run_ms, measure_from_ms, None)
-}
-
-/// [`run`], with the configuration replaced by `reload.1` at `reload.0`
-/// ms into the run (as a reload or an override does).
-fn run_reloading(
-    yaml: &str,
-    senders: &[Sender],
-    run_ms: u64,
-    measure_from_ms: u64,
-    reload: Option<(u64, &str)>,
-) -> Run {
-    let (limiter, clock) = limiter_on(yaml);
-    let mut policy = limiter.policy();
-    let mut reload = reload;
-    // Poisson arrivals in µs (exponential gaps from a fixed seed): what
-    // many independent clients look like, and what makes first come, first
-    // served starve the one who asks least often.
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut gap_us = |rate: f64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let uniform = (seed >> 11) as f64 / (1u64 << 53) as f64;
-        (-(1.0 - uniform).ln() * 1e6 / rate) as u64
-    };
-    let mut arrivals = BinaryHeap::new();
-    for (i, s) in senders.iter().enumerate() {
-        arrivals.push(Reverse((s.from_ms * 1_000 + gap_us(s.rate), i)));
-    }
-    let mut counts = vec![(0, 0, 0); senders.len()];
-    let mut admitted_per_second = vec![0; (run_ms / 1_000) as usize + 1];
-    let mut seconds = vec![vec![(0, 0, 0); admitted_per_second.len()]; senders.len()];
-    while let Some(Reverse((at_us, i))) = arrivals.pop() {
-        let s = senders[i];
-        if at_us >= run_ms * 1_000 || at_us >= s.until_ms.saturating_mul(1_000) {
-            continue;
-        }
-        arrivals.push(Reverse((at_us + gap_us(s.rate), i)));
-        if let Some((at_ms, yaml)) = reload
-            && at_us / 1_000 >= at_ms
-        {
-            let config = Config::from_yaml(yaml, "fair.yaml").unwrap();
-            limiter.set_policy(Policy::compile(&config.limits));
-            policy = limiter.policy();
-            reload = None;
-        }
-        clock.set(START_MS + at_us / 1_000);
-        let request = Request::new(s.tenant, "POST /v1/orders", None, 1).unwrap();
-        let decision = limiter.decide_now(&policy, &request);
-        let second = (at_us / 1_000_000) as usize;
-        if decision.allowed {
-            admitted_per_second[second] += 1;
-        }
-        let tally = |c: &mut (u64, u64, u64)| {
-            c.0 += 1;
-            if decision.allowed {
-                c.1 += 1;
-            } else if decision.reason == Some(Reason::GlobalCapacity) {
-                c.2 += 1;
-            }
-        };
-        tally(&mut seconds[i][second]);
-        if at_us / 1_000 >= measure_from_ms {
-            tally(&mut counts[i]);
-        }
-    }
-    Run {
-        counts,
-        admitted_per_second,
-        seconds,
-    }
-}
+mod arrivals;
+use arrivals::{
+    Count, HEAVY, Run, START_MS, Sender, VALVE, config, limiter_on, run, run_reloading, sender,
+};
 
 fn noisy_and_polite() -> Vec<Sender> {
     vec![
@@ -172,13 +24,13 @@ fn noisy_and_polite() -> Vec<Sender> {
 fn a_polite_tenant_below_its_share_is_not_starved_by_noisy_ones_inside_their_ceilings() {
     let yaml = config(VALVE, HEAVY);
     let run = run(&yaml, &noisy_and_polite(), 20_000, 2_000);
-    let (sent, _, denied) = run.counts[3];
+    let Count { sent, denied, .. } = run.counts[3];
     assert!(
         denied * 100 <= sent * 2,
         "the polite tenant was denied {denied} of {sent} by the valve"
     );
     // The noisy ones share what is left (90/s) evenly: 30/s each, ±25%.
-    for (i, &(_, admitted, _)) in run.counts[..3].iter().enumerate() {
+    for (i, &Count { admitted, .. }) in run.counts[..3].iter().enumerate() {
         let rate = admitted as f64 / 18.0;
         assert!(
             (22.5..=37.5).contains(&rate),
@@ -200,7 +52,7 @@ fn first_come_keeps_the_old_semantics() {
         HEAVY,
     );
     let run = run(&yaml, &noisy_and_polite(), 10_000, 2_000);
-    let (sent, _, denied) = run.counts[3];
+    let Count { sent, denied, .. } = run.counts[3];
     // Whoever asks most often takes each freed unit: the polite tenant is
     // mostly denied (what appendix E's fair default fixes).
     assert!(denied * 2 > sent, "{denied} of {sent}");
@@ -215,7 +67,7 @@ fn weight_two_gets_about_twice_a_weight_one_share() {
         sender("heavy", 150.0),
     ];
     let run = run(&yaml, &senders, 20_000, 2_000);
-    let rate = |i: usize| run.counts[i].1 as f64 / 18.0;
+    let rate = |i: usize| run.counts[i].admitted as f64 / 18.0;
     // 100 split 1:1:2 (the heavy tenant's ceiling of 60 is above its 50).
     for i in 0..2 {
         assert!((18.75..=31.25).contains(&rate(i)), "{i}: {:.1}", rate(i));
@@ -232,7 +84,7 @@ fn a_tenant_alone_may_use_the_whole_valve() {
     )
     .replace("limit: 60", "limit: 1000");
     let run = run(&yaml, &[sender("alone", 300.0)], 12_000, 2_000);
-    let rate = run.counts[0].1 as f64 / 10.0;
+    let rate = run.counts[0].admitted as f64 / 10.0;
     assert!(rate >= 95.0, "alone: {rate:.1}/s of the valve's 100/s");
 }
 
@@ -241,7 +93,7 @@ fn a_tenant_alone_may_use_the_whole_valve() {
 /// gate's tolerance leave of an exact share).
 fn each_second_near(run: &Run, i: usize, share: f64, (from_s, to_s): (usize, usize)) {
     for second in from_s..to_s {
-        let admitted = run.seconds[i][second].1 as f64;
+        let admitted = run.seconds[i][second].admitted as f64;
         assert!(
             (share * 0.8..=share * 1.2).contains(&admitted),
             "tenant {i}, second {second}: {admitted} admitted, its share {share:.1}; {:?}",
@@ -254,7 +106,7 @@ fn each_second_near(run: &Run, i: usize, share: f64, (from_s, to_s): (usize, usi
 /// `i` was denied by the valve at most once.
 fn each_second_served(run: &Run, i: usize, (from_s, to_s): (usize, usize)) {
     for second in from_s..to_s {
-        let (sent, _, denied) = run.seconds[i][second];
+        let Count { sent, denied, .. } = run.seconds[i][second];
         assert!(
             denied <= 1,
             "tenant {i}, second {second}: denied {denied} of {sent} by the valve"
@@ -321,7 +173,11 @@ fn a_fair_share_denial_names_the_valve_and_changes_nothing() {
                 (Scope::Share, "orders", false),
                 "named by the valve, never advertised"
             );
-            assert_eq!(decision.violated_policies().collect::<Vec<_>>(), ["orders"]);
+            let violated: Vec<_> = decision.violated_policies().collect();
+            assert!(
+                !violated.is_empty() && violated.iter().all(|&name| name == "orders"),
+                "{violated:?}: the valve (and its gate) named orders"
+            );
             assert_eq!(held(tenant), before, "a denied request consumes nothing");
             return;
         }
@@ -445,13 +301,18 @@ fn a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve() {
         sender("ent-1", 35.0),
     ];
     let reserving = run(&reserved("40%"), &senders, 20_000, 2_000);
-    let (sent, admitted, denied) = reserving.counts[3];
+    let Count {
+        sent,
+        admitted,
+        denied,
+        ..
+    } = reserving.counts[3];
     assert!(
         denied * 100 <= sent * 2,
         "ent-1 under its reserve was denied {denied} of {sent} ({admitted} admitted)"
     );
     // The others share what is left of the valve (about 65/s) evenly.
-    for (i, &(_, admitted, _)) in reserving.counts[..3].iter().enumerate() {
+    for (i, &Count { admitted, .. }) in reserving.counts[..3].iter().enumerate() {
         let rate = admitted as f64 / 18.0;
         assert!(
             (65.0 / 3.0 * 0.75..=65.0 / 3.0 * 1.25).contains(&rate),
@@ -467,7 +328,7 @@ fn a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve() {
     // fair share (what the reserve changes).
     let plain = reserved("40%").replace(", reserve: { ent: \"40%\" }", "");
     let plain = run(&plain, &senders, 20_000, 2_000);
-    let (sent, _, denied) = plain.counts[3];
+    let Count { sent, denied, .. } = plain.counts[3];
     assert!(denied * 100 > sent * 10, "{denied} of {sent}");
 }
 
@@ -484,7 +345,10 @@ fn a_plans_tenants_together_get_their_reserve_and_share_it() {
     .collect();
     senders.extend([sender("ent-1", 35.0), sender("ent-2", 35.0)]);
     let run = run(&reserved("40%"), &senders, 20_000, 2_000);
-    let ent: Vec<f64> = run.counts[6..].iter().map(|c| c.1 as f64 / 18.0).collect();
+    let ent: Vec<f64> = run.counts[6..]
+        .iter()
+        .map(|c| c.admitted as f64 / 18.0)
+        .collect();
     assert!(ent[0] + ent[1] >= 40.0 * 0.95, "{ent:?}, {:?}", run.counts);
     assert!(
         (ent[0] / ent[1] - 1.0).abs() <= 0.25,
@@ -501,7 +365,11 @@ fn an_idle_reserve_is_used_by_everyone() {
     let senders = [sender("noisy-1", 150.0), sender("noisy-2", 150.0)];
     let yaml = reserved("40%").replace("limit: 60", "limit: 1000");
     let run = run(&yaml, &senders, 20_000, 2_000);
-    let rates: Vec<f64> = run.counts.iter().map(|c| c.1 as f64 / 18.0).collect();
+    let rates: Vec<f64> = run
+        .counts
+        .iter()
+        .map(|c| c.admitted as f64 / 18.0)
+        .collect();
     assert!(
         rates[0] + rates[1] >= 95.0,
         "{rates:?} of the valve's 100/s"
@@ -522,7 +390,7 @@ fn a_reload_that_changes_a_reserve_converges_within_a_second() {
     let (small, large) = (reserved("10%"), reserved("40%"));
     let run = run_reloading(&small, &senders, 14_000, 0, Some((5_000, &large)));
     for second in 1..5 {
-        let (sent, _, denied) = run.seconds[3][second];
+        let Count { sent, denied, .. } = run.seconds[3][second];
         assert!(
             denied * 100 > sent * 5,
             "second {second}, before: {denied} of {sent}"

@@ -892,7 +892,9 @@ async fn a_decision_on_the_servers_clock_is_stamped_with_its_time() {
 
 /// A plan whose every list holds the most rules a list may
 /// (`MAX_RULES_PER_LIST`): a request it applies to is decided against four
-/// times that many rules, of every algorithm with a state, in one call.
+/// times that many rules, of every algorithm with a state, and a gate per
+/// valve (the valves of the algorithms fair valves have, so each has its
+/// gate), in one call.
 fn fullest_plan() -> String {
     use sluice_core::config::MAX_RULES_PER_LIST;
     let algorithms = [
@@ -907,9 +909,13 @@ fn fullest_plan() -> String {
             .map(|i| {
                 // The route's first rule admits one request an hour.
                 let limit = if scope == "r" && i == 0 { 1 } else { 1000 + i };
-                format!(
-                    "{indent}- {{ name: {scope}{i}, algorithm: {}, limit: {limit}, per: 1h }}\n",
+                let algorithm = if scope == "g" {
+                    algorithms[i % 2]
+                } else {
                     algorithms[i % algorithms.len()]
+                };
+                format!(
+                    "{indent}- {{ name: {scope}{i}, algorithm: {algorithm}, limit: {limit}, per: 1h }}\n"
                 )
             })
             .collect::<String>()

@@ -166,6 +166,34 @@ async fn a_settle_goes_back_to_the_shard_that_admitted() {
 }
 
 #[tokio::test]
+async fn a_settles_excess_is_charged_over_the_shards() {
+    // The case: 4 shards, 1000 an hour; a settle of 100,000 for
+    // an estimate of 1 left 750 units admitted that hour (the excess was
+    // owed on one shard).
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 1000, per: 1h }]\ntenants:\n  a: { plan: p, shards: 4 }\n";
+    let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
+    let store = Remote::new(MemoryStore::with_clock(1_000, clock()));
+    let limiter = Limiter::new(policy, store, OnError::Deny);
+    let policy = limiter.policy();
+    let estimate = of_a(1);
+    let decision = limiter.decide(&policy, &estimate).await;
+    let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
+    let settled = limiter
+        .settle(&policy, &reservation, 100_000, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(settled.marker, sluice_store::MarkerAnswer::Applied);
+    assert_eq!(admitted_units(&limiter).await, 0, "every shard owes");
+    // An identical retry changes nothing on any shard.
+    let again = limiter
+        .settle(&policy, &reservation, 100_000, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(again.marker, sluice_store::MarkerAnswer::Again);
+    assert_eq!(again.forgiven, 0, "nothing charged again");
+}
+
+#[tokio::test]
 async fn a_report_is_split_over_the_shards() {
     let limiter = two_shards();
     let policy = limiter.policy();

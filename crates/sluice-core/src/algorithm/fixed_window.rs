@@ -107,19 +107,27 @@ pub fn debit(rule: &Rule, window: Window, now: u64, cost: u64) -> (Window, u64) 
     (window, count - window.count)
 }
 
-/// The window as it must be read at `now` when it starts later than the
-/// window `now` falls in (the clock stepped back): the window of `now`,
-/// keeping its count, so nothing consumed is forgotten and it reopens
-/// within one period.
+/// The window as it must be read at `now`:
+///
+/// - when it starts later than the window `now` falls in (the clock
+///   stepped back): the window of `now`, keeping its count, so nothing
+///   consumed is forgotten and it reopens within one period;
+/// - when it counts more than the rule can ever owe (`limit + max_debt`),
+///   it was written under another rule (a reload lowered the limit): its
+///   window is spent, and nothing is carried past it, so the tenant waits
+///   at most one period of the new rule, never the old usage repaid at
+///   the new rate.
 pub fn repair(rule: &Rule, window: Window, now: u64) -> Option<Window> {
     let start_ms = if rule.aligned() {
         now - now % rule.period_ms()
     } else {
         now
     };
-    (window.start_ms > start_ms).then_some(Window {
-        start_ms,
-        count: window.count,
+    let ahead = window.start_ms > start_ms;
+    let foreign = window.count > rule.limit().saturating_add(rule.max_debt());
+    (ahead || foreign).then_some(Window {
+        start_ms: if ahead { start_ms } else { window.start_ms },
+        count: if foreign { rule.limit() } else { window.count },
     })
 }
 

@@ -142,14 +142,39 @@ pub fn debit(rule: &Rule, windows: Windows, now: u64, cost: u64) -> (Windows, u6
     (windows, counted - windows.cur)
 }
 
-/// The windows as they must be read at `now` when the current one starts
-/// later than the window `now` falls in (the clock stepped back): moved to
-/// the window of `now` with both counts, so nothing consumed is forgotten.
+/// The windows as they must be read at `now`:
+///
+/// - when the current one starts later than the window `now` falls in
+///   (the clock stepped back): moved to the window of `now` with both
+///   counts, so nothing consumed is forgotten;
+/// - when they hold what the rule can never hold (the current window more
+///   than `limit + max_debt`, the previous one more than `limit`, or a
+///   start that is no window of `per`), they were written under another
+///   rule (a reload lowered the limit or changed `per`): the window they
+///   name is spent and nothing is carried past it, so the tenant waits at
+///   most about one period of the new rule, never the old usage repaid at
+///   the new rate.
 pub fn repair(rule: &Rule, windows: Windows, now: u64) -> Option<Windows> {
-    let start_ms = now - now % rule.period_ms();
-    (windows.start_ms > start_ms).then_some(Windows {
-        start_ms,
-        ..windows
+    let (per, limit) = (rule.period_ms(), rule.limit());
+    let start_ms = now - now % per;
+    let ahead = windows.start_ms > start_ms;
+    let foreign = windows.cur > limit.saturating_add(rule.max_debt())
+        || windows.prev > limit
+        || !windows.start_ms.is_multiple_of(per);
+    (ahead || foreign).then(|| {
+        let start = if ahead { start_ms } else { windows.start_ms };
+        if foreign {
+            Windows {
+                start_ms: start - start % per,
+                prev: windows.prev.min(limit),
+                cur: windows.cur.min(limit),
+            }
+        } else {
+            Windows {
+                start_ms: start,
+                ..windows
+            }
+        }
     })
 }
 

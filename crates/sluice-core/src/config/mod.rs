@@ -303,8 +303,9 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// How the valve `name` under `pattern` is shared (fair unless it says
-    /// otherwise).
+    /// How the valve `name` under `pattern` is shared, as validated (for a
+    /// valve the configuration does not know: fair, which a valve whose
+    /// algorithm does not refill at its rate still cannot be).
     pub fn share_of(&self, pattern: &str, name: &str) -> share::Share {
         self.valve(pattern, name)
             .map_or(share::Share::Fair, |v| v.share)

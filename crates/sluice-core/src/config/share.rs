@@ -10,12 +10,14 @@ pub const MIN_WEIGHT: f64 = 0.001;
 /// How one valve is shared when it is saturated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Share {
-    /// Max-min fair by plan weight (the default): a tenant asking for less
-    /// than its weighted share is not denied by the valve.
+    /// Max-min fair by plan weight (the default on `gcra` and
+    /// `token_bucket` valves, the only ones it is allowed on: see
+    /// [`Algorithm::refills`](crate::Algorithm::refills)): a tenant asking
+    /// for less than its weighted share is not denied by the valve.
     #[default]
     Fair,
     /// First come, first served: whoever asks most often takes each freed
-    /// unit.
+    /// unit (the default on window and concurrency valves).
     FirstCome,
 }
 

@@ -43,7 +43,7 @@ fn errors(yaml: &str) -> Vec<String> {
         .collect()
 }
 
-fn single_error(yaml: &str) -> String {
+pub(super) fn single_error(yaml: &str) -> String {
     let all = errors(yaml);
     assert_eq!(all.len(), 1, "expected one error, got {all:#?}");
     all.into_iter().next().unwrap()
@@ -508,102 +508,4 @@ fn a_list_or_map_of_the_wrong_shape_is_named() {
     ] {
         assert_eq!(single_error(yaml), said);
     }
-}
-
-#[test]
-fn share_is_for_valves_and_weight_has_its_range() {
-    let base = "default_plan: p\nplans:\n  p:\n";
-    let valve = |share: &str| {
-        format!(
-            "{base}    weight: 2\nglobal:\n  \"*\": [{{ name: v, limit: 100, per: 1s, share: {share} }}]\n"
-        )
-    };
-    let config = Config::from_yaml(&valve("first_come"), "t.yaml").unwrap();
-    assert_eq!(
-        config.limits.share_of("*", "v"),
-        crate::config::share::Share::FirstCome
-    );
-    assert_eq!(config.limits.plans[0].weight, 2.0);
-    let fair = Config::from_yaml(&valve("fair"), "t.yaml").unwrap();
-    assert_eq!(
-        fair.limits.share_of("*", "v"),
-        crate::config::share::Share::Fair
-    );
-    assert!(
-        single_error(&valve("fifo"))
-            .contains("`share` must be `fair` (the default) or `first_come`, got `fifo`")
-    );
-    let on_tenant = format!("{base}    tenant: [{{ limit: 10, per: 1s, share: fair }}]\n");
-    assert!(
-        single_error(&on_tenant).contains("`share` is only for valves"),
-        "{on_tenant}"
-    );
-    for weight in ["0", "-1", "1001", "0.0001"] {
-        let yaml = format!("{base}    weight: {weight}\n");
-        assert!(
-            single_error(&yaml).contains("`weight` must be a number from 0.001 to 1000"),
-            "{weight}"
-        );
-    }
-}
-
-#[test]
-fn a_reserve_names_plans_and_leaves_part_of_the_valve() {
-    let valve = |extra: &str| {
-        format!(
-            "default_plan: free\nplans:\n  free: {{}}\n  ent: {{}}\n  gold: {{}}\nglobal:\n  \"/v1/orders\": [{{ name: v, limit: 100, per: 1s{extra} }}]\n"
-        )
-    };
-    let config = Config::from_yaml(
-        &valve(", reserve: { ent: \"20%\", gold: \"5.5%\" }"),
-        "t.yaml",
-    )
-    .unwrap();
-    let share = config.limits.valve("/v1/orders", "v").unwrap();
-    let reserved: Vec<(&str, f64)> = share
-        .reserve
-        .iter()
-        .map(|r| (r.plan.as_str(), r.fraction))
-        .collect();
-    assert_eq!(reserved, [("ent", 0.2), ("gold", 0.055)]);
-    for (extra, said) in [
-        (
-            ", reserve: { ent: \"20\" }",
-            "`reserve.ent` must be a percent above 0% and below 100%, written like \"20%\", got `20`",
-        ),
-        (
-            ", reserve: { ent: \"0%\" }",
-            "`reserve.ent` must be a percent above 0% and below 100%",
-        ),
-        (
-            ", reserve: { ent: \"100%\" }",
-            "`reserve.ent` must be a percent above 0% and below 100%",
-        ),
-        (
-            ", reserve: { ent: \"60%\", gold: \"40%\" }",
-            "the reserves of valve `v` add up to 100%: together they must stay below 100%",
-        ),
-        (
-            ", reserve: { platinum: \"10%\" }",
-            "`reserve` names unknown plan `platinum`; defined plans: ent, free, gold",
-        ),
-        (
-            ", reserve: { ent: \"0.5%\" }",
-            "`reserve.ent` holds less than one unit of valve `v` (limit 100, burst 100)",
-        ),
-        (
-            ", share: first_come, reserve: { ent: \"10%\" }",
-            "`reserve` needs a fair valve",
-        ),
-    ] {
-        let error = single_error(&valve(extra));
-        assert!(error.contains(said), "{extra}: {error}");
-    }
-    let concurrency = "default_plan: free\nplans:\n  free: {}\nglobal:\n  \"*\": [{ name: c, algorithm: concurrency, limit: 100, lease: 30s, reserve: { free: \"10%\" } }]\n";
-    assert!(single_error(concurrency).contains("not `concurrency` valves"));
-    let on_route = "default_plan: free\nplans:\n  free:\n    routes:\n      \"*\": [{ limit: 10, per: 1s, reserve: { free: \"10%\" } }]\n";
-    assert!(
-        single_error(on_route)
-            .contains("`reserve` is only for valves (rules under `global`), not route rules")
-    );
 }

@@ -59,13 +59,17 @@ impl Plan {
             let valves = rules.len();
             add(&mut rules, Scope::Global, global);
             // Each fair valve's gate, right after the valves: the tenant's
-            // share of it (see `Scope::Share`). Shares are of a rate: a
-            // concurrency valve (leases in flight) is first come.
+            // share of it (see `Scope::Share`). Shares are read off a level
+            // that refills at the valve's rate: a window valve (whose room
+            // comes back when the window moves on) and a concurrency valve
+            // (leases in flight) are first come.
             let mut gates = Vec::new();
             let mut reserves = Vec::new();
             for (index, valve) in rules.iter_mut().enumerate().skip(valves) {
                 let share = limits.valve(valve.pattern(), valve.name());
-                if valve.rule().is_concurrency() || share.is_some_and(|s| s.share != Share::Fair) {
+                if !valve.rule().algorithm().refills()
+                    || share.is_some_and(|s| s.share != Share::Fair)
+                {
                     continue;
                 }
                 gates.push(BoundRule::gate(valve));

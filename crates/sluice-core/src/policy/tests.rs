@@ -147,3 +147,22 @@ fn policy_header_lists_the_applicable_rules_but_not_valves() {
         r#""tenant-0";q=100;w=60, "route-0";q=5;w=1"#
     );
 }
+
+#[test]
+fn only_a_valve_that_refills_at_its_rate_gets_gates() {
+    let yaml = "default_plan: p\nplans:\n  p: {}\nglobal:\n  \"*\": [{ name: v, algorithm: gcra, limit: 100, per: 1s }]\n";
+    let mut limits = Config::from_yaml(yaml, "g.yaml").unwrap().limits;
+    assert!(
+        Policy::compile(&limits)
+            .applicable("a", "GET /", false)
+            .gated
+    );
+    // Limits built without the validator (its list of valves saying fair):
+    // a window valve still gets no gate, whatever the list says.
+    let valve = &mut limits.global[0].rules[0];
+    valve.rule =
+        crate::Rule::new(crate::Algorithm::SlidingWindow, 100, 1_000, None, false).unwrap();
+    let policy = Policy::compile(&limits);
+    let applicable = policy.applicable("a", "GET /", false);
+    assert!(!applicable.gated, "{:?}", applicable.rules);
+}

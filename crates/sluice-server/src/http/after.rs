@@ -31,7 +31,7 @@ use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_nu
 use super::respond::refusal;
 use crate::app::App;
 use crate::metrics::SettleResult;
-use crate::reservation::{CLOCK_SKEW_MS, Held, Reservations};
+use crate::reservation::{CLOCK_SKEW_MS, Reservations};
 
 /// `request` decided as a reservation: the decision's answer, with
 /// `"reservation"` when admitted (the estimate held until settled).
@@ -131,21 +131,22 @@ pub(super) async fn settle(
     let ttl = Reservations::marker_ttl_ms(&held, now);
     let reservation = held.reservation;
     let policy = app.limiter.policy();
+    let unavailable = |error: &StoreError| {
+        refusal(
+            &InvalidRequest::new(
+                "store",
+                format!(
+                    "the rate-limit store could not record the settle ({error}); it may have applied, in part: send it again, it applies once"
+                ),
+            )
+            .with_status(StatusCode::SERVICE_UNAVAILABLE),
+        )
+    };
     let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
-        Err(error) => {
-            // On Redis Cluster a settle may have applied in some slots:
-            // its retry finishes it, whatever happened.
-            return refusal(
-                &InvalidRequest::new(
-                    "store",
-                    format!(
-                        "the rate-limit store could not record the settle ({error}); it may have applied, in part: send it again, it applies once"
-                    ),
-                )
-                .with_status(StatusCode::SERVICE_UNAVAILABLE),
-            );
-        }
+        // On Redis Cluster or a sharded tenant a settle may have applied
+        // in some slots: its retry finishes it, whatever happened.
+        Err(error) => return unavailable(&error),
     };
     match settled.marker {
         MarkerAnswer::Conflict => unknown("it was settled already, at another cost, or expired"),
@@ -169,6 +170,12 @@ pub(super) async fn settle(
                 route => route,
             };
             app.record_charged(&reservation.tenant, route, cost, reservation.at_ms);
+            // Made under its lead marker, and counted once here; a retry
+            // finishes the slots or shards the store failed to reach (and
+            // answers as a repeat).
+            if let Some(error) = &settled.unfinished {
+                return unavailable(error);
+            }
             standing_answer(&settled.decision)
                 .map(Body::from)
                 .into_response()
@@ -314,10 +321,11 @@ pub fn spawn_expiry(app: &Arc<App>) {
 /// Claims the reservations due now (see [`spawn_expiry`]).
 pub async fn expire_due(app: &App) {
     let now = crate::admin::now_ms();
-    for Held { reservation, .. } in app.reservations.due(now) {
+    for held in app.reservations.due(now) {
+        let reservation = &held.reservation;
         // Kept as long as an instance whose clock is behind may still
         // accept a settle of it.
-        match app.limiter.expire(&reservation, CLOCK_SKEW_MS).await {
+        match app.limiter.expire(reservation, CLOCK_SKEW_MS).await {
             Ok(true) => {
                 app.metrics.usage.expired();
                 let policy = app.limiter.policy();
@@ -339,7 +347,9 @@ pub async fn expire_due(app: &App) {
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, "could not claim an expired reservation; its estimate stands, unrecorded in the ledger");
+                if !app.reservations.retry(held.clone(), now) {
+                    tracing::warn!(%error, "could not claim an expired reservation in time; its estimate stands, unrecorded in the ledger");
+                }
             }
         }
     }

@@ -40,9 +40,14 @@ pub struct Reservations {
     cipher: ChaCha20Poly1305,
     /// The keys of the versions before, whose ids (JSON) still open.
     earlier: Vec<ChaCha20Poly1305>,
+    /// Keys of this version's ids under a previous pepper.
+    earlier_v3: Vec<ChaCha20Poly1305>,
     ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
+    /// Expiries whose claim failed (the store unreachable), with when to
+    /// try again.
+    retrying: Mutex<Vec<(Held, u64)>>,
 }
 
 /// A reservation with the instant it expires (ms since the epoch).
@@ -58,6 +63,14 @@ pub struct Held {
 /// settle that an instance whose clock is up to this far behind accepts
 /// still finds the expiry's claim.
 pub const CLOCK_SKEW_MS: u64 = 60_000;
+
+/// What this version's key is derived for: the key prefix is part of it.
+fn v3_purpose(keyer: &Keyer) -> String {
+    format!("reservations v3\0{}", keyer.prefix())
+}
+
+/// How long after a failed expiry claim it is tried again.
+const RETRY_MS: u64 = 1_000;
 
 impl std::fmt::Debug for Reservations {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -108,7 +121,7 @@ impl Reservations {
             // earlier version cannot open them (it would read them wrong);
             // its ids still open here.
             Some(keyer) => (
-                keyer.derive(&format!("reservations v3\0{}", keyer.prefix())),
+                keyer.derive(&v3_purpose(keyer)),
                 vec![
                     cipher(keyer.derive("reservations v2")),
                     cipher(keyer.derive("reservations v1")),
@@ -123,9 +136,26 @@ impl Reservations {
         Reservations {
             cipher: cipher(current),
             earlier,
+            earlier_v3: Vec::new(),
             ttl_ms,
             pending: Mutex::new(VecDeque::new()),
+            retrying: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same, also opening the ids sealed under `previous` (the pepper
+    /// a rotation moves away from), so that a rotation drops no
+    /// reservation given before it.
+    pub fn opening_under(mut self, previous: Option<&Keyer>) -> Reservations {
+        if let Some(previous) = previous {
+            let cipher = |secret: [u8; 32]| ChaCha20Poly1305::new(Key::from_slice(&secret));
+            self.earlier_v3
+                .push(cipher(previous.derive(&v3_purpose(previous))));
+            for version in ["reservations v2", "reservations v1"] {
+                self.earlier.push(cipher(previous.derive(version)));
+            }
+        }
+        self
     }
 
     /// A reservation's id, sealed, once this instance keeps it until it
@@ -179,9 +209,13 @@ impl Reservations {
         let bytes = URL_SAFE_NO_PAD.decode(id).ok()?;
         let (nonce, sealed) = bytes.split_at_checked(12)?;
         let nonce = Nonce::from_slice(nonce);
-        let held = match self.cipher.decrypt(nonce, sealed) {
-            Ok(plain) => plain::decode(&plain)?,
-            Err(_) => {
+        let current = std::iter::once(&self.cipher).chain(&self.earlier_v3);
+        let held = match current
+            .into_iter()
+            .find_map(|c| c.decrypt(nonce, sealed).ok())
+        {
+            Some(plain) => plain::decode(&plain)?,
+            None => {
                 let plain = self
                     .earlier
                     .iter()
@@ -236,14 +270,42 @@ impl Reservations {
         }
     }
 
-    /// The reservations kept whose time is up at `now_ms`, taken out.
+    /// The reservations kept whose time is up at `now_ms`, taken out
+    /// (with those whose claim is to be tried again by then).
     pub fn due(&self, now_ms: u64) -> Vec<Held> {
-        let mut pending = self.pending.lock().expect("pending reservations");
         let mut due = Vec::new();
-        while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
-            due.extend(pending.pop_front());
+        {
+            let mut pending = self.pending.lock().expect("pending reservations");
+            while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
+                due.extend(pending.pop_front());
+            }
         }
+        let mut retrying = self.retrying.lock().expect("retried reservations");
+        retrying.retain(|(held, at)| {
+            let now = *at <= now_ms;
+            if now {
+                due.push(held.clone());
+            }
+            !now
+        });
         due
+    }
+
+    /// Tries `held`'s expiry claim again in a second, if a settle could
+    /// still be told from it then: its settle marker lives
+    /// [`CLOCK_SKEW_MS`] past the expiry, and a claim made after that would
+    /// find none and bill a settled reservation again. False when it is
+    /// too late (the estimate stands, unrecorded).
+    pub fn retry(&self, held: Held, now_ms: u64) -> bool {
+        let next = now_ms + RETRY_MS;
+        // Half the marker's extra life: room for clocks that differ.
+        let late = next > held.expires_ms + CLOCK_SKEW_MS / 2;
+        let mut retrying = self.retrying.lock().expect("retried reservations");
+        if late || retrying.len() >= MAX_PENDING {
+            return false;
+        }
+        retrying.push((held, next));
+        true
     }
 }
 
@@ -313,8 +375,10 @@ mod tests {
         let earlier = Reservations {
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.derive("reservations v1"))),
             earlier: Vec::new(),
+            earlier_v3: Vec::new(),
             ttl_ms: 300_000,
             pending: Mutex::new(VecDeque::new()),
+            retrying: Mutex::new(Vec::new()),
         };
         let now = Reservations::new(Some(&key), 300_000);
         let id = now.seal(&now.hold(reservation(1_000)));
@@ -369,6 +433,22 @@ mod tests {
     }
 
     #[test]
+    fn an_id_sealed_before_a_pepper_rotation_opens_after_it() {
+        let old = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
+        let new = sluice_core::keys::Pepper::parse(&[8u8; 32]).unwrap();
+        let before = Reservations::new(Some(&Keyer::new("sl", &old)), 300_000);
+        let id = before.seal(&before.hold(reservation(1_000)));
+        let after = Reservations::new(Some(&Keyer::new("sl", &new)), 300_000);
+        assert_eq!(
+            opened(&after, &id, 1_000),
+            None,
+            "without the previous pepper"
+        );
+        let rotating = after.opening_under(Some(&Keyer::new("sl", &old)));
+        assert_eq!(opened(&rotating, &id, 1_000), Some(reservation(1_000)));
+    }
+
+    #[test]
     fn another_key_prefix_does_not_open_an_id() {
         let pepper = sluice_core::keys::Pepper::parse(&[7u8; 32]).unwrap();
         let production = Reservations::new(Some(&Keyer::new("sl", &pepper)), 300_000);
@@ -394,6 +474,21 @@ mod tests {
         // Another fleet's (another key's) ids are unknown here.
         let other = Reservations::new(None, 300_000);
         assert_eq!(opened(&other, &id, 1_000), None);
+    }
+
+    #[test]
+    fn a_failed_expiry_claim_is_tried_again_while_a_settle_can_be_told() {
+        let reservations = Reservations::new(None, 1_000);
+        let held = reservations.hold(reservation(0));
+        assert_eq!(held.expires_ms, 1_000);
+        // The store failed at the expiry: tried again a second later.
+        assert!(reservations.retry(held.clone(), 1_000));
+        assert!(reservations.due(1_999).is_empty());
+        assert_eq!(reservations.due(2_000), vec![held.clone()]);
+        assert!(reservations.due(3_000).is_empty(), "taken out");
+        // Until the settle marker could be gone.
+        assert!(reservations.retry(held.clone(), 1_000 + CLOCK_SKEW_MS / 2 - RETRY_MS));
+        assert!(!reservations.retry(held, 1_000 + CLOCK_SKEW_MS / 2));
     }
 
     #[test]

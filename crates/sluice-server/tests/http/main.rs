@@ -37,7 +37,7 @@ use sluice_core::{Config, Policy};
 use sluice_server::app::App;
 use sluice_server::backend::Backend;
 use sluice_server::http::router;
-use sluice_store::{Limiter, ManualClock, MemoryStore};
+use sluice_store::{Limiter, LimiterOptions, ManualClock, MemoryStore};
 use tower::ServiceExt;
 
 const CONFIG: &str = r#"
@@ -82,6 +82,24 @@ fn limiter_of(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backend>) {
         Policy::compile(&config.limits),
         Backend::Memory(store),
         config.storage.on_error,
+    );
+    (config, clock, limiter)
+}
+
+/// [`limiter_of`] with the limiter on the store's hand-set clock too: what
+/// it keeps of time itself (a fair valve's level) moves as the store's
+/// does.
+fn limiter_on_one_clock(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backend>) {
+    let (config, clock, _) = limiter_of(yaml);
+    let options = LimiterOptions {
+        clock: clock.clone(),
+        ..LimiterOptions::new(config.storage.on_error)
+    };
+    let store = MemoryStore::with_clock(100_000, clock.clone());
+    let limiter = Limiter::with_options(
+        Policy::compile(&config.limits),
+        Backend::Memory(store),
+        options,
     );
     (config, clock, limiter)
 }
@@ -209,7 +227,7 @@ fn admin_harness() -> (Harness, Arc<App>) {
 
 /// [`admin_harness`] of another configuration.
 fn admin_harness_of(yaml: &str) -> (Harness, Arc<App>) {
-    let (config, clock, limiter) = limiter_of(yaml);
+    let (config, clock, limiter) = limiter_on_one_clock(yaml);
     let admin = sluice_server::admin::Admin::new(Some(TOKEN.as_bytes().to_vec()), limiter.store())
         .with_clock(clock.clone());
     let app = App::new_with(

@@ -73,6 +73,10 @@ pub struct Adjustment<'p> {
     /// Whether the change applied ([`MarkerAnswer::Applied`]), had applied
     /// before (an identical settle), or another settle had.
     pub marker: MarkerAnswer,
+    /// A settle applied under its lead marker that the store failed to
+    /// finish on every slot or shard: made, and finished by a retry
+    /// ([`Adjusted::unfinished`](crate::Adjusted::unfinished)).
+    pub unfinished: Option<StoreError>,
 }
 
 /// Why a report or a settle changed nothing.
@@ -194,14 +198,37 @@ impl<S: Store> Limiter<S> {
         };
         // A reload may have lowered the tenant's shards since: the change
         // goes to the shard that now holds the one that admitted.
-        let batch = Batch {
-            shard: reservation.shard % applicable.shards.max(1),
-            whole_at: &whole_at,
-            ..Batch::new(&reservation.tenant, subject, units, own)
+        let shards = applicable.shards.max(1);
+        let shard = reservation.shard % shards;
+        let adjusted = if change == Change::Debit && shards > 1 {
+            // An excess is spent already: charged over the tenant's
+            // shards as a report's cost is (each holds its share of the
+            // limit), from the one that admitted, each with its marker.
+            let spread = Spread {
+                tenant: &reservation.tenant,
+                subject,
+                rules: own,
+                costs: &[],
+                units,
+                shards,
+                first: shard,
+            };
+            match self.debit_spread(&spread, Some(&marker)).await {
+                Ok(adjusted) => adjusted,
+                Err(AfterError::Store(error) | AfterError::Partly { error, .. }) => {
+                    return Err(error);
+                }
+                Err(AfterError::StatusNeeded) => unreachable!("a settle names no status"),
+            }
+        } else {
+            let batch = Batch {
+                shard,
+                whole_at: &whole_at,
+                ..Batch::new(&reservation.tenant, subject, units, own)
+            };
+            self.adjust_within_budget(&batch, change, Some(&marker))
+                .await?
         };
-        let adjusted = self
-            .adjust_within_budget(&batch, change, Some(&marker))
-            .await?;
         Ok(Adjustment {
             decision: Decision::from_outcomes(
                 Applicable {
@@ -214,6 +241,7 @@ impl<S: Store> Limiter<S> {
             ),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: adjusted.unfinished,
         })
     }
 
@@ -275,53 +303,16 @@ impl<S: Store> Limiter<S> {
                 .collect();
             (applicable.asked, costs)
         };
-        let shards = u64::from(applicable.shards.max(1));
-        let first = self.turns.first(applicable.shards.max(1));
-        let full = |j: usize| costs.get(j).copied().unwrap_or(request.cost);
-        let mut forgiven = 0;
-        let mut recorded = 0;
-        let mut last = None;
-        for k in 0..shards {
-            // Shard `first + k` takes its even share of each divided rule
-            // (the first ones a unit more while the remainder lasts); a
-            // rule kept whole on shard 0 is charged once, in full.
-            let shared: Vec<u64> = rules
-                .iter()
-                .enumerate()
-                .map(|(j, rule)| match (rule.on_first_shard(), k) {
-                    (true, 0) => full(j),
-                    (true, _) => 0,
-                    (false, _) => full(j) / shards + u64::from(k < full(j) % shards),
-                })
-                .collect();
-            let units = request.cost / shards + u64::from(k < request.cost % shards);
-            if k > 0 && shared.iter().all(|&c| c == 0) {
-                continue;
-            }
-            let batch = Batch {
-                costs: &shared,
-                shard: ((u64::from(first) + k) % shards) as u16,
-                ..Batch::new(request.tenant, request.subject, units, rules)
-            };
-            let adjusted = match self.adjust_within_budget(&batch, Change::Debit, None).await {
-                Ok(adjusted) => adjusted,
-                Err(error) if recorded > 0 => {
-                    return Err(AfterError::Partly {
-                        recorded,
-                        forgiven,
-                        error,
-                    });
-                }
-                Err(error) => return Err(error.into()),
-            };
-            recorded += units;
-            forgiven += adjusted.forgiven;
-            last = Some(adjusted);
-        }
-        let adjusted = crate::adjust::Adjusted {
-            forgiven,
-            ..last.expect("a tenant has at least one shard")
+        let spread = Spread {
+            tenant: request.tenant,
+            subject: request.subject,
+            rules,
+            costs: &costs,
+            units: request.cost,
+            shards: applicable.shards.max(1),
+            first: self.turns.first(applicable.shards.max(1)),
         };
+        let adjusted = self.debit_spread(&spread, None).await?;
         Ok(Adjustment {
             decision: Decision::from_outcomes(
                 Applicable {
@@ -334,6 +325,99 @@ impl<S: Store> Limiter<S> {
             ),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: adjusted.unfinished,
+        })
+    }
+
+    /// Debits `spread.units` over the tenant's shards, from
+    /// `spread.first`: each divided rule's cost split evenly (the first
+    /// shards a unit more while the remainder lasts: each holds its share
+    /// of the limit, and of `max_debt`), a rule kept whole on shard 0
+    /// charged once, in full. One store call per shard that has something
+    /// to charge; the answer the last one's, with what was forgiven
+    /// summed. With a settle's `marker`, each call keeps it in its own
+    /// shard's slot: the first shard's answer decides (another settle or
+    /// the expiry there: nothing more is charged), and a retry of a settle
+    /// cut short finishes on the shards it had not reached.
+    async fn debit_spread(
+        &self,
+        spread: &Spread<'_>,
+        marker: Option<&Marker>,
+    ) -> Result<crate::adjust::Adjusted, AfterError> {
+        let shards = u64::from(spread.shards);
+        let full = |j: usize| spread.costs.get(j).copied().unwrap_or(spread.units);
+        let mut forgiven = 0;
+        let mut recorded = 0;
+        let mut answer = None;
+        let mut last = None;
+        for k in 0..shards {
+            let shared: Vec<u64> = spread
+                .rules
+                .iter()
+                .enumerate()
+                .map(|(j, rule)| match (rule.on_first_shard(), k) {
+                    (true, 0) => full(j),
+                    (true, _) => 0,
+                    (false, _) => full(j) / shards + u64::from(k < full(j) % shards),
+                })
+                .collect();
+            let units = spread.units / shards + u64::from(k < spread.units % shards);
+            if k > 0 && shared.iter().all(|&c| c == 0) {
+                continue;
+            }
+            let shard = ((u64::from(spread.first) + k) % shards) as u16;
+            let batch = Batch {
+                costs: &shared,
+                shard,
+                ..Batch::new(spread.tenant, spread.subject, units, spread.rules)
+            };
+            // The lead marker stays in the slot of the shard that admitted
+            // (where the expiry claims it), whatever the shards are now.
+            let marker = marker.map(|m| match k {
+                0 => m.clone(),
+                _ => Marker { shard, ..m.clone() },
+            });
+            let adjusted = match self
+                .adjust_within_budget(&batch, Change::Debit, marker.as_ref())
+                .await
+            {
+                Ok(adjusted) => adjusted,
+                // A settle whose lead marker applied is made: the rest is
+                // a retry's to finish.
+                Err(error) if answer == Some(MarkerAnswer::Applied) && marker.is_some() => {
+                    let last = last.expect("the lead shard answered");
+                    return Ok(crate::adjust::Adjusted {
+                        forgiven,
+                        unfinished: Some(error),
+                        ..last
+                    });
+                }
+                Err(error) if recorded > 0 => {
+                    return Err(AfterError::Partly {
+                        recorded,
+                        forgiven,
+                        error,
+                    });
+                }
+                Err(error) => return Err(error.into()),
+            };
+            // The lead shard's answer is the settle's: another settle's
+            // or the expiry's marker there charges nothing more, and a
+            // retry that finishes the other shards is the same settle.
+            let lead = *answer.get_or_insert(adjusted.marker);
+            if lead == MarkerAnswer::Conflict {
+                return Ok(adjusted);
+            }
+            if adjusted.marker == MarkerAnswer::Applied {
+                recorded += units;
+            }
+            forgiven += adjusted.forgiven;
+            last = Some(adjusted);
+        }
+        Ok(crate::adjust::Adjusted {
+            forgiven,
+            marker: answer.unwrap_or(MarkerAnswer::Applied),
+            ..last.expect("a tenant has at least one shard")
         })
     }
 
@@ -350,13 +434,20 @@ impl<S: Store> Limiter<S> {
                 marker: MarkerAnswer::Applied,
                 outcomes: Default::default(),
                 forgiven: 0,
+                unfinished: None,
             });
         }
-        let adjusted = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            None => self.store.adjust(batch, change, marker).await,
+        // A settle's change (with a marker) is not cut short from here:
+        // on Redis Cluster it is made once its lead slot applies, and what
+        // that call answered must reach the caller (each of its calls is
+        // bounded by the store's own response timeout).
+        let adjusted = match (self.options.timeout, marker) {
+            (Some(budget), None) => {
+                tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64)))
+            }
+            _ => self.store.adjust(batch, change, marker).await,
         }?;
         Ok(adjusted)
     }
@@ -366,21 +457,34 @@ impl<S: Store> Limiter<S> {
     /// one of them has no room (or the store cannot say and the failure
     /// policy denies), or when they are the only rules; `None` to decide
     /// the other rules.
+    ///
+    /// `asking` names the asked rules' tenant, subject and cost
+    /// ([`asking`]).
     pub(super) async fn ask<'p>(
         &self,
         applicable: Applicable<'p>,
-        request: &Request<'_>,
+        asking: &Batch<'_>,
+    ) -> Option<Decision<'p>> {
+        let peeked = match self.options.timeout {
+            Some(budget) => tokio::time::timeout(budget, self.store.peek(asking))
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            None => self.store.peek(asking).await,
+        };
+        self.asked(applicable, asking.cost, peeked)
+    }
+
+    /// What [`ask`](Self::ask) answers once the store's rows of the asked
+    /// rules are `peeked` (the synchronous door peeks them itself).
+    pub(super) fn asked<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        cost: u64,
+        peeked: Result<crate::store::Peeked, StoreError>,
     ) -> Option<Decision<'p>> {
         let asked = Applicable {
             rules: applicable.asked,
             ..applicable
-        };
-        let batch = Batch::new(request.tenant, request.subject, request.cost, asked.rules);
-        let peeked = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.peek(&batch))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            None => self.store.peek(&batch).await,
         };
         let decision = match peeked {
             Ok(peeked) => {
@@ -388,11 +492,11 @@ impl<S: Store> Limiter<S> {
                     .rows
                     .iter()
                     .map(|row| {
-                        let cost = request.cost.min(row.enforced.capacity());
+                        let cost = cost.min(row.enforced.capacity());
                         row.enforced.decide(&row.state, peeked.now, cost).0
                     })
                     .collect();
-                Decision::from_outcomes(asked, outcomes, request.cost, &[])
+                Decision::from_outcomes(asked, outcomes, cost, &[])
             }
             Err(error) => {
                 self.options.telemetry.store_error(&error);
@@ -409,4 +513,28 @@ impl<S: Store> Limiter<S> {
         };
         (!decision.allowed || applicable.rules.is_empty()).then_some(decision)
     }
+}
+
+/// The batch of the rules of `applicable` that count by outcome, asked
+/// for a request of `cost` units of `tenant` (and `subject`).
+pub(super) fn asking<'a>(
+    applicable: &Applicable<'a>,
+    tenant: &'a str,
+    subject: Option<&'a str>,
+    cost: u64,
+) -> Batch<'a> {
+    Batch::new(tenant, subject, cost, applicable.asked)
+}
+
+/// A debit spread over a tenant's shards ([`Limiter::debit_spread`]).
+struct Spread<'a> {
+    tenant: &'a str,
+    subject: Option<&'a str>,
+    rules: &'a [sluice_core::BoundRule],
+    /// Per rule, its cost in full; empty: `units` for every rule.
+    costs: &'a [u64],
+    units: u64,
+    shards: u16,
+    /// The shard charged first.
+    first: u16,
 }

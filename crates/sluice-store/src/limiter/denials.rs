@@ -29,6 +29,15 @@
 //!   moment later: every admission decided by the store drops the entries
 //!   of the buckets it consumed from ([`forget`](DenialCache::forget)).
 //!
+//! One kind of denial keeps these promises only approximately: a fair
+//! valve's share (its gate, [`Scope::Share`]), whose rate is set afresh for
+//! every decision from a level that moves. Its denial is remembered for its
+//! own wait at the rate it was decided at, and never longer than a
+//! twentieth of the valve's period: the share may
+//! rise meanwhile, and a tenant past its share be denied up to that long
+//! after the store would admit it again (see `fair::remembered_wait`).
+//! Without it, a saturated fair valve cost a store call per decision.
+//!
 //! Consumption of a request's *other* buckets since an entry was written
 //! (by this instance's admissions or another's) can only push the real
 //! moment later; the client then retries, reaches the store and hears the
@@ -131,14 +140,11 @@ impl DenialCache {
         let map = self.map.pin();
         for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
             // A concurrency denial lasts until a release, which can come
-            // at any moment: never remembered. Nor a fair valve's share: its
-            // rate is set afresh for every decision, and a wait computed at
-            // one rate would outlast it.
+            // at any moment: never remembered.
             if outcome.allowed
                 || rule.shadow()
                 || outcome.retry_after_ms == 0
                 || rule.rule().is_concurrency()
-                || rule.scope() == sluice_core::Scope::Share
                 // One key of a split valve denied: the next decision uses
                 // another, which may well admit (remembered, one empty key
                 // denied every tenant as if the whole valve were).
@@ -146,9 +152,19 @@ impl DenialCache {
             {
                 continue;
             }
+            // A fair valve's share: for a moment only (see
+            // `fair::remembered_wait`).
+            let wait = if rule.scope() == Scope::Share {
+                super::fair::remembered_wait(rule, batch.rules, outcome.retry_after_ms)
+            } else {
+                outcome.retry_after_ms
+            };
+            if wait == 0 {
+                continue;
+            }
             let key = KeyRef::new(&self.hasher, rule, batch.partition(i, rule), batch.shard);
             let denial = Denial {
-                until_ms: now + outcome.retry_after_ms,
+                until_ms: now + wait,
                 cost: batch.cost_of(i),
                 epoch,
             };

@@ -9,6 +9,7 @@ use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Decision, Request, Scope};
 
 use super::Limiter;
+use super::after::asking;
 use super::dedupe::partition_text;
 use crate::store::{Batch, Partition, Peeked, Store, StoreError};
 
@@ -98,6 +99,12 @@ impl<S: Store> Limiter<S> {
         applicable: Applicable<'p>,
         keyed: &Keyed<'_>,
     ) -> Decision<'p> {
+        if !applicable.asked.is_empty() {
+            let asking = asking(&applicable, keyed.tenant, keyed.subject, keyed.cost);
+            if let Some(decided) = self.ask(applicable, &asking).await {
+                return decided;
+            }
+        }
         let (partitions, costs) = keyed.parts(applicable.rules);
         let batch = Batch {
             partitions: &partitions,
@@ -129,6 +136,7 @@ impl<S: Store> Limiter<S> {
             decision: Decision::from_outcomes(applicable, adjusted.outcomes, 1, &[]),
             forgiven: adjusted.forgiven,
             marker: adjusted.marker,
+            unfinished: None,
         })
     }
 
@@ -217,5 +225,37 @@ plans:
         assert!(limiter.decide_keyed(combined, &keyed).await.allowed);
         let after = limiter.peek_keyed(&rules, &keyed).await.unwrap();
         assert_ne!(after.rows[rules.len() - 1].state, sluice_core::State::Fresh);
+    }
+
+    #[tokio::test]
+    async fn the_keyed_door_asks_the_rules_that_count_by_outcome() {
+        let yaml = r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{ name: t, limit: 100, per: 1m }]
+    subject:
+      "POST /login": [{ name: failed, algorithm: sliding_log, limit: 5, per: 15m, count_if: { status: [401] } }]
+"#;
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t.yaml").unwrap().limits);
+        let limiter = Limiter::new(policy, MemoryStore::new(1_000), OnError::Deny);
+        let policy = limiter.policy();
+        let login = Request::new("acme", "POST /login", Some("alice"), 1).unwrap();
+        for _ in 0..5 {
+            limiter.report(&policy, &login, Some(401)).await.unwrap();
+        }
+        // An Envoy descriptor's override adds a rule of its own bucket.
+        let applicable = policy.applicable(login.tenant, login.route, true);
+        let mut rules = applicable.rules.to_vec();
+        rules.push(applicable.rules[0].clone());
+        let mut keyed = Keyed::request(&login, applicable.rules);
+        keyed.push("override".to_owned(), 1);
+        let combined = Applicable {
+            rules: &rules,
+            ..applicable
+        };
+        let decision = limiter.decide_keyed(combined, &keyed).await;
+        assert!(!decision.allowed, "a sixth failed login after five");
+        assert_eq!(decision.policy().map(|r| r.name()), Some("failed"));
     }
 }

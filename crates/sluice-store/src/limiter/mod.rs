@@ -370,10 +370,11 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
         };
-        if !applicable.asked.is_empty()
-            && let Some(decided) = self.ask(applicable, request).await
-        {
-            return (decided, None);
+        if !applicable.asked.is_empty() {
+            let asking = after::asking(&applicable, request.tenant, request.subject, request.cost);
+            if let Some(decided) = self.ask(applicable, &asking).await {
+                return (decided, None);
+            }
         }
         let gated = applicable.gated.then(|| {
             let now = self.options.clock.now_ms();

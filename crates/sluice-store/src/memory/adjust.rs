@@ -24,7 +24,7 @@ impl MemoryStore {
         let mut markers = marker.map(|_| self.markers.lock());
         let mut answer = MarkerAnswer::Applied;
         if let (Some(marker), Some(markers)) = (marker, markers.as_mut()) {
-            match markers.get(&marker.id) {
+            match markers.get(&(marker.id, marker.shard)) {
                 Some((value, until)) if *until > now => {
                     answer = if *value == marker.value {
                         MarkerAnswer::Again
@@ -34,7 +34,7 @@ impl MemoryStore {
                 }
                 _ => {
                     markers.insert(
-                        marker.id,
+                        (marker.id, marker.shard),
                         (marker.value.clone(), now.saturating_add(marker.ttl_ms)),
                     );
                 }
@@ -109,6 +109,7 @@ impl MemoryStore {
             marker: answer,
             outcomes,
             forgiven,
+            unfinished: None,
         })
     }
 }

@@ -163,13 +163,18 @@ local function window_idle(start, count, limit, per)
   return start + max(1, ceil_div(count, limit)) * per
 end
 
-local function fixed_window(name, found, start, count, _, now, cost, limit, per, _, aligned)
+local function fixed_window(name, found, start, count, _, now, cost, limit, per, _, aligned,
+                            max_debt)
   local fixed, fixed_idle
   local current = now
   if aligned == 1 then current = idiv(now, per) * per end
-  if found and start > current then
-    -- A window that starts "later": the window of now, same count.
-    start = current
+  local ahead, foreign = start > current, count > limit + max_debt
+  if found and (ahead or foreign) then
+    -- A window that starts "later": the window of now, same count. One
+    -- counting more than the rule can owe was written under another rule
+    -- (a reload lowered it): spent, nothing carried past it.
+    if ahead then start = current end
+    if foreign then count = limit end
     fixed_idle = window_idle(start, count, limit, per)
     fixed = spack(RECORD, name, fixed_idle, start, count, 0)
   end
@@ -201,14 +206,24 @@ local function windows_idle(start, cur, limit, per)
   return start + max(2, 1 + ceil_div(cur, limit)) * per
 end
 
-local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, per)
+local function sliding_window(name, found, wstart, prev, cur, now, cost, limit, per, _, _,
+                              max_debt)
   local start = idiv(now, per) * per
   local fixed, fixed_idle
-  if found and wstart > start then
+  local ahead = wstart > start
+  local foreign = cur > limit + max_debt or prev > limit or wstart % per ~= 0
+  if found and (ahead or foreign) then
     -- Windows that start "later": moved to the window of now, same counts.
-    wstart = start
-    fixed_idle = windows_idle(start, cur, limit, per)
-    fixed = spack(RECORD, name, fixed_idle, start, prev, cur)
+    -- Counts the rule can never hold, or a start that is no window of per,
+    -- were written under another rule (a reload): that window is spent,
+    -- nothing carried past it (sliding_window::repair).
+    if ahead then wstart = start end
+    if foreign then
+      wstart = wstart - wstart % per
+      prev, cur = min(prev, limit), min(cur, limit)
+    end
+    fixed_idle = windows_idle(wstart, cur, limit, per)
+    fixed = spack(RECORD, name, fixed_idle, wstart, prev, cur)
   end
   local p, c = moved(wstart, prev, cur, start, per, limit)
   local elapsed = now - start

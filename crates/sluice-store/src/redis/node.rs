@@ -253,6 +253,7 @@ impl Store for RedisStore {
             marker: reply.marker,
             outcomes: reply.outcomes,
             forgiven: reply.forgiven,
+            unfinished: None,
         })
     }
 }

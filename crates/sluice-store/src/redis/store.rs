@@ -167,10 +167,13 @@ impl<R: Reach> Redis<R> {
                 enforced: enforced(rule, valve_parts),
             })
             .collect();
-        Ok(Peeked {
-            now: time_ms(&time)?,
-            rows,
-        })
+        // The clock the scripts are sent (tests drive one), as a decision
+        // reads it.
+        let now = match &self.time {
+            TimeSource::Server => time_ms(&time)?,
+            TimeSource::Client(clock) => clock.now_ms(),
+        };
+        Ok(Peeked { now, rows })
     }
 
     /// Gives back what an admitted decision of `batch` at `at` (the

@@ -16,7 +16,12 @@ impl ClusterStore {
     /// (a rule kept whole on shard 0, Envoy descriptors' tags) one after
     /// another, each with the same marker in its own slot. So a settle cut
     /// short between calls (a failure, a caller gone) is finished by its
-    /// retry, slot by slot, and never applied twice in any.
+    /// retry, slot by slot, and never applied twice in any. The lead
+    /// marker's answer is the settle's: a retry (or an identical settle at
+    /// the same time) that finishes other slots answers
+    /// [`MarkerAnswer::Again`], so a settle is counted once; one cut short
+    /// after its lead applied answers [`MarkerAnswer::Applied`] with
+    /// [`Adjusted::unfinished`].
     pub(super) async fn adjust_groups(
         &self,
         batch: &Batch<'_>,
@@ -44,6 +49,7 @@ impl ClusterStore {
         let mut answer = MarkerAnswer::Applied;
         let mut forgiven = 0;
         let mut now = 0;
+        let mut unfinished = None;
         let selection = |group: &[usize]| -> (Vec<String>, Vec<Record>) { select(&buckets, group) };
         if let Some(lead) = lead {
             let (keys, records) = selection(&lead);
@@ -89,17 +95,34 @@ impl ClusterStore {
                     rest_change,
                     marker,
                 )
-                .await?;
-            // A retry that finishes a settle cut short applied it here.
-            if answer == MarkerAnswer::Again
-                && held.is_some()
-                && reply.marker == MarkerAnswer::Applied
-            {
-                answer = MarkerAnswer::Applied;
-            }
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                // The settle is made (its lead marker applied): the rest
+                // is a retry's to finish.
+                Err(error) if held.is_some() && answer == MarkerAnswer::Applied => {
+                    unfinished = Some(error);
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
             forgiven += reply.forgiven;
             now = now.max(reply.now);
             outcomes.extend(group.iter().copied().zip(reply.outcomes));
+        }
+        if unfinished.is_some() {
+            // The slots not reached are not known: read as passing (what
+            // a settle answers then is a 503 saying it is unfinished).
+            let reached: Vec<usize> = outcomes.iter().map(|(i, _)| *i).collect();
+            let unknown = sluice_core::Outcome {
+                allowed: true,
+                ..Default::default()
+            };
+            outcomes.extend(
+                (0..batch.rules.len())
+                    .filter(|i| !reached.contains(i))
+                    .map(|i| (i, unknown)),
+            );
         }
         outcomes.sort_by_key(|(i, _)| *i);
         Ok(Adjusted {
@@ -107,6 +130,7 @@ impl ClusterStore {
             marker: answer,
             outcomes: outcomes.into_iter().map(|(_, o)| o).collect(),
             forgiven,
+            unfinished,
         })
     }
 }

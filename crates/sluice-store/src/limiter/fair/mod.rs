@@ -4,8 +4,8 @@
 //! # The mechanism
 //!
 //! A valve stays what it was: a bucket all tenants draw from, exact. What
-//! is added is a *gate* per tenant and valve ([`Scope::Share`]): a `gcra`
-//! rule in the tenant's own partition (so in the tenant's slot on Redis
+//! is added is a *gate* per tenant and valve ([`Scope::Share`]): a
+//! `token_bucket` rule in the tenant's own partition (so in the tenant's slot on Redis
 //! Cluster, decided in the same call as the tenant's other rules), whose
 //! rate this module sets for each decision to
 //!
@@ -15,7 +15,9 @@
 //!
 //! where `wᵢ` is the tenant's plan weight, `shardsᵢ` its number of shards
 //! (its decisions are spread over them, so a sharded tenant counts as one)
-//! and `α` the valve's *fair-share level*, kept per valve by each instance.
+//! and `α` the valve's *fair-share level* per unit of weight, kept per
+//! valve by each instance (the law below gives it per unit of a reference
+//! weight: see "Weights").
 //! A tenant sending less than `wᵢ · α` never meets its gate's limit; one
 //! sending more is held to it. The gate is decided with every other rule,
 //! all or nothing: a request the gate (or anything else) denies consumes
@@ -50,6 +52,16 @@
 //! valve split into small keys one unit is much of a key), refilled at the
 //! valve's rate for the time since.
 //!
+//! The level mixes two things, a rate above `C` (saturation, which it is
+//! read for) and a burst the valve absorbs (what a valve's burst is for).
+//! A herd of tenants asking in step (a cron job on each) takes much of the
+//! valve in one millisecond and is gone; the level then says saturated
+//! for as long as the valve takes to refill, and a gate's rate falls to a
+//! fraction of its share, though nobody asks more than its share
+//! (measured: 80 tenants at 1/s in step beside one at 10/s on a 100/s
+//! valve, 30% of the polite one's requests denied). What a tenant had
+//! saved is what carries it through: see "Gates".
+//!
 //! What is between `ℓ*` and empty is the room a tenant under its share
 //! draws on: the valve denies it only when that room is gone. The room
 //! shrinks with the number of saturating tenants (`n` equal ones:
@@ -80,6 +92,49 @@
 //!   each; the valve's level is their mean, so one `α` per valve (not per
 //!   key) is read off the whole valve.
 //!
+//! # Weights
+//!
+//! The law reads `α̂`, a rate per unit of a *reference weight* `w_ref`,
+//! off the level, and the gates admit `α = α̂ / w_ref` per unit of
+//! weight: `ρᵢ = (wᵢ / w_ref) · α̂`. The reference is the heaviest weight
+//! among the tenants whose gates held them back (and nothing of their
+//! own: a tenant its own limit holds does not saturate the valve) over
+//! the last half to whole `θ`: the saturating ones. While nobody is held
+//! back it is the heaviest among those that asked; while nobody asks, as
+//! last known (1 at first). Each instance keeps it per valve beside the
+//! level.
+//!
+//! Why: the level spans a fixed range of `α̂` (`C·e^−7.2` at empty to the
+//! `4C` that opens every gate), and weights span a million (0.001 to
+//! 1000). Read per unit of weight 1, weights all ×1000 put every gate
+//! 1000 times above its share (the valve, emptied, first come: a polite
+//! tenant denied 0–99%), all ×0.01 held every gate under `4C·0.01` (60–71%
+//! denied), and a mix left the light ones' share out of reach. Per unit of
+//! the heaviest saturating weight, every weight ×k changes nothing, and
+//! `α̂* = (C − what the others take) / Σ_saturating (wᵢ/w_ref) ≤ C`
+//! (the heaviest counts 1): the fair level is always where the level can
+//! settle, at `ℓ* ≤ T`, whatever the mix; the room argued above is that of
+//! `n` saturating tenants of the reference's weight, and more room with
+//! lighter ones beside them. A tenant lighter than the reference by far
+//! has, rightly, a share lighter by as much.
+//!
+//! It corrects itself. A reference too heavy (the heavy tenant stopped)
+//! holds the light ones back, and they become it within a `θ`. A
+//! reference too light (a heavy tenant starts saturating) leaves heavy
+//! gates loose, and the valve drains: up to about 200 times the
+//! reference (`e^(K·ℓ*)`), the level falls until the heavy gates hold
+//! and the heavy tenants become the reference; beyond, not even an empty
+//! valve's `α̂` holds them, so a valve that stays empty (5% full or less)
+//! for two `θ` (longer than a heavy tenant's own burst drains it) raises
+//! the reference to the heaviest that asked (measured: light tenants of
+//! weight 0.001 saturating, two of weight 1000 join at 4 s and a polite
+//! one of 1000 beside them; the reference is theirs at 6.5 s, the polite
+//! one spared from then on). Meanwhile the valve is first come between
+//! those heavy tenants, and exact. Instances agree as long as each sees
+//! the tenants that saturate (as a load balancer spreading each tenant's
+//! requests gives); an instance that sees none of them keeps its own,
+//! heavier or lighter, until it does.
+//!
 //! # Reserves
 //!
 //! A valve may hold a part of itself for a plan (`reserve: { plan: "n%" }`,
@@ -98,18 +153,58 @@
 //! left unused while someone wants it. The valve's limit holds: the parts
 //! add up to it.
 //!
-//! A gate's tolerance is a quarter of `θ` at its rate (at least the
-//! request's cost, so a costly request passes a gate with nothing owed),
-//! and its state is repaired like any `gcra` state when the rate rises.
-//! A gate whose valve is not saturated runs at a rate no request reaches.
+//! # Gates
+//!
+//! A gate is a token bucket: it refills at `ρᵢ` and holds what `ρᵢ`
+//! saves in a quarter of `θ` (at least the request's cost, so a costly
+//! request passes a gate with nothing owed). A gate whose valve is not
+//! saturated is open (a rate no request reaches). Every gate of a valve
+//! has the same `per` ([`bucket::gate_per`]: the time the valve makes 10,000 units
+//! in), so that its tokens, stored as `tokens × per`, are units whatever
+//! the rate: a gate's rate changes with every decision, and what it
+//! holds must mean the same at the next one.
+//!
+//! - **A gate never owes.** Its state is the units the tenant has left,
+//!   refilled at the rate of the decision that reads it. A `gcra` gate
+//!   kept a `TAT`, a time: a unit taken while the valve was nearly empty
+//!   (`α` down to `C·e^−7.2`, 0.075/s of a 100/s valve) put it seconds
+//!   ahead, and read at the rate of a moment later, when the valve had
+//!   refilled, that distance was debt (measured: a tenant asking 1/s of a
+//!   33/s share, 7 of 15 denied, told to wait 6.5 s). A token spent at any
+//!   rate is one unit, refilled at the next rate: a tenant under its share
+//!   is back within one of its units at that rate.
+//! - **The rate is read off the level now; what a gate may hold, off the
+//!   level before a burst.** A burst takes the valve's units at once, and
+//!   saturation at what the gates let through beyond `C`, a small multiple
+//!   of `C` at most. So the highest level found, less what the valve's own
+//!   rate would have drained of it since ([`Level::held`](level)), is the
+//!   level before a burst until the refilling valve passes it, and within
+//!   the last fluctuation of the level now under saturation. A gate's
+//!   burst is a quarter of `θ` at the `α` of that held level, at most
+//!   `α(T) = C` per unit of the reference: a tenant that had saved its
+//!   units (one asking under its share) keeps them through a herd's dip and
+//!   spends them there, while one that spends its units as they come (one
+//!   past its share) is refilled at the rate of the level now and held to
+//!   it. (Reading the rate itself off the held level held the gates open
+//!   while one tenant sent in clumps: the valve emptied, a polite tenant
+//!   was denied 3.5–5% under wall-clock load and another 4 of 4.)
+//! - A gate's `limit` (its rate × `per`) holds a share down to a
+//!   ten-thousandth of the valve to about one in two, and up to many times
+//!   the valve (past what a rule holds, the gate is open: no share that
+//!   large binds).
 
 use std::sync::Arc;
 
 use sluice_core::policy::Applicable;
-use sluice_core::rule::{MAX_LIMIT, MAX_PERIOD_MS};
 use sluice_core::valve::Reserves;
-use sluice_core::{Algorithm, BoundRule, Decision, Rule, Scope};
+use sluice_core::{BoundRule, Decision, Rule, Scope};
 use smallvec::SmallVec;
+
+mod bucket;
+mod level;
+use bucket::gate_rule;
+pub(crate) use bucket::{at_least_a_second, remembered_wait};
+use level::Level;
 
 /// The level at which `α` is the valve's rate.
 const SET_POINT: f64 = 0.6;
@@ -118,10 +213,10 @@ const K: f64 = 12.0;
 /// `α` at or above this multiple of the valve's rate holds nobody back.
 const OPEN: f64 = 4.0;
 /// A gate's tolerance, as a share of `θ`.
-const TOLERANCE: f64 = 0.25;
-/// Rates (units per ms) at which a gate is written with a precision of
-/// about one in this many.
-const PRECISION: f64 = 10_000.0;
+pub(super) const TOLERANCE: f64 = 0.25;
+/// How many units a gate's `limit` counts for the valve's whole rate (see
+/// [`bucket::gate_per`]).
+pub(super) const PRECISION: f64 = 10_000.0;
 
 /// Each fair valve's level, as this instance knows it.
 #[derive(Default)]
@@ -143,20 +238,6 @@ pub struct ValveLevel {
     pub level_per_second: f64,
 }
 
-/// One valve's level, as this instance has seen it.
-#[derive(Debug)]
-struct Level {
-    name: Arc<str>,
-    /// Whether this is a part of the valve reserved for a plan (the
-    /// metrics show the level of the rest).
-    reserve: bool,
-    /// The valve's rule (or the part's), as last seen.
-    valve: Rule,
-    /// Per key of the valve (one, unless it is split), the level a
-    /// decision last found there and when.
-    keys: SmallVec<[(f64, u64); 4]>,
-}
-
 /// Where a request's gates and their valves are among its rules, and
 /// which key of each split valve it uses.
 pub(crate) struct Gates {
@@ -167,6 +248,8 @@ pub(crate) struct Gates {
     parts: SmallVec<[Option<BoundRule>; 2]>,
     /// The decision's [`Batch::valve_turn`](crate::Batch::valve_turn).
     pub(crate) turn: u64,
+    /// The tenant's plan weight.
+    weight: f64,
 }
 
 impl FairShares {
@@ -197,31 +280,36 @@ impl FairShares {
                 .get(&rule.uid())
                 .map_or(1.0, |l| l.lock().now(rule.rule(), now_ms))
         };
+        // (α now, α a gate may have saved) per part of a valve.
         let alpha = |rule: &BoundRule| {
             valves
                 .get(&rule.uid())
-                .map_or(f64::INFINITY, |l| l.lock().alpha(rule.rule(), now_ms))
+                .map_or((f64::INFINITY, f64::INFINITY), |l| {
+                    let l = l.lock();
+                    (
+                        l.alpha(rule.rule(), now_ms),
+                        l.alpha_saved(rule.rule(), now_ms),
+                    )
+                })
         };
         for (g, gate) in rules.iter().enumerate() {
             if gate.scope() != Scope::Share {
                 continue;
             }
-            let Some(v) = rules.iter().position(|r| {
-                r.scope() == Scope::Global
-                    && r.name() == gate.name()
-                    && r.pattern() == gate.pattern()
-            }) else {
+            let Some(v) = rules.iter().position(|r| valve_of(gate, r)) else {
                 continue;
             };
             let valve = &rules[v];
-            let mut share = alpha(valve);
+            let (mut share, mut saved) = alpha(valve);
             let mut part = None;
             if let Some(reserves) = applicable.reserves.iter().find(|r| r.valve == v) {
                 part = choose(reserves, valve, cost, level).cloned();
                 // A reserved plan's tenants share their part as well as
                 // the rest of the valve.
                 if let Some(own) = reserves.own {
-                    share += alpha(&reserves.parts[own]);
+                    let (own_share, own_saved) = alpha(&reserves.parts[own]);
+                    share += own_share;
+                    saved += own_saved;
                 }
             }
             let drawn = part.as_ref().unwrap_or(valve);
@@ -231,14 +319,23 @@ impl FairShares {
                 turn = level.lock().fullest(drawn.rule(), now_ms, turn);
             }
             let rate = share * weight / shards;
-            gated[g] = gate.with_rule(gate_rule(rate, cost, TOLERANCE * drain_ms(valve.rule())));
+            let saved = saved * weight / shards;
+            gated[g] = gate.with_rule(gate_rule(rate, saved, cost, valve.rule()));
             if let Some(part) = &part {
                 gated[v] = part.clone();
             }
             pairs.push((g, v));
             parts.push(part);
         }
-        (gated, Gates { pairs, parts, turn })
+        (
+            gated,
+            Gates {
+                pairs,
+                parts,
+                turn,
+                weight,
+            },
+        )
     }
 
     /// Learns each fair valve's level from `decision`, when it is known: a
@@ -257,12 +354,29 @@ impl FairShares {
             return;
         }
         let valves = self.valves.pin();
-        for (&(_, v), part) in gates.pairs.iter().zip(&gates.parts) {
+        let own_rules_allow =
+            decision
+                .rules
+                .iter()
+                .zip(decision.outcomes.iter())
+                .all(|(rule, outcome)| {
+                    outcome.allowed || matches!(rule.scope(), Scope::Global | Scope::Share)
+                });
+        for (&(g, v), part) in gates.pairs.iter().zip(&gates.parts) {
+            let valve = part.as_ref().unwrap_or(&decision.rules[v]);
+            let entry = valves.get_or_insert_with(valve.uid(), || {
+                parking_lot::Mutex::new(Level::new(valve.name().into(), part.is_some()))
+            });
+            // Held back by its gate, and by nothing of its own (a tenant
+            // its own limit holds does not saturate the valve).
+            let held_back = !decision.outcomes[g].allowed && own_rules_allow;
+            entry
+                .lock()
+                .asked(valve.rule(), gates.weight, held_back, now_ms);
             let outcome = &decision.outcomes[v];
             if !decision.allowed && outcome.allowed {
                 continue;
             }
-            let valve = part.as_ref().unwrap_or(&decision.rules[v]);
             let keys = valve.rule().shares(valve_parts);
             let enforced = valve.rule().share(keys);
             // The level the request found: what it took counts as still
@@ -270,9 +384,6 @@ impl FairShares {
             // a key, and every sight after an admission would read low).
             let found = u64::from(outcome.remaining) + if outcome.allowed { cost } else { 0 };
             let level = (found as f64 / enforced.capacity() as f64).clamp(0.0, 1.0);
-            let entry = valves.get_or_insert_with(valve.uid(), || {
-                parking_lot::Mutex::new(Level::new(valve.name().into(), part.is_some()))
-            });
             let key = (gates.turn % keys) as usize;
             entry
                 .lock()
@@ -302,83 +413,6 @@ impl FairShares {
                 }
             })
             .collect()
-    }
-}
-
-impl Level {
-    fn new(name: Arc<str>, reserve: bool) -> Level {
-        Level {
-            name,
-            reserve,
-            valve: Rule::new(Algorithm::Gcra, 1, 1, None, false).expect("a valid rule"),
-            keys: SmallVec::new(),
-        }
-    }
-
-    /// Notes the level a decision found at `now_ms` on key `key` of a valve
-    /// split over `keys` (1 when whole).
-    fn observe(&mut self, valve: &Rule, key: usize, keys: usize, seen: f64, now_ms: u64) {
-        self.valve = *valve;
-        if self.keys.len() != keys {
-            // New, or split anew (a reload): keys not seen yet count full.
-            self.keys = smallvec::smallvec![(1.0, now_ms); keys];
-        }
-        let (level, at) = &mut self.keys[key];
-        // A clock that stepped back keeps the later time.
-        *level = seen;
-        *at = (*at).max(now_ms);
-    }
-
-    /// The valve's level now: the mean of its keys' levels as last found,
-    /// each refilled at its rate for the time since (a key nobody told of
-    /// is one nobody drained).
-    fn now(&self, valve: &Rule, now_ms: u64) -> f64 {
-        if self.keys.is_empty() {
-            return 1.0;
-        }
-        let theta = drain_ms(valve);
-        let sum: f64 = self
-            .keys
-            .iter()
-            .map(|&(level, at)| (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0))
-            .sum();
-        sum / self.keys.len() as f64
-    }
-
-    /// A turn (see [`Batch::valve_turn`](crate::Batch::valve_turn)) that
-    /// puts a decision on the key of a split valve it knows to be fullest
-    /// (the first of those within a unit of it, from `random`'s key on;
-    /// `random` itself for a whole valve): joining the fullest key keeps
-    /// the keys level, so that a request finds one empty only when the
-    /// whole valve nearly is.
-    fn fullest(&self, valve: &Rule, now_ms: u64, random: u64) -> u64 {
-        let keys = self.keys.len() as u64;
-        if keys <= 1 {
-            return random;
-        }
-        let theta = drain_ms(valve);
-        let unit = keys as f64 / valve.capacity().max(1) as f64;
-        let level = |k: u64| {
-            let (level, at) = self.keys[k as usize];
-            (level + now_ms.saturating_sub(at) as f64 / theta).min(1.0)
-        };
-        let best = (0..keys).map(level).fold(0.0, f64::max);
-        let start = random % keys;
-        (0..keys)
-            .map(|i| (start + i) % keys)
-            .find(|&k| level(k) >= best - unit)
-            .unwrap_or(start)
-    }
-
-    /// `α` now, in units per ms per unit of weight (infinite while it
-    /// holds nobody back).
-    fn alpha(&self, valve: &Rule, now_ms: u64) -> f64 {
-        let alpha = rate_per_ms(valve) * (K * (self.now(valve, now_ms) - SET_POINT)).exp();
-        if alpha >= OPEN * rate_per_ms(valve) {
-            f64::INFINITY
-        } else {
-            alpha
-        }
     }
 }
 
@@ -415,175 +449,18 @@ fn choose<'r>(
         .map(|(_, part)| part)
 }
 
-/// The least a tenant past its share of a fair valve is told to wait.
-const MIN_RETRY_MS: u64 = 1_000;
-
-/// Makes the wait a fair-share denial gives at least a second (appendix
-/// E): the gate's own wait is the time until the tenant's use falls under
-/// its share at the rate of this decision, which can be a few ms, and the
-/// share moves with the valve.
-pub(crate) fn at_least_a_second(decision: &mut Decision<'_>) {
-    if decision.allowed || decision.known() != sluice_core::decision::Known::Every {
-        return;
-    }
-    for (rule, outcome) in decision.rules.iter().zip(decision.outcomes.iter_mut()) {
-        if rule.scope() == Scope::Share && !outcome.allowed {
-            outcome.retry_after_ms = outcome.retry_after_ms.max(MIN_RETRY_MS);
-        }
-    }
+/// Whether `rule` is the valve `gate` is the gate of.
+pub(super) fn valve_of(gate: &BoundRule, rule: &BoundRule) -> bool {
+    rule.scope() == Scope::Global && rule.name() == gate.name() && rule.pattern() == gate.pattern()
 }
 
 /// The valve's rate, in units per ms.
-fn rate_per_ms(valve: &Rule) -> f64 {
+pub(super) fn rate_per_ms(valve: &Rule) -> f64 {
     valve.limit() as f64 / valve.period_ms().max(1) as f64
 }
 
 /// `θ`: how long the valve takes to drain its capacity at its own rate, in
 /// ms (at least 1).
-fn drain_ms(valve: &Rule) -> f64 {
+pub(super) fn drain_ms(valve: &Rule) -> f64 {
     (valve.capacity() as f64 / rate_per_ms(valve)).max(1.0)
-}
-
-/// A gate admitting `rate` units per ms with a tolerance of `tolerance_ms`
-/// (at least `cost` units). A rate no request reaches (a valve not
-/// saturated) is a gate of the largest limit per millisecond.
-fn gate_rule(rate: f64, cost: u64, tolerance_ms: f64) -> Rule {
-    let open = || {
-        Rule::new(
-            Algorithm::Gcra,
-            i128::from(MAX_LIMIT),
-            1,
-            Some(i128::from(MAX_LIMIT)),
-            false,
-        )
-        .expect("the open gate is a valid rule")
-    };
-    if !rate.is_finite() || rate * 1.0 >= MAX_LIMIT as f64 / 2.0 {
-        return open();
-    }
-    let per = (PRECISION / rate).round().clamp(1.0, MAX_PERIOD_MS as f64);
-    let limit = (rate * per).round().clamp(1.0, MAX_LIMIT as f64);
-    let burst = (rate * tolerance_ms).ceil().max(cost as f64).max(1.0);
-    // Beyond what a rule can hold (a costly request at a tiny rate), the
-    // gate lets it through rather than hold it for ever.
-    Rule::new(
-        Algorithm::Gcra,
-        limit as i128,
-        per as u64,
-        Some(burst.min(MAX_LIMIT as f64) as i128),
-        false,
-    )
-    .unwrap_or_else(|_| open())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn valve() -> Rule {
-        Rule::new(Algorithm::Gcra, 100, 1_000, None, false).unwrap()
-    }
-
-    #[test]
-    fn a_gate_admits_its_rate_within_a_thousandth() {
-        for rate in [1e-6, 1e-5, 0.003, 0.03, 1.0, 250.0, 40_000.0] {
-            let rule = gate_rule(rate, 1, 100.0);
-            let admits = rule.limit() as f64 / rule.period_ms() as f64;
-            assert!((admits - rate).abs() <= rate * 1e-3, "{rate}: {rule:?}");
-            assert!(rule.burst() >= 1);
-        }
-        // Slower than a unit in 366 days' thousandth: the period is the
-        // longest a rule has, within a few percent.
-        let rule = gate_rule(1e-9, 1, 100.0);
-        let admits = rule.limit() as f64 / rule.period_ms() as f64;
-        assert!((admits - 1e-9).abs() <= 1e-9 * 0.05, "{rule:?}");
-        // A costly request passes a gate with nothing owed.
-        assert_eq!(gate_rule(0.03, 50, 100.0).burst(), 50);
-        // Not saturated: no request reaches the gate's limit.
-        let open = gate_rule(f64::INFINITY, 1_000_000, 100.0);
-        assert_eq!(open.limit(), MAX_LIMIT);
-        assert_eq!(open.period_ms(), 1);
-    }
-
-    #[test]
-    fn alpha_is_the_valves_rate_at_the_set_point_and_falls_as_it_drains() {
-        let valve = valve();
-        let mut level = Level::new("v".into(), false);
-        assert!(level.alpha(&valve, 1_000).is_infinite(), "a full valve");
-        for t in 0..100 {
-            level.observe(&valve, 0, 1, SET_POINT, 1_000 + t);
-        }
-        // At the set point, α is the valve's rate: one tenant may have it all.
-        let alpha = level.alpha(&valve, 1_099);
-        assert!((alpha - 0.1).abs() < 1e-3, "{alpha}");
-        // Draining: α falls with the level, e^12 over the whole valve.
-        for t in 0..200 {
-            level.observe(&valve, 0, 1, 0.2, 1_100 + t);
-        }
-        let lower = level.alpha(&valve, 1_299);
-        assert!((lower - 0.1 * (-K * 0.4f64).exp()).abs() < 1e-4, "{lower}");
-        // Full again: nobody held back.
-        for t in 0..200 {
-            level.observe(&valve, 0, 1, 1.0, 1_300 + t);
-        }
-        assert!(level.alpha(&valve, 1_500).is_infinite());
-    }
-
-    #[test]
-    fn a_split_valve_is_as_full_as_its_keys_on_average() {
-        let valve = valve();
-        let mut level = Level::new("v".into(), false);
-        // Four keys: two empty, one half, one never seen (full).
-        level.observe(&valve, 0, 4, 0.0, 1_000);
-        level.observe(&valve, 1, 4, 0.0, 1_000);
-        level.observe(&valve, 2, 4, 0.5, 1_000);
-        assert!((level.now(&valve, 1_000) - 0.375).abs() < 1e-9);
-        // Split anew (a reload): what was seen is forgotten.
-        level.observe(&valve, 0, 2, 0.2, 1_000);
-        assert!((level.now(&valve, 1_000) - 0.6).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_decision_joins_the_fullest_key_of_a_split_valve() {
-        let valve = valve();
-        let mut level = Level::new("v".into(), false);
-        for (key, seen) in [0.1, 0.9, 0.3, 0.88].into_iter().enumerate() {
-            level.observe(&valve, key, 4, seen, 1_000);
-        }
-        // Keys 1 and 3 are within a unit (4 %) of each other: the first
-        // from the random key on.
-        assert_eq!(level.fullest(&valve, 1_000, 0), 1);
-        assert_eq!(level.fullest(&valve, 1_000, 2), 3);
-        assert_eq!(level.fullest(&valve, 1_000, 7), 3);
-        // Whole: the random turn as it is.
-        let whole = Level::new("w".into(), false);
-        assert_eq!(whole.fullest(&valve, 1_000, 12_345), 12_345);
-    }
-
-    #[test]
-    fn a_clock_stepping_back_keeps_the_later_time() {
-        let valve = valve();
-        let mut level = Level::new("v".into(), false);
-        level.observe(&valve, 0, 1, 0.3, 10_000);
-        level.observe(&valve, 0, 1, 0.3, 5_000);
-        assert_eq!(level.keys[0].1, 10_000);
-        // No time has passed for a clock behind: the level as found.
-        assert!((level.now(&valve, 5_000) - 0.3).abs() < 1e-9);
-        assert!(level.alpha(&valve, 5_000).is_finite());
-    }
-
-    #[test]
-    fn silence_refills_the_valve_as_time_passes() {
-        let valve = valve();
-        let mut level = Level::new("v".into(), false);
-        for t in 0..200 {
-            level.observe(&valve, 0, 1, 0.0, 1_000 + t);
-        }
-        let shut = level.alpha(&valve, 1_200);
-        // No news for half a θ: half the valve back.
-        let opening = level.alpha(&valve, 1_700);
-        assert!(opening > shut * 100.0, "{shut} → {opening}");
-        // No news for a θ: full, nobody held back.
-        assert!(level.alpha(&valve, 2_300).is_infinite());
-    }
 }
