@@ -162,24 +162,25 @@ proptest! {
         prop_assert!(counted <= bound, "counted {counted} > {bound} over {span}ms");
     }
 
-    /// A debit never leaves more than `max_debt` owing: the units a
-    /// request must wait for never exceed `capacity + max_debt` worth.
+    /// A debit never leaves more than `max_debt` owing: after any mix of
+    /// decisions and debits, debiting everything the bucket could ever
+    /// owe and more forgives the excess, and a debit after that is
+    /// forgiven entirely.
     #[test]
     fn a_debit_owes_at_most_max_debt((rule, start, ops) in case()) {
         let mut state = State::Fresh;
         let mut now = start;
+        let deepest = rule.capacity() + rule.max_debt();
         for &(gap, cost, debit) in &ops {
             now += gap;
             apply(&rule, &mut state, now, cost, debit);
+            let mut deepened = state.clone();
+            let Debit { step, forgiven } = rule.debit(&deepened, now, deepest + 7);
+            prop_assert!(forgiven >= 7, "forgave {forgiven} of {} from {state:?}", deepest + 7);
+            rule.commit(&mut deepened, step);
+            let Debit { forgiven, .. } = rule.debit(&deepened, now, 3);
+            prop_assert_eq!(forgiven, 3, "owed beyond max_debt from {:?}", state);
         }
-        // A fresh bucket debited by everything it could ever owe and more.
-        let mut fresh = State::Fresh;
-        let deepest = rule.capacity() + rule.max_debt();
-        let Debit { step, forgiven } = rule.debit(&fresh, now, deepest + 7);
-        prop_assert_eq!(forgiven, 7);
-        rule.commit(&mut fresh, step);
-        let Debit { forgiven, .. } = rule.debit(&fresh, now, 3);
-        prop_assert_eq!(forgiven, 3, "owed beyond max_debt");
     }
 }
 

@@ -11,10 +11,15 @@ use serde_json::{Value, json};
 use sluice_testkit::RedisServer;
 
 fn config(dir: &std::path::Path, storage: &str, extra: &str) -> TempPath {
+    config_with(dir, storage, extra, "")
+}
+
+/// [`config`] with `plan` appended to plan `p` (after its `routes`).
+fn config_with(dir: &std::path::Path, storage: &str, extra: &str, plan: &str) -> TempPath {
     temp_file(
         &format!("ledger-{}.yaml", dir.file_name().unwrap().to_string_lossy()),
         &format!(
-            "{storage}ledger:\n  dir: {}\n  flush_every: 100ms\n{extra}default_plan: p\nplans:\n  p:\n    routes:\n      \"POST /v1/invoices\": [{{ name: invoices, algorithm: fixed_window, limit: 5, per: 1h }}]\n",
+            "{storage}ledger:\n  dir: {}\n  flush_every: 100ms\n{extra}default_plan: p\nplans:\n  p:\n    routes:\n      \"POST /v1/invoices\": [{{ name: invoices, algorithm: fixed_window, limit: 5, per: 1h }}]\n{plan}",
             dir.display()
         ),
     )
@@ -34,6 +39,19 @@ fn usage(dir: &std::path::Path) -> (Vec<Value>, String) {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     (lines, stderr)
+}
+
+/// Waits (at most 10 s) until `sluice usage` sums `dir` to `want`.
+async fn usage_reaches(dir: &std::path::Path, want: &Value) {
+    let started = Instant::now();
+    while Value::Array(usage(dir).0) != *want {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}, not {want}",
+            usage(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Every line of every file in `dir`.
@@ -73,15 +91,7 @@ async fn usage_is_appended_per_tenant_route_and_minute_and_summed() {
         {"tenant": "acme", "period": null, "admitted": 5, "denied": 3},
         {"tenant": "globex", "period": null, "admitted": 2, "denied": 0}
     ]);
-    let started = Instant::now();
-    while Value::Array(usage(&dir).0) != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            usage(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    usage_reaches(&dir, &want).await;
     let line = &lines(&dir)[0];
     assert_eq!(line["route"], "POST /v1/invoices");
     assert_eq!(line["minute"].as_u64().unwrap() % 60_000, 0);
@@ -257,19 +267,63 @@ async fn reservations_are_recorded_at_what_they_finally_cost() {
         {"tenant": "acme", "period": null, "admitted": 1, "denied": 0},
         {"tenant": "globex", "period": null, "admitted": 4, "denied": 0}
     ]);
-    let started = Instant::now();
-    while Value::Array(usage(&dir).0) != want {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            usage(&dir)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    usage_reaches(&dir, &want).await;
     server.stop();
     assert_eq!(Value::Array(usage(&dir).0), want, "nothing more at stop");
     for line in lines(&dir) {
         let at = line["minute"].as_u64().unwrap();
         assert!(at == reserved_at || at == reserved_at + 60_000, "{line}");
     }
+}
+
+/// A report is recorded at its cost; on a route that counts by outcome it
+/// is not (the check before the request was recorded), whatever it counts.
+#[tokio::test]
+async fn reports_are_recorded_except_where_the_check_was() {
+    let dir = fresh_dir("reports");
+    let path = config_with(
+        &dir,
+        "",
+        "",
+        "      \"POST /login\": [{ name: logins, algorithm: fixed_window, limit: 100, per: 1h }]\n    subject:\n      \"POST /login\":\n        - { name: failed-logins, algorithm: fixed_window, limit: 100, per: 1h, count_if: { status: [401] } }\n",
+    );
+    let mut server = Server::start(&["--config", path.to_str().unwrap()]);
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", server.base);
+    // 3 invoices reported after the fact.
+    let invoices = json!({"tenant": "acme", "route": "POST /v1/invoices", "cost": 3});
+    let (status, body) = common::post_to(&client, &url("/v1/report"), invoices).await;
+    assert_eq!(status, 200, "{body}");
+    // A login checked (recorded), then reported failed (counted, not
+    // recorded again).
+    let login = json!({"tenant": "globex", "route": "POST /login", "subject": "10.0.0.1|alice"});
+    let (status, body) = common::post_to(&client, &url("/v1/check"), login.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let mut failed = login;
+    failed["status"] = json!(401);
+    let (status, body) = common::post_to(&client, &url("/v1/report"), failed).await;
+    assert_eq!(status, 200, "{body}");
+    let want = json!([
+        {"tenant": "acme", "period": null, "admitted": 3, "denied": 0},
+        {"tenant": "globex", "period": null, "admitted": 1, "denied": 0}
+    ]);
+    usage_reaches(&dir, &want).await;
+    server.stop();
+    assert_eq!(Value::Array(usage(&dir).0), want, "nothing more at stop");
+    let routes: HashSet<(String, String)> = lines(&dir)
+        .iter()
+        .map(|l| {
+            (
+                l["tenant"].as_str().unwrap().to_owned(),
+                l["route"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        routes,
+        HashSet::from([
+            ("acme".to_owned(), "POST /v1/invoices".to_owned()),
+            ("globex".to_owned(), "POST /login".to_owned())
+        ])
+    );
 }

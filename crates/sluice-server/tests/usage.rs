@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Server, get_text, inspect_row, metric_total, post_to, sluice, temp_file};
 use serde_json::json;
@@ -194,10 +194,26 @@ async fn a_killed_instances_reservation_keeps_its_estimate_and_is_charged_once()
     // Left to expire on the live instance, and on the one killed.
     let (_, expiring) = post_to(&client, &check(&instances[0].base), reserve(30)).await;
     let (_, orphan) = post_to(&client, &check(&instances[1].base), reserve(70)).await;
+    let reserved = Instant::now();
     let _ = (expiring, &orphan);
     instances[1].child.kill().unwrap();
     instances[1].child.wait().unwrap();
-    tokio::time::sleep(Duration::from_millis(2_600)).await;
+    // Past the orphan's `reservation_ttl` (waiting longer on a loaded
+    // machine changes nothing), and the live instance's expiry has
+    // claimed its own: waited for, not slept on.
+    tokio::time::sleep(
+        (reserved + Duration::from_millis(1_500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let expired = || async {
+        let metrics = get_text(&client, &instances[0], "/metrics").await;
+        metric_total(&metrics, "sluice_reservations_expired_total")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while expired().await < 1.0 {
+        assert!(Instant::now() < deadline, "the expiry never claimed it");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let late = json!({"reservation": orphan["reservation"], "cost": 1});
     let (status, body) = post_to(&client, &format!("{}/v1/settle", instances[0].base), late).await;
     assert_eq!(status, 404, "expired: {body}");
@@ -205,10 +221,5 @@ async fn a_killed_instances_reservation_keeps_its_estimate_and_is_charged_once()
     assert_eq!(used(&path, "acme"), 20 + 30 + 70);
     // The live instance claimed its own expired reservation, and only that
     // one: the settled one was claimed by its settle.
-    let metrics = get_text(&client, &instances[0], "/metrics").await;
-    assert_eq!(
-        metric_total(&metrics, "sluice_reservations_expired_total"),
-        1.0,
-        "{metrics}"
-    );
+    assert_eq!(expired().await, 1.0);
 }

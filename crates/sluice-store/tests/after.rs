@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use sluice_core::config::OnError;
-use sluice_core::{Config, Policy, Reason, Request};
+use sluice_core::{Config, Policy, Reason, Request, Scope};
 use sluice_store::{AfterError, Limiter, LimiterOptions, ManualClock, MarkerAnswer, MemoryStore};
 
 const START_MS: u64 = 1_764_460_800_000;
@@ -172,49 +172,77 @@ async fn a_report_on_a_route_that_counts_by_outcome_needs_the_status() {
     assert!(err.to_string().contains("`status`"));
 }
 
-#[tokio::test]
-async fn a_valve_never_goes_into_debt_and_keeps_what_the_estimate_took() {
-    let (_, limiter) = limiter(
+/// A settle of 5,000 for an estimate of 60 on `POST /v1/chat`, behind a
+/// valve of 100 a minute (`valve`: its algorithm and share): the tenant
+/// owes (up to its max_debt); the valve keeps the estimate, and the
+/// tenant's gate of a fair valve is untouched by the settle.
+async fn debt_beside_a_valve(valve: &str, fair: bool) {
+    let (_, limiter) = limiter(&format!(
         r#"
 default_plan: p
 plans:
   p:
-    tenant: [{ name: tokens, algorithm: gcra, limit: 1000, per: 1m }]
+    tenant: [{{ name: tokens, algorithm: gcra, limit: 1000, per: 1m }}]
 global:
-  "POST /v1/chat": [{ name: valve, algorithm: fixed_window, limit: 100, per: 1m, share: first_come }]
-"#,
-    );
+  "POST /v1/chat": [{{ name: valve, limit: 100, per: 1m, {valve} }}]
+"#
+    ));
     let policy = limiter.policy();
+    let applicable = policy.applicable("acme", "POST /v1/chat", false);
+    let batch = sluice_store::Batch::new("acme", None, 1, applicable.rules);
+    let held = || async { limiter.peek(&batch).await.unwrap() };
     let estimate = request(60);
     let decision = limiter.decide(&policy, &estimate).await;
     assert!(decision.allowed);
     let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
-    // 5,000 spent: the tenant owes (up to its max_debt), the valve is
-    // untouched by the excess.
+    let before = held().await;
     let settled = limiter
         .settle(&policy, &reservation, 5_000, 60_000)
         .await
         .unwrap();
+    let after = held().await;
+    for ((rule, before), after) in applicable.rules.iter().zip(&before.rows).zip(&after.rows) {
+        match rule.name() {
+            "tokens" => assert_ne!(before.state, after.state, "the tenant owes"),
+            _ => assert_eq!(
+                before.state,
+                after.state,
+                "{} ({:?}) is untouched by the settle",
+                rule.name(),
+                rule.scope()
+            ),
+        }
+    }
+    assert_eq!(
+        applicable.rules.iter().any(|r| r.scope() == Scope::Share),
+        fair,
+        "a fair valve has a gate, a first-come one none"
+    );
     assert_eq!(
         settled.decision.rules.len(),
         1,
         "only the tenant's own rule"
     );
     assert_eq!(settled.decision.rules[0].name(), "tokens");
-    let applicable = policy.applicable("acme", "POST /v1/chat", false);
-    let batch = sluice_store::Batch::new("acme", None, 1, applicable.rules);
-    let peeked = limiter.peek(&batch).await.unwrap();
-    let valve = peeked
-        .rows
+    let valve = applicable
+        .rules
         .iter()
-        .zip(applicable.rules)
-        .find(|(_, r)| r.name() == "valve")
-        .map(|(row, _)| row)
+        .position(|r| r.name() == "valve" && r.scope() == Scope::Global)
         .unwrap();
-    let sluice_core::State::FixedWindow(window) = &valve.state else {
-        panic!("{:?}", valve.state)
-    };
-    assert_eq!(window.count, 60, "the valve kept the estimate, no more");
+    let row = &after.rows[valve];
+    let (outcome, _) = row.enforced.decide(&row.state, after.now, 1);
+    let left = u64::from(outcome.remaining) + u64::from(outcome.allowed);
+    assert_eq!(left, 40, "the valve kept the estimate, no more");
+}
+
+#[tokio::test]
+async fn a_first_come_valve_never_goes_into_debt_and_keeps_what_the_estimate_took() {
+    debt_beside_a_valve("algorithm: fixed_window, share: first_come", false).await;
+}
+
+#[tokio::test]
+async fn a_fair_valve_and_its_gate_never_go_into_debt() {
+    debt_beside_a_valve("algorithm: gcra", true).await;
 }
 
 #[tokio::test]

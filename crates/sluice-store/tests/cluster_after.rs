@@ -9,11 +9,15 @@ use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy, Request};
 use sluice_store::{
-    Batch, ClusterStore, ConnectOptions, KeySet, Limiter, LimiterOptions, MarkerAnswer, Valve,
+    Batch, ClusterStore, ConnectOptions, KeySet, Limiter, LimiterOptions, MarkerAnswer, Store,
+    Valve,
 };
 use sluice_testkit::RedisCluster;
 
-const BUDGET: Duration = Duration::from_millis(200);
+/// Each call's budget: generous, since a call past it fails (and a
+/// decision is denied) on a loaded machine; a stalled master is still
+/// given up on within it.
+const BUDGET: Duration = Duration::from_secs(2);
 
 fn keys() -> KeySet {
     KeySet {
@@ -80,9 +84,11 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     .unwrap();
     let policy = split();
     let (tenant, shard_zero) = tenant_on_two_masters(&mut cluster, &policy);
-    let mut options = LimiterOptions::new(OnError::Deny);
-    options.timeout = Some(BUDGET);
-    let limiter = Arc::new(Limiter::with_options(policy, store, options));
+    let limiter = Arc::new(Limiter::with_options(
+        policy,
+        store,
+        LimiterOptions::new(OnError::Deny),
+    ));
     let policy = limiter.policy();
     let request = |cost| Request::new(&tenant, "POST /chat", None, cost).unwrap();
 
@@ -95,6 +101,21 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     let reservation = limiter.reserve(&policy, &estimate, &decision).unwrap();
     assert_eq!(reservation.shard, 1);
     assert!(!limiter.decide(&policy, &request(1)).await.allowed);
+    // Five more `tokens` on shard 1, besides the reservation's one: what a
+    // second give-back there would take away.
+    let tokens: Vec<_> = policy
+        .own_rules(&tenant, "POST /chat", false)
+        .iter()
+        .filter(|r| r.name() == "tokens")
+        .cloned()
+        .collect();
+    let on_shard_one = |cost| Batch {
+        shard: 1,
+        ..Batch::new(&tenant, None, cost, &tokens)
+    };
+    let taken = limiter.store().decide(&on_shard_one(5)).await.unwrap();
+    assert!(taken.outcomes[0].allowed);
+    assert_eq!(tokens_used(&limiter, &on_shard_one(1)).await, 6);
 
     // Shard 0's master stalls: the settle gives back on shard 1, then
     // cannot reach shard 0.
@@ -106,6 +127,11 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     let cut = cut.expect("the lead slot applied");
     assert_eq!(cut.marker, MarkerAnswer::Applied);
     assert!(cut.unfinished.is_some(), "the stalled slot is not reached");
+    assert_eq!(
+        tokens_used(&limiter, &on_shard_one(1)).await,
+        5,
+        "given back on shard 1"
+    );
 
     // Its retry finishes it: the `calls` unit comes back on shard 0, and
     // nothing is given back twice on shard 1.
@@ -123,9 +149,21 @@ async fn a_settle_cut_short_between_slots_is_finished_by_its_retry() {
     // Answered as a repeat: the attempt cut short counted the settle.
     assert_eq!(retried.marker, MarkerAnswer::Again);
     assert!(retried.unfinished.is_none());
+    // The reservation's `tokens` unit is back on shard 1, once: the five
+    // others are still spent.
+    assert_eq!(tokens_used(&limiter, &on_shard_one(1)).await, 5);
     // The `calls` unit the reservation took is back, once.
     assert!(limiter.decide(&policy, &request(1)).await.allowed);
     assert!(!limiter.decide(&policy, &request(1)).await.allowed);
+}
+
+/// The `tokens` spent in the window of `batch`'s shard.
+async fn tokens_used(limiter: &Limiter<ClusterStore>, batch: &Batch<'_>) -> u64 {
+    let peeked = limiter.peek(batch).await.unwrap();
+    match &peeked.rows[0].state {
+        sluice_core::State::FixedWindow(window) => window.count,
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

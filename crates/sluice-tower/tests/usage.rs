@@ -24,6 +24,7 @@ plans:
   free:
     routes:
       "POST /v1/chat": [{ name: tokens, algorithm: gcra, limit: 1000, per: 1m }]
+      "POST /login": [{ name: logins, algorithm: gcra, limit: 100, per: 1m }]
     subject:
       "POST /login":
         - { name: failed-logins, algorithm: sliding_log, limit: 3, per: 15m, count_if: { status: ["4xx"] } }
@@ -87,9 +88,15 @@ fn chat(tokens: Option<u64>) -> Request<Body> {
 /// What the tenant has left of its tokens, as a request of one unit would
 /// find it (without counting it).
 async fn remaining(limiter: &Limiter<MemoryStore>) -> u64 {
+    left_of(limiter, "POST /v1/chat", None).await
+}
+
+/// What `acme` (as `subject`) has left of the first rule of `route`, as a
+/// request of one unit would find it (without counting it).
+async fn left_of(limiter: &Limiter<MemoryStore>, route: &str, subject: Option<&str>) -> u64 {
     let policy = limiter.policy();
-    let applicable = policy.applicable("acme", "POST /v1/chat", false);
-    let batch = sluice_store::Batch::new("acme", None, 1, applicable.rules);
+    let applicable = policy.applicable("acme", route, subject.is_some());
+    let batch = sluice_store::Batch::new("acme", subject, 1, applicable.rules);
     let peeked = limiter.peek(&batch).await.unwrap();
     let row = &peeked.rows[0];
     let (outcome, _) = row.enforced.decide(&row.state, peeked.now, 1);
@@ -156,7 +163,7 @@ fn login(password: &str) -> Request<Body> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_logins_are_counted_by_their_status_and_successes_are_not() {
     let (_clock, limiter) = limiter();
-    let app = app(limiter);
+    let app = app(limiter.clone());
     for _ in 0..10 {
         let ok = app.clone().oneshot(login("right")).await.unwrap();
         assert_eq!(ok.status(), StatusCode::OK);
@@ -166,13 +173,21 @@ async fn failed_logins_are_counted_by_their_status_and_successes_are_not() {
         assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
     }
     // The reports are sent as the responses go out: wait for the third.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut admitted = 13;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let response = app.clone().oneshot(login("right")).await.unwrap();
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             break;
         }
+        admitted += 1;
         assert!(tokio::time::Instant::now() < deadline, "never limited");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The reports counted the failures only: `logins` (no `count_if`)
+    // holds what the checks took, one for each login admitted.
+    assert_eq!(
+        left_of(&limiter, "POST /login", Some("10.0.0.1|alice")).await,
+        100 - admitted
+    );
 }

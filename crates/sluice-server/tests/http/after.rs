@@ -222,6 +222,35 @@ async fn five_failed_logins_per_ip_and_user_while_successes_pass() {
 }
 
 #[tokio::test]
+async fn a_report_on_a_route_that_counts_by_outcome_leaves_its_other_rules_alone() {
+    // Ten logins a minute (counted by the check) and failed logins
+    // (counted by the report): each failure reported takes nothing more
+    // of the ten.
+    let h = harness_of(
+        r#"
+default_plan: p
+plans:
+  p:
+    routes:
+      "POST /login": [{ name: logins, algorithm: gcra, limit: 10, per: 1m }]
+    subject:
+      "POST /login":
+        - { name: failed-logins, algorithm: sliding_log, limit: 100, per: 15m, count_if: { status: [401] } }
+"#,
+    );
+    for n in 1..=5 {
+        let (response, checked) = h.check_json(login("10.0.0.1|alice")).await;
+        assert_eq!(response.status(), StatusCode::OK, "{checked}");
+        assert_eq!(checked["policy"], "logins", "{checked}");
+        assert_eq!(checked["remaining"], 10 - n, "{checked}");
+        let mut report = login("10.0.0.1|alice");
+        report["status"] = json!(401);
+        let (response, body) = h.post("/v1/report", report.to_string()).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+    }
+}
+
+#[tokio::test]
 async fn acquire_reserves_too() {
     let h = harness_of(TOKENS);
     let mut body = chat(5);

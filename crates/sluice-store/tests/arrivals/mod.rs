@@ -89,10 +89,11 @@ pub struct Count {
 }
 
 /// Per sender, what it was answered; per second of the run, admitted by
-/// all.
+/// all; per sender and second of the run, what it was answered then.
 pub struct Run {
     pub counts: Vec<Count>,
     pub admitted_per_second: Vec<u64>,
+    pub seconds: Vec<Vec<Count>>,
     /// Decisions over the whole run.
     pub decided: u64,
 }
@@ -189,6 +190,7 @@ pub async fn run_on<S: Store>(
     }
     let mut counts = vec![Count::default(); senders.len()];
     let mut admitted_per_second = vec![0; (run_ms / 1_000) as usize + 1];
+    let mut seconds = vec![vec![Count::default(); admitted_per_second.len()]; senders.len()];
     let mut decided = 0;
     while let Some(Reverse((at_us, i))) = arrivals.pop() {
         let s = &senders[i];
@@ -207,11 +209,11 @@ pub async fn run_on<S: Store>(
         let request = Request::new(&s.tenant, "POST /v1/orders", None, 1).unwrap();
         let decision = limiter.decide(&policy, &request).await;
         decided += 1;
+        let second = (at_us / 1_000_000) as usize;
         if decision.allowed {
-            admitted_per_second[(at_us / 1_000_000) as usize] += 1;
+            admitted_per_second[second] += 1;
         }
-        if at_us / 1_000 >= measure_from_ms {
-            let c = &mut counts[i];
+        let tally = |c: &mut Count| {
             c.sent += 1;
             if decision.allowed {
                 c.admitted += 1;
@@ -221,11 +223,16 @@ pub async fn run_on<S: Store>(
                 c.longest_retry_ms = c.longest_retry_ms.max(retry);
                 c.shortest_retry_ms = Some(c.shortest_retry_ms.map_or(retry, |s| s.min(retry)));
             }
+        };
+        tally(&mut seconds[i][second]);
+        if at_us / 1_000 >= measure_from_ms {
+            tally(&mut counts[i]);
         }
     }
     Run {
         counts,
         admitted_per_second,
+        seconds,
         decided,
     }
 }
