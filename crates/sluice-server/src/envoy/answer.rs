@@ -227,6 +227,13 @@ fn descriptor_status(
         current_limit: tightest
             .map(|(r, _)| r)
             .or(named.filter(|&r| !decision.rules[r].hidden()))
+            // Over by a hidden rule alone, whose outcome is the only one
+            // known (a fair-share denial the over-limit cache remembered):
+            // the descriptor's own first rule, with nothing remaining.
+            .or_else(|| {
+                let visible = |&r: &usize| !decision.rules[r].hidden();
+                over.then(|| owned.iter().copied().find(visible)).flatten()
+            })
             .map(|r| reported_limit(configured, &decision.rules[r])),
         // Over, nothing remains for this descriptor now, as
         // envoyproxy/ratelimit answers (a bucket may still hold less than
