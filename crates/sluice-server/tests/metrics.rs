@@ -56,9 +56,12 @@ plans:
     tenant: [{{ name: hot, limit: 1200000, per: 1m, tolerance: "1%" }}]
   bursty:
     tenant: [{{ name: watch-burst, limit: 300, per: 1s, burst: 60, shadow: true, tolerance: "10%" }}]
+  greedy:
+    tenant: [{{ name: g, limit: 1000, per: 1h }}]
 tenants:
   hot-tenant: {{ plan: hot }}
   bursty: {{ plan: bursty }}
+  greedy-0: {{ plan: greedy }}
 global:
   "GET /valve": [{{ name: orders-valve, limit: 10, per: 1s }}]
 "#,
@@ -204,19 +207,26 @@ async fn every_documented_metric_moves() {
     let m = metrics(&client, &server).await;
     check(&m, "sluice_slice_shadow_over_admitted_units_total", over);
 
-    // A fair valve (10/s) saturated by tenants each asking for 3 at once
-    // (what their own limit allows): held to their shares, the valve said
-    // to be saturated.
+    // A fair valve (10/s) kept empty by one tenant asking without pause:
+    // once the units its gate saved are spent, the gate holds it to its
+    // share while the valve refills (a fair-share denial), and the valve
+    // is said to be saturated. Asked until that shows, at most 10 s.
+    let denials = "sluice_valve_fair_share_denials_total{valve=\"orders-valve\"}";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let mut held = 0;
-    for i in 0..20 {
-        for _ in 0..3 {
-            let (_, body) = post(
-                &client,
-                &server.base,
-                json!({"tenant": format!("greedy-{i}"), "route": "GET /valve"}),
-            )
-            .await;
-            held += usize::from(body["reason"] == "global_capacity");
+    for i in 0.. {
+        let (_, body) = post(
+            &client,
+            &server.base,
+            json!({"tenant": "greedy-0", "route": "GET /valve"}),
+        )
+        .await;
+        held += usize::from(body["reason"] == "global_capacity");
+        if i % 50 == 49 && total(&metrics(&client, &server).await, denials) > 0.0 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            break;
         }
     }
     assert!(held > 0, "the valve held nobody back");
