@@ -90,6 +90,31 @@ pub struct Adjustment<'p> {
     pub unfinished: Option<StoreError>,
 }
 
+impl<'p> Adjustment<'p> {
+    /// What `adjusted` left of `rules` (of `applicable`'s cell), as a
+    /// request of one unit would find them.
+    fn of(
+        applicable: Applicable<'p>,
+        rules: &'p [sluice_core::BoundRule],
+        adjusted: crate::adjust::Adjusted,
+    ) -> Adjustment<'p> {
+        Adjustment {
+            decision: Decision::from_outcomes(
+                Applicable {
+                    rules,
+                    ..applicable
+                },
+                adjusted.outcomes,
+                1,
+                &[],
+            ),
+            forgiven: adjusted.forgiven,
+            marker: adjusted.marker,
+            unfinished: adjusted.unfinished,
+        }
+    }
+}
+
 /// Why a report or a settle changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AfterError {
@@ -243,20 +268,7 @@ impl<S: Store> Limiter<S> {
             self.adjust_within_budget(&batch, change, Some(&marker))
                 .await?
         };
-        Ok(Adjustment {
-            decision: Decision::from_outcomes(
-                Applicable {
-                    rules: own,
-                    ..applicable
-                },
-                adjusted.outcomes,
-                1,
-                &[],
-            ),
-            forgiven: adjusted.forgiven,
-            marker: adjusted.marker,
-            unfinished: adjusted.unfinished,
-        })
+        Ok(Adjustment::of(applicable, own, adjusted))
     }
 
     /// Claims `reservation`'s settle marker as expired (kept
@@ -329,20 +341,7 @@ impl<S: Store> Limiter<S> {
             first: self.turns.first(applicable.shards.max(1)),
         };
         let adjusted = self.debit_spread(&spread, None).await?;
-        Ok(Adjustment {
-            decision: Decision::from_outcomes(
-                Applicable {
-                    rules,
-                    ..applicable
-                },
-                adjusted.outcomes,
-                1,
-                &[],
-            ),
-            forgiven: adjusted.forgiven,
-            marker: adjusted.marker,
-            unfinished: adjusted.unfinished,
-        })
+        Ok(Adjustment::of(applicable, rules, adjusted))
     }
 
     /// Debits `spread.units` over the tenant's shards, from
