@@ -52,6 +52,7 @@ use crate::adjust::{Adjusted, Change, Marker};
 use crate::bucket::{Key, KeyRef, PassThrough};
 use crate::clock::{Clock, SystemClock};
 use crate::store::{Batch, Decided, Peeked, PeekedRule, Store, StoreError};
+use slot::{Entry, Markers, Slot, repair};
 
 /// The embedded in-memory store.
 pub struct MemoryStore {
@@ -80,45 +81,12 @@ pub struct MemoryStore {
     markers: Mutex<Markers>,
 }
 
-/// Settle markers by reservation id and shard: the settled value, and
-/// until when it is kept.
-type Markers = std::collections::HashMap<([u8; 16], u16), (String, u64)>;
-
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("entries", &self.map.len())
             .field("max_entries", &self.max_entries)
             .finish()
-    }
-}
-
-struct Entry {
-    slot: Mutex<Slot>,
-}
-
-struct Slot {
-    state: State,
-    /// From this moment the state is as good as fresh and may be dropped.
-    idle_at: u64,
-    /// Set by the sweeper before it removes the entry.
-    dead: bool,
-    /// When something was last given back to it (`gcra` and
-    /// `token_bucket`; see [`Rule::returnable`](sluice_core::Rule::returnable)):
-    /// `refund.lua` and `adjust.lua` keep it in the record's third number.
-    given_back_ms: u64,
-}
-
-impl Entry {
-    fn fresh() -> Entry {
-        Entry {
-            slot: Mutex::new(Slot {
-                state: State::Fresh,
-                idle_at: 0,
-                dead: false,
-                given_back_ms: 0,
-            }),
-        }
     }
 }
 
@@ -456,28 +424,6 @@ impl MemoryStore {
     }
 }
 
-/// Re-dates a state stamped later than `now` (the clock stepped back), and
-/// keeps the repair whatever the decision: see `sluice_core::algorithm`.
-#[inline]
-fn repair(rule: &sluice_core::Rule, slot: &mut Slot, now: u64) {
-    fresh_mark(slot, now);
-    if let Some(repaired) = rule.repair(&slot.state, now) {
-        slot.state = repaired;
-        slot.idle_at = rule.idle_at(&slot.state);
-    }
-}
-
-/// A key without a state (new, or swept: its bucket was whole) is marked
-/// as given back to now: no give-back of an admission before it can count
-/// on where that admission's units sat
-/// ([`Rule::returnable`](sluice_core::Rule::returnable)), as `decide.lua`
-/// marks a record it makes.
-fn fresh_mark(slot: &mut Slot, now: u64) {
-    if matches!(slot.state, State::Fresh) {
-        slot.given_back_ms = now;
-    }
-}
-
 /// Rules a decision takes in arrays on the stack; more take vectors.
 const FEW: usize = 4;
 
@@ -614,5 +560,6 @@ impl Store for MemoryStore {
 }
 
 mod adjust;
+mod slot;
 #[cfg(test)]
 mod tests;

@@ -78,7 +78,7 @@ impl MemoryStore {
             // a give-back changes the state as it is (as refund.lua does).
             if changes {
                 if change == Change::Debit {
-                    super::fresh_mark(slot, now);
+                    super::slot::fresh_mark(slot, now);
                 }
                 let next = match change {
                     Change::Debit => {
