@@ -81,8 +81,7 @@ fn run(rule: &Rule, start: u64, ops: &[Op]) -> Vec<(u64, u64)> {
     let mut given_back = 0;
     let mut settle = |state: &mut State, now: u64, held: Open| {
         let cost = held.estimate - held.actual;
-        let back = rule.returnable(cost, held.at, held.whole_at, given_back, now);
-        if let Some(next) = rule.refund(state, held.at, back) {
+        if let Some(next) = rule.give_back(state, held.at, cost, held.whole_at, given_back, now) {
             *state = next;
             given_back = now;
         }
@@ -170,9 +169,10 @@ fn a_reservation_held_across_a_refill_gives_nothing_back() {
         let mut state = State::Fresh;
         rule.commit(&mut state, step);
         let whole_at = taken.reset_after_ms;
+        // In units × per (1,000 a unit).
         let back = |now| rule.returnable(10, 0, whole_at, 0, now);
-        assert_eq!(back(0), 10, "{algorithm:?} at once");
-        assert_eq!(back(500), 5, "{algorithm:?} half refilled");
+        assert_eq!(back(0), 10_000, "{algorithm:?} at once");
+        assert_eq!(back(500), 5_000, "{algorithm:?} half refilled");
         // 1.15 s later the bucket is whole again and another 10 pass.
         let (again, step) = rule.decide(&state, 1_150, 10);
         assert!(again.allowed);
@@ -182,12 +182,39 @@ fn a_reservation_held_across_a_refill_gives_nothing_back() {
             0,
             "{algorithm:?}: the estimate refilled already"
         );
-        if let Some(next) = rule.refund(&state, 0, back(1_150)) {
+        if let Some(next) = rule.give_back(&state, 0, 10, whole_at, 0, 1_150) {
             state = next;
         }
         assert!(
             !rule.decide(&state, 1_150, 1).0.allowed,
             "{algorithm:?}: a settle at 0 banked the refill"
+        );
+    }
+}
+
+/// A give-back returns parts of a unit: an estimate of one unit settled
+/// at 0 a few milliseconds later returns what it still holds, so that a
+/// bucket of one (5 per 15 minutes, one at a time) is free again at once,
+/// not three minutes later.
+#[test]
+fn a_unit_given_back_moments_later_frees_its_room() {
+    for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let rule = Rule::new(algorithm, 5, 900_000, Some(1), false).unwrap();
+        let mut state = State::Fresh;
+        let (taken, step) = rule.decide(&state, 1_000, 1);
+        rule.commit(&mut state, step);
+        assert!(taken.allowed);
+        assert!(
+            !rule.decide(&state, 1_003, 1).0.allowed,
+            "{algorithm:?} full"
+        );
+        let whole_at = 1_000 + taken.reset_after_ms;
+        state = rule
+            .give_back(&state, 1_000, 1, whole_at, 0, 1_003)
+            .expect("a change");
+        assert!(
+            rule.decide(&state, 1_003, 1).0.allowed,
+            "{algorithm:?}: the unit given back 3 ms later is room again"
         );
     }
 }

@@ -130,8 +130,13 @@ pub fn debit(rule: &Rule, tat: Tat, now: u64, cost: u64) -> (Tat, u64) {
 /// Gives back `cost` units: the TAT moves back by `cost·per/limit`,
 /// borrowing whole milliseconds (never multiplying `ms` by `limit`).
 pub fn refund(rule: &Rule, tat: Tat, cost: u64) -> Tat {
+    refund_scaled(rule, tat, cost * rule.period_ms())
+}
+
+/// Gives back `need` units × `per` (a part of a unit included): the TAT
+/// moves back by `need/limit` ms.
+pub fn refund_scaled(rule: &Rule, tat: Tat, need: u64) -> Tat {
     let limit = rule.limit();
-    let need = cost * rule.period_ms();
     if tat.frac >= need {
         return Tat {
             ms: tat.ms,

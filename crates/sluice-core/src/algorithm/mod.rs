@@ -235,14 +235,42 @@ impl Rule {
         }
     }
 
-    /// How many of `cost` units that an admission at `at` took from this
-    /// rule a give-back at `now` returns ([`refund`](Self::refund) them):
+    /// Gives back `cost` units that an admission at `at` took from this
+    /// rule, at `now`, as far as the admission still holds them
+    /// ([`returnable`](Self::returnable)): the state to write, `None` when
+    /// there is nothing to change ([`refund`](Self::refund)). The twin of
+    /// `give_back` in `common.lua`.
+    pub fn give_back(
+        &self,
+        state: &State,
+        at: u64,
+        cost: u64,
+        whole_at: u64,
+        given_back_ms: u64,
+        now: u64,
+    ) -> Option<State> {
+        let scaled = self.returnable(cost, at, whole_at, given_back_ms, now);
+        match (self.algorithm(), state) {
+            (Algorithm::Gcra, State::Gcra(tat)) => {
+                Some(State::Gcra(gcra::refund_scaled(self, *tat, scaled)))
+            }
+            (Algorithm::TokenBucket, State::TokenBucket(b)) => Some(State::TokenBucket(
+                token_bucket::refund_scaled(self, *b, scaled),
+            )),
+            _ => self.refund(state, at, cost),
+        }
+    }
+
+    /// What of `cost` units that an admission at `at` took from a `gcra`
+    /// or `token_bucket` rule a give-back at `now` returns, in units ×
+    /// `per` (parts of a unit count: an estimate of one unit settled at 0 a
+    /// millisecond later returns all but what one millisecond refilled):
     /// what the admission still holds.
     ///
-    /// On `gcra` and `token_bucket` a bucket refills whatever took its
-    /// units: once the units an estimate took have refilled, giving them
-    /// back would bank them, a second burst on top of the refill. Two
-    /// bounds on what is still missing of them, the larger taken:
+    /// A bucket refills whatever took its units: once the units an
+    /// estimate took have refilled, giving them back would bank them, a
+    /// second burst on top of the refill. Two bounds on what is still
+    /// missing of them, the larger taken:
     ///
     /// - their own refill: `cost·per/limit` ms from `at`, as if the bucket
     ///   had been whole when they were taken;
@@ -257,11 +285,11 @@ impl Rule {
     ///   latest one's time, which the store keeps beside the state), and
     ///   when `whole_at` is known (not 0).
     ///
-    /// Whole units, rounded down: a give-back never returns more than had
-    /// the admission cost less in the first place (`tests/give_back.rs`).
-    /// The window algorithms give back into the window the units were
-    /// counted in ([`refund`](Self::refund)'s `at`), which forgets them
-    /// when it ends: all `cost` units. The twin of `returnable` in
+    /// A give-back never returns more than had the admission cost less in
+    /// the first place (`tests/give_back.rs`). The window algorithms give
+    /// back into the window the units were counted in
+    /// ([`refund`](Self::refund)'s `at`), which forgets them when it ends:
+    /// all `cost` units (`cost × per` here). The twin of `returnable` in
     /// `common.lua`.
     pub fn returnable(
         &self,
@@ -271,20 +299,21 @@ impl Rule {
         given_back_ms: u64,
         now: u64,
     ) -> u64 {
-        if !self.algorithm().has_burst() {
-            return cost;
-        }
         // In units of 1/limit ms, in 128 bits (years of milliseconds times
         // a large limit overflow 64).
         let (limit, per) = (u128::from(self.limit()), u128::from(self.period_ms()));
+        let need = u128::from(cost) * per;
+        if !self.algorithm().has_burst() {
+            return u64::try_from(need).unwrap_or(u64::MAX);
+        }
         let since = u128::from(now.saturating_sub(at));
-        let own = (u128::from(cost) * per).saturating_sub(since * limit);
+        let own = need.saturating_sub(since * limit);
         let queued = if whole_at == 0 || given_back_ms >= at {
             0
         } else {
             u128::from(whole_at.saturating_sub(1).saturating_sub(now)) * limit
         };
-        u64::try_from(own.max(queued) / per).map_or(cost, |units| units.min(cost))
+        u64::try_from(own.max(queued).min(need)).unwrap_or(u64::MAX)
     }
 
     /// [`decide`](Self::decide) for a state already [`repair`](Self::repair)ed

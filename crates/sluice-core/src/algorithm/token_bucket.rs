@@ -145,9 +145,15 @@ pub fn debit(rule: &Rule, bucket: Option<Bucket>, now: u64, cost: u64) -> (Bucke
 
 /// Gives back `cost` units (never above the capacity).
 pub fn refund(rule: &Rule, bucket: Bucket, cost: u64) -> Bucket {
+    refund_scaled(rule, bucket, cost * rule.period_ms())
+}
+
+/// Gives back `scaled` tokens × `per` (a part of a token included), never
+/// above the capacity.
+pub fn refund_scaled(rule: &Rule, bucket: Bucket, scaled: u64) -> Bucket {
     let capacity = rule.burst() * rule.period_ms();
     Bucket {
-        scaled_tokens: capacity.min(bucket.scaled_tokens + cost * rule.period_ms()),
+        scaled_tokens: capacity.min(bucket.scaled_tokens + scaled),
         last_ms: bucket.last_ms,
     }
 }

@@ -88,8 +88,14 @@ impl MemoryStore {
                     }
                     Change::GiveBack { at } => {
                         let whole_at = batch.whole_at.get(i).copied().unwrap_or(0);
-                        let units = rule.returnable(cost, at, whole_at, slot.given_back_ms, now);
-                        let next = rule.refund(&slot.state, at, units);
+                        let next = rule.give_back(
+                            &slot.state,
+                            at,
+                            cost,
+                            whole_at,
+                            slot.given_back_ms,
+                            now,
+                        );
                         if next.is_some() && rule.algorithm().has_burst() {
                             slot.given_back_ms = slot.given_back_ms.max(now);
                         }

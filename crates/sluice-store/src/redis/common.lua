@@ -126,13 +126,13 @@ local function arguments(ARGV)
   return rules, n, now_ms(sub(header, 1, split - 1)), sub(header, split + 1)
 end
 
--- How many of cost units that an admission at `at` took from a gcra or
--- token_bucket rule a give-back at now returns: the larger of what their
--- own refill leaves and, when whole (when the bucket as the admission left
--- it was whole again; 0: not known) is known and no give-back was made
--- since (given, the latest one's time), what lies above whole - 1 ms. The
--- twin of Rule::returnable (compared before multiplying, so products stay
--- under 2^53).
+-- What of cost units that an admission at `at` took from a gcra or
+-- token_bucket rule a give-back at now returns, in units x per (parts of a
+-- unit count): the larger of what their own refill leaves and, when whole
+-- (when the bucket as the admission left it was whole again; 0: not known)
+-- is known and no give-back was made since (given, the latest one's time),
+-- what lies above whole - 1 ms. The twin of Rule::returnable (compared
+-- before multiplying, so products stay under 2^53).
 local function returnable(cost, at, whole, given, now, limit, per)
   local need = cost * per
   local own_ms = ceil_div(need, limit)
@@ -141,10 +141,10 @@ local function returnable(cost, at, whole, given, now, limit, per)
   if since < own_ms then held = need - since * limit end
   if whole ~= 0 and given < at then
     local left = whole - 1 - now
-    if left >= own_ms then return cost end
+    if left >= own_ms then return need end
     if left > 0 and left * limit > held then held = left * limit end
   end
-  return min(cost, idiv(held, per))
+  return min(need, held)
 end
 
 -- Gives back cost units of one rule that an admission at `at` consumed,
@@ -179,14 +179,15 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
     if pos then
       local idle, a, b, c = sunpack(STATE, value, pos + 8)
       local updated = true
+      -- What is given back of a gcra or token_bucket rule, in units x per.
+      local need = cost * per
       if whole and algorithm <= 2 then
-        cost = returnable(cost, at, whole, c, now, limit, per)
+        need = returnable(cost, at, whole, c, now, limit, per)
       end
       if algorithm <= 2 then c = max(c, now) end
       if algorithm == 1 then
-        -- TAT = ms + frac/limit; subtract cost·per/limit, borrowing whole
+        -- TAT = ms + frac/limit; subtract need/limit, borrowing whole
         -- milliseconds (never multiplying ms by limit: beyond 2^53).
-        local need = cost * per
         if b >= need then
           b = b - need
         else
@@ -195,7 +196,7 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
           b = b + borrow * limit - need
         end
       elseif algorithm == 2 then
-        a = min(burst * per, a + cost * per)
+        a = min(burst * per, a + need)
       elseif algorithm == 4 then
         local window = idiv(at, per) * per
         if a == window then
