@@ -153,6 +153,7 @@ impl App {
         let sharded = backend.shards_tenants();
         let reservations =
             crate::reservation::Reservations::new(backend.keyer(), config.reservation_ttl_ms)
+                .with_attempt_ttl(config.attempt_ttl_ms)
                 .opening_under(backend.previous_keyer());
         let limiter = Limiter::with_options(policy, backend, options);
         let app = Arc::new(App {
@@ -217,6 +218,19 @@ impl App {
             self.account(request, decision, ledger);
         }
         decided
+    }
+
+    /// The attempt `decision` holds on the rules of `request` that count
+    /// by outcome, sealed for its caller to conclude (`/v1/report`), and
+    /// kept here until `attempt_ttl` to be given back if it never is.
+    pub fn attempt(
+        &self,
+        policy: &sluice_core::Policy,
+        request: &Request<'_>,
+        decision: &sluice_core::Decision<'_>,
+    ) -> Option<String> {
+        let attempt = self.limiter.attempt(policy, request, decision)?;
+        Some(self.reservations.give(attempt))
     }
 
     /// Records in the usage ledger (when on) `cost` charged to `tenant` on

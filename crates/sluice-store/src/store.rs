@@ -47,8 +47,8 @@ pub struct Batch<'a> {
     /// Which key of each split valve this decision uses (the valve's
     /// shards taken modulo their number); `None`: the store chooses.
     pub valve_turn: Option<u64>,
-    /// Whether the store was already asked something for this request (a
-    /// `count_if` rule's check, another of the tenant's shards): a
+    /// Whether the store was already asked something for this request
+    /// (another of the tenant's shards): a
     /// decision from slices is then not one "without a store call"
     /// (`Telemetry::slice_decision`). Stores ignore it.
     pub asked_before: bool,

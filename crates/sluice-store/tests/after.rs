@@ -40,7 +40,7 @@ async fn a_report_past_the_limit_counts_and_the_debt_denies_until_repaid() {
     let policy = limiter.policy();
     // 1,500 tokens spent: 500 past the 1,000 a minute allows.
     let report = limiter
-        .report(&policy, &request(1_500), None)
+        .report(&policy, &request(1_500))
         .await
         .unwrap();
     assert_eq!(report.forgiven, 0);
@@ -63,7 +63,7 @@ async fn a_debt_beyond_max_debt_is_forgiven() {
         "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m, max_debt: 5 }]\n",
     );
     let policy = limiter.policy();
-    let report = limiter.report(&policy, &request(40), None).await.unwrap();
+    let report = limiter.report(&policy, &request(40)).await.unwrap();
     assert_eq!(report.forgiven, 25, "10 + 5 counted, 25 forgiven");
 }
 
@@ -124,20 +124,34 @@ fn login() -> Request<'static> {
     Request::new("acme", "POST /login", Some("10.0.0.1|alice"), 1).unwrap()
 }
 
+/// A login decided, then concluded with the response's `status`.
+async fn log_in(limiter: &Limiter<MemoryStore>, status: u16) -> bool {
+    let policy = limiter.policy();
+    let decision = limiter.decide(&policy, &login()).await;
+    if !decision.allowed {
+        return false;
+    }
+    let attempt = limiter.attempt(&policy, &login(), &decision).unwrap();
+    let concluded = limiter
+        .conclude_attempt(&policy, &attempt, Some(status), 60_000)
+        .await
+        .unwrap();
+    assert_eq!(concluded.marker, MarkerAnswer::Applied);
+    true
+}
+
 #[tokio::test]
 async fn failed_logins_count_by_outcome_and_successes_pass() {
     let (_, limiter) = limiter(LOGINS);
     let policy = limiter.policy();
-    // Successful logins: asked, never counted.
+    // Successful logins: held while they run, then given back.
     for _ in 0..20 {
-        assert!(limiter.decide(&policy, &login()).await.allowed);
-        limiter.report(&policy, &login(), Some(200)).await.unwrap();
+        assert!(log_in(&limiter, 200).await);
     }
     // Five failures are counted; the sixth attempt is refused before it
     // is made, naming the rule that counts failures.
     for _ in 0..5 {
-        assert!(limiter.decide(&policy, &login()).await.allowed);
-        limiter.report(&policy, &login(), Some(401)).await.unwrap();
+        assert!(log_in(&limiter, 401).await);
     }
     let refused = limiter.decide(&policy, &login()).await;
     assert!(!refused.allowed);
@@ -148,13 +162,106 @@ async fn failed_logins_count_by_outcome_and_successes_pass() {
     assert!(limiter.decide(&policy, &other).await.allowed);
 }
 
+/// The case of the report: 50 failed logins at once against "5 failed
+/// logins per 15 minutes" all passed (each check only asked, and the
+/// reports came after every check). Attempts hold their place: five are
+/// in flight, the 45 others refused before they run; the five failing
+/// count, and nothing more passes.
 #[tokio::test]
-async fn the_synchronous_door_asks_the_rules_that_count_by_outcome() {
+async fn fifty_failed_logins_at_once_let_five_through() {
+    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+        let (clock, limiter) = limiter(&LOGINS.replace("sliding_log", algorithm));
+        let policy = limiter.policy();
+        let mut attempts = Vec::new();
+        for _ in 0..50 {
+            let decision = limiter.decide(&policy, &login()).await;
+            attempts.extend(limiter.attempt(&policy, &login(), &decision));
+        }
+        assert_eq!(attempts.len(), 5, "{algorithm}: attempts admitted at once");
+        clock.advance(40);
+        for attempt in &attempts {
+            let concluded = limiter
+                .conclude_attempt(&policy, attempt, Some(401), 60_000)
+                .await
+                .unwrap();
+            assert_eq!(concluded.marker, MarkerAnswer::Applied);
+        }
+        clock.advance(40);
+        assert!(
+            !limiter.decide(&policy, &login()).await.allowed,
+            "{algorithm}: a sixth after five failures"
+        );
+    }
+}
+
+/// Attempts that succeed, or whose outcome is never known, are given
+/// back at once: the next ones pass, on every algorithm (a give-back of a
+/// unit moments after it was taken returns what it still holds). On
+/// `gcra` and `token_bucket`, of attempts given back after another was,
+/// each keeps what its own refill would have given it had it been alone
+/// (`Rule::returnable`): five held 7 ms keep 4 × 7 ms of refill, the next
+/// five wait 28 ms (here, a unit takes three minutes).
+#[tokio::test]
+async fn attempts_that_do_not_fail_free_their_place_at_once() {
+    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+        let (clock, limiter) = limiter(&LOGINS.replace("sliding_log", algorithm));
+        let policy = limiter.policy();
+        for round in 0..10 {
+            let mut attempts = Vec::new();
+            for _ in 0..5 {
+                let decision = limiter.decide(&policy, &login()).await;
+                assert!(decision.allowed, "{algorithm}: round {round}");
+                attempts.extend(limiter.attempt(&policy, &login(), &decision));
+            }
+            assert!(!limiter.decide(&policy, &login()).await.allowed);
+            clock.advance(7);
+            for (i, attempt) in attempts.iter().enumerate() {
+                let status = (i % 2 == 0).then_some(200);
+                limiter
+                    .conclude_attempt(&policy, attempt, status, 60_000)
+                    .await
+                    .unwrap();
+            }
+            clock.advance(28);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_concludes_once() {
     let (_, limiter) = limiter(LOGINS);
     let policy = limiter.policy();
-    for _ in 0..5 {
-        assert!(limiter.decide_now(&policy, &login()).allowed);
-        limiter.report(&policy, &login(), Some(401)).await.unwrap();
+    let decision = limiter.decide(&policy, &login()).await;
+    let attempt = limiter.attempt(&policy, &login(), &decision).unwrap();
+    let first = limiter.conclude_attempt(&policy, &attempt, Some(200), 60_000);
+    assert_eq!(first.await.unwrap().marker, MarkerAnswer::Applied);
+    let again = limiter.conclude_attempt(&policy, &attempt, Some(200), 60_000);
+    assert_eq!(again.await.unwrap().marker, MarkerAnswer::Again);
+    // Given back once: four more fit, not five.
+    for _ in 0..4 {
+        assert!(log_in(&limiter, 401).await);
+    }
+    let other = limiter.conclude_attempt(&policy, &attempt, Some(401), 60_000);
+    assert_eq!(other.await.unwrap().marker, MarkerAnswer::Conflict);
+    let expired = limiter.conclude_attempt(&policy, &attempt, None, 60_000);
+    assert_eq!(expired.await.unwrap().marker, MarkerAnswer::Conflict);
+    assert!(log_in(&limiter, 401).await, "the fifth failure");
+    assert!(!limiter.decide(&policy, &login()).await.allowed);
+}
+
+#[tokio::test]
+async fn the_synchronous_door_holds_attempts() {
+    let (_, limiter) = limiter(LOGINS);
+    let policy = limiter.policy();
+    let mut attempts = Vec::new();
+    for _ in 0..50 {
+        let decision = limiter.decide_now(&policy, &login());
+        attempts.extend(limiter.attempt(&policy, &login(), &decision));
+    }
+    assert_eq!(attempts.len(), 5, "five in flight at most");
+    for attempt in &attempts {
+        let concluded = limiter.conclude_attempt(&policy, attempt, Some(401), 60_000);
+        concluded.await.unwrap();
     }
     let refused = limiter.decide_now(&policy, &login());
     assert!(!refused.allowed, "a sixth failed login after five");
@@ -164,12 +271,12 @@ async fn the_synchronous_door_asks_the_rules_that_count_by_outcome() {
 }
 
 #[tokio::test]
-async fn a_report_on_a_route_that_counts_by_outcome_needs_the_status() {
+async fn a_report_on_a_route_that_counts_by_outcome_needs_the_attempt() {
     let (_, limiter) = limiter(LOGINS);
     let policy = limiter.policy();
-    let err = limiter.report(&policy, &login(), None).await.unwrap_err();
-    assert_eq!(err, AfterError::StatusNeeded);
-    assert!(err.to_string().contains("`status`"));
+    let err = limiter.report(&policy, &login()).await.unwrap_err();
+    assert_eq!(err, AfterError::AttemptNeeded);
+    assert!(err.to_string().contains("`attempt`"));
 }
 
 /// A settle of 5,000 for an estimate of 60 on `POST /v1/chat`, behind a

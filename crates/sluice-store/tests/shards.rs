@@ -199,11 +199,11 @@ async fn a_report_is_split_over_the_shards() {
     let policy = limiter.policy();
     // 10 spent: 5 on each shard, the minute's whole budget, and nothing
     // forgiven (on one shard, 5 past its 5 would owe its whole max_debt).
-    let report = limiter.report(&policy, &of_a(10), None).await.unwrap();
+    let report = limiter.report(&policy, &of_a(10)).await.unwrap();
     assert_eq!(report.forgiven, 0);
     assert_eq!(admitted_units(&limiter).await, 0);
     // 12 more: 6 owed on each shard, past each one's max_debt of 5.
-    let report = limiter.report(&policy, &of_a(12), None).await.unwrap();
+    let report = limiter.report(&policy, &of_a(12)).await.unwrap();
     assert_eq!(report.forgiven, 2);
 }
 
@@ -215,7 +215,7 @@ async fn a_report_cut_short_between_shards_says_what_was_recorded() {
     let limiter = Limiter::new(policy, store, OnError::Deny);
     let policy = limiter.policy();
     let error = limiter
-        .report(&policy, &of_a(7), None)
+        .report(&policy, &of_a(7))
         .await
         .expect_err("the second shard fails");
     assert!(
@@ -251,16 +251,23 @@ async fn a_settle_after_a_reload_lowered_the_shards_charges_a_shard_still_read()
 }
 
 #[tokio::test]
-async fn a_report_to_rules_kept_whole_on_shard_zero_is_one_call() {
-    // Failed logins count by outcome: kept whole on shard 0, so a report
-    // of a sharded tenant charges them once, in one call (the store here
-    // fails any second one).
+async fn an_attempt_on_rules_kept_whole_on_shard_zero_concludes_in_one_call() {
+    // Failed logins count by outcome: kept whole on shard 0, so an
+    // attempt of a sharded tenant is held there once, and concluded in
+    // one call (the store here fails any second one).
     let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 10, per: 1m }]\n    routes:\n      \"POST /login\": [{ name: failures, algorithm: fixed_window, limit: 5, per: 15m, count_if: { status: [401] } }]\ntenants:\n  a: { plan: p, shards: 2 }\n";
     let policy = Policy::compile_for(&Config::from_yaml(yaml, "t.yaml").unwrap().limits, true);
     let store = Remote::new(MemoryStore::with_clock(1_000, clock())).failing_adjustments_after(1);
     let limiter = Limiter::new(policy, store, OnError::Deny);
     let policy = limiter.policy();
     let login = Request::new("a", "POST /login", None, 3).unwrap();
-    let report = limiter.report(&policy, &login, Some(401)).await.unwrap();
-    assert_eq!(report.decision.remaining(), Some(1), "3 of 5 counted, once");
+    let decision = limiter.decide(&policy, &login).await;
+    assert_eq!(decision.remaining(), Some(2), "3 of 5 held");
+    let attempt = limiter.attempt(&policy, &login, &decision).unwrap();
+    let concluded = limiter
+        .conclude_attempt(&policy, &attempt, Some(401), 60_000)
+        .await
+        .unwrap();
+    // As a request of one unit would find them.
+    assert_eq!(concluded.decision.remaining(), Some(1), "3 of 5 counted, once");
 }

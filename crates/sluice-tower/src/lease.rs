@@ -29,16 +29,16 @@ pub(crate) enum Refusal<R> {
 
 /// What an admitted request holds: the fields to answer with, its lease,
 /// and what it still owes once its response is known ([`Pending`]).
-pub(crate) struct Admitted<S> {
+pub(crate) struct Admitted<S: Store + 'static> {
     pub(crate) fields: Fields,
     pub(crate) lease: Option<Lease>,
     pub(crate) pending: Pending<S>,
 }
 
 /// Decides the request of `keys`, taking a lease of its concurrency rules
-/// and holding its cost as an estimate to settle (`reserve`), and noting
-/// whether its route counts by outcome: what it holds, or why not (a
-/// denial answered by `denied`).
+/// and holding its cost as an estimate to settle (`reserve`), and as an
+/// attempt on the rules that count by outcome: what it holds, or why not
+/// (a denial answered by `denied`).
 pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     limiter: Arc<Limiter<S>>,
     keys: Keys,
@@ -62,10 +62,7 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     let reservation = reserve
         .then(|| limiter.reserve(&policy, &asked, &decision))
         .flatten();
-    let by_outcome = !policy
-        .applicable(asked.tenant, asked.route, asked.subject.is_some())
-        .asked
-        .is_empty();
+    let attempt = limiter.attempt(&policy, &asked, &decision);
     // Held from here: given back if the inner service fails or the call is
     // abandoned, else when the body ends.
     let lease = lease.map(|held| {
@@ -76,7 +73,7 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
             held,
         )
     });
-    let pending = Pending::new(limiter, keys, reservation, by_outcome);
+    let pending = Pending::new(limiter.clone(), reservation, attempt);
     Ok(Admitted {
         fields,
         lease,

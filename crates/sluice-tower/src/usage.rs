@@ -11,9 +11,11 @@
 //! nothing keeps the estimate. A request whose inner service fails, or
 //! whose call is abandoned before it answers, keeps its estimate too.
 //!
-//! On a route with `count_if` rules the request is only checked against
-//! them; once the response's status is known, the layer reports it, and
-//! the rules whose statuses match count it.
+//! On a route with `count_if` rules the request is held there as an
+//! attempt, as any rule holds it, so that no more requests than the limit
+//! run at once; once the response's status is known the rules whose
+//! statuses match keep it and the others are given it back. A call that
+//! fails, or is abandoned, before its response is known gives it back.
 
 use std::sync::Arc;
 
@@ -21,7 +23,6 @@ use http::HeaderName;
 use http::response::Parts;
 use sluice_store::{Limiter, Reservation, Store};
 
-use crate::extract::Keys;
 
 /// How long a settle marker is kept: a settle made in process is made
 /// once, so this only has to outlive it.
@@ -62,34 +63,33 @@ impl Usage {
 }
 
 /// What an admitted request still owes the limiter once its response is
-/// known: its reservation's settle, its report to `count_if` rules.
-pub(crate) struct Pending<S> {
+/// known: its reservation's settle, its attempt's conclusion.
+pub(crate) struct Pending<S: Store + 'static> {
     limiter: Arc<Limiter<S>>,
-    keys: Keys,
     reservation: Option<Reservation>,
-    by_outcome: bool,
+    attempt: Option<Attempt<S>>,
 }
 
 impl<S: Store + 'static> Pending<S> {
     pub(crate) fn new(
         limiter: Arc<Limiter<S>>,
-        keys: Keys,
         reservation: Option<Reservation>,
-        by_outcome: bool,
+        attempt: Option<Reservation>,
     ) -> Pending<S> {
         Pending {
+            attempt: attempt.map(|held| Attempt {
+                limiter: limiter.clone(),
+                held: Some(held),
+            }),
             limiter,
-            keys,
             reservation,
-            by_outcome,
         }
     }
 
-    /// The response's head is known: what it cost (read by `usage`, else
-    /// the estimate) is reported to the `count_if` rules now, with its
-    /// `status` (an HTTP status; `None`: not known, not counted); the
-    /// reservation is settled at that cost by the [`Settlement`] the body
-    /// holds.
+    /// The response's head is known: the attempt is concluded now with
+    /// its `status` (an HTTP status; `None`: not known, given back); the
+    /// reservation is settled at what it cost (read by `usage`, else the
+    /// estimate) by the [`Settlement`] the body holds.
     pub(crate) fn respond(
         self,
         parts: &Parts,
@@ -98,45 +98,14 @@ impl<S: Store + 'static> Pending<S> {
     ) -> Option<Settlement> {
         let Pending {
             limiter,
-            keys,
             reservation,
-            by_outcome,
+            attempt,
         } = self;
+        if let Some(attempt) = attempt {
+            attempt.conclude(status);
+        }
         let actual = usage.and_then(|u| (u.cost)(parts));
         let runtime = tokio::runtime::Handle::try_current().ok();
-        // Only a status some `count_if` rule counts is worth a store call.
-        let counted = by_outcome
-            && status.is_some_and(|status| {
-                let policy = limiter.policy();
-                policy
-                    .applicable(&keys.tenant, &keys.route, keys.subject.is_some())
-                    .asked
-                    .iter()
-                    .any(|r| r.count_if().is_some_and(|set| set.matches(status)))
-            });
-        if counted {
-            let cost = actual.unwrap_or(keys.cost).max(1);
-            let limiter = limiter.clone();
-            let keys = keys.clone();
-            let report = async move {
-                let Ok(request) = sluice_core::Request::spent(
-                    &keys.tenant,
-                    &keys.route,
-                    keys.subject.as_deref(),
-                    cost,
-                ) else {
-                    return;
-                };
-                let policy = limiter.policy();
-                if let Err(e) = limiter.report(&policy, &request, status).await {
-                    tracing::warn!(error = %e, "a response's outcome could not be counted");
-                }
-            };
-            match &runtime {
-                Some(runtime) => drop(runtime.spawn(report)),
-                None => tracing::warn!("no runtime to count a response's outcome"),
-            }
-        }
         let reservation = reservation?;
         let actual = actual.unwrap_or(reservation.estimate);
         let settle = move || {
@@ -157,6 +126,50 @@ impl<S: Store + 'static> Pending<S> {
         Some(Settlement {
             settle: Some(Box::new(settle)),
         })
+    }
+}
+
+/// An attempt held on the rules that count by outcome: concluded with the
+/// response's status, or given back when dropped before (the call failed
+/// or was abandoned).
+struct Attempt<S: Store + 'static> {
+    limiter: Arc<Limiter<S>>,
+    held: Option<Reservation>,
+}
+
+impl<S: Store + 'static> Attempt<S> {
+    /// Concludes it with `status` (`None`: given back), on a task of its
+    /// own.
+    fn conclude(mut self, status: Option<u16>) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no runtime to conclude an attempt; it keeps counting");
+            return;
+        };
+        let limiter = self.limiter.clone();
+        runtime.spawn(async move {
+            let policy = limiter.policy();
+            if let Err(e) = limiter
+                .conclude_attempt(&policy, &held, status, MARKER_TTL_MS)
+                .await
+            {
+                tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting");
+            }
+        });
+    }
+}
+
+impl<S: Store + 'static> Drop for Attempt<S> {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            Attempt {
+                limiter: self.limiter.clone(),
+                held: Some(held),
+            }
+            .conclude(None);
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub struct Config {
     /// `reservation_ttl`: how long a reservation (`"reserve": true`) may be
     /// settled; unsettled, it keeps its estimate.
     pub reservation_ttl_ms: u64,
+    /// `attempt_ttl`: how long an attempt (a check on a route whose rules
+    /// count by outcome) may be concluded; unconcluded, it is given back.
+    pub attempt_ttl_ms: u64,
 }
 
 /// `ledger:` usage per tenant, route pattern and minute, appended to
@@ -412,6 +415,10 @@ pub mod defaults {
     pub const RESERVATION_TTL_MS: u64 = 300_000;
     /// The longest `reservation_ttl`: one day.
     pub const MAX_RESERVATION_TTL_MS: u64 = 86_400_000;
+    /// `attempt_ttl`: thirty seconds.
+    pub const ATTEMPT_TTL_MS: u64 = 30_000;
+    /// The longest `attempt_ttl`: one hour.
+    pub const MAX_ATTEMPT_TTL_MS: u64 = 3_600_000;
     /// `server.http`.
     pub const HTTP: &str = "127.0.0.1:8080";
     /// `server.grpc`.

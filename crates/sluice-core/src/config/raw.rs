@@ -26,6 +26,7 @@ pub(crate) struct RawConfig {
     pub admin: Option<RawAdmin>,
     pub ledger: Option<S<RawLedger>>,
     pub reservation_ttl: Option<S<String>>,
+    pub attempt_ttl: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -26,9 +26,9 @@ pub struct Applicable<'p> {
     /// The reserves of those fair valves that have some: the limiter
     /// chooses per decision which part a request draws from.
     pub reserves: &'p [Reserves],
-    /// The rules that count by outcome (`count_if`), not among `rules`: a
-    /// decision only asks whether they have room (a peek); a report counts
-    /// them once the outcome is known.
+    /// The rules that count by outcome (`count_if`), also among `rules`:
+    /// a decision holds the request's cost there as an attempt, given back
+    /// unless the response's status matches (`Limiter::attempt`).
     pub asked: &'p [BoundRule],
 }
 

@@ -25,14 +25,16 @@ pub(super) struct Cell {
     pub(super) gated: bool,
     /// The reserves of its fair valves (before subject rules too).
     pub(super) reserves: Box<[Reserves]>,
-    /// The rules that count by outcome (`count_if`), out of `rules`: a
-    /// decision only asks them; subject rules last, after
-    /// `asked_without_subject`.
+    /// The rules that count by outcome (`count_if`), among `rules`: a
+    /// decision holds the request's cost there like any rule's, as an
+    /// attempt given back unless its response's status matches; subject
+    /// rules last, after `asked_without_subject`.
     pub(super) asked: Box<[BoundRule]>,
     pub(super) asked_without_subject: usize,
     /// The tenant's own rate rules among `rules` (tenant, route and subject
-    /// scopes; no valve, gate, guard or lease): what a debit charges.
-    /// Subject rules last, after `own_without_subject`.
+    /// scopes; no valve, gate, guard, lease or rule that counts by
+    /// outcome): what a debit charges. Subject rules last, after
+    /// `own_without_subject`.
     pub(super) own: Box<[BoundRule]>,
     pub(super) own_without_subject: usize,
 }
@@ -78,62 +80,33 @@ impl Cell {
         }
     }
 
-    /// Sorts out the rules a debit charges ([`own`](Self::own)), after
-    /// [`split_asked`](Self::split_asked).
+    /// Sorts out the rules a debit charges ([`own`](Self::own)) and those
+    /// that count by outcome ([`asked`](Self::asked)).
     pub(super) fn sort_out(&mut self) {
-        self.split_asked();
-        let own = |rules: &[BoundRule]| -> Vec<BoundRule> {
-            rules
-                .iter()
-                .filter(|r| {
-                    matches!(r.scope(), Scope::Tenant | Scope::Route | Scope::Subject)
-                        && !r.rule().is_concurrency()
-                })
-                .cloned()
-                .collect()
-        };
-        let mut rules = own(&self.rules[..self.without_subject]);
-        self.own_without_subject = rules.len();
-        rules.extend(own(&self.rules[self.without_subject..]));
-        self.own = rules.into();
+        (self.own, self.own_without_subject) = self.picked(|r| {
+            matches!(r.scope(), Scope::Tenant | Scope::Route | Scope::Subject)
+                && !r.rule().is_concurrency()
+                && r.count_if().is_none()
+        });
+        (self.asked, self.asked_without_subject) = self.picked(|r| r.count_if().is_some());
     }
 
-    /// Moves the rules that count by outcome out of `rules` into `asked`
-    /// (before anything indexes the rules by position: they are never
-    /// valves, so the reserves' indices, all before the subject rules and
-    /// after the tenant and route rules, are counted again). Their capacity
-    /// still bounds the cost (the check asks for it).
-    fn split_asked(&mut self) {
-        if !self.rules.iter().any(|r| r.count_if().is_some()) {
-            return;
-        }
-        let (mut rules, mut asked) = (Vec::new(), Vec::new());
-        let (mut without_subject, mut asked_without_subject) = (0, 0);
-        for (i, rule) in self.rules.iter().enumerate() {
-            let subject = i >= self.without_subject;
-            if rule.count_if().is_some() {
-                asked.push(rule.clone());
-                asked_without_subject += usize::from(!subject);
-            } else {
-                rules.push(rule.clone());
-                without_subject += usize::from(!subject);
-            }
-        }
-        let moved_before = |index: usize| {
-            self.rules[..index]
+    /// The rules `keep` keeps, in order (subject rules last), and how
+    /// many come before the subject rules.
+    fn picked(&self, keep: impl Fn(&BoundRule) -> bool) -> (Box<[BoundRule]>, usize) {
+        let mut rules: Vec<BoundRule> = self.rules[..self.without_subject]
+            .iter()
+            .filter(|r| keep(r))
+            .cloned()
+            .collect();
+        let without_subject = rules.len();
+        rules.extend(
+            self.rules[self.without_subject..]
                 .iter()
-                .filter(|r| r.count_if().is_some())
-                .count()
-        };
-        let mut reserves = self.reserves.to_vec();
-        for reserve in &mut reserves {
-            reserve.valve -= moved_before(reserve.valve);
-        }
-        self.reserves = reserves.into();
-        self.rules = rules.into();
-        self.without_subject = without_subject;
-        self.asked = asked.into();
-        self.asked_without_subject = asked_without_subject;
+                .filter(|r| keep(r))
+                .cloned(),
+        );
+        (rules.into(), without_subject)
     }
 }
 

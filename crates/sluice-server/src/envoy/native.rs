@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use sluice_core::config::EnvoyServiceConfig;
 use sluice_core::descriptors::DescriptorLimit;
@@ -113,7 +114,11 @@ impl RateLimiter {
                     self.app.limiter.decide(policy, &request),
                 )
                 .await;
-            Verdict::native(decision, owners, blocked, configured, 0)
+            let attempt = self.app.attempt(policy, &request, &decision);
+            (
+                Verdict::native(decision, owners, blocked, configured, 0),
+                attempt,
+            )
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together; a request that cannot fit reads every rule's
@@ -162,13 +167,36 @@ impl RateLimiter {
                     }
                 };
                 let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;
-                Ok(self.answer(
+                let attempt = self.app.attempt(policy, &request, &decision);
+                let answer = self.answer(
                     Verdict::native(decision, owners, blocked, configured, now_ms),
                     descriptors.len(),
-                ))
+                );
+                Ok(with_attempt(answer, attempt))
             })
             .await;
         };
-        Ok(self.answer(decided, descriptors.len()))
+        let (verdict, attempt) = decided;
+        Ok(with_attempt(
+            self.answer(verdict, descriptors.len()),
+            attempt,
+        ))
     }
+}
+
+/// The request header an admitted request carries its attempt in (on a
+/// route whose rules count by outcome), for the service behind Envoy to
+/// conclude it (`/v1/report`).
+const ATTEMPT_HEADER: &str = "sluice-attempt";
+
+/// `answer`, asking Envoy to add `attempt` to the request it forwards.
+fn with_attempt(mut answer: RateLimitResponse, attempt: Option<String>) -> RateLimitResponse {
+    if let Some(attempt) = attempt {
+        answer.request_headers_to_add.push(HeaderValue {
+            key: ATTEMPT_HEADER.to_owned(),
+            value: attempt,
+            ..Default::default()
+        });
+    }
+    answer
 }

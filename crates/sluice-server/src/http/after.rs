@@ -6,9 +6,11 @@
 //!   with the actual cost, once: 200 with the rules' state after (an
 //!   identical retry answers the same and changes nothing), 404 for an
 //!   unknown, forged, expired or differently settled reservation;
-//! - `POST /v1/report` (the body of `/v1/check`, plus `"status"` where
-//!   rules count by outcome) records a cost already spent: always counted,
-//!   debt included, 200 with the rules' state after, never 429.
+//! - `POST /v1/report` (the body of `/v1/check`) records a cost already
+//!   spent: always counted, debt included, 200 with the rules' state
+//!   after, never 429; on a route whose rules count by outcome it
+//!   concludes the check's `"attempt"` with the response's `"status"`
+//!   (`attempt.rs`).
 //!
 //! Reservations are sealed and tracked by [`crate::reservation`]; the
 //! arithmetic is the limiter's (`Limiter::settle`, `Limiter::report`).
@@ -42,12 +44,15 @@ pub(super) async fn reserved(app: &App, request: &Request<'_>) -> Response {
         .decide_reserving(request, started, app.limiter.decide(&policy, request))
         .await;
     let answer = decision_answer(&decision);
-    match app.limiter.reserve(&policy, request, &decision) {
-        None => answer.map(Body::from).into_response(),
-        Some(reservation) => {
-            let id = app.reservations.give(reservation);
-            with_fields(answer, [("reservation", id.into())])
-        }
+    let reservation = app.limiter.reserve(&policy, request, &decision);
+    let attempt = app.attempt(&policy, request, &decision);
+    let fields = [
+        reservation.map(|r| ("reservation", app.reservations.give(r).into())),
+        attempt.map(|id| ("attempt", id.into())),
+    ];
+    match fields {
+        [None, None] => answer.map(Body::from).into_response(),
+        fields => with_fields(answer, fields.into_iter().flatten()),
     }
 }
 
@@ -128,6 +133,11 @@ pub(super) async fn settle(
     let Some(held) = app.reservations.open(&id, now) else {
         return unknown("it expired (reservation_ttl), or was never given");
     };
+    if held.reservation.attempt {
+        return unknown(
+            "it is an attempt: conclude it with POST /v1/report, its `attempt` and the response's `status`",
+        );
+    }
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own: a client gone mid-settle cannot cut the
     // settle off between the store applying it and its count in the
@@ -242,12 +252,15 @@ pub(super) async fn report(
             ));
         }
     };
+    if let Some(id) = &parsed.attempt {
+        return super::attempt::conclude(app.clone(), &parsed, id, status).await;
+    }
     let request = match to_spent_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
     };
     let policy = app.limiter.policy();
-    match app.limiter.report(&policy, &request, status).await {
+    match app.limiter.report(&policy, &request).await {
         Ok(reported) => {
             let in_debt = !reported.decision.allowed;
             recorded(
@@ -262,9 +275,9 @@ pub(super) async fn report(
                 .map(Body::from)
                 .into_response()
         }
-        Err(AfterError::StatusNeeded) => refusal(&InvalidRequest::new(
-            "status",
-            AfterError::StatusNeeded.to_string(),
+        Err(AfterError::AttemptNeeded) => refusal(&InvalidRequest::new(
+            "attempt",
+            AfterError::AttemptNeeded.to_string(),
         )),
         Err(AfterError::Store(error)) => unavailable(
             &error,
@@ -292,8 +305,7 @@ pub(super) async fn report(
 }
 
 /// A report's `units` recorded: counted in the metrics (leaving the tenant
-/// `in_debt` or not, `forgiven` of them), and written to the usage ledger
-/// unless the route counts by outcome (the check before the request was).
+/// `in_debt` or not, `forgiven` of them), and written to the usage ledger.
 fn recorded(
     app: &App,
     policy: &sluice_core::Policy,
@@ -308,9 +320,7 @@ fn recorded(
         "" => "*",
         route => route,
     };
-    if applicable.asked.is_empty() {
-        app.record_charged(request.tenant, route, units, crate::admin::now_ms());
-    }
+    app.record_charged(request.tenant, route, units, crate::admin::now_ms());
 }
 
 /// 503 when the store could not answer: unreachable, nothing changed;
@@ -349,6 +359,10 @@ pub async fn expire_due(app: &App) {
     let now = crate::admin::now_ms();
     for held in app.reservations.due(now) {
         let reservation = &held.reservation;
+        if reservation.attempt {
+            expire_attempt(app, held, now).await;
+            continue;
+        }
         // Kept as long as an instance whose clock is behind may still
         // accept a settle of it.
         match app.limiter.expire(reservation, CLOCK_SKEW_MS).await {
@@ -376,6 +390,27 @@ pub async fn expire_due(app: &App) {
                 if !app.reservations.retry(held.clone(), now) {
                     tracing::warn!(%error, "could not claim an expired reservation in time; its estimate stands, unrecorded in the ledger");
                 }
+            }
+        }
+    }
+}
+
+/// Gives back an attempt never concluded within `attempt_ttl` (unless a
+/// conclusion claimed it first).
+async fn expire_attempt(app: &App, held: crate::reservation::Held, now: u64) {
+    let policy = app.limiter.policy();
+    let expired = app
+        .limiter
+        .conclude_attempt(&policy, &held.reservation, None, CLOCK_SKEW_MS)
+        .await;
+    match expired {
+        Ok(expired) if expired.marker != MarkerAnswer::Conflict => {
+            app.metrics.usage.attempt(crate::metrics::AttemptResult::Expired);
+        }
+        Ok(_) => {}
+        Err(error) => {
+            if !app.reservations.retry(held, now) {
+                tracing::warn!(%error, "could not give back an attempt never concluded in time; it keeps counting until its rules refill");
             }
         }
     }

@@ -29,18 +29,26 @@ pub(super) struct CheckBody<'a> {
     pub(super) reserve: Option<bool>,
     /// The response's status (`/v1/report` only).
     pub(super) status: Option<serde_json::Number>,
+    /// The attempt the check answered (`/v1/report` only).
+    pub(super) attempt: Option<String>,
 }
 
-/// `status` belongs to `/v1/report`, which records a cost once the
-/// response is known.
+/// `status` and `attempt` belong to `/v1/report`, which records a cost or
+/// concludes an attempt once the response is known.
 pub(super) fn no_status(body: &CheckBody<'_>) -> Result<(), InvalidRequest> {
-    match body.status {
-        None => Ok(()),
-        Some(_) => Err(InvalidRequest::new(
+    if body.status.is_some() {
+        return Err(InvalidRequest::new(
             "status",
             "`status` is only for POST /v1/report, once the response is known",
-        )),
+        ));
     }
+    if body.attempt.is_some() {
+        return Err(InvalidRequest::new(
+            "attempt",
+            "`attempt` is only for POST /v1/report, which concludes it once the response is known",
+        ));
+    }
+    Ok(())
 }
 
 /// The body as read, or the refusal of a body that could not be (too
@@ -125,6 +133,30 @@ pub(super) fn to_spent_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a
         body.subject.as_deref(),
         cost,
     )?)
+}
+
+impl CheckBody<'_> {
+    /// The first of the fields a report may repeat from its attempt's
+    /// check (tenant, route, subject, cost) that differs from `held`'s.
+    pub(super) fn differs_from(&self, held: &sluice_store::Reservation) -> Option<&'static str> {
+        let cost = self
+            .cost
+            .as_ref()
+            .map(|n| whole_number(n) != Some(i128::from(held.estimate)));
+        if self.tenant.as_deref().is_some_and(|t| t != held.tenant) {
+            Some("tenant")
+        } else if self.route.as_deref().is_some_and(|r| r != held.route) {
+            Some("route")
+        } else if (self.subject.as_deref())
+            .is_some_and(|s| Some(s) != held.subject.as_deref())
+        {
+            Some("subject")
+        } else if cost == Some(true) {
+            Some("cost")
+        } else {
+            None
+        }
+    }
 }
 
 /// The body's tenant and route, both required.

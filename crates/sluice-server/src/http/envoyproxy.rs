@@ -242,13 +242,17 @@ fn response_json(response: &RateLimitResponse) -> Value {
     if !statuses.is_empty() {
         out.insert("statuses".into(), Value::Array(statuses));
     }
-    let headers: Vec<Value> = response
-        .response_headers_to_add
-        .iter()
-        .map(|h| json!({"key": h.key, "value": h.value}))
-        .collect();
-    if !headers.is_empty() {
-        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    for (name, headers) in [
+        ("responseHeadersToAdd", &response.response_headers_to_add),
+        ("requestHeadersToAdd", &response.request_headers_to_add),
+    ] {
+        let headers: Vec<Value> = headers
+            .iter()
+            .map(|h| json!({"key": h.key, "value": h.value}))
+            .collect();
+        if !headers.is_empty() {
+            out.insert(name.into(), Value::Array(headers));
+        }
     }
     Value::Object(out)
 }

@@ -98,7 +98,7 @@ pub(super) async fn forward_auth(
             return refusal(&problem);
         }
     };
-    super::check::decided(&app, &request).await
+    super::check::decided(&app, &request, super::check::Handed::Header).await
 }
 
 /// The first of `names` the gateway sent, with the header it came from:

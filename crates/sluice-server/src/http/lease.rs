@@ -89,6 +89,9 @@ pub(super) async fn acquire(
     {
         fields.push(("reservation", app.reservations.give(reservation).into()));
     }
+    if let Some(attempt) = app.attempt(&policy, &request, &decision) {
+        fields.push(("attempt", attempt.into()));
+    }
     with_fields(answer, fields)
 }
 

@@ -18,6 +18,7 @@
 
 mod admin;
 mod after;
+mod attempt;
 mod body;
 mod check;
 mod envoyproxy;

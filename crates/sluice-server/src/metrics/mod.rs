@@ -85,7 +85,7 @@ mod usage;
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
 use slices::SliceStats;
-pub use usage::{SettleResult, UsageMetrics};
+pub use usage::{AttemptResult, SettleResult, UsageMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {

@@ -17,6 +17,19 @@ pub struct UsageMetrics {
     debts: Counter,
     forgiven: Counter,
     expired: Counter,
+    /// Attempts concluded, by result: counted, given back, expired.
+    attempts: [Counter; 3],
+}
+
+/// How an attempt (a check on rules that count by outcome) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// Its status matched a rule's `count_if`: counted there.
+    Counted,
+    /// Its status matched none: given back.
+    GivenBack,
+    /// Never concluded within `attempt_ttl`: given back.
+    Expired,
 }
 
 /// What a settle found.
@@ -45,8 +58,17 @@ impl UsageMetrics {
             registry.register(name, help, counter.clone());
             counter
         };
+        let attempts = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "attempts",
+            "Attempts on rules that count by outcome, by how they ended (counted: a status they count; given_back: a status they do not; expired: never concluded within attempt_ttl, given back)",
+            attempts.clone(),
+        );
+        let attempts = ["counted", "given_back", "expired"]
+            .map(|result| attempts.get_or_create(&ResultLabel { result }).clone());
         UsageMetrics {
             settles,
+            attempts,
             settled_cost: counter(
                 registry,
                 "settled_cost",
@@ -101,5 +123,15 @@ impl UsageMetrics {
     /// A reservation expired unsettled.
     pub fn expired(&self) {
         self.expired.inc();
+    }
+
+    /// An attempt concluded (or expired).
+    pub fn attempt(&self, result: AttemptResult) {
+        let index = match result {
+            AttemptResult::Counted => 0,
+            AttemptResult::GivenBack => 1,
+            AttemptResult::Expired => 2,
+        };
+        self.attempts[index].inc();
     }
 }

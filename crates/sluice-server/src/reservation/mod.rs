@@ -43,8 +43,12 @@ pub struct Reservations {
     /// Keys of this version's ids under a previous pepper.
     earlier_v3: Vec<ChaCha20Poly1305>,
     ttl_ms: u64,
+    /// How long an attempt may be concluded (`attempt_ttl`).
+    attempt_ttl_ms: u64,
     /// This instance's reservations, by when they expire (oldest first).
     pending: Mutex<VecDeque<Held>>,
+    /// This instance's attempts, by when they expire (oldest first).
+    attempts: Mutex<VecDeque<Held>>,
     /// Expiries whose claim failed (the store unreachable), with when to
     /// try again.
     retrying: Mutex<Vec<(Held, u64)>>,
@@ -138,9 +142,17 @@ impl Reservations {
             earlier,
             earlier_v3: Vec::new(),
             ttl_ms,
+            attempt_ttl_ms: sluice_core::config::defaults::ATTEMPT_TTL_MS,
             pending: Mutex::new(VecDeque::new()),
+            attempts: Mutex::new(VecDeque::new()),
             retrying: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same, attempts concluded within `attempt_ttl_ms`.
+    pub fn with_attempt_ttl(mut self, attempt_ttl_ms: u64) -> Reservations {
+        self.attempt_ttl_ms = attempt_ttl_ms;
+        self
     }
 
     /// The same, also opening the ids sealed under `previous` (the pepper
@@ -173,11 +185,16 @@ impl Reservations {
         self.ttl_ms
     }
 
-    /// `reservation` held until this instance's `reservation_ttl` has
-    /// passed from when it was made.
+    /// `reservation` held until this instance's `reservation_ttl` (an
+    /// attempt's: `attempt_ttl`) has passed from when it was made.
     pub fn hold(&self, reservation: Reservation) -> Held {
+        let ttl = if reservation.attempt {
+            self.attempt_ttl_ms
+        } else {
+            self.ttl_ms
+        };
         Held {
-            expires_ms: reservation.at_ms.saturating_add(self.ttl_ms),
+            expires_ms: reservation.at_ms.saturating_add(ttl),
             reservation,
         }
     }
@@ -245,6 +262,7 @@ impl Reservations {
             shard: sealed.h,
             whole_after_ms: Vec::new(),
             rules_print: 0,
+            attempt: false,
         };
         let expires_ms = sealed
             .x
@@ -265,7 +283,12 @@ impl Reservations {
     /// Keeps `held` until it expires (unless [`MAX_PENDING`] are kept
     /// already: then its expiry goes uncounted).
     pub fn track(&self, held: Held) {
-        let mut pending = self.pending.lock().expect("pending reservations");
+        let queue = if held.reservation.attempt {
+            &self.attempts
+        } else {
+            &self.pending
+        };
+        let mut pending = queue.lock().expect("pending reservations");
         if pending.len() < MAX_PENDING {
             pending.push_back(held);
         }
@@ -275,8 +298,8 @@ impl Reservations {
     /// (with those whose claim is to be tried again by then).
     pub fn due(&self, now_ms: u64) -> Vec<Held> {
         let mut due = Vec::new();
-        {
-            let mut pending = self.pending.lock().expect("pending reservations");
+        for queue in [&self.pending, &self.attempts] {
+            let mut pending = queue.lock().expect("pending reservations");
             while pending.front().is_some_and(|h| h.expires_ms <= now_ms) {
                 due.extend(pending.pop_front());
             }
@@ -327,6 +350,7 @@ mod tests {
             shard: 2,
             whole_after_ms: vec![1_000, 0, 60_000],
             rules_print: 0x5eed,
+            attempt: false,
         }
     }
 
@@ -379,7 +403,9 @@ mod tests {
             earlier: Vec::new(),
             earlier_v3: Vec::new(),
             ttl_ms: 300_000,
+            attempt_ttl_ms: 30_000,
             pending: Mutex::new(VecDeque::new()),
+            attempts: Mutex::new(VecDeque::new()),
             retrying: Mutex::new(Vec::new()),
         };
         let now = Reservations::new(Some(&key), 300_000);

@@ -10,8 +10,12 @@ use sluice_store::Reservation;
 
 use super::Held;
 
-/// The first byte of this layout.
+/// The first byte of this layout, for a reservation.
 const VERSION: u8 = 3;
+
+/// The first byte of this layout, for an attempt (sealed, so that one kind
+/// is never taken for the other).
+const ATTEMPT: u8 = 4;
 
 /// Own rules whose refill instants an id carries, at most (more: none is
 /// carried, and a give-back takes each estimate to refill from its
@@ -42,7 +46,7 @@ pub const MAX_ID_CHARS: usize = {
 pub(super) fn encode(held: &Held) -> Vec<u8> {
     let r = &held.reservation;
     let mut out = Vec::with_capacity(128 + r.route.len());
-    out.push(VERSION);
+    out.push(if r.attempt { ATTEMPT } else { VERSION });
     out.extend_from_slice(&r.id);
     for n in [r.estimate, r.held, r.at_ms, r.admitted_ms, held.expires_ms] {
         out.extend_from_slice(&n.to_le_bytes());
@@ -80,9 +84,11 @@ fn text(out: &mut Vec<u8>, text: &str) {
 /// What [`encode`] wrote, or `None` for anything else.
 pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
     let mut at = Reader { bytes, pos: 0 };
-    if at.take(1)? != [VERSION] {
-        return None;
-    }
+    let attempt = match at.take(1)? {
+        [VERSION] => false,
+        [ATTEMPT] => true,
+        _ => return None,
+    };
     let id: [u8; 16] = at.take(16)?.try_into().ok()?;
     let mut numbers = [0u64; 5];
     for n in &mut numbers {
@@ -113,6 +119,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
             shard,
             whole_after_ms,
             rules_print,
+            attempt,
         },
         expires_ms,
     })

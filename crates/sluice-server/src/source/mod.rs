@@ -329,10 +329,11 @@ fn apply(
         || next.storage != running.storage
         || next.keys != running.keys
         || next.reservation_ttl_ms != running.reservation_ttl_ms
+        || next.attempt_ttl_ms != running.attempt_ttl_ms
         || mapping(&next) != mapping(running)
     {
         warn!(
-            "changes to `server`, `storage`, `keys`, `reservation_ttl` or the envoy key mapping take effect on restart"
+            "changes to `server`, `storage`, `keys`, `reservation_ttl`, `attempt_ttl` or the envoy key mapping take effect on restart"
         );
     }
     service.install(&next.limits, descriptors);

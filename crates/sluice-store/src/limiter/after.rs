@@ -8,9 +8,13 @@
 //!   (debt), once per reservation (a settle marker, kept with the change).
 //! - [`Limiter::report`] records a cost that already happened: always
 //!   counted, debt included, never denied.
-//! - A decision on a route with `count_if` rules only asks them whether
-//!   the request fits (a peek, `ask`); a report with the response's status
-//!   counts those whose statuses match.
+//! - [`Limiter::attempt`]: on a route with rules that count by outcome
+//!   (`count_if`), an admitted decision holds its cost there like any
+//!   rule's, so that no more attempts than the limit are ever in flight
+//!   or counted, however many run at once. [`Limiter::conclude_attempt`] keeps
+//!   what the response's status matches and gives the rest back; an
+//!   attempt never concluded is given back when it expires (the server's
+//!   `attempt_ttl`).
 //!
 //! Debits charge the tenant's own rate rules only
 //! ([`Policy::own_rules`]): a valve never goes into debt, and keeps what an
@@ -63,6 +67,10 @@ pub struct Reservation {
     /// (a digest of their uids): a reload that changed them since makes them not
     /// known.
     pub rules_print: u64,
+    /// An attempt ([`Limiter::attempt`]): it holds the rules that count
+    /// by outcome, concluded by the response's status; else a
+    /// reservation of the own rules, settled at a cost.
+    pub attempt: bool,
 }
 
 /// A digest of `rules`' identities, in order.
@@ -118,11 +126,12 @@ impl<'p> Adjustment<'p> {
 /// Why a report or a settle changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AfterError {
-    /// A report on a route whose rules count by outcome must say which.
+    /// A report on a route whose rules count by outcome: the check held
+    /// the attempt, which its conclusion counts or gives back.
     #[error(
-        "`status` is required: this route has rules that count by outcome (`count_if`), give the response's status code (100 to 599)"
+        "`attempt` is required: this route has rules that count by outcome (`count_if`); the check held the request as an attempt, conclude it with the attempt /v1/check answered and the response's `status`"
     )]
-    StatusNeeded,
+    AttemptNeeded,
     /// The store could not change it.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -150,13 +159,45 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
         decision: &Decision<'_>,
     ) -> Option<Reservation> {
-        let at_ms = self.options.clock.now_ms();
-        // Where each own rule's outcome says it would be whole again.
         let own = policy.own_rules(request.tenant, request.route, request.subject.is_some());
+        self.held(request, decision, own, false)
+    }
+
+    /// The attempt an admitted `decision` of `request` holds on the rules
+    /// that count by outcome (`None` when it was denied, or when none
+    /// applies): conclude it with the response's status
+    /// ([`conclude_attempt`](Self::conclude_attempt)); until then it counts, so that no
+    /// more attempts than a rule's limit run at once. One never concluded
+    /// keeps counting: the server concludes those of its checks after
+    /// `attempt_ttl`, giving them back.
+    pub fn attempt(
+        &self,
+        policy: &Policy,
+        request: &Request<'_>,
+        decision: &Decision<'_>,
+    ) -> Option<Reservation> {
+        let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
+        if applicable.asked.is_empty() {
+            return None;
+        }
+        self.held(request, decision, applicable.asked, true)
+    }
+
+    /// What an admitted `decision` of `request` holds of `rules`.
+    fn held(
+        &self,
+        request: &Request<'_>,
+        decision: &Decision<'_>,
+        rules: &[sluice_core::BoundRule],
+        attempt: bool,
+    ) -> Option<Reservation> {
+        let at_ms = self.options.clock.now_ms();
+        // Where each rule's outcome says it would be whole again.
         let whole_after_ms = if decision.decided_ms == 0 {
             Vec::new()
         } else {
-            own.iter()
+            rules
+                .iter()
                 .map(|rule| {
                     decision
                         .known_outcomes()
@@ -186,8 +227,90 @@ impl<S: Store> Limiter<S> {
             },
             shard: decision.shard,
             whole_after_ms,
-            rules_print: rules_print(own),
+            rules_print: rules_print(rules),
+            attempt,
         })
+    }
+
+    /// Concludes `attempt` once its response's `status` is known: the
+    /// rules whose `count_if` matches keep what it holds (or are charged
+    /// it, when the failure policy admitted it without the store), the
+    /// others are given it back; `None` (not known: the call failed, or
+    /// the attempt expired) gives everything back. Once, as a settle: an
+    /// identical conclusion finds it made ([`MarkerAnswer::Again`]),
+    /// another (or the expiry) finds it taken ([`MarkerAnswer::Conflict`]).
+    pub async fn conclude_attempt<'p>(
+        &self,
+        policy: &'p Policy,
+        attempt: &Reservation,
+        status: Option<u16>,
+        marker_ttl_ms: u64,
+    ) -> Result<Adjustment<'p>, StoreError> {
+        let subject = attempt.subject.as_deref();
+        let applicable = policy.applicable(&attempt.tenant, &attempt.route, subject.is_some());
+        let rules = applicable.asked;
+        let counts = |rule: &sluice_core::BoundRule| {
+            status.is_some_and(|s| rule.count_if().is_some_and(|set| set.matches(s)))
+        };
+        // Held: what does not count is given back. Not held: what counts
+        // is charged.
+        let (change, costs): (Change, Vec<u64>) = if attempt.held > 0 {
+            let back = rules
+                .iter()
+                .map(|r| if counts(r) { 0 } else { attempt.held })
+                .collect();
+            (
+                Change::GiveBack {
+                    at: attempt.admitted_ms,
+                },
+                back,
+            )
+        } else {
+            let charged = rules
+                .iter()
+                .map(|r| if counts(r) { attempt.estimate } else { 0 })
+                .collect();
+            (Change::Debit, charged)
+        };
+        let change = if costs.iter().all(|&c| c == 0) {
+            Change::Nothing
+        } else {
+            change
+        };
+        let marker = Marker {
+            id: attempt.id,
+            value: match status {
+                Some(status) => format!("{SETTLED}status {status}"),
+                None => "expired".to_owned(),
+            },
+            ttl_ms: marker_ttl_ms,
+            shard: attempt.shard,
+        };
+        let whole_at = self.whole_at(attempt, rules);
+        let shards = applicable.shards.max(1);
+        let batch = Batch {
+            shard: attempt.shard % shards,
+            costs: &costs,
+            whole_at: &whole_at,
+            ..Batch::new(&attempt.tenant, subject, attempt.held, rules)
+        };
+        let adjusted = self
+            .adjust_within_budget(&batch, change, Some(&marker))
+            .await?;
+        Ok(Adjustment::of(applicable, rules, adjusted))
+    }
+
+    /// Per rule of `rules`, when what `held` took of it would have
+    /// refilled (empty: not known, as after a reload that changed them).
+    fn whole_at(&self, held: &Reservation, rules: &[sluice_core::BoundRule]) -> Vec<u64> {
+        if held.whole_after_ms.len() != rules.len() || held.rules_print != rules_print(rules) {
+            return Vec::new();
+        }
+        let whole = |after: &u64| match after {
+            0 => 0,
+            after => held.admitted_ms.saturating_add(*after),
+        };
+        held.whole_after_ms.iter().map(whole).collect()
     }
 
     /// Replaces what the store holds of `reservation` with `actual`: gives
@@ -222,19 +345,8 @@ impl<S: Store> Limiter<S> {
             ttl_ms: marker_ttl_ms,
             shard: reservation.shard,
         };
-        // Per rule, when what the estimate took would have refilled (a
-        // reload that changed the rules since: not known).
-        let whole_at: Vec<u64> = if reservation.whole_after_ms.len() == own.len()
-            && reservation.rules_print == rules_print(own)
-        {
-            let whole = |after: &u64| match after {
-                0 => 0,
-                after => reservation.admitted_ms.saturating_add(*after),
-            };
-            reservation.whole_after_ms.iter().map(whole).collect()
-        } else {
-            Vec::new()
-        };
+        // Per rule, when what the estimate took would have refilled.
+        let whole_at = self.whole_at(reservation, own);
         // A reload may have lowered the tenant's shards since: the change
         // goes to the shard that now holds the one that admitted.
         let shards = applicable.shards.max(1);
@@ -257,7 +369,7 @@ impl<S: Store> Limiter<S> {
                 Err(AfterError::Store(error) | AfterError::Partly { error, .. }) => {
                     return Err(error);
                 }
-                Err(AfterError::StatusNeeded) => unreachable!("a settle names no status"),
+                Err(AfterError::AttemptNeeded) => unreachable!("a settle charges own rules"),
             }
         } else {
             let batch = Batch {
@@ -297,11 +409,11 @@ impl<S: Store> Limiter<S> {
         Ok(adjusted.marker != MarkerAnswer::Conflict)
     }
 
-    /// Records `request.cost` as spent: it counts whatever the rules hold,
-    /// debt included. On a route whose rules count by outcome, `status`
-    /// (the response's) is required and only those rules whose `count_if`
-    /// matches count (the check before the request counted the others);
-    /// elsewhere the tenant's own rate rules count. A tenant spread over
+    /// Records `request.cost` as spent: it counts whatever the tenant's own
+    /// rate rules hold, debt included. A route whose rules count by
+    /// outcome is refused ([`AfterError::AttemptNeeded`]): its check held
+    /// the request as an attempt, which [`conclude_attempt`](Self::conclude_attempt)
+    /// counts. A tenant spread over
     /// several shards has the cost of each divided rule split evenly over
     /// them (each holds its share of the limit, and of `max_debt`), a rule
     /// kept whole on shard 0 charged once: one store call per shard that
@@ -310,32 +422,18 @@ impl<S: Store> Limiter<S> {
         &self,
         policy: &'p Policy,
         request: &Request<'_>,
-        status: Option<u16>,
     ) -> Result<Adjustment<'p>, AfterError> {
         let with_subject = request.subject.is_some();
         let applicable = policy.applicable(request.tenant, request.route, with_subject);
-        let (rules, costs): (_, Vec<u64>) = if applicable.asked.is_empty() {
-            (
-                policy.own_rules(request.tenant, request.route, with_subject),
-                Vec::new(),
-            )
-        } else {
-            let status = status.ok_or(AfterError::StatusNeeded)?;
-            let costs = applicable
-                .asked
-                .iter()
-                .map(|r| match r.count_if() {
-                    Some(set) if set.matches(status) => request.cost,
-                    _ => 0,
-                })
-                .collect();
-            (applicable.asked, costs)
-        };
+        if !applicable.asked.is_empty() {
+            return Err(AfterError::AttemptNeeded);
+        }
+        let rules = policy.own_rules(request.tenant, request.route, with_subject);
         let spread = Spread {
             tenant: request.tenant,
             subject: request.subject,
             rules,
-            costs: &costs,
+            costs: &[],
             units: request.cost,
             shards: applicable.shards.max(1),
             first: self.turns.first(applicable.shards.max(1)),
@@ -472,79 +570,6 @@ impl<S: Store> Limiter<S> {
         }?;
         Ok(adjusted)
     }
-
-    /// Asks the rules of `applicable` that count by outcome whether
-    /// `request` fits, without counting it (a peek): the answer now when
-    /// one of them has no room (or the store cannot say and the failure
-    /// policy denies), or when they are the only rules; `None` to decide
-    /// the other rules.
-    ///
-    /// `asking` names the asked rules' tenant, subject and cost
-    /// ([`asking`]).
-    pub(super) async fn ask<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        asking: &Batch<'_>,
-    ) -> Option<Decision<'p>> {
-        let peeked = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.peek(asking))
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            None => self.store.peek(asking).await,
-        };
-        self.asked(applicable, asking.cost, peeked)
-    }
-
-    /// What [`ask`](Self::ask) answers once the store's rows of the asked
-    /// rules are `peeked` (the synchronous door peeks them itself).
-    pub(super) fn asked<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        cost: u64,
-        peeked: Result<crate::store::Peeked, StoreError>,
-    ) -> Option<Decision<'p>> {
-        let asked = Applicable {
-            rules: applicable.asked,
-            ..applicable
-        };
-        let decision = match peeked {
-            Ok(peeked) => {
-                let outcomes = peeked
-                    .rows
-                    .iter()
-                    .map(|row| {
-                        let cost = cost.min(row.enforced.capacity());
-                        row.enforced.decide(&row.state, peeked.now, cost).0
-                    })
-                    .collect();
-                Decision::from_outcomes(asked, outcomes, cost, &[])
-            }
-            Err(error) => {
-                self.options.telemetry.store_error(&error);
-                let policy = applicable.on_error().unwrap_or(self.options.on_error);
-                if policy != sluice_core::config::OnError::Deny {
-                    // Not known: the other rules decide.
-                    return applicable
-                        .rules
-                        .is_empty()
-                        .then(|| Decision::without_store(asked, policy));
-                }
-                Decision::without_store(asked, policy)
-            }
-        };
-        (!decision.allowed || applicable.rules.is_empty()).then_some(decision)
-    }
-}
-
-/// The batch of the rules of `applicable` that count by outcome, asked
-/// for a request of `cost` units of `tenant` (and `subject`).
-pub(super) fn asking<'a>(
-    applicable: &Applicable<'a>,
-    tenant: &'a str,
-    subject: Option<&'a str>,
-    cost: u64,
-) -> Batch<'a> {
-    Batch::new(tenant, subject, cost, applicable.asked)
 }
 
 /// A debit spread over a tenant's shards ([`Limiter::debit_spread`]).

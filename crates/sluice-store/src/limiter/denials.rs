@@ -139,12 +139,14 @@ impl DenialCache {
     ) {
         let map = self.map.pin();
         for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
-            // A concurrency denial lasts until a release, which can come
-            // at any moment: never remembered.
+            // A concurrency denial lasts until a release, a rule that
+            // counts by outcome's until an attempt is given back, either
+            // of which can come at any moment: never remembered.
             if outcome.allowed
                 || rule.shadow()
                 || outcome.retry_after_ms == 0
                 || rule.rule().is_concurrency()
+                || rule.count_if().is_some()
                 // One key of a split valve denied: the next decision uses
                 // another, which may well admit (remembered, one empty key
                 // denied every tenant as if the whole valve were).

@@ -9,7 +9,6 @@ use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Decision, Request, Scope};
 
 use super::Limiter;
-use super::after::asking;
 use super::dedupe::partition_text;
 use crate::store::{Batch, Partition, Peeked, Store, StoreError};
 
@@ -99,12 +98,6 @@ impl<S: Store> Limiter<S> {
         applicable: Applicable<'p>,
         keyed: &Keyed<'_>,
     ) -> Decision<'p> {
-        if !applicable.asked.is_empty() {
-            let asking = asking(&applicable, keyed.tenant, keyed.subject, keyed.cost);
-            if let Some(decided) = self.ask(applicable, &asking).await {
-                return decided;
-            }
-        }
         let (partitions, costs) = keyed.parts(applicable.rules);
         let batch = Batch {
             partitions: &partitions,
@@ -228,7 +221,7 @@ plans:
     }
 
     #[tokio::test]
-    async fn the_keyed_door_asks_the_rules_that_count_by_outcome() {
+    async fn the_keyed_door_holds_the_rules_that_count_by_outcome() {
         let yaml = r#"
 default_plan: p
 plans:
@@ -241,9 +234,6 @@ plans:
         let limiter = Limiter::new(policy, MemoryStore::new(1_000), OnError::Deny);
         let policy = limiter.policy();
         let login = Request::new("acme", "POST /login", Some("alice"), 1).unwrap();
-        for _ in 0..5 {
-            limiter.report(&policy, &login, Some(401)).await.unwrap();
-        }
         // An Envoy descriptor's override adds a rule of its own bucket.
         let applicable = policy.applicable(login.tenant, login.route, true);
         let mut rules = applicable.rules.to_vec();
@@ -254,8 +244,12 @@ plans:
             rules: &rules,
             ..applicable
         };
+        // Five attempts in flight hold the rule's five places.
+        for _ in 0..5 {
+            assert!(limiter.decide_keyed(combined, &keyed).await.allowed);
+        }
         let decision = limiter.decide_keyed(combined, &keyed).await;
-        assert!(!decision.allowed, "a sixth failed login after five");
+        assert!(!decision.allowed, "a sixth attempt beside five");
         assert_eq!(decision.policy().map(|r| r.name()), Some("failed"));
     }
 }

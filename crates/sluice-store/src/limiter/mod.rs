@@ -366,7 +366,7 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return Ok(decided),
         };
-        if applicable.gated || !applicable.asked.is_empty() {
+        if applicable.gated {
             return Err(Rest::Gated(Box::pin(self.decide_gated(policy, request))));
         }
         let batch: Batch<'a> = Batch::new(
@@ -408,12 +408,6 @@ impl<S: Store> Limiter<S> {
             Ok(applicable) => applicable,
             Err(decided) => return (decided, None),
         };
-        if !applicable.asked.is_empty() {
-            let asking = after::asking(&applicable, request.tenant, request.subject, request.cost);
-            if let Some(decided) = self.ask(applicable, &asking).await {
-                return (decided, None);
-            }
-        }
         let gated = applicable.gated.then(|| {
             let now = self.options.clock.now_ms();
             self.fair
@@ -424,8 +418,6 @@ impl<S: Store> Limiter<S> {
             .map_or(applicable.rules, |(rules, _)| &rules[..]);
         let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
         batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
-        // The rules that count by outcome were read from the store.
-        batch.asked_before = !applicable.asked.is_empty();
         if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
             batch.lease = Some(lease::new_lease_id());
         }
@@ -556,7 +548,7 @@ fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'
     if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
         return Err(decision);
     }
-    if applicable.rules.is_empty() && applicable.asked.is_empty() {
+    if applicable.rules.is_empty() {
         return Err(Decision::from_outcomes(
             applicable,
             Outcomes::new(),

@@ -4,7 +4,6 @@
 use sluice_core::policy::Applicable;
 use sluice_core::{Decision, Policy, Request};
 
-use super::after::asking;
 use super::{Limiter, dedupe, prepare, shard};
 use crate::memory::MemoryStore;
 use crate::store::Batch;
@@ -17,13 +16,6 @@ impl Limiter<MemoryStore> {
             Err(decided) => return decided,
             Ok(applicable) => applicable,
         };
-        if !applicable.asked.is_empty() {
-            let asking = asking(&applicable, request.tenant, request.subject, request.cost);
-            let peeked = Ok(self.store.peek_now(&asking));
-            if let Some(decided) = self.asked(applicable, request.cost, peeked) {
-                return decided;
-            }
-        }
         if applicable.gated {
             let now = self.options.clock.now_ms();
             let (rules, gates) = self

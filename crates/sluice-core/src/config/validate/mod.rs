@@ -144,7 +144,21 @@ impl<'a> Validator<'a> {
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         let ledger = raw.ledger.map(|l| self.ledger(l));
-        let reservation_ttl_ms = self.reservation_ttl(raw.reservation_ttl);
+        use crate::config::defaults::{
+            ATTEMPT_TTL_MS, MAX_ATTEMPT_TTL_MS, MAX_RESERVATION_TTL_MS, RESERVATION_TTL_MS,
+        };
+        let reservation_ttl_ms = self.ttl(
+            raw.reservation_ttl,
+            "reservation_ttl",
+            RESERVATION_TTL_MS,
+            (MAX_RESERVATION_TTL_MS, "1d"),
+        );
+        let attempt_ttl_ms = self.ttl(
+            raw.attempt_ttl,
+            "attempt_ttl",
+            ATTEMPT_TTL_MS,
+            (MAX_ATTEMPT_TTL_MS, "1h"),
+        );
         Config {
             server,
             storage,
@@ -154,30 +168,34 @@ impl<'a> Validator<'a> {
             admin_token,
             ledger,
             reservation_ttl_ms,
+            attempt_ttl_ms,
         }
     }
 
-    /// `reservation_ttl`: 1s to 1d, default 5m.
-    fn reservation_ttl(&mut self, raw: Option<crate::config::raw::S<String>>) -> u64 {
-        use crate::config::defaults::{MAX_RESERVATION_TTL_MS, RESERVATION_TTL_MS};
+    /// A top-level duration `field`: from 1s to `max` (written as `max_text`),
+    /// `default` when absent.
+    fn ttl(
+        &mut self,
+        raw: Option<crate::config::raw::S<String>>,
+        field: &str,
+        default: u64,
+        (max, max_text): (u64, &str),
+    ) -> u64 {
         let Some(raw) = raw else {
-            return RESERVATION_TTL_MS;
+            return default;
         };
         match crate::duration::parse_duration_ms(&raw.value) {
-            Ok(ms) if (1_000..=MAX_RESERVATION_TTL_MS).contains(&ms) => ms,
+            Ok(ms) if (1_000..=max).contains(&ms) => ms,
             Ok(_) => {
                 self.push(
                     raw.referenced,
-                    format!(
-                        "`reservation_ttl` must be from 1s to 1d, got `{}`",
-                        raw.value
-                    ),
+                    format!("`{field}` must be from 1s to {max_text}, got `{}`", raw.value),
                 );
-                RESERVATION_TTL_MS
+                default
             }
             Err(e) => {
-                self.push(raw.referenced, format!("`reservation_ttl`: {e}"));
-                RESERVATION_TTL_MS
+                self.push(raw.referenced, format!("`{field}`: {e}"));
+                default
             }
         }
     }

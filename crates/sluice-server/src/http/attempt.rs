@@ -1,0 +1,126 @@
+//! Concluding an attempt over HTTP: `POST /v1/report` with the `attempt`
+//! a check answered (on a route whose rules count by outcome) and the
+//! response's `status`. The rules whose `count_if` matches keep what the
+//! check held, the others are given it back; once (an identical retry
+//! answers the same, another status or the expiry finds it taken: 404).
+//! The body may repeat the check's tenant, route, subject and cost; what
+//! it repeats must be the same.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sluice_store::{MarkerAnswer, Reservation};
+use sluice_tower::InvalidRequest;
+use sluice_tower::answer::standing_answer;
+
+use super::body::CheckBody;
+use super::respond::refusal;
+use crate::app::App;
+use crate::metrics::AttemptResult;
+use crate::reservation::Reservations;
+
+/// Concludes the attempt `id` of a report's body `parsed` with `status`.
+pub(super) async fn conclude(
+    app: Arc<App>,
+    parsed: &CheckBody<'_>,
+    id: &str,
+    status: Option<u16>,
+) -> Response {
+    let Some(status) = status else {
+        return refusal(&InvalidRequest::new(
+            "status",
+            "`status` is required to conclude an attempt: the response's status code (100 to 599)",
+        ));
+    };
+    let unknown = |why: &str| {
+        refusal(
+            &InvalidRequest::new("attempt", format!("no such attempt to conclude: {why}"))
+                .with_status(StatusCode::NOT_FOUND),
+        )
+    };
+    let now = crate::admin::now_ms();
+    let held = match app.reservations.open(id, now) {
+        Some(held) if held.reservation.attempt => held,
+        Some(_) => {
+            return unknown("it is a reservation: settle it with POST /v1/settle");
+        }
+        None => return unknown("it expired (attempt_ttl), or was never given"),
+    };
+    if let Some(field) = parsed.differs_from(&held.reservation) {
+        return refusal(&InvalidRequest::new(
+            field,
+            format!(
+                "`{field}` differs from the attempt's check: an attempt concludes what was checked (leave `{field}` out, or send the check's)"
+            ),
+        ));
+    }
+    let ttl = Reservations::marker_ttl_ms(&held, now);
+    // On a task of its own, as a settle: a client gone mid-way cannot cut
+    // the conclusion off between the store and its count.
+    let concluding = tokio::spawn(conclude_and_count(app, held.reservation, status, ttl));
+    concluding.await.unwrap_or_else(|error| {
+        tracing::error!(%error, "an attempt's task failed");
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    })
+}
+
+/// Concludes `attempt` with `status` and counts what it did: the answer.
+async fn conclude_and_count(
+    app: Arc<App>,
+    attempt: Reservation,
+    status: u16,
+    ttl: u64,
+) -> Response {
+    let policy = app.limiter.policy();
+    let concluded = match app
+        .limiter
+        .conclude_attempt(&policy, &attempt, Some(status), ttl)
+        .await
+    {
+        Ok(concluded) => concluded,
+        Err(error) => {
+            return refusal(
+                &InvalidRequest::new(
+                    "store",
+                    format!(
+                        "the rate-limit store could not conclude the attempt ({error}); send it again, it applies once"
+                    ),
+                )
+                .with_status(StatusCode::SERVICE_UNAVAILABLE),
+            );
+        }
+    };
+    match concluded.marker {
+        MarkerAnswer::Conflict => refusal(
+            &InvalidRequest::new(
+                "attempt",
+                "no such attempt to conclude: it was concluded already, with another status, or expired",
+            )
+            .with_status(StatusCode::NOT_FOUND),
+        ),
+        MarkerAnswer::Again => standing_answer(&concluded.decision)
+            .map(Body::from)
+            .into_response(),
+        MarkerAnswer::Applied => {
+            let counted = policy
+                .applicable(
+                    &attempt.tenant,
+                    &attempt.route,
+                    attempt.subject.is_some(),
+                )
+                .asked
+                .iter()
+                .any(|r| r.count_if().is_some_and(|set| set.matches(status)));
+            app.metrics.usage.attempt(if counted {
+                AttemptResult::Counted
+            } else {
+                AttemptResult::GivenBack
+            });
+            standing_answer(&concluded.decision)
+                .map(Body::from)
+                .into_response()
+        }
+    }
+}
