@@ -294,13 +294,12 @@ async fn reports_are_recorded_except_where_the_check_was() {
     let invoices = json!({"tenant": "acme", "route": "POST /v1/invoices", "cost": 3});
     let (status, body) = common::post_to(&client, &url("/v1/report"), invoices).await;
     assert_eq!(status, 200, "{body}");
-    // A login checked (recorded), then reported failed (counted, not
-    // recorded again).
+    // A login checked (recorded), then its attempt concluded failed
+    // (counted, not recorded again).
     let login = json!({"tenant": "globex", "route": "POST /login", "subject": "10.0.0.1|alice"});
-    let (status, body) = common::post_to(&client, &url("/v1/check"), login.clone()).await;
+    let (status, body) = common::post_to(&client, &url("/v1/check"), login).await;
     assert_eq!(status, 200, "{body}");
-    let mut failed = login;
-    failed["status"] = json!(401);
+    let failed = json!({"attempt": body["attempt"], "status": 401});
     let (status, body) = common::post_to(&client, &url("/v1/report"), failed).await;
     assert_eq!(status, 200, "{body}");
     let want = json!([

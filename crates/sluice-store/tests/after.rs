@@ -39,10 +39,7 @@ async fn a_report_past_the_limit_counts_and_the_debt_denies_until_repaid() {
     let (clock, limiter) = limiter(TOKENS);
     let policy = limiter.policy();
     // 1,500 tokens spent: 500 past the 1,000 a minute allows.
-    let report = limiter
-        .report(&policy, &request(1_500))
-        .await
-        .unwrap();
+    let report = limiter.report(&policy, &request(1_500)).await.unwrap();
     assert_eq!(report.forgiven, 0);
     assert!(!report.decision.allowed, "in debt, a unit does not pass");
     assert_eq!(report.decision.remaining(), Some(0));
@@ -169,7 +166,13 @@ async fn failed_logins_count_by_outcome_and_successes_pass() {
 /// count, and nothing more passes.
 #[tokio::test]
 async fn fifty_failed_logins_at_once_let_five_through() {
-    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+    for algorithm in [
+        "gcra",
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
         let (clock, limiter) = limiter(&LOGINS.replace("sliding_log", algorithm));
         let policy = limiter.policy();
         let mut attempts = Vec::new();
@@ -203,7 +206,13 @@ async fn fifty_failed_logins_at_once_let_five_through() {
 /// five wait 28 ms (here, a unit takes three minutes).
 #[tokio::test]
 async fn attempts_that_do_not_fail_free_their_place_at_once() {
-    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+    for algorithm in [
+        "gcra",
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
         let (clock, limiter) = limiter(&LOGINS.replace("sliding_log", algorithm));
         let policy = limiter.policy();
         for round in 0..10 {

@@ -269,5 +269,9 @@ async fn an_attempt_on_rules_kept_whole_on_shard_zero_concludes_in_one_call() {
         .await
         .unwrap();
     // As a request of one unit would find them.
-    assert_eq!(concluded.decision.remaining(), Some(1), "3 of 5 counted, once");
+    assert_eq!(
+        concluded.decision.remaining(),
+        Some(1),
+        "3 of 5 counted, once"
+    );
 }

@@ -246,7 +246,8 @@ where
             let (mut parts, body) = response.into_parts();
             let settlement = admitted
                 .pending
-                .respond(&parts, outcome(&parts), usage.as_ref());
+                .respond(&parts, outcome(&parts), usage.as_ref())
+                .await;
             // The fields go out as initial metadata.
             admitted.fields.add_to(&mut parts.headers);
             let body = LeaseBody::new(body, admitted.lease).settling(settlement);

@@ -118,7 +118,10 @@ where
             let response = inner.call(request).await?;
             let (mut parts, body) = response.into_parts();
             let status = Some(parts.status.as_u16());
-            let settlement = admitted.pending.respond(&parts, status, usage.as_ref());
+            let settlement = admitted
+                .pending
+                .respond(&parts, status, usage.as_ref())
+                .await;
             admitted.fields.add_to(&mut parts.headers);
             let body = LeaseBody::new(body, admitted.lease).settling(settlement);
             Ok(Response::from_parts(parts, body))

@@ -23,7 +23,6 @@ use http::HeaderName;
 use http::response::Parts;
 use sluice_store::{Limiter, Reservation, Store};
 
-
 /// How long a settle marker is kept: a settle made in process is made
 /// once, so this only has to outlive it.
 const MARKER_TTL_MS: u64 = 60_000;
@@ -87,10 +86,11 @@ impl<S: Store + 'static> Pending<S> {
     }
 
     /// The response's head is known: the attempt is concluded now with
-    /// its `status` (an HTTP status; `None`: not known, given back); the
-    /// reservation is settled at what it cost (read by `usage`, else the
-    /// estimate) by the [`Settlement`] the body holds.
-    pub(crate) fn respond(
+    /// its `status` (an HTTP status; `None`: not known, given back), before
+    /// the response goes out (so that a client's next request finds its
+    /// place free); the reservation is settled at what it cost (read by
+    /// `usage`, else the estimate) by the [`Settlement`] the body holds.
+    pub(crate) async fn respond(
         self,
         parts: &Parts,
         status: Option<u16>,
@@ -102,7 +102,7 @@ impl<S: Store + 'static> Pending<S> {
             attempt,
         } = self;
         if let Some(attempt) = attempt {
-            attempt.conclude(status);
+            attempt.conclude(status).await;
         }
         let actual = usage.and_then(|u| (u.cost)(parts));
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -138,9 +138,26 @@ struct Attempt<S: Store + 'static> {
 }
 
 impl<S: Store + 'static> Attempt<S> {
-    /// Concludes it with `status` (`None`: given back), on a task of its
-    /// own.
-    fn conclude(mut self, status: Option<u16>) {
+    /// Concludes it with `status` (`None`: given back). Cut short, it is
+    /// given back when dropped (a conclusion that had applied stands: it
+    /// applies once).
+    async fn conclude(mut self, status: Option<u16>) {
+        let Some(held) = &self.held else {
+            return;
+        };
+        let policy = self.limiter.policy();
+        let concluded = self
+            .limiter
+            .conclude_attempt(&policy, held, status, MARKER_TTL_MS)
+            .await;
+        self.held = None;
+        if let Err(e) = concluded {
+            tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting");
+        }
+    }
+
+    /// Gives it back on a task of its own.
+    fn give_back(mut self) {
         let Some(held) = self.held.take() else {
             return;
         };
@@ -152,7 +169,7 @@ impl<S: Store + 'static> Attempt<S> {
         runtime.spawn(async move {
             let policy = limiter.policy();
             if let Err(e) = limiter
-                .conclude_attempt(&policy, &held, status, MARKER_TTL_MS)
+                .conclude_attempt(&policy, &held, None, MARKER_TTL_MS)
                 .await
             {
                 tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting");
@@ -168,7 +185,7 @@ impl<S: Store + 'static> Drop for Attempt<S> {
                 limiter: self.limiter.clone(),
                 held: Some(held),
             }
-            .conclude(None);
+            .give_back();
         }
     }
 }

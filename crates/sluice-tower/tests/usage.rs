@@ -1,7 +1,7 @@
 //! Usage known once the response is, through the layer around a real axum
 //! router: tokens read from a response header and settled when the body
-//! ends or is dropped (debt included), and `count_if` rules counted by the
-//! response's status.
+//! ends or is dropped (debt included), and `count_if` rules holding each
+//! request as an attempt, kept or given back by the response's status.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +64,9 @@ fn app(limiter: Arc<Limiter<MemoryStore>>) -> Router {
         .route(
             "/login",
             post(|headers: HeaderMap| async move {
+                if headers.contains_key("x-slow") {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 if headers.get("x-password").is_some_and(|p| p == "right") {
                     StatusCode::OK
                 } else {
@@ -172,22 +175,75 @@ async fn failed_logins_are_counted_by_their_status_and_successes_are_not() {
         let failed = app.clone().oneshot(login("wrong")).await.unwrap();
         assert_eq!(failed.status(), StatusCode::UNAUTHORIZED);
     }
-    // The reports are sent as the responses go out: wait for the third.
-    let mut admitted = 13;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let response = app.clone().oneshot(login("right")).await.unwrap();
-        if response.status() == StatusCode::TOO_MANY_REQUESTS {
-            break;
-        }
-        admitted += 1;
-        assert!(tokio::time::Instant::now() < deadline, "never limited");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // The reports counted the failures only: `logins` (no `count_if`)
-    // holds what the checks took, one for each login admitted.
+    // Each attempt is concluded before its response goes out: the three
+    // failures are counted, the next login refused.
+    let refused = app.clone().oneshot(login("right")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    // `logins` (no `count_if`) holds what the checks took, one for each
+    // login admitted.
     assert_eq!(
         left_of(&limiter, "POST /login", Some("10.0.0.1|alice")).await,
-        100 - admitted
+        100 - 13
     );
+}
+
+/// Twenty failed logins at once (each taking 100 ms): three reach the
+/// service, holding the rule's three places while they run; the others
+/// are refused before they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_at_once_reach_the_service_no_more_than_the_limit() {
+    let (_clock, limiter) = limiter();
+    let app = app(limiter.clone());
+    let mut logins = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let mut request = login("wrong");
+        request.headers_mut().insert("x-slow", "1".parse().unwrap());
+        logins.spawn(app.clone().oneshot(request));
+    }
+    let statuses: Vec<StatusCode> = logins
+        .join_all()
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status())
+        .collect();
+    let served = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::UNAUTHORIZED)
+        .count();
+    assert_eq!(served, 3, "{statuses:?}");
+    let refused = app.clone().oneshot(login("right")).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "three failures"
+    );
+}
+
+/// A login whose call is abandoned before the service answers gives its
+/// attempt back: the outcome was never known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_login_gives_its_attempt_back() {
+    let (_clock, limiter) = limiter();
+    let app = app(limiter.clone());
+    for _ in 0..3 {
+        let mut request = login("wrong");
+        request.headers_mut().insert("x-slow", "1".parse().unwrap());
+        let call = app.clone().oneshot(request);
+        // Abandoned after 20 ms, while the service sleeps.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), call)
+                .await
+                .is_err()
+        );
+    }
+    // Given back on tasks of their own: soon.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = app.clone().oneshot(login("right")).await.unwrap();
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

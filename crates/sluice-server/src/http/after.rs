@@ -405,7 +405,9 @@ async fn expire_attempt(app: &App, held: crate::reservation::Held, now: u64) {
         .await;
     match expired {
         Ok(expired) if expired.marker != MarkerAnswer::Conflict => {
-            app.metrics.usage.attempt(crate::metrics::AttemptResult::Expired);
+            app.metrics
+                .usage
+                .attempt(crate::metrics::AttemptResult::Expired);
         }
         Ok(_) => {}
         Err(error) => {

@@ -147,9 +147,7 @@ impl CheckBody<'_> {
             Some("tenant")
         } else if self.route.as_deref().is_some_and(|r| r != held.route) {
             Some("route")
-        } else if (self.subject.as_deref())
-            .is_some_and(|s| Some(s) != held.subject.as_deref())
-        {
+        } else if (self.subject.as_deref()).is_some_and(|s| Some(s) != held.subject.as_deref()) {
             Some("subject")
         } else if cost == Some(true) {
             Some("cost")

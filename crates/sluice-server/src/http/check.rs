@@ -9,8 +9,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
-use sluice_tower::answer::decision_answer;
 use sluice_core::Request;
+use sluice_tower::answer::decision_answer;
 
 use super::body::{bytes, no_status, parse_normalized, to_request};
 use super::respond::{decision_response, refusal};

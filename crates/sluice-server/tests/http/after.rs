@@ -185,23 +185,32 @@ fn login(ip_user: &str) -> Value {
     json!({"tenant": "acme", "route": "POST /login", "subject": ip_user})
 }
 
+/// A check of a login, admitted: its attempt.
+async fn attempt(h: &Harness, ip_user: &str) -> String {
+    let (response, checked) = h.check_json(login(ip_user)).await;
+    assert_eq!(response.status(), StatusCode::OK, "{checked}");
+    checked["attempt"].as_str().expect("an attempt").to_owned()
+}
+
+/// `attempt` concluded with `status`: the answer.
+async fn conclude(h: &Harness, attempt: &str, status: u16) -> (StatusCode, Value) {
+    let body = json!({"attempt": attempt, "status": status});
+    let (response, body) = h.post("/v1/report", body.to_string()).await;
+    (response.status(), body)
+}
+
 #[tokio::test]
 async fn five_failed_logins_per_ip_and_user_while_successes_pass() {
     let h = harness_of(TOKENS);
     for _ in 0..30 {
-        let (response, _) = h.check_json(login("10.0.0.1|alice")).await;
-        assert_eq!(response.status(), StatusCode::OK);
-        let mut report = login("10.0.0.1|alice");
-        report["status"] = json!(200);
-        let (response, body) = h.post("/v1/report", report.to_string()).await;
-        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        let attempt = attempt(&h, "10.0.0.1|alice").await;
+        let (status, body) = conclude(&h, &attempt, 200).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
     }
     for status in [401, 403, 500, 401, 503] {
-        let (response, _) = h.check_json(login("10.0.0.1|alice")).await;
-        assert_eq!(response.status(), StatusCode::OK);
-        let mut report = login("10.0.0.1|alice");
-        report["status"] = json!(status);
-        h.post("/v1/report", report.to_string()).await;
+        let attempt = attempt(&h, "10.0.0.1|alice").await;
+        let (answered, body) = conclude(&h, &attempt, status).await;
+        assert_eq!(answered, StatusCode::OK, "{body}");
     }
     let (response, refused) = h.check_json(login("10.0.0.1|alice")).await;
     assert_eq!(
@@ -211,21 +220,118 @@ async fn five_failed_logins_per_ip_and_user_while_successes_pass() {
     );
     assert_eq!(refused["reason"], "subject_limit");
     assert_eq!(refused["policy"], "failed-logins");
+    assert!(refused.get("attempt").is_none(), "{refused}");
     let (response, _) = h.check_json(login("10.0.0.2|alice")).await;
     assert_eq!(response.status(), StatusCode::OK, "another (IP, user)");
-    // Without the status, a report on this route cannot say what it counts.
-    let (response, body) = h
-        .post("/v1/report", login("10.0.0.1|alice").to_string())
+    let metrics = h.metrics().await;
+    assert!(
+        metrics.contains("sluice_attempts_total{result=\"counted\"} 5"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_attempts_total{result=\"given_back\"} 30"),
+        "{metrics}"
+    );
+}
+
+/// The case of the report: 50 failed logins at once all passed, each
+/// check only asking. Each check now holds its attempt: five pass, 45 are
+/// refused before they run, and the five failures leave the sixth
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_failed_logins_at_once_let_five_through() {
+    let h = harness_of(TOKENS);
+    let mut checks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let request = axum::http::Request::post("/v1/check")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(login("10.0.0.1|alice").to_string()))
+            .unwrap();
+        let router = h.router.clone();
+        checks.spawn(async move {
+            use http_body_util::BodyExt;
+            use tower::ServiceExt;
+            let response = router.oneshot(request).await.unwrap();
+            let admitted = response.status() == StatusCode::OK;
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
+            admitted.then(|| body["attempt"].as_str().expect("an attempt").to_owned())
+        });
+    }
+    let attempts: Vec<String> = checks.join_all().await.into_iter().flatten().collect();
+    assert_eq!(attempts.len(), 5, "admitted at once");
+    for attempt in &attempts {
+        let (status, body) = conclude(&h, attempt, 401).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (response, _) = h.check_json(login("10.0.0.1|alice")).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn an_attempt_concludes_once_and_bad_conclusions_name_their_field() {
+    let h = harness_of(TOKENS);
+    let first = attempt(&h, "10.0.0.1|alice").await;
+    // What the check held is shown: the failed-logins rule is advertised.
+    let (status, body) = conclude(&h, &first, 401).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(conclude(&h, &first, 401).await.0, StatusCode::OK, "a retry");
+    let (status, body) = conclude(&h, &first, 200).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "another status: {body}");
+    assert_eq!(field(&body), "attempt", "{body}");
+    let second = attempt(&h, "10.0.0.1|alice").await;
+    let bad = [
+        // A report on this route must conclude the check's attempt.
+        (login("10.0.0.1|alice"), "attempt"),
+        (json!({"attempt": second}), "status"),
+        (json!({"attempt": second, "status": 99}), "status"),
+        (json!({"attempt": "forged", "status": 401}), "attempt"),
+        (
+            json!({"attempt": second, "status": 401, "tenant": "other"}),
+            "tenant",
+        ),
+        (
+            json!({"attempt": second, "status": 401, "subject": "10.0.0.9|eve"}),
+            "subject",
+        ),
+        (json!({"attempt": second, "status": 401, "cost": 2}), "cost"),
+        (
+            json!({"attempt": reserve(&h, 1).await, "status": 401}),
+            "attempt",
+        ),
+    ];
+    for (body, named) in bad {
+        let (response, answer) = h.post("/v1/report", body.to_string()).await;
+        assert!(response.status().is_client_error(), "{body}: {answer}");
+        assert_eq!(field(&answer), named, "{body}: {answer}");
+    }
+    // An attempt is not a reservation; neither belongs on a check.
+    let (response, answer) = h
+        .post(
+            "/v1/settle",
+            json!({"reservation": second, "cost": 1}).to_string(),
+        )
         .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND, "{answer}");
+    let mut check = login("10.0.0.1|alice");
+    check["attempt"] = json!(second);
+    let (response, answer) = h.check_json(check).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(field(&body), "status", "{body}");
+    assert_eq!(field(&answer), "attempt", "{answer}");
+    // Repeating the check's own fields is fine.
+    let mut same = login("10.0.0.1|alice");
+    same["attempt"] = json!(second);
+    same["status"] = json!(401);
+    same["cost"] = json!(1);
+    let (response, answer) = h.post("/v1/report", same.to_string()).await;
+    assert_eq!(response.status(), StatusCode::OK, "{answer}");
 }
 
 #[tokio::test]
 async fn a_report_on_a_route_that_counts_by_outcome_leaves_its_other_rules_alone() {
     // Ten logins a minute (counted by the check) and failed logins
-    // (counted by the report): each failure reported takes nothing more
-    // of the ten.
+    // (held by the check, kept by a failure): each failure concluded
+    // takes nothing more of the ten.
     let h = harness_of(
         r#"
 default_plan: p
@@ -243,10 +349,9 @@ plans:
         assert_eq!(response.status(), StatusCode::OK, "{checked}");
         assert_eq!(checked["policy"], "logins", "{checked}");
         assert_eq!(checked["remaining"], 10 - n, "{checked}");
-        let mut report = login("10.0.0.1|alice");
-        report["status"] = json!(401);
-        let (response, body) = h.post("/v1/report", report.to_string()).await;
-        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        let attempt = checked["attempt"].as_str().unwrap();
+        let (status, body) = conclude(&h, attempt, 401).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
     }
 }
 

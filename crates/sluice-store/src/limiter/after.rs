@@ -176,7 +176,8 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
         decision: &Decision<'_>,
     ) -> Option<Reservation> {
-        let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
+        let applicable =
+            policy.applicable(request.tenant, request.route, request.subject.is_some());
         if applicable.asked.is_empty() {
             return None;
         }

@@ -24,7 +24,7 @@ pub struct Remote {
     pub down: Arc<AtomicBool>,
     /// Adjustments that still succeed, when counted: the ones after fail.
     pub adjusts_left: Option<Arc<AtomicU64>>,
-    /// Reads asked of it (peeks: a `count_if` rule's check).
+    /// Reads asked of it (peeks).
     pub peeks: Arc<AtomicU64>,
 }
 

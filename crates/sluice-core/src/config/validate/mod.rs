@@ -189,7 +189,10 @@ impl<'a> Validator<'a> {
             Ok(_) => {
                 self.push(
                     raw.referenced,
-                    format!("`{field}` must be from 1s to {max_text}, got `{}`", raw.value),
+                    format!(
+                        "`{field}` must be from 1s to {max_text}, got `{}`",
+                        raw.value
+                    ),
                 );
                 default
             }
