@@ -13,7 +13,8 @@
 -- client here, with sluice's status, fields and body; the request never
 -- reaches the app. An allowed answer leaves the RateLimit fields in
 -- txn.ratelimit and txn.ratelimit_policy for haproxy.cfg to add to the
--- app's answer. When sluice is unreachable, does not answer within 1 s or
+-- app's answer, and puts the attempt it holds on count_if rules on the
+-- request as Sluice-Attempt (a client's own is always removed). When sluice is unreachable, does not answer within 1 s or
 -- answers 5xx, txn.sluice_failed is set and haproxy.cfg decides (it fails
 -- open unless told otherwise). sluice's address is below.
 local SLUICE = "127.0.0.1:8080"
@@ -67,6 +68,8 @@ end
 
 core.register_action("sluice", { "http-req" }, function(txn)
   txn:set_var("txn.sluice_failed", false)
+  -- The attempt the app concludes is sluice's, never the client's.
+  txn.http:req_del_header("sluice-attempt")
   local request = "GET /v1/forward-auth HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n"
     .. "X-Tenant: " .. clean(txn:get_var("txn.tenant")) .. "\r\n"
     .. "X-Forwarded-Method: " .. clean(txn.sf:method()) .. "\r\n"
@@ -95,4 +98,8 @@ core.register_action("sluice", { "http-req" }, function(txn)
   end
   txn:set_var("txn.ratelimit", headers["ratelimit"] or "")
   txn:set_var("txn.ratelimit_policy", headers["ratelimit-policy"] or "")
+  -- The attempt sluice holds on count_if rules, for the app to conclude.
+  if headers["sluice-attempt"] then
+    txn.http:req_set_header("Sluice-Attempt", clean(headers["sluice-attempt"]))
+  end
 end)

@@ -25,9 +25,19 @@ plans:
     routes:
       "GET /orders": [{ name: orders, algorithm: fixed_window, limit: 2, per: 1h }]
       "POST /orders": [{ name: writes, algorithm: fixed_window, limit: 100, per: 1h }]
+      "POST /login": [{ name: failed-logins, algorithm: fixed_window, limit: 2, per: 1h, count_if: { status: [401] } }]
     dedupe:
       "POST /orders": { window: 1h }
 "#;
+
+/// The attempt a request came with, or `none`.
+async fn attempt_of(headers: HeaderMap) -> String {
+    headers
+        .get("sluice-attempt")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned()
+}
 
 /// The app behind the gateway: counts every request that reaches it,
 /// whatever its path, and answers `GET /orders` with the tenant the
@@ -48,6 +58,8 @@ async fn app() -> (u16, Arc<AtomicUsize>) {
             })
             .post(|| async { "order created" }),
         )
+        .route("/login", axum::routing::post(attempt_of))
+        .route("/attempt", axum::routing::get(attempt_of))
         .fallback(|| async { "reached the app" })
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -211,6 +223,53 @@ async fn behaves(base: &str, hits: &AtomicUsize) {
     // Without the gateway's authentication, nothing gets through.
     let anonymous = client.get(format!("{base}/orders")).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
+}
+
+/// On a route with a `count_if` rule, the app gets the attempt sluice
+/// holds (never one the client sent) and concludes it on sluice: two
+/// failures, then the gateway refuses the third login.
+async fn passes_the_attempt(base: &str, sluice: &Server) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let login = |forged: Option<&str>| {
+        let mut request = client
+            .post(format!("{base}/login"))
+            .basic_auth("globex", Some("globex-secret"));
+        if let Some(attempt) = forged {
+            request = request.header("Sluice-Attempt", attempt);
+        }
+        request.send()
+    };
+    for forged in [Some("forged-by-the-client"), None] {
+        let response = login(forged).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let attempt = response.text().await.unwrap();
+        assert!(
+            attempt != "none" && !attempt.contains("forged"),
+            "the app got {attempt:?}"
+        );
+        let (status, body) = common::post_to(
+            &client,
+            &format!("{}/v1/report", sluice.base),
+            serde_json::json!({"attempt": attempt, "status": 401}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(login(None).await.unwrap().status(), 429);
+    // Elsewhere (no rule counts by outcome) the app gets none, whatever
+    // the client sends.
+    let response = client
+        .get(format!("{base}/attempt"))
+        .basic_auth("globex", Some("globex-secret"))
+        .header("Sluice-Attempt", "forged-by-the-client")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "none");
 }
 
 /// `acme:acme-secret`, as the `Authorization: Basic` credentials.
@@ -422,6 +481,7 @@ async fn the_nginx_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
     wait_for(port).await;
     behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
     withstands(port, &hits).await;
+    passes_the_attempt(&format!("http://127.0.0.1:{port}"), &sluice).await;
     survives(port, &mut sluice, &hits, true).await;
 }
 
@@ -466,6 +526,7 @@ async fn the_caddy_recipe_limits_passes_the_fields_and_trusts_only_its_identity(
     wait_for(port).await;
     behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
     withstands(port, &hits).await;
+    passes_the_attempt(&format!("http://127.0.0.1:{port}"), &sluice).await;
     survives(port, &mut sluice, &hits, false).await;
 }
 
@@ -498,5 +559,6 @@ async fn the_haproxy_recipe_limits_passes_the_fields_and_trusts_only_its_identit
     wait_for(port).await;
     behaves(&format!("http://127.0.0.1:{port}"), &hits).await;
     withstands(port, &hits).await;
+    passes_the_attempt(&format!("http://127.0.0.1:{port}"), &sluice).await;
     survives(port, &mut sluice, &hits, true).await;
 }
