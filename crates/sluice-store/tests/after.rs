@@ -258,6 +258,40 @@ async fn an_attempt_concludes_once() {
     assert!(!limiter.decide(&policy, &login()).await.allowed);
 }
 
+/// An attempt made before a reload that added a rule counting by outcome
+/// never gives back on it (it held nothing there): concluded as a
+/// success, it gives nothing back at all (what each rule held is no
+/// longer known), and the new rule's one place, held by a later attempt,
+/// stays held.
+#[tokio::test]
+async fn an_attempt_across_a_reload_that_adds_a_rule_gives_nothing_back() {
+    let (_, limiter) = limiter(LOGINS);
+    let before = limiter.policy();
+    let decision = limiter.decide(&before, &login()).await;
+    let early = limiter.attempt(&before, &login(), &decision).unwrap();
+    let added = LOGINS.replace(
+        "count_if: { status: [401, 403] } }",
+        "count_if: { status: [401, 403] } }\n        - { name: one-at-a-time, algorithm: fixed_window, limit: 1, per: 1h, count_if: { status: [500] } }",
+    );
+    let config = Config::from_yaml(&added, "after.yaml").unwrap();
+    limiter.set_policy(Policy::compile(&config.limits));
+    let policy = limiter.policy();
+    let decision = limiter.decide(&policy, &login()).await;
+    assert!(decision.allowed);
+    let late = limiter.attempt(&policy, &login(), &decision).unwrap();
+    let concluded = limiter.conclude_attempt(&policy, &early, Some(200), 60_000);
+    assert_eq!(concluded.await.unwrap().marker, MarkerAnswer::Applied);
+    let refused = limiter.decide(&policy, &login()).await;
+    assert!(
+        !refused.allowed,
+        "the late attempt still holds the one place"
+    );
+    assert_eq!(refused.policy().map(|r| r.name()), Some("one-at-a-time"));
+    let concluded = limiter.conclude_attempt(&policy, &late, Some(200), 60_000);
+    concluded.await.unwrap();
+    assert!(limiter.decide(&policy, &login()).await.allowed);
+}
+
 #[tokio::test]
 async fn the_synchronous_door_holds_attempts() {
     let (_, limiter) = limiter(LOGINS);

@@ -271,6 +271,11 @@ async fn fifty_failed_logins_at_once_let_five_through() {
 #[tokio::test]
 async fn an_attempt_concludes_once_and_bad_conclusions_name_their_field() {
     let h = harness_of(TOKENS);
+    // The check's RateLimit shows the rule that counts by outcome (its
+    // attempt takes a place there), as RateLimit-Policy does.
+    let (response, _) = h.check_json(login("10.0.0.9|carol")).await;
+    let ratelimit = header(&response, "ratelimit").unwrap();
+    assert!(ratelimit.contains("\"failed-logins\";r=4"), "{ratelimit}");
     let first = attempt(&h, "10.0.0.1|alice").await;
     // What the check held is shown: the failed-logins rule is advertised.
     let (status, body) = conclude(&h, &first, 401).await;

@@ -178,7 +178,8 @@ impl<S: Store> Limiter<S> {
     ) -> Option<Reservation> {
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());
-        if applicable.asked.is_empty() {
+        // A check of nothing (Envoy's `hits_addend: 0`) holds nothing.
+        if applicable.asked.is_empty() || request.cost == 0 {
             return None;
         }
         self.held(request, decision, applicable.asked, true)
@@ -253,9 +254,13 @@ impl<S: Store> Limiter<S> {
         let counts = |rule: &sluice_core::BoundRule| {
             status.is_some_and(|s| rule.count_if().is_some_and(|set| set.matches(s)))
         };
-        // Held: what does not count is given back. Not held: what counts
-        // is charged.
-        let (change, costs): (Change, Vec<u64>) = if attempt.held > 0 {
+        // Held: what does not count is given back (unless a reload changed
+        // the rules since: what each held is then not known, and nothing
+        // is given back). Not held: what counts is charged.
+        let unchanged = attempt.rules_print == rules_print(rules);
+        let (change, costs): (Change, Vec<u64>) = if attempt.held > 0 && !unchanged {
+            (Change::Nothing, vec![0; rules.len()])
+        } else if attempt.held > 0 {
             let back = rules
                 .iter()
                 .map(|r| if counts(r) { 0 } else { attempt.held })
