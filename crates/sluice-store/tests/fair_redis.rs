@@ -40,3 +40,15 @@ fn weights_at_both_ends_in_one_valve() {
     let server = RedisServer::start();
     edges::weights_at_both_ends_in_one_valve(&on(&server));
 }
+
+#[test]
+fn a_polite_tenant_below_its_share_is_not_starved() {
+    let server = RedisServer::start();
+    edges::a_polite_tenant_below_its_share_is_not_starved(&on(&server));
+}
+
+#[test]
+fn a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve() {
+    let server = RedisServer::start();
+    edges::a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve(&on(&server));
+}

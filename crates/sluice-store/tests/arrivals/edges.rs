@@ -1,8 +1,9 @@
-//! Fair valves at their edges (issue 45, B), each scenario run on the
-//! store a test file gives it (`fair_edges.rs`: memory; `fair_redis.rs`:
-//! a real Redis).
+//! Fair valves at their edges (issue 45, B), and appendix E's core
+//! promises, each scenario run on the store a test file gives it
+//! (`fair_edges.rs` and `fair.rs`: memory; `fair_redis.rs`: a real Redis;
+//! `fair_cluster.rs`: a real Redis Cluster).
 
-use super::{HEAVY, Run, Sender, VALVE, config, sender, steady};
+use super::{Count, HEAVY, Run, Sender, VALVE, config, sender, steady};
 
 /// Runs senders against a configuration: `(yaml, senders, run_ms,
 /// measure_from_ms)`.
@@ -251,4 +252,99 @@ global:
         "with a 50% reserve: heavy {heavy:.1}/s, {:?}",
         reserved.counts[40]
     );
+}
+
+/// Three noisy tenants inside their ceilings saturate a valve of 100/s; a
+/// polite one asking 10/s, below its share, is (almost) never denied, the
+/// noisy ones share the rest evenly, and the valve's limit holds.
+pub fn a_polite_tenant_below_its_share_is_not_starved(run: Runner<'_>) {
+    let yaml = config(VALVE, HEAVY);
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("polite", 10.0),
+    ];
+    let run = run(&yaml, &senders, 20_000, 2_000);
+    let Count { sent, denied, .. } = run.counts[3];
+    assert!(
+        denied * 100 <= sent * 2,
+        "the polite tenant was denied {denied} of {sent} by the valve"
+    );
+    // The noisy ones share what is left (90/s) evenly: 30/s each, ±25%.
+    for (i, &Count { admitted, .. }) in run.counts[..3].iter().enumerate() {
+        let rate = admitted as f64 / 18.0;
+        assert!(
+            (22.5..=37.5).contains(&rate),
+            "noisy-{}: {rate:.1}/s admitted, {:?}",
+            i + 1,
+            run.counts
+        );
+    }
+    // The valve's own limit holds: at most 100 a second, and its burst
+    // once.
+    let total: u64 = run.admitted_per_second.iter().sum();
+    assert!(total <= 100 * 20 + 100, "{total} admitted in 20 s");
+}
+
+/// A valve of 100/s reserving `reserve` of itself for plan `ent`, whose
+/// tenants `ent-1` and `ent-2` have a ceiling above the valve; everyone
+/// else is inside a ceiling of 60/s.
+pub fn reserved(reserve: &str) -> String {
+    format!(
+        r#"
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 60, per: 1s }}]
+  ent:
+    tenant: [{{ name: ceiling, algorithm: gcra, limit: 1000, per: 1s }}]
+tenants:
+  ent-1: {{ plan: ent }}
+  ent-2: {{ plan: ent }}
+global:
+  "POST /v1/orders": [{{ name: orders, algorithm: gcra, limit: 100, per: 1s, reserve: {{ ent: "{reserve}" }} }}]
+"#
+    )
+}
+
+pub fn a_reserve_holds_its_part_for_its_plan_while_others_saturate_the_valve(run: Runner<'_>) {
+    // Without a reserve, the four tenants' fair share is 25/s: `ent-1`
+    // asking for 35/s would be held to about 25 (denied some 30%).
+    let senders = [
+        sender("noisy-1", 150.0),
+        sender("noisy-2", 150.0),
+        sender("noisy-3", 150.0),
+        sender("ent-1", 35.0),
+    ];
+    let reserving = run(&reserved("40%"), &senders, 20_000, 2_000);
+    let Count {
+        sent,
+        admitted,
+        denied,
+        ..
+    } = reserving.counts[3];
+    assert!(
+        denied * 100 <= sent * 2,
+        "ent-1 under its reserve was denied {denied} of {sent} ({admitted} admitted)"
+    );
+    // The others share what is left of the valve (about 65/s) evenly.
+    for (i, &Count { admitted, .. }) in reserving.counts[..3].iter().enumerate() {
+        let rate = admitted as f64 / 18.0;
+        assert!(
+            (65.0 / 3.0 * 0.75..=65.0 / 3.0 * 1.25).contains(&rate),
+            "noisy-{}: {rate:.1}/s, {:?}",
+            i + 1,
+            reserving.counts
+        );
+    }
+    let total: u64 = reserving.admitted_per_second.iter().sum();
+    assert!(total <= 100 * 20 + 100, "{total} admitted in 20 s");
+
+    // The same load on a valve without the reserve: ent-1 is held to its
+    // fair share (what the reserve changes).
+    let plain = reserved("40%").replace(", reserve: { ent: \"40%\" }", "");
+    let plain = run(&plain, &senders, 20_000, 2_000);
+    let Count { sent, denied, .. } = plain.counts[3];
+    assert!(denied * 100 > sent * 10, "{denied} of {sent}");
 }

@@ -246,8 +246,43 @@ pub fn run_redis(
     run_ms: u64,
     measure_from_ms: u64,
 ) -> Run {
+    run_remote(Remote::Redis(url), yaml, senders, run_ms, measure_from_ms)
+}
+
+/// [`run`] on a real Redis Cluster of seed `urls`, each valve split as
+/// `storage.global_shards` splits it by default (16), the scripts told the
+/// time by the hand-set clock.
+pub fn run_cluster(
+    urls: &[String],
+    yaml: &str,
+    senders: &[Sender],
+    run_ms: u64,
+    measure_from_ms: u64,
+) -> Run {
+    run_remote(
+        Remote::Cluster(urls),
+        yaml,
+        senders,
+        run_ms,
+        measure_from_ms,
+    )
+}
+
+/// Where [`run_remote`] runs.
+enum Remote<'a> {
+    Redis(&'a str),
+    Cluster(&'a [String]),
+}
+
+fn run_remote(
+    remote: Remote<'_>,
+    yaml: &str,
+    senders: &[Sender],
+    run_ms: u64,
+    measure_from_ms: u64,
+) -> Run {
     use sluice_core::keys::{Keyer, Pepper};
-    use sluice_store::{ConnectOptions, KeySet, RedisStore, TimeSource};
+    use sluice_store::{ClusterStore, ConnectOptions, KeySet, RedisStore, TimeSource};
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let prefix = format!(
         "fair{}",
@@ -263,15 +298,23 @@ pub fn run_redis(
             current: Keyer::new(&prefix, &Pepper::parse(&[b'q'; 32]).unwrap()),
             previous: None,
         };
-        let store = RedisStore::connect(
-            url,
-            keys,
-            &ConnectOptions::with_timeout(std::time::Duration::from_secs(5)),
-        )
-        .await
-        .unwrap()
-        .with_time(TimeSource::Client(clock.clone()));
-        let limiter = Limiter::with_options(policy(yaml), store, options(&clock));
-        run_on(&limiter, &clock, senders, run_ms, measure_from_ms, None).await
+        let connect = ConnectOptions::with_timeout(std::time::Duration::from_secs(5));
+        let time = TimeSource::Client(clock.clone());
+        match remote {
+            Remote::Redis(url) => {
+                let store = RedisStore::connect(url, keys, &connect).await.unwrap();
+                let limiter =
+                    Limiter::with_options(policy(yaml), store.with_time(time), options(&clock));
+                run_on(&limiter, &clock, senders, run_ms, measure_from_ms, None).await
+            }
+            Remote::Cluster(urls) => {
+                let store = ClusterStore::connect(urls, keys, &connect, 16)
+                    .await
+                    .unwrap();
+                let limiter =
+                    Limiter::with_options(policy(yaml), store.with_time(time), options(&clock));
+                run_on(&limiter, &clock, senders, run_ms, measure_from_ms, None).await
+            }
+        }
     })
 }
