@@ -220,28 +220,6 @@ impl App {
         decided
     }
 
-    /// The attempt `decision` holds on the rules of `request` that count
-    /// by outcome, sealed for its caller to conclude (`/v1/report`), and
-    /// kept here until `attempt_ttl` to be given back if it never is.
-    pub fn attempt(
-        &self,
-        policy: &sluice_core::Policy,
-        request: &Request<'_>,
-        decision: &sluice_core::Decision<'_>,
-    ) -> Option<String> {
-        let attempt = self.limiter.attempt(policy, request, decision)?;
-        Some(self.reservations.give(attempt))
-    }
-
-    /// Records in the usage ledger (when on) `cost` charged to `tenant` on
-    /// `route` (a route pattern) in the minute of `at_ms`: a settled or
-    /// expired reservation's final cost.
-    pub fn record_charged(&self, tenant: &str, route: &str, cost: u64, at_ms: u64) {
-        if let Some(ledger) = &self.ledger {
-            ledger.record(tenant, route, cost, true, at_ms);
-        }
-    }
-
     /// Accounts for one decided request: heavy hitters, and the usage
     /// ledger when on (an admitted reservation later, at its settle).
     fn account(&self, request: &Request<'_>, decision: &Decision<'_>, when: Ledger) {
@@ -257,16 +235,12 @@ impl App {
             .as_ref()
             .filter(|_| when == Ledger::Now || !decision.allowed)
         {
-            let route = match decision.class.route() {
-                "" => "*",
-                route => route,
-            };
             ledger.record(
                 request.tenant,
-                route,
+                crate::usage::ledger_route(decision.class.route()),
                 request.cost,
                 decision.allowed,
-                crate::admin::now_ms(),
+                self.now_ms(),
             );
         }
     }

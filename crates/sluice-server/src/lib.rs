@@ -40,6 +40,7 @@ pub mod listen;
 pub mod metrics;
 pub mod reservation;
 pub mod source;
+pub mod usage;
 
 /// Errors at the binary's edge, where they are only printed.
 pub type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

@@ -50,6 +50,7 @@ plans:
   p:
     tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]
     routes:
+      "POST /login": [{{ name: failed, limit: 5, per: 1h, count_if: {{ status: [401] }} }}]
       "GET /shadow": [{{ name: watch, limit: 1, per: 1h, shadow: true }},
                       {{ name: watch-hot, limit: 1000, per: 1m, shadow: true, tolerance: "2%" }}]
   hot:
@@ -274,6 +275,12 @@ async fn every_documented_metric_moves() {
         json!({"tenant": "w", "route": "GET /", "reserve": true}),
     )
     .await;
+    // An attempt on a rule that counts by outcome, concluded as a failure.
+    let login = json!({"tenant": "x", "route": "POST /login"});
+    let (_, checked) = common::post_to(&client, &url("/v1/check"), login).await;
+    let failed = json!({"attempt": checked["attempt"], "status": 401});
+    let (status, body) = common::post_to(&client, &url("/v1/report"), failed).await;
+    assert_eq!(status, 200, "{body}");
     let deadline = Instant::now() + Duration::from_secs(10);
     let m = loop {
         let m = metrics(&client, &server).await;
@@ -297,6 +304,10 @@ async fn every_documented_metric_moves() {
             "sluice_settles_total{result=\"refused\"}",
         ),
         ("sluice_settled_cost_total", "sluice_settled_cost_total"),
+        (
+            "sluice_attempts_total",
+            "sluice_attempts_total{result=\"counted\"}",
+        ),
         ("sluice_debited_units_total", "sluice_debited_units_total"),
         ("sluice_debts_total", "sluice_debts_total"),
         (

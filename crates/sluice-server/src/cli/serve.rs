@@ -60,7 +60,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     spawn_slice_give_back(&app);
     spawn_heartbeat(&app);
     App::spawn_admin_sync(&app);
-    crate::http::spawn_expiry(&app);
+    crate::usage::expiry::spawn_expiry(&app);
     spawn_ledger(&app);
     let http_listener = TcpListener::bind(http)
         .await

@@ -215,12 +215,18 @@ impl RateLimiter {
             .debit_keyed(Applicable::adhoc(&charged), &keyed)
             .await
         {
-            Ok(debit) => {
-                self.app
-                    .metrics
-                    .usage
-                    .debit(units, !debit.decision.allowed, debit.forgiven);
-            }
+            // No tenant owns a descriptor's bucket: no ledger line.
+            Ok(debit) => self.app.charged(crate::usage::Charge {
+                tenant: None,
+                route: "",
+                recorded: 0,
+                at_ms: 0,
+                debited: Some(crate::usage::Debited {
+                    units,
+                    owing: !debit.decision.allowed,
+                    forgiven: debit.forgiven,
+                }),
+            }),
             Err(error) => {
                 tracing::warn!(%error, "a quota descriptor's hits could not be counted");
             }

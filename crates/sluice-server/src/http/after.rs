@@ -12,8 +12,8 @@
 //!   concludes the check's `"attempt"` with the response's `"status"`
 //!   (`attempt.rs`).
 //!
-//! Reservations are sealed and tracked by [`crate::reservation`]; the
-//! arithmetic is the limiter's (`Limiter::settle`, `Limiter::report`).
+//! Reservations are sealed and tracked by [`crate::reservation`]; what a
+//! settle or a report does, and counts, is [`crate::usage`]'s.
 
 use std::sync::Arc;
 
@@ -32,8 +32,7 @@ use sluice_tower::answer::{decision_answer, standing_answer};
 use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_number};
 use super::respond::refusal;
 use crate::app::App;
-use crate::metrics::SettleResult;
-use crate::reservation::{CLOCK_SKEW_MS, Reservations};
+use crate::reservation::Reservations;
 
 /// `request` decided as a reservation: the decision's answer, with
 /// `"reservation"` when admitted (the estimate held until settled).
@@ -120,7 +119,7 @@ pub(super) async fn settle(
         }
     };
     let unknown = |why: &str| {
-        app.metrics.usage.settle(SettleResult::Refused, 0);
+        app.settle_refused();
         refusal(
             &InvalidRequest::new(
                 "reservation",
@@ -129,7 +128,7 @@ pub(super) async fn settle(
             .with_status(StatusCode::NOT_FOUND),
         )
     };
-    let now = crate::admin::now_ms();
+    let now = app.now_ms();
     let Some(held) = app.reservations.open(&id, now) else {
         return unknown("it expired (reservation_ttl), or was never given");
     };
@@ -149,7 +148,8 @@ pub(super) async fn settle(
     })
 }
 
-/// Settles `reservation` at `cost` and counts what it did: the answer.
+/// Settles `reservation` at `cost` ([`App::settle`], which counts what it
+/// did): the answer.
 async fn settle_and_count(
     app: Arc<App>,
     reservation: sluice_store::Reservation,
@@ -168,54 +168,29 @@ async fn settle_and_count(
             .with_status(StatusCode::SERVICE_UNAVAILABLE),
         )
     };
-    let settled = match app.limiter.settle(&policy, &reservation, cost, ttl).await {
+    let settled = match app.settle(&policy, &reservation, cost, ttl).await {
         Ok(settled) => settled,
         // On Redis Cluster or a sharded tenant a settle may have applied
         // in some slots: its retry finishes it, whatever happened.
         Err(error) => return unavailable(&error),
     };
     match settled.marker {
-        MarkerAnswer::Conflict => {
-            app.metrics.usage.settle(SettleResult::Refused, 0);
-            refusal(
-                &InvalidRequest::new(
-                    "reservation",
-                    "no such reservation to settle: it was settled already, at another cost, or expired",
-                )
-                .with_status(StatusCode::NOT_FOUND),
+        MarkerAnswer::Conflict => refusal(
+            &InvalidRequest::new(
+                "reservation",
+                "no such reservation to settle: it was settled already, at another cost, or expired",
             )
+            .with_status(StatusCode::NOT_FOUND),
+        ),
+        // Made under its lead marker, and counted once; a retry finishes
+        // the slots or shards the store failed to reach (and answers as a
+        // repeat).
+        MarkerAnswer::Applied if settled.unfinished.is_some() => {
+            unavailable(settled.unfinished.as_ref().expect("unfinished"))
         }
-        MarkerAnswer::Again => {
-            app.metrics.usage.settle(SettleResult::Repeated, cost);
-            standing_answer(&settled.decision)
-                .map(Body::from)
-                .into_response()
-        }
-        MarkerAnswer::Applied => {
-            app.metrics.usage.settle(SettleResult::Applied, cost);
-            // Unfinished, the rules' state after is not known everywhere.
-            if cost > reservation.held && settled.unfinished.is_none() {
-                app.metrics.usage.debit(
-                    cost - reservation.held,
-                    !settled.decision.allowed,
-                    settled.forgiven,
-                );
-            }
-            let route = match settled.decision.class.route() {
-                "" => "*",
-                route => route,
-            };
-            app.record_charged(&reservation.tenant, route, cost, reservation.at_ms);
-            // Made under its lead marker, and counted once here; a retry
-            // finishes the slots or shards the store failed to reach (and
-            // answers as a repeat).
-            if let Some(error) = &settled.unfinished {
-                return unavailable(error);
-            }
-            standing_answer(&settled.decision)
-                .map(Body::from)
-                .into_response()
-        }
+        MarkerAnswer::Again | MarkerAnswer::Applied => standing_answer(&settled.decision)
+            .map(Body::from)
+            .into_response(),
     }
 }
 
@@ -260,21 +235,10 @@ pub(super) async fn report(
         Err(problem) => return refusal(&problem),
     };
     let policy = app.limiter.policy();
-    match app.limiter.report(&policy, &request).await {
-        Ok(reported) => {
-            let in_debt = !reported.decision.allowed;
-            recorded(
-                &app,
-                &policy,
-                &request,
-                request.cost,
-                in_debt,
-                reported.forgiven,
-            );
-            standing_answer(&reported.decision)
-                .map(Body::from)
-                .into_response()
-        }
+    match app.report(&policy, &request).await {
+        Ok(reported) => standing_answer(&reported.decision)
+            .map(Body::from)
+            .into_response(),
         Err(AfterError::AttemptNeeded) => refusal(&InvalidRequest::new(
             "attempt",
             AfterError::AttemptNeeded.to_string(),
@@ -285,11 +249,10 @@ pub(super) async fn report(
         ),
         Err(AfterError::Partly {
             recorded: units,
-            forgiven,
             error,
+            ..
         }) => {
-            // What was recorded counts, in the metrics and the ledger.
-            recorded(&app, &policy, &request, units, false, forgiven);
+            // What was recorded is counted (App::report).
             refusal(
                 &InvalidRequest::new(
                     "store",
@@ -302,25 +265,6 @@ pub(super) async fn report(
             )
         }
     }
-}
-
-/// A report's `units` recorded: counted in the metrics (leaving the tenant
-/// `in_debt` or not, `forgiven` of them), and written to the usage ledger.
-fn recorded(
-    app: &App,
-    policy: &sluice_core::Policy,
-    request: &Request<'_>,
-    units: u64,
-    in_debt: bool,
-    forgiven: u64,
-) {
-    app.metrics.usage.debit(units, in_debt, forgiven);
-    let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
-    let route = match applicable.class.route() {
-        "" => "*",
-        route => route,
-    };
-    app.record_charged(request.tenant, route, units, crate::admin::now_ms());
 }
 
 /// 503 when the store could not answer: unreachable, nothing changed;
@@ -337,83 +281,4 @@ fn unavailable(error: &StoreError, retry: &str) -> Response {
         )
         .with_status(StatusCode::SERVICE_UNAVAILABLE),
     )
-}
-
-/// Claims every reservation of this instance whose time is up as expired
-/// (unless a settle claimed it first): its estimate stands, and goes into
-/// the usage ledger in the reservation's minute. Every second, forever.
-pub fn spawn_expiry(app: &Arc<App>) {
-    let app = app.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            expire_due(&app).await;
-        }
-    });
-}
-
-/// Claims the reservations due now (see [`spawn_expiry`]).
-pub async fn expire_due(app: &App) {
-    let now = crate::admin::now_ms();
-    for held in app.reservations.due(now) {
-        let reservation = &held.reservation;
-        if reservation.attempt {
-            expire_attempt(app, held, now).await;
-            continue;
-        }
-        // Kept as long as an instance whose clock is behind may still
-        // accept a settle of it.
-        match app.limiter.expire(reservation, CLOCK_SKEW_MS).await {
-            Ok(true) => {
-                app.metrics.usage.expired();
-                let policy = app.limiter.policy();
-                let applicable = policy.applicable(
-                    &reservation.tenant,
-                    &reservation.route,
-                    reservation.subject.is_some(),
-                );
-                let route = match applicable.class.route() {
-                    "" => "*",
-                    route => route,
-                };
-                app.record_charged(
-                    &reservation.tenant,
-                    route,
-                    reservation.estimate,
-                    reservation.at_ms,
-                );
-            }
-            Ok(false) => {}
-            Err(error) => {
-                if !app.reservations.retry(held.clone(), now) {
-                    tracing::warn!(%error, "could not claim an expired reservation in time; its estimate stands, unrecorded in the ledger");
-                }
-            }
-        }
-    }
-}
-
-/// Gives back an attempt never concluded within `attempt_ttl` (unless a
-/// conclusion claimed it first).
-async fn expire_attempt(app: &App, held: crate::reservation::Held, now: u64) {
-    let policy = app.limiter.policy();
-    let expired = app
-        .limiter
-        .conclude_attempt(&policy, &held.reservation, None, CLOCK_SKEW_MS)
-        .await;
-    match expired {
-        Ok(expired) if expired.marker != MarkerAnswer::Conflict => {
-            app.metrics
-                .usage
-                .attempt(crate::metrics::AttemptResult::Expired);
-        }
-        Ok(_) => {}
-        Err(error) => {
-            if !app.reservations.retry(held, now) {
-                tracing::warn!(%error, "could not give back an attempt never concluded in time; it keeps counting until its rules refill");
-            }
-        }
-    }
 }

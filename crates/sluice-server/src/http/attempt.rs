@@ -18,7 +18,6 @@ use sluice_tower::answer::standing_answer;
 use super::body::CheckBody;
 use super::respond::refusal;
 use crate::app::App;
-use crate::metrics::AttemptResult;
 use crate::reservation::Reservations;
 
 /// Concludes the attempt `id` of a report's body `parsed` with `status`.
@@ -40,7 +39,7 @@ pub(super) async fn conclude(
                 .with_status(StatusCode::NOT_FOUND),
         )
     };
-    let now = crate::admin::now_ms();
+    let now = app.now_ms();
     let held = match app.reservations.open(id, now) {
         Some(held) if held.reservation.attempt => held,
         Some(_) => {
@@ -66,7 +65,8 @@ pub(super) async fn conclude(
     })
 }
 
-/// Concludes `attempt` with `status` and counts what it did: the answer.
+/// Concludes `attempt` with `status` ([`App::conclude`], which counts how
+/// it ended): the answer.
 async fn conclude_and_count(
     app: Arc<App>,
     attempt: Reservation,
@@ -74,11 +74,7 @@ async fn conclude_and_count(
     ttl: u64,
 ) -> Response {
     let policy = app.limiter.policy();
-    let concluded = match app
-        .limiter
-        .conclude_attempt(&policy, &attempt, Some(status), ttl)
-        .await
-    {
+    let concluded = match app.conclude(&policy, &attempt, Some(status), ttl).await {
         Ok(concluded) => concluded,
         Err(error) => {
             return refusal(
@@ -100,27 +96,8 @@ async fn conclude_and_count(
             )
             .with_status(StatusCode::NOT_FOUND),
         ),
-        MarkerAnswer::Again => standing_answer(&concluded.decision)
+        MarkerAnswer::Again | MarkerAnswer::Applied => standing_answer(&concluded.decision)
             .map(Body::from)
             .into_response(),
-        MarkerAnswer::Applied => {
-            let counted = policy
-                .applicable(
-                    &attempt.tenant,
-                    &attempt.route,
-                    attempt.subject.is_some(),
-                )
-                .asked
-                .iter()
-                .any(|r| r.count_if().is_some_and(|set| set.matches(status)));
-            app.metrics.usage.attempt(if counted {
-                AttemptResult::Counted
-            } else {
-                AttemptResult::GivenBack
-            });
-            standing_answer(&concluded.decision)
-                .map(Body::from)
-                .into_response()
-        }
     }
 }

@@ -34,7 +34,6 @@ use axum::Router;
 use axum::routing::{any, get, post};
 use sluice_core::config::ConnectionLimits;
 
-pub use after::{expire_due, spawn_expiry};
 pub use sluice_tower::{DecisionView, InvalidRequest};
 
 use crate::app::App;

@@ -146,6 +146,11 @@ impl<S: Store> Limiter<S> {
         self.what_ifs.keep_unchanged(&policy);
     }
 
+    /// The limiter's clock: ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.options.clock.now_ms()
+    }
+
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
