@@ -99,14 +99,14 @@ async fn answers(door: &str) -> Vec<String> {
     // Concurrency rules check (an acquired lease is given back at once):
     // free, then both slots held by leases taken beside the door.
     let export = Request::new("acme", "GET /export", None, 1).unwrap();
-    ask(export.clone()).await;
+    ask(export).await;
     let policy = limiter.policy();
     let held = [
         limiter.acquire(&policy, &export).await.1,
         limiter.acquire(&policy, &export).await.1,
     ];
     assert!(held.iter().all(Option::is_some));
-    ask(export.clone()).await;
+    ask(export).await;
     // A fair valve's gate, and the valve itself, past its limit.
     for _ in 0..30 {
         ask(Request::new("acme", "GET /search", None, 1).unwrap()).await;
