@@ -8,11 +8,6 @@
 //! nothing, so a duplicate consumes no budget and a request another rule
 //! denies leaves no fingerprint behind.
 
-use sluice_core::{Request, Scope};
-use smallvec::SmallVec;
-
-use crate::store::{Batch, Partition};
-
 /// Where a duplicate guard counts for `subject` and `fingerprint`: a
 /// subject partition of this text (for `Limiter::decide` and `Keyed`
 /// alike).
@@ -26,42 +21,4 @@ pub(super) fn partition_text(subject: Option<&str>, fingerprint: Option<&str>) -
         subject.len(),
         fingerprint.len()
     )
-}
-
-/// The partition text of a request's duplicate guards, when its rules
-/// hold one.
-pub(super) struct Guarded(Option<String>);
-
-impl Guarded {
-    #[inline]
-    pub(super) fn of(batch: &Batch<'_>, request: &Request<'_>) -> Guarded {
-        let guarded = batch.rules.iter().any(|r| r.scope() == Scope::Dedupe);
-        Guarded(guarded.then(|| partition_text(request.subject, request.fingerprint)))
-    }
-
-    /// Whether the request's rules hold a duplicate guard.
-    pub(super) fn any(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// Per rule, where it counts: the guard in the request's (subject,
-    /// fingerprint), the others as their scope says. Empty (every rule by
-    /// scope) when there is no guard.
-    pub(super) fn partitions<'a>(&'a self, batch: &Batch<'a>) -> SmallVec<[Partition<'a>; 4]> {
-        let Some(text) = &self.0 else {
-            return SmallVec::new();
-        };
-        batch
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, rule)| {
-                if rule.scope() == Scope::Dedupe {
-                    Partition::Subject(batch.tenant, text)
-                } else {
-                    batch.partition(i, rule)
-                }
-            })
-            .collect()
-    }
 }

@@ -68,15 +68,20 @@ impl<'r> Keyed<'r> {
         }
     }
 
+    /// Whose request it is, and its cost.
+    pub(super) fn who(&self) -> (&'r str, Option<&'r str>, u64) {
+        (self.tenant, self.subject, self.cost)
+    }
+
     /// Per rule of `rules`, where it counts and what it consumes.
-    fn parts<'k>(&'k self, rules: &'k [BoundRule]) -> (Vec<Partition<'k>>, Vec<u64>) {
+    pub(super) fn parts<'k>(&'k self, rules: &'k [BoundRule]) -> super::prepared::Parts<'k> {
         assert_eq!(
             rules.len(),
             self.own + self.named.len(),
             "a keyed decision names a bucket for every rule after the request's own"
         );
         let probe = Batch::new(self.tenant, self.subject, self.cost, rules);
-        let mut partitions = Vec::with_capacity(rules.len());
+        let mut partitions = smallvec::SmallVec::with_capacity(rules.len());
         for (i, rule) in rules.iter().enumerate().take(self.own) {
             partitions.push(match (&self.guard, rule.scope()) {
                 (Some(guard), Scope::Dedupe) => Partition::Subject(self.tenant, guard),
@@ -90,23 +95,6 @@ impl<'r> Keyed<'r> {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Decides the rules of `applicable` where `keyed` says they count: all
-    /// or nothing, on the tenant's shards, within one time budget, as
-    /// [`decide`](Self::decide) does.
-    pub async fn decide_keyed<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        keyed: &Keyed<'_>,
-    ) -> Decision<'p> {
-        let (partitions, costs) = keyed.parts(applicable.rules);
-        let batch = Batch {
-            partitions: &partitions,
-            costs: &costs,
-            ..Batch::new(keyed.tenant, keyed.subject, keyed.cost, applicable.rules)
-        };
-        self.decide_batch(applicable, &batch).await
-    }
-
     /// Charges every rule of `applicable` its cost in the bucket `keyed`
     /// names (Envoy's quota descriptors: a cost already spent, counted
     /// even past the limit), within the time budget; the rules' state

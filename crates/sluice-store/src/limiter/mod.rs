@@ -12,30 +12,32 @@
 //!    `deny`, or `local` — the memory engine enforcing each limit divided by
 //!    the number of live sluice instances (`fallback`).
 //!
-//! The doors are here: [`Limiter::decide`], [`Limiter::acquire`] and
-//! [`Limiter::release`] (leases, [`lease`]), [`Limiter::reserve`],
-//! [`Limiter::settle`] and [`Limiter::report`] (usage known after the
-//! fact, `after`), [`Limiter::peek`],
-//! [`Limiter::decide_keyed`] and [`Limiter::peek_keyed`] for rules that
-//! count where the caller names (Envoy descriptors, `keyed`), and
-//! `decide_now` on the memory store (`now`). Behind them: the tenant's
-//! shards (`shard`), fair valves' gates (`gate`, `fair`), duplicate guards
-//! (`dedupe`) and the options ([`LimiterOptions`]).
+//! A decision reads top to bottom: the doors (`door`: [`Limiter::decide`],
+//! [`Limiter::acquire`], [`Limiter::decide_keyed`] for rules that count
+//! where the caller names, and `decide_now` on the memory store) each
+//! build one prepared request (`prepared`: the rules, a cost no rule can
+//! hold, fair valves' gates, duplicate guards, named buckets, the lease)
+//! and send it down one path (`path`: the store in this process at once,
+//! else the tenant's shards within one time budget, `shard`, each shard's
+//! call through `budget`). A new step of every decision goes into
+//! `prepared` or `path`, never into a door. After the decision: leases
+//! ([`Limiter::release`], [`lease`]), reservations and attempts
+//! ([`Limiter::reserve`], [`Limiter::settle`], [`Limiter::attempt`],
+//! [`Limiter::conclude_attempt`], [`Limiter::report`]: `after`), reads
+//! ([`Limiter::peek`], [`Limiter::peek_keyed`]). Beside them: fair valves'
+//! levels (`gate`, `fair`), duplicate guards' buckets (`dedupe`) and the
+//! options ([`LimiterOptions`]).
 //!
 //! The policy is swapped atomically on reload; a decision holds the policy
 //! it started with until it is done.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use sluice_core::Policy;
 use sluice_core::config::OnError;
-use sluice_core::decision::Outcomes;
-use sluice_core::policy::Applicable;
-use sluice_core::{Decision, Policy, Request};
 
 use crate::memory::MemoryStore;
 use crate::store::{Batch, Peeked, Store, StoreError};
@@ -45,13 +47,15 @@ pub mod breaker;
 mod budget;
 mod dedupe;
 pub mod denials;
+mod door;
 mod fair;
 mod fallback;
 mod gate;
 mod keyed;
 pub mod lease;
-mod now;
 mod options;
+mod path;
+mod prepared;
 mod shard;
 pub mod slice;
 #[cfg(test)]
@@ -333,233 +337,10 @@ impl<S: Store> Limiter<S> {
     pub async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
         self.store.peek(batch).await
     }
-
-    /// Decides one request under `policy`. Concurrency rules only check
-    /// here (a slot is free or not): [`acquire`](Self::acquire) takes one.
-    pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
-        // The common path, without `acquire`'s lease bookkeeping. Only the
-        // boxed rest is held across the await, so this future stays small
-        // (the locals of a decision held in it made it 192 bytes, copied
-        // with `memcpy` wherever it moved).
-        let rest = match self.begin(policy, request) {
-            Ok(decided) => return decided,
-            Err(rest) => rest,
-        };
-        match rest {
-            Rest::Plain(rest) => rest.await,
-            Rest::Gated(rest) => rest.await,
-        }
-    }
-
-    /// [`decide`](Self::decide)'s decision when it needs no waiting (an
-    /// invalid request, or a store in this process), else the rest of it,
-    /// boxed (for a request with fair valves' gates, the general way).
-    #[inline]
-    #[allow(clippy::type_complexity)]
-    fn begin<'a, 'p: 'a, 'r: 'a>(
-        &'a self,
-        policy: &'p Policy,
-        request: &'a Request<'r>,
-    ) -> Result<
-        Decision<'p>,
-        Rest<
-            impl Future<Output = Decision<'p>> + use<'a, 'p, 'r, S>,
-            impl Future<Output = Decision<'p>> + use<'a, 'p, 'r, S>,
-        >,
-    > {
-        let applicable = match prepare(policy, request) {
-            Ok(applicable) => applicable,
-            Err(decided) => return Ok(decided),
-        };
-        if applicable.gated {
-            return Err(Rest::Gated(Box::pin(self.decide_gated(policy, request))));
-        }
-        let batch: Batch<'a> = Batch::new(
-            request.tenant,
-            request.subject,
-            request.cost,
-            applicable.rules,
-        );
-        let guarded = dedupe::Guarded::of(&batch, request);
-        if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
-            return Ok(decision);
-        }
-        Err(Rest::Plain(Box::pin(
-            self.decide_guarded(applicable, batch, guarded),
-        )))
-    }
-
-    /// Decides one request under `policy` and, when it is admitted, takes a
-    /// lease of every concurrency rule that applies: the decision, and the
-    /// lease when one was taken (`None` when denied, or when no
-    /// concurrency rule applies). Give it back with
-    /// [`release`](Self::release), whatever the policy is by then;
-    /// unreleased, it expires after the rule's `lease`.
-    pub async fn acquire<'p>(
-        &self,
-        policy: &'p Policy,
-        request: &Request<'_>,
-    ) -> (Decision<'p>, Option<Lease>) {
-        self.decide_leasing(policy, request, true).await
-    }
-
-    async fn decide_leasing<'p>(
-        &self,
-        policy: &'p Policy,
-        request: &Request<'_>,
-        leasing: bool,
-    ) -> (Decision<'p>, Option<Lease>) {
-        let applicable = match prepare(policy, request) {
-            Ok(applicable) => applicable,
-            Err(decided) => return (decided, None),
-        };
-        let gated = applicable.gated.then(|| {
-            let now = self.options.clock.now_ms();
-            self.fair
-                .gate(&applicable, applicable.rules, request.cost, now)
-        });
-        let rules = gated
-            .as_ref()
-            .map_or(applicable.rules, |(rules, _)| &rules[..]);
-        let mut batch = Batch::new(request.tenant, request.subject, request.cost, rules);
-        batch.valve_turn = gated.as_ref().map(|(_, gates)| gates.turn);
-        if leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()) {
-            batch.lease = Some(lease::new_lease_id());
-        }
-        let rules = applicable.rules;
-        let mut decision = self.decide_prepared(applicable, batch, request).await;
-        if let Some((_, gates)) = &gated {
-            self.learn(gates, &mut decision, request.cost);
-        }
-        let lease = batch
-            .lease
-            .filter(|_| decision.allowed)
-            .map(|id| Lease::taken(id, rules));
-        (decision, lease)
-    }
-
-    async fn decide_prepared<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: Batch<'_>,
-        request: &Request<'_>,
-    ) -> Decision<'p> {
-        let guarded = dedupe::Guarded::of(&batch, request);
-        if let Some(decision) = self.in_process(applicable, &batch, &guarded) {
-            return decision;
-        }
-        // Boxed, so that this future stays small for the in-process path
-        // (moving a large future costs more than the decision itself).
-        Box::pin(self.decide_guarded(applicable, batch, guarded)).await
-    }
-
-    /// The store's answer in process, without entering the remote path's
-    /// state machine, when the store can give one and neither shards nor a
-    /// duplicate guard need that path.
-    #[inline]
-    fn in_process<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-        guarded: &dedupe::Guarded,
-    ) -> Option<Decision<'p>> {
-        if applicable.shards > 1 || guarded.any() {
-            return None;
-        }
-        // One rule, most often: its outcome alone, no vector of one (a
-        // store without that shortcut decides it as several).
-        if let [_] = batch.rules
-            && let Some(one) = self.store.decide_one_in_process(batch)
-        {
-            return Some(match one {
-                Ok((outcome, at_ms)) => {
-                    Decision::from_outcome(applicable, outcome).decided_at(at_ms)
-                }
-                Err(error) => self.conclude(applicable, batch, Err(error)),
-            });
-        }
-        let result = self.store.decide_in_process(batch)?;
-        Some(self.conclude(applicable, batch, result))
-    }
-
-    /// The rest of [`decide`](Self::decide): duplicate guards placed, then
-    /// every shard the tenant has, through the time budget.
-    async fn decide_guarded<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: Batch<'_>,
-        guarded: dedupe::Guarded,
-    ) -> Decision<'p> {
-        let partitions = guarded.partitions(&batch);
-        let batch = Batch {
-            partitions: &partitions,
-            ..batch
-        };
-        self.decide_batch_waiting(applicable, &batch).await
-    }
-
-    /// Decides a batch prepared in this crate: the rules of `applicable`,
-    /// with the partitions and costs `batch` gives them, on the tenant's
-    /// shards when it has several (`batch.shard` is chosen here; see
-    /// `shard`). [`decide_keyed`](Self::decide_keyed) comes this way. The
-    /// whole decision, every shard tried, stays within one time budget.
-    pub(crate) async fn decide_batch<'p>(
-        &self,
-        applicable: Applicable<'p>,
-        batch: &Batch<'_>,
-    ) -> Decision<'p> {
-        // Decided on the spot by a store in this process; otherwise only
-        // the boxed rest is held across the await, so that this future
-        // stays small: moving a large future costs more than an in-process
-        // decision (docs/benchmarks/in-process.md, "async").
-        if applicable.gated {
-            return Box::pin(self.decide_batch_gated(applicable, batch)).await;
-        }
-        if let Some(index) = cost_exceeds_capacity(batch) {
-            return Decision::cost_exceeds_capacity_at(applicable, index);
-        }
-        if applicable.shards <= 1
-            && let Some(result) = self.store.decide_in_process(batch)
-        {
-            return self.conclude(applicable, batch, result);
-        }
-        Box::pin(self.decide_batch_waiting(applicable, batch)).await
-    }
-}
-
-/// The rest of a decision that waits: the common path, or the general one
-/// a request with fair valves' gates takes.
-enum Rest<A, B> {
-    Plain(Pin<Box<A>>),
-    Gated(Pin<Box<B>>),
 }
 
 /// The first rule of `batch` whose cost is above its capacity: such a
 /// request can never pass.
 fn cost_exceeds_capacity(batch: &Batch<'_>) -> Option<usize> {
     (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
-}
-
-/// Everything decided before the store is asked: the applicable rules, or
-/// the answer itself when no store call is needed (no rule applies, or the
-/// cost can never pass). The batch for the store is
-/// [`Batch::new`] of the request and these rules.
-// The error is the decision itself, handed straight back to the caller:
-// boxing it would cost an allocation where it is the answer.
-#[allow(clippy::result_large_err)]
-#[inline]
-fn prepare<'p>(policy: &'p Policy, request: &Request<'_>) -> Result<Applicable<'p>, Decision<'p>> {
-    let applicable = policy.applicable(request.tenant, request.route, request.subject.is_some());
-    if let Some(decision) = Decision::cost_exceeds_capacity(applicable, request.cost) {
-        return Err(decision);
-    }
-    if applicable.rules.is_empty() {
-        return Err(Decision::from_outcomes(
-            applicable,
-            Outcomes::new(),
-            request.cost,
-            &[],
-        ));
-    }
-    Ok(applicable)
 }

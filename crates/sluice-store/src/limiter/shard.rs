@@ -57,10 +57,61 @@ pub(crate) fn sooner<'p>(best: Option<Decision<'p>>, next: Decision<'p>) -> Deci
     }
 }
 
+/// The order a decision tries a tenant's shards in, and the answer: the
+/// first shard that admits (or whose denial another shard cannot change),
+/// else the denial that passes soonest. The synchronous and the waiting
+/// paths walk it alike.
+pub(crate) struct Walk<'p> {
+    first: u16,
+    shards: u16,
+    tried: u16,
+    best: Option<Decision<'p>>,
+}
+
+impl<'p> Walk<'p> {
+    /// A walk over `shards` shards, from where `turns` says.
+    pub(crate) fn new(turns: &Turns, shards: u16) -> Walk<'p> {
+        let shards = shards.max(1);
+        Walk {
+            first: if shards > 1 { turns.first(shards) } else { 0 },
+            shards,
+            tried: 0,
+            best: None,
+        }
+    }
+
+    /// The next shard to try, if any is left.
+    pub(crate) fn next_shard(&mut self) -> Option<u16> {
+        (self.tried < self.shards).then(|| {
+            self.tried += 1;
+            (self.first + self.tried - 1) % self.shards
+        })
+    }
+
+    /// Whether a shard was tried before the current one.
+    pub(crate) fn tried_another(&self) -> bool {
+        self.tried > 1
+    }
+
+    /// The current shard's decision: `Some` when it is the answer.
+    pub(crate) fn offer(&mut self, decision: Decision<'p>) -> Option<Decision<'p>> {
+        if !worth_another(&decision) {
+            return Some(decision);
+        }
+        self.best = Some(sooner(self.best.take(), decision));
+        None
+    }
+
+    /// The answer once no shard admitted.
+    pub(crate) fn finish(self) -> Decision<'p> {
+        self.best.expect("a tenant has at least one shard")
+    }
+}
+
 impl<S: Store> Limiter<S> {
-    /// [`decide_batch`](Self::decide_batch) through the store's wait, the
-    /// time budget and the tenant's shards.
-    pub(super) async fn decide_batch_waiting<'p>(
+    /// A batch decided over the tenant's shards (`batch.shard` is chosen
+    /// here), every shard's call within one time budget.
+    pub(super) async fn on_shards<'p>(
         &self,
         applicable: Applicable<'p>,
         batch: &Batch<'_>,
@@ -72,31 +123,28 @@ impl<S: Store> Limiter<S> {
             .options
             .timeout
             .map(|budget| tokio::time::Instant::now() + budget);
-        let shards = applicable.shards;
-        if shards <= 1 {
+        if applicable.shards <= 1 {
             return self.decide_shard(applicable, batch, deadline).await;
         }
-        let first = self.turns.first(shards);
-        let mut best = None;
-        for k in 0..shards {
+        let mut walk = Walk::new(&self.turns, applicable.shards);
+        while let Some(shard) = walk.next_shard() {
             let on = Batch {
-                shard: (first + k) % shards,
+                shard,
                 // Another shard was tried: it may have called the store.
-                asked_before: batch.asked_before || k > 0,
+                asked_before: batch.asked_before || walk.tried_another(),
                 ..*batch
             };
             let decision = self
                 .decide_shard(applicable, &on, deadline)
                 .await
-                .on_shard(on.shard);
-            if !worth_another(&decision) {
+                .on_shard(shard);
+            if let Some(decision) = walk.offer(decision) {
                 return decision;
             }
-            best = Some(sooner(best, decision));
             if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 break;
             }
         }
-        best.expect("a tenant has at least one shard")
+        walk.finish()
     }
 }

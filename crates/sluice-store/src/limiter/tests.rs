@@ -4,7 +4,7 @@
 use super::*;
 use crate::clock::ManualClock;
 use crate::store::{Decided, Peeked, StoreError};
-use sluice_core::{Config, Reason};
+use sluice_core::{Config, Reason, Request};
 
 /// A store that always fails, to exercise the failure handling alone.
 struct Broken;
