@@ -343,3 +343,40 @@ plans:
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// An attempt concluded as a success long after its unit refilled gives
+/// nothing back: five failures counted since fill the rule, and the
+/// success of the old attempt must not free a sixth.
+#[tokio::test]
+async fn a_success_concluded_after_its_refill_frees_nothing() {
+    let mut broken = Vec::new();
+    for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
+        let yaml = format!(
+            r#"
+default_plan: p
+plans:
+  p:
+    subject:
+      "POST /login":
+        - {{ name: failed-logins, algorithm: {algorithm}, limit: 5, per: 15m, count_if: {{ status: [401] }} }}
+"#
+        );
+        let (clock, limiter) = limiter(&yaml);
+        let policy = limiter.policy();
+        let decision = limiter.decide(&policy, &login()).await;
+        let old = limiter.attempt(&policy, &login(), &decision).unwrap();
+        // Half an hour later (two windows: the old one's count is gone).
+        clock.advance(30 * 60_000);
+        for _ in 0..5 {
+            assert!(log_in(&limiter, &login(), 401).await.0, "{algorithm}");
+        }
+        limiter
+            .conclude_attempt(&policy, &old, Some(200), 60_000)
+            .await
+            .unwrap();
+        if log_in(&limiter, &login(), 401).await.0 {
+            broken.push(format!("{algorithm}: a sixth failure passed"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}

@@ -149,3 +149,40 @@ async fn a_shadow_rule_is_not_given_back_what_it_never_took_on_redis() {
     }
     assert!(broken.is_empty(), "{broken:#?}");
 }
+
+/// adjust.lua: an attempt concluded as a success after its unit refilled
+/// (two windows later) gives nothing back: five failures counted since
+/// fill the rule of 5 per second, and no sixth passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_concluded_after_its_refill_frees_nothing_on_redis() {
+    let server = RedisServer::start();
+    let options = ConnectOptions::with_timeout(Duration::from_secs(5));
+    let mut broken = Vec::new();
+    for (n, algorithm) in ALGORITHMS.into_iter().enumerate() {
+        let yaml = format!(
+            "default_plan: p\nplans:\n  p:\n    subject:\n      \"POST /login\":\n        - {{ name: f, algorithm: {algorithm}, limit: 5, per: 1s, count_if: {{ status: [401] }} }}\n"
+        );
+        let policy = Policy::compile_for(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits, true);
+        let store = RedisStore::connect(&server.url(), keys(), &options).await.unwrap();
+        let limiter = Limiter::new(policy, store, OnError::Deny);
+        let user = format!("dave-{n}");
+        let policy = limiter.policy();
+        let decision = limiter.decide(&policy, &login(&user)).await;
+        let old = limiter.attempt(&policy, &login(&user), &decision).unwrap();
+        tokio::time::sleep(Duration::from_millis(2_200)).await;
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let decision = limiter.decide(&policy, &login(&user)).await;
+            assert!(decision.allowed, "{algorithm}");
+            failures.push(limiter.attempt(&policy, &login(&user), &decision).unwrap());
+        }
+        for attempt in &failures {
+            limiter.conclude_attempt(&policy, attempt, Some(401), 60_000).await.unwrap();
+        }
+        limiter.conclude_attempt(&policy, &old, Some(200), 60_000).await.unwrap();
+        if limiter.decide(&policy, &login(&user)).await.allowed {
+            broken.push(format!("{algorithm}: a sixth failure passed"));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
