@@ -288,13 +288,13 @@ plans:
     assert_eq!(attempts.len(), 3);
 }
 
-/// A reload lowers the `count_if` rule's limit (its state is kept:
+/// A reload lowers or raises the `count_if` rule's limit (its state is kept:
 /// "changing `limit`, `per` or `burst` keeps the budget already used")
 /// while five attempts are held. All five succeed: given back, nothing
 /// counts, and the new limit's failures must pass (no lock-out), and no
 /// more than it.
 #[tokio::test]
-async fn attempts_held_across_a_reload_lowering_the_limit_give_successes_back() {
+async fn attempts_held_across_a_reload_changing_the_limit_give_successes_back() {
     let mut broken = Vec::new();
     for algorithm in ["gcra", "token_bucket", "fixed_window", "sliding_window", "sliding_log"] {
         for (from, to) in [(5, 2), (2, 5)] {
