@@ -140,7 +140,7 @@ struct Attempt<S: Store + 'static> {
 impl<S: Store + 'static> Attempt<S> {
     /// Concludes it with `status` (`None`: given back). Cut short, it is
     /// given back when dropped (a conclusion that had applied stands: it
-    /// applies once).
+    /// applies once); failed, it is tried again in the background.
     async fn conclude(mut self, status: Option<u16>) {
         let Some(held) = &self.held else {
             return;
@@ -150,9 +150,15 @@ impl<S: Store + 'static> Attempt<S> {
             .limiter
             .conclude_attempt(&policy, held, status, MARKER_TTL_MS)
             .await;
-        self.held = None;
-        if let Err(e) = concluded {
-            tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting");
+        if concluded.is_ok() {
+            self.held = None;
+            return;
+        }
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(retried(self.limiter.clone(), held, status));
         }
     }
 
@@ -165,16 +171,39 @@ impl<S: Store + 'static> Attempt<S> {
             tracing::warn!("no runtime to conclude an attempt; it keeps counting");
             return;
         };
-        let limiter = self.limiter.clone();
-        runtime.spawn(async move {
-            let policy = limiter.policy();
-            if let Err(e) = limiter
-                .conclude_attempt(&policy, &held, None, MARKER_TTL_MS)
-                .await
-            {
-                tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting");
+        runtime.spawn(retried(self.limiter.clone(), held, None));
+    }
+}
+
+/// How long a conclusion the store refused is tried again, once a second:
+/// the server's `attempt_ttl` by default.
+const RETRY_FOR_MS: u64 = 30_000;
+
+/// Concludes `held` with `status`, trying again once a second while the
+/// store fails, for [`RETRY_FOR_MS`] (it applies once, so a try whose
+/// answer was lost is safe to repeat); then it keeps counting until its
+/// rules refill.
+async fn retried<S: Store + 'static>(
+    limiter: Arc<Limiter<S>>,
+    held: Reservation,
+    status: Option<u16>,
+) {
+    let tries = RETRY_FOR_MS / 1_000 + 1;
+    for n in 0..tries {
+        if n > 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let policy = limiter.policy();
+        match limiter
+            .conclude_attempt(&policy, &held, status, MARKER_TTL_MS)
+            .await
+        {
+            Ok(_) => return,
+            Err(e) if n + 1 == tries => {
+                tracing::warn!(error = %e, "an attempt could not be concluded; it keeps counting until its rules refill");
             }
-        });
+            Err(_) => {}
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! response's `status`. The rules whose `count_if` matches keep what the
 //! check held, the others are given it back; once (an identical retry
 //! answers the same, another status or the expiry finds it taken: 404).
-//! The body may repeat the check's tenant, route, subject and cost; what
-//! it repeats must be the same.
+//! The body carries `attempt` and `status` only: the attempt names the
+//! rest, and nothing a body could test against it is answered.
 
 use std::sync::Arc;
 
@@ -33,6 +33,16 @@ pub(super) async fn conclude(
             "`status` is required to conclude an attempt: the response's status code (100 to 599)",
         ));
     };
+    // Checked before the id is opened: nothing in the answer depends on
+    // what the attempt holds.
+    if let Some(field) = parsed.beside_attempt() {
+        return refusal(&InvalidRequest::new(
+            field,
+            format!(
+                "`{field}` is not for a report that concludes an attempt: send `attempt` and `status` only (the attempt names the rest)"
+            ),
+        ));
+    }
     let unknown = |why: &str| {
         refusal(
             &InvalidRequest::new("attempt", format!("no such attempt to conclude: {why}"))
@@ -47,14 +57,6 @@ pub(super) async fn conclude(
         }
         None => return unknown("it expired (attempt_ttl), or was never given"),
     };
-    if let Some(field) = parsed.differs_from(&held.reservation) {
-        return refusal(&InvalidRequest::new(
-            field,
-            format!(
-                "`{field}` differs from the attempt's check: an attempt concludes what was checked (leave `{field}` out, or send the check's)"
-            ),
-        ));
-    }
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own, as a settle: a client gone mid-way cannot cut
     // the conclusion off between the store and its count.

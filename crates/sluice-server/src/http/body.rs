@@ -136,24 +136,20 @@ pub(super) fn to_spent_request<'a>(body: &'a CheckBody<'a>) -> Result<Request<'a
 }
 
 impl CheckBody<'_> {
-    /// The first of the fields a report may repeat from its attempt's
-    /// check (tenant, route, subject, cost) that differs from `held`'s.
-    pub(super) fn differs_from(&self, held: &sluice_store::Reservation) -> Option<&'static str> {
-        let cost = self
-            .cost
-            .as_ref()
-            .map(|n| whole_number(n) != Some(i128::from(held.estimate)));
-        if self.tenant.as_deref().is_some_and(|t| t != held.tenant) {
-            Some("tenant")
-        } else if self.route.as_deref().is_some_and(|r| r != held.route) {
-            Some("route")
-        } else if (self.subject.as_deref()).is_some_and(|s| Some(s) != held.subject.as_deref()) {
-            Some("subject")
-        } else if cost == Some(true) {
-            Some("cost")
-        } else {
-            None
-        }
+    /// The first field besides `attempt` and `status` the body carries:
+    /// a report that concludes an attempt carries no other (the attempt
+    /// names its tenant, route, subject and cost).
+    pub(super) fn beside_attempt(&self) -> Option<&'static str> {
+        [
+            ("tenant", self.tenant.is_some()),
+            ("route", self.route.is_some()),
+            ("subject", self.subject.is_some()),
+            ("cost", self.cost.is_some()),
+            ("fingerprint", self.fingerprint.is_some()),
+            ("reserve", self.reserve.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(field, given)| given.then_some(field))
     }
 }
 

@@ -263,6 +263,7 @@ impl Reservations {
             whole_after_ms: Vec::new(),
             rules_print: 0,
             attempt: false,
+            untaken: 0,
         };
         let expires_ms = sealed
             .x
@@ -351,6 +352,7 @@ mod tests {
             whole_after_ms: vec![1_000, 0, 60_000],
             rules_print: 0x5eed,
             attempt: false,
+            untaken: 0b101,
         }
     }
 

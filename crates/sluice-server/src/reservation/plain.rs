@@ -1,6 +1,7 @@
 //! What a sealed id holds, in bytes: a version, the marker id, the
 //! numbers, then the tenant, route and subject each behind its length, and
-//! per own rule when its estimate would have refilled. Binary, so that an
+//! per own rule when its estimate would have refilled, the rules it took
+//! nothing from, then zeros to a multiple of 256 bytes. Binary, so that an
 //! id's size is bounded by the request's own bounds whatever its text
 //! holds (JSON escaped a control character into six bytes: ids past the
 //! size a settle accepts).
@@ -33,12 +34,18 @@ const MAX_PLAIN: usize = 1
     + (1 + 2 + MAX_SUBJECT_BYTES)
     + 8
     + 1
-    + 8 * MAX_WHOLE;
+    + 8 * MAX_WHOLE
+    + 8;
+
+/// The plain text is padded with zeros to a multiple of this: an id's
+/// length tells its holder the length of its texts only to within it.
+const BLOCK: usize = 256;
 
 /// The longest id this version seals (a 12-byte nonce, the sealed text
-/// and its 16-byte tag, in unpadded base64), or an earlier version did.
+/// padded to its block and its 16-byte tag, in unpadded base64), or an
+/// earlier version did.
 pub const MAX_ID_CHARS: usize = {
-    let sealed = (12 + MAX_PLAIN + 16).div_ceil(3) * 4;
+    let sealed = (12 + MAX_PLAIN.div_ceil(BLOCK) * BLOCK + 16).div_ceil(3) * 4;
     if sealed > 4 * 1024 { sealed } else { 4 * 1024 }
 };
 
@@ -71,6 +78,8 @@ pub(super) fn encode(held: &Held) -> Vec<u8> {
     for n in whole {
         out.extend_from_slice(&n.to_le_bytes());
     }
+    out.extend_from_slice(&r.untaken.to_le_bytes());
+    out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
     out
 }
 
@@ -106,7 +115,14 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
     let rules_print = at.u64()?;
     let count = usize::from(at.take(1)?[0]);
     let whole_after_ms = (0..count).map(|_| at.u64()).collect::<Option<_>>()?;
-    (at.pos == bytes.len()).then_some(Held {
+    // Absent from ids sealed before it was: nothing untaken.
+    let untaken = match bytes.len() - at.pos {
+        0 => 0,
+        _ => at.u64()?,
+    };
+    // The padding, zeros.
+    let padding = at.take(bytes.len() - at.pos)?;
+    padding.iter().all(|&b| b == 0).then_some(Held {
         reservation: Reservation {
             id,
             tenant,
@@ -120,6 +136,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
             whole_after_ms,
             rules_print,
             attempt,
+            untaken,
         },
         expires_ms,
     })

@@ -323,13 +323,17 @@ async fn an_attempt_concludes_once_and_bad_conclusions_name_their_field() {
     let (response, answer) = h.check_json(check).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(field(&answer), "attempt", "{answer}");
-    // Repeating the check's own fields is fine.
+    // The attempt names the rest: even the check's own fields are
+    // refused beside it (nothing a body could test against an id is
+    // answered), and the attempt still concludes after.
     let mut same = login("10.0.0.1|alice");
     same["attempt"] = json!(second);
     same["status"] = json!(401);
-    same["cost"] = json!(1);
     let (response, answer) = h.post("/v1/report", same.to_string()).await;
-    assert_eq!(response.status(), StatusCode::OK, "{answer}");
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(field(&answer), "tenant", "{answer}");
+    let (status, answer) = conclude(&h, &second, 401).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
 }
 
 #[tokio::test]

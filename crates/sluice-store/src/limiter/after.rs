@@ -71,6 +71,15 @@ pub struct Reservation {
     /// by outcome, concluded by the response's status; else a
     /// reservation of the own rules, settled at a cost.
     pub attempt: bool,
+    /// Per rule it holds (bit `i`: the `i`th, the first 64), whether the
+    /// admission took nothing there: a shadow rule that would have denied
+    /// it. A give-back returns nothing to those.
+    pub untaken: u64,
+}
+
+/// Whether `held`'s admission took nothing from its `i`th rule.
+fn took_nothing(held: &Reservation, i: usize) -> bool {
+    i < 64 && held.untaken & (1 << i) != 0
 }
 
 /// A digest of `rules`' identities, in order.
@@ -208,6 +217,18 @@ impl<S: Store> Limiter<S> {
                 })
                 .collect()
         };
+        // A shadow rule that would have denied consumed nothing.
+        let untaken = rules
+            .iter()
+            .take(64)
+            .enumerate()
+            .filter(|(_, rule)| {
+                rule.shadow()
+                    && decision
+                        .known_outcomes()
+                        .any(|(r, o)| r.uid() == rule.uid() && !o.allowed)
+            })
+            .fold(0u64, |mask, (i, _)| mask | 1 << i);
         decision.allowed.then(|| Reservation {
             id: super::lease::new_lease_id().to_le_bytes(),
             tenant: request.tenant.to_owned(),
@@ -215,8 +236,11 @@ impl<S: Store> Limiter<S> {
             subject: request.subject.map(str::to_owned),
             estimate: request.cost,
             // Admitted by the failure policy, the shared store holds
-            // nothing of it.
-            held: if decision.degraded.is_some() {
+            // nothing of a reservation (a settle charges it all). An
+            // attempt is taken as held all the same: a store that timed out
+            // may have taken it, and a success must never stay counted (a
+            // failure then counts nothing more; see `conclude_attempt`).
+            held: if decision.degraded.is_some() && !attempt {
                 0
             } else {
                 request.cost
@@ -231,13 +255,15 @@ impl<S: Store> Limiter<S> {
             whole_after_ms,
             rules_print: rules_print(rules),
             attempt,
+            untaken,
         })
     }
 
     /// Concludes `attempt` once its response's `status` is known: the
-    /// rules whose `count_if` matches keep what it holds (or are charged
-    /// it, when the failure policy admitted it without the store), the
-    /// others are given it back; `None` (not known: the call failed, or
+    /// rules whose `count_if` matches keep what it holds, the others are
+    /// given it back (an attempt the failure policy admitted is concluded
+    /// as if the store held it: a success gives back a unit the store may
+    /// never have taken, a failure is not counted if it was not); `None` (not known: the call failed, or
     /// the attempt expired) gives everything back. Once, as a settle: an
     /// identical conclusion finds it made ([`MarkerAnswer::Again`]),
     /// another (or the expiry) finds it taken ([`MarkerAnswer::Conflict`]).
@@ -254,34 +280,27 @@ impl<S: Store> Limiter<S> {
         let counts = |rule: &sluice_core::BoundRule| {
             status.is_some_and(|s| rule.count_if().is_some_and(|set| set.matches(s)))
         };
-        // Held: what does not count is given back (unless a reload changed
-        // the rules since: what each held is then not known, and nothing
-        // is given back). Not held: what counts is charged.
+        // What does not count is given back, but to a rule the admission
+        // took nothing from, and unless a reload changed the rules since
+        // (what each held is then not known: nothing is given back).
         let unchanged = attempt.rules_print == rules_print(rules);
-        let (change, costs): (Change, Vec<u64>) = if attempt.held > 0 && !unchanged {
-            (Change::Nothing, vec![0; rules.len()])
-        } else if attempt.held > 0 {
-            let back = rules
-                .iter()
-                .map(|r| if counts(r) { 0 } else { attempt.held })
-                .collect();
-            (
-                Change::GiveBack {
-                    at: attempt.admitted_ms,
-                },
-                back,
-            )
-        } else {
-            let charged = rules
-                .iter()
-                .map(|r| if counts(r) { attempt.estimate } else { 0 })
-                .collect();
-            (Change::Debit, charged)
-        };
+        let costs: Vec<u64> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if !unchanged || counts(r) || took_nothing(attempt, i) {
+                    0
+                } else {
+                    attempt.held
+                }
+            })
+            .collect();
         let change = if costs.iter().all(|&c| c == 0) {
             Change::Nothing
         } else {
-            change
+            Change::GiveBack {
+                at: attempt.admitted_ms,
+            }
         };
         let marker = Marker {
             id: attempt.id,
@@ -378,8 +397,22 @@ impl<S: Store> Limiter<S> {
                 Err(AfterError::AttemptNeeded) => unreachable!("a settle charges own rules"),
             }
         } else {
+            // Nothing goes back to a rule the admission took nothing from.
+            let costs: Vec<u64> = match change {
+                Change::GiveBack { .. } if reservation.untaken != 0 => (0..own.len())
+                    .map(|i| {
+                        if took_nothing(reservation, i) {
+                            0
+                        } else {
+                            units
+                        }
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
             let batch = Batch {
                 shard,
+                costs: &costs,
                 whole_at: &whole_at,
                 ..Batch::new(&reservation.tenant, subject, units, own)
             };

@@ -56,6 +56,14 @@ impl Validator<'_> {
             };
             let shadow = rule.value.shadow.as_ref().is_some_and(|s| s.value);
             let count_if = self.count_if(rule.value.count_if.as_ref(), at);
+            if let (Some(raw), Some(algorithm)) = (&rule.value.count_if, &rule.value.algorithm)
+                && algorithm.value == "concurrency"
+            {
+                self.push(
+                    raw.referenced,
+                    "`count_if` is not for `algorithm: concurrency`: a check only asks whether a slot is free, so it could hold no attempt; count outcomes with a rate rule (gcra, token_bucket, fixed_window, sliding_window or sliding_log)",
+                );
+            }
             let tolerance = rule.value.tolerance.clone();
             if let Some(rule) = self.rule(rule.value, at) {
                 let tolerance =

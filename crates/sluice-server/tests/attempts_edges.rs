@@ -1,4 +1,4 @@
-//! Attacks on attempts through a real `sluice serve` over a real Redis:
+//! Attempts at their edges through a real `sluice serve` over a real Redis:
 //! what an attempt id tells its holder, conclusions racing the expiry on
 //! another instance, kinds of ids swapped, and a store stall under
 //! `on_error: allow`.
@@ -17,7 +17,7 @@ const PEPPER: &str = "7a1d0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a
 /// 401) on `algorithm`, with `extra` top-level YAML.
 fn start(redis: &RedisServer, algorithm: &str, limit: u32, extra: &str) -> Server {
     let config = temp_file(
-        "attack.yaml",
+        "edges.yaml",
         &format!(
             "storage:\n  backend: redis\n  url: {}\n  timeout: 50ms\n  on_error: allow\nkeys:\n  pepper_env: TEST_SLUICE_PEPPER\n{extra}default_plan: p\nplans:\n  p:\n    routes:\n      \"POST /pay\": [{{ name: pay, algorithm: gcra, limit: 1000, per: 1s }}]\n    subject:\n      \"POST /login\":\n        - {{ name: failed-logins, algorithm: {algorithm}, limit: {limit}, per: 15m, count_if: {{ status: [401] }} }}\n",
             redis.url()
@@ -57,9 +57,7 @@ async fn an_attempt_id_tells_its_holder_nothing_about_the_tenant() {
     let id = answer["attempt"].as_str().unwrap().to_owned();
     // Probes that never conclude: a guess of the tenant, with a route
     // that cannot be the check's.
-    let probe = |tenant: &str| {
-        json!({"attempt": id, "status": 200, "tenant": tenant, "route": "GET /never-this"})
-    };
+    let probe = |tenant: &str| json!({"attempt": id, "status": 200, "tenant": tenant, "route": "GET /never-this"});
     let field = |answer: &Value| answer["invalid-params"][0]["name"].clone();
     let (_, wrong) = report(&client, &server, probe("globex")).await;
     let (_, right) = report(&client, &server, probe("acme")).await;
@@ -166,8 +164,12 @@ async fn a_reservation_is_not_an_attempt_nor_the_other_way_round() {
         )
         .await;
         assert_eq!(status, 404, "{body}");
-        let (status, body) =
-            report(&client, server, json!({"attempt": reservation, "status": 200})).await;
+        let (status, body) = report(
+            &client,
+            server,
+            json!({"attempt": reservation, "status": 200}),
+        )
+        .await;
         assert_eq!(status, 404, "{body}");
     }
     let (status, body) = report(&client, &b, json!({"attempt": attempt, "status": 401})).await;

@@ -49,7 +49,11 @@ fn login(user: &str) -> Request<'_> {
     Request::new("acme", "POST /login", Some(user), 1).unwrap()
 }
 
-async fn sharded_case<S: Store + 'static>(instances: [Arc<Limiter<S>>; 2], algorithm: &str, n: usize) {
+async fn sharded_case<S: Store + 'static>(
+    instances: [Arc<Limiter<S>>; 2],
+    algorithm: &str,
+    n: usize,
+) {
     // Successes, concluded on the other instance: never locked out.
     let bob = format!("bob-{n}");
     for i in 0..12 {
@@ -93,11 +97,17 @@ async fn sharded_case<S: Store + 'static>(instances: [Arc<Limiter<S>>; 2], algor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_tenants_attempts_on_redis() {
     let server = RedisServer::start();
-    let (url, options) = (server.url(), ConnectOptions::with_timeout(Duration::from_secs(5)));
+    let (url, options) = (
+        server.url(),
+        ConnectOptions::with_timeout(Duration::from_secs(5)),
+    );
     for (n, algorithm) in ALGORITHMS.into_iter().enumerate() {
         let connect = || RedisStore::connect(&url, keys(), &options);
         let make = |s| Arc::new(Limiter::new(sharded(algorithm), s, OnError::Deny));
-        let instances = [make(connect().await.unwrap()), make(connect().await.unwrap())];
+        let instances = [
+            make(connect().await.unwrap()),
+            make(connect().await.unwrap()),
+        ];
         sharded_case(instances, algorithm, n).await;
     }
 }
@@ -105,18 +115,24 @@ async fn a_sharded_tenants_attempts_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_tenants_attempts_on_redis_cluster() {
     let cluster = RedisCluster::start(3, 0);
-    let (urls, options) = (cluster.urls(), ConnectOptions::with_timeout(Duration::from_secs(5)));
+    let (urls, options) = (
+        cluster.urls(),
+        ConnectOptions::with_timeout(Duration::from_secs(5)),
+    );
     for (n, algorithm) in ALGORITHMS.into_iter().enumerate() {
         let connect = || ClusterStore::connect(&urls, keys(), &options, 1);
         let make = |s| Arc::new(Limiter::new(sharded(algorithm), s, OnError::Deny));
-        let instances = [make(connect().await.unwrap()), make(connect().await.unwrap())];
+        let instances = [
+            make(connect().await.unwrap()),
+            make(connect().await.unwrap()),
+        ];
         sharded_case(instances, algorithm, n).await;
     }
 }
 
 /// adjust.lua: a shadow `count_if` rule that denied took nothing, and a
 /// success must not give it back a unit (see the memory twin in
-/// attack_attempts.rs).
+/// attempts_edges.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shadow_rule_is_not_given_back_what_it_never_took_on_redis() {
     let server = RedisServer::start();
@@ -127,7 +143,9 @@ async fn a_shadow_rule_is_not_given_back_what_it_never_took_on_redis() {
             "default_plan: p\nplans:\n  p:\n    routes:\n      \"POST /login\": [{{ name: logins, algorithm: gcra, limit: 100, per: 1s }}]\n    subject:\n      \"POST /login\":\n        - {{ name: f, algorithm: {algorithm}, limit: 2, per: 15m, shadow: true, count_if: {{ status: [401] }} }}\n"
         );
         let policy = Policy::compile_for(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits, true);
-        let store = RedisStore::connect(&server.url(), keys(), &options).await.unwrap();
+        let store = RedisStore::connect(&server.url(), keys(), &options)
+            .await
+            .unwrap();
         let limiter = Limiter::new(policy, store, OnError::Deny);
         let user = format!("carol-{n}");
         let mut shadow_denied = Vec::new();
@@ -163,7 +181,9 @@ async fn a_success_concluded_after_its_refill_frees_nothing_on_redis() {
             "default_plan: p\nplans:\n  p:\n    subject:\n      \"POST /login\":\n        - {{ name: f, algorithm: {algorithm}, limit: 5, per: 1s, count_if: {{ status: [401] }} }}\n"
         );
         let policy = Policy::compile_for(&Config::from_yaml(&yaml, "t.yaml").unwrap().limits, true);
-        let store = RedisStore::connect(&server.url(), keys(), &options).await.unwrap();
+        let store = RedisStore::connect(&server.url(), keys(), &options)
+            .await
+            .unwrap();
         let limiter = Limiter::new(policy, store, OnError::Deny);
         let user = format!("dave-{n}");
         let policy = limiter.policy();
@@ -177,9 +197,15 @@ async fn a_success_concluded_after_its_refill_frees_nothing_on_redis() {
             failures.push(limiter.attempt(&policy, &login(&user), &decision).unwrap());
         }
         for attempt in &failures {
-            limiter.conclude_attempt(&policy, attempt, Some(401), 60_000).await.unwrap();
+            limiter
+                .conclude_attempt(&policy, attempt, Some(401), 60_000)
+                .await
+                .unwrap();
         }
-        limiter.conclude_attempt(&policy, &old, Some(200), 60_000).await.unwrap();
+        limiter
+            .conclude_attempt(&policy, &old, Some(200), 60_000)
+            .await
+            .unwrap();
         if limiter.decide(&policy, &login(&user)).await.allowed {
             broken.push(format!("{algorithm}: a sixth failure passed"));
         }
