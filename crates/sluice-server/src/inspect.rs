@@ -94,12 +94,11 @@ pub async fn inspect(
     let pattern = route.unwrap_or("*");
     let request = Request::new(tenant, pattern, subject, 1)?;
     let applicable = policy.applicable(request.tenant, pattern, request.subject.is_some());
-    // The rules a decision consumes, then those that count by outcome
-    // (asked before a request, counted by its report).
+    // The rules a decision consumes (those that count by outcome among
+    // them: each check holds its attempt there).
     let rules: Vec<BoundRule> = applicable
         .rules
         .iter()
-        .chain(applicable.asked)
         .filter(|r| route.is_some() || r.scope() == Scope::Tenant)
         .cloned()
         .collect();
