@@ -19,18 +19,18 @@ use crate::metrics::Metrics;
 
 /// What a decision hands back for its answer: the decision, alone or with
 /// what came with it (a lease, the Envoy service's per-descriptor view).
-pub trait Decided<'p> {
+pub trait HasDecision<'p> {
     /// The decision itself.
     fn decision(&self) -> &Decision<'p>;
 }
 
-impl<'p> Decided<'p> for Decision<'p> {
+impl<'p> HasDecision<'p> for Decision<'p> {
     fn decision(&self) -> &Decision<'p> {
         self
     }
 }
 
-impl<'p, T> Decided<'p> for (Decision<'p>, T) {
+impl<'p, T> HasDecision<'p> for (Decision<'p>, T) {
     fn decision(&self) -> &Decision<'p> {
         &self.0
     }
@@ -181,7 +181,7 @@ impl App {
     /// heavy hitters and the usage ledger. envoyproxy/ratelimit's
     /// descriptors carry no tenant: `None` there. Hands back what `decide`
     /// gave, for the answer.
-    pub async fn decide<'p, D: Decided<'p>>(
+    pub async fn decide<'p, D: HasDecision<'p>>(
         &self,
         request: Option<&Request<'_>>,
         started: Instant,
@@ -194,7 +194,7 @@ impl App {
     /// [`decide`](Self::decide), the usage ledger told of an admitted
     /// request when it is settled (or expires), not now: for a
     /// reservation, whose cost is an estimate.
-    pub async fn decide_reserving<'p, D: Decided<'p>>(
+    pub async fn decide_reserving<'p, D: HasDecision<'p>>(
         &self,
         request: &Request<'_>,
         started: Instant,
@@ -204,7 +204,7 @@ impl App {
             .await
     }
 
-    async fn decide_counting<'p, D: Decided<'p>>(
+    async fn decide_counting<'p, D: HasDecision<'p>>(
         &self,
         request: Option<&Request<'_>>,
         started: Instant,

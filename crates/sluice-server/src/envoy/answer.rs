@@ -90,7 +90,7 @@ impl<'p> Verdict<'p> {
     }
 }
 
-impl<'p> crate::app::Decided<'p> for Verdict<'p> {
+impl<'p> crate::app::HasDecision<'p> for Verdict<'p> {
     fn decision(&self) -> &Decision<'p> {
         &self.decision
     }

@@ -28,11 +28,11 @@
 //! sees the budgets whole; an admitted request waits for at most two round
 //! trips, a denied one for three.
 //!
-//! What a group consumed is held by a `Reservation`, which refunds it when
+//! What a group consumed is held by a `Hold`, which refunds it when
 //! dropped unless the whole decision admitted. Each group's call runs as a
 //! task of its own, so a caller that goes away at any `.await` (its time
 //! budget ran out, the client hung up) leaves nothing consumed: calls under
-//! way finish, and their reservations, collected by nobody, are dropped and
+//! way finish, and their holds, collected by nobody, are dropped and
 //! refunded.
 
 use std::sync::Arc;
@@ -49,9 +49,9 @@ use sluice_core::keys::Record;
 use smallvec::SmallVec;
 
 mod adjust;
-mod reserved;
+mod hold;
 
-use reserved::{RefundPlan, Reservation, refund_all};
+use hold::{Hold, RefundPlan, refund_all};
 
 use super::node::{ConnectOptions, install_tls_provider};
 use crate::adjust::{Adjusted, Change, Marker};
@@ -270,7 +270,7 @@ impl ClusterStore {
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
         // What the groups that admitted consumed: given back when dropped
         // unconfirmed (a denial, a failure, or the caller going away).
-        let mut reserved: Vec<Reservation> = Vec::new();
+        let mut held: Vec<Hold> = Vec::new();
         let mut admitted = true;
         for phase in [first, valves] {
             if phase.is_empty() {
@@ -291,7 +291,7 @@ impl ClusterStore {
                 }
                 break;
             }
-            let calls = self.reserve_all(batch, &phase, &buckets, valve_parts)?;
+            let calls = self.hold_all(batch, &phase, &buckets, valve_parts)?;
             let mut failed = None;
             for (group, call) in phase.into_iter().zip(calls) {
                 let decided = match call.await {
@@ -301,7 +301,7 @@ impl ClusterStore {
                     ))),
                 };
                 match decided {
-                    Ok((decided, admitted_at, reservation)) => {
+                    Ok((decided, admitted_at, hold)) => {
                         first_at.get_or_insert(admitted_at);
                         if divided(&group) {
                             at_ms.get_or_insert(admitted_at);
@@ -309,8 +309,8 @@ impl ClusterStore {
                         for (&i, outcome) in group.iter().zip(decided) {
                             outcomes[i] = outcome;
                         }
-                        match reservation {
-                            Some(reservation) => reserved.push(reservation),
+                        match hold {
+                            Some(hold) => held.push(hold),
                             None => admitted = false,
                         }
                     }
@@ -321,14 +321,14 @@ impl ClusterStore {
                 }
             }
             if let Some(e) = failed {
-                refund_all(reserved).await;
+                refund_all(held).await;
                 return Err(e);
             }
         }
         if admitted {
-            reserved.iter_mut().for_each(Reservation::confirm);
+            held.iter_mut().for_each(Hold::confirm);
         } else {
-            refund_all(reserved).await;
+            refund_all(held).await;
         }
         Ok(Decided {
             outcomes,
@@ -338,18 +338,18 @@ impl ClusterStore {
 
     /// Starts the decision script for every group of one phase, each as a
     /// task of its own (concurrent, and finished even if the caller goes
-    /// away). A task that admits returns its group's [`Reservation`]: a
-    /// result nobody collects is dropped, and the reservation with it,
+    /// away). A task that admits returns its group's [`Hold`]: a
+    /// result nobody collects is dropped, and the hold with it,
     /// which gives the consumption back.
     #[allow(clippy::type_complexity)]
-    fn reserve_all(
+    fn hold_all(
         &self,
         batch: &Batch<'_>,
         phase: &[Group],
         buckets: &Buckets,
         valve_parts: u64,
     ) -> Result<
-        Vec<tokio::task::JoinHandle<Result<(Outcomes, u64, Option<Reservation>), StoreError>>>,
+        Vec<tokio::task::JoinHandle<Result<(Outcomes, u64, Option<Hold>), StoreError>>>,
         StoreError,
     > {
         let connection = self.redis.deciding()?;
@@ -388,8 +388,8 @@ impl ClusterStore {
                         .await
                         .map_err(|e| script::store_error(&e, timeout_ms))?;
                     let reply = script::reply(&reply, refund.shadow.len())?;
-                    let reservation = refund.reservation(&reply, call, connection, script);
-                    Ok((reply.outcomes, reply.admitted_at, reservation))
+                    let hold = refund.hold(&reply, call, connection, script);
+                    Ok((reply.outcomes, reply.admitted_at, hold))
                 })
             })
             .collect())

@@ -18,16 +18,16 @@ pub(super) struct RefundPlan {
 }
 
 impl RefundPlan {
-    /// The reservation of a group that admitted (every enforced rule did),
+    /// The hold of a group that admitted (every enforced rule did),
     /// giving back the rules of `call` that consumed; `None` when the group
     /// denied (it wrote nothing).
-    pub(super) fn reservation(
+    pub(super) fn hold(
         self,
         reply: &script::Reply,
         call: script::DecideCall,
         connection: ClusterConnection,
         script: redis::Script,
-    ) -> Option<Reservation> {
+    ) -> Option<Hold> {
         let decided = &reply.outcomes;
         let admitted = decided
             .iter()
@@ -39,7 +39,7 @@ impl RefundPlan {
         let mut rules = call.into_rules();
         // A shadow rule that denied wrote nothing.
         rules.retain(|k| decided[k].allowed);
-        Some(Reservation {
+        Some(Hold {
             refund: (!rules.is_empty()).then(|| {
                 RefundCall::of(rules, self.lease, &self.time, reply.admitted_at).commands(&script)
             }),
@@ -49,16 +49,16 @@ impl RefundPlan {
 }
 
 /// What one group of a multi-slot decision consumed: refunded when dropped,
-/// unless [`confirm`](Reservation::confirm)ed because the whole decision
+/// unless [`confirm`](Hold::confirm)ed because the whole decision
 /// admitted.
-pub(super) struct Reservation {
+pub(super) struct Hold {
     /// The refund (`EVALSHA`, `EVAL`); `None` once confirmed, or when
     /// nothing was consumed.
     refund: Option<(redis::Cmd, redis::Cmd)>,
     connection: ClusterConnection,
 }
 
-impl Reservation {
+impl Hold {
     pub(super) fn confirm(&mut self) {
         self.refund = None;
     }
@@ -78,19 +78,16 @@ impl Reservation {
     }
 }
 
-/// Gives back what every group of a denied (or failed) decision reserved,
+/// Gives back what every group of a denied (or failed) decision held,
 /// concurrently, and waits for it.
-pub(super) async fn refund_all(reserved: Vec<Reservation>) {
-    let refunds: Vec<_> = reserved
-        .into_iter()
-        .map(|r| tokio::spawn(r.refund()))
-        .collect();
+pub(super) async fn refund_all(held: Vec<Hold>) {
+    let refunds: Vec<_> = held.into_iter().map(|r| tokio::spawn(r.refund())).collect();
     for refund in refunds {
         let _ = refund.await;
     }
 }
 
-impl Drop for Reservation {
+impl Drop for Hold {
     fn drop(&mut self) {
         let Some((evalsha, eval)) = self.refund.take() else {
             return;
