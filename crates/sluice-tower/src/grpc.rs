@@ -22,11 +22,12 @@
 //! With a [`Usage`] ([`GrpcRateLimitLayer::with_usage`]), a call's cost is
 //! an estimate, settled at what its response's head says (initial
 //! metadata, such as `x-usage-tokens`) when the response body ends, fails
-//! or is dropped. Rules that count by outcome (`count_if`) count a call by
-//! its `grpc-status` as it appears in the response's head (how tonic
-//! answers a call that fails), as the HTTP status gRPC maps it to
-//! (`UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404, …;
-//! see [`http_status`]); a status sent only in trailers is not counted.
+//! or is dropped. Rules that count by outcome (`count_if`) hold each call as
+//! an attempt, kept by its `grpc-status` as it appears in the response's
+//! head (how tonic answers a call that fails), as the HTTP status gRPC maps
+//! it to (`UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404,
+//! …; see [`http_status`]); a status sent only in trailers is not known,
+//! and the attempt is given back.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -18,8 +18,8 @@
 //! - [`lease`]: concurrency limits' leases, held by the response body
 //!   until it ends or is dropped.
 //! - [`usage`]: what a request cost, read from its response (LLM tokens,
-//!   …) and settled when the body ends; `count_if` rules counted by the
-//!   response's status.
+//!   …) and settled when the body ends; on `count_if` rules each request
+//!   held as an attempt, kept or given back by the response's status.
 //! - [`digest`]: the body's SHA-256 as the duplicate guard's fingerprint
 //!   when a request has no `Idempotency-Key`.
 //! - `grpc` (feature `tonic`, on by default): the same for tonic servers,

@@ -30,8 +30,9 @@ pub type ResponseFuture<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, 
 ///   response body ends or is dropped (see [`LeaseBody`]).
 /// - With a [`Usage`], the request's cost is an estimate: the response says
 ///   what it actually cost, settled when its body ends, fails or is
-///   dropped. On a route with `count_if` rules the response's status is
-///   reported (see [`crate::usage`]).
+///   dropped. On a route with `count_if` rules the request is held there
+///   as an attempt, concluded by the response's status before it goes out
+///   (see [`crate::usage`]).
 ///
 /// The response body type must be buildable from bytes (`From<Vec<u8>>`:
 /// axum's `Body`, `http_body_util::Full<Bytes>`, …) for the answers made
