@@ -42,50 +42,48 @@ pub(super) fn reported_limit(configured: &Configured, rule: &BoundRule) -> RateL
     }
 }
 
+/// How one descriptor of a request is answered.
+#[derive(Debug, Default)]
+pub(super) struct Answering {
+    /// The rules it answers for (indices into the decision's rules).
+    pub(super) owned: Vec<usize>,
+    /// In quota mode.
+    pub(super) quota: bool,
+    /// `unlimited: true` matched (answered with the largest remaining, as
+    /// envoyproxy/ratelimit answers).
+    pub(super) unlimited: bool,
+    /// At a zero limit (`requests_per_unit: 0`).
+    pub(super) blocked: bool,
+    /// In shadow mode.
+    pub(super) shadow: bool,
+    /// The configured form of its limit, for `current_limit`.
+    pub(super) configured: Configured,
+    /// On an envoyproxy/ratelimit domain: its limit's key, whether it is in
+    /// shadow mode, and its hits, for envoyproxy/ratelimit's stats.
+    pub(super) stats: Option<(String, bool, u64)>,
+}
+
 /// Everything decided about one request, ready to become an answer.
 pub(super) struct Verdict<'p> {
     pub(super) decision: Decision<'p>,
-    /// The rules each descriptor answers for (indices into the decision's
-    /// rules).
-    pub(super) owners: Vec<Vec<usize>>,
-    /// Per descriptor: in quota mode.
-    pub(super) quota: Vec<bool>,
-    /// Per descriptor: `unlimited: true` matched (answered with the largest
-    /// remaining, as envoyproxy/ratelimit answers).
-    pub(super) unlimited: Vec<bool>,
-    /// Per descriptor: at a zero limit (`requests_per_unit: 0`).
-    pub(super) blocked: Vec<bool>,
-    /// Per descriptor: in shadow mode (empty: none is).
-    pub(super) shadow: Vec<bool>,
+    /// Per descriptor, in the request's order.
+    pub(super) descriptors: Vec<Answering>,
     /// The time zero limits reset from.
     pub(super) now_ms: u64,
-    /// Per descriptor: the configured form of its limit, for `current_limit`.
-    pub(super) configured: Vec<Configured>,
-    /// Per descriptor of an envoyproxy/ratelimit domain: its limit's key,
-    /// whether it is in shadow mode, and its hits, for envoyproxy/ratelimit's stats.
-    pub(super) stats: Vec<Option<(String, bool, u64)>>,
 }
 
 impl<'p> Verdict<'p> {
-    /// A decision on the native domain: no quota, unlimited or envoyproxy/ratelimit
-    /// stats there.
+    /// A decision on the native domain: no quota, unlimited or
+    /// envoyproxy/ratelimit stats there.
     pub(super) fn native(
         decision: Decision<'p>,
-        owners: Vec<Vec<usize>>,
-        blocked: Vec<bool>,
-        configured: Vec<Configured>,
+        descriptors: Vec<Answering>,
         now_ms: u64,
     ) -> Verdict<'p> {
         Verdict {
             decision,
-            owners,
-            quota: Vec::new(),
-            unlimited: Vec::new(),
-            blocked,
-            shadow: Vec::new(),
+            descriptors,
             now_ms,
-            configured,
-            stats: Vec::new(),
         }
     }
 }
@@ -98,45 +96,38 @@ impl<'p> crate::app::HasDecision<'p> for Verdict<'p> {
 
 impl RateLimiter {
     /// The gRPC answer for a decision.
-    pub(super) fn answer(&self, decided: Verdict<'_>, descriptors: usize) -> RateLimitResponse {
+    pub(super) fn answer(&self, decided: Verdict<'_>) -> RateLimitResponse {
         let Verdict {
             decision,
-            owners,
-            blocked,
-            shadow,
+            descriptors,
             now_ms,
-            quota,
-            unlimited,
-            configured,
-            stats,
         } = decided;
-        stats::count(&self.app.metrics, &decision, &stats, &owners, &blocked);
+        stats::count(&self.app.metrics, &decision, &descriptors);
         if decision.shadow_denied {
             tracing::debug!("a shadow-mode descriptor would have denied this request");
         }
-        let statuses: Vec<DescriptorStatus> = (0..descriptors)
-            .map(|i| {
-                if unlimited.get(i).copied().unwrap_or(false) {
+        let statuses: Vec<DescriptorStatus> = descriptors
+            .iter()
+            .map(|d| {
+                if d.unlimited {
                     return DescriptorStatus {
                         code: Code::Ok as i32,
                         limit_remaining: u32::MAX,
                         ..Default::default()
                     };
                 }
-                if blocked[i] {
-                    let shadow = shadow.get(i).copied().unwrap_or(false);
-                    return zero_limit::status(&configured[i], shadow, now_ms);
+                if d.blocked {
+                    return zero_limit::status(&d.configured, d.shadow, now_ms);
                 }
-                let quota = quota.get(i).copied().unwrap_or(false);
-                descriptor_status(&decision, &owners[i], quota, &configured[i])
+                descriptor_status(&decision, &d.owned, d.quota, &d.configured)
             })
             .collect();
         // Quota descriptors never block alone: the request is over when
         // every one of them is (as envoyproxy/ratelimit answers).
         let quotas = statuses
             .iter()
-            .zip(&quota)
-            .filter(|(_, q)| **q)
+            .zip(&descriptors)
+            .filter(|(_, d)| d.quota)
             .map(|(s, _)| s.code == Code::OverLimit as i32);
         let (quota_count, quota_over) =
             quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));

@@ -17,7 +17,7 @@ use sluice_core::{BoundRule, Decision};
 use sluice_store::{Keyed, PeekedRule};
 
 use super::RateLimiter;
-use super::answer::{Verdict, configured, reported_limit};
+use super::answer::{Answering, Verdict, configured, reported_limit};
 use super::descriptor::{counted_entries, descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::{CHECK_ONLY_BUDGET, zero_limit};
@@ -92,7 +92,7 @@ fn matched_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
 fn quota_debits(decided: &Verdict<'_>, rules: &[BoundRule], owner: &[usize]) -> Vec<usize> {
     let decision = &decided.decision;
     (0..rules.len())
-        .filter(|&r| decided.quota.get(owner[r]).copied().unwrap_or(false))
+        .filter(|&r| decided.descriptors[owner[r]].quota)
         .filter(|&r| !decision.allowed || decision.outcome(r).is_none_or(|o| !o.allowed))
         .collect()
 }
@@ -140,7 +140,7 @@ impl RateLimiter {
         if !debited.is_empty() {
             Box::pin(self.debit(domain, descriptors, &found, &rules, &owner, &debited)).await;
         }
-        let mut response = self.answer(decided, descriptors.len());
+        let mut response = self.answer(decided);
         // `hits_addend: 0` checks without consuming (Envoy's check now,
         // debit later): the descriptor's buckets are read, not written.
         let mut quota: Vec<bool> = found
@@ -324,49 +324,31 @@ impl RateLimiter {
             .collect();
         let applies =
             |l: &DescriptorLimit| !l.name.as_deref().is_some_and(|n| replaced.contains(&n));
-        let blocked: Vec<bool> = found
-            .iter()
-            .map(|f| {
-                f.limit()
-                    .is_some_and(|l| l.blocks && !l.unlimited && applies(l))
-            })
-            .collect();
-        let quota: Vec<bool> = found
-            .iter()
-            .map(|f| f.limit().is_some_and(|l| l.quota && applies(l)))
-            .collect();
-        let unlimited: Vec<bool> = found
-            .iter()
-            .map(|f| f.limit().is_some_and(|l| l.unlimited && applies(l)))
-            .collect();
-        let shadow: Vec<bool> = found
-            .iter()
-            .map(|f| f.limit().is_some_and(|l| l.shadow))
-            .collect();
-        let stats = found
+        let mut answering: Vec<Answering> = found
             .iter()
             .zip(descriptors)
             .map(|(f, d)| {
+                let Some(l) = f.limit() else {
+                    return Answering::default();
+                };
                 let key = match f {
                     Found::Config(found) => found.stats_key.clone(),
-                    _ => f.limit()?.key.clone(),
+                    _ => l.key.clone(),
                 };
-                f.limit()
-                    .filter(|l| applies(l) && !l.unlimited)
-                    .map(|l| (key, l.shadow, d.cost))
+                Answering {
+                    owned: Vec::new(),
+                    quota: l.quota && applies(l),
+                    unlimited: l.unlimited && applies(l),
+                    blocked: l.blocks && !l.unlimited && applies(l),
+                    shadow: l.shadow,
+                    configured: configured(l),
+                    stats: (applies(l) && !l.unlimited).then_some((key, l.shadow, d.cost)),
+                }
             })
             .collect();
-        let configured: Vec<_> = found
-            .iter()
-            .map(|f| f.limit().and_then(configured))
-            .collect();
-        let enforced_block = found
-            .iter()
-            .zip(&blocked)
-            .any(|(f, b)| *b && !f.limit().is_some_and(|l| l.shadow || l.quota));
-        let mut owners = vec![Vec::new(); descriptors.len()];
+        let enforced_block = answering.iter().any(|a| a.blocked && !a.shadow && !a.quota);
         for (index, descriptor) in owner.iter().enumerate() {
-            owners[*descriptor].push(index);
+            answering[*descriptor].owned.push(index);
         }
         let decision = if rules.is_empty() {
             if enforced_block {
@@ -377,7 +359,7 @@ impl RateLimiter {
         } else {
             let mut keyed = Keyed::named(domain);
             for (rule, &d) in rules.iter().zip(owner) {
-                let cost = counted_cost(rule, descriptors[d].cost, quota[d]);
+                let cost = counted_cost(rule, descriptors[d].cost, answering[d].quota);
                 keyed.push(bucket(domain, &descriptors[d], &found[d]), cost);
             }
             if enforced_block || zero_limit::never_fits(rules, &keyed) {
@@ -391,21 +373,15 @@ impl RateLimiter {
                     .await
             }
         };
-        let now_ms = if blocked.contains(&true) {
+        let now_ms = if answering.iter().any(|a| a.blocked) {
             zero_limit::now_ms(self.app.limiter.store())
         } else {
             0
         };
         Verdict {
             decision,
-            owners,
-            blocked,
-            shadow,
+            descriptors: answering,
             now_ms,
-            quota,
-            unlimited,
-            configured,
-            stats,
         }
     }
 }

@@ -14,7 +14,7 @@ use sluice_store::Keyed;
 use tonic::Status;
 
 use super::RateLimiter;
-use super::answer::{self, Verdict};
+use super::answer::{self, Answering, Verdict};
 use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
 use super::zero_limit;
@@ -92,16 +92,15 @@ impl RateLimiter {
                 (i, limit)
             })
             .collect();
-        let mut owners = vec![Vec::new(); descriptors.len()];
-        let mut configured = vec![None; descriptors.len()];
-        let mut blocked = vec![false; descriptors.len()];
+        let mut answering: Vec<Answering> =
+            descriptors.iter().map(|_| Answering::default()).collect();
         // More hits than a rule can ever hold: decided as a zero limit is
         // (below), so that the descriptor that cannot fit says so.
         let fits = request.cost <= applicable.max_cost;
         let decided = if overrides.is_empty() && fits {
-            for (i, d) in descriptors.iter().enumerate() {
+            for (a, d) in answering.iter_mut().zip(descriptors) {
                 if let Some(scopes) = level(d) {
-                    owners[i] = (0..applicable.rules.len())
+                    a.owned = (0..applicable.rules.len())
                         .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
                         .collect();
                 }
@@ -115,10 +114,7 @@ impl RateLimiter {
                 )
                 .await;
             let attempt = self.app.attempt(policy, &request, &decision);
-            (
-                Verdict::native(decision, owners, blocked, configured, 0),
-                attempt,
-            )
+            (Verdict::native(decision, answering, 0), attempt)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together; a request that cannot fit reads every rule's
@@ -130,10 +126,10 @@ impl RateLimiter {
                 // each override's rules in its descriptor's bucket.
                 let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
-                    blocked[*i] = limit.blocks;
-                    configured[*i] = answer::configured(limit);
+                    answering[*i].blocked = limit.blocks;
+                    answering[*i].configured = answer::configured(limit);
                     for rule in limit.rules.iter() {
-                        owners[*i].push(rules.len());
+                        answering[*i].owned.push(rules.len());
                         keyed.push(
                             descriptor_partition(&native.domain, &descriptors[*i].entries),
                             descriptors[*i].cost,
@@ -141,11 +137,11 @@ impl RateLimiter {
                         rules.push(rule.clone());
                     }
                 }
-                for (i, d) in descriptors.iter().enumerate() {
+                for (a, d) in answering.iter_mut().zip(descriptors) {
                     if d.limit_override.is_none()
                         && let Some(scopes) = level(d)
                     {
-                        owners[i] = (0..applicable.rules.len())
+                        a.owned = (0..applicable.rules.len())
                             .filter(|&r| scopes.contains(&applicable.rules[r].scope()))
                             .collect();
                     }
@@ -156,7 +152,7 @@ impl RateLimiter {
                     ..applicable
                 };
                 let enforced_block =
-                    blocked.iter().any(|b| *b) || zero_limit::never_fits(&rules, &keyed);
+                    answering.iter().any(|a| a.blocked) || zero_limit::never_fits(&rules, &keyed);
                 let limiter = &self.app.limiter;
                 let decide = async {
                     if enforced_block {
@@ -168,19 +164,13 @@ impl RateLimiter {
                 };
                 let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;
                 let attempt = self.app.attempt(policy, &request, &decision);
-                let answer = self.answer(
-                    Verdict::native(decision, owners, blocked, configured, now_ms),
-                    descriptors.len(),
-                );
+                let answer = self.answer(Verdict::native(decision, answering, now_ms));
                 Ok(with_attempt(answer, attempt))
             })
             .await;
         };
         let (verdict, attempt) = decided;
-        Ok(with_attempt(
-            self.answer(verdict, descriptors.len()),
-            attempt,
-        ))
+        Ok(with_attempt(self.answer(verdict), attempt))
     }
 }
 

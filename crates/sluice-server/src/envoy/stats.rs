@@ -4,29 +4,22 @@
 
 use sluice_core::Decision;
 
+use super::answer::Answering;
 use crate::metrics::{EnvoyproxyStatus, Metrics};
 
-/// Counts each descriptor of `stats` (its limit's key, shadow mode and
-/// hits; `None`: not counted) as the decision found it: `owners[i]` are
-/// the rules descriptor `i` answers for, `blocked[i]` whether a zero limit
-/// denied it.
-pub(super) fn count(
-    metrics: &Metrics,
-    decision: &Decision<'_>,
-    stats: &[Option<(String, bool, u64)>],
-    owners: &[Vec<usize>],
-    blocked: &[bool],
-) {
-    for (i, stat) in stats.iter().enumerate() {
-        let Some((key, shadow, hits)) = stat else {
+/// Counts each descriptor with `stats` (its limit's key, shadow mode and
+/// hits; `None`: not counted) as the decision found it.
+pub(super) fn count(metrics: &Metrics, decision: &Decision<'_>, descriptors: &[Answering]) {
+    for d in descriptors {
+        let Some((key, shadow, hits)) = &d.stats else {
             continue;
         };
         let known = || {
-            owners[i]
+            d.owned
                 .iter()
                 .filter_map(|&r| decision.outcome(r).map(|o| (r, o)))
         };
-        let over = blocked[i] || known().any(|(_, o)| !o.allowed);
+        let over = d.blocked || known().any(|(_, o)| !o.allowed);
         let status = if over {
             EnvoyproxyStatus::Over { shadow: *shadow }
         } else {
