@@ -173,7 +173,7 @@ impl BoundRule {
     /// whichever shard a decision uses: a duplicate guard (one fingerprint,
     /// one key), a concurrency rule (one lease, one place to release it
     /// from), a rule too small to divide ([`Rule::is_whole`]) and a rule
-    /// that counts by outcome (a report counts where the check asked).
+    /// that counts by outcome (an attempt is concluded where it was held).
     pub fn on_first_shard(&self) -> bool {
         self.scope == Scope::Dedupe
             || self.rule.is_concurrency()
@@ -181,13 +181,20 @@ impl BoundRule {
             || self.count_if.is_some()
     }
 
-    /// Whether a request takes one unit of this rule whatever it costs.
     /// The responses this rule counts (`count_if`), when it counts by
-    /// outcome: a decision only asks it, a report counts it.
+    /// outcome: a decision holds the request there as an attempt, kept
+    /// when the response's status is one of these.
     pub fn count_if(&self) -> Option<&StatusSet> {
         self.count_if.as_deref()
     }
 
+    /// Whether this rule counts a response of `status` (false for a rule
+    /// that does not count by outcome).
+    pub fn counts(&self, status: u16) -> bool {
+        self.count_if().is_some_and(|set| set.matches(status))
+    }
+
+    /// Whether a request takes one unit of this rule whatever it costs.
     pub(crate) fn counts_once(&self) -> bool {
         self.scope == Scope::Dedupe || self.rule.is_concurrency()
     }

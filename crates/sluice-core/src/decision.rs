@@ -48,6 +48,10 @@ pub struct Decision<'p> {
     pub near_limit: bool,
     /// Set when the store could not decide and this failure policy did.
     pub degraded: Option<OnError>,
+    /// With `degraded`: the store's answer never came in time, so it may
+    /// have counted the request all the same (a timeout, where an
+    /// unreachable store or an open breaker certainly did not).
+    pub maybe_counted: bool,
     /// Some shadow rule would have denied this request (it was not
     /// enforced).
     pub shadow_denied: bool,
@@ -83,6 +87,7 @@ impl<'p> Decision<'p> {
             reason,
             near_limit: false,
             degraded: None,
+            maybe_counted: false,
             shadow_denied: false,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             shard: 0,
@@ -100,6 +105,7 @@ impl<'p> Decision<'p> {
             reason: None,
             near_limit: false,
             degraded: None,
+            maybe_counted: false,
             shadow_denied: false,
             summary: None,
             shard: 0,
@@ -296,6 +302,7 @@ impl<'p> Decision<'p> {
             reason: (!allowed).then(|| rule.scope().reason()),
             near_limit: !allowed || (rule.advertised() && rule.is_near(outcome.remaining.into())),
             degraded: None,
+            maybe_counted: false,
             shadow_denied: !outcome.allowed && allowed,
             summary: (!allowed || rule.advertised()).then_some(0),
             shard: 0,

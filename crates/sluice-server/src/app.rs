@@ -237,7 +237,7 @@ impl App {
         {
             ledger.record(
                 request.tenant,
-                crate::usage::ledger_route(decision.class.route()),
+                crate::ledger::route_of(decision.class.route()),
                 request.cost,
                 decision.allowed,
                 self.now_ms(),

@@ -384,6 +384,14 @@ pub fn minute_text(ms: u64) -> String {
     )
 }
 
+/// The route a ledger line names: the pattern, or `*` for none.
+pub fn route_of(pattern: &str) -> &str {
+    match pattern {
+        "" => "*",
+        pattern => pattern,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -237,9 +237,11 @@ impl Rule {
 
     /// Gives back `cost` units that an admission at `at` took from this
     /// rule, at `now`, as far as the admission still holds them
-    /// ([`returnable`](Self::returnable)): the state to write, `None` when
-    /// there is nothing to change ([`refund`](Self::refund)). The twin of
-    /// `give_back` in `common.lua`.
+    /// ([`returnable`](Self::returnable)): the state to write (on `gcra`
+    /// and `token_bucket` always, if only to write the same), `None` when
+    /// a window moved on or the state is of another algorithm
+    /// ([`refund`](Self::refund)). The twin of `give_back` in
+    /// `common.lua`.
     pub fn give_back(
         &self,
         state: &State,

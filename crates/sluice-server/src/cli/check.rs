@@ -89,6 +89,17 @@ async fn check(args: CheckArgs) -> ExitCode {
     let limiter = Limiter::new(policy, store, config.storage.on_error);
     let policy = limiter.policy();
     let decision = limiter.decide(&policy, &request).await;
+    // No response will follow this check: what it holds on rules that
+    // count by outcome is given back at once.
+    if let Some(attempt) = limiter.attempt(&policy, &request, &decision)
+        && let Err(e) = limiter
+            .conclude_attempt(&policy, &attempt, None, 60_000)
+            .await
+    {
+        eprintln!(
+            "warning: the check's attempt could not be given back ({e}); it counts until its rules refill"
+        );
+    }
     match serde_json::to_string(&DecisionView::of(&decision)) {
         Ok(json) => println!("{json}"),
         Err(e) => {

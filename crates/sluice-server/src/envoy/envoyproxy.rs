@@ -17,9 +17,9 @@ use sluice_core::{BoundRule, Decision};
 use sluice_store::{Keyed, PeekedRule};
 
 use super::RateLimiter;
-use super::answer::{Answering, Verdict, configured, reported_limit};
 use super::descriptor::{counted_entries, descriptor_partition, override_limit};
 use super::request::Descriptor;
+use super::verdict::{Answering, Verdict, configured, reported_limit};
 use super::{CHECK_ONLY_BUDGET, zero_limit};
 
 /// The limit that applies to one descriptor of a request.

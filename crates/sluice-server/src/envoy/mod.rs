@@ -43,6 +43,7 @@ mod native;
 mod request;
 mod stats;
 mod units;
+mod verdict;
 mod zero_limit;
 
 use request::read_request;

@@ -14,9 +14,9 @@ use sluice_store::Keyed;
 use tonic::Status;
 
 use super::RateLimiter;
-use super::answer::{self, Answering, Verdict};
 use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
+use super::verdict::{self, Answering, Verdict};
 use super::zero_limit;
 
 /// What a descriptor naming a subject answers for.
@@ -127,7 +127,7 @@ impl RateLimiter {
                 let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
                     answering[*i].blocked = limit.blocks;
-                    answering[*i].configured = answer::configured(limit);
+                    answering[*i].configured = verdict::configured(limit);
                     for rule in limit.rules.iter() {
                         answering[*i].owned.push(rules.len());
                         keyed.push(
@@ -174,16 +174,11 @@ impl RateLimiter {
     }
 }
 
-/// The request header an admitted request carries its attempt in (on a
-/// route whose rules count by outcome), for the service behind Envoy to
-/// conclude it (`/v1/report`).
-const ATTEMPT_HEADER: &str = "sluice-attempt";
-
 /// `answer`, asking Envoy to add `attempt` to the request it forwards.
 fn with_attempt(mut answer: RateLimitResponse, attempt: Option<String>) -> RateLimitResponse {
     if let Some(attempt) = attempt {
         answer.request_headers_to_add.push(HeaderValue {
-            key: ATTEMPT_HEADER.to_owned(),
+            key: crate::usage::ATTEMPT_HEADER.to_owned(),
             value: attempt,
             ..Default::default()
         });

@@ -4,7 +4,7 @@
 
 use sluice_core::Decision;
 
-use super::answer::Answering;
+use super::verdict::Answering;
 use crate::metrics::{EnvoyproxyStatus, Metrics};
 
 /// Counts each descriptor with `stats` (its limit's key, shadow mode and

@@ -51,9 +51,6 @@ pub(super) enum Handed {
     Header,
 }
 
-/// The response header forward-auth hands an attempt out in.
-pub(super) const ATTEMPT_HEADER: &str = "sluice-attempt";
-
 /// `request` decided through the app's one tail, answered (`/v1/check`
 /// and forward-auth answer alike), with the attempt it holds where its
 /// rules count by outcome.
@@ -72,7 +69,9 @@ pub(super) async fn decided(app: &App, request: &Request<'_>, handed: Handed) ->
         Handed::Header => {
             let mut response = answer.map(axum::body::Body::from).into_response();
             if let Ok(value) = axum::http::HeaderValue::try_from(attempt) {
-                response.headers_mut().insert(ATTEMPT_HEADER, value);
+                response
+                    .headers_mut()
+                    .insert(crate::usage::ATTEMPT_HEADER, value);
             }
             response
         }

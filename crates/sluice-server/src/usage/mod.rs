@@ -43,13 +43,9 @@ pub struct Debited {
     pub forgiven: u64,
 }
 
-/// The route a ledger line names: the pattern, or `*` for none.
-pub fn ledger_route(route: &str) -> &str {
-    match route {
-        "" => "*",
-        route => route,
-    }
-}
+/// The header an attempt is handed out in where the answer has no body
+/// for it: forward-auth's answer, and the request Envoy forwards.
+pub const ATTEMPT_HEADER: &str = "sluice-attempt";
 
 impl App {
     /// The one tail of what is charged after its decision: the metrics,
@@ -68,7 +64,7 @@ impl App {
         {
             ledger.record(
                 tenant,
-                ledger_route(charge.route),
+                crate::ledger::route_of(charge.route),
                 charge.recorded,
                 true,
                 charge.at_ms,
@@ -191,7 +187,7 @@ impl App {
                     .applicable(&attempt.tenant, &attempt.route, attempt.subject.is_some())
                     .asked
                     .iter()
-                    .any(|r| r.count_if().is_some_and(|set| set.matches(s)))
+                    .any(|r| r.counts(s))
             };
             self.metrics.usage.attempt(match status {
                 None => AttemptResult::Expired,

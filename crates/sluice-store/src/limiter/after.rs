@@ -1,5 +1,5 @@
 //! Usage known after the fact: the doors that change budgets once a cost
-//! is known, and the check of rules that count by outcome.
+//! is known (attempts, on rules that count by outcome: `attempt`).
 //!
 //! - [`Limiter::reserve`] turns an admitted decision into a
 //!   [`Reservation`]: the cost it admitted is an estimate.
@@ -8,13 +8,6 @@
 //!   (debt), once per reservation (a settle marker, kept with the change).
 //! - [`Limiter::report`] records a cost that already happened: always
 //!   counted, debt included, never denied.
-//! - [`Limiter::attempt`]: on a route with rules that count by outcome
-//!   (`count_if`), an admitted decision holds its cost there like any
-//!   rule's, so that no more attempts than the limit are ever in flight
-//!   or counted, however many run at once. [`Limiter::conclude_attempt`] keeps
-//!   what the response's status matches and gives the rest back; an
-//!   attempt never concluded is given back when it expires (the server's
-//!   `attempt_ttl`).
 //!
 //! Debits charge the tenant's own rate rules only
 //! ([`Policy::own_rules`]): a valve never goes into debt, and keeps what an
@@ -31,7 +24,7 @@ use crate::store::{Batch, Store, StoreError};
 /// in every slot they change. An identical settle of an earlier version
 /// (the value alone, one marker) answers as another settle: refused, never
 /// applied twice.
-const SETTLED: &str = "2:";
+pub(super) const SETTLED: &str = "2:";
 
 /// What an admitted decision holds as an estimate until it is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,12 +71,12 @@ pub struct Reservation {
 }
 
 /// Whether `held`'s admission took nothing from its `i`th rule.
-fn took_nothing(held: &Reservation, i: usize) -> bool {
+pub(super) fn took_nothing(held: &Reservation, i: usize) -> bool {
     i < 64 && held.untaken & (1 << i) != 0
 }
 
 /// A digest of `rules`' identities, in order.
-fn rules_print(rules: &[sluice_core::BoundRule]) -> u64 {
+pub(super) fn rules_print(rules: &[sluice_core::BoundRule]) -> u64 {
     rules.iter().fold(0xcbf2_9ce4_8422_2325, |print, rule| {
         (print ^ rule.uid()).wrapping_mul(0x0100_0000_01b3)
     })
@@ -110,7 +103,7 @@ pub struct Adjustment<'p> {
 impl<'p> Adjustment<'p> {
     /// What `adjusted` left of `rules` (of `applicable`'s cell), as a
     /// request of one unit would find them.
-    fn of(
+    pub(super) fn of(
         applicable: Applicable<'p>,
         rules: &'p [sluice_core::BoundRule],
         adjusted: crate::adjust::Adjusted,
@@ -172,30 +165,8 @@ impl<S: Store> Limiter<S> {
         self.held(request, decision, own, false)
     }
 
-    /// The attempt an admitted `decision` of `request` holds on the rules
-    /// that count by outcome (`None` when it was denied, or when none
-    /// applies): conclude it with the response's status
-    /// ([`conclude_attempt`](Self::conclude_attempt)); until then it counts, so that no
-    /// more attempts than a rule's limit run at once. One never concluded
-    /// keeps counting: the server concludes those of its checks after
-    /// `attempt_ttl`, giving them back.
-    pub fn attempt(
-        &self,
-        policy: &Policy,
-        request: &Request<'_>,
-        decision: &Decision<'_>,
-    ) -> Option<Reservation> {
-        let applicable =
-            policy.applicable(request.tenant, request.route, request.subject.is_some());
-        // A check of nothing (Envoy's `hits_addend: 0`) holds nothing.
-        if applicable.asked.is_empty() || request.cost == 0 {
-            return None;
-        }
-        self.held(request, decision, applicable.asked, true)
-    }
-
     /// What an admitted `decision` of `request` holds of `rules`.
-    fn held(
+    pub(super) fn held(
         &self,
         request: &Request<'_>,
         decision: &Decision<'_>,
@@ -237,13 +208,13 @@ impl<S: Store> Limiter<S> {
             estimate: request.cost,
             // Admitted by the failure policy, the shared store holds
             // nothing of a reservation (a settle charges it all). An
-            // attempt is taken as held all the same: a store that timed out
-            // may have taken it, and a success must never stay counted (a
-            // failure then counts nothing more; see `conclude_attempt`).
-            held: if decision.degraded.is_some() && !attempt {
-                0
-            } else {
-                request.cost
+            // attempt is taken as held when the store's answer timed out
+            // (it may have taken it, and a success must never stay
+            // counted; a failure then counts nothing more, see
+            // `conclude_attempt`); an unreachable store took nothing.
+            held: match decision.degraded {
+                Some(_) if !attempt || !decision.maybe_counted => 0,
+                _ => request.cost,
             },
             at_ms,
             admitted_ms: if decision.decided_ms == 0 {
@@ -259,75 +230,13 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Concludes `attempt` once its response's `status` is known: the
-    /// rules whose `count_if` matches keep what it holds, the others are
-    /// given it back (an attempt the failure policy admitted is concluded
-    /// as if the store held it: a success gives back a unit the store may
-    /// never have taken, a failure is not counted if it was not); `None` (not known: the call failed, or
-    /// the attempt expired) gives everything back. Once, as a settle: an
-    /// identical conclusion finds it made ([`MarkerAnswer::Again`]),
-    /// another (or the expiry) finds it taken ([`MarkerAnswer::Conflict`]).
-    pub async fn conclude_attempt<'p>(
-        &self,
-        policy: &'p Policy,
-        attempt: &Reservation,
-        status: Option<u16>,
-        marker_ttl_ms: u64,
-    ) -> Result<Adjustment<'p>, StoreError> {
-        let subject = attempt.subject.as_deref();
-        let applicable = policy.applicable(&attempt.tenant, &attempt.route, subject.is_some());
-        let rules = applicable.asked;
-        let counts = |rule: &sluice_core::BoundRule| {
-            status.is_some_and(|s| rule.count_if().is_some_and(|set| set.matches(s)))
-        };
-        // What does not count is given back, but to a rule the admission
-        // took nothing from, and unless a reload changed the rules since
-        // (what each held is then not known: nothing is given back).
-        let unchanged = attempt.rules_print == rules_print(rules);
-        let costs: Vec<u64> = rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                if !unchanged || counts(r) || took_nothing(attempt, i) {
-                    0
-                } else {
-                    attempt.held
-                }
-            })
-            .collect();
-        let change = if costs.iter().all(|&c| c == 0) {
-            Change::Nothing
-        } else {
-            Change::GiveBack {
-                at: attempt.admitted_ms,
-            }
-        };
-        let marker = Marker {
-            id: attempt.id,
-            value: match status {
-                Some(status) => format!("{SETTLED}status {status}"),
-                None => "expired".to_owned(),
-            },
-            ttl_ms: marker_ttl_ms,
-            shard: attempt.shard,
-        };
-        let whole_at = self.whole_at(attempt, rules);
-        let shards = applicable.shards.max(1);
-        let batch = Batch {
-            shard: attempt.shard % shards,
-            costs: &costs,
-            whole_at: &whole_at,
-            ..Batch::new(&attempt.tenant, subject, attempt.held, rules)
-        };
-        let adjusted = self
-            .adjust_within_budget(&batch, change, Some(&marker))
-            .await?;
-        Ok(Adjustment::of(applicable, rules, adjusted))
-    }
-
     /// Per rule of `rules`, when what `held` took of it would have
     /// refilled (empty: not known, as after a reload that changed them).
-    fn whole_at(&self, held: &Reservation, rules: &[sluice_core::BoundRule]) -> Vec<u64> {
+    pub(super) fn whole_at(
+        &self,
+        held: &Reservation,
+        rules: &[sluice_core::BoundRule],
+    ) -> Vec<u64> {
         if held.whole_after_ms.len() != rules.len() || held.rules_print != rules_print(rules) {
             return Vec::new();
         }
@@ -397,9 +306,11 @@ impl<S: Store> Limiter<S> {
                 Err(AfterError::AttemptNeeded) => unreachable!("a settle charges own rules"),
             }
         } else {
-            // Nothing goes back to a rule the admission took nothing from.
+            // Nothing goes back to a rule the admission took nothing from
+            // (known while the rules are those it was made under).
+            let known = reservation.rules_print == rules_print(own);
             let costs: Vec<u64> = match change {
-                Change::GiveBack { .. } if reservation.untaken != 0 => (0..own.len())
+                Change::GiveBack { .. } if reservation.untaken != 0 && known => (0..own.len())
                     .map(|i| {
                         if took_nothing(reservation, i) {
                             0

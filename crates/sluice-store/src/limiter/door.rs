@@ -1,7 +1,9 @@
 //! The doors into the limiter. Each turns what its caller has into one
 //! prepared request ([`Limiter::prepare`], `prepared.rs`) and sends it
 //! down the one path (`path.rs`); none adds a step of its own, so every
-//! door asks the same rules with the same answer (`tests/doors.rs`).
+//! door asks the same rules with the same answer (`tests/doors.rs`). What
+//! follows a decision is its caller's: the lease it took, the attempt it
+//! holds on rules that count by outcome ([`Limiter::attempt`]).
 //!
 //! - [`Limiter::decide`]: a request, the common door.
 //! - [`Limiter::acquire`]: the same, taking a lease of its concurrency
@@ -24,9 +26,11 @@ use crate::store::Store;
 
 impl<S: Store> Limiter<S> {
     /// Decides one request under `policy`. Concurrency rules only check
-    /// here (a slot is free or not): [`acquire`](Self::acquire) takes one;
-    /// rules that count by outcome hold the request as an attempt
-    /// ([`attempt`](Self::attempt)).
+    /// here (a slot is free or not): [`acquire`](Self::acquire) takes one.
+    /// Rules that count by outcome hold the request as an attempt: the
+    /// caller takes it ([`attempt`](Self::attempt)) and concludes it
+    /// ([`conclude_attempt`](Self::conclude_attempt)), or it counts until
+    /// those rules refill (the server and the tower layers do both).
     pub async fn decide<'p>(&self, policy: &'p Policy, request: &Request<'_>) -> Decision<'p> {
         // Decided on the spot by a store in this process; otherwise only
         // the boxed rest is held across the await, so that this future

@@ -43,6 +43,18 @@ impl<S: Store> Limiter<S> {
         }
         let policy = applicable.on_error().unwrap_or(self.options.on_error);
         self.options.telemetry.failure_policy(policy);
+        let mut decision = self.decide_without_store(applicable, batch, policy);
+        decision.maybe_counted = matches!(error, Some(StoreError::Timeout(_)));
+        decision
+    }
+
+    /// The failure policy's decision.
+    fn decide_without_store<'p>(
+        &self,
+        applicable: Applicable<'p>,
+        batch: &Batch<'_>,
+        policy: OnError,
+    ) -> Decision<'p> {
         match policy {
             OnError::Allow | OnError::Deny => Decision::without_store(applicable, policy),
             OnError::Local => match self.local.decide_parts(batch, self.live_instances()) {

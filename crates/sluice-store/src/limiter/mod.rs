@@ -43,6 +43,7 @@ use crate::memory::MemoryStore;
 use crate::store::{Batch, Peeked, Store, StoreError};
 
 mod after;
+mod attempt;
 pub mod breaker;
 mod budget;
 mod dedupe;

@@ -72,7 +72,7 @@ impl Validator<'_> {
         if counts_outcomes {
             self.push(
                 written.referenced,
-                "`tolerance` is not for rules with `count_if`: they count outcomes reported after the decision, which no slice can hold; remove one of them",
+                "`tolerance` is not for rules with `count_if`: each check holds an attempt there until its outcome is known, which no slice can hold; remove one of them",
             );
             return Tolerance::EXACT;
         }
