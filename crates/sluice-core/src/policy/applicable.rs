@@ -29,7 +29,7 @@ pub struct Applicable<'p> {
     /// The rules that count by outcome (`count_if`), also among `rules`:
     /// a decision holds the request's cost there as an attempt, given back
     /// unless the response's status matches (`Limiter::attempt`).
-    pub asked: &'p [BoundRule],
+    pub by_outcome: &'p [BoundRule],
 }
 
 impl<'p> Applicable<'p> {
@@ -44,7 +44,7 @@ impl<'p> Applicable<'p> {
             max_cost: max_cost(rules),
             gated: false,
             reserves: &[],
-            asked: &[],
+            by_outcome: &[],
         }
     }
 

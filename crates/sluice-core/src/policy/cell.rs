@@ -28,9 +28,9 @@ pub(super) struct Cell {
     /// The rules that count by outcome (`count_if`), among `rules`: a
     /// decision holds the request's cost there like any rule's, as an
     /// attempt given back unless its response's status matches; subject
-    /// rules last, after `asked_without_subject`.
-    pub(super) asked: Box<[BoundRule]>,
-    pub(super) asked_without_subject: usize,
+    /// rules last, after `by_outcome_without_subject`.
+    pub(super) by_outcome: Box<[BoundRule]>,
+    pub(super) by_outcome_without_subject: usize,
     /// The tenant's own rate rules among `rules` (tenant, route and subject
     /// scopes; no valve, gate, guard, lease or rule that counts by
     /// outcome): what a debit charges. Subject rules last, after
@@ -73,22 +73,23 @@ impl Cell {
             without_subject,
             classes,
             max_cost,
-            asked: Box::new([]),
-            asked_without_subject: 0,
+            by_outcome: Box::new([]),
+            by_outcome_without_subject: 0,
             own: Box::new([]),
             own_without_subject: 0,
         }
     }
 
     /// Sorts out the rules a debit charges ([`own`](Self::own)) and those
-    /// that count by outcome ([`asked`](Self::asked)).
+    /// that count by outcome ([`by_outcome`](Self::by_outcome)).
     pub(super) fn sort_out(&mut self) {
         (self.own, self.own_without_subject) = self.picked(|r| {
             matches!(r.scope(), Scope::Tenant | Scope::Route | Scope::Subject)
                 && !r.rule().is_concurrency()
                 && r.count_if().is_none()
         });
-        (self.asked, self.asked_without_subject) = self.picked(|r| r.count_if().is_some());
+        (self.by_outcome, self.by_outcome_without_subject) =
+            self.picked(|r| r.count_if().is_some());
     }
 
     /// The rules `keep` keeps, in order (subject rules last), and how

@@ -216,12 +216,12 @@ impl Policy {
         });
         let plan = &self.plans[entry.plan];
         let cell = plan.cell(route);
-        let (rules, asked, variant) = if with_subject {
-            (&cell.rules[..], &cell.asked[..], 1)
+        let (rules, by_outcome, variant) = if with_subject {
+            (&cell.rules[..], &cell.by_outcome[..], 1)
         } else {
             (
                 &cell.rules[..cell.without_subject],
-                &cell.asked[..cell.asked_without_subject],
+                &cell.by_outcome[..cell.by_outcome_without_subject],
                 0,
             )
         };
@@ -233,7 +233,7 @@ impl Policy {
             max_cost: cell.max_cost[variant],
             gated: cell.gated,
             reserves: &cell.reserves,
-            asked,
+            by_outcome,
         }
     }
 

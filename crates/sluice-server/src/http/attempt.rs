@@ -11,14 +11,14 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use sluice_store::{MarkerAnswer, Reservation};
+use sluice_store::MarkerAnswer;
 use sluice_tower::InvalidRequest;
 use sluice_tower::answer::standing_answer;
 
 use super::body::CheckBody;
 use super::respond::refusal;
 use crate::app::App;
-use crate::reservation::Reservations;
+use crate::reservation::{Held, Reservations};
 
 /// Concludes the attempt `id` of a report's body `parsed` with `status`.
 pub(super) async fn conclude(
@@ -60,7 +60,7 @@ pub(super) async fn conclude(
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own, as a settle: a client gone mid-way cannot cut
     // the conclusion off between the store and its count.
-    let concluding = tokio::spawn(conclude_and_count(app, held.reservation, status, ttl));
+    let concluding = tokio::spawn(conclude_and_count(app, held, status, ttl));
     concluding.await.unwrap_or_else(|error| {
         tracing::error!(%error, "an attempt's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()
@@ -69,14 +69,12 @@ pub(super) async fn conclude(
 
 /// Concludes `attempt` with `status` ([`App::conclude`], which counts how
 /// it ended): the answer.
-async fn conclude_and_count(
-    app: Arc<App>,
-    attempt: Reservation,
-    status: u16,
-    ttl: u64,
-) -> Response {
+async fn conclude_and_count(app: Arc<App>, held: Held, status: u16, ttl: u64) -> Response {
     let policy = app.limiter.policy();
-    let concluded = match app.conclude(&policy, &attempt, Some(status), ttl).await {
+    let concluded = match app
+        .conclude(&policy, &held.reservation, Some(status), ttl)
+        .await
+    {
         Ok(concluded) => concluded,
         Err(error) => {
             return refusal(
@@ -98,8 +96,11 @@ async fn conclude_and_count(
             )
             .with_status(StatusCode::NOT_FOUND),
         ),
-        MarkerAnswer::Again | MarkerAnswer::Applied => standing_answer(&concluded.decision)
-            .map(Body::from)
-            .into_response(),
+        MarkerAnswer::Again | MarkerAnswer::Applied => {
+            app.reservations.concluded(&held);
+            standing_answer(&concluded.decision)
+                .map(Body::from)
+                .into_response()
+        }
     }
 }

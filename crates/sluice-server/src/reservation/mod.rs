@@ -49,6 +49,9 @@ pub struct Reservations {
     pending: Mutex<VecDeque<Held>>,
     /// This instance's attempts, by when they expire (oldest first).
     attempts: Mutex<VecDeque<Held>>,
+    /// Attempts concluded on this instance, with when they expire: their
+    /// expiry needs no store call.
+    concluded: Mutex<std::collections::HashMap<[u8; 16], u64>>,
     /// Expiries whose claim failed (the store unreachable), with when to
     /// try again.
     retrying: Mutex<Vec<(Held, u64)>>,
@@ -145,6 +148,7 @@ impl Reservations {
             attempt_ttl_ms: sluice_core::config::defaults::ATTEMPT_TTL_MS,
             pending: Mutex::new(VecDeque::new()),
             attempts: Mutex::new(VecDeque::new()),
+            concluded: Mutex::new(std::collections::HashMap::new()),
             retrying: Mutex::new(Vec::new()),
         }
     }
@@ -305,6 +309,13 @@ impl Reservations {
                 due.extend(pending.pop_front());
             }
         }
+        // An attempt concluded here is not due: its conclusion claimed it.
+        // What was concluded here but handed out elsewhere is forgotten
+        // once it has expired.
+        let mut concluded = self.concluded.lock().expect("concluded attempts");
+        due.retain(|held| concluded.remove(&held.reservation.id).is_none());
+        concluded.retain(|_, expires_ms| *expires_ms > now_ms);
+        drop(concluded);
         let mut retrying = self.retrying.lock().expect("retried reservations");
         retrying.retain(|(held, at)| {
             let now = *at <= now_ms;
@@ -314,6 +325,15 @@ impl Reservations {
             !now
         });
         due
+    }
+
+    /// Notes that `held`, an attempt, was concluded on this instance (its
+    /// expiry then makes no store call), unless [`MAX_PENDING`] are noted.
+    pub fn concluded(&self, held: &Held) {
+        let mut concluded = self.concluded.lock().expect("concluded attempts");
+        if concluded.len() < MAX_PENDING {
+            concluded.insert(held.reservation.id, held.expires_ms);
+        }
     }
 
     /// Tries `held`'s expiry claim again in a second, if a settle could
@@ -408,6 +428,7 @@ mod tests {
             attempt_ttl_ms: 30_000,
             pending: Mutex::new(VecDeque::new()),
             attempts: Mutex::new(VecDeque::new()),
+            concluded: Mutex::new(std::collections::HashMap::new()),
             retrying: Mutex::new(Vec::new()),
         };
         let now = Reservations::new(Some(&key), 300_000);
@@ -519,6 +540,32 @@ mod tests {
         // Until the settle marker could be gone.
         assert!(reservations.retry(held.clone(), 1_000 + CLOCK_SKEW_MS / 2 - RETRY_MS));
         assert!(!reservations.retry(held, 1_000 + CLOCK_SKEW_MS / 2));
+    }
+
+    #[test]
+    fn an_attempt_concluded_here_is_not_due() {
+        let reservations = Reservations::new(None, 1_000).with_attempt_ttl(500);
+        let attempt = |at| Reservation {
+            attempt: true,
+            ..reservation(at)
+        };
+        let concluded = reservations.hold(attempt(0));
+        assert_eq!(concluded.expires_ms, 500, "attempt_ttl");
+        reservations.track(concluded.clone());
+        reservations.track(reservations.hold(Reservation {
+            id: [8; 16],
+            ..attempt(10)
+        }));
+        reservations.concluded(&concluded);
+        // Concluded elsewhere, never handed out here: forgotten once expired.
+        reservations.concluded(&reservations.hold(Reservation {
+            id: [9; 16],
+            ..attempt(0)
+        }));
+        let due = reservations.due(600);
+        assert_eq!(due.len(), 1, "only the one never concluded");
+        assert_eq!(due[0].reservation.id, [8; 16]);
+        assert!(reservations.concluded.lock().unwrap().is_empty());
     }
 
     #[test]

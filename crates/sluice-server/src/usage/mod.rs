@@ -185,7 +185,7 @@ impl App {
             let counts = |s: u16| {
                 policy
                     .applicable(&attempt.tenant, &attempt.route, attempt.subject.is_some())
-                    .asked
+                    .by_outcome
                     .iter()
                     .any(|r| r.counts(s))
             };

@@ -375,7 +375,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Adjustment<'p>, AfterError> {
         let with_subject = request.subject.is_some();
         let applicable = policy.applicable(request.tenant, request.route, with_subject);
-        if !applicable.asked.is_empty() {
+        if !applicable.by_outcome.is_empty() {
             return Err(AfterError::AttemptNeeded);
         }
         let rules = policy.own_rules(request.tenant, request.route, with_subject);

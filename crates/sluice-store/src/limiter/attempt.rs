@@ -30,10 +30,10 @@ impl<S: Store> Limiter<S> {
         let applicable =
             policy.applicable(request.tenant, request.route, request.subject.is_some());
         // A check of nothing (Envoy's `hits_addend: 0`) holds nothing.
-        if applicable.asked.is_empty() || request.cost == 0 {
+        if applicable.by_outcome.is_empty() || request.cost == 0 {
             return None;
         }
-        self.held(request, decision, applicable.asked, true)
+        self.held(request, decision, applicable.by_outcome, true)
     }
 
     /// Concludes `attempt` once its response's `status` is known: the
@@ -53,7 +53,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Adjustment<'p>, StoreError> {
         let subject = attempt.subject.as_deref();
         let applicable = policy.applicable(&attempt.tenant, &attempt.route, subject.is_some());
-        let rules = applicable.asked;
+        let rules = applicable.by_outcome;
         let counts = |rule: &sluice_core::BoundRule| status.is_some_and(|s| rule.counts(s));
         // What does not count is given back, but to a rule the admission
         // took nothing from, and unless a reload changed the rules since
