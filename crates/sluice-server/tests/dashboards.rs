@@ -259,7 +259,7 @@ async fn every_dashboard_and_alert_expression_evaluates_on_a_real_prometheus() {
             .flatten()
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
-        if all.len() == 7 && all.iter().all(|r| r["health"] == "ok") {
+        if all.len() == 9 && all.iter().all(|r| r["health"] == "ok") {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(20), "{rules}");
