@@ -427,17 +427,12 @@ async fn survives(port: u16, sluice: &mut Server, hits: &Arc<AtomicUsize>, fails
             }
         }
     };
-    let signal = |name: &str| {
-        let sent = Command::new("kill")
-            .args([name, &sluice.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success(), "kill {name}");
-    };
-    signal("-STOP");
+    // Stopped: every thread, waited on (`kill` returns before).
+    let signal = |name: &str| sluice_testkit::signal(sluice.child.id(), name);
+    signal("STOP");
     // Resumed even when the attempt fails, so that sluice can be stopped.
     let hung = tokio::spawn(attempt("sluice hung")).await;
-    signal("-CONT");
+    signal("CONT");
     if let Err(failed) = hung {
         std::panic::resume_unwind(failed.into_panic());
     }

@@ -15,7 +15,9 @@
 //!   [`free_node_ports`]);
 //! - `replay`: load against a server ([`replay`], [`while_threads_stand`]);
 //! - `monitor`: what a server saw ([`Monitor`], [`command_calls`],
-//!   [`command_usec`]).
+//!   [`command_usec`]);
+//! - `signal`: a process stopped, waited on until it is, or continued
+//!   ([`signal()`]).
 
 #![forbid(unsafe_code)]
 
@@ -24,9 +26,11 @@ mod monitor;
 mod ports;
 mod replay;
 mod server;
+mod signal;
 
 pub use cluster::{RedisCluster, SeenNode};
 pub use monitor::{Monitor, command_calls, command_usec};
 pub use ports::{free_node_ports, free_port};
 pub use replay::{replay, while_threads_stand};
 pub use server::RedisServer;
+pub use signal::signal;

@@ -258,14 +258,10 @@ impl RedisServer {
         self.launch();
     }
 
-    /// Sends a signal to the server process (`STOP`, `CONT`, ...).
+    /// Sends a signal to the server process (`STOP`, `CONT`, ...); after
+    /// `STOP`, returns once it has stopped ([`crate::signal()`]).
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{signal} failed");
+        crate::signal(self.pid(), signal);
     }
 }
 
