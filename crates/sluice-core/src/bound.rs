@@ -244,6 +244,18 @@ impl BoundRule {
     }
 }
 
+/// The `RateLimit-Policy` value of `rules`: the items of those advertised,
+/// in order. Compiled once per rule set (a plan's class, a descriptor's
+/// limit), never per request.
+pub fn policy_header(rules: &[BoundRule]) -> String {
+    rules
+        .iter()
+        .filter(|r| r.advertised())
+        .map(BoundRule::policy_item)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One `RateLimit-Policy` item, computed once per rule when the policy is
 /// compiled.
 pub fn policy_item(name: &str, rule: &Rule) -> String {

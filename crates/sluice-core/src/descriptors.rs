@@ -54,6 +54,8 @@ pub struct DescriptorLimit {
     /// Given as sluice `rules:`: `current_limit` reports the tightest
     /// rule itself, not `requests_per_unit`, `unit` and `name`.
     pub rules_given: bool,
+    /// Its rules' `RateLimit-Policy` items ([`crate::bound::policy_header`]).
+    pub policy_header: String,
 }
 
 #[derive(Debug, Default)]
@@ -291,8 +293,10 @@ fn insert(parent: &mut Node, path: &str, descriptor: &EnvoyDescriptor, near_limi
                 BoundRule::new(Scope::Descriptor, &path, &named, near_limit)
             })
             .collect();
+        let rules: Box<[BoundRule]> = rules;
         node.limit = Some(DescriptorLimit {
             key: path.clone(),
+            policy_header: crate::bound::policy_header(&rules),
             rules,
             unlimited: limit.unlimited,
             blocks: limit.blocks(),

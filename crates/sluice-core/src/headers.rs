@@ -20,7 +20,7 @@
 //! no escaping inside an sf-string. Global valves are left out of both
 //! fields: their remaining capacity would reveal other tenants' traffic.
 
-pub use crate::bound::policy_item;
+pub use crate::bound::{policy_header, policy_item};
 use crate::decision::Decision;
 use crate::duration::seconds_rounded_up;
 
@@ -53,6 +53,44 @@ pub fn write_ratelimit(decision: &Decision<'_>, out: &mut String) {
 /// exactly that long is never early; at least 1.
 pub fn retry_after_seconds(retry_after_ms: u64) -> u64 {
     seconds_rounded_up(retry_after_ms).max(1)
+}
+
+/// The header fields of a decision, as every door answers them (HTTP,
+/// forward-auth and tower set them as headers, Envoy asks for them in
+/// `response_headers_to_add`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Fields<'a> {
+    /// `RateLimit-Policy`; empty: none.
+    pub policy: &'a str,
+    /// `RateLimit`; empty: none.
+    pub ratelimit: String,
+    /// `Retry-After`, in seconds, when refused.
+    pub retry_after: Option<u64>,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of `decision`, refused when it is not allowed.
+    pub fn of(decision: &Decision<'a>) -> Fields<'a> {
+        Fields::with_policy(decision, decision.policy_header(), !decision.allowed)
+    }
+
+    /// The fields of `decision` under `policy` (compiled for rules the
+    /// decision was made for by hand: Envoy descriptors), `refused` as the
+    /// door answers (Envoy's quota descriptors refuse together).
+    pub fn with_policy(decision: &Decision<'_>, policy: &'a str, refused: bool) -> Fields<'a> {
+        let mut ratelimit = String::new();
+        if !decision.outcomes.is_empty() {
+            ratelimit.reserve(32 * decision.outcomes.len());
+            write_ratelimit(decision, &mut ratelimit);
+        }
+        Fields {
+            policy,
+            ratelimit,
+            retry_after: refused
+                .then(|| decision.retry_after_ms().map(retry_after_seconds))
+                .flatten(),
+        }
+    }
 }
 
 #[cfg(test)]

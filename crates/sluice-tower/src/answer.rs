@@ -5,7 +5,6 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use serde::Serialize;
-use sluice_core::headers::{retry_after_seconds, write_ratelimit};
 use sluice_core::{Decision, Reason, RequestError};
 
 /// The JSON fields of a decision (SPEC appendix B).
@@ -93,19 +92,17 @@ pub struct Fields {
 impl Fields {
     /// The fields of `decision`.
     pub fn of(decision: &Decision<'_>) -> Fields {
-        let mut fields = Fields::default();
-        if !decision.policy_header().is_empty() {
-            fields.policy = HeaderValue::from_str(decision.policy_header()).ok();
+        let fields = sluice_core::headers::Fields::of(decision);
+        let value = |text: &str| {
+            (!text.is_empty())
+                .then(|| HeaderValue::from_str(text).ok())
+                .flatten()
+        };
+        Fields {
+            policy: value(fields.policy),
+            ratelimit: value(&fields.ratelimit),
+            retry_after: fields.retry_after.map(HeaderValue::from),
         }
-        if !decision.outcomes.is_empty() {
-            let mut field = String::with_capacity(32 * decision.outcomes.len());
-            write_ratelimit(decision, &mut field);
-            fields.ratelimit = HeaderValue::from_str(&field).ok();
-        }
-        if let (false, Some(ms)) = (decision.allowed, decision.retry_after_ms()) {
-            fields.retry_after = Some(HeaderValue::from(retry_after_seconds(ms)));
-        }
-        fields
     }
 
     /// Sets them on `headers`, replacing any there.

@@ -50,14 +50,7 @@ impl Cell {
         let class = |rules: &[BoundRule]| Class {
             plan: Cow::Owned(plan.to_owned()),
             route: Cow::Owned(route.to_owned()),
-            policy_header: Cow::Owned(
-                rules
-                    .iter()
-                    .filter(|r| r.advertised())
-                    .map(BoundRule::policy_item)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ),
+            policy_header: Cow::Owned(crate::bound::policy_header(rules)),
             // Numbered when the policy is complete (`Policy::numbered`).
             id: ClassId {
                 policy: 0,

@@ -7,11 +7,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::decision::Known;
-use sluice_core::headers::{retry_after_seconds, write_ratelimit};
-use sluice_core::{BoundRule, Decision, Reason};
+use sluice_core::descriptors::DescriptorLimit;
+use sluice_core::headers::Fields;
+use sluice_core::{Decision, Reason};
 
 use super::RateLimiter;
-use super::verdict::{Configured, Verdict, reported_limit};
+use super::verdict::{Verdict, reported_limit};
 use super::{stats, zero_limit};
 
 impl RateLimiter {
@@ -20,6 +21,7 @@ impl RateLimiter {
         let Verdict {
             decision,
             descriptors,
+            policy,
             now_ms,
         } = decided;
         stats::count(&self.app.metrics, &decision, &descriptors);
@@ -29,17 +31,17 @@ impl RateLimiter {
         let statuses: Vec<DescriptorStatus> = descriptors
             .iter()
             .map(|d| {
-                if d.unlimited {
+                if d.unlimited() {
                     return DescriptorStatus {
                         code: Code::Ok as i32,
                         limit_remaining: u32::MAX,
                         ..Default::default()
                     };
                 }
-                if d.blocked {
-                    return zero_limit::status(&d.configured, d.shadow, now_ms);
+                if d.blocked() {
+                    return zero_limit::status(d.limit, d.shadow(), now_ms);
                 }
-                descriptor_status(&decision, &d.owned, d.quota, &d.configured)
+                descriptor_status(&decision, &d.owned, d.quota(), d.limit)
             })
             .collect();
         // Quota descriptors never block alone: the request is over when
@@ -47,50 +49,39 @@ impl RateLimiter {
         let quotas = statuses
             .iter()
             .zip(&descriptors)
-            .filter(|(_, d)| d.quota)
+            .filter(|(_, d)| d.quota())
             .map(|(s, _)| s.code == Code::OverLimit as i32);
         let (quota_count, quota_over) =
             quotas.fold((0, 0), |(n, o), over| (n + 1, o + usize::from(over)));
         let over = (!decision.allowed || (quota_count > 0 && quota_count == quota_over))
             && !self.app.envoy.shadow_mode;
-        // RateLimit-Policy, RateLimit and Retry-After at most.
-        let mut headers = Vec::with_capacity(3);
-        let policy_header = if decision.policy_header().is_empty() {
-            decision
-                .rules
-                .iter()
-                .filter(|r| r.advertised())
-                .map(BoundRule::policy_item)
-                .collect::<Vec<_>>()
-                .join(", ")
-        } else {
-            decision.policy_header().to_owned()
-        };
-        if !policy_header.is_empty() {
-            headers.push(header("RateLimit-Policy", policy_header));
-        }
-        let mut ratelimit = String::new();
-        write_ratelimit(&decision, &mut ratelimit);
-        if !ratelimit.is_empty() {
-            headers.push(header("RateLimit", ratelimit));
-        }
-        if over && let Some(ms) = decision.retry_after_ms() {
-            headers.push(header("Retry-After", retry_after_seconds(ms).to_string()));
-        }
+        // The fields HTTP answers with, as headers for Envoy to add.
+        let fields = Fields::with_policy(&decision, &policy, over);
+        let headers = [
+            ("RateLimit-Policy", fields.policy.to_owned()),
+            ("RateLimit", fields.ratelimit),
+            (
+                "Retry-After",
+                fields
+                    .retry_after
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| HeaderValue {
+            key: key.to_owned(),
+            value,
+            ..Default::default()
+        })
+        .collect();
         RateLimitResponse {
             overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
             statuses,
             response_headers_to_add: headers,
             ..Default::default()
         }
-    }
-}
-
-fn header(key: &str, value: String) -> HeaderValue {
-    HeaderValue {
-        key: key.to_owned(),
-        value,
-        ..Default::default()
     }
 }
 
@@ -101,7 +92,7 @@ fn descriptor_status(
     decision: &Decision<'_>,
     owned: &[usize],
     quota: bool,
-    configured: &Configured,
+    limit: Option<&DescriptorLimit>,
 ) -> DescriptorStatus {
     // Walked twice rather than collected: no allocation per descriptor.
     let known = || {
@@ -145,7 +136,7 @@ fn descriptor_status(
                 let visible = |&r: &usize| !decision.rules[r].hidden();
                 over.then(|| owned.iter().copied().find(visible)).flatten()
             })
-            .map(|r| reported_limit(configured, &decision.rules[r])),
+            .map(|r| reported_limit(limit, &decision.rules[r])),
         // Over, nothing remains for this descriptor now, as
         // envoyproxy/ratelimit answers (a bucket may still hold less than
         // the hits asked for).

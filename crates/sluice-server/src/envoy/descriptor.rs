@@ -57,6 +57,7 @@ pub(super) fn override_limit(
     };
     DescriptorLimit {
         key: path,
+        policy_header: sluice_core::headers::policy_header(&rules),
         blocks: rules.is_empty(),
         rules,
         unlimited: false,

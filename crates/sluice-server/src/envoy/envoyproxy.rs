@@ -19,7 +19,7 @@ use sluice_store::{Keyed, PeekedRule};
 use super::RateLimiter;
 use super::descriptor::{counted_entries, descriptor_partition, override_limit};
 use super::request::Descriptor;
-use super::verdict::{Answering, Verdict, configured, reported_limit};
+use super::verdict::{Answering, Verdict, reported_limit};
 use super::{CHECK_ONLY_BUDGET, zero_limit};
 
 /// The limit that applies to one descriptor of a request.
@@ -43,14 +43,64 @@ impl Found<'_> {
     }
 }
 
-/// The bucket descriptor `d` counts in: its entries, the values a
-/// `share_threshold` wildcard matched counted under the pattern.
-fn bucket(domain: &str, d: &Descriptor<'_>, found: &Found<'_>) -> String {
-    let shared = match found {
-        Found::Config(found) => &found.shared[..],
-        _ => &[],
-    };
-    descriptor_partition(domain, &counted_entries(&d.entries, shared))
+/// One request descriptor as matched, once per request: its limit,
+/// whether it applies (no other matched limit `replaces` it) and, when it
+/// counts, the bucket it counts in (its entries, the values a
+/// `share_threshold` wildcard matched counted under the pattern).
+struct Matched<'p> {
+    found: Found<'p>,
+    applies: bool,
+    bucket: String,
+}
+
+impl Matched<'_> {
+    /// Its limit, when one applies.
+    fn limit(&self) -> Option<&DescriptorLimit> {
+        self.found.limit().filter(|_| self.applies)
+    }
+
+    /// Its limit, when one applies and counts (not `unlimited`).
+    fn counted(&self) -> Option<&DescriptorLimit> {
+        self.limit().filter(|l| !l.unlimited)
+    }
+}
+
+/// Each descriptor's match, `replaces` applied (a replaced limit does not
+/// apply at all, a blocking one included).
+fn matched<'p>(
+    domain: &str,
+    descriptors: &[Descriptor<'_>],
+    found: Vec<Found<'p>>,
+) -> Vec<Matched<'p>> {
+    let replaced: Vec<String> = found
+        .iter()
+        .filter_map(Found::limit)
+        .flat_map(|l| l.replaces.iter().cloned())
+        .collect();
+    found
+        .into_iter()
+        .zip(descriptors)
+        .map(|(found, d)| {
+            let applies = found
+                .limit()
+                .is_some_and(|l| !l.name.as_ref().is_some_and(|n| replaced.contains(n)));
+            let counts = applies && found.limit().is_some_and(|l| !l.unlimited);
+            let bucket = if counts {
+                let shared = match &found {
+                    Found::Config(found) => &found.shared[..],
+                    _ => &[],
+                };
+                descriptor_partition(domain, &counted_entries(&d.entries, shared))
+            } else {
+                String::new()
+            };
+            Matched {
+                found,
+                applies,
+                bucket,
+            }
+        })
+        .collect()
 }
 
 /// What a descriptor's `cost` counts in `rule`: all of it, but never more
@@ -66,20 +116,13 @@ fn counted_cost(rule: &BoundRule, cost: u64, quota: bool) -> u64 {
     }
 }
 
-/// The rules to decide, once `replaces` has dropped the limits other matched
-/// limits replace, and the descriptor each rule belongs to.
-fn matched_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
-    let replaced: Vec<&str> = found
-        .iter()
-        .filter_map(Found::limit)
-        .flat_map(|l| l.replaces.iter().map(String::as_str))
-        .collect();
-    found
+/// The rules to decide (those of every limit that applies and counts),
+/// and the descriptor each rule belongs to.
+fn matched_rules(matched: &[Matched<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
+    matched
         .iter()
         .enumerate()
-        .filter_map(|(i, f)| f.limit().map(|l| (i, l)))
-        .filter(|(_, l)| !l.name.as_deref().is_some_and(|n| replaced.contains(&n)))
-        .filter(|(_, l)| !l.unlimited)
+        .filter_map(|(i, m)| m.counted().map(|l| (i, l)))
         .flat_map(|(i, l)| l.rules.iter().map(move |r| (r.clone(), i)))
         .unzip()
 }
@@ -92,7 +135,7 @@ fn matched_rules(found: &[Found<'_>]) -> (Vec<BoundRule>, Vec<usize>) {
 fn quota_debits(decided: &Verdict<'_>, rules: &[BoundRule], owner: &[usize]) -> Vec<usize> {
     let decision = &decided.decision;
     (0..rules.len())
-        .filter(|&r| decided.descriptors[owner[r]].quota)
+        .filter(|&r| decided.descriptors[owner[r]].quota())
         .filter(|&r| !decision.allowed || decision.outcome(r).is_none_or(|o| !o.allowed))
         .collect()
 }
@@ -124,7 +167,8 @@ impl RateLimiter {
                 }
             })
             .collect();
-        let (rules, owner) = matched_rules(&found);
+        let matched = matched(domain, descriptors, found);
+        let (rules, owner) = matched_rules(&matched);
         // Boxed: what it holds across the store call would otherwise
         // size every request's future, the native domain's too.
         // envoyproxy/ratelimit's descriptors carry no tenant to account.
@@ -133,19 +177,19 @@ impl RateLimiter {
             .decide(
                 None,
                 started,
-                Box::pin(self.decide_matched(domain, descriptors, &found, &rules, &owner)),
+                Box::pin(self.decide_matched(domain, descriptors, &matched, &rules, &owner)),
             )
             .await;
         let debited = quota_debits(&decided, &rules, &owner);
         if !debited.is_empty() {
-            Box::pin(self.debit(domain, descriptors, &found, &rules, &owner, &debited)).await;
+            Box::pin(self.debit(domain, descriptors, &matched, &rules, &owner, &debited)).await;
         }
         let mut response = self.answer(decided);
         // `hits_addend: 0` checks without consuming (Envoy's check now,
         // debit later): the descriptor's buckets are read, not written.
-        let mut quota: Vec<bool> = found
+        let mut quota: Vec<bool> = matched
             .iter()
-            .map(|f| f.limit().is_some_and(|l| l.quota && !l.unlimited))
+            .map(|m| m.found.limit().is_some_and(|l| l.quota && !l.unlimited))
             .collect();
         let mut quota_checked = false;
         for (i, d) in descriptors.iter().enumerate() {
@@ -192,7 +236,7 @@ impl RateLimiter {
         &self,
         domain: &str,
         descriptors: &[Descriptor<'_>],
-        found: &[Found<'_>],
+        matched: &[Matched<'_>],
         rules: &[BoundRule],
         owner: &[usize],
         debited: &[usize],
@@ -202,10 +246,7 @@ impl RateLimiter {
         let mut units = 0;
         for &r in debited {
             let d = owner[r];
-            keyed.push(
-                bucket(domain, &descriptors[d], &found[d]),
-                descriptors[d].cost,
-            );
+            keyed.push(matched[d].bucket.clone(), descriptors[d].cost);
             charged.push(rules[r].clone());
             units += descriptors[d].cost;
         }
@@ -298,7 +339,7 @@ impl RateLimiter {
         };
         Some(DescriptorStatus {
             code: code as i32,
-            current_limit: Some(reported_limit(&configured(limit), tightest.2)),
+            current_limit: Some(reported_limit(Some(limit), tightest.2)),
             limit_remaining: u32::try_from(tightest.0).unwrap_or(u32::MAX),
             duration_until_reset: Some(ProtoDuration {
                 seconds: tightest.1.div_ceil(1_000) as i64,
@@ -312,41 +353,31 @@ impl RateLimiter {
         &self,
         domain: &str,
         descriptors: &[Descriptor<'_>],
-        found: &[Found<'_>],
+        matched: &'p [Matched<'p>],
         rules: &'p [BoundRule],
         owner: &[usize],
     ) -> Verdict<'p> {
-        // A replaced limit does not apply at all, a blocking one included.
-        let replaced: Vec<&str> = found
-            .iter()
-            .filter_map(Found::limit)
-            .flat_map(|l| l.replaces.iter().map(String::as_str))
-            .collect();
-        let applies =
-            |l: &DescriptorLimit| !l.name.as_deref().is_some_and(|n| replaced.contains(&n));
-        let mut answering: Vec<Answering> = found
+        let mut answering: Vec<Answering<'p>> = matched
             .iter()
             .zip(descriptors)
-            .map(|(f, d)| {
-                let Some(l) = f.limit() else {
+            .map(|(m, d)| {
+                let Some(limit) = m.limit() else {
                     return Answering::default();
                 };
-                let key = match f {
-                    Found::Config(found) => found.stats_key.clone(),
-                    _ => l.key.clone(),
+                let key = match &m.found {
+                    Found::Config(found) => found.stats_key.as_str(),
+                    _ => limit.key.as_str(),
                 };
                 Answering {
                     owned: Vec::new(),
-                    quota: l.quota && applies(l),
-                    unlimited: l.unlimited && applies(l),
-                    blocked: l.blocks && !l.unlimited && applies(l),
-                    shadow: l.shadow,
-                    configured: configured(l),
-                    stats: (applies(l) && !l.unlimited).then_some((key, l.shadow, d.cost)),
+                    limit: Some(limit),
+                    stats: (!limit.unlimited).then_some((key, d.cost)),
                 }
             })
             .collect();
-        let enforced_block = answering.iter().any(|a| a.blocked && !a.shadow && !a.quota);
+        let enforced_block = answering
+            .iter()
+            .any(|a| a.blocked() && !a.shadow() && !a.quota());
         for (index, descriptor) in owner.iter().enumerate() {
             answering[*descriptor].owned.push(index);
         }
@@ -359,8 +390,8 @@ impl RateLimiter {
         } else {
             let mut keyed = Keyed::named(domain);
             for (rule, &d) in rules.iter().zip(owner) {
-                let cost = counted_cost(rule, descriptors[d].cost, answering[d].quota);
-                keyed.push(bucket(domain, &descriptors[d], &found[d]), cost);
+                let cost = counted_cost(rule, descriptors[d].cost, answering[d].quota());
+                keyed.push(matched[d].bucket.clone(), cost);
             }
             if enforced_block || zero_limit::never_fits(rules, &keyed) {
                 // Denied by `requests_per_unit: 0`, or by hits a limit can
@@ -373,15 +404,11 @@ impl RateLimiter {
                     .await
             }
         };
-        let now_ms = if answering.iter().any(|a| a.blocked) {
+        let now_ms = if answering.iter().any(Answering::blocked) {
             zero_limit::now_ms(self.app.limiter.store())
         } else {
             0
         };
-        Verdict {
-            decision,
-            descriptors: answering,
-            now_ms,
-        }
+        Verdict::new(decision, answering, now_ms)
     }
 }

@@ -16,7 +16,7 @@ use tonic::Status;
 use super::RateLimiter;
 use super::descriptor::{descriptor_partition, override_limit};
 use super::request::Descriptor;
-use super::verdict::{self, Answering, Verdict};
+use super::verdict::{Answering, Verdict};
 use super::zero_limit;
 
 /// What a descriptor naming a subject answers for.
@@ -92,12 +92,13 @@ impl RateLimiter {
                 (i, limit)
             })
             .collect();
-        let mut answering: Vec<Answering> =
-            descriptors.iter().map(|_| Answering::default()).collect();
+        let unanswered =
+            || -> Vec<Answering<'_>> { descriptors.iter().map(|_| Answering::default()).collect() };
         // More hits than a rule can ever hold: decided as a zero limit is
         // (below), so that the descriptor that cannot fit says so.
         let fits = request.cost <= applicable.max_cost;
         let decided = if overrides.is_empty() && fits {
+            let mut answering = unanswered();
             for (a, d) in answering.iter_mut().zip(descriptors) {
                 if let Some(scopes) = level(d) {
                     a.owned = (0..applicable.rules.len())
@@ -114,20 +115,20 @@ impl RateLimiter {
                 )
                 .await;
             let attempt = self.app.attempt(policy, &request, &decision);
-            (Verdict::native(decision, answering, 0), attempt)
+            (Verdict::new(decision, answering, 0), attempt)
         } else {
             // Overrides add descriptor rules to the plan's, decided
             // together; a request that cannot fit reads every rule's
             // standing: the rare paths, boxed so that what they hold
             // across the store call does not size every request's future.
             return Box::pin(async move {
+                let mut answering = unanswered();
                 let mut rules: Vec<BoundRule> = applicable.rules.to_vec();
                 // The plan's rules keyed as the limiter keys them, then
                 // each override's rules in its descriptor's bucket.
                 let mut keyed = Keyed::request(&request, applicable.rules);
                 for (i, limit) in &overrides {
-                    answering[*i].blocked = limit.blocks;
-                    answering[*i].configured = verdict::configured(limit);
+                    answering[*i].limit = Some(limit);
                     for rule in limit.rules.iter() {
                         answering[*i].owned.push(rules.len());
                         keyed.push(
@@ -151,8 +152,8 @@ impl RateLimiter {
                     max_cost: u64::MAX,
                     ..applicable
                 };
-                let enforced_block =
-                    answering.iter().any(|a| a.blocked) || zero_limit::never_fits(&rules, &keyed);
+                let enforced_block = answering.iter().any(Answering::blocked)
+                    || zero_limit::never_fits(&rules, &keyed);
                 let limiter = &self.app.limiter;
                 let decide = async {
                     if enforced_block {
@@ -164,7 +165,7 @@ impl RateLimiter {
                 };
                 let (decision, now_ms) = self.app.decide(Some(&request), started, decide).await;
                 let attempt = self.app.attempt(policy, &request, &decision);
-                let answer = self.answer(Verdict::native(decision, answering, now_ms));
+                let answer = self.answer(Verdict::new(decision, answering, now_ms));
                 Ok(with_attempt(answer, attempt))
             })
             .await;

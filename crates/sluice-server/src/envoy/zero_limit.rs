@@ -14,6 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice_core::config::envoy::Unit;
 use sluice_core::decision::Outcomes;
+use sluice_core::descriptors::DescriptorLimit;
 use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Decision, Outcome, Rule, State};
 use sluice_store::{Keyed, Limiter};
@@ -33,20 +34,20 @@ pub(super) fn now_ms(store: &Backend) -> u64 {
     }
 }
 
-/// The status of a descriptor at a zero limit, `configured` as requests
-/// per unit, unit and name: over (OK in shadow mode), its limit, nothing
-/// remaining, reset when the limit's `unit` ends.
+/// The status of a descriptor at a zero limit: over (OK in shadow mode),
+/// its limit as configured (none for sluice `rules:`), nothing remaining,
+/// reset when the limit's `unit` ends.
 pub(super) fn status(
-    configured: &Option<(u32, Option<Unit>, Option<String>)>,
+    limit: Option<&DescriptorLimit>,
     shadow: bool,
     now_ms: u64,
 ) -> DescriptorStatus {
-    let unit = configured.as_ref().and_then(|(_, unit, _)| *unit);
+    let configured = limit.filter(|l| !l.rules_given);
+    let unit = configured.and_then(|l| l.unit);
     DescriptorStatus {
         code: if shadow { Code::Ok } else { Code::OverLimit } as i32,
         current_limit: configured
-            .as_ref()
-            .map(|(rpu, unit, name)| current_limit(*rpu, *unit, name.as_deref().unwrap_or(""))),
+            .map(|l| current_limit(l.requests_per_unit, l.unit, l.name.as_deref().unwrap_or(""))),
         limit_remaining: 0,
         duration_until_reset: unit.map(|unit| ProtoDuration {
             seconds: calendar_reset_ms(unit, now_ms).div_ceil(1_000) as i64,

@@ -13,7 +13,10 @@ use sluice_testkit::{RedisCluster, RedisServer};
 
 use crate::common::Server;
 use crate::zero_limits::assert_status;
-use crate::{ask, client, cluster_storage, codes, descriptor, overall, redis_storage, start_with};
+use crate::{
+    ask, client, cluster_storage, codes, descriptor, header, overall, redis_storage, start,
+    start_with,
+};
 
 const LIMITS: &str = r#"
 domain: st
@@ -137,4 +140,45 @@ async fn descriptor_statuses_answer_as_envoyproxy_does_on_every_store() {
     let mut server = start_with(&storage, "statuses-cluster", &[("st.yaml", LIMITS)]);
     statuses(&server).await;
     server.stop();
+}
+
+/// Envoy is answered the header fields HTTP answers: on the native domain
+/// the plan's `RateLimit-Policy` and the same `RateLimit` for the same
+/// standing as `/v1/check`; on an envoyproxy/ratelimit domain each counted
+/// descriptor's limit, in the request's order (an unlimited one has none).
+#[tokio::test]
+async fn envoy_answers_the_header_fields_http_answers() {
+    let server = start("", "fields");
+    let mut c = client(&server).await;
+    let route = |tenant| vec![descriptor(&[("tenant", tenant), ("route", "POST /x")])];
+    let grpc = ask(&mut c, "sluice", route("acme"), 0).await;
+    let http = reqwest::Client::new()
+        .post(format!("{}/v1/check", server.base))
+        .json(&serde_json::json!({"tenant": "globex", "route": "POST /x"}))
+        .send()
+        .await
+        .unwrap();
+    for name in ["RateLimit-Policy", "RateLimit"] {
+        let answered = http.headers().get(name).map(|v| v.to_str().unwrap());
+        assert!(answered.is_some(), "HTTP answers {name}");
+        assert_eq!(header(&grpc, name), answered, "{name}");
+    }
+    assert_eq!(
+        header(&grpc, "RateLimit-Policy"),
+        Some(r#""tenant-minute";q=100;w=60, "x";q=2;w=60"#)
+    );
+
+    let descriptors = vec![
+        descriptor(&[("remote_address", "10.9.9.9")]),
+        descriptor(&[("path", "/api/health")]),
+        descriptor(&[("path", "/api/x")]),
+    ];
+    let r = ask(&mut c, "edge", descriptors, 0).await;
+    assert_eq!(
+        header(&r, "RateLimit-Policy"),
+        Some(r#""edge.remote_address";q=3;w=60, "api";q=5;w=60"#)
+    );
+    // One descriptor: its limit's compiled items alone.
+    let r = ask(&mut c, "edge", vec![descriptor(&[("path", "/api/y")])], 0).await;
+    assert_eq!(header(&r, "RateLimit-Policy"), Some(r#""api";q=5;w=60"#));
 }
