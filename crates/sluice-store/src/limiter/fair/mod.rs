@@ -193,12 +193,15 @@
 //!   the valve (past what a rule holds, the gate is open: no share that
 //!   large binds).
 
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use sluice_core::policy::Applicable;
 use sluice_core::valve::Reserves;
 use sluice_core::{BoundRule, Decision, Rule, Scope};
 use smallvec::SmallVec;
+
+use crate::bucket::PassThrough;
 
 mod bucket;
 mod level;
@@ -221,7 +224,8 @@ pub(super) const PRECISION: f64 = 10_000.0;
 /// Each fair valve's level, as this instance knows it.
 #[derive(Default)]
 pub(crate) struct FairShares {
-    valves: papaya::HashMap<u64, parking_lot::Mutex<Level>>,
+    /// By the valve's uid: a digest already, passed through unhashed.
+    valves: papaya::HashMap<u64, parking_lot::Mutex<Level>, BuildHasherDefault<PassThrough>>,
     /// Numbers decisions, for their valve turns.
     decisions: std::sync::atomic::AtomicU64,
 }
