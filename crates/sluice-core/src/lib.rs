@@ -24,6 +24,8 @@
 //! - [`headers`]: the IETF `RateLimit` and `RateLimit-Policy` fields.
 //! - [`keys`]: opaque storage keys derived with HMAC-SHA256.
 //! - [`bytes`]: byte comparisons for short ids, without libc's `memcmp`.
+//! - [`regions`]: one budget across regions: each region's part of a
+//!   shared rule's window, and the grants that move parts between them.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -40,6 +42,7 @@ pub mod keys;
 pub mod number;
 pub mod policy;
 pub mod reason;
+pub mod regions;
 pub mod request;
 pub mod route;
 pub mod rule;

@@ -1,0 +1,68 @@
+//! The parts a window starts from: the pool, and each region's share of
+//! it by weight.
+
+use crate::tolerance::Tolerance;
+
+/// The fleet's pool per window for a rule of `limit` units and
+/// `tolerance`: `limit + ⌊limit × tolerance⌋`.
+pub fn pool(limit: u64, tolerance: Tolerance) -> u64 {
+    let over = u128::from(limit) * u128::from(tolerance.ppm()) / 1_000_000;
+    limit.saturating_add(u64::try_from(over).unwrap_or(u64::MAX))
+}
+
+/// Each region's share of `pool`, in proportion to `weights` (in the
+/// regions' order, every region configured the same), summing to `pool`
+/// exactly: each gets the floor of its proportion, and the units left
+/// over go one each to the regions with the largest remainders (the
+/// earlier region first on a tie), so every region computes the same
+/// shares. Weights of zero are treated as even weights.
+pub fn shares(pool: u64, weights: &[u32]) -> Vec<u64> {
+    if weights.is_empty() {
+        return Vec::new();
+    }
+    let even = weights.iter().all(|&w| w == 0);
+    let weight = |w: u32| u128::from(if even { 1 } else { w });
+    let total: u128 = weights.iter().map(|&w| weight(w)).sum();
+    let exact = |w: u32| u128::from(pool) * weight(w);
+    let mut shares: Vec<u64> = weights
+        .iter()
+        .map(|&w| u64::try_from(exact(w) / total).unwrap_or(u64::MAX))
+        .collect();
+    let mut left = pool - shares.iter().sum::<u64>();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(exact(weights[i]) % total));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        shares[i] += 1;
+        left -= 1;
+    }
+    shares
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_sum_to_the_pool_and_follow_the_weights() {
+        assert_eq!(shares(100, &[1, 1, 1]), [34, 33, 33]);
+        assert_eq!(shares(100, &[0, 0]), [50, 50]);
+        assert_eq!(shares(10, &[3, 1]), [8, 2]);
+        assert_eq!(shares(1, &[1, 1, 1]), [1, 0, 0]);
+        for pool in [0, 1, 7, 999, u64::MAX / 3] {
+            for weights in [&[1, 2, 3][..], &[5], &[u32::MAX, 1, 0]] {
+                assert_eq!(shares(pool, weights).iter().sum::<u64>(), pool);
+            }
+        }
+    }
+
+    #[test]
+    fn the_pool_adds_the_tolerance_rounded_down() {
+        assert_eq!(pool(1000, Tolerance::EXACT), 1000);
+        assert_eq!(pool(1000, Tolerance::from_ppm(10_000)), 1010);
+        assert_eq!(pool(99, Tolerance::from_ppm(10_000)), 99);
+        assert_eq!(pool(u64::MAX, Tolerance::from_ppm(100_000)), u64::MAX);
+    }
+}
