@@ -59,6 +59,13 @@ pub struct Decision<'p> {
     summary: Option<u8>,
     /// The tenant's shard the store decided on (0 for a tenant of one).
     pub shard: u16,
+    /// Where the rules a sharded tenant keeps whole on shard 0 were
+    /// decided by another call (Redis Cluster, another slot): its time,
+    /// less `decided_ms` ([`first_shard_decided_ms`]). An `i32` in what
+    /// was padding: the decision stays 128 bytes.
+    ///
+    /// [`first_shard_decided_ms`]: Self::first_shard_decided_ms
+    first_shard_offset_ms: i32,
     /// When the store decided, on its clock (ms since the epoch); 0 when
     /// no store did. A give-back of what it admitted names this time.
     pub decided_ms: u64,
@@ -91,6 +98,7 @@ impl<'p> Decision<'p> {
             shadow_denied: false,
             summary: summary.and_then(|i| u8::try_from(i).ok()),
             shard: 0,
+            first_shard_offset_ms: 0,
             decided_ms: 0,
             rules: applicable.rules,
             outcomes: Outcomes::new(),
@@ -109,6 +117,7 @@ impl<'p> Decision<'p> {
             shadow_denied: false,
             summary: None,
             shard: 0,
+            first_shard_offset_ms: 0,
             decided_ms: 0,
             rules: &[],
             outcomes: Outcomes::new(),
@@ -217,6 +226,30 @@ impl<'p> Decision<'p> {
         Decision { decided_ms, ..self }
     }
 
+    /// The same decision, made by the store at `decided_ms`, and the rules
+    /// a sharded tenant keeps whole on shard 0 at `first_shard_ms` when a
+    /// call of their own decided them (Redis Cluster).
+    #[inline]
+    pub fn decided_at_slots(self, decided_ms: u64, first_shard_ms: Option<u64>) -> Decision<'p> {
+        let offset = first_shard_ms.map_or(0, |ms| {
+            let offset = i128::from(ms) - i128::from(decided_ms);
+            i32::try_from(offset).unwrap_or(if offset < 0 { i32::MIN } else { i32::MAX })
+        });
+        Decision {
+            decided_ms,
+            first_shard_offset_ms: offset,
+            ..self
+        }
+    }
+
+    /// When the store decided the rules a sharded tenant keeps whole on
+    /// shard 0 (`decided_ms` unless a call of their own did, on Redis
+    /// Cluster): what a give-back of them names.
+    pub fn first_shard_decided_ms(&self) -> u64 {
+        self.decided_ms
+            .saturating_add_signed(i64::from(self.first_shard_offset_ms))
+    }
+
     /// The same decision, made on the tenant's shard `shard`.
     #[inline]
     pub fn on_shard(self, shard: u16) -> Decision<'p> {
@@ -306,6 +339,7 @@ impl<'p> Decision<'p> {
             shadow_denied: !outcome.allowed && allowed,
             summary: (!allowed || rule.advertised()).then_some(0),
             shard: 0,
+            first_shard_offset_ms: 0,
             decided_ms: 0,
             rules: applicable.rules,
             outcomes: smallvec::smallvec![outcome],

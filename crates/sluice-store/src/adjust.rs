@@ -16,6 +16,12 @@ pub enum Change {
     GiveBack {
         /// When the admission was made.
         at: u64,
+        /// When it was made in the slot of the rules a sharded tenant
+        /// keeps whole on shard 0 ([`Decided::first_shard_at_ms`]): on
+        /// Redis Cluster, their give-back names it. Elsewhere `at`.
+        ///
+        /// [`Decided::first_shard_at_ms`]: crate::Decided::first_shard_at_ms
+        first_shard_at: u64,
     },
     /// Change nothing; only answer (the rest of a settle whose marker was
     /// applied before).

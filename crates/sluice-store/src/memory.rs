@@ -182,6 +182,7 @@ impl MemoryStore {
         self.decide_parts_at(batch, 1, now).map(|outcomes| Decided {
             outcomes,
             at_ms: now,
+            first_shard_at_ms: None,
         })
     }
 

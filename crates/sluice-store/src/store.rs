@@ -136,6 +136,11 @@ pub struct Decided {
     pub outcomes: Outcomes,
     /// The store's time, in ms since the Unix epoch.
     pub at_ms: u64,
+    /// On Redis Cluster, where a sharded tenant's rules kept whole on
+    /// shard 0 sit in another slot than its divided ones: the time that
+    /// slot's node admitted them (its call ran apart, perhaps in another
+    /// millisecond, on another clock). `None`: `at_ms` for every rule.
+    pub first_shard_at_ms: Option<u64>,
 }
 
 /// What [`Store::peek`] read: the store's time and every rule's bucket.

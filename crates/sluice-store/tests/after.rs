@@ -416,6 +416,7 @@ async fn a_settle_an_earlier_version_applied_is_not_applied_again() {
         &batch,
         sluice_store::Change::GiveBack {
             at: reservation.admitted_ms,
+            first_shard_at: reservation.first_shard_admitted_ms,
         },
         Some(&marker),
     )

@@ -238,7 +238,14 @@ fn run<S: Store>(
                 let (at, spent, _, whole_of) =
                     admitted.remove(open[usize::from(pick) % open.len()]);
                 whole_at = if whole { whole_of } else { Vec::new() };
-                (Change::GiveBack { at }, 1 + cost % spent, None)
+                (
+                    Change::GiveBack {
+                        at,
+                        first_shard_at: at,
+                    },
+                    1 + cost % spent,
+                    None,
+                )
             }
             Step::Settle(kind) => {
                 if kind == 0 {

@@ -194,3 +194,20 @@ fn known_says_which_rules_have_an_outcome() {
     assert_eq!(without.known(), Known::Nothing);
     assert_eq!(without.known_outcomes().count(), 0);
 }
+
+/// A decision moves along every path by value: it stays 128 bytes (the
+/// first shard's time offset sits in what was padding).
+#[test]
+fn a_decision_stays_128_bytes() {
+    assert!(std::mem::size_of::<Decision<'_>>() <= 128);
+}
+
+#[test]
+fn the_first_shards_time_is_the_decisions_unless_a_call_of_its_own_said() {
+    let d = Decision::unlimited().decided_at(1_000);
+    assert_eq!(d.first_shard_decided_ms(), 1_000);
+    let d = Decision::unlimited().decided_at_slots(1_000, Some(997));
+    assert_eq!((d.decided_ms, d.first_shard_decided_ms()), (1_000, 997));
+    let d = Decision::unlimited().decided_at_slots(1_000, None);
+    assert_eq!(d.first_shard_decided_ms(), 1_000);
+}

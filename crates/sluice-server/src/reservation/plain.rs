@@ -1,7 +1,8 @@
 //! What a sealed id holds, in bytes: a version, the marker id, the
 //! numbers, then the tenant, route and subject each behind its length, and
 //! per own rule when its estimate would have refilled, the rules it took
-//! nothing from, then zeros to a multiple of 256 bytes. Binary, so that an
+//! nothing from, when the rules kept whole on shard 0 were admitted
+//! (0: with the others), then zeros to a multiple of 256 bytes. Binary, so that an
 //! id's size is bounded by the request's own bounds whatever its text
 //! holds (JSON escaped a control character into six bytes: ids past the
 //! size a settle accepts).
@@ -35,6 +36,7 @@ const MAX_PLAIN: usize = 1
     + 8
     + 1
     + 8 * MAX_WHOLE
+    + 8
     + 8;
 
 /// The plain text is padded with zeros to a multiple of this: an id's
@@ -79,6 +81,12 @@ pub(super) fn encode(held: &Held) -> Vec<u8> {
         out.extend_from_slice(&n.to_le_bytes());
     }
     out.extend_from_slice(&r.untaken.to_le_bytes());
+    let first_shard = if r.first_shard_admitted_ms == r.admitted_ms {
+        0
+    } else {
+        r.first_shard_admitted_ms
+    };
+    out.extend_from_slice(&first_shard.to_le_bytes());
     out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
     out
 }
@@ -115,10 +123,19 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
     let rules_print = at.u64()?;
     let count = usize::from(at.take(1)?[0]);
     let whole_after_ms = (0..count).map(|_| at.u64()).collect::<Option<_>>()?;
-    // Absent from ids sealed before it was: nothing untaken.
-    let untaken = match bytes.len() - at.pos {
-        0 => 0,
-        _ => at.u64()?,
+    // Absent from ids sealed before they were (zeros in the padding of
+    // later ones): nothing untaken, every rule admitted at `admitted_ms`.
+    let mut later = || {
+        if bytes.len() - at.pos >= 8 {
+            at.u64()
+        } else {
+            Some(0)
+        }
+    };
+    let untaken = later()?;
+    let first_shard_admitted_ms = match later()? {
+        0 => admitted_ms,
+        ms => ms,
     };
     // The padding, zeros.
     let padding = at.take(bytes.len() - at.pos)?;
@@ -132,6 +149,7 @@ pub(super) fn decode(bytes: &[u8]) -> Option<Held> {
             held,
             at_ms,
             admitted_ms,
+            first_shard_admitted_ms,
             shard,
             whole_after_ms,
             rules_print,

@@ -49,6 +49,12 @@ pub struct Reservation {
     /// When the store admitted it, on the store's clock: what a give-back
     /// names (`sliding_log` finds its entries by it, windows their window).
     pub admitted_ms: u64,
+    /// When the store admitted it in the slot of the rules a sharded
+    /// tenant keeps whole on shard 0, on that node's clock (Redis
+    /// Cluster, [`Decided::first_shard_at_ms`]); elsewhere `admitted_ms`.
+    ///
+    /// [`Decided::first_shard_at_ms`]: crate::Decided::first_shard_at_ms
+    pub first_shard_admitted_ms: u64,
     /// The tenant's shard that holds it.
     pub shard: u16,
     /// Per rule a settle changes ([`Policy::own_rules`]), in order: when
@@ -222,6 +228,11 @@ impl<S: Store> Limiter<S> {
             } else {
                 decision.decided_ms
             },
+            first_shard_admitted_ms: if decision.decided_ms == 0 {
+                at_ms
+            } else {
+                decision.first_shard_decided_ms()
+            },
             shard: decision.shard,
             whole_after_ms,
             rules_print: rules_print(rules),
@@ -267,6 +278,7 @@ impl<S: Store> Limiter<S> {
             std::cmp::Ordering::Less => (
                 Change::GiveBack {
                     at: reservation.admitted_ms,
+                    first_shard_at: reservation.first_shard_admitted_ms,
                 },
                 reservation.held - actual,
             ),

@@ -75,6 +75,7 @@ impl<S: Store> Limiter<S> {
         } else {
             Change::GiveBack {
                 at: attempt.admitted_ms,
+                first_shard_at: attempt.first_shard_admitted_ms,
             }
         };
         let marker = Marker {

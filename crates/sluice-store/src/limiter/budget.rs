@@ -100,7 +100,7 @@ impl<S: Store> Limiter<S> {
                     self.slices.learn(batch, &decided.outcomes, false, now);
                 }
                 Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
-                    .decided_at(decided.at_ms)
+                    .decided_at_slots(decided.at_ms, decided.first_shard_at_ms)
             }
             Err(error) => self.fail_over(applicable, batch, error.as_ref()),
         }
@@ -125,7 +125,11 @@ impl<S: Store> Limiter<S> {
             ..*batch
         };
         match self.call_store_raw(&take, deadline, sent).await {
-            Ok(Decided { outcomes, at_ms }) if outcomes.iter().all(|o| o.allowed) => {
+            Ok(Decided {
+                outcomes,
+                at_ms,
+                first_shard_at_ms,
+            }) if outcomes.iter().all(|o| o.allowed) => {
                 if let Some(denials) = &self.denials {
                     denials.forget(batch, &outcomes);
                 }
@@ -138,7 +142,7 @@ impl<S: Store> Limiter<S> {
                     .install(batch, sizes, outcomes, (sent, at_ms), now);
                 Some(
                     Decision::from_outcomes(applicable, outcomes, batch.cost, batch.costs)
-                        .decided_at(at_ms),
+                        .decided_at_slots(at_ms, first_shard_at_ms),
                 )
             }
             Ok(Decided { outcomes, .. }) => {

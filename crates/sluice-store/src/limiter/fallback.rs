@@ -21,7 +21,7 @@ impl<S: Store> Limiter<S> {
         match result {
             Ok(decided) => {
                 Decision::from_outcomes(applicable, decided.outcomes, batch.cost, batch.costs)
-                    .decided_at(decided.at_ms)
+                    .decided_at_slots(decided.at_ms, decided.first_shard_at_ms)
             }
             Err(error) => {
                 self.options.telemetry.store_error(&error);

@@ -224,7 +224,10 @@ impl<S: Store> Limiter<S> {
                     rules,
                 )
             };
-            let change = crate::adjust::Change::GiveBack { at: unspent.at_ms };
+            let change = crate::adjust::Change::GiveBack {
+                at: unspent.at_ms,
+                first_shard_at: unspent.at_ms,
+            };
             match self.adjust_within_budget(&batch, change, None).await {
                 Ok(_) => given += unspent.units,
                 Err(error) => {

@@ -147,6 +147,7 @@ impl Store for Scripted {
                     })
                     .collect(),
                 at_ms: 0,
+                first_shard_at_ms: None,
             }),
         }
     }

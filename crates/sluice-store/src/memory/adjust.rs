@@ -86,7 +86,7 @@ impl MemoryStore {
                         forgiven += debit.forgiven;
                         Some(debit.step)
                     }
-                    Change::GiveBack { at } => {
+                    Change::GiveBack { at, .. } => {
                         let whole_at = batch.whole_at.get(i).copied().unwrap_or(0);
                         let next = rule.give_back(
                             &slot.state,

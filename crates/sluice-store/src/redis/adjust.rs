@@ -60,7 +60,7 @@ impl AdjustCall {
         let change = match change {
             Change::Debit => "D".to_owned(),
             Change::Nothing => "P".to_owned(),
-            Change::GiveBack { at } => at.to_string(),
+            Change::GiveBack { at, .. } => at.to_string(),
         };
         AdjustCall {
             rules,

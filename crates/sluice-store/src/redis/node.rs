@@ -190,6 +190,7 @@ impl RedisStore {
         Ok(Decided {
             outcomes: reply.outcomes,
             at_ms: reply.admitted_at,
+            first_shard_at_ms: None,
         })
     }
 

@@ -353,7 +353,11 @@ impl<S: Store> Store for Twin<S> {
         }
         let after = self.same_states("after a decision", batch).await;
         self.record(batch, None, &outcomes, before != after);
-        Ok(Decided { outcomes, at_ms })
+        Ok(Decided {
+            outcomes,
+            at_ms,
+            first_shard_at_ms: None,
+        })
     }
 
     async fn release(&self, batch: &Batch<'_>) -> Result<bool, StoreError> {

@@ -51,6 +51,20 @@ impl ClusterStore {
         let mut now = 0;
         let mut unfinished = None;
         let selection = |group: &[usize]| -> (Vec<String>, Vec<Record>) { select(&buckets, group) };
+        // A give-back names the time its slot admitted: the rules a sharded
+        // tenant keeps whole on shard 0, alone in a slot, were decided by a
+        // call of their own.
+        let dated = |group: &[usize], change: Change| match change {
+            Change::GiveBack { first_shard_at, .. }
+                if group.iter().all(|&i| batch.rules[i].on_first_shard()) =>
+            {
+                Change::GiveBack {
+                    at: first_shard_at,
+                    first_shard_at,
+                }
+            }
+            other => other,
+        };
         if let Some(lead) = lead {
             let (keys, records) = selection(&lead);
             let reply = self
@@ -62,7 +76,7 @@ impl ClusterStore {
                         valve_parts,
                     },
                     (keys, &records),
-                    change,
+                    dated(&lead, change),
                     marker.clone(),
                 )
                 .await?;
@@ -92,7 +106,7 @@ impl ClusterStore {
                         valve_parts,
                     },
                     (keys, &records),
-                    rest_change,
+                    dated(group, rest_change),
                     marker,
                 )
                 .await;

@@ -249,24 +249,33 @@ impl ClusterStore {
             return Ok(Decided {
                 outcomes,
                 at_ms: reply.admitted_at,
+                first_shard_at_ms: None,
             });
         }
         // The time of the node of the tenant's divided rules (its shard's
         // slot), where a give-back of this decision goes; else the first
-        // group's. A rule kept whole on shard 0 may sit on another node,
-        // whose clock can differ (docs/CONFIG.md, "Reserve, then settle").
+        // group's. The rules a sharded tenant keeps whole on shard 0 may
+        // sit in another slot, whose call ran apart (another millisecond,
+        // perhaps another clock): their give-back names that slot's time.
+        let tenants = |rule: &sluice_core::BoundRule| {
+            matches!(
+                rule.scope(),
+                Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
+            )
+        };
         let divided = |group: &[usize]| {
-            group.iter().any(|&i| {
-                let rule = &batch.rules[i];
-                !rule.on_first_shard()
-                    && matches!(
-                        rule.scope(),
-                        Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
-                    )
-            })
+            group
+                .iter()
+                .any(|&i| !batch.rules[i].on_first_shard() && tenants(&batch.rules[i]))
+        };
+        let kept_whole = |group: &[usize]| {
+            group
+                .iter()
+                .any(|&i| batch.rules[i].on_first_shard() && tenants(&batch.rules[i]))
         };
         let mut at_ms = None;
         let mut first_at = None;
+        let mut first_shard_at = None;
         let mut outcomes: Outcomes = batch.rules.iter().map(|_| Default::default()).collect();
         // What the groups that admitted consumed: given back when dropped
         // unconfirmed (a denial, a failure, or the caller going away).
@@ -306,6 +315,9 @@ impl ClusterStore {
                         if divided(&group) {
                             at_ms.get_or_insert(admitted_at);
                         }
+                        if kept_whole(&group) {
+                            first_shard_at.get_or_insert(admitted_at);
+                        }
                         for (&i, outcome) in group.iter().zip(decided) {
                             outcomes[i] = outcome;
                         }
@@ -333,6 +345,7 @@ impl ClusterStore {
         Ok(Decided {
             outcomes,
             at_ms: at_ms.or(first_at).unwrap_or_default(),
+            first_shard_at_ms: first_shard_at,
         })
     }
 
