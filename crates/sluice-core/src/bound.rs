@@ -16,19 +16,41 @@ use crate::tolerance::Tolerance;
 /// identity, plus what the hot path would otherwise compute per request.
 #[derive(Debug, Clone)]
 pub struct BoundRule {
-    name: Arc<str>,
+    /// What a rule's copies share: a copy (a fair valve's gate at the rate
+    /// of one decision, an Envoy descriptor's rules) costs one reference
+    /// count, not one per text.
+    texts: Arc<Texts>,
     scope: Scope,
-    pattern: Arc<str>,
     rule: Rule,
     shadow: bool,
     tolerance: Tolerance,
-    identity: Arc<[u8]>,
     /// The length of the identity's scope and pattern (see `group`).
     group_len: usize,
     uid: u64,
-    policy_item: Arc<str>,
     near_at_remaining: u64,
-    count_if: Option<Arc<StatusSet>>,
+}
+
+/// A bound rule's texts.
+#[derive(Debug)]
+struct Texts {
+    name: Box<str>,
+    pattern: Box<str>,
+    identity: Box<[u8]>,
+    policy_item: Box<str>,
+    count_if: Option<StatusSet>,
+}
+
+impl Texts {
+    /// The same texts under another identity.
+    fn with_identity(&self, identity: Vec<u8>) -> Arc<Texts> {
+        Arc::new(Texts {
+            name: self.name.clone(),
+            pattern: self.pattern.clone(),
+            identity: identity.into(),
+            policy_item: self.policy_item.clone(),
+            count_if: self.count_if.clone(),
+        })
+    }
 }
 
 impl BoundRule {
@@ -57,18 +79,20 @@ impl BoundRule {
         let capacity = rule.capacity();
         let used_at_near = ((capacity as f64) * near_limit).ceil() as u64;
         BoundRule {
-            name: named.name.as_str().into(),
+            texts: Arc::new(Texts {
+                name: named.name.as_str().into(),
+                pattern: pattern.into(),
+                identity: identity.into(),
+                policy_item: policy_item(&named.name, &rule).into(),
+                count_if: named.count_if.clone(),
+            }),
             scope,
-            pattern: pattern.into(),
             rule,
             shadow: named.shadow,
             tolerance: named.tolerance,
-            identity: identity.into(),
             group_len,
             uid,
-            policy_item: policy_item(&named.name, &rule).into(),
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
-            count_if: named.count_if.clone().map(Arc::new),
         }
     }
 
@@ -79,23 +103,24 @@ impl BoundRule {
     /// fewer to read and write per decision), named by the valve's
     /// identity: the same across reloads that keep the valve.
     pub fn gate(valve: &BoundRule) -> BoundRule {
-        let mut identity = Vec::with_capacity(valve.identity.len() + 24);
+        let mut identity = Vec::with_capacity(valve.texts.identity.len() + 24);
         identity.extend_from_slice(Scope::Tenant.name().as_bytes());
         identity.extend_from_slice(&[0x1f, 0x1f]);
         let group_len = identity.len();
         identity.extend_from_slice(b"share:");
-        identity.extend_from_slice(&valve.identity);
+        identity.extend_from_slice(&valve.texts.identity);
         identity.push(0x1f);
         // A token bucket (its tokens are units whatever its rate); named
         // so, a gcra gate's state of an older release is not read as one.
         identity.extend_from_slice(Algorithm::TokenBucket.name().as_bytes());
         identity.push(0x1f);
         let digest = Sha256::digest(&identity);
+        let uid = u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"));
         BoundRule {
+            texts: valve.texts.with_identity(identity),
             scope: Scope::Share,
-            identity: identity.into(),
             group_len,
-            uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
+            uid,
             near_at_remaining: 0,
             ..valve.clone()
         }
@@ -105,15 +130,15 @@ impl BoundRule {
     /// (see [`crate::valve`]): named by the valve (its denials are the
     /// valve's), in its shadow mode, with state of its own.
     pub fn reserve_part(valve: &BoundRule, plan: &str, rule: Rule) -> BoundRule {
-        let mut identity = Vec::with_capacity(valve.identity.len() + plan.len() + 10);
-        identity.extend_from_slice(&valve.identity);
+        let mut identity = Vec::with_capacity(valve.texts.identity.len() + plan.len() + 10);
+        identity.extend_from_slice(&valve.texts.identity);
         identity.extend_from_slice(b"reserve:");
         identity.extend_from_slice(plan.as_bytes());
         identity.push(0x1f);
         let digest = Sha256::digest(&identity);
         BoundRule {
+            texts: valve.texts.with_identity(identity),
             rule,
-            identity: identity.into(),
             uid: u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")),
             ..valve.clone()
         }
@@ -130,7 +155,7 @@ impl BoundRule {
 
     /// The policy name shown in headers and denials.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.texts.name
     }
 
     /// The scope.
@@ -153,7 +178,7 @@ impl BoundRule {
     /// The route pattern the rule was configured under (`""` for tenant
     /// rules).
     pub fn pattern(&self) -> &str {
-        &self.pattern
+        &self.texts.pattern
     }
 
     /// The algorithm and its parameters.
@@ -178,14 +203,14 @@ impl BoundRule {
         self.scope == Scope::Dedupe
             || self.rule.is_concurrency()
             || self.rule.is_whole()
-            || self.count_if.is_some()
+            || self.texts.count_if.is_some()
     }
 
     /// The responses this rule counts (`count_if`), when it counts by
     /// outcome: a decision holds the request there as an attempt, kept
     /// when the response's status is one of these.
     pub fn count_if(&self) -> Option<&StatusSet> {
-        self.count_if.as_deref()
+        self.texts.count_if.as_ref()
     }
 
     /// Whether this rule counts a response of `status` (false for a rule
@@ -202,14 +227,14 @@ impl BoundRule {
     /// Stable bytes naming this bucket (scope, pattern, name, algorithm);
     /// storage keys are derived from them.
     pub fn identity(&self) -> &[u8] {
-        &self.identity
+        &self.texts.identity
     }
 
     /// The part of the identity that names the rule's scope and pattern:
     /// the rules of one group whose state is a few numbers share one
     /// storage key (see `keys`).
     pub fn group(&self) -> &[u8] {
-        &self.identity[..self.group_len]
+        &self.texts.identity[..self.group_len]
     }
 
     /// A 64-bit digest of [`identity`](Self::identity).
@@ -234,7 +259,7 @@ impl BoundRule {
 
     /// This rule's `RateLimit-Policy` item.
     pub fn policy_item(&self) -> &str {
-        &self.policy_item
+        &self.texts.policy_item
     }
 
     /// Whether `remaining` units left put the rule at or past the
