@@ -17,13 +17,16 @@
 //! - `monitor`: what a server saw ([`Monitor`], [`command_calls`],
 //!   [`command_usec`]);
 //! - `signal`: a process stopped, waited on until it is, or continued
-//!   ([`signal()`]).
+//!   ([`signal()`]);
+//! - `proxy`: a link between regions, delayed and cuttable
+//!   ([`DelayProxy`]).
 
 #![forbid(unsafe_code)]
 
 mod cluster;
 mod monitor;
 mod ports;
+mod proxy;
 mod replay;
 mod server;
 mod signal;
@@ -31,6 +34,7 @@ mod signal;
 pub use cluster::{RedisCluster, SeenNode};
 pub use monitor::{Monitor, command_calls, command_usec};
 pub use ports::{free_node_ports, free_port};
+pub use proxy::DelayProxy;
 pub use replay::{replay, while_threads_stand};
 pub use server::RedisServer;
 pub use signal::signal;
