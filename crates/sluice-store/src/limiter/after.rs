@@ -81,11 +81,26 @@ pub(super) fn took_nothing(held: &Reservation, i: usize) -> bool {
     i < 64 && held.untaken & (1 << i) != 0
 }
 
-/// A digest of `rules`' identities, in order.
-pub(super) fn rules_print(rules: &[sluice_core::BoundRule]) -> u64 {
-    rules.iter().fold(0xcbf2_9ce4_8422_2325, |print, rule| {
-        (print ^ rule.uid()).wrapping_mul(0x0100_0000_01b3)
-    })
+/// A digest of `rules`' identities, in order, and, for a tenant of
+/// several `shards`, of how many and where each rule is kept (whole on
+/// shard 0, or divided): a reload that changed any of them makes what a
+/// reservation or an attempt holds not known, and nothing is given back
+/// (a give-back elsewhere than the key that took would erase others'
+/// usage). A tenant of one shard has its digest of before shards were
+/// part of it, so that its ids of an earlier version stay known.
+pub(super) fn rules_print(rules: &[sluice_core::BoundRule], shards: u16) -> u64 {
+    let step = |print: u64, n: u64| (print ^ n).wrapping_mul(0x0100_0000_01b3);
+    let start = 0xcbf2_9ce4_8422_2325;
+    if shards <= 1 {
+        return rules
+            .iter()
+            .fold(start, |print, rule| step(print, rule.uid()));
+    }
+    rules
+        .iter()
+        .fold(step(start, u64::from(shards)), |print, rule| {
+            step(print, rule.uid() ^ u64::from(rule.on_first_shard()))
+        })
 }
 
 /// What a settle or a report left: the rules' state after it, as a
@@ -168,7 +183,10 @@ impl<S: Store> Limiter<S> {
         decision: &Decision<'_>,
     ) -> Option<Reservation> {
         let own = policy.own_rules(request.tenant, request.route, request.subject.is_some());
-        self.held(request, decision, own, false)
+        let shards = policy
+            .applicable(request.tenant, request.route, request.subject.is_some())
+            .shards;
+        self.held(request, decision, own, shards, false)
     }
 
     /// What an admitted `decision` of `request` holds of `rules`.
@@ -177,6 +195,7 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
         decision: &Decision<'_>,
         rules: &[sluice_core::BoundRule],
+        shards: u16,
         attempt: bool,
     ) -> Option<Reservation> {
         let at_ms = self.options.clock.now_ms();
@@ -235,7 +254,7 @@ impl<S: Store> Limiter<S> {
             },
             shard: decision.shard,
             whole_after_ms,
-            rules_print: rules_print(rules),
+            rules_print: rules_print(rules, shards),
             attempt,
             untaken,
         })
@@ -247,15 +266,25 @@ impl<S: Store> Limiter<S> {
         &self,
         held: &Reservation,
         rules: &[sluice_core::BoundRule],
+        shards: u16,
     ) -> Vec<u64> {
-        if held.whole_after_ms.len() != rules.len() || held.rules_print != rules_print(rules) {
+        if held.whole_after_ms.len() != rules.len()
+            || held.rules_print != rules_print(rules, shards)
+        {
             return Vec::new();
         }
-        let whole = |after: &u64| match after {
-            0 => 0,
-            after => held.admitted_ms.saturating_add(*after),
-        };
-        held.whole_after_ms.iter().map(whole).collect()
+        // From when each rule's own slot admitted it.
+        rules
+            .iter()
+            .zip(&held.whole_after_ms)
+            .map(|(rule, after)| match after {
+                0 => 0,
+                after if rule.on_first_shard() => {
+                    held.first_shard_admitted_ms.saturating_add(*after)
+                }
+                after => held.admitted_ms.saturating_add(*after),
+            })
+            .collect()
     }
 
     /// Replaces what the store holds of `reservation` with `actual`: gives
@@ -285,6 +314,15 @@ impl<S: Store> Limiter<S> {
             std::cmp::Ordering::Greater => (Change::Debit, actual - reservation.held),
             std::cmp::Ordering::Equal => (Change::Nothing, 0),
         };
+        // What the estimate holds is known while the rules, and where the
+        // tenant's shards keep them, are those it was admitted under;
+        // after a reload that changed them nothing is given back (a
+        // give-back to a key that did not take would erase others' usage).
+        let known = reservation.rules_print == rules_print(own, applicable.shards);
+        let change = match change {
+            Change::GiveBack { .. } if !known => Change::Nothing,
+            change => change,
+        };
         let marker = Marker {
             id: reservation.id,
             value: format!("{SETTLED}{actual}"),
@@ -292,8 +330,8 @@ impl<S: Store> Limiter<S> {
             shard: reservation.shard,
         };
         // Per rule, when what the estimate took would have refilled.
-        let whole_at = self.whole_at(reservation, own);
-        // A reload may have lowered the tenant's shards since: the change
+        let whole_at = self.whole_at(reservation, own, applicable.shards);
+        // A reload may have lowered the tenant's shards since: an excess
         // goes to the shard that now holds the one that admitted.
         let shards = applicable.shards.max(1);
         let shard = reservation.shard % shards;
@@ -318,9 +356,7 @@ impl<S: Store> Limiter<S> {
                 Err(AfterError::AttemptNeeded) => unreachable!("a settle charges own rules"),
             }
         } else {
-            // Nothing goes back to a rule the admission took nothing from
-            // (known while the rules are those it was made under).
-            let known = reservation.rules_print == rules_print(own);
+            // Nothing goes back to a rule the admission took nothing from.
             let costs: Vec<u64> = match change {
                 Change::GiveBack { .. } if reservation.untaken != 0 && known => (0..own.len())
                     .map(|i| {

@@ -33,7 +33,13 @@ impl<S: Store> Limiter<S> {
         if applicable.by_outcome.is_empty() || request.cost == 0 {
             return None;
         }
-        self.held(request, decision, applicable.by_outcome, true)
+        self.held(
+            request,
+            decision,
+            applicable.by_outcome,
+            applicable.shards,
+            true,
+        )
     }
 
     /// Concludes `attempt` once its response's `status` is known: the
@@ -56,9 +62,10 @@ impl<S: Store> Limiter<S> {
         let rules = applicable.by_outcome;
         let counts = |rule: &sluice_core::BoundRule| status.is_some_and(|s| rule.counts(s));
         // What does not count is given back, but to a rule the admission
-        // took nothing from, and unless a reload changed the rules since
-        // (what each held is then not known: nothing is given back).
-        let unchanged = attempt.rules_print == rules_print(rules);
+        // took nothing from, and unless a reload changed the rules, or the
+        // tenant's shards, since (what each held, and where, is then not
+        // known: nothing is given back).
+        let unchanged = attempt.rules_print == rules_print(rules, applicable.shards);
         let costs: Vec<u64> = rules
             .iter()
             .enumerate()
@@ -87,7 +94,7 @@ impl<S: Store> Limiter<S> {
             ttl_ms: marker_ttl_ms,
             shard: attempt.shard,
         };
-        let whole_at = self.whole_at(attempt, rules);
+        let whole_at = self.whole_at(attempt, rules, applicable.shards);
         let shards = applicable.shards.max(1);
         let batch = Batch {
             shard: attempt.shard % shards,
