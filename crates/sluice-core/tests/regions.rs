@@ -238,7 +238,6 @@ fn a_tenant_sending_everywhere_gets_its_pool_and_no_more() {
     for weights in [&[1, 1, 1][..], &[1, 2, 5]] {
         let run = run(6_000, weights, Traffic::Everywhere(5), &linked(), 7);
         assert!(got(&run) >= 0.9, "{weights:?}: {:.3}", got(&run));
-        assert_eq!(run.most_used, run.used());
     }
 }
 

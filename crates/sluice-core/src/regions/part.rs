@@ -34,9 +34,10 @@ impl Part {
     /// what it granted, plus what it heard granted to it. Never below
     /// `used` (a grant never takes what was admitted).
     pub fn cap(&self) -> u64 {
-        let given: u64 = self.given.iter().sum();
-        let heard: u64 = self.heard.iter().sum();
-        (self.share + heard).saturating_sub(given)
+        // Totals a peer shipped are its word: added without overflowing.
+        let total = |totals: &[u64]| totals.iter().fold(0u64, |t, &n| t.saturating_add(n));
+        let (given, heard) = (total(&self.given), total(&self.heard));
+        self.share.saturating_add(heard).saturating_sub(given)
     }
 
     /// What remains to admit here.

@@ -15,7 +15,8 @@ pub fn pool(limit: u64, tolerance: Tolerance) -> u64 {
 /// exactly: each gets the floor of its proportion, and the units left
 /// over go one each to the regions with the largest remainders (the
 /// earlier region first on a tie), so every region computes the same
-/// shares. Weights of zero are treated as even weights.
+/// shares. When every weight is zero the shares are even; a zero weight
+/// beside others gets nothing (but a leftover unit).
 pub fn shares(pool: u64, weights: &[u32]) -> Vec<u64> {
     if weights.is_empty() {
         return Vec::new();

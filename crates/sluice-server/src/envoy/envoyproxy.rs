@@ -72,18 +72,26 @@ fn matched<'p>(
     descriptors: &[Descriptor<'_>],
     found: Vec<Found<'p>>,
 ) -> Vec<Matched<'p>> {
-    let replaced: Vec<String> = found
-        .iter()
-        .filter_map(Found::limit)
-        .flat_map(|l| l.replaces.iter().cloned())
-        .collect();
+    // Decided while `found` is borrowed: no name copied per request.
+    let applies: Vec<bool> = {
+        let replaced: Vec<&str> = found
+            .iter()
+            .filter_map(Found::limit)
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        found
+            .iter()
+            .map(|f| {
+                f.limit()
+                    .is_some_and(|l| !l.name.as_deref().is_some_and(|n| replaced.contains(&n)))
+            })
+            .collect()
+    };
     found
         .into_iter()
         .zip(descriptors)
-        .map(|(found, d)| {
-            let applies = found
-                .limit()
-                .is_some_and(|l| !l.name.as_ref().is_some_and(|n| replaced.contains(n)));
+        .zip(applies)
+        .map(|((found, d), applies)| {
             let counts = applies && found.limit().is_some_and(|l| !l.unlimited);
             let bucket = if counts {
                 let shared = match &found {
