@@ -73,6 +73,7 @@ mod tests {
             shadow: false,
             count_if: None,
             tolerance: crate::tolerance::Tolerance::EXACT,
+            regions: None,
         };
         BoundRule::new(Scope::Global, "/v1/orders", &named, 0.8)
     }

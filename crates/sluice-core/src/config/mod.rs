@@ -94,6 +94,37 @@ pub struct EnvoyServiceConfig {
     pub tolerance: crate::tolerance::Tolerance,
 }
 
+/// A rule's `regions` (SPEC appendix H), with `storage.regions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionScope {
+    /// One budget across every region.
+    Shared,
+    /// A budget of its own in each region.
+    Local,
+}
+
+impl RegionScope {
+    /// A rule's scope when it does not say: shared for tenant, route,
+    /// subject and descriptor rate rules; local for valves and their
+    /// gates, the duplicate guard and concurrency limits (their downstream
+    /// and in-flight requests are each region's own), and for
+    /// `sliding_log` (each admission's time cannot be shared out).
+    pub fn default_for(scope: crate::scope::Scope, rule: &crate::rule::Rule) -> RegionScope {
+        use crate::rule::Algorithm;
+        use crate::scope::Scope;
+        let rate_rule = !matches!(
+            rule.algorithm(),
+            Algorithm::Concurrency | Algorithm::SlidingLog
+        ) && (rule.algorithm() != Algorithm::FixedWindow || rule.aligned());
+        match scope {
+            Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor if rate_rule => {
+                RegionScope::Shared
+            }
+            _ => RegionScope::Local,
+        }
+    }
+}
+
 /// `server:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerConfig {
@@ -265,6 +296,66 @@ pub struct StorageConfig {
     pub breaker_cool_down_ms: u64,
     /// Consecutive successful probes that close the breaker.
     pub breaker_probes: u32,
+    /// `storage.regions`: one budget across regions (SPEC appendix H).
+    pub regions: Option<RegionsConfig>,
+}
+
+/// `storage.regions`: this region, its peers, and how usage moves between
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionsConfig {
+    /// This region's name (`self`).
+    pub this: String,
+    /// Its weight: its share of a shared rule's budget is its weight over
+    /// all regions' (while no usage has moved).
+    pub weight: u32,
+    /// The other regions, by name.
+    pub peers: Vec<PeerRegion>,
+    /// How often usage moves between regions, in milliseconds.
+    pub sync_every_ms: u64,
+    /// A peer not heard from for this long is cut off, in milliseconds.
+    pub peer_timeout_ms: u64,
+}
+
+impl RegionsConfig {
+    /// Every region (this one included) as `(name, weight)`, in the order
+    /// of their names: the order every region computes shares in.
+    pub fn in_order(&self) -> Vec<(&str, u32)> {
+        let mut all: Vec<(&str, u32)> = self
+            .peers
+            .iter()
+            .map(|p| (p.name.as_str(), p.weight))
+            .chain(std::iter::once((self.this.as_str(), self.weight)))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+/// One peer region: its name, its store, its weight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRegion {
+    /// Its name, as its own `storage.regions.self` says it.
+    pub name: String,
+    /// Its store: one Redis (`url`) or a Redis Cluster (`nodes`).
+    pub store: PeerStore,
+    /// Its weight.
+    pub weight: u32,
+}
+
+/// Where a peer region keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerStore {
+    /// One Redis node.
+    Redis {
+        /// Its URL, credentials included.
+        url: String,
+    },
+    /// A Redis Cluster, from seed nodes.
+    RedisCluster {
+        /// Seed node URLs.
+        nodes: Vec<String>,
+    },
 }
 
 /// Where a secret is read from.
@@ -407,6 +498,9 @@ pub struct NamedRule {
     /// local slices ([`Tolerance::EXACT`](crate::tolerance::Tolerance::EXACT):
     /// never).
     pub tolerance: crate::tolerance::Tolerance,
+    /// `regions`: one budget across regions or one per region; `None`:
+    /// the default for its scope ([`RegionScope::default_for`]).
+    pub regions: Option<RegionScope>,
 }
 
 /// Defaults, shared with the documentation.

@@ -119,6 +119,26 @@ pub(crate) struct RawStorage {
     pub fallback_instances: Option<S<i64>>,
     pub denial_cache: Option<S<bool>>,
     pub breaker: Option<RawBreaker>,
+    pub regions: Option<S<RawRegions>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRegions {
+    #[serde(rename = "self")]
+    pub this: Option<S<String>>,
+    pub weight: Option<S<i64>>,
+    pub peers: Option<S<BTreeMap<String, S<RawPeer>>>>,
+    pub sync_every: Option<S<String>>,
+    pub peer_timeout: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPeer {
+    pub url: Option<S<String>>,
+    pub nodes: Option<S<Vec<S<String>>>>,
+    pub weight: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -179,6 +199,7 @@ pub(crate) struct RawRule {
     pub reserve: Option<S<BTreeMap<String, S<String>>>>,
     pub max_debt: Option<S<i64>>,
     pub count_if: Option<S<RawCountIf>>,
+    pub regions: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

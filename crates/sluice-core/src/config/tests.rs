@@ -509,3 +509,129 @@ fn a_list_or_map_of_the_wrong_shape_is_named() {
         assert_eq!(single_error(yaml), said);
     }
 }
+
+const REGIONS: &str = r#"
+storage:
+  backend: redis
+  url: "redis://redis-eu:6379"
+  regions:
+    self: eu
+    weight: 2
+    peers:
+      us: { url: "redis://redis-us:6379" }
+      ap: { nodes: ["redis://ap-1:7000", "redis://ap-2:7000"], weight: 3 }
+    sync_every: 100ms
+default_plan: p
+plans:
+  p:
+    tenant:
+      - { name: minute, algorithm: fixed_window, limit: 100, per: 1m, aligned: true }
+      - { name: rate, limit: 10, per: 1s, regions: local }
+"#;
+
+#[test]
+fn storage_regions_parse_with_their_defaults_and_order() {
+    let config = Config::from_yaml(REGIONS, "t.yaml").unwrap();
+    let regions = config.storage.regions.expect("storage.regions");
+    assert_eq!(regions.this, "eu");
+    assert_eq!(
+        (regions.sync_every_ms, regions.peer_timeout_ms),
+        (100, 5_000)
+    );
+    assert_eq!(regions.in_order(), [("ap", 3), ("eu", 2), ("us", 1)]);
+    let ap = regions.peers.iter().find(|p| p.name == "ap").unwrap();
+    assert_eq!(
+        ap.store,
+        PeerStore::RedisCluster {
+            nodes: vec!["redis://ap-1:7000".into(), "redis://ap-2:7000".into()]
+        }
+    );
+    let plan = config.limits.plans.iter().find(|p| p.name == "p").unwrap();
+    let rules = &plan.tenant;
+    assert_eq!(rules[0].regions, None);
+    assert_eq!(rules[1].regions, Some(RegionScope::Local));
+    assert_eq!(
+        RegionScope::default_for(crate::Scope::Tenant, &rules[0].rule),
+        RegionScope::Shared
+    );
+}
+
+#[test]
+fn storage_regions_errors_name_the_field_and_what_is_allowed() {
+    let cases = [
+        (
+            "backend: redis",
+            "backend: memory",
+            "the memory store has no peers",
+        ),
+        (
+            "self: eu",
+            "self: EU",
+            "`storage.regions.self` must be 1 to 32 lowercase",
+        ),
+        (
+            "self: eu\n    weight: 2",
+            "weight: 2",
+            "`storage.regions` needs `self`",
+        ),
+        (
+            "weight: 2",
+            "weight: 0",
+            "`storage.regions.weight` must be from 1 to 1000, got 0",
+        ),
+        (
+            "us: { url: \"redis://redis-us:6379\" }",
+            "eu: { url: \"redis://x:1\" }",
+            "`storage.regions.peers.eu` is this region",
+        ),
+        (
+            "us: { url: \"redis://redis-us:6379\" }",
+            "us: { url: \"http://x\" }",
+            "`storage.regions.peers.us.url` must be a redis://",
+        ),
+        (
+            "us: { url: \"redis://redis-us:6379\" }",
+            "us: { weight: 1 }",
+            "`storage.regions.peers.us` needs `url` (one Redis) or `nodes`",
+        ),
+        (
+            "sync_every: 100ms",
+            "sync_every: 5ms",
+            "`storage.regions.sync_every` must be from 10ms to 1m, got 5ms",
+        ),
+        (
+            "sync_every: 100ms",
+            "sync_every: 1s\n    peer_timeout: 1s",
+            "`storage.regions.peer_timeout` must be from 2s to 1h, got 1s",
+        ),
+        (
+            ", aligned: true }",
+            " }",
+            "a shared fixed_window needs `aligned: true`",
+        ),
+        (
+            "regions: local",
+            "regions: everywhere",
+            "unknown `regions` `everywhere`; allowed: shared",
+        ),
+    ];
+    for (from, to, expected) in cases {
+        let mut yaml = REGIONS.replacen(from, to, 1);
+        if from == ", aligned: true }" {
+            yaml = yaml.replacen("per: 1m }", "per: 1m, regions: shared }", 1);
+        }
+        let found = errors(&yaml);
+        assert!(
+            found.iter().any(|e| e.contains(expected)),
+            "{to}: expected {expected:?} in {found:?}"
+        );
+    }
+    let valve = "global:\n  \"*\": [{ name: db, limit: 100, per: 1s, regions: shared }]\n";
+    let found = errors(&format!("{REGIONS}{valve}"));
+    assert!(
+        found
+            .iter()
+            .any(|e| e.contains("a valve protects each region's own downstream")),
+        "{found:?}"
+    );
+}

@@ -50,6 +50,7 @@ pub(super) fn override_limit(
                 shadow: false,
                 count_if: None,
                 tolerance: sluice_core::tolerance::Tolerance::EXACT,
+                regions: None,
             },
             near_limit,
         )]),

@@ -52,6 +52,7 @@ impl Lease {
                     shadow: false,
                     count_if: None,
                     tolerance: sluice_core::tolerance::Tolerance::EXACT,
+                    regions: None,
                 };
                 BoundRule::new(scope, pattern, &named, 1.0)
             })

@@ -129,6 +129,7 @@ pub(super) fn rate_limit(
                 shadow: false,
                 count_if: None,
                 tolerance: crate::tolerance::Tolerance::EXACT,
+                regions: None,
             }),
             Err(e) => {
                 v.push(at, e.to_string());

@@ -4,7 +4,7 @@
 //! section of the file is read by a file of its own:
 //!
 //! - [`server`], [`storage`], [`keys`], [`ledger`], [`envoy_service`]: the
-//!   sections of the same names;
+//!   sections of the same names; [`regions`]: `storage.regions`;
 //! - [`limits`]: plans, tenants and the default plan;
 //! - [`routes`]: route tables and their patterns, `dedupe`;
 //! - [`rules`]: one list of rules, and each rule in it;
@@ -23,6 +23,7 @@ mod fields;
 mod keys;
 mod ledger;
 mod limits;
+mod regions;
 mod routes;
 mod rules;
 mod server;

@@ -58,6 +58,7 @@ impl Validator<'_> {
                         shadow: false,
                         count_if: None,
                         tolerance: crate::tolerance::Tolerance::EXACT,
+                        regions: None,
                     }],
                 }
             })

@@ -3,8 +3,8 @@
 use serde_saphyr::Location;
 
 use super::{MAX_NAME_BYTES, Validator};
-use crate::config::NamedRule;
 use crate::config::raw::{RawCountIf, RawRule, RawStatus, S};
+use crate::config::{NamedRule, RegionScope};
 use crate::duration::parse_duration_ms;
 use crate::rule::{Algorithm, Rule};
 use crate::status::StatusSet;
@@ -65,6 +65,7 @@ impl Validator<'_> {
                 );
             }
             let tolerance = rule.value.tolerance.clone();
+            let regions = self.region_scope(&rule.value, scope);
             if let Some(rule) = self.rule(rule.value, at) {
                 let tolerance =
                     self.tolerance(tolerance.as_ref(), &rule, scope, count_if.is_some());
@@ -74,10 +75,56 @@ impl Validator<'_> {
                     shadow,
                     count_if,
                     tolerance,
+                    regions,
                 });
             }
         }
         out
+    }
+
+    /// `regions: shared | local`; shared is refused where a region's own
+    /// budget is the only one that makes sense, or its state cannot be
+    /// shared out.
+    fn region_scope(&mut self, raw: &RawRule, scope: &str) -> Option<RegionScope> {
+        let value = raw.regions.as_ref()?;
+        match value.value.as_str() {
+            "shared" => {}
+            "local" => return Some(RegionScope::Local),
+            other => {
+                self.push(
+                    value.referenced,
+                    format!(
+                        "unknown `regions` `{other}`; allowed: shared (one budget across regions), local (one budget per region)"
+                    ),
+                );
+                return None;
+            }
+        }
+        let algorithm = raw.algorithm.as_ref().map_or("gcra", |a| a.value.as_str());
+        let aligned = raw.aligned.as_ref().is_some_and(|a| a.value);
+        let refused = if scope == "global" {
+            Some("a valve protects each region's own downstream")
+        } else if algorithm == "concurrency" {
+            Some("requests in flight are each region's own")
+        } else if algorithm == "sliding_log" {
+            Some(
+                "a sliding_log keeps each admission's time, which cannot be shared out between regions (a sliding_window can be shared)",
+            )
+        } else if algorithm == "fixed_window" && !aligned {
+            Some(
+                "a shared fixed_window needs `aligned: true`, so that every region counts the same windows",
+            )
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            self.push(
+                value.referenced,
+                format!("`regions: shared` is not for this rule: {why}; use `regions: local`"),
+            );
+            return None;
+        }
+        Some(RegionScope::Shared)
     }
 
     fn rule(&mut self, raw: RawRule, at: Location) -> Option<Rule> {

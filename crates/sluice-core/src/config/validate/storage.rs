@@ -170,7 +170,9 @@ impl Validator<'_> {
             defaults::BREAKER_COOL_DOWN_MS,
             10..=600_000,
         );
+        let regions = raw.regions.map(|regions| self.regions(regions, &backend));
         StorageConfig {
+            regions,
             backend,
             timeout_ms,
             on_error,
@@ -186,7 +188,7 @@ impl Validator<'_> {
         }
     }
 
-    fn redis_url(&mut self, url: &S<String>, field: &str) {
+    pub(super) fn redis_url(&mut self, url: &S<String>, field: &str) {
         let ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
             .iter()
             .any(|scheme| url.value.starts_with(scheme) && url.value.len() > scheme.len());
