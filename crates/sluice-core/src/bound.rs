@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::NamedRule;
+use crate::config::{NamedRule, RegionScope};
 use crate::duration::seconds_rounded_up;
 use crate::rule::{Algorithm, Rule};
 use crate::scope::Scope;
@@ -24,6 +24,9 @@ pub struct BoundRule {
     rule: Rule,
     shadow: bool,
     tolerance: Tolerance,
+    /// One budget across regions (`regions: shared`, SPEC appendix H),
+    /// where `storage.regions` links them.
+    shared: bool,
     /// The length of the identity's scope and pattern (see `group`).
     group_len: usize,
     uid: u64,
@@ -90,6 +93,10 @@ impl BoundRule {
             rule,
             shadow: named.shadow,
             tolerance: named.tolerance,
+            shared: named
+                .regions
+                .unwrap_or_else(|| RegionScope::default_for(scope, &rule))
+                == RegionScope::Shared,
             group_len,
             uid,
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
@@ -119,6 +126,7 @@ impl BoundRule {
         BoundRule {
             texts: valve.texts.with_identity(identity),
             scope: Scope::Share,
+            shared: false,
             group_len,
             uid,
             near_at_remaining: 0,
@@ -149,8 +157,15 @@ impl BoundRule {
     pub fn with_rule(&self, rule: Rule) -> BoundRule {
         BoundRule {
             rule,
+            shared: self.shared && RegionScope::shareable(&rule).is_ok(),
             ..self.clone()
         }
+    }
+
+    /// Whether its budget is one across regions, where `storage.regions`
+    /// links them (see [`crate::regions`]).
+    pub fn shared_across_regions(&self) -> bool {
+        self.shared
     }
 
     /// The policy name shown in headers and denials.

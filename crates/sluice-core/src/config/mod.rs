@@ -105,22 +105,40 @@ pub enum RegionScope {
 
 impl RegionScope {
     /// A rule's scope when it does not say: shared for tenant, route,
-    /// subject and descriptor rate rules; local for valves and their
-    /// gates, the duplicate guard and concurrency limits (their downstream
-    /// and in-flight requests are each region's own), and for
-    /// `sliding_log` (each admission's time cannot be shared out).
+    /// subject and descriptor rules whose state can be shared out; local
+    /// for valves and their gates, the duplicate guard and concurrency
+    /// limits (their downstream and in-flight requests are each region's
+    /// own), and for the algorithms [`RegionScope::shareable`] refuses.
     pub fn default_for(scope: crate::scope::Scope, rule: &crate::rule::Rule) -> RegionScope {
-        use crate::rule::Algorithm;
         use crate::scope::Scope;
-        let rate_rule = !matches!(
-            rule.algorithm(),
-            Algorithm::Concurrency | Algorithm::SlidingLog
-        ) && (rule.algorithm() != Algorithm::FixedWindow || rule.aligned());
         match scope {
-            Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor if rate_rule => {
+            Scope::Tenant | Scope::Route | Scope::Subject | Scope::Descriptor
+                if RegionScope::shareable(rule).is_ok() =>
+            {
                 RegionScope::Shared
             }
             _ => RegionScope::Local,
+        }
+    }
+
+    /// Whether a rule's budget can be one across regions; if not, why
+    /// (for the validation's message). Only an aligned `fixed_window` is
+    /// shared so far: each region counts the same windows, and budget
+    /// moves between regions per window (see [`crate::regions`]).
+    pub fn shareable(rule: &crate::rule::Rule) -> Result<(), &'static str> {
+        use crate::rule::Algorithm;
+        match rule.algorithm() {
+            Algorithm::FixedWindow if rule.aligned() => Ok(()),
+            Algorithm::FixedWindow => Err(
+                "a shared fixed_window needs `aligned: true`, so that every region counts the same windows",
+            ),
+            Algorithm::Concurrency => Err("requests in flight are each region's own"),
+            Algorithm::SlidingLog => Err(
+                "a sliding_log keeps each admission's time, which cannot be shared out between regions",
+            ),
+            Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::SlidingWindow => Err(
+                "only an aligned fixed_window is shared across regions so far (gcra, token_bucket and sliding_window keep a budget per region)",
+            ),
         }
     }
 }
@@ -337,25 +355,10 @@ impl RegionsConfig {
 pub struct PeerRegion {
     /// Its name, as its own `storage.regions.self` says it.
     pub name: String,
-    /// Its store: one Redis (`url`) or a Redis Cluster (`nodes`).
-    pub store: PeerStore,
+    /// Its store: one Redis, credentials included.
+    pub url: String,
     /// Its weight.
     pub weight: u32,
-}
-
-/// Where a peer region keeps its state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PeerStore {
-    /// One Redis node.
-    Redis {
-        /// Its URL, credentials included.
-        url: String,
-    },
-    /// A Redis Cluster, from seed nodes.
-    RedisCluster {
-        /// Seed node URLs.
-        nodes: Vec<String>,
-    },
 }
 
 /// Where a secret is read from.

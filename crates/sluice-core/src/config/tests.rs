@@ -519,7 +519,7 @@ storage:
     weight: 2
     peers:
       us: { url: "redis://redis-us:6379" }
-      ap: { nodes: ["redis://ap-1:7000", "redis://ap-2:7000"], weight: 3 }
+      ap: { url: "redis://redis-ap:6379", weight: 3 }
     sync_every: 100ms
 default_plan: p
 plans:
@@ -540,12 +540,7 @@ fn storage_regions_parse_with_their_defaults_and_order() {
     );
     assert_eq!(regions.in_order(), [("ap", 3), ("eu", 2), ("us", 1)]);
     let ap = regions.peers.iter().find(|p| p.name == "ap").unwrap();
-    assert_eq!(
-        ap.store,
-        PeerStore::RedisCluster {
-            nodes: vec!["redis://ap-1:7000".into(), "redis://ap-2:7000".into()]
-        }
-    );
+    assert_eq!((ap.url.as_str(), ap.weight), ("redis://redis-ap:6379", 3));
     let plan = config.limits.plans.iter().find(|p| p.name == "p").unwrap();
     let rules = &plan.tenant;
     assert_eq!(rules[0].regions, None);
@@ -592,7 +587,22 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
         (
             "us: { url: \"redis://redis-us:6379\" }",
             "us: { weight: 1 }",
-            "`storage.regions.peers.us` needs `url` (one Redis) or `nodes`",
+            "`storage.regions.peers.us` needs `url`",
+        ),
+        (
+            "us: { url: \"redis://redis-us:6379\" }",
+            "us: { nodes: [\"redis://x:1\"] }",
+            "a peer on Redis Cluster is not linked yet",
+        ),
+        (
+            "backend: redis\n  url: \"redis://redis-eu:6379\"",
+            "backend: redis-cluster\n  nodes: [\"redis://eu-1:7000\"]",
+            "does not yet link a Redis Cluster",
+        ),
+        (
+            "regions: local",
+            "regions: shared",
+            "only an aligned fixed_window is shared across regions so far",
         ),
         (
             "sync_every: 100ms",

@@ -77,6 +77,7 @@
 mod giving;
 mod part;
 mod share;
+pub mod stored;
 
 pub use giving::{FLOOR_DIVISOR, Heard, grants};
 pub use part::Part;

@@ -27,21 +27,6 @@
 -- repaired first (as a decision repairs it), then charged, owing at most
 -- max_debt. A key's expiry grows with what it owes.
 
--- A rule's record written into its group's value (appended when it has
--- none), the key expiring no sooner than it did nor than idle + SLACK.
-local function write_record(key, name, idle, a, b, c, now)
-  local value = call('GET', key)
-  local record = spack(RECORD, name, idle, a, b, c)
-  local pos = value and find_record(value, name)
-  if pos then
-    value = sub(value, 1, pos - 1) .. record .. sub(value, pos + RECORD_BYTES)
-  else
-    value = (value or '') .. record
-  end
-  local ttl = call('PTTL', key)
-  call('SET', key, value, 'PX', max(ttl, idle - now + SLACK))
-end
-
 -- The record of one rule, repaired as a decision would repair it.
 local function repaired(key, algorithm, name, now, limit, per, burst, aligned, max_debt)
   local value = call('GET', key)
@@ -116,6 +101,15 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     local kept = min(counted, max(limit + max_debt, count))
     forgiven = counted - kept
     write_record(key, name, window_idle(start, kept, limit, per), start, kept, 0, now)
+  elseif algorithm == 7 then
+    -- A window shared across regions (regions::Stored::debit): the window
+    -- of now counts it, at most max_debt past this region's cap.
+    local window = idiv(now, per) * per
+    if x ~= window then y, z = 0, 0 end
+    local counted = y + cost
+    local kept = min(counted, max(max(0, limit + z) + max_debt, y))
+    forgiven = counted - kept
+    write_record(key, name, window + per, window, kept, z, now)
   else
     -- sliding_window: the current window counts it, owing beyond limit.
     local start = idiv(now, per) * per

@@ -7,6 +7,7 @@ use sluice_core::keys::Record;
 use sluice_core::{Algorithm, BoundRule};
 use smallvec::SmallVec;
 
+use super::regions::Regions;
 use crate::clock::Clock;
 use crate::store::Batch;
 
@@ -29,6 +30,9 @@ impl std::fmt::Debug for TimeSource {
         })
     }
 }
+
+/// The scripts' code of a fixed_window shared across regions.
+const SHARED_WINDOW: u64 = 7;
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {
     match algorithm {
@@ -56,6 +60,19 @@ pub(super) fn header(time: &TimeSource, lease: Option<u128>) -> String {
     }
 }
 
+impl TimeSource {
+    /// Now in ms: the caller's clock, or this machine's where the script
+    /// reads Redis's (for what is only noted here, not decided).
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            TimeSource::Server => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            TimeSource::Client(clock) => clock.now_ms(),
+        }
+    }
+}
+
 /// The script's "now" argument: "" for the server's clock.
 pub(super) fn now_arg(time: &TimeSource) -> String {
     match time {
@@ -72,6 +89,9 @@ pub struct Selection<'s> {
     pub indices: Option<&'s [usize]>,
     /// Global valves are split into this many shares (Redis Cluster).
     pub valve_parts: u64,
+    /// The regions a shared rule's budget is one across (`None`: regions
+    /// are off, every rule is this store's own).
+    pub regions: Option<&'s Regions>,
 }
 
 impl Selection<'_> {
@@ -79,6 +99,7 @@ impl Selection<'_> {
     pub const ALL: Selection<'static> = Selection {
         indices: None,
         valve_parts: 1,
+        regions: None,
     };
 
     pub(super) fn each(&self, rules: usize) -> impl Iterator<Item = usize> + '_ {
@@ -166,7 +187,7 @@ impl PackedRules {
         }
         let mut packed = SmallVec::with_capacity(RULE_WIDTH * index.len());
         for (j, i) in selection.each(batch.rules.len()).enumerate() {
-            let values = rule_values(batch, i, selection.valve_parts);
+            let values = rule_values(batch, i, selection);
             pack_rule(
                 &mut packed,
                 values,
@@ -208,9 +229,25 @@ impl PackedRules {
 }
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
-/// burst, aligned, cost, max_debt.
-pub(super) fn rule_values(batch: &Batch<'_>, i: usize, valve_parts: u64) -> [u64; 7] {
-    let rule = enforced(&batch.rules[i], valve_parts);
+/// burst, aligned, cost, max_debt. A rule shared across regions is the
+/// script's `shared_window` (code 7), its limit this region's share of
+/// its pool.
+pub(super) fn rule_values(batch: &Batch<'_>, i: usize, selection: Selection<'_>) -> [u64; 7] {
+    let bound = &batch.rules[i];
+    let rule = enforced(bound, selection.valve_parts);
+    if let Some(regions) = selection.regions
+        && bound.shared_across_regions()
+    {
+        return [
+            SHARED_WINDOW,
+            regions.share(Regions::pool(bound)),
+            rule.period_ms(),
+            rule.burst(),
+            1,
+            batch.cost_of(i),
+            rule.max_debt(),
+        ];
+    }
     [
         u64::from(algorithm_code(rule.algorithm())),
         rule.limit(),

@@ -195,6 +195,32 @@ local function fixed_window(name, found, start, count, _, now, cost, limit, per,
     ends_in + (waits - 1) * per, nil, nil, fixed, fixed_idle
 end
 
+-- A fixed_window shared across regions (sluice-core's regions::Stored::
+-- decide): aligned; limit is this region's share of the pool, and the
+-- record's third number what moved here in its window (heard from peers
+-- less granted to them, see regions/ledger.lua): it admits while count +
+-- cost <= share + moved. A window that ended starts afresh; a record of a
+-- later window (the clock stepped back) is re-dated keeping its count and
+-- none of what moved to it.
+local function shared_window(name, found, start, count, moved, now, cost, share, per)
+  local window = idiv(now, per) * per
+  local fixed, fixed_idle
+  if not found or start < window then
+    count, moved = 0, 0
+  elseif start > window then
+    moved = min(moved, 0)
+    fixed_idle = window + per
+    fixed = spack(RECORD, name, fixed_idle, window, count, moved)
+  end
+  local cap = max(0, share + moved)
+  local ends_in = max(1, window + per - now)
+  if count + cost <= cap then
+    return 1, cap - count - cost, ends_in, 0,
+      spack(RECORD, name, window + per, window, count + cost, moved), window + per, fixed, fixed_idle
+  end
+  return 0, max(0, cap - count), ends_in, ends_in, nil, nil, fixed, fixed_idle
+end
+
 -- The counts (prev, cur) as of the window starting at start
 -- (sluice-core's sliding_window::moved): each window that passed repays
 -- limit of what was owed.
@@ -351,7 +377,7 @@ end
 
 -- The algorithms whose state is a few numbers, by code; and a record's
 -- numbers when there is none.
-local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
+local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window, nil, shared_window }
 local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
 -- Appends to parts (or list; np so far, the latest idle idle_at) the
@@ -405,6 +431,21 @@ local function read_record(value, name, previous)
   if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
   if previous and value and not found then found = find_record(value, previous) end
   return found, sunpack('<ddd', found and value or NONE, (found or 1) + 16)
+end
+
+-- A rule's record written into its group's value (appended when it has
+-- none), the key expiring no sooner than it did nor than idle + SLACK.
+local function write_record(key, name, idle, a, b, c, now)
+  local value = call('GET', key)
+  local record = spack(RECORD, name, idle, a, b, c)
+  local pos = value and find_record(value, name)
+  if pos then
+    value = sub(value, 1, pos - 1) .. record .. sub(value, pos + RECORD_BYTES)
+  else
+    value = (value or '') .. record
+  end
+  local ttl = call('PTTL', key)
+  call('SET', key, value, 'PX', max(ttl, idle - now + SLACK))
 end
 
 -- The reply's layout for n rules (made once per n).

@@ -30,6 +30,7 @@ pub mod inspect;
 pub mod keys;
 pub mod node;
 pub mod refund;
+pub mod regions;
 pub(crate) mod store;
 
 pub use adjust::{ADJUST_LUA, AdjustCall, AdjustReply, adjust_reply};

@@ -8,12 +8,14 @@
 //! connects and reloaded transparently when the node lacks it (a restart, a
 //! failover, `FUNCTION FLUSH`; `NOSCRIPT` for the script).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
+use crate::redis::regions::Regions;
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
 use crate::store::{Batch, Decided, Peeked, Store, StoreError};
@@ -22,6 +24,8 @@ use crate::store::{Batch, Decided, Peeked, Store, StoreError};
 #[derive(Clone)]
 pub struct RedisStore {
     redis: Redis<Node>,
+    /// The regions shared rules are one budget across (`None`: off).
+    regions: Option<Arc<Regions>>,
 }
 
 /// One node: a connection manager that reconnects on its own, and what
@@ -131,6 +135,7 @@ impl RedisStore {
         };
         let store = RedisStore {
             redis: Redis::new(node, keys, timeout),
+            regions: None,
         };
         // Preload the function when Redis is there; when it is not, the
         // first call after it comes back loads it (see script::Decide).
@@ -160,14 +165,60 @@ impl RedisStore {
         self
     }
 
+    /// Makes shared rules one budget across `regions` (SPEC appendix H):
+    /// each decides against this region's part, and notes what it asked
+    /// for the region link (see [`Link`](crate::redis::regions::Link)).
+    pub fn with_regions(mut self, regions: Arc<Regions>) -> RedisStore {
+        self.regions = Some(regions);
+        self
+    }
+
+    /// The regions, when shared rules are one budget across them.
+    pub fn regions(&self) -> Option<&Arc<Regions>> {
+        self.regions.as_ref()
+    }
+
     /// How keys are derived.
     pub fn keys(&self) -> &KeySet {
         &self.redis.keys
     }
 
+    /// Where the scripts' "now" comes from.
+    pub fn time(&self) -> &TimeSource {
+        &self.redis.time
+    }
+
+    /// The shared connection (the region link's, the admin API's).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.redis.reach.connection.clone()
+    }
+
+    /// Every rule of a batch, each shared one as this region's part.
+    fn selection(&self) -> script::Selection<'_> {
+        script::Selection {
+            regions: self.regions.as_deref(),
+            ..script::Selection::ALL
+        }
+    }
+
+    /// Notes what a decision asks of its shared rules, for the link.
+    fn note_shared(&self, batch: &Batch<'_>, buckets: &Buckets) {
+        let Some(regions) = &self.regions else {
+            return;
+        };
+        let now = self.redis.time.now_ms();
+        for (i, rule) in batch.rules.iter().enumerate() {
+            if rule.shared_across_regions() {
+                let cost = batch.cost_of(i);
+                regions.note(rule, &buckets.keys[i], buckets.records[i], cost, now);
+            }
+        }
+    }
+
     async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         let redis = &self.redis;
         let buckets = KeySet::keys(&redis.keys.current, batch, Valve::WHOLE);
+        self.note_shared(batch, &buckets);
         let previous = redis
             .keys
             .previous
@@ -175,7 +226,7 @@ impl RedisStore {
             .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
         let call = script::DecideCall::new(
             batch,
-            script::Selection::ALL,
+            self.selection(),
             buckets.keys.into_vec(),
             &buckets.records,
             previous.as_ref(),
@@ -202,7 +253,7 @@ impl RedisStore {
     pub async fn refund(&self, batch: &Batch<'_>, at: u64) -> Result<u64, StoreError> {
         let Buckets { keys, records } = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
         self.redis
-            .refund(batch, script::Selection::ALL, keys.into_vec(), &records, at)
+            .refund(batch, self.selection(), keys.into_vec(), &records, at)
             .await
     }
 
@@ -243,7 +294,7 @@ impl Store for RedisStore {
             .redis
             .adjust(
                 batch,
-                script::Selection::ALL,
+                self.selection(),
                 (keys.into_vec(), &records),
                 change,
                 marker,

@@ -3,7 +3,7 @@
 
 use super::Validator;
 use crate::config::raw::{RawPeer, RawRegions, S};
-use crate::config::{Backend, PeerRegion, PeerStore, RegionsConfig};
+use crate::config::{Backend, PeerRegion, RegionsConfig};
 
 /// Most peers a region links to.
 const MAX_PEERS: usize = 15;
@@ -33,11 +33,16 @@ impl Validator<'_> {
     pub(super) fn regions(&mut self, raw: S<RawRegions>, backend: &Backend) -> RegionsConfig {
         let at = raw.referenced;
         let raw = raw.value;
-        if matches!(backend, Backend::Memory) {
-            self.push(
+        match backend {
+            Backend::Redis { .. } => {}
+            Backend::Memory => self.push(
                 at,
-                "`storage.regions` needs this region's shared store: `storage.backend: redis` or `redis-cluster` (the memory store has no peers)",
-            );
+                "`storage.regions` needs this region's shared store: `storage.backend: redis` (the memory store has no peers)",
+            ),
+            Backend::RedisCluster { .. } => self.push(
+                at,
+                "`storage.regions` does not yet link a Redis Cluster: this region's store must be `storage.backend: redis`",
+            ),
         }
         let this = match raw.this {
             Some(this) if region_name(&this.value) => this.value,
@@ -126,23 +131,17 @@ impl Validator<'_> {
             );
             return None;
         }
-        let store = match (raw.url, raw.nodes) {
+        let url = match (raw.url, raw.nodes) {
             (Some(url), None) => {
                 self.redis_url(&url, &format!("{field}.url"));
-                PeerStore::Redis { url: url.value }
-            }
-            (None, Some(nodes)) if !nodes.value.is_empty() => {
-                for node in &nodes.value {
-                    self.redis_url(node, &format!("{field}.nodes"));
-                }
-                PeerStore::RedisCluster {
-                    nodes: nodes.value.into_iter().map(|n| n.value).collect(),
-                }
+                url.value
             }
             (None, Some(nodes)) => {
                 self.push(
                     nodes.referenced,
-                    format!("`{field}.nodes` must list the peer's Redis Cluster seed nodes"),
+                    format!(
+                        "`{field}.nodes`: a peer on Redis Cluster is not linked yet; give the peer's one Redis as `url`"
+                    ),
                 );
                 return None;
             }
@@ -158,7 +157,7 @@ impl Validator<'_> {
             (None, None) => {
                 self.push(
                     at,
-                    format!("`{field}` needs `url` (one Redis) or `nodes` (a Redis Cluster)"),
+                    format!("`{field}` needs `url`: the peer region's Redis"),
                 );
                 return None;
             }
@@ -169,10 +168,6 @@ impl Validator<'_> {
             1,
             1..=MAX_WEIGHT,
         ) as u32;
-        Some(PeerRegion {
-            name,
-            store,
-            weight,
-        })
+        Some(PeerRegion { name, url, weight })
     }
 }

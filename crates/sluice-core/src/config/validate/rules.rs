@@ -65,8 +65,9 @@ impl Validator<'_> {
                 );
             }
             let tolerance = rule.value.tolerance.clone();
-            let regions = self.region_scope(&rule.value, scope);
+            let regions = rule.value.regions.clone();
             if let Some(rule) = self.rule(rule.value, at) {
+                let regions = self.region_scope(regions, &rule, scope);
                 let tolerance =
                     self.tolerance(tolerance.as_ref(), &rule, scope, count_if.is_some());
                 out.push(NamedRule {
@@ -84,9 +85,14 @@ impl Validator<'_> {
 
     /// `regions: shared | local`; shared is refused where a region's own
     /// budget is the only one that makes sense, or its state cannot be
-    /// shared out.
-    fn region_scope(&mut self, raw: &RawRule, scope: &str) -> Option<RegionScope> {
-        let value = raw.regions.as_ref()?;
+    /// shared out (yet).
+    fn region_scope(
+        &mut self,
+        value: Option<S<String>>,
+        rule: &Rule,
+        scope: &str,
+    ) -> Option<RegionScope> {
+        let value = value?;
         match value.value.as_str() {
             "shared" => {}
             "local" => return Some(RegionScope::Local),
@@ -100,24 +106,12 @@ impl Validator<'_> {
                 return None;
             }
         }
-        let algorithm = raw.algorithm.as_ref().map_or("gcra", |a| a.value.as_str());
-        let aligned = raw.aligned.as_ref().is_some_and(|a| a.value);
         let refused = if scope == "global" {
-            Some("a valve protects each region's own downstream")
-        } else if algorithm == "concurrency" {
-            Some("requests in flight are each region's own")
-        } else if algorithm == "sliding_log" {
-            Some(
-                "a sliding_log keeps each admission's time, which cannot be shared out between regions (a sliding_window can be shared)",
-            )
-        } else if algorithm == "fixed_window" && !aligned {
-            Some(
-                "a shared fixed_window needs `aligned: true`, so that every region counts the same windows",
-            )
+            Err("a valve protects each region's own downstream")
         } else {
-            None
+            RegionScope::shareable(rule)
         };
-        if let Some(why) = refused {
+        if let Err(why) = refused {
             self.push(
                 value.referenced,
                 format!("`regions: shared` is not for this rule: {why}; use `regions: local`"),

@@ -74,6 +74,7 @@ impl ClusterStore {
                     Selection {
                         indices: Some(&lead),
                         valve_parts,
+                        regions: None,
                     },
                     (keys, &records),
                     dated(&lead, change),
@@ -104,6 +105,7 @@ impl ClusterStore {
                     Selection {
                         indices: Some(group),
                         valve_parts,
+                        regions: None,
                     },
                     (keys, &records),
                     dated(group, rest_change),

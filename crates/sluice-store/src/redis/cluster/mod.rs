@@ -225,6 +225,7 @@ impl ClusterStore {
             let selection = Selection {
                 indices: Some(&group),
                 valve_parts,
+                regions: None,
             };
             let (group_keys, records) = select(&buckets, &group);
             let call = script::DecideCall::new(
@@ -372,6 +373,7 @@ impl ClusterStore {
                 let selection = Selection {
                     indices: Some(group),
                     valve_parts,
+                    regions: None,
                 };
                 let (group_keys, records) = select(buckets, group);
                 let call = script::DecideCall::new(
@@ -514,6 +516,7 @@ impl Store for ClusterStore {
                 let selection = Selection {
                     indices: Some(&group),
                     valve_parts,
+                    regions: None,
                 };
                 let (group_keys, records) = select(&buckets, &group);
                 let (evalsha, eval) =

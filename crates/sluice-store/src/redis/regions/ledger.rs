@@ -1,0 +1,176 @@
+//! The ledger script (`ledger.lua`): what the region link reads of a
+//! shared rule's part and how it moves budget (grants made here, totals
+//! heard from peers). Each step is a call of its own on the region's
+//! Redis; the script's arithmetic is `sluice_core::regions::Stored`'s.
+
+use sluice_core::keys::Record;
+use sluice_core::regions::Heard;
+use sluice_core::regions::stored::{Snapshot, View};
+
+use redis::ScriptInvocation;
+
+use crate::redis::args::{TimeSource, now_arg};
+use crate::store::StoreError;
+
+/// The ledger script's source: the helpers and records of the decision,
+/// then its own steps.
+pub const LEDGER_LUA: &str = concat!(
+    include_str!("../common.lua"),
+    include_str!("../decide.lua"),
+    include_str!("ledger.lua"),
+    "return ledger(KEYS, ARGV)\n"
+);
+
+/// The key of the ledger of the group whose key is `group`: beside it (on
+/// Redis Cluster, in its slot).
+pub fn ledger_key(group: &str) -> String {
+    format!("{group}:r")
+}
+
+/// One shared rule of one key, as the link names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shared {
+    /// The rule's group key.
+    pub key: String,
+    /// Its record's name.
+    pub record: Record,
+    /// Its period (ms).
+    pub per_ms: u64,
+}
+
+/// The ledger script, loaded once per process.
+pub fn ledger_script() -> &'static redis::Script {
+    static SCRIPT: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(LEDGER_LUA));
+    &SCRIPT
+}
+
+impl Shared {
+    /// A step's call of the ledger script, its common arguments set.
+    fn call(&self, step: &str, time: &TimeSource, regions: usize) -> ScriptInvocation<'static> {
+        let mut call = ledger_script().prepare_invoke();
+        call.key(&self.key)
+            .key(ledger_key(&self.key))
+            .arg(step)
+            .arg(now_arg(time))
+            .arg(&self.record.0[..])
+            .arg(self.per_ms)
+            .arg(regions);
+        call
+    }
+
+    /// Notes `wanted` units asked in `window` of a rule whose pool is
+    /// `pool`; answers 1 when the window was still the store's, else 0.
+    pub fn note_call(
+        &self,
+        time: &TimeSource,
+        regions: usize,
+        (window, pool, wanted): (u64, u64, u64),
+    ) -> ScriptInvocation<'static> {
+        let mut call = self.call("note", time, regions);
+        call.arg(window).arg(pool).arg(wanted);
+        call
+    }
+
+    /// Reads the part of the window of now: see [`snapshot`].
+    pub fn read_call(&self, time: &TimeSource, regions: usize) -> ScriptInvocation<'static> {
+        self.call("read", time, regions)
+    }
+
+    /// Grants `units` to region `to` in `window` against `share`; answers
+    /// the new total granted to it, -1 when it did not fit or the window
+    /// is over.
+    pub fn grant_call(
+        &self,
+        time: &TimeSource,
+        regions: usize,
+        (window, share, to, units): (u64, u64, usize, u64),
+    ) -> ScriptInvocation<'static> {
+        let mut call = self.call("grant", time, regions);
+        call.arg(window).arg(share).arg(to).arg(units);
+        call
+    }
+
+    /// Applies what a peer shipped; answers the units added, -1 when the
+    /// window is over in that store.
+    pub fn hear_call(
+        &self,
+        time: &TimeSource,
+        regions: usize,
+        hearing: &Hearing,
+    ) -> ScriptInvocation<'static> {
+        let mut call = self.call("hear", time, regions);
+        let v = hearing.view;
+        call.arg(hearing.window)
+            .arg(hearing.pool)
+            .arg(hearing.from)
+            .arg(hearing.total)
+            .arg(v.cap)
+            .arg(v.used)
+            .arg(v.wanted)
+            .arg(v.heard_from_you);
+        call
+    }
+}
+
+/// What a region ships to a peer of one shared rule's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hearing {
+    /// The window.
+    pub window: u64,
+    /// The rule's pool.
+    pub pool: u64,
+    /// The shipping region's index.
+    pub from: usize,
+    /// The total it granted the peer.
+    pub total: u64,
+    /// Its part as it sees it.
+    pub view: Heard,
+}
+
+/// Decodes a `read` reply (see ledger.lua). The part's share is left 0:
+/// the caller knows the regions' weights.
+pub fn snapshot(reply: &[u8], regions: usize) -> Result<Snapshot, StoreError> {
+    let n = regions;
+    let numbers: Vec<f64> = reply
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect();
+    if !reply.len().is_multiple_of(8) || numbers.len() != 6 + 7 * n {
+        return Err(StoreError::Unavailable(format!(
+            "the ledger script answered {} bytes for {n} regions",
+            reply.len()
+        )));
+    }
+    let int = |x: f64| x.max(0.0) as u64;
+    let at = |i: usize| int(numbers[i]);
+    let (used, wanted, pool) = (at(1), at(5), at(4));
+    let given = (0..n).map(|r| at(6 + r)).collect();
+    let heard = (0..n).map(|r| at(6 + n + r)).collect();
+    let views = (0..n)
+        .map(|r| {
+            let v = 6 + 2 * n + 5 * r;
+            (at(v + 4) > 0).then(|| View {
+                heard: Heard {
+                    cap: at(v),
+                    used: at(v + 1),
+                    wanted: at(v + 2),
+                    heard_from_you: at(v + 3),
+                },
+                at_ms: at(v + 4),
+            })
+        })
+        .collect();
+    Ok(Snapshot {
+        window_ms: at(0),
+        pool,
+        part: sluice_core::regions::Part {
+            share: 0,
+            used,
+            wanted,
+            given,
+            heard,
+        },
+        views,
+    })
+}

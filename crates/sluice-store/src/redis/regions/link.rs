@@ -1,0 +1,637 @@
+//! The region link: moves shared rules' budget between regions in the
+//! background, store to store (SPEC appendix H; the arithmetic and its
+//! bound are `sluice_core::regions`).
+//!
+//! Every `sync_every`, each instance of a region:
+//!
+//! 1. adds what its decisions asked of shared rules to their ledgers, and
+//!    their keys to the region's set of live shared keys (scored by the
+//!    end of their window);
+//! 2. takes the region's lead for a while when no other instance holds it
+//!    (`SET NX PX`): one instance per region moves the budget.
+//!
+//! The lead then, for every live shared key:
+//!
+//! 3. reads its part, and grants what the region holds beyond what its
+//!    demand needs to the peers that need it ([`grants`]), each grant
+//!    checked by the store against what is left;
+//! 4. ships to each peer, on the peer's own Redis, the totals granted it
+//!    and the region's view of itself (`hear`, applied as a maximum), and
+//!    the key into the peer's live set, so that the peer's lead sees it.
+//!
+//! Nothing here is on a decision's path: a decision reads and writes only
+//! the region's own store, in its one call. Each peer is reached over its
+//! own connection, within the link's time budget (`sync_every`), and after
+//! a failure not again until a backoff has passed (doubling, at most
+//! `peer_timeout`); a peer not heard from for `peer_timeout` is cut off:
+//! nothing is granted to it and what it last said is not used. A peer
+//! whose store announces another pepper, or other regions or weights, is
+//! never shipped to.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sluice_core::keys::Record;
+use sluice_core::regions::stored::Snapshot;
+use sluice_core::regions::{Heard, grants};
+
+use super::ledger::{Hearing, Shared, ledger_script};
+use super::{Noted, Regions};
+use crate::redis::TimeSource;
+use crate::redis::node::{ConnectOptions, RedisStore};
+use crate::store::StoreError;
+
+/// Most live shared keys the lead moves budget for in one sync.
+const MOST_KEYS: usize = 100_000;
+/// Calls per pipeline.
+const PIPELINE: usize = 512;
+
+/// A peer region as the link reaches it.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its name.
+    pub name: String,
+    /// Its Redis, credentials included.
+    pub url: String,
+}
+
+/// How the link runs.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// How often it syncs.
+    pub sync_every: Duration,
+    /// A peer not heard from for this long is cut off.
+    pub peer_timeout: Duration,
+    /// This instance's name (who holds the lead).
+    pub instance: String,
+    /// How peers are reached (TLS).
+    pub connect: ConnectOptions,
+}
+
+/// What the link knows of one peer, for metrics, `/readyz` and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The peer's name.
+    pub name: String,
+    /// When the peer last shipped to this region (ms since the epoch, by
+    /// the peer's clock).
+    pub last_heard_ms: Option<u64>,
+    /// When this region last shipped to it (ms since the epoch).
+    pub last_shipped_ms: Option<u64>,
+    /// How long the last shipping to it took.
+    pub lag: Duration,
+    /// Units granted to it, in all (this instance, while it led).
+    pub units_shipped: u64,
+    /// Units it granted here that were added here, in all (as it counted
+    /// them when it shipped).
+    pub units_received: u64,
+    /// Whether it is cut off (not heard from for `peer_timeout`).
+    pub cut_off: bool,
+    /// Why it is never merged with (another pepper, other regions), if so.
+    pub foreign: Option<String>,
+    /// Shippings to it that failed, in all.
+    pub failures: u64,
+}
+
+/// One peer's connection and backoff.
+struct PeerLink {
+    peer: Peer,
+    index: usize,
+    connection: ConnectionManager,
+    /// Not tried again before this.
+    backoff_until: Option<Instant>,
+    backoff: Duration,
+}
+
+/// The region link of one instance (see the module's documentation).
+pub struct Link {
+    store: RedisStore,
+    regions: Arc<Regions>,
+    peers: Vec<PeerLink>,
+    options: LinkOptions,
+    identity: String,
+    status: Arc<Mutex<Vec<PeerStatus>>>,
+}
+
+/// Shared keys' store keys (by region, under the store's prefix).
+fn live_key(prefix: &str) -> String {
+    format!("{prefix}:regions:live")
+}
+fn lead_key(prefix: &str) -> String {
+    format!("{prefix}:regions:lead")
+}
+fn identity_key(prefix: &str) -> String {
+    format!("{prefix}:regions:identity")
+}
+fn heard_key(prefix: &str) -> String {
+    format!("{prefix}:regions:heard")
+}
+fn received_key(prefix: &str) -> String {
+    format!("{prefix}:regions:received")
+}
+
+/// A live key's member in the live set: its per, its record's name and its
+/// key (the key last: it may hold spaces).
+fn member(shared: &Shared) -> String {
+    let name: String = shared.record.0.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{} {name} {}", shared.per_ms, shared.key)
+}
+
+fn parse_member(member: &str) -> Option<Shared> {
+    let mut parts = member.splitn(3, ' ');
+    let per_ms = parts.next()?.parse().ok().filter(|&p: &u64| p > 0)?;
+    let name = parts.next()?;
+    let key = parts.next()?.to_owned();
+    let mut record = [0u8; 8];
+    if name.len() != 16 {
+        return None;
+    }
+    for (i, byte) in record.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(name.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(Shared {
+        key,
+        record: Record(record),
+        per_ms,
+    })
+}
+
+impl Link {
+    /// A link for the region `store` is in, with `peers` (each named among
+    /// the regions). Fails for a peer's malformed URL or TLS settings.
+    pub fn new(
+        store: RedisStore,
+        peers: Vec<Peer>,
+        options: LinkOptions,
+    ) -> Result<Link, StoreError> {
+        let regions = store
+            .regions()
+            .cloned()
+            .ok_or_else(|| StoreError::Refused("the store has no regions".into()))?;
+        let timeout = options.sync_every.max(Duration::from_millis(50));
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(0);
+        let mut links = Vec::with_capacity(peers.len());
+        for peer in peers {
+            let index = regions
+                .names
+                .iter()
+                .position(|n| *n == peer.name)
+                .ok_or_else(|| StoreError::Refused(format!("region `{}` unknown", peer.name)))?;
+            let client = options.connect.client(&peer.url)?;
+            let connection = ConnectionManager::new_lazy_with_config(client, config.clone())
+                .map_err(|e| StoreError::Unavailable(e.category().to_string()))?;
+            links.push(PeerLink {
+                peer,
+                index,
+                connection,
+                backoff_until: None,
+                backoff: Duration::ZERO,
+            });
+        }
+        let described: Vec<String> = regions
+            .names
+            .iter()
+            .zip(&regions.weights)
+            .map(|(n, w)| format!("{n}:{w}"))
+            .collect();
+        let identity = format!(
+            "sluice-regions v1 {} {}",
+            store.keys().current.fingerprint(),
+            described.join(",")
+        );
+        let status = links
+            .iter()
+            .map(|l| PeerStatus {
+                name: l.peer.name.clone(),
+                ..PeerStatus::default()
+            })
+            .collect();
+        Ok(Link {
+            store,
+            regions,
+            peers: links,
+            options,
+            identity,
+            status: Arc::new(Mutex::new(status)),
+        })
+    }
+
+    /// What the link knows of each peer, shared with whoever reports it.
+    pub fn status(&self) -> Arc<Mutex<Vec<PeerStatus>>> {
+        self.status.clone()
+    }
+
+    /// Runs the link until the returned handle is dropped or aborted.
+    pub fn spawn(mut self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(self.options.sync_every);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                if let Err(error) = self.sync().await {
+                    tracing::warn!(%error, "region link: this region's store failed; retrying next sync");
+                }
+            }
+        })
+    }
+
+    fn prefix(&self) -> String {
+        self.store.keys().current.prefix().to_owned()
+    }
+
+    fn time(&self) -> TimeSource {
+        self.store.time().clone()
+    }
+
+    /// One sync (see the module's documentation): whether this instance
+    /// led it.
+    pub async fn sync(&mut self) -> Result<bool, StoreError> {
+        let mut local = self.store.connection();
+        let prefix = self.prefix();
+        let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        self.note(&mut local, &prefix).await.map_err(error)?;
+        let lead: bool = redis::Script::new(LEAD_LUA)
+            .key(lead_key(&prefix))
+            .arg(&self.options.instance)
+            .arg(3 * self.options.sync_every.as_millis() as u64)
+            .invoke_async::<i64>(&mut local)
+            .await
+            .map_err(error)?
+            == 1;
+        self.read_peers(&mut local, &prefix).await.map_err(error)?;
+        if !lead {
+            return Ok(false);
+        }
+        let now = self.time().now_ms();
+        let live: Vec<String> = redis::pipe()
+            .cmd("SET")
+            .arg(identity_key(&prefix))
+            .arg(&self.identity)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(live_key(&prefix))
+            .arg("-inf")
+            .arg(now)
+            .ignore()
+            .cmd("ZRANGEBYSCORE")
+            .arg(live_key(&prefix))
+            .arg(now)
+            .arg("+inf")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(MOST_KEYS)
+            .query_async::<(Vec<String>,)>(&mut local)
+            .await
+            .map_err(error)?
+            .0;
+        let keys: Vec<Shared> = live.iter().filter_map(|m| parse_member(m)).collect();
+        let parts = self.move_budget(&mut local, &keys, now).await?;
+        self.ship(&keys, &parts).await;
+        Ok(true)
+    }
+
+    /// Step 1: what this instance's decisions asked, into the ledgers and
+    /// the live set.
+    async fn note(
+        &self,
+        local: &mut ConnectionManager,
+        prefix: &str,
+    ) -> Result<(), redis::RedisError> {
+        let noted: Vec<(Shared, Noted)> = self.regions.take_noted().into_iter().collect();
+        let (time, n) = (self.time(), self.regions.len());
+        for chunk in noted.chunks(PIPELINE) {
+            let mut pipe = redis::pipe();
+            pipe.load_script(ledger_script()).ignore();
+            for (shared, noted) in chunk {
+                let call = shared.note_call(&time, n, (noted.window, noted.pool, noted.wanted));
+                pipe.invoke_script(&call).ignore();
+                pipe.cmd("ZADD")
+                    .arg(live_key(prefix))
+                    .arg("GT")
+                    .arg(noted.window + shared.per_ms)
+                    .arg(member(shared))
+                    .ignore();
+            }
+            pipe.query_async::<()>(local).await?;
+        }
+        Ok(())
+    }
+
+    /// Steps 3: each live key's part read, and grants made from it; the
+    /// parts as they are after the grants.
+    async fn move_budget(
+        &self,
+        local: &mut ConnectionManager,
+        keys: &[Shared],
+        now: u64,
+    ) -> Result<Vec<Snapshot>, StoreError> {
+        let (time, n, me) = (self.time(), self.regions.len(), self.regions.index);
+        let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        let mut parts = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(PIPELINE) {
+            let mut pipe = redis::pipe();
+            pipe.load_script(ledger_script()).ignore();
+            for shared in chunk {
+                pipe.invoke_script(&shared.read_call(&time, n));
+            }
+            let replies: Vec<Vec<u8>> = pipe.query_async(local).await.map_err(error)?;
+            for reply in replies {
+                let mut part = super::ledger::snapshot(&reply, n)?;
+                part.part.share = self.regions.share(part.pool);
+                parts.push(part);
+            }
+        }
+        let reachable = self.reachable();
+        let timeout = self.options.peer_timeout.as_millis() as u64;
+        let mut grant_calls = Vec::new();
+        for (k, part) in parts.iter().enumerate() {
+            let heard: Vec<Option<Heard>> = part
+                .views
+                .iter()
+                .enumerate()
+                .map(|(r, v)| {
+                    v.filter(|v| reachable[r] && now.saturating_sub(v.at_ms) <= timeout)
+                        .map(|v| v.heard)
+                })
+                .collect();
+            let elapsed = now.saturating_sub(part.window_ms) as f64 / keys[k].per_ms as f64;
+            for (to, units) in grants(me, &part.part, &heard, elapsed) {
+                grant_calls.push((k, to, units));
+            }
+        }
+        for chunk in grant_calls.chunks(PIPELINE) {
+            let mut pipe = redis::pipe();
+            pipe.load_script(ledger_script()).ignore();
+            for &(k, to, units) in chunk {
+                let part = &parts[k];
+                let args = (part.window_ms, part.part.share, to, units);
+                pipe.invoke_script(&keys[k].grant_call(&time, n, args));
+            }
+            let totals: Vec<i64> = pipe.query_async(local).await.map_err(error)?;
+            for (&(k, to, _), total) in chunk.iter().zip(totals) {
+                if let Ok(total) = u64::try_from(total) {
+                    let given = &mut parts[k].part.given[to];
+                    self.count_shipped(to, total.saturating_sub(*given));
+                    *given = total;
+                }
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Per region, whether it may be granted to: a peer reached lately,
+    /// not foreign.
+    fn reachable(&self) -> Vec<bool> {
+        let status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reachable = vec![false; self.regions.len()];
+        for (link, s) in self.peers.iter().zip(status.iter()) {
+            reachable[link.index] =
+                !s.cut_off && s.foreign.is_none() && s.last_shipped_ms.is_some();
+        }
+        reachable
+    }
+
+    fn count_shipped(&self, region: usize, units: u64) {
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = self.peers.iter().position(|l| l.index == region) {
+            status[p].units_shipped += units;
+        }
+    }
+
+    /// When each peer last shipped here, and what it added: from this
+    /// region's store, where peers write it.
+    async fn read_peers(
+        &self,
+        local: &mut ConnectionManager,
+        prefix: &str,
+    ) -> Result<(), redis::RedisError> {
+        let (heard, received): (HashMap<String, u64>, HashMap<String, u64>) = redis::pipe()
+            .hgetall(heard_key(prefix))
+            .hgetall(received_key(prefix))
+            .query_async(local)
+            .await?;
+        let now = self.time().now_ms();
+        let timeout = self.options.peer_timeout.as_millis() as u64;
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        for s in status.iter_mut() {
+            s.last_heard_ms = heard.get(&s.name).copied();
+            s.units_received = received.get(&s.name).copied().unwrap_or(0);
+            s.cut_off = s
+                .last_heard_ms
+                .is_none_or(|at| now.saturating_sub(at) > timeout);
+        }
+        Ok(())
+    }
+
+    /// Step 4: each peer shipped what it is owed, all peers at once, each
+    /// within the link's time budget.
+    async fn ship(&mut self, keys: &[Shared], parts: &[Snapshot]) {
+        let budget = self.options.sync_every;
+        let (time, me, n) = (self.time(), self.regions.index, self.regions.len());
+        let name = self.regions.names[me].clone();
+        let identity = self.identity.clone();
+        let prefix = self.prefix();
+        let mut shipping = tokio::task::JoinSet::new();
+        for (p, link) in self.peers.iter_mut().enumerate() {
+            let now = Instant::now();
+            if link.backoff_until.is_some_and(|until| now < until) {
+                continue;
+            }
+            let hearings: Vec<(Shared, Hearing)> = keys
+                .iter()
+                .zip(parts)
+                .map(|(shared, part)| {
+                    let view = Heard {
+                        cap: part.part.cap(),
+                        used: part.part.used,
+                        wanted: part.part.wanted,
+                        heard_from_you: part.part.heard[link.index],
+                    };
+                    let hearing = Hearing {
+                        window: part.window_ms,
+                        pool: part.pool,
+                        from: me,
+                        total: part.part.given[link.index],
+                        view,
+                    };
+                    (shared.clone(), hearing)
+                })
+                .collect();
+            let mut connection = link.connection.clone();
+            let (time, name, identity, prefix) =
+                (time.clone(), name.clone(), identity.clone(), prefix.clone());
+            shipping.spawn(async move {
+                let started = Instant::now();
+                let shipped = tokio::time::timeout(
+                    budget,
+                    ship_to(
+                        &mut connection,
+                        &time,
+                        n,
+                        &prefix,
+                        &name,
+                        &identity,
+                        &hearings,
+                    ),
+                )
+                .await;
+                let shipped = match shipped {
+                    Ok(result) => result,
+                    Err(_) => Err(Shipping::Failed(format!(
+                        "no answer within {} ms",
+                        budget.as_millis()
+                    ))),
+                };
+                (p, shipped, started.elapsed())
+            });
+        }
+        while let Some(done) = shipping.join_next().await {
+            let Ok((p, shipped, took)) = done else {
+                continue;
+            };
+            let link = &mut self.peers[p];
+            let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+            let s = &mut status[p];
+            s.lag = took;
+            match shipped {
+                Ok(()) => {
+                    s.last_shipped_ms = Some(time.now_ms());
+                    s.foreign = None;
+                    link.backoff = Duration::ZERO;
+                    link.backoff_until = None;
+                }
+                Err(failed) => {
+                    s.failures += 1;
+                    if let Shipping::Foreign(why) = &failed {
+                        if s.foreign.as_deref() != Some(why) {
+                            tracing::error!(peer = %link.peer.name, "region link: {why}; never merged with it");
+                        }
+                        s.foreign = Some(why.clone());
+                    } else if link.backoff.is_zero() {
+                        tracing::warn!(peer = %link.peer.name, "region link: shipping failed ({failed}); backing off");
+                    }
+                    link.backoff = (link.backoff * 2)
+                        .max(self.options.sync_every)
+                        .min(self.options.peer_timeout);
+                    link.backoff_until = Some(Instant::now() + link.backoff);
+                }
+            }
+        }
+    }
+}
+
+/// Why shipping to a peer did not happen.
+#[derive(Debug)]
+enum Shipping {
+    /// The peer's store announces another pepper or other regions.
+    Foreign(String),
+    /// It could not be reached, or failed.
+    Failed(String),
+}
+
+impl std::fmt::Display for Shipping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Shipping::Foreign(why) | Shipping::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Ships `hearings` to one peer's store: its identity checked first, then
+/// the totals heard, the keys made live there, when this region shipped
+/// and what was added.
+async fn ship_to(
+    connection: &mut ConnectionManager,
+    time: &TimeSource,
+    n: usize,
+    prefix: &str,
+    name: &str,
+    identity: &str,
+    hearings: &[(Shared, Hearing)],
+) -> Result<(), Shipping> {
+    let failed = |e: redis::RedisError| Shipping::Failed(e.to_string());
+    let theirs: Option<String> = redis::cmd("GET")
+        .arg(identity_key(prefix))
+        .query_async(connection)
+        .await
+        .map_err(failed)?;
+    match theirs {
+        Some(theirs) if theirs != identity => {
+            let same_pepper = theirs.split(' ').nth(2) == identity.split(' ').nth(2);
+            return Err(Shipping::Foreign(if same_pepper {
+                "its store lists other regions or weights".into()
+            } else {
+                "its store announces another pepper".into()
+            }));
+        }
+        // A peer whose link has not run yet: shipped to all the same.
+        _ => {}
+    }
+    let mut added = 0u64;
+    for chunk in hearings.chunks(PIPELINE) {
+        let mut pipe = redis::pipe();
+        pipe.load_script(ledger_script()).ignore();
+        for (shared, hearing) in chunk {
+            pipe.invoke_script(&shared.hear_call(time, n, hearing));
+            pipe.cmd("ZADD")
+                .arg(live_key(prefix))
+                .arg("GT")
+                .arg(hearing.window + shared.per_ms)
+                .arg(member(shared))
+                .ignore();
+        }
+        let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
+        added += replies.iter().map(|&a| a.max(0) as u64).sum::<u64>();
+    }
+    redis::pipe()
+        .hset(heard_key(prefix), name, time.now_ms())
+        .ignore()
+        .hincr(received_key(prefix), name, added)
+        .ignore()
+        .query_async::<()>(connection)
+        .await
+        .map_err(failed)
+}
+
+/// Takes or keeps the lead: 1 when this instance holds it (for PX ms).
+const LEAD_LUA: &str = r#"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_member_reads_back_whatever_its_key_holds() {
+        let shared = Shared {
+            key: "sl:{ab cd}:0f".into(),
+            record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
+            per_ms: 60_000,
+        };
+        assert_eq!(parse_member(&member(&shared)), Some(shared));
+        for bad in [
+            "",
+            "0 0001feff0708090a k",
+            "60000 zz k",
+            "60000 00 k",
+            "60000",
+        ] {
+            assert_eq!(parse_member(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The scripts of a rule shared across regions and their Rust twin,
+//! `sluice_core::regions::stored::Stored`, give identical answers.
+//!
+//! Random sequences of steps run through a real Redis (the decision, the
+//! debit and the give-back of `decide.lua` and `adjust.lua`, the ledger
+//! steps of `ledger.lua`) and through the twin, on the same hand-driven
+//! clock: decisions, grants, totals heard from peers (late, repeated, out
+//! of order, from a peer that lost its ledger), notes of demand, reads,
+//! debits and give-backs, with the clock moving within a window, across
+//! windows, and a window back (a clock step).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use sluice_core::config::{NamedRule, RegionScope};
+use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::regions::Heard;
+use sluice_core::regions::stored::{Stored, window_of};
+use sluice_core::{Algorithm, BoundRule, Rule, Scope};
+use sluice_store::redis::regions::{Hearing, Regions, Shared, ledger_script, snapshot};
+use sluice_store::{
+    Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
+};
+use sluice_testkit::RedisServer;
+
+const REGIONS: usize = 3;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Wait(u64),
+    Decide(u64),
+    Debit(u64),
+    /// Gives back what the admission this many decisions ago took.
+    GiveBack(usize),
+    Note(u64),
+    Read,
+    Grant(usize, u64),
+    /// From a peer: the total it granted here, what it heard from here,
+    /// its view, and the window it names (0: now's, 1: the one before).
+    Hear(usize, u64, u64, u64, u64),
+}
+
+fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
+    let step = prop_oneof![
+        3 => (0..per / 4).prop_map(Step::Wait),
+        1 => (per / 2..2 * per).prop_map(Step::Wait),
+        6 => (1u64..=4).prop_map(Step::Decide),
+        1 => (1u64..=6).prop_map(Step::Debit),
+        1 => (0usize..4).prop_map(Step::GiveBack),
+        1 => (1u64..=20).prop_map(Step::Note),
+        1 => Just(Step::Read),
+        2 => (0..REGIONS + 1, 0u64..=12).prop_map(|(to, units)| Step::Grant(to, units)),
+        3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15))
+            .prop_map(|(from, total, back, cap, late)| Step::Hear(from, total, back, cap, u64::from(late))),
+    ];
+    proptest::collection::vec(step, 1..80)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn shared_rule(limit: i128, per: u64, max_debt: u64) -> BoundRule {
+    let rule = Rule::new(Algorithm::FixedWindow, limit, per, None, true)
+        .unwrap()
+        .with_max_debt(i128::from(max_debt))
+        .unwrap();
+    let named = NamedRule {
+        name: "minute".into(),
+        rule,
+        shadow: false,
+        count_if: None,
+        tolerance: sluice_core::tolerance::Tolerance::EXACT,
+        regions: Some(RegionScope::Shared),
+    };
+    BoundRule::new(Scope::Tenant, "", &named, 0.8)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("regressions"))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_shared_window_scripts_and_their_twin_answer_alike(
+        limit in 1i128..=60,
+        per in prop_oneof![Just(1_000u64), Just(60_000), 1u64..=5_000],
+        max_debt in 0u64..=5,
+        weights in proptest::collection::vec(1u32..=3, REGIONS),
+        me in 0..REGIONS,
+        steps in (1_000u64..=5_000).prop_flat_map(steps),
+    ) {
+        let server = RedisServer::start();
+        let runtime = runtime();
+        let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
+        let names: Vec<String> = (0..REGIONS).map(|r| format!("r{r}")).collect();
+        let in_order: Vec<(&str, u32)> =
+            names.iter().map(String::as_str).zip(weights.iter().copied()).collect();
+        let regions = Arc::new(Regions::new(&in_order, &names[me]).unwrap());
+        let keys = KeySet {
+            current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
+            previous: None,
+        };
+        let store = runtime
+            .block_on(RedisStore::connect(
+                &server.url(),
+                keys.clone(),
+                &ConnectOptions::with_timeout(Duration::from_secs(5)),
+            ))
+            .unwrap()
+            .with_time(TimeSource::Client(clock.clone()))
+            .with_regions(regions.clone());
+        let rules = [shared_rule(limit, per, max_debt)];
+        let batch = |cost| Batch::new("tenant", None, cost, &rules);
+        let buckets = sluice_store::redis::KeySet::keys(&keys.current, &batch(1), sluice_store::redis::Valve::WHOLE);
+        let shared = Shared { key: buckets.keys[0].clone(), record: buckets.records[0], per_ms: per };
+        let pool = Regions::pool(&rules[0]);
+        let share = regions.share(pool);
+        let time = TimeSource::Client(clock.clone());
+        let mut connection = runtime.block_on(server.client().get_multiplexed_async_connection()).unwrap();
+        let mut twin = Stored::default();
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            let now = clock.now_ms();
+            let window = window_of(now, per);
+            let said = format!("step {i} {step:?} at {now} (window {window})");
+            match step {
+                Step::Wait(ms) => clock.set(now + ms),
+                Step::Decide(cost) => {
+                    let lua = runtime.block_on(store.decide(&batch(cost))).unwrap();
+                    let rust = twin.decide(now, cost, share, per);
+                    let o = lua.outcomes[0];
+                    prop_assert_eq!(
+                        (o.allowed, u64::from(o.remaining), o.reset_after_ms, o.retry_after_ms),
+                        (rust.allowed, rust.remaining.min(u64::from(u32::MAX)), rust.reset_ms, rust.retry_ms),
+                        "{}", said
+                    );
+                    if rust.allowed {
+                        admitted.push((lua.at_ms, cost));
+                    }
+                }
+                Step::Debit(cost) => {
+                    let lua = runtime.block_on(store.adjust(&batch(cost), Change::Debit, None)).unwrap();
+                    let rust = twin.debit(now, cost, share, per, max_debt);
+                    prop_assert_eq!(lua.forgiven, rust, "{}", said);
+                }
+                Step::GiveBack(back) => {
+                    if let Some(&(at, cost)) = admitted.iter().rev().nth(back) {
+                        let change = Change::GiveBack { at, first_shard_at: at };
+                        runtime.block_on(store.adjust(&batch(cost), change, None)).unwrap();
+                        twin.give_back(at, cost, per);
+                    }
+                }
+                Step::Note(wanted) => {
+                    let call = shared.note_call(&time, REGIONS, (window, pool, wanted));
+                    let noted: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
+                    twin.note(now, window, per, pool, wanted, REGIONS);
+                    prop_assert_eq!(noted, 1, "{}", said);
+                }
+                Step::Read => {}
+                Step::Grant(to, units) => {
+                    let call = shared.grant_call(&time, REGIONS, (window, share, to, units));
+                    let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
+                    let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
+                    prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
+                }
+                Step::Hear(from, total, back, cap, late) => {
+                    let named = window.saturating_sub(late * per);
+                    let view = Heard { cap, used: cap / 2, wanted: cap, heard_from_you: back };
+                    let hearing = Hearing { window: named, pool, from, total, view };
+                    let call = shared.hear_call(&time, REGIONS, &hearing);
+                    let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
+                    let rust = twin.hear(now, named, per, pool, from, total, view, REGIONS);
+                    prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
+                }
+            }
+            // After every step, the part as the link reads it.
+            let now = clock.now_ms();
+            let mut reply_call = redis::pipe();
+            reply_call.load_script(ledger_script()).ignore();
+            reply_call.invoke_script(&shared.read_call(&time, REGIONS));
+            let (reply,): (Vec<u8>,) = runtime.block_on(reply_call.query_async(&mut connection)).unwrap();
+            let mut lua = snapshot(&reply, REGIONS).unwrap();
+            lua.part.share = share;
+            prop_assert_eq!(lua, twin.read(now, per, share, REGIONS), "after {}", said);
+        }
+    }
+}
