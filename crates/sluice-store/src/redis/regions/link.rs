@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::keys::Record;
@@ -38,6 +38,7 @@ use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
 use super::ledger::{Hearing, Shared, ledger_script};
+use super::ship::{PeerLink, Shipment};
 use super::{Noted, Regions};
 use crate::redis::TimeSource;
 use crate::redis::node::{ConnectOptions, RedisStore};
@@ -95,16 +96,6 @@ pub struct PeerStatus {
     pub failures: u64,
 }
 
-/// One peer's connection and backoff.
-struct PeerLink {
-    peer: Peer,
-    index: usize,
-    connection: ConnectionManager,
-    /// Not tried again before this.
-    backoff_until: Option<Instant>,
-    backoff: Duration,
-}
-
 /// The region link of one instance (see the module's documentation).
 pub struct Link {
     store: RedisStore,
@@ -113,28 +104,30 @@ pub struct Link {
     options: LinkOptions,
     identity: String,
     status: Arc<Mutex<Vec<PeerStatus>>>,
+    /// The shippings under way: stopped with the link.
+    shipping: tokio::task::JoinSet<()>,
 }
 
 /// Shared keys' store keys (by region, under the store's prefix).
-fn live_key(prefix: &str) -> String {
+pub(super) fn live_key(prefix: &str) -> String {
     format!("{prefix}:regions:live")
 }
 fn lead_key(prefix: &str) -> String {
     format!("{prefix}:regions:lead")
 }
-fn identity_key(prefix: &str) -> String {
+pub(super) fn identity_key(prefix: &str) -> String {
     format!("{prefix}:regions:identity")
 }
-fn heard_key(prefix: &str) -> String {
+pub(super) fn heard_key(prefix: &str) -> String {
     format!("{prefix}:regions:heard")
 }
-fn received_key(prefix: &str) -> String {
+pub(super) fn received_key(prefix: &str) -> String {
     format!("{prefix}:regions:received")
 }
 
 /// A live key's member in the live set: its per, its record's name and its
 /// key (the key last: it may hold spaces).
-fn member(shared: &Shared) -> String {
+pub(super) fn member(shared: &Shared) -> String {
     let name: String = shared.record.0.iter().map(|b| format!("{b:02x}")).collect();
     format!("{} {name} {}", shared.per_ms, shared.key)
 }
@@ -170,7 +163,7 @@ impl Link {
             .regions()
             .cloned()
             .ok_or_else(|| StoreError::Refused("the store has no regions".into()))?;
-        let timeout = options.sync_every.max(Duration::from_millis(50));
+        let timeout = options.peer_timeout;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))
@@ -185,13 +178,7 @@ impl Link {
             let client = options.connect.client(&peer.url)?;
             let connection = ConnectionManager::new_lazy_with_config(client, config.clone())
                 .map_err(|e| StoreError::Unavailable(e.category().to_string()))?;
-            links.push(PeerLink {
-                peer,
-                index,
-                connection,
-                backoff_until: None,
-                backoff: Duration::ZERO,
-            });
+            links.push(PeerLink::new(peer, index, links.len(), connection));
         }
         let described: Vec<String> = regions
             .names
@@ -218,6 +205,7 @@ impl Link {
             options,
             identity,
             status: Arc::new(Mutex::new(status)),
+            shipping: tokio::task::JoinSet::new(),
         })
     }
 
@@ -291,7 +279,7 @@ impl Link {
             .0;
         let keys: Vec<Shared> = live.iter().filter_map(|m| parse_member(m)).collect();
         let parts = self.move_budget(&mut local, &keys, now).await?;
-        self.ship(&keys, &parts).await;
+        self.ship(&keys, &parts);
         Ok(true)
     }
 
@@ -428,174 +416,51 @@ impl Link {
         Ok(())
     }
 
-    /// Step 4: each peer shipped what it is owed, all peers at once, each
-    /// within the link's time budget.
-    async fn ship(&mut self, keys: &[Shared], parts: &[Snapshot]) {
-        let budget = self.options.sync_every;
-        let (time, me, n) = (self.time(), self.regions.index, self.regions.len());
-        let name = self.regions.names[me].clone();
-        let identity = self.identity.clone();
-        let prefix = self.prefix();
-        let mut shipping = tokio::task::JoinSet::new();
-        for (p, link) in self.peers.iter_mut().enumerate() {
-            let now = Instant::now();
-            if link.backoff_until.is_some_and(|until| now < until) {
+    /// Step 4: each peer shipped what it is owed, each on its own (see
+    /// [`ship`](super::ship)): a peer still busy with the last shipping,
+    /// or backing off, is skipped this time.
+    fn ship(&mut self, keys: &[Shared], parts: &[Snapshot]) {
+        while self.shipping.try_join_next().is_some() {}
+        let (me, time, prefix) = (self.regions.index, self.time(), self.prefix());
+        for link in &mut self.peers {
+            if !link.ready() {
                 continue;
             }
-            let hearings: Vec<(Shared, Hearing)> = keys
+            let hearings = keys
                 .iter()
                 .zip(parts)
-                .map(|(shared, part)| {
-                    let view = Heard {
-                        cap: part.part.cap(),
-                        used: part.part.used,
-                        wanted: part.part.wanted,
-                        heard_from_you: part.part.heard[link.index],
-                    };
-                    let hearing = Hearing {
-                        window: part.window_ms,
-                        pool: part.pool,
-                        from: me,
-                        total: part.part.given[link.index],
-                        view,
-                    };
-                    (shared.clone(), hearing)
-                })
+                .map(|(shared, part)| (shared.clone(), hearing(me, link.index, part)))
                 .collect();
-            let mut connection = link.connection.clone();
-            let (time, name, identity, prefix) =
-                (time.clone(), name.clone(), identity.clone(), prefix.clone());
-            shipping.spawn(async move {
-                let started = Instant::now();
-                let shipped = tokio::time::timeout(
-                    budget,
-                    ship_to(
-                        &mut connection,
-                        &time,
-                        n,
-                        &prefix,
-                        &name,
-                        &identity,
-                        &hearings,
-                    ),
-                )
-                .await;
-                let shipped = match shipped {
-                    Ok(result) => result,
-                    Err(_) => Err(Shipping::Failed(format!(
-                        "no answer within {} ms",
-                        budget.as_millis()
-                    ))),
-                };
-                (p, shipped, started.elapsed())
-            });
-        }
-        while let Some(done) = shipping.join_next().await {
-            let Ok((p, shipped, took)) = done else {
-                continue;
+            let shipment = Shipment {
+                link: link.shared(),
+                time: time.clone(),
+                regions: self.regions.len(),
+                prefix: prefix.clone(),
+                name: self.regions.names[me].clone(),
+                identity: self.identity.clone(),
+                hearings,
+                status: self.status.clone(),
+                options: (self.options.sync_every, self.options.peer_timeout),
             };
-            let link = &mut self.peers[p];
-            let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-            let s = &mut status[p];
-            s.lag = took;
-            match shipped {
-                Ok(()) => {
-                    s.last_shipped_ms = Some(time.now_ms());
-                    s.foreign = None;
-                    link.backoff = Duration::ZERO;
-                    link.backoff_until = None;
-                }
-                Err(failed) => {
-                    s.failures += 1;
-                    if let Shipping::Foreign(why) = &failed {
-                        if s.foreign.as_deref() != Some(why) {
-                            tracing::error!(peer = %link.peer.name, "region link: {why}; never merged with it");
-                        }
-                        s.foreign = Some(why.clone());
-                    } else if link.backoff.is_zero() {
-                        tracing::warn!(peer = %link.peer.name, "region link: shipping failed ({failed}); backing off");
-                    }
-                    link.backoff = (link.backoff * 2)
-                        .max(self.options.sync_every)
-                        .min(self.options.peer_timeout);
-                    link.backoff_until = Some(Instant::now() + link.backoff);
-                }
-            }
+            link.shipping = Some(self.shipping.spawn(shipment.run()));
         }
     }
 }
 
-/// Why shipping to a peer did not happen.
-#[derive(Debug)]
-enum Shipping {
-    /// The peer's store announces another pepper or other regions.
-    Foreign(String),
-    /// It could not be reached, or failed.
-    Failed(String),
-}
-
-impl std::fmt::Display for Shipping {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Shipping::Foreign(why) | Shipping::Failed(why) => f.write_str(why),
-        }
+/// What region `me` ships to region `to` of one part.
+fn hearing(me: usize, to: usize, part: &Snapshot) -> Hearing {
+    Hearing {
+        window: part.window_ms,
+        pool: part.pool,
+        from: me,
+        total: part.part.given[to],
+        view: Heard {
+            cap: part.part.cap(),
+            used: part.part.used,
+            wanted: part.part.wanted,
+            heard_from_you: part.part.heard[to],
+        },
     }
-}
-
-/// Ships `hearings` to one peer's store: its identity checked first, then
-/// the totals heard, the keys made live there, when this region shipped
-/// and what was added.
-async fn ship_to(
-    connection: &mut ConnectionManager,
-    time: &TimeSource,
-    n: usize,
-    prefix: &str,
-    name: &str,
-    identity: &str,
-    hearings: &[(Shared, Hearing)],
-) -> Result<(), Shipping> {
-    let failed = |e: redis::RedisError| Shipping::Failed(e.to_string());
-    let theirs: Option<String> = redis::cmd("GET")
-        .arg(identity_key(prefix))
-        .query_async(connection)
-        .await
-        .map_err(failed)?;
-    match theirs {
-        Some(theirs) if theirs != identity => {
-            let same_pepper = theirs.split(' ').nth(2) == identity.split(' ').nth(2);
-            return Err(Shipping::Foreign(if same_pepper {
-                "its store lists other regions or weights".into()
-            } else {
-                "its store announces another pepper".into()
-            }));
-        }
-        // A peer whose link has not run yet: shipped to all the same.
-        _ => {}
-    }
-    let mut added = 0u64;
-    for chunk in hearings.chunks(PIPELINE) {
-        let mut pipe = redis::pipe();
-        pipe.load_script(ledger_script()).ignore();
-        for (shared, hearing) in chunk {
-            pipe.invoke_script(&shared.hear_call(time, n, hearing));
-            pipe.cmd("ZADD")
-                .arg(live_key(prefix))
-                .arg("GT")
-                .arg(hearing.window + shared.per_ms)
-                .arg(member(shared))
-                .ignore();
-        }
-        let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
-        added += replies.iter().map(|&a| a.max(0) as u64).sum::<u64>();
-    }
-    redis::pipe()
-        .hset(heard_key(prefix), name, time.now_ms())
-        .ignore()
-        .hincr(received_key(prefix), name, added)
-        .ignore()
-        .query_async::<()>(connection)
-        .await
-        .map_err(failed)
 }
 
 /// Takes or keeps the lead: 1 when this instance holds it (for PX ms).

@@ -14,6 +14,7 @@
 
 pub mod ledger;
 pub mod link;
+mod ship;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -1,0 +1,251 @@
+//! Shipping to one peer region: what the link's lead sends a peer's store
+//! each sync, on a connection of the peer's own, as a task of its own, so
+//! that a slow or black-holed peer holds up neither the decisions nor the
+//! other peers.
+//!
+//! One shipping is one pipeline per 512 keys (a round trip each): the
+//! peer's identity (pepper and regions, checked before anything is sent
+//! until it has been seen once, then read back with every shipping), each
+//! key's `hear` and its place in the peer's live set, when this region
+//! shipped, and what the last shipping added there. It gives up after
+//! `peer_timeout`; after a failure the peer is not tried again until a
+//! backoff has passed (from `sync_every`, doubling, at most
+//! `peer_timeout`).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+
+use super::ledger::{Hearing, Shared, ledger_script};
+use super::link::{Peer, PeerStatus, heard_key, identity_key, live_key, member, received_key};
+use crate::redis::TimeSource;
+
+/// Calls per pipeline.
+const PIPELINE: usize = 512;
+
+/// One peer as the link ships to it.
+pub(super) struct PeerLink {
+    pub(super) peer: Peer,
+    /// Its place among the regions.
+    pub(super) index: usize,
+    /// Its place in the link's status.
+    slot: usize,
+    connection: ConnectionManager,
+    /// The shipping under way, if any.
+    pub(super) shipping: Option<tokio::task::AbortHandle>,
+    state: Arc<Mutex<Backoff>>,
+}
+
+/// What a shipping leaves for the next.
+#[derive(Debug, Default)]
+struct Backoff {
+    /// Not tried again before this.
+    until: Option<Instant>,
+    /// The last backoff (zero after a success).
+    last: Duration,
+    /// Whether the peer's identity has been seen to match.
+    verified: bool,
+    /// Units the last shipping added there, for its count of them.
+    added: u64,
+}
+
+/// What a shipping needs of its peer, detached from the link.
+pub(super) struct Shipped {
+    slot: usize,
+    peer: String,
+    connection: ConnectionManager,
+    state: Arc<Mutex<Backoff>>,
+}
+
+impl PeerLink {
+    pub(super) fn new(
+        peer: Peer,
+        index: usize,
+        slot: usize,
+        connection: ConnectionManager,
+    ) -> PeerLink {
+        PeerLink {
+            peer,
+            index,
+            slot,
+            connection,
+            shipping: None,
+            state: Arc::default(),
+        }
+    }
+
+    /// Whether a shipping may start: none under way, no backoff running.
+    pub(super) fn ready(&self) -> bool {
+        let busy = self.shipping.as_ref().is_some_and(|s| !s.is_finished());
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        !busy && state.until.is_none_or(|until| Instant::now() >= until)
+    }
+
+    pub(super) fn shared(&self) -> Shipped {
+        Shipped {
+            slot: self.slot,
+            peer: self.peer.name.clone(),
+            connection: self.connection.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// One shipping to one peer.
+pub(super) struct Shipment {
+    pub(super) link: Shipped,
+    pub(super) time: TimeSource,
+    /// How many regions.
+    pub(super) regions: usize,
+    pub(super) prefix: String,
+    /// This region's name and identity.
+    pub(super) name: String,
+    pub(super) identity: String,
+    pub(super) hearings: Vec<(Shared, Hearing)>,
+    pub(super) status: Arc<Mutex<Vec<PeerStatus>>>,
+    /// `sync_every` and `peer_timeout`.
+    pub(super) options: (Duration, Duration),
+}
+
+/// Why shipping to a peer did not happen.
+#[derive(Debug)]
+enum Failure {
+    /// The peer's store announces another pepper or other regions.
+    Foreign(String),
+    /// It could not be reached, or failed.
+    Failed(String),
+}
+
+/// A failure of Redis's, or of its answer.
+fn failed(e: impl std::fmt::Display) -> Failure {
+    Failure::Failed(e.to_string())
+}
+
+impl Shipment {
+    /// Ships, then records how it went.
+    pub(super) async fn run(mut self) {
+        let (sync_every, peer_timeout) = self.options;
+        let started = Instant::now();
+        let shipped = match tokio::time::timeout(peer_timeout, self.ship()).await {
+            Ok(shipped) => shipped,
+            Err(_) => Err(Failure::Failed(format!(
+                "no answer within {} ms",
+                peer_timeout.as_millis()
+            ))),
+        };
+        let mut state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &mut status[self.link.slot];
+        s.lag = started.elapsed();
+        let peer = &self.link.peer;
+        match shipped {
+            Ok(added) => {
+                s.last_shipped_ms = Some(self.time.now_ms());
+                s.foreign = None;
+                state.added = added;
+                state.last = Duration::ZERO;
+                state.until = None;
+            }
+            Err(failure) => {
+                s.failures += 1;
+                match failure {
+                    Failure::Foreign(why) => {
+                        if s.foreign.as_deref() != Some(&why) {
+                            tracing::error!(%peer, "region link: {why}; never merged with it");
+                        }
+                        s.foreign = Some(why);
+                        state.verified = false;
+                    }
+                    Failure::Failed(why) if state.last.is_zero() => {
+                        tracing::warn!(%peer, "region link: shipping failed ({why}); backing off");
+                    }
+                    Failure::Failed(_) => {}
+                }
+                state.last = (state.last * 2).max(sync_every).min(peer_timeout);
+                state.until = Some(Instant::now() + state.last);
+            }
+        }
+    }
+
+    /// Whether `theirs` (the peer's identity) may be merged with.
+    fn check(&self, theirs: Option<&str>) -> Result<bool, Failure> {
+        match theirs {
+            // A peer whose link has not run yet: shipped to all the same
+            // (a shipping it cannot read merges nothing).
+            None => Ok(false),
+            Some(theirs) if theirs == self.identity => Ok(true),
+            Some(theirs) => {
+                let pepper = |identity: &str| identity.split(' ').nth(2).map(str::to_owned);
+                Err(Failure::Foreign(
+                    if pepper(theirs) == pepper(&self.identity) {
+                        "its store lists other regions or weights".into()
+                    } else {
+                        "its store announces another pepper".into()
+                    },
+                ))
+            }
+        }
+    }
+
+    /// The shipping itself: the units added there.
+    async fn ship(&mut self) -> Result<u64, Failure> {
+        let identity = identity_key(&self.prefix);
+        let (verified, added_before) = {
+            let state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
+            (state.verified, state.added)
+        };
+        let mut connection = self.link.connection.clone();
+        let connection = &mut connection;
+        if !verified {
+            let theirs: Option<String> = redis::cmd("GET")
+                .arg(&identity)
+                .query_async(connection)
+                .await
+                .map_err(failed)?;
+            let seen = self.check(theirs.as_deref())?;
+            self.link
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .verified = seen;
+        }
+        let mut added = 0u64;
+        let chunks = self.hearings.chunks(PIPELINE).len().max(1);
+        for c in 0..chunks {
+            let chunk = self.hearings.chunks(PIPELINE).nth(c).unwrap_or(&[]);
+            let mut pipe = redis::pipe();
+            pipe.cmd("GET").arg(&identity);
+            pipe.load_script(ledger_script()).ignore();
+            for (shared, hearing) in chunk {
+                pipe.invoke_script(&shared.hear_call(&self.time, self.regions, hearing));
+                pipe.cmd("ZADD")
+                    .arg(live_key(&self.prefix))
+                    .arg("GT")
+                    .arg(hearing.window + shared.per_ms)
+                    .arg(member(shared))
+                    .ignore();
+            }
+            if c + 1 == chunks {
+                pipe.hset(heard_key(&self.prefix), &self.name, self.time.now_ms())
+                    .ignore()
+                    .hincr(received_key(&self.prefix), &self.name, added_before)
+                    .ignore();
+            }
+            let (theirs, replies): (Option<String>, Vec<i64>) = {
+                let mut replies: Vec<redis::Value> =
+                    pipe.query_async(connection).await.map_err(failed)?;
+                let theirs = redis::from_redis_value(replies.remove(0)).map_err(failed)?;
+                let hears = replies
+                    .into_iter()
+                    .map(redis::from_redis_value)
+                    .collect::<Result<_, _>>()
+                    .map_err(failed)?;
+                (theirs, hears)
+            };
+            self.check(theirs.as_deref())?;
+            added += replies.iter().map(|&a| a.max(0) as u64).sum::<u64>();
+        }
+        Ok(added)
+    }
+}
