@@ -51,6 +51,9 @@ pub struct App {
     /// the last heartbeat saw (their keys never meet ours: every limit
     /// would count twice).
     pub other_peppers: AtomicU64,
+    /// What the region link knows of each peer region, once it runs
+    /// (`storage.regions`).
+    pub regions: std::sync::OnceLock<crate::regions::PeerStatuses>,
     /// How Envoy rate-limit requests map onto sluice.
     pub envoy: EnvoyServiceConfig,
     /// The admin API and the overrides it keeps.
@@ -86,6 +89,7 @@ impl App {
             metrics,
             store_reachable: AtomicBool::new(true),
             other_peppers: AtomicU64::new(0),
+            regions: std::sync::OnceLock::new(),
             envoy: EnvoyServiceConfig {
                 domain: sluice_core::config::defaults::ENVOY_DOMAIN.to_owned(),
                 tenant_key: "tenant".to_owned(),
@@ -162,6 +166,7 @@ impl App {
             metrics,
             store_reachable: AtomicBool::new(reachable),
             other_peppers: AtomicU64::new(0),
+            regions: std::sync::OnceLock::new(),
             envoy: config.envoy.clone(),
             admin,
             ledger,
@@ -271,6 +276,10 @@ impl App {
         self.store_reachable.load(Ordering::Relaxed)
             && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
             && self.other_peppers.load(Ordering::Relaxed) == 0
+            && self
+                .regions
+                .get()
+                .is_none_or(|peers| peers.foreign().is_empty())
     }
 }
 

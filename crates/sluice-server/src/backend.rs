@@ -10,6 +10,8 @@ use sluice_store::{
     MemoryStore, Peeked, RedisStore, Store, StoreError,
 };
 
+use sluice_store::redis::regions::Regions;
+
 use crate::Fallible;
 
 /// One of the storage backends.
@@ -36,9 +38,14 @@ impl Backend {
             BackendConfig::Redis { url } => {
                 let keys = key_set(keys)?;
                 let options = connect_options(storage, timeout)?;
-                let store = RedisStore::connect(url, keys, &options)
+                let mut store = RedisStore::connect(url, keys, &options)
                     .await
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
+                if let Some(regions) = &storage.regions {
+                    let linked = Regions::new(&regions.in_order(), &regions.this)
+                        .expect("validation puts this region among the regions");
+                    store = store.with_regions(std::sync::Arc::new(linked));
+                }
                 Ok(Backend::Redis(Box::new(store)))
             }
             BackendConfig::RedisCluster {
@@ -182,6 +189,13 @@ impl Store for Backend {
         }
     }
 
+    fn shares_across_regions(&self) -> bool {
+        match self {
+            Backend::Redis(store) => store.shares_across_regions(),
+            Backend::Memory(_) | Backend::Cluster(_) => false,
+        }
+    }
+
     fn maintain(&self) {
         if let Backend::Memory(store) = self {
             store.maintain();
@@ -190,7 +204,10 @@ impl Store for Backend {
 }
 
 /// Timeouts and TLS settings for the Redis backends.
-fn connect_options(storage: &StorageConfig, timeout: Duration) -> Fallible<ConnectOptions> {
+pub(crate) fn connect_options(
+    storage: &StorageConfig,
+    timeout: Duration,
+) -> Fallible<ConnectOptions> {
     let tls_ca_pem = match &storage.tls_ca_file {
         Some(path) => Some(
             std::fs::read(path)

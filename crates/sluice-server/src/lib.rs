@@ -38,6 +38,7 @@ pub mod inspect;
 pub mod ledger;
 pub mod listen;
 pub mod metrics;
+pub mod regions;
 pub mod reservation;
 pub mod source;
 pub mod usage;

@@ -227,6 +227,13 @@ pub trait Store: Send + Sync {
         1
     }
 
+    /// Whether shared rules' budgets are one across regions (`storage.
+    /// regions`): a denial of one may turn into an admission at any moment,
+    /// when a peer region grants budget.
+    fn shares_across_regions(&self) -> bool {
+        false
+    }
+
     /// Periodic upkeep of a store that lives in this process (the memory
     /// store drops keys that are as good as fresh and follows the wall
     /// clock's drift); nothing for a store across the network, whose keys

@@ -75,9 +75,9 @@ impl Fleet {
         let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
         let mut proxies = BTreeMap::new();
         for from in 0..3 {
-            for to in 0..3 {
+            for (to, server) in servers.iter().enumerate() {
                 if from != to {
-                    proxies.insert((from, to), DelayProxy::start(servers[to].port(), ONE_WAY));
+                    proxies.insert((from, to), DelayProxy::start(server.port(), ONE_WAY));
                 }
             }
         }

@@ -58,7 +58,11 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_slice_give_back(&app);
-    spawn_heartbeat(&app);
+    let instance = instance_id();
+    spawn_heartbeat(&app, instance.clone());
+    if let Some(peers) = crate::regions::spawn(app.limiter.store(), &config.storage, &instance)? {
+        let _ = app.regions.set(peers);
+    }
     App::spawn_admin_sync(&app);
     crate::usage::expiry::spawn_expiry(&app);
     spawn_ledger(&app);
@@ -269,12 +273,11 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// Keeps this instance counted among the live ones (so that `local`
 /// divides limits by the right number) and the store's health known.
-fn spawn_heartbeat(app: &Arc<App>) {
+fn spawn_heartbeat(app: &Arc<App>, instance: String) {
     if app.limiter.store().memory().is_some() {
         return;
     }
     let app = app.clone();
-    let instance = instance_id();
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(HEARTBEAT);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

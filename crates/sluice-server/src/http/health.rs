@@ -33,6 +33,23 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
         "live_instances": app.limiter.live_instances(),
         "other_peppers": app.other_peppers.load(std::sync::atomic::Ordering::Relaxed),
     });
+    let mut body = body;
+    if let Some(peers) = app.regions.get() {
+        let peers: Vec<Value> = peers
+            .snapshot()
+            .into_iter()
+            .map(|p| {
+                json!({
+                    "region": p.name,
+                    "cut_off": p.cut_off,
+                    "foreign": p.foreign,
+                    "last_heard_ms": p.last_heard_ms,
+                    "last_shipped_ms": p.last_shipped_ms,
+                })
+            })
+            .collect();
+        body["regions"] = Value::Array(peers);
+    }
     (status, Json(body))
 }
 
@@ -40,6 +57,9 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     app.metrics.valves(&app.limiter.valve_levels());
     app.metrics.slices(&app.limiter.slice_levels());
+    if let Some(peers) = app.regions.get() {
+        app.metrics.regions(&peers.snapshot());
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -79,11 +79,13 @@ impl ClassTable {
 }
 
 mod envoyproxy;
+mod regions;
 mod slices;
 mod usage;
 
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
+use regions::RegionStats;
 use slices::SliceStats;
 pub use usage::{AttemptResult, SettleResult, UsageMetrics};
 
@@ -165,6 +167,7 @@ pub struct Metrics {
     /// Reservations, settles and debits.
     pub usage: UsageMetrics,
     slices: SliceStats,
+    regions: RegionStats,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     envoyproxy_registry: Registry,
     envoyproxy: EnvoyproxyStats,
@@ -294,6 +297,7 @@ impl Metrics {
         );
         let usage = UsageMetrics::register(&mut registry);
         let slices = SliceStats::register(&mut registry);
+        let regions = RegionStats::register(&mut registry);
         let mut envoyproxy_registry = Registry::default();
         let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
@@ -318,6 +322,7 @@ impl Metrics {
             valve_saturated,
             valve_share_level,
             slices,
+            regions,
             unlogged_failovers: AtomicU64::new(0),
             last_failover_log_ms: AtomicU64::new(0),
         }
@@ -407,6 +412,14 @@ impl Metrics {
     /// Records the slices of hot keys this instance holds.
     pub fn slices(&self, levels: &[sluice_store::limiter::slice::SliceLevel]) {
         self.slices.levels(levels);
+    }
+
+    /// Records what the region link knows of each peer region.
+    pub fn regions(&self, peers: &[sluice_store::redis::regions::PeerStatus]) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.regions.peers(peers, now_ms);
     }
 
     /// Records the live instance count.

@@ -9,7 +9,7 @@ use sluice_core::policy::Applicable;
 use smallvec::SmallVec;
 
 use super::Limiter;
-use super::denials::DenialCache;
+use super::denials::{DenialCache, Sharing};
 use super::slice::{self, Plan};
 use crate::store::{Batch, Decided, Store, StoreError};
 
@@ -185,8 +185,11 @@ impl<S: Store> Limiter<S> {
                 denials.forget(batch, outcomes);
                 denials.record_guards(epoch, batch, answered);
             } else {
-                let split = self.store.valve_parts() > 1;
-                denials.record(epoch, batch, outcomes, answered, split);
+                let sharing = Sharing {
+                    split_valves: self.store.valve_parts() > 1,
+                    across_regions: self.store.shares_across_regions(),
+                };
+                denials.record(epoch, batch, outcomes, answered, sharing);
             }
         }
         result

@@ -37,6 +37,9 @@
 //! rise meanwhile, and a tenant past its share be denied up to that long
 //! after the store would admit it again (see `fair::remembered_wait`).
 //! Without it, a saturated fair valve cost a store call per decision.
+//! So is a rule shared across regions (`storage.regions`): a peer region
+//! may grant it budget at any moment, so its denial is remembered for at
+//! most a twentieth of its period.
 //!
 //! Consumption of a request's *other* buckets since an entry was written
 //! (by this instance's admissions or another's) can only push the real
@@ -45,6 +48,16 @@
 
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How a store shares budgets, as the cache must know it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sharing {
+    /// Each valve is split over several keys (Redis Cluster's
+    /// `global_shards`).
+    pub split_valves: bool,
+    /// Shared rules are one budget across regions.
+    pub across_regions: bool,
+}
 
 use foldhash::fast::RandomState;
 use sluice_core::{Outcome, Scope};
@@ -127,15 +140,15 @@ impl DenialCache {
     }
 
     /// Remembers the buckets that denied `batch`, the store having answered
-    /// at `now` for a call started in `epoch`; `split_valves` when each
-    /// valve is split over several keys (Redis Cluster's `global_shards`).
+    /// at `now` for a call started in `epoch`, by a store shaped as
+    /// `sharing` says.
     pub fn record(
         &self,
         epoch: u64,
         batch: &Batch<'_>,
         outcomes: &[Outcome],
         now: u64,
-        split_valves: bool,
+        sharing: Sharing,
     ) {
         let map = self.map.pin();
         for (i, (rule, outcome)) in batch.rules.iter().zip(outcomes).enumerate() {
@@ -150,7 +163,7 @@ impl DenialCache {
                 // One key of a split valve denied: the next decision uses
                 // another, which may well admit (remembered, one empty key
                 // denied every tenant as if the whole valve were).
-                || (split_valves && rule.scope() == sluice_core::Scope::Global)
+                || (sharing.split_valves && rule.scope() == sluice_core::Scope::Global)
             {
                 continue;
             }
@@ -158,6 +171,9 @@ impl DenialCache {
             // `fair::remembered_wait`).
             let wait = if rule.scope() == Scope::Share {
                 super::fair::remembered_wait(rule, batch.rules, outcome.retry_after_ms)
+            } else if sharing.across_regions && rule.shared_across_regions() {
+                // A peer region may grant budget at any moment.
+                outcome.retry_after_ms.min(rule.rule().period_ms() / 20)
             } else {
                 outcome.retry_after_ms
             };
@@ -271,7 +287,13 @@ mod tests {
             reset_after_ms: 100,
             retry_after_ms: 0,
         };
-        cache.record(0, &batch("a", 2), &[denied, allowed], 1_000, false);
+        cache.record(
+            0,
+            &batch("a", 2),
+            &[denied, allowed],
+            1_000,
+            Sharing::default(),
+        );
         assert_eq!(cache.check(&batch("a", 2), 1_050), Some((0, 150)));
         assert_eq!(cache.check(&batch("a", 2), 1_199), Some((0, 1)));
         assert_eq!(
@@ -305,7 +327,13 @@ mod tests {
         let rules = policy.applicable("a", "GET /", false).rules;
         let batch = Batch::new("a", None, 1, rules);
         let cache = DenialCache::default();
-        cache.record(0, &batch, &[denied(100), denied(700)], 1_000, false);
+        cache.record(
+            0,
+            &batch,
+            &[denied(100), denied(700)],
+            1_000,
+            Sharing::default(),
+        );
         assert_eq!(cache.check(&batch, 1_000), Some((1, 700)));
     }
 
@@ -320,14 +348,14 @@ mod tests {
             &Batch::new("a", None, 4, rules),
             &[denied(800)],
             1_000,
-            false,
+            Sharing::default(),
         );
         cache.record(
             0,
             &Batch::new("a", None, 1, rules),
             &[denied(200)],
             1_000,
-            false,
+            Sharing::default(),
         );
         assert_eq!(
             cache.check(&Batch::new("a", None, 4, rules), 1_100),
@@ -346,7 +374,32 @@ mod tests {
         let cache = DenialCache::default();
         let started = cache.epoch();
         cache.clear(); // a reload while the store call was under way
-        cache.record(started, &batch, &[denied(800)], 1_000, false);
+        cache.record(started, &batch, &[denied(800)], 1_000, Sharing::default());
         assert_eq!(cache.check(&batch, 1_100), None);
+    }
+
+    #[test]
+    fn a_shared_rules_denial_is_remembered_a_twentieth_of_its_period_across_regions() {
+        let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 5, per: 1m, aligned: true }]\n";
+        let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
+        let rules = policy.applicable("a", "GET /", false).rules;
+        let batch = Batch::new("a", None, 1, rules);
+        for (across_regions, remembered) in [(false, 40_000), (true, 3_000)] {
+            let cache = DenialCache::default();
+            let sharing = Sharing {
+                across_regions,
+                ..Sharing::default()
+            };
+            cache.record(0, &batch, &[denied(40_000)], 1_000, sharing);
+            assert!(
+                cache.check(&batch, remembered).is_some(),
+                "{across_regions}"
+            );
+            assert_eq!(
+                cache.check(&batch, 1_000 + remembered),
+                None,
+                "{across_regions}"
+            );
+        }
     }
 }

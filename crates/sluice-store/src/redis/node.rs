@@ -282,6 +282,10 @@ impl Store for RedisStore {
         self.redis.peek(batch, 1).await
     }
 
+    fn shares_across_regions(&self) -> bool {
+        self.regions.is_some()
+    }
+
     async fn adjust(
         &self,
         batch: &Batch<'_>,

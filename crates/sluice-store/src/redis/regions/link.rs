@@ -33,11 +33,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use sluice_core::keys::Record;
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
 use super::ledger::{Hearing, Shared, ledger_script};
+use super::live::{
+    heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
+};
+use super::peer::{Peer, PeerStatus};
 use super::ship::{PeerLink, Shipment};
 use super::{Noted, Regions};
 use crate::redis::TimeSource;
@@ -48,15 +51,6 @@ use crate::store::StoreError;
 const MOST_KEYS: usize = 100_000;
 /// Calls per pipeline.
 const PIPELINE: usize = 512;
-
-/// A peer region as the link reaches it.
-#[derive(Debug, Clone)]
-pub struct Peer {
-    /// Its name.
-    pub name: String,
-    /// Its Redis, credentials included.
-    pub url: String,
-}
 
 /// How the link runs.
 #[derive(Debug, Clone)]
@@ -71,31 +65,6 @@ pub struct LinkOptions {
     pub connect: ConnectOptions,
 }
 
-/// What the link knows of one peer, for metrics, `/readyz` and logs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PeerStatus {
-    /// The peer's name.
-    pub name: String,
-    /// When the peer last shipped to this region (ms since the epoch, by
-    /// the peer's clock).
-    pub last_heard_ms: Option<u64>,
-    /// When this region last shipped to it (ms since the epoch).
-    pub last_shipped_ms: Option<u64>,
-    /// How long the last shipping to it took.
-    pub lag: Duration,
-    /// Units granted to it, in all (this instance, while it led).
-    pub units_shipped: u64,
-    /// Units it granted here that were added here, in all (as it counted
-    /// them when it shipped).
-    pub units_received: u64,
-    /// Whether it is cut off (not heard from for `peer_timeout`).
-    pub cut_off: bool,
-    /// Why it is never merged with (another pepper, other regions), if so.
-    pub foreign: Option<String>,
-    /// Shippings to it that failed, in all.
-    pub failures: u64,
-}
-
 /// The region link of one instance (see the module's documentation).
 pub struct Link {
     store: RedisStore,
@@ -106,49 +75,6 @@ pub struct Link {
     status: Arc<Mutex<Vec<PeerStatus>>>,
     /// The shippings under way: stopped with the link.
     shipping: tokio::task::JoinSet<()>,
-}
-
-/// Shared keys' store keys (by region, under the store's prefix).
-pub(super) fn live_key(prefix: &str) -> String {
-    format!("{prefix}:regions:live")
-}
-fn lead_key(prefix: &str) -> String {
-    format!("{prefix}:regions:lead")
-}
-pub(super) fn identity_key(prefix: &str) -> String {
-    format!("{prefix}:regions:identity")
-}
-pub(super) fn heard_key(prefix: &str) -> String {
-    format!("{prefix}:regions:heard")
-}
-pub(super) fn received_key(prefix: &str) -> String {
-    format!("{prefix}:regions:received")
-}
-
-/// A live key's member in the live set: its per, its record's name and its
-/// key (the key last: it may hold spaces).
-pub(super) fn member(shared: &Shared) -> String {
-    let name: String = shared.record.0.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{} {name} {}", shared.per_ms, shared.key)
-}
-
-fn parse_member(member: &str) -> Option<Shared> {
-    let mut parts = member.splitn(3, ' ');
-    let per_ms = parts.next()?.parse().ok().filter(|&p: &u64| p > 0)?;
-    let name = parts.next()?;
-    let key = parts.next()?.to_owned();
-    let mut record = [0u8; 8];
-    if name.len() != 16 {
-        return None;
-    }
-    for (i, byte) in record.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(name.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(Shared {
-        key,
-        record: Record(record),
-        per_ms,
-    })
 }
 
 impl Link {
@@ -476,27 +402,3 @@ if not holder then
 end
 return 0
 "#;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_live_member_reads_back_whatever_its_key_holds() {
-        let shared = Shared {
-            key: "sl:{ab cd}:0f".into(),
-            record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
-            per_ms: 60_000,
-        };
-        assert_eq!(parse_member(&member(&shared)), Some(shared));
-        for bad in [
-            "",
-            "0 0001feff0708090a k",
-            "60000 zz k",
-            "60000 00 k",
-            "60000",
-        ] {
-            assert_eq!(parse_member(bad), None, "{bad}");
-        }
-    }
-}

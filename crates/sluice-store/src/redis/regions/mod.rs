@@ -14,6 +14,8 @@
 
 pub mod ledger;
 pub mod link;
+mod live;
+mod peer;
 mod ship;
 
 use std::collections::HashMap;
@@ -24,7 +26,8 @@ use sluice_core::keys::Record;
 use sluice_core::regions::{pool, shares};
 
 pub use ledger::{Hearing, LEDGER_LUA, Shared, ledger_key, ledger_script, snapshot};
-pub use link::{Link, LinkOptions, Peer, PeerStatus};
+pub use link::{Link, LinkOptions};
+pub use peer::{Peer, PeerStatus};
 
 /// The regions as a store sees them.
 #[derive(Debug)]

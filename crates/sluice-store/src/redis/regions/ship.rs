@@ -4,8 +4,8 @@
 //! other peers.
 //!
 //! One shipping is one pipeline per 512 keys (a round trip each): the
-//! peer's identity (pepper and regions, checked before anything is sent
-//! until it has been seen once, then read back with every shipping), each
+//! peer's identity (pepper and regions: nothing is sent before it has
+//! been seen to match, and it is read back with every shipping), each
 //! key's `hear` and its place in the peer's live set, when this region
 //! shipped, and what the last shipping added there. It gives up after
 //! `peer_timeout`; after a failure the peer is not tried again until a
@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 
 use super::ledger::{Hearing, Shared, ledger_script};
-use super::link::{Peer, PeerStatus, heard_key, identity_key, live_key, member, received_key};
+use super::live::{heard_key, identity_key, live_key, member, received_key};
+use super::peer::{Peer, PeerStatus};
 use crate::redis::TimeSource;
 
 /// Calls per pipeline.
@@ -169,12 +170,14 @@ impl Shipment {
     }
 
     /// Whether `theirs` (the peer's identity) may be merged with.
-    fn check(&self, theirs: Option<&str>) -> Result<bool, Failure> {
+    fn check(&self, theirs: Option<&str>) -> Result<(), Failure> {
         match theirs {
-            // A peer whose link has not run yet: shipped to all the same
-            // (a shipping it cannot read merges nothing).
-            None => Ok(false),
-            Some(theirs) if theirs == self.identity => Ok(true),
+            // A peer whose link has not run yet: nothing is shipped until
+            // it has said who it is.
+            None => Err(Failure::Failed(
+                "its link has not announced itself yet".into(),
+            )),
+            Some(theirs) if theirs == self.identity => Ok(()),
             Some(theirs) => {
                 let pepper = |identity: &str| identity.split(' ').nth(2).map(str::to_owned);
                 Err(Failure::Foreign(
@@ -203,12 +206,12 @@ impl Shipment {
                 .query_async(connection)
                 .await
                 .map_err(failed)?;
-            let seen = self.check(theirs.as_deref())?;
+            self.check(theirs.as_deref())?;
             self.link
                 .state
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .verified = seen;
+                .verified = true;
         }
         let mut added = 0u64;
         let chunks = self.hearings.chunks(PIPELINE).len().max(1);

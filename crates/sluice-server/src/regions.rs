@@ -1,0 +1,65 @@
+//! The region link of this instance (`storage.regions`, SPEC appendix H):
+//! started with the server, reported by `/readyz` and `/metrics`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice_core::config::StorageConfig;
+use sluice_store::redis::regions::{Link, LinkOptions, Peer, PeerStatus};
+
+use crate::Fallible;
+use crate::backend::{Backend, connect_options};
+
+/// What the link knows of each peer region.
+#[derive(Debug, Clone)]
+pub struct PeerStatuses(Arc<Mutex<Vec<PeerStatus>>>);
+
+impl PeerStatuses {
+    /// Each peer as last seen.
+    pub fn snapshot(&self) -> Vec<PeerStatus> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The peers never merged with, and why.
+    pub fn foreign(&self) -> Vec<(String, String)> {
+        self.snapshot()
+            .into_iter()
+            .filter_map(|p| p.foreign.map(|why| (p.name, why)))
+            .collect()
+    }
+}
+
+/// Starts the region link when `storage.regions` is set (on a Redis
+/// store: validation refuses it elsewhere); it runs as long as the
+/// runtime does. Returns what it knows of its peers.
+pub fn spawn(
+    backend: &Backend,
+    storage: &StorageConfig,
+    instance: &str,
+) -> Fallible<Option<PeerStatuses>> {
+    let Some(regions) = &storage.regions else {
+        return Ok(None);
+    };
+    let Backend::Redis(store) = backend else {
+        return Err("storage.regions needs storage.backend: redis".into());
+    };
+    let peers = regions
+        .peers
+        .iter()
+        .map(|p| Peer {
+            name: p.name.clone(),
+            url: p.url.clone(),
+        })
+        .collect();
+    let options = LinkOptions {
+        sync_every: Duration::from_millis(regions.sync_every_ms),
+        peer_timeout: Duration::from_millis(regions.peer_timeout_ms),
+        instance: instance.to_owned(),
+        connect: connect_options(storage, Duration::from_millis(storage.timeout_ms))?,
+    };
+    let link = Link::new((**store).clone(), peers, options)
+        .map_err(|e| format!("storage.regions.peers: {e}"))?;
+    let status = PeerStatuses(link.status());
+    link.spawn();
+    Ok(Some(status))
+}

@@ -1,0 +1,242 @@
+//! `sluice serve` across regions (`storage.regions`): three real
+//! redis-servers, each with its own sluice, linked through the test kit's
+//! delay proxy (40 ms each way).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Server, get_text, metric_total, post, temp_file};
+use serde_json::{Value, json};
+use sluice_testkit::{DelayProxy, RedisServer};
+
+const PEPPER: &str = "5a1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
+const OTHER_PEPPER: &str = "0b1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f72";
+const PER_MS: u64 = 3_000;
+const LIMIT: u64 = 150;
+
+fn config(this: &str, own: &RedisServer, peers: &[(&str, String)]) -> common::TempPath {
+    let peers: String = peers
+        .iter()
+        .map(|(name, url)| format!("      {name}: {{ url: \"{url}\" }}\n"))
+        .collect();
+    temp_file(
+        &format!("regions-{this}.yaml"),
+        &format!(
+            r#"
+storage:
+  backend: redis
+  url: {}
+  regions:
+    self: {this}
+    peers:
+{peers}    sync_every: 100ms
+    peer_timeout: 1s
+keys:
+  pepper_env: TEST_SLUICE_PEPPER
+default_plan: free
+plans:
+  free:
+    tenant: [{{ name: per-3s, algorithm: fixed_window, limit: {LIMIT}, per: 3s, aligned: true }}]
+"#,
+            own.url()
+        ),
+    )
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `/readyz` of `server`: its status and body.
+async fn readyz(client: &reqwest::Client, server: &Server) -> (u16, Value) {
+    let response = client
+        .get(format!("{}/readyz", server.base))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Waits until `server` hears from every peer (or panics after 15 s).
+async fn linked(client: &reqwest::Client, server: &Server) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = readyz(client, server).await;
+        let peers = body["regions"].as_array().cloned().unwrap_or_default();
+        if status == 200 && !peers.is_empty() && peers.iter().all(|p| p["cut_off"] == false) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the regions never linked: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_reported() {
+    let names = ["eu", "us", "ap"];
+    let redis: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut proxies = Vec::new();
+    let mut servers = Vec::new();
+    for (r, name) in names.iter().enumerate() {
+        let mut peers = Vec::new();
+        for (p, peer) in names.iter().enumerate() {
+            if p != r {
+                let proxy = DelayProxy::start(redis[p].port(), Duration::from_millis(40));
+                peers.push((*peer, proxy.url()));
+                proxies.push(proxy);
+            }
+        }
+        let path = config(name, &redis[r], &peers);
+        let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+        let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+        servers.push(server.keep(path));
+    }
+    let client = reqwest::Client::new();
+    for server in &servers {
+        let body = linked(&client, server).await;
+        assert_eq!(body["regions"].as_array().unwrap().len(), 2, "{body}");
+    }
+
+    // A tenant hammers one region (us) for two whole windows.
+    let now = wall_ms();
+    let start = now - now % PER_MS + PER_MS;
+    tokio::time::sleep(Duration::from_millis(start - now)).await;
+    let end = start + 2 * PER_MS;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (client, base) = (client.clone(), servers[1].base.clone());
+        tasks.spawn(async move {
+            let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+            while wall_ms() < end {
+                let (status, _) = post(
+                    &client,
+                    &base,
+                    json!({ "tenant": "acme-sends-to-us", "route": "GET /" }),
+                )
+                .await;
+                let at = wall_ms();
+                if status == 200 {
+                    *admitted.entry(at - at % PER_MS).or_default() += 1;
+                }
+            }
+            admitted
+        });
+    }
+    let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+    while let Some(seen) = tasks.join_next().await {
+        for (w, n) in seen.unwrap() {
+            *admitted.entry(w).or_default() += n;
+        }
+    }
+    println!("admitted per {PER_MS} ms window in us: {admitted:?} (limit {LIMIT})");
+    for window in [start, start + PER_MS] {
+        let n = admitted.get(&window).copied().unwrap_or(0);
+        assert!(
+            n as f64 >= 0.9 * LIMIT as f64 && n <= LIMIT,
+            "window {window}: {n} admitted, not between 90% of {LIMIT} and {LIMIT}"
+        );
+    }
+
+    // us heard the budget its peers granted it, and says so.
+    let metrics = get_text(&client, &servers[1], "/metrics").await;
+    assert!(
+        metric_total(&metrics, "sluice_region_peer_units_received_total") > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_total(&metrics, "sluice_region_peer_cut_off{"),
+        0.0,
+        "{metrics}"
+    );
+    let mut granted = 0.0;
+    for r in [0, 2] {
+        let metrics = get_text(&client, &servers[r], "/metrics").await;
+        granted += metric_total(&metrics, "sluice_region_peer_units_shipped_total");
+    }
+    assert!(granted > 0.0, "eu and ap granted nothing");
+
+    // A region cut off is reported as such, and decisions go on.
+    for proxy in &proxies {
+        proxy.cut();
+    }
+    tokio::time::sleep(Duration::from_millis(1_600)).await;
+    let (status, body) = readyz(&client, &servers[0]).await;
+    assert_eq!(
+        status, 200,
+        "a cut-off peer does not make a region unready: {body}"
+    );
+    assert!(
+        body["regions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["cut_off"] == true),
+        "{body}"
+    );
+    let (status, _) = post(
+        &client,
+        &servers[0].base,
+        json!({ "tenant": "acme-in-eu", "route": "GET /" }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for proxy in &proxies {
+        proxy.heal();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged() {
+    let redis: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let eu = config("eu", &redis[0], &[("us", redis[1].url())]);
+    let us = config("us", &redis[1], &[("eu", redis[0].url())]);
+    let eu = Server::start_with_env(
+        &["--config", eu.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", PEPPER)],
+    )
+    .keep(eu);
+    let us = Server::start_with_env(
+        &["--config", us.to_str().unwrap()],
+        &[("TEST_SLUICE_PEPPER", OTHER_PEPPER)],
+    )
+    .keep(us);
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for server in [&eu, &us] {
+        loop {
+            let (status, body) = readyz(&client, server).await;
+            let foreign = &body["regions"][0]["foreign"];
+            if status == 503
+                && foreign
+                    .as_str()
+                    .is_some_and(|f| f.contains("another pepper"))
+            {
+                assert_eq!(body["status"], "not_ready", "{body}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never named foreign: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    eu.wait_for_log("announces another pepper; never merged with it");
+    // Nothing was merged: neither store holds a ledger of the other's.
+    for server in &redis {
+        let mut connection = server.client().get_connection().unwrap();
+        let ledgers: Vec<String> = redis::cmd("KEYS")
+            .arg("*:r")
+            .query(&mut connection)
+            .unwrap();
+        assert!(ledgers.is_empty(), "{ledgers:?}");
+    }
+}
