@@ -53,6 +53,26 @@ pub struct Inspection {
     /// yet spent. Only a running service knows its own (`--url`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slices: Vec<SliceRow>,
+    /// With `storage.regions`: each region's part of the tenant's shared
+    /// rules in the current window.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<RegionRow>,
+}
+
+/// One region's part of one shared rule's window.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct RegionRow {
+    /// The policy name.
+    pub policy: String,
+    /// The region (`self` marks this one).
+    pub region: String,
+    /// Its share of the pool.
+    pub share: u64,
+    /// What it may admit in the window, in all (as it last said, for a
+    /// peer; `None`: not heard this window).
+    pub cap: Option<u64>,
+    /// What it admitted.
+    pub used: Option<u64>,
 }
 
 /// A slice held for one of the tenant's rules.
@@ -103,6 +123,27 @@ pub async fn inspect(
         .cloned()
         .collect();
     let mut rows = Vec::new();
+    let mut regions = Vec::new();
+    if let Backend::Redis(redis) = store {
+        let batch = Batch::new(request.tenant, request.subject, 1, &rules);
+        for (rule, parts) in rules.iter().zip(redis.region_parts(&batch).await?) {
+            let own = redis.regions().map(|r| r.names[r.index].clone());
+            for part in parts.into_iter().flatten() {
+                let region = if Some(&part.region) == own.as_ref() {
+                    format!("{} (self)", part.region)
+                } else {
+                    part.region
+                };
+                regions.push(RegionRow {
+                    policy: rule.name().to_owned(),
+                    region,
+                    share: part.share,
+                    cap: part.cap,
+                    used: part.used,
+                });
+            }
+        }
+    }
     for shard in 0..applicable.shards {
         let batch = Batch {
             shard,
@@ -136,6 +177,7 @@ pub async fn inspect(
         rows,
         note,
         slices: Vec::new(),
+        regions,
     })
 }
 
@@ -206,6 +248,24 @@ pub fn table(inspection: &Inspection) -> String {
     if let Some(note) = &inspection.note {
         out.push_str(note);
         out.push('\n');
+    }
+    if !inspection.regions.is_empty() {
+        out.push_str("across regions, this window (peers as they last said):\n");
+        out.push_str(&format!(
+            "{:<16} {:<20} {:>10} {:>10} {:>10}\n",
+            "policy", "region", "share", "cap", "used"
+        ));
+        let known = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        for r in &inspection.regions {
+            out.push_str(&format!(
+                "{:<16} {:<20} {:>10} {:>10} {:>10}\n",
+                r.policy,
+                r.region,
+                r.share,
+                known(r.cap),
+                known(r.used)
+            ));
+        }
     }
     if !inspection.slices.is_empty() {
         out.push_str("slices held by this instance (taken from the rows above, unspent):\n");

@@ -71,6 +71,9 @@ fn the_systemd_unit_verifies() {
 fn the_shipped_configurations_validate() {
     for config in [
         "deploy/compose/sluice.yaml",
+        "deploy/compose/regions/eu.yaml",
+        "deploy/compose/regions/us.yaml",
+        "deploy/compose/regions/ap.yaml",
         "deploy/kubernetes/sluice.yaml",
     ] {
         let out = sluice().arg("validate").arg(repo(config)).output().unwrap();

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Server, get_text, metric_total, post, temp_file};
+use common::{Server, get_text, metric_total, post, sluice, succeeds, temp_file};
 use serde_json::{Value, json};
 use sluice_testkit::{DelayProxy, RedisServer};
 
@@ -85,6 +85,7 @@ async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_repo
     let redis: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let mut proxies = Vec::new();
     let mut servers = Vec::new();
+    let mut configs = Vec::new();
     for (r, name) in names.iter().enumerate() {
         let mut peers = Vec::new();
         for (p, peer) in names.iter().enumerate() {
@@ -95,6 +96,7 @@ async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_repo
             }
         }
         let path = config(name, &redis[r], &peers);
+        configs.push(path.to_str().unwrap().to_owned());
         let env = [("TEST_SLUICE_PEPPER", PEPPER)];
         let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
         servers.push(server.keep(path));
@@ -162,6 +164,37 @@ async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_repo
         granted += metric_total(&metrics, "sluice_region_peer_units_shipped_total");
     }
     assert!(granted > 0.0, "eu and ap granted nothing");
+
+    // `sluice inspect` in us shows each region's part of the window.
+    let (table, _) = succeeds(
+        sluice()
+            .args([
+                "inspect",
+                "--config",
+                &configs[1],
+                "--tenant",
+                "acme-sends-to-us",
+            ])
+            .env("TEST_SLUICE_PEPPER", PEPPER),
+    );
+    println!("{table}");
+    let part = |region: &str| -> Vec<String> {
+        table
+            .lines()
+            .find(|l| l.starts_with("per-3s") && l.split_whitespace().nth(1) == Some(region))
+            .unwrap_or_else(|| panic!("no part of {region}:\n{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(table.contains("across regions, this window"), "{table}");
+    let ours = part("us");
+    assert_eq!(ours[2], "(self)", "{table}");
+    for peer in ["eu", "ap"] {
+        assert_eq!(part(peer)[2], "50", "{table}");
+    }
+    // This window has just begun: us holds its share at least.
+    assert!(ours[4].parse::<u64>().unwrap() >= 50, "{table}");
 
     // A region cut off is reported as such, and decisions go on.
     for proxy in &proxies {

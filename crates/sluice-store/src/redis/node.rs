@@ -15,7 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
-use crate::redis::regions::Regions;
+use crate::redis::regions::{RegionPart, Regions, Shared, ledger_script, snapshot};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
 use crate::store::{Batch, Decided, Peeked, Store, StoreError};
@@ -176,6 +176,45 @@ impl RedisStore {
     /// The regions, when shared rules are one budget across them.
     pub fn regions(&self) -> Option<&Arc<Regions>> {
         self.regions.as_ref()
+    }
+
+    /// Each region's part of every shared rule of `batch` (in rule order;
+    /// `None` for a rule that is not shared, or with regions off), as this
+    /// region's store has it now.
+    pub async fn region_parts(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<Option<Vec<RegionPart>>>, StoreError> {
+        let Some(regions) = &self.regions else {
+            return Ok(vec![None; batch.rules.len()]);
+        };
+        let buckets = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
+        let mut parts = Vec::with_capacity(batch.rules.len());
+        for (i, rule) in batch.rules.iter().enumerate() {
+            if !rule.shared_across_regions() {
+                parts.push(None);
+                continue;
+            }
+            let shared = Shared {
+                key: buckets.keys[i].clone(),
+                record: buckets.records[i],
+                per_ms: rule.rule().period_ms(),
+            };
+            let mut pipe = redis::pipe();
+            pipe.load_script(ledger_script()).ignore();
+            pipe.invoke_script(&shared.read_call(&self.redis.time, regions.len()));
+            let (reply,): (Vec<u8>,) = pipe
+                .query_async(&mut self.connection())
+                .await
+                .map_err(|e| self.redis.error(&e))?;
+            let mut snapshot = snapshot(&reply, regions.len())?;
+            if snapshot.pool == 0 {
+                // No link has run for it this window: the pool as now.
+                snapshot.pool = Regions::pool(rule);
+            }
+            parts.push(Some(regions.parts(&snapshot)));
+        }
+        Ok(parts)
     }
 
     /// How keys are derived.

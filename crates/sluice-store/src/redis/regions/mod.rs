@@ -44,6 +44,22 @@ pub struct Regions {
     noted: Mutex<HashMap<Shared, Noted>>,
 }
 
+/// One region's part of a shared rule's window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionPart {
+    /// The region.
+    pub region: String,
+    /// Its share of the pool when the window began.
+    pub share: u64,
+    /// What it may admit in the window, in all (`None`: not heard).
+    pub cap: Option<u64>,
+    /// What it admitted (`None`: not heard).
+    pub used: Option<u64>,
+    /// When a peer's part was heard (ms since the epoch, by this region's
+    /// Redis clock); `None` for this region's own.
+    pub heard_at_ms: Option<u64>,
+}
+
 /// What decisions noted of one shared rule since the link last ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Noted {
@@ -119,6 +135,38 @@ impl Regions {
         }
         entry.pool = pool;
         entry.wanted = entry.wanted.saturating_add(cost);
+    }
+
+    /// Every region's part of a shared rule's window as `snapshot` (this
+    /// region's, read from its store) shows it: this region's exactly, the
+    /// peers' as they last said.
+    pub fn parts(&self, snapshot: &sluice_core::regions::stored::Snapshot) -> Vec<RegionPart> {
+        self.names
+            .iter()
+            .enumerate()
+            .map(|(r, name)| {
+                let share = self.share_of(snapshot.pool, r);
+                if r == self.index {
+                    let mut part = snapshot.part.clone();
+                    part.share = share;
+                    return RegionPart {
+                        region: name.clone(),
+                        share,
+                        cap: Some(part.cap()),
+                        used: Some(part.used),
+                        heard_at_ms: None,
+                    };
+                }
+                let view = snapshot.views.get(r).copied().flatten();
+                RegionPart {
+                    region: name.clone(),
+                    share,
+                    cap: view.map(|v| v.heard.cap),
+                    used: view.map(|v| v.heard.used),
+                    heard_at_ms: view.map(|v| v.at_ms),
+                }
+            })
+            .collect()
     }
 
     /// What decisions noted since the last call.
