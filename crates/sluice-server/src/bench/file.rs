@@ -45,6 +45,10 @@ pub enum Scenario {
     /// decision, admitted per aligned window.
     #[serde(rename = "hot-key")]
     HotKey,
+    /// Three regions on one machine (three redis-server processes this
+    /// process starts, linked through a delay proxy): one budget across
+    /// them, linked, partitioned and healed.
+    Regions,
 }
 
 /// `sluice bench --api`.

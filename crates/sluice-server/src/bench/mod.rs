@@ -144,5 +144,6 @@ pub async fn rls(
 pub mod file;
 pub mod hot_key;
 pub mod open;
+pub mod regions;
 pub mod scenario;
 mod settle;

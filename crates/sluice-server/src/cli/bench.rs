@@ -140,6 +140,9 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
     if args.scenario == Some(Scenario::HotKey) {
         return hot_key(&args);
     }
+    if args.scenario == Some(Scenario::Regions) {
+        return regions(&args);
+    }
     let settings = match Settings::of(args) {
         Ok(settings) => settings,
         Err(e) => {
@@ -216,7 +219,7 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             settings.noisy.clone(),
         )),
         Scenario::Mix => runtime.block_on(scenario::mix(&base, settings.classes.clone())),
-        Scenario::Closed | Scenario::HotKey => unreachable!("handled above"),
+        Scenario::Closed | Scenario::HotKey | Scenario::Regions => unreachable!("handled above"),
     };
     match outcome {
         Ok(outcome) => {
@@ -389,6 +392,46 @@ fn hot_key(args: &BenchArgs) -> ExitCode {
                 print!("{}", hot_key::table(&rows));
                 let mark = if passed { "PASS" } else { "FAIL" };
                 println!("hot-key {mark}: {verdict}");
+            }
+            if passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--scenario regions` (see [`crate::bench::regions`]).
+fn regions(args: &BenchArgs) -> ExitCode {
+    use crate::bench::regions::{self, Settings};
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(regions::run(&Settings::default())) {
+        Ok(report) => {
+            let (passed, verdict) = regions::verdict(&report);
+            if args.json {
+                let json = serde_json::json!({"scenario": "regions", "report": report, "passed": passed, "verdict": verdict});
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json).unwrap_or_default()
+                );
+            } else {
+                print!("{}", regions::table(&report));
+                let mark = if passed { "PASS" } else { "FAIL" };
+                println!("regions {mark}: {verdict}");
             }
             if passed {
                 ExitCode::SUCCESS

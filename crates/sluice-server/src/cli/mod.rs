@@ -88,7 +88,9 @@ pub struct BenchArgs {
     /// the `--class`es together (open loop); `hot-key`: two instances in
     /// this process on `--redis` or `--redis-cluster`, one hot tenant with
     /// a tolerance of 1% then exact (store calls per decision, admitted
-    /// per aligned window). Default `closed`.
+    /// per aligned window); `regions`: three regions on one machine
+    /// (redis-server must be installed), one budget across them, linked,
+    /// partitioned and healed. Default `closed`.
     #[arg(long, value_enum)]
     scenario: Option<Scenario>,
     /// The API the open-loop scenarios load. Default `http`.

@@ -7,7 +7,7 @@ use sluice_core::keys::Record;
 use sluice_core::{Algorithm, BoundRule};
 use smallvec::SmallVec;
 
-use super::regions::Regions;
+use super::regions::shared::Regions;
 use crate::clock::Clock;
 use crate::store::Batch;
 

@@ -15,7 +15,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
-use crate::redis::regions::{RegionPart, Regions, Shared, ledger_script, snapshot};
+use crate::redis::regions::ledger::{ledger_script, snapshot};
+use crate::redis::regions::shared::{RegionPart, Regions, Shared};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
 use crate::store::{Batch, Decided, Peeked, Store, StoreError};

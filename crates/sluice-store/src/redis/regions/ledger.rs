@@ -3,12 +3,12 @@
 //! heard from peers). Each step is a call of its own on the region's
 //! Redis; the script's arithmetic is `sluice_core::regions::Stored`'s.
 
-use sluice_core::keys::Record;
 use sluice_core::regions::Heard;
 use sluice_core::regions::stored::{Snapshot, View};
 
 use redis::ScriptInvocation;
 
+use super::shared::Shared;
 use crate::redis::args::{TimeSource, now_arg};
 use crate::store::StoreError;
 
@@ -25,17 +25,6 @@ pub const LEDGER_LUA: &str = concat!(
 /// Redis Cluster, in its slot).
 pub fn ledger_key(group: &str) -> String {
     format!("{group}:r")
-}
-
-/// One shared rule of one key, as the link names it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Shared {
-    /// The rule's group key.
-    pub key: String,
-    /// Its record's name.
-    pub record: Record,
-    /// Its period (ms).
-    pub per_ms: u64,
 }
 
 /// The ledger script, loaded once per process.

@@ -36,13 +36,14 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
-use super::ledger::{Hearing, Shared, ledger_script};
+use super::ledger::{Hearing, ledger_script};
 use super::live::{
     heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
 };
 use super::peer::{Peer, PeerStatus};
+use super::shared::Shared;
+use super::shared::{Noted, Regions};
 use super::ship::{PeerLink, Shipment};
-use super::{Noted, Regions};
 use crate::redis::TimeSource;
 use crate::redis::node::{ConnectOptions, RedisStore};
 use crate::store::StoreError;

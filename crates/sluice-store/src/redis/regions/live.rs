@@ -6,7 +6,7 @@
 
 use sluice_core::keys::Record;
 
-use super::ledger::Shared;
+use super::shared::Shared;
 
 /// Shared keys' store keys (by region, under the store's prefix).
 pub(super) fn live_key(prefix: &str) -> String {

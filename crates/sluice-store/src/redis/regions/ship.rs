@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 
-use super::ledger::{Hearing, Shared, ledger_script};
+use super::ledger::{Hearing, ledger_script};
 use super::live::{heard_key, identity_key, live_key, member, received_key};
 use super::peer::{Peer, PeerStatus};
+use super::shared::Shared;
 use crate::redis::TimeSource;
 
 /// Calls per pipeline.

@@ -1,0 +1,166 @@
+//! What a region's store knows of the regions, and of the shared rules
+//! its decisions touched (see the module's documentation).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sluice_core::BoundRule;
+use sluice_core::keys::Record;
+use sluice_core::regions::{pool, shares};
+
+/// One shared rule of one key, as the link names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shared {
+    /// The rule's group key.
+    pub key: String,
+    /// Its record's name.
+    pub record: Record,
+    /// Its period (ms).
+    pub per_ms: u64,
+}
+
+/// The regions as a store sees them.
+#[derive(Debug)]
+pub struct Regions {
+    /// Every region's name, in the order shares are computed (every
+    /// region configured the same).
+    pub names: Vec<String>,
+    /// Their weights, in that order.
+    pub weights: Vec<u32>,
+    /// This region's place.
+    pub index: usize,
+    /// The shared rules decided here since the link last took them, with
+    /// the window, the pool and the units asked.
+    noted: Mutex<HashMap<Shared, Noted>>,
+}
+
+/// One region's part of a shared rule's window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionPart {
+    /// The region.
+    pub region: String,
+    /// Its share of the pool when the window began.
+    pub share: u64,
+    /// What it may admit in the window, in all (`None`: not heard).
+    pub cap: Option<u64>,
+    /// What it admitted (`None`: not heard).
+    pub used: Option<u64>,
+    /// When a peer's part was heard (ms since the epoch, by this region's
+    /// Redis clock); `None` for this region's own.
+    pub heard_at_ms: Option<u64>,
+}
+
+/// What decisions noted of one shared rule since the link last ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Noted {
+    /// The window (by this instance's clock).
+    pub window: u64,
+    /// The rule's pool.
+    pub pool: u64,
+    /// Units asked.
+    pub wanted: u64,
+}
+
+impl Regions {
+    /// `(name, weight)` of every region in the order shares are computed,
+    /// `this` among them.
+    pub fn new(in_order: &[(&str, u32)], this: &str) -> Option<Regions> {
+        let index = in_order.iter().position(|(name, _)| *name == this)?;
+        Some(Regions {
+            names: in_order.iter().map(|(n, _)| n.to_string()).collect(),
+            weights: in_order.iter().map(|&(_, w)| w).collect(),
+            index,
+            noted: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// How many regions.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether there are none (never: this one is among them).
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// A shared rule's pool per window.
+    pub fn pool(rule: &BoundRule) -> u64 {
+        pool(rule.rule().limit(), rule.tolerance())
+    }
+
+    /// Region `index`'s share of `pool`.
+    pub fn share_of(&self, pool: u64, index: usize) -> u64 {
+        shares(pool, &self.weights)[index]
+    }
+
+    /// This region's share of `pool`.
+    pub fn share(&self, pool: u64) -> u64 {
+        self.share_of(pool, self.index)
+    }
+
+    /// A decision asked `cost` units of shared `rule` kept in `key` and
+    /// `record`, at `now` (this instance's clock).
+    pub(crate) fn note(&self, rule: &BoundRule, key: &str, record: Record, cost: u64, now: u64) {
+        let per = rule.rule().period_ms();
+        let window = now - now % per;
+        let pool = Regions::pool(rule);
+        let mut noted = self.noted.lock().unwrap_or_else(|e| e.into_inner());
+        let shared = Shared {
+            key: key.to_owned(),
+            record,
+            per_ms: per,
+        };
+        let entry = noted.entry(shared).or_insert(Noted {
+            window,
+            pool,
+            wanted: 0,
+        });
+        if entry.window != window {
+            *entry = Noted {
+                window,
+                pool,
+                wanted: 0,
+            };
+        }
+        entry.pool = pool;
+        entry.wanted = entry.wanted.saturating_add(cost);
+    }
+
+    /// Every region's part of a shared rule's window as `snapshot` (this
+    /// region's, read from its store) shows it: this region's exactly, the
+    /// peers' as they last said.
+    pub fn parts(&self, snapshot: &sluice_core::regions::stored::Snapshot) -> Vec<RegionPart> {
+        self.names
+            .iter()
+            .enumerate()
+            .map(|(r, name)| {
+                let share = self.share_of(snapshot.pool, r);
+                if r == self.index {
+                    let mut part = snapshot.part.clone();
+                    part.share = share;
+                    return RegionPart {
+                        region: name.clone(),
+                        share,
+                        cap: Some(part.cap()),
+                        used: Some(part.used),
+                        heard_at_ms: None,
+                    };
+                }
+                let view = snapshot.views.get(r).copied().flatten();
+                RegionPart {
+                    region: name.clone(),
+                    share,
+                    cap: view.map(|v| v.heard.cap),
+                    used: view.map(|v| v.heard.used),
+                    heard_at_ms: view.map(|v| v.at_ms),
+                }
+            })
+            .collect()
+    }
+
+    /// What decisions noted since the last call.
+    pub(crate) fn take_noted(&self) -> HashMap<Shared, Noted> {
+        std::mem::take(&mut *self.noted.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
