@@ -276,10 +276,6 @@ impl App {
         self.store_reachable.load(Ordering::Relaxed)
             && self.limiter.breaker_state() == sluice_store::BreakerState::Closed
             && self.other_peppers.load(Ordering::Relaxed) == 0
-            && self
-                .regions
-                .get()
-                .is_none_or(|peers| peers.foreign().is_empty())
     }
 }
 

@@ -42,8 +42,9 @@ impl Backend {
                     .await
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
                 if let Some(regions) = &storage.regions {
-                    let linked = Regions::new(&regions.in_order(), &regions.this)
-                        .expect("validation puts this region among the regions");
+                    let linked =
+                        Regions::new(&regions.in_order(), &regions.this, regions.sync_every_ms)
+                            .expect("validation puts this region among the regions");
                     store = store.with_regions(std::sync::Arc::new(linked));
                 }
                 Ok(Backend::Redis(Box::new(store)))
@@ -189,10 +190,23 @@ impl Store for Backend {
         }
     }
 
-    fn shares_across_regions(&self) -> bool {
+    fn region(&self) -> Option<&str> {
         match self {
-            Backend::Redis(store) => store.shares_across_regions(),
-            Backend::Memory(_) | Backend::Cluster(_) => false,
+            Backend::Redis(store) => store.region(),
+            Backend::Memory(_) | Backend::Cluster(_) => None,
+        }
+    }
+
+    fn regions_sync_every_ms(&self) -> Option<u64> {
+        match self {
+            Backend::Redis(store) => store.regions_sync_every_ms(),
+            Backend::Memory(_) | Backend::Cluster(_) => None,
+        }
+    }
+
+    fn asked(&self, batch: &Batch<'_>) {
+        if let Backend::Redis(store) = self {
+            store.asked(batch);
         }
     }
 

@@ -19,14 +19,6 @@ impl PeerStatuses {
     pub fn snapshot(&self) -> Vec<PeerStatus> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-
-    /// The peers never merged with, and why.
-    pub fn foreign(&self) -> Vec<(String, String)> {
-        self.snapshot()
-            .into_iter()
-            .filter_map(|p| p.foreign.map(|why| (p.name, why)))
-            .collect()
-    }
 }
 
 /// Starts the region link when `storage.regions` is set (on a Redis

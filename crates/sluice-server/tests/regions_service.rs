@@ -17,6 +17,16 @@ const PER_MS: u64 = 3_000;
 const LIMIT: u64 = 150;
 
 fn config(this: &str, own: &RedisServer, peers: &[(&str, String)]) -> common::TempPath {
+    config_with(this, own, peers, "")
+}
+
+/// A region's configuration, `keys` lines added under `keys:`.
+fn config_with(
+    this: &str,
+    own: &RedisServer,
+    peers: &[(&str, String)],
+    keys: &str,
+) -> common::TempPath {
     let peers: String = peers
         .iter()
         .map(|(name, url)| format!("      {name}: {{ url: \"{url}\" }}\n"))
@@ -35,7 +45,7 @@ storage:
     peer_timeout: 1s
 keys:
   pepper_env: TEST_SLUICE_PEPPER
-default_plan: free
+{keys}default_plan: free
 plans:
   free:
     tenant: [{{ name: per-3s, algorithm: fixed_window, limit: {LIMIT}, per: 3s, aligned: true }}]
@@ -68,7 +78,8 @@ async fn linked(client: &reqwest::Client, server: &Server) -> Value {
     loop {
         let (status, body) = readyz(client, server).await;
         let peers = body["regions"].as_array().cloned().unwrap_or_default();
-        if status == 200 && !peers.is_empty() && peers.iter().all(|p| p["cut_off"] == false) {
+        let linked = |p: &Value| p["cut_off"] == false && p["foreign"].is_null();
+        if status == 200 && !peers.is_empty() && peers.iter().all(linked) {
             return body;
         }
         assert!(
@@ -227,7 +238,7 @@ async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_repo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged() {
+async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged_and_a_rotation_links() {
     let redis: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
     let eu = config("eu", &redis[0], &[("us", redis[1].url())]);
     let us = config("us", &redis[1], &[("eu", redis[0].url())]);
@@ -247,12 +258,12 @@ async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged() {
         loop {
             let (status, body) = readyz(&client, server).await;
             let foreign = &body["regions"][0]["foreign"];
-            if status == 503
-                && foreign
-                    .as_str()
-                    .is_some_and(|f| f.contains("another pepper"))
+            if foreign
+                .as_str()
+                .is_some_and(|f| f.contains("another pepper"))
             {
-                assert_eq!(body["status"], "not_ready", "{body}");
+                // Named, and the region still decides on its own.
+                assert_eq!((status, &body["status"]), (200, &json!("ready")), "{body}");
                 break;
             }
             assert!(
@@ -272,4 +283,23 @@ async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged() {
             .unwrap();
         assert!(ledgers.is_empty(), "{ledgers:?}");
     }
+
+    // us rotates its pepper to OTHER_PEPPER, keeping eu's as the previous
+    // one: the two share a pepper again, and link.
+    drop(us);
+    let rotating = config_with(
+        "us",
+        &redis[1],
+        &[("eu", redis[0].url())],
+        "  previous_pepper_env: TEST_SLUICE_PREVIOUS_PEPPER\n",
+    );
+    let _us = Server::start_with_env(
+        &["--config", rotating.to_str().unwrap()],
+        &[
+            ("TEST_SLUICE_PEPPER", OTHER_PEPPER),
+            ("TEST_SLUICE_PREVIOUS_PEPPER", PEPPER),
+        ],
+    )
+    .keep(rotating);
+    linked(&client, &eu).await;
 }

@@ -227,11 +227,23 @@ pub trait Store: Send + Sync {
         1
     }
 
-    /// Whether shared rules' budgets are one across regions (`storage.
-    /// regions`): a denial of one may turn into an admission at any moment,
+    /// With `storage.regions` (shared rules one budget across regions),
+    /// this region's name.
+    fn region(&self) -> Option<&str> {
+        None
+    }
+
+    /// With `storage.regions`, how often the region link moves budget: a
+    /// denial of a shared rule may turn into an admission as soon as that,
     /// when a peer region grants budget.
-    fn shares_across_regions(&self) -> bool {
-        false
+    fn regions_sync_every_ms(&self) -> Option<u64> {
+        None
+    }
+
+    /// A request was answered without asking the store (a remembered
+    /// denial): what it asked of shared rules still counts as demand.
+    fn asked(&self, batch: &Batch<'_>) {
+        let _ = batch;
     }
 
     /// Periodic upkeep of a store that lives in this process (the memory

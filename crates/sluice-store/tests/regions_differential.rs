@@ -19,7 +19,9 @@ use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::regions::Heard;
 use sluice_core::regions::stored::{Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
-use sluice_store::redis::regions::{Hearing, Regions, Shared, ledger_script, snapshot};
+use sluice_store::redis::regions::{
+    Hearing, Regions, Shared, Steps, ledger_script, received_key, snapshot,
+};
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
 };
@@ -40,6 +42,8 @@ enum Step {
     /// From a peer: the total it granted here, what it heard from here,
     /// its view, and the window it names (0: now's, 1: the one before).
     Hear(usize, u64, u64, u64, u64),
+    /// A reload changes the rule's period.
+    Reper(u64),
 }
 
 fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
@@ -54,6 +58,7 @@ fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
         2 => (0..REGIONS + 1, 0u64..=12).prop_map(|(to, units)| Step::Grant(to, units)),
         3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15))
             .prop_map(|(from, total, back, cap, late)| Step::Hear(from, total, back, cap, u64::from(late))),
+        1 => prop_oneof![Just(per), Just(per * 3), Just((per / 2).max(1)), 1u64..=5_000].prop_map(Step::Reper),
     ];
     proptest::collection::vec(step, 1..80)
 }
@@ -103,7 +108,7 @@ proptest! {
         let names: Vec<String> = (0..REGIONS).map(|r| format!("r{r}")).collect();
         let in_order: Vec<(&str, u32)> =
             names.iter().map(String::as_str).zip(weights.iter().copied()).collect();
-        let regions = Arc::new(Regions::new(&in_order, &names[me]).unwrap());
+        let regions = Arc::new(Regions::new(&in_order, &names[me], 100).unwrap());
         let keys = KeySet {
             current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
             previous: None,
@@ -117,13 +122,24 @@ proptest! {
             .unwrap()
             .with_time(TimeSource::Client(clock.clone()))
             .with_regions(regions.clone());
-        let rules = [shared_rule(limit, per, max_debt)];
-        let batch = |cost| Batch::new("tenant", None, cost, &rules);
-        let buckets = sluice_store::redis::KeySet::keys(&keys.current, &batch(1), sluice_store::redis::Valve::WHOLE);
-        let shared = Shared { key: buckets.keys[0].clone(), record: buckets.records[0], per_ms: per };
+        let mut per = per;
+        let mut rules = [shared_rule(limit, per, max_debt)];
+        let buckets = sluice_store::redis::KeySet::keys(
+            &keys.current,
+            &Batch::new("tenant", None, 1, &rules),
+            sluice_store::redis::Valve::WHOLE,
+        );
+        let mut shared = Shared {
+            key: buckets.keys[0].clone(),
+            record: buckets.records[0],
+            per_ms: per,
+            previous: None,
+        };
         let pool = Regions::pool(&rules[0]);
         let share = regions.share(pool);
         let time = TimeSource::Client(clock.clone());
+        let received = received_key("sl");
+        let ledger = Steps { time: &time, regions: REGIONS, received: &received };
         let mut connection = runtime.block_on(server.client().get_multiplexed_async_connection()).unwrap();
         let mut twin = Stored::default();
         let mut admitted: Vec<(u64, u64)> = Vec::new();
@@ -133,8 +149,14 @@ proptest! {
             let said = format!("step {i} {step:?} at {now} (window {window})");
             match step {
                 Step::Wait(ms) => clock.set(now + ms),
+                Step::Reper(to) => {
+                    per = to;
+                    rules = [shared_rule(limit, per, max_debt)];
+                    shared.per_ms = per;
+                }
                 Step::Decide(cost) => {
-                    let lua = runtime.block_on(store.decide(&batch(cost))).unwrap();
+                    let batch = Batch::new("tenant", None, cost, &rules);
+                    let lua = runtime.block_on(store.decide(&batch)).unwrap();
                     let rust = twin.decide(now, cost, share, per);
                     let o = lua.outcomes[0];
                     prop_assert_eq!(
@@ -147,26 +169,28 @@ proptest! {
                     }
                 }
                 Step::Debit(cost) => {
-                    let lua = runtime.block_on(store.adjust(&batch(cost), Change::Debit, None)).unwrap();
+                    let batch = Batch::new("tenant", None, cost, &rules);
+                    let lua = runtime.block_on(store.adjust(&batch, Change::Debit, None)).unwrap();
                     let rust = twin.debit(now, cost, share, per, max_debt);
                     prop_assert_eq!(lua.forgiven, rust, "{}", said);
                 }
                 Step::GiveBack(back) => {
                     if let Some(&(at, cost)) = admitted.iter().rev().nth(back) {
                         let change = Change::GiveBack { at, first_shard_at: at };
-                        runtime.block_on(store.adjust(&batch(cost), change, None)).unwrap();
-                        twin.give_back(at, cost, per);
+                        let batch = Batch::new("tenant", None, cost, &rules);
+                        runtime.block_on(store.adjust(&batch, change, None)).unwrap();
+                        twin.give_back((at, now), cost, share, per);
                     }
                 }
                 Step::Note(wanted) => {
-                    let call = shared.note_call(&time, REGIONS, (window, pool, wanted));
+                    let call = shared.note_call(ledger, share, (window, pool, wanted));
                     let noted: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    twin.note(now, window, per, pool, wanted, REGIONS);
-                    prop_assert_eq!(noted, 1, "{}", said);
+                    let rust = twin.note(now, window, per, pool, wanted, REGIONS);
+                    prop_assert_eq!(noted == 1, rust, "{}", said);
                 }
                 Step::Read => {}
                 Step::Grant(to, units) => {
-                    let call = shared.grant_call(&time, REGIONS, (window, share, to, units));
+                    let call = shared.grant_call(ledger, share, (window, to, units));
                     let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
                     let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
                     prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
@@ -174,10 +198,10 @@ proptest! {
                 Step::Hear(from, total, back, cap, late) => {
                     let named = window.saturating_sub(late * per);
                     let view = Heard { cap, used: cap / 2, wanted: cap, heard_from_you: back };
-                    let hearing = Hearing { window: named, pool, from, total, view };
-                    let call = shared.hear_call(&time, REGIONS, &hearing);
+                    let hearing = Hearing { window: named, pool, share, from, total, view };
+                    let call = shared.hear_call(ledger, &hearing);
                     let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    let rust = twin.hear(now, named, per, pool, from, total, view, REGIONS);
+                    let rust = twin.hear(now, (named, per), (pool, share), from, total, view, REGIONS);
                     prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
                 }
             }
@@ -185,7 +209,7 @@ proptest! {
             let now = clock.now_ms();
             let mut reply_call = redis::pipe();
             reply_call.load_script(ledger_script()).ignore();
-            reply_call.invoke_script(&shared.read_call(&time, REGIONS));
+            reply_call.invoke_script(&shared.read_call(ledger, share));
             let (reply,): (Vec<u8>,) = runtime.block_on(reply_call.query_async(&mut connection)).unwrap();
             let mut lua = snapshot(&reply, REGIONS).unwrap();
             lua.part.share = share;

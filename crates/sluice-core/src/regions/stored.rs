@@ -16,7 +16,11 @@
 //!   to it and heard from it, and what it last said of itself.
 //!
 //! Both are of one window: each step first moves them to the window of
-//! now (by the region's own clock), starting afresh when it moved on.
+//! now (by the region's own clock), starting afresh when it moved on (a
+//! record carrying what it owed, as a `fixed_window` carries debt). A
+//! record or ledger of another period whose window still runs (a reload
+//! changed the rule's `per`, or a peer has not reloaded yet) is left to
+//! the decisions: the link's steps answer as if its window were over.
 
 use super::giving::Heard;
 use super::part::Part;
@@ -26,6 +30,9 @@ use super::part::Part;
 pub struct Record {
     /// The window's start (ms, a multiple of the rule's period).
     pub start_ms: u64,
+    /// The period it was written under (the record goes idle at `start_ms
+    /// + per_ms`).
+    pub per_ms: u64,
     /// Units admitted in it.
     pub count: u64,
     /// Heard from peers less granted to them, in it.
@@ -46,6 +53,8 @@ pub struct View {
 pub struct Ledger {
     /// The window it is of.
     pub window_ms: u64,
+    /// The period it was written under.
+    pub per_ms: u64,
     /// The rule's pool per window, as the latest decision or peer gave it.
     pub pool: u64,
     /// Units asked here in the window, noted by the instances.
@@ -100,23 +109,34 @@ pub fn window_of(now: u64, per: u64) -> u64 {
 }
 
 impl Record {
-    /// The record as the window `window` reads it: itself when it is of
-    /// that window; afresh when its window ended; when it is of a later
-    /// window (the clock stepped back), re-dated keeping what it counted
-    /// and none of what was heard for that later window.
-    fn at(record: Option<Record>, window: u64) -> Record {
-        match record {
-            Some(r) if r.start_ms == window => r,
-            Some(r) if r.start_ms > window => Record {
-                start_ms: window,
-                count: r.count,
-                moved: r.moved.min(0),
-            },
-            _ => Record {
-                start_ms: window,
-                count: 0,
-                moved: 0,
-            },
+    /// What `record` holds in `window` of `per` ms, against `share`
+    /// (`shared_at` in decide.lua): itself in its own window; in a later
+    /// one, what it owed beyond its cap and the shares of the windows
+    /// between (debt), nothing moved; from a later window (the clock
+    /// stepped back), its count and none of what moved to it.
+    fn at(record: Option<Record>, window: u64, share: u64, per: u64) -> Record {
+        let r = record.unwrap_or(Record {
+            start_ms: window,
+            per_ms: per,
+            count: 0,
+            moved: 0,
+        });
+        let (count, moved) = if r.start_ms == window {
+            (r.count, r.moved)
+        } else if r.start_ms > window {
+            (r.count, r.moved.min(0))
+        } else {
+            let passed = ((window - r.start_ms) / per).max(1);
+            let owed = u128::from(r.count)
+                .saturating_sub(u128::from(r.cap(share)))
+                .saturating_sub(u128::from(passed - 1) * u128::from(share));
+            (u64::try_from(owed).unwrap_or(u64::MAX), 0)
+        };
+        Record {
+            start_ms: window,
+            per_ms: per,
+            count,
+            moved,
         }
     }
 
@@ -125,13 +145,20 @@ impl Record {
         let cap = i128::from(share) + i128::from(self.moved);
         u64::try_from(cap.max(0)).unwrap_or(u64::MAX)
     }
+
+    /// Whether it was written under another period than `per` and its
+    /// window still runs at `now`.
+    fn foreign(&self, per: u64, now: u64) -> bool {
+        self.per_ms != per && self.start_ms + self.per_ms > now
+    }
 }
 
 impl Ledger {
     /// A ledger of `window_ms` with nothing in it (its pool not known).
-    fn afresh(window_ms: u64, regions: usize) -> Ledger {
+    fn afresh(window_ms: u64, per_ms: u64, regions: usize) -> Ledger {
         Ledger {
             window_ms,
+            per_ms,
             pool: 0,
             wanted: 0,
             given: vec![0; regions],
@@ -142,13 +169,24 @@ impl Ledger {
 }
 
 impl Stored {
-    /// The ledger of `window`, made afresh when it is of another.
-    fn ledger_at(&mut self, window: u64, regions: usize) -> &mut Ledger {
+    /// Whether the record or the ledger is of another period whose window
+    /// still runs.
+    fn foreign(&self, per: u64, now: u64) -> bool {
+        self.record.is_some_and(|r| r.foreign(per, now))
+            || self
+                .ledger
+                .as_ref()
+                .is_some_and(|l| l.per_ms != per && l.window_ms + l.per_ms > now)
+    }
+
+    /// The ledger of `window` of `per` ms, made afresh when it is of
+    /// another.
+    fn ledger_at(&mut self, window: u64, per: u64, regions: usize) -> &mut Ledger {
         let ledger = self
             .ledger
-            .get_or_insert_with(|| Ledger::afresh(window, regions));
-        if ledger.window_ms != window || ledger.given.len() != regions {
-            *ledger = Ledger::afresh(window, regions);
+            .get_or_insert_with(|| Ledger::afresh(window, per, regions));
+        if ledger.window_ms != window || ledger.per_ms != per || ledger.given.len() != regions {
+            *ledger = Ledger::afresh(window, per, regions);
         }
         ledger
     }
@@ -157,7 +195,7 @@ impl Stored {
     /// (`shared_window` in decide.lua): admitted, it is counted.
     pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64) -> Answer {
         let window = window_of(now, per);
-        let mut record = Record::at(self.record, window);
+        let mut record = Record::at(self.record, window, share, per);
         if self.record.is_some_and(|r| r.start_ms > window) {
             // Written even when denied, as every repair is.
             self.record = Some(record);
@@ -187,7 +225,7 @@ impl Stored {
     /// the units forgiven beyond it (`debit_numbers` in adjust.lua).
     pub fn debit(&mut self, now: u64, cost: u64, share: u64, per: u64, max_debt: u64) -> u64 {
         let window = window_of(now, per);
-        let mut record = Record::at(self.record, window);
+        let mut record = Record::at(self.record, window, share, per);
         let counted = record.count.saturating_add(cost);
         let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
         record.count = counted.min(deepest);
@@ -196,19 +234,26 @@ impl Stored {
     }
 
     /// Gives back `cost` units admitted at `at`, when they still count in
-    /// the record's window (`give_back` in common.lua).
-    pub fn give_back(&mut self, at: u64, cost: u64, per: u64) {
+    /// the record's window (`give_back` in common.lua); then, as the
+    /// answer's probe does in adjust.lua, a record of a later window is
+    /// re-dated to now's.
+    pub fn give_back(&mut self, (at, now): (u64, u64), cost: u64, share: u64, per: u64) {
         if let Some(r) = self.record.as_mut()
             && at >= r.start_ms
             && at < r.start_ms + per
         {
             r.count = r.count.saturating_sub(cost);
         }
+        let window = window_of(now, per);
+        if self.record.is_some_and(|r| r.start_ms > window) {
+            self.record = Some(Record::at(self.record, window, share, per));
+        }
     }
 
     /// An instance notes `wanted` units asked in `window` for a rule of
-    /// `pool` per `per` ms, among `regions` regions; dropped when `window`
-    /// is no longer the window of now.
+    /// `pool` per `per` ms, among `regions` regions: whether it was noted
+    /// (not when `window` is no longer the window of now).
+    #[allow(clippy::too_many_arguments)]
     pub fn note(
         &mut self,
         now: u64,
@@ -217,22 +262,35 @@ impl Stored {
         pool: u64,
         wanted: u64,
         regions: usize,
-    ) {
-        if window_of(now, per) != window {
-            return;
+    ) -> bool {
+        if window_of(now, per) != window || self.foreign(per, now) {
+            return false;
         }
-        let ledger = self.ledger_at(window, regions);
+        let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         ledger.wanted = ledger.wanted.saturating_add(wanted);
+        true
     }
 
     /// The part of the window of now, with `share` as this region's.
     pub fn read(&self, now: u64, per: u64, share: u64, regions: usize) -> Snapshot {
         let window = window_of(now, per);
-        let record = Record::at(self.record, window);
+        let foreign = self.foreign(per, now);
+        let record = if foreign {
+            Record::at(None, window, share, per)
+        } else {
+            Record::at(self.record, window, share, per)
+        };
         let ledger = match &self.ledger {
-            Some(l) if l.window_ms == window && l.given.len() == regions => l.clone(),
-            _ => Ledger::afresh(window, regions),
+            Some(l)
+                if !foreign
+                    && l.window_ms == window
+                    && l.per_ms == per
+                    && l.given.len() == regions =>
+            {
+                l.clone()
+            }
+            _ => Ledger::afresh(window, per, regions),
         };
         Snapshot {
             window_ms: window,
@@ -260,15 +318,15 @@ impl Stored {
         (to, units): (usize, u64),
         regions: usize,
     ) -> Option<u64> {
-        if window_of(now, per) != window || to >= regions {
+        if window_of(now, per) != window || to >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = Record::at(self.record, window);
+        let mut record = Record::at(self.record, window, share, per);
         let left = record.cap(share).saturating_sub(record.count);
         if units == 0 || units > left {
             return None;
         }
-        let ledger = self.ledger_at(window, regions);
+        let ledger = self.ledger_at(window, per, regions);
         ledger.given[to] += units;
         let total = ledger.given[to];
         record.moved -= units as i64;
@@ -280,26 +338,25 @@ impl Stored {
     /// (kept as the larger of it and what was heard: added to what moved
     /// here by the difference), the total it heard from here (larger than
     /// what this region knows it granted when its store lost its ledger:
-    /// counted as granted again), and its view of itself. Returns the
-    /// units added; `None` when `window` is not the window of now here
-    /// (dropped: that budget ended with its window).
+    /// counted as granted again), and its view of itself; `share` is this
+    /// region's. Returns the units added; `None` when `window` is not the
+    /// window of now here (dropped: that budget ended with its window).
     #[allow(clippy::too_many_arguments)]
     pub fn hear(
         &mut self,
         now: u64,
-        window: u64,
-        per: u64,
-        pool: u64,
+        (window, per): (u64, u64),
+        (pool, share): (u64, u64),
         from: usize,
         total: u64,
         view: Heard,
         regions: usize,
     ) -> Option<u64> {
-        if window_of(now, per) != window || from >= regions {
+        if window_of(now, per) != window || from >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = Record::at(self.record, window);
-        let ledger = self.ledger_at(window, regions);
+        let mut record = Record::at(self.record, window, share, per);
+        let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         let added = total.saturating_sub(ledger.heard[from]);
         ledger.heard[from] += added;
@@ -343,16 +400,16 @@ mod tests {
         assert_eq!(a.grant(now, w, PER, 10, (1, 6), 2), Some(6));
         assert!(!a.decide(now, 1, 10, PER).allowed);
         // Heard three times, and an older total after it: counted once.
-        assert_eq!(b.hear(now, w, PER, 20, 0, 6, view(0), 2), Some(6));
-        assert_eq!(b.hear(now, w, PER, 20, 0, 6, view(0), 2), Some(0));
-        assert_eq!(b.hear(now, w, PER, 20, 0, 2, view(0), 2), Some(0));
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(6));
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(0));
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 2, view(0), 2), Some(0));
         assert_eq!(b.record.unwrap().moved, 6);
         assert!((0..16).all(|_| b.decide(now, 1, 10, PER).allowed));
         assert!(!b.decide(now, 1, 10, PER).allowed);
         // The next window starts from the share again; a late total of the
         // last one is dropped.
         let next = now + PER;
-        assert_eq!(b.hear(next, w, PER, 20, 0, 9, view(0), 2), None);
+        assert_eq!(b.hear(next, (w, PER), (20, 10), 0, 9, view(0), 2), None);
         assert_eq!(b.decide(next, 1, 10, PER).remaining, 9);
     }
 
@@ -363,7 +420,7 @@ mod tests {
         let w = window_of(now, PER);
         assert_eq!(a.grant(now, w, PER, 10, (1, 8), 2), Some(8));
         a = Stored::default(); // flushed
-        assert_eq!(a.hear(now, w, PER, 20, 1, 0, view(8), 2), Some(0));
+        assert_eq!(a.hear(now, (w, PER), (20, 10), 1, 0, view(8), 2), Some(0));
         assert_eq!(a.read(now, PER, 10, 2).part.left(), 2);
         assert!(!a.decide(now, 3, 10, PER).allowed);
     }

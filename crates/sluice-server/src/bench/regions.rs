@@ -158,7 +158,8 @@ impl Fleet {
         let in_order: Vec<(&str, u32)> = NAMES.iter().map(|&n| (n, 1)).collect();
         let (mut stores, mut links) = (Vec::new(), Vec::new());
         for (r, server) in servers.iter().enumerate() {
-            let regions = Arc::new(Regions::new(&in_order, NAMES[r]).ok_or("no such region")?);
+            let regions = Regions::new(&in_order, NAMES[r], settings.sync_every_ms);
+            let regions = Arc::new(regions.ok_or("no such region")?);
             let mut region = Vec::new();
             for i in 0..if r == 0 { 2 } else { 1 } {
                 let keys = KeySet {

@@ -87,10 +87,24 @@ pub(super) fn took_nothing(held: &Reservation, i: usize) -> bool {
 /// reservation or an attempt holds not known, and nothing is given back
 /// (a give-back elsewhere than the key that took would erase others'
 /// usage). A tenant of one shard has its digest of before shards were
-/// part of it, so that its ids of an earlier version stay known.
-pub(super) fn rules_print(rules: &[sluice_core::BoundRule], shards: u16) -> u64 {
+/// part of it, so that its ids of an earlier version stay known. With
+/// `storage.regions`, the region that decided is part of it: a
+/// reservation or an attempt settled in another region gives nothing back
+/// (its store never took it).
+pub(super) fn rules_print(
+    rules: &[sluice_core::BoundRule],
+    shards: u16,
+    region: Option<&str>,
+) -> u64 {
     let step = |print: u64, n: u64| (print ^ n).wrapping_mul(0x0100_0000_01b3);
-    let start = 0xcbf2_9ce4_8422_2325;
+    let start = match region {
+        None => 0xcbf2_9ce4_8422_2325,
+        Some(name) => name
+            .bytes()
+            .fold(step(0xcbf2_9ce4_8422_2325, 0x5245_4749_4f4e), |print, b| {
+                step(print, u64::from(b))
+            }),
+    };
     if shards <= 1 {
         return rules
             .iter()
@@ -254,7 +268,7 @@ impl<S: Store> Limiter<S> {
             },
             shard: decision.shard,
             whole_after_ms,
-            rules_print: rules_print(rules, shards),
+            rules_print: rules_print(rules, shards, self.store.region()),
             attempt,
             untaken,
         })
@@ -269,7 +283,7 @@ impl<S: Store> Limiter<S> {
         shards: u16,
     ) -> Vec<u64> {
         if held.whole_after_ms.len() != rules.len()
-            || held.rules_print != rules_print(rules, shards)
+            || held.rules_print != rules_print(rules, shards, self.store.region())
         {
             return Vec::new();
         }
@@ -318,7 +332,8 @@ impl<S: Store> Limiter<S> {
         // tenant's shards keep them, are those it was admitted under;
         // after a reload that changed them nothing is given back (a
         // give-back to a key that did not take would erase others' usage).
-        let known = reservation.rules_print == rules_print(own, applicable.shards);
+        let known =
+            reservation.rules_print == rules_print(own, applicable.shards, self.store.region());
         let change = match change {
             Change::GiveBack { .. } if !known => Change::Nothing,
             change => change,

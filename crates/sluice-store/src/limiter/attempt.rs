@@ -65,7 +65,8 @@ impl<S: Store> Limiter<S> {
         // took nothing from, and unless a reload changed the rules, or the
         // tenant's shards, since (what each held, and where, is then not
         // known: nothing is given back).
-        let unchanged = attempt.rules_print == rules_print(rules, applicable.shards);
+        let unchanged =
+            attempt.rules_print == rules_print(rules, applicable.shards, self.store.region());
         let costs: Vec<u64> = rules
             .iter()
             .enumerate()

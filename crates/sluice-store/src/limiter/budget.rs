@@ -87,6 +87,7 @@ impl<S: Store> Limiter<S> {
                 self.slices.abandon(batch);
             }
             self.options.telemetry.denial_cache_hit();
+            self.store.asked(batch);
             return Decision::remembered_denial(applicable, index, retry);
         }
         if let Plan::Take(sizes) = plan
@@ -187,7 +188,7 @@ impl<S: Store> Limiter<S> {
             } else {
                 let sharing = Sharing {
                     split_valves: self.store.valve_parts() > 1,
-                    across_regions: self.store.shares_across_regions(),
+                    regions_sync_every_ms: self.store.regions_sync_every_ms(),
                 };
                 denials.record(epoch, batch, outcomes, answered, sharing);
             }

@@ -38,8 +38,9 @@
 //! after the store would admit it again (see `fair::remembered_wait`).
 //! Without it, a saturated fair valve cost a store call per decision.
 //! So is a rule shared across regions (`storage.regions`): a peer region
-//! may grant it budget at any moment, so its denial is remembered for at
-//! most a twentieth of its period.
+//! may grant it budget at every sync of the region link, so its denial is
+//! remembered for at most `sync_every`; what a remembered denial asked
+//! still counts as the region's demand ([`Store::asked`](crate::Store::asked)).
 //!
 //! Consumption of a request's *other* buckets since an entry was written
 //! (by this instance's admissions or another's) can only push the real
@@ -55,8 +56,9 @@ pub struct Sharing {
     /// Each valve is split over several keys (Redis Cluster's
     /// `global_shards`).
     pub split_valves: bool,
-    /// Shared rules are one budget across regions.
-    pub across_regions: bool,
+    /// With shared rules one budget across regions, how often the region
+    /// link moves budget.
+    pub regions_sync_every_ms: Option<u64>,
 }
 
 use foldhash::fast::RandomState;
@@ -171,9 +173,11 @@ impl DenialCache {
             // `fair::remembered_wait`).
             let wait = if rule.scope() == Scope::Share {
                 super::fair::remembered_wait(rule, batch.rules, outcome.retry_after_ms)
-            } else if sharing.across_regions && rule.shared_across_regions() {
-                // A peer region may grant budget at any moment.
-                outcome.retry_after_ms.min(rule.rule().period_ms() / 20)
+            } else if let Some(sync) = sharing.regions_sync_every_ms
+                && rule.shared_across_regions()
+            {
+                // A peer region may grant budget at the next sync.
+                outcome.retry_after_ms.min(sync)
             } else {
                 outcome.retry_after_ms
             };
@@ -379,7 +383,7 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_rules_denial_is_remembered_a_twentieth_of_its_period_across_regions() {
+    fn a_shared_rules_denial_is_remembered_one_sync_across_regions() {
         let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: fixed_window, limit: 5, per: 1m, aligned: true }]\n";
         let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
         let rules = policy.applicable("a", "GET /", false).rules;

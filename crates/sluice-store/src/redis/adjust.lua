@@ -105,7 +105,8 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     -- A window shared across regions (regions::Stored::debit): the window
     -- of now counts it, at most max_debt past this region's cap.
     local window = idiv(now, per) * per
-    if x ~= window then y, z = 0, 0 end
+    if not found then x, y, z = window, 0, 0 end
+    y, z = shared_at(x, y, z, window, limit, per)
     local counted = y + cost
     local kept = min(counted, max(max(0, limit + z) + max_debt, y))
     forgiven = counted - kept

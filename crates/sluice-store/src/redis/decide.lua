@@ -195,20 +195,30 @@ local function fixed_window(name, found, start, count, _, now, cost, limit, per,
     ends_in + (waits - 1) * per, nil, nil, fixed, fixed_idle
 end
 
+-- What a shared window's record (start, count, moved) holds in the window
+-- of now (sluice-core's regions::Record::at): itself in its own window;
+-- in a later one, what it owed beyond its cap and the shares of the
+-- windows between (debt), nothing moved; from a later window (the clock
+-- stepped back), its count and none of what moved to it.
+local function shared_at(start, count, moved, window, share, per)
+  if start == window then return count, moved end
+  if start > window then return count, min(moved, 0) end
+  local passed = max(1, idiv(window - start, per))
+  return max(0, count - max(0, share + moved) - (passed - 1) * share), 0
+end
+
 -- A fixed_window shared across regions (sluice-core's regions::Stored::
 -- decide): aligned; limit is this region's share of the pool, and the
 -- record's third number what moved here in its window (heard from peers
 -- less granted to them, see regions/ledger.lua): it admits while count +
--- cost <= share + moved. A window that ended starts afresh; a record of a
--- later window (the clock stepped back) is re-dated keeping its count and
--- none of what moved to it.
+-- cost <= share + moved. A record of a later window is re-dated to now's
+-- (written even when denied, as every repair is).
 local function shared_window(name, found, start, count, moved, now, cost, share, per)
   local window = idiv(now, per) * per
   local fixed, fixed_idle
-  if not found or start < window then
-    count, moved = 0, 0
-  elseif start > window then
-    moved = min(moved, 0)
+  if not found then start, count, moved = window, 0, 0 end
+  count, moved = shared_at(start, count, moved, window, share, per)
+  if start > window then
     fixed_idle = window + per
     fixed = spack(RECORD, name, fixed_idle, window, count, moved)
   end

@@ -15,7 +15,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
-use crate::redis::regions::ledger::{ledger_script, snapshot};
+use crate::redis::regions::ledger::{Steps, ledger_script, snapshot};
+use crate::redis::regions::live::received_key;
 use crate::redis::regions::shared::{RegionPart, Regions, Shared};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
@@ -189,7 +190,18 @@ impl RedisStore {
         let Some(regions) = &self.regions else {
             return Ok(vec![None; batch.rules.len()]);
         };
-        let buckets = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
+        let keys = &self.redis.keys;
+        let buckets = KeySet::keys(&keys.current, batch, Valve::WHOLE);
+        let previous = keys
+            .previous
+            .as_ref()
+            .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+        let received = received_key(keys.current.prefix());
+        let steps = Steps {
+            time: &self.redis.time,
+            regions: regions.len(),
+            received: &received,
+        };
         let mut parts = Vec::with_capacity(batch.rules.len());
         for (i, rule) in batch.rules.iter().enumerate() {
             if !rule.shared_across_regions() {
@@ -200,10 +212,12 @@ impl RedisStore {
                 key: buckets.keys[i].clone(),
                 record: buckets.records[i],
                 per_ms: rule.rule().period_ms(),
+                previous: previous.as_ref().map(|p| (p.keys[i].clone(), p.records[i])),
             };
+            let pool = Regions::pool(rule);
             let mut pipe = redis::pipe();
             pipe.load_script(ledger_script()).ignore();
-            pipe.invoke_script(&shared.read_call(&self.redis.time, regions.len()));
+            pipe.invoke_script(&shared.read_call(steps, regions.share(pool)));
             let (reply,): (Vec<u8>,) = pipe
                 .query_async(&mut self.connection())
                 .await
@@ -211,7 +225,7 @@ impl RedisStore {
             let mut snapshot = snapshot(&reply, regions.len())?;
             if snapshot.pool == 0 {
                 // No link has run for it this window: the pool as now.
-                snapshot.pool = Regions::pool(rule);
+                snapshot.pool = pool;
             }
             parts.push(Some(regions.parts(&snapshot)));
         }
@@ -242,7 +256,7 @@ impl RedisStore {
     }
 
     /// Notes what a decision asks of its shared rules, for the link.
-    fn note_shared(&self, batch: &Batch<'_>, buckets: &Buckets) {
+    fn note_shared(&self, batch: &Batch<'_>, buckets: &Buckets, previous: Option<&Buckets>) {
         let Some(regions) = &self.regions else {
             return;
         };
@@ -250,7 +264,9 @@ impl RedisStore {
         for (i, rule) in batch.rules.iter().enumerate() {
             if rule.shared_across_regions() {
                 let cost = batch.cost_of(i);
-                regions.note(rule, &buckets.keys[i], buckets.records[i], cost, now);
+                let before = previous.map(|p| (p.keys[i].as_str(), p.records[i]));
+                let kept = (buckets.keys[i].as_str(), buckets.records[i], before);
+                regions.note(rule, kept, cost, now);
             }
         }
     }
@@ -258,12 +274,12 @@ impl RedisStore {
     async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         let redis = &self.redis;
         let buckets = KeySet::keys(&redis.keys.current, batch, Valve::WHOLE);
-        self.note_shared(batch, &buckets);
         let previous = redis
             .keys
             .previous
             .as_ref()
             .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+        self.note_shared(batch, &buckets, previous.as_ref());
         let call = script::DecideCall::new(
             batch,
             self.selection(),
@@ -322,8 +338,24 @@ impl Store for RedisStore {
         self.redis.peek(batch, 1).await
     }
 
-    fn shares_across_regions(&self) -> bool {
-        self.regions.is_some()
+    fn region(&self) -> Option<&str> {
+        self.regions.as_ref().map(|r| r.names[r.index].as_str())
+    }
+
+    fn regions_sync_every_ms(&self) -> Option<u64> {
+        self.regions.as_ref().map(|r| r.sync_every_ms)
+    }
+
+    fn asked(&self, batch: &Batch<'_>) {
+        if self.regions.is_some() && batch.rules.iter().any(|r| r.shared_across_regions()) {
+            let keys = &self.redis.keys;
+            let buckets = KeySet::keys(&keys.current, batch, Valve::WHOLE);
+            let previous = keys
+                .previous
+                .as_ref()
+                .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+            self.note_shared(batch, &buckets, previous.as_ref());
+        }
     }
 
     async fn adjust(

@@ -34,17 +34,38 @@ pub fn ledger_script() -> &'static redis::Script {
     &SCRIPT
 }
 
+/// What every step of the ledger script is told besides the rule: the
+/// time source, how many regions, and where the units heard are counted
+/// (see [`received_key`](super::received_key)).
+#[derive(Debug, Clone, Copy)]
+pub struct Steps<'a> {
+    /// Where "now" comes from.
+    pub time: &'a TimeSource,
+    /// How many regions.
+    pub regions: usize,
+    /// The key counting what each region's totals added.
+    pub received: &'a str,
+}
+
 impl Shared {
-    /// A step's call of the ledger script, its common arguments set.
-    fn call(&self, step: &str, time: &TimeSource, regions: usize) -> ScriptInvocation<'static> {
+    /// A step's call of the ledger script, its common arguments set, with
+    /// `share` this region's share of the rule's pool.
+    fn call(&self, step: &str, steps: Steps<'_>, share: u64) -> ScriptInvocation<'static> {
         let mut call = ledger_script().prepare_invoke();
         call.key(&self.key)
             .key(ledger_key(&self.key))
-            .arg(step)
-            .arg(now_arg(time))
+            .key(steps.received);
+        if let Some((key, _)) = &self.previous {
+            call.key(key).key(ledger_key(key));
+        }
+        let previous = self.previous.as_ref().map_or(&[][..], |(_, r)| &r.0[..]);
+        call.arg(step)
+            .arg(now_arg(steps.time))
             .arg(&self.record.0[..])
             .arg(self.per_ms)
-            .arg(regions);
+            .arg(steps.regions)
+            .arg(previous)
+            .arg(share);
         call
     }
 
@@ -52,18 +73,18 @@ impl Shared {
     /// `pool`; answers 1 when the window was still the store's, else 0.
     pub fn note_call(
         &self,
-        time: &TimeSource,
-        regions: usize,
+        steps: Steps<'_>,
+        share: u64,
         (window, pool, wanted): (u64, u64, u64),
     ) -> ScriptInvocation<'static> {
-        let mut call = self.call("note", time, regions);
+        let mut call = self.call("note", steps, share);
         call.arg(window).arg(pool).arg(wanted);
         call
     }
 
     /// Reads the part of the window of now: see [`snapshot`].
-    pub fn read_call(&self, time: &TimeSource, regions: usize) -> ScriptInvocation<'static> {
-        self.call("read", time, regions)
+    pub fn read_call(&self, steps: Steps<'_>, share: u64) -> ScriptInvocation<'static> {
+        self.call("read", steps, share)
     }
 
     /// Grants `units` to region `to` in `window` against `share`; answers
@@ -71,24 +92,19 @@ impl Shared {
     /// is over.
     pub fn grant_call(
         &self,
-        time: &TimeSource,
-        regions: usize,
-        (window, share, to, units): (u64, u64, usize, u64),
+        steps: Steps<'_>,
+        share: u64,
+        (window, to, units): (u64, usize, u64),
     ) -> ScriptInvocation<'static> {
-        let mut call = self.call("grant", time, regions);
-        call.arg(window).arg(share).arg(to).arg(units);
+        let mut call = self.call("grant", steps, share);
+        call.arg(window).arg(to).arg(units);
         call
     }
 
     /// Applies what a peer shipped; answers the units added, -1 when the
     /// window is over in that store.
-    pub fn hear_call(
-        &self,
-        time: &TimeSource,
-        regions: usize,
-        hearing: &Hearing,
-    ) -> ScriptInvocation<'static> {
-        let mut call = self.call("hear", time, regions);
+    pub fn hear_call(&self, steps: Steps<'_>, hearing: &Hearing) -> ScriptInvocation<'static> {
+        let mut call = self.call("hear", steps, hearing.share);
         let v = hearing.view;
         call.arg(hearing.window)
             .arg(hearing.pool)
@@ -115,6 +131,9 @@ pub struct Hearing {
     pub total: u64,
     /// Its part as it sees it.
     pub view: Heard,
+    /// The receiver's share of the pool (what a record of an earlier
+    /// window owes is read against it there).
+    pub share: u64,
 }
 
 /// Decodes a `read` reply (see ledger.lua). The part's share is left 0:
@@ -125,7 +144,7 @@ pub fn snapshot(reply: &[u8], regions: usize) -> Result<Snapshot, StoreError> {
         .chunks_exact(8)
         .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
         .collect();
-    if !reply.len().is_multiple_of(8) || numbers.len() != 6 + 7 * n {
+    if !reply.len().is_multiple_of(8) || numbers.len() != 7 + 7 * n {
         return Err(StoreError::Unavailable(format!(
             "the ledger script answered {} bytes for {n} regions",
             reply.len()
@@ -133,12 +152,14 @@ pub fn snapshot(reply: &[u8], regions: usize) -> Result<Snapshot, StoreError> {
     }
     let int = |x: f64| x.max(0.0) as u64;
     let at = |i: usize| int(numbers[i]);
-    let (used, wanted, pool) = (at(1), at(5), at(4));
-    let given = (0..n).map(|r| at(6 + r)).collect();
-    let heard = (0..n).map(|r| at(6 + n + r)).collect();
+    // The window, used and moved, then the ledger: window, per, pool,
+    // wanted, given, heard, views.
+    let (used, pool, wanted) = (at(1), at(5), at(6));
+    let given = (0..n).map(|r| at(7 + r)).collect();
+    let heard = (0..n).map(|r| at(7 + n + r)).collect();
     let views = (0..n)
         .map(|r| {
-            let v = 6 + 2 * n + 5 * r;
+            let v = 7 + 2 * n + 5 * r;
             (at(v + 4) > 0).then(|| View {
                 heard: Heard {
                     cap: at(v),

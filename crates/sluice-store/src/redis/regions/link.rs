@@ -36,7 +36,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
-use super::ledger::{Hearing, ledger_script};
+use super::ledger::{Hearing, Steps, ledger_script};
 use super::live::{
     heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
 };
@@ -113,9 +113,16 @@ impl Link {
             .zip(&regions.weights)
             .map(|(n, w)| format!("{n}:{w}"))
             .collect();
+        // While rotating, both peppers: a peer that shares either is
+        // merged with (a rolling rotation keeps its regions linked).
+        let keys = store.keys();
+        let peppers: Vec<String> = std::iter::once(&keys.current)
+            .chain(&keys.previous)
+            .map(|k| k.fingerprint())
+            .collect();
         let identity = format!(
-            "sluice-regions v1 {} {}",
-            store.keys().current.fingerprint(),
+            "sluice-regions v2 {} {}",
+            peppers.join(","),
             described.join(",")
         );
         let status = links
@@ -178,11 +185,10 @@ impl Link {
             .await
             .map_err(error)?
             == 1;
-        self.read_peers(&mut local, &prefix).await.map_err(error)?;
+        let now = self.read_peers(&mut local, &prefix).await.map_err(error)?;
         if !lead {
             return Ok(false);
         }
-        let now = self.time().now_ms();
         let live: Vec<String> = redis::pipe()
             .cmd("SET")
             .arg(identity_key(&prefix))
@@ -218,12 +224,14 @@ impl Link {
         prefix: &str,
     ) -> Result<(), redis::RedisError> {
         let noted: Vec<(Shared, Noted)> = self.regions.take_noted().into_iter().collect();
-        let (time, n) = (self.time(), self.regions.len());
+        let (time, received) = (self.time(), received_key(prefix));
+        let steps = self.steps(&time, &received);
         for chunk in noted.chunks(PIPELINE) {
             let mut pipe = redis::pipe();
             pipe.load_script(ledger_script()).ignore();
             for (shared, noted) in chunk {
-                let call = shared.note_call(&time, n, (noted.window, noted.pool, noted.wanted));
+                let share = self.regions.share(noted.pool);
+                let call = shared.note_call(steps, share, (noted.window, noted.pool, noted.wanted));
                 pipe.invoke_script(&call).ignore();
                 pipe.cmd("ZADD")
                     .arg(live_key(prefix))
@@ -246,13 +254,17 @@ impl Link {
         now: u64,
     ) -> Result<Vec<Snapshot>, StoreError> {
         let (time, n, me) = (self.time(), self.regions.len(), self.regions.index);
+        let received = received_key(&self.prefix());
+        let steps = self.steps(&time, &received);
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let mut parts = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(PIPELINE) {
             let mut pipe = redis::pipe();
             pipe.load_script(ledger_script()).ignore();
             for shared in chunk {
-                pipe.invoke_script(&shared.read_call(&time, n));
+                // The pool is in the ledger: a record of an earlier window
+                // is read as owing all it counted beyond what moved here.
+                pipe.invoke_script(&shared.read_call(steps, 0));
             }
             let replies: Vec<Vec<u8>> = pipe.query_async(local).await.map_err(error)?;
             for reply in replies {
@@ -284,8 +296,8 @@ impl Link {
             pipe.load_script(ledger_script()).ignore();
             for &(k, to, units) in chunk {
                 let part = &parts[k];
-                let args = (part.window_ms, part.part.share, to, units);
-                pipe.invoke_script(&keys[k].grant_call(&time, n, args));
+                let args = (part.window_ms, to, units);
+                pipe.invoke_script(&keys[k].grant_call(steps, part.part.share, args));
             }
             let totals: Vec<i64> = pipe.query_async(local).await.map_err(error)?;
             for (&(k, to, _), total) in chunk.iter().zip(totals) {
@@ -297,6 +309,15 @@ impl Link {
             }
         }
         Ok(parts)
+    }
+
+    /// What every ledger step is told.
+    fn steps<'a>(&self, time: &'a TimeSource, received: &'a str) -> Steps<'a> {
+        Steps {
+            time,
+            regions: self.regions.len(),
+            received,
+        }
     }
 
     /// Per region, whether it may be granted to: a peer reached lately,
@@ -318,29 +339,35 @@ impl Link {
         }
     }
 
-    /// When each peer last shipped here, and what it added: from this
-    /// region's store, where peers write it.
+    /// When each peer last shipped here (by this region's Redis clock)
+    /// and what its totals added, from this region's store, where peers
+    /// write it; returns now by that clock.
     async fn read_peers(
         &self,
         local: &mut ConnectionManager,
         prefix: &str,
-    ) -> Result<(), redis::RedisError> {
-        let (heard, received): (HashMap<String, u64>, HashMap<String, u64>) = redis::pipe()
+    ) -> Result<u64, redis::RedisError> {
+        type Read = (HashMap<String, u64>, HashMap<String, u64>, (u64, u64));
+        let (heard, received, (seconds, micros)): Read = redis::pipe()
             .hgetall(heard_key(prefix))
             .hgetall(received_key(prefix))
+            .cmd("TIME")
             .query_async(local)
             .await?;
-        let now = self.time().now_ms();
+        let now = match self.time() {
+            TimeSource::Server => seconds * 1_000 + micros / 1_000,
+            TimeSource::Client(clock) => clock.now_ms(),
+        };
         let timeout = self.options.peer_timeout.as_millis() as u64;
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
-        for s in status.iter_mut() {
+        for (link, s) in self.peers.iter().zip(status.iter_mut()) {
             s.last_heard_ms = heard.get(&s.name).copied();
-            s.units_received = received.get(&s.name).copied().unwrap_or(0);
+            s.units_received = received.get(&link.index.to_string()).copied().unwrap_or(0);
             s.cut_off = s
                 .last_heard_ms
                 .is_none_or(|at| now.saturating_sub(at) > timeout);
         }
-        Ok(())
+        Ok(now)
     }
 
     /// Step 4: each peer shipped what it is owed, each on its own (see
@@ -356,7 +383,7 @@ impl Link {
             let hearings = keys
                 .iter()
                 .zip(parts)
-                .map(|(shared, part)| (shared.clone(), hearing(me, link.index, part)))
+                .map(|(shared, part)| (shared.clone(), hearing(&self.regions, link.index, part)))
                 .collect();
             let shipment = Shipment {
                 link: link.shared(),
@@ -375,11 +402,12 @@ impl Link {
 }
 
 /// What region `me` ships to region `to` of one part.
-fn hearing(me: usize, to: usize, part: &Snapshot) -> Hearing {
+fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
     Hearing {
         window: part.window_ms,
         pool: part.pool,
-        from: me,
+        share: regions.share_of(part.pool, to),
+        from: regions.index,
         total: part.part.given[to],
         view: Heard {
             cap: part.part.cap(),

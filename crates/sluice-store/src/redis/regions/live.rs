@@ -21,33 +21,49 @@ pub(super) fn identity_key(prefix: &str) -> String {
 pub(super) fn heard_key(prefix: &str) -> String {
     format!("{prefix}:regions:heard")
 }
-pub(super) fn received_key(prefix: &str) -> String {
+/// The hash of the units each region's totals added here, by region
+/// (its place among the regions).
+pub fn received_key(prefix: &str) -> String {
     format!("{prefix}:regions:received")
 }
 
-/// A live key's member in the live set: its per, its record's name and its
-/// key (the key last: it may hold spaces).
+/// A live key's member in the live set: its per, its record's name and
+/// its key, then while rotating the same under the previous pepper,
+/// separated by spaces (keys are a prefix of letters, digits, `_` or `-`,
+/// a hash tag and hex digits).
 pub(super) fn member(shared: &Shared) -> String {
-    let name: String = shared.record.0.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{} {name} {}", shared.per_ms, shared.key)
+    let hex = |r: &Record| -> String { r.0.iter().map(|b| format!("{b:02x}")).collect() };
+    let mut member = format!("{} {} {}", shared.per_ms, hex(&shared.record), shared.key);
+    if let Some((key, record)) = &shared.previous {
+        member.push_str(&format!(" {} {key}", hex(record)));
+    }
+    member
 }
 
-pub(super) fn parse_member(member: &str) -> Option<Shared> {
-    let mut parts = member.splitn(3, ' ');
-    let per_ms = parts.next()?.parse().ok().filter(|&p: &u64| p > 0)?;
-    let name = parts.next()?;
-    let key = parts.next()?.to_owned();
+fn record(hex: &str) -> Option<Record> {
     let mut record = [0u8; 8];
-    if name.len() != 16 {
+    if hex.len() != 16 {
         return None;
     }
     for (i, byte) in record.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(name.get(2 * i..2 * i + 2)?, 16).ok()?;
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
+    Some(Record(record))
+}
+
+pub(super) fn parse_member(member: &str) -> Option<Shared> {
+    let parts: Vec<&str> = member.split(' ').collect();
+    let per_ms = parts.first()?.parse().ok().filter(|&p: &u64| p > 0)?;
+    let previous = match parts.len() {
+        3 => None,
+        5 => Some((parts[4].to_owned(), record(parts[3])?)),
+        _ => return None,
+    };
     Some(Shared {
-        key,
-        record: Record(record),
+        key: parts[2].to_owned(),
+        record: record(parts[1])?,
         per_ms,
+        previous,
     })
 }
 
@@ -58,17 +74,24 @@ mod tests {
     #[test]
     fn a_live_member_reads_back_whatever_its_key_holds() {
         let shared = Shared {
-            key: "sl:{ab cd}:0f".into(),
+            key: "sl:{abcd}:0f".into(),
             record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
             per_ms: 60_000,
+            previous: None,
         };
-        assert_eq!(parse_member(&member(&shared)), Some(shared));
+        assert_eq!(parse_member(&member(&shared)), Some(shared.clone()));
+        let rotating = Shared {
+            previous: Some(("sl:{ef}:01".into(), Record([9; 8]))),
+            ..shared
+        };
+        assert_eq!(parse_member(&member(&rotating)), Some(rotating));
         for bad in [
             "",
             "0 0001feff0708090a k",
             "60000 zz k",
             "60000 00 k",
             "60000",
+            "60000 0001feff0708090a k 0909 k2",
         ] {
             assert_eq!(parse_member(bad), None, "{bad}");
         }

@@ -16,12 +16,13 @@
 
 pub mod ledger;
 pub mod link;
-mod live;
+pub mod live;
 mod peer;
 pub mod shared;
 mod ship;
 
-pub use ledger::{Hearing, LEDGER_LUA, ledger_key, ledger_script, snapshot};
+pub use ledger::{Hearing, LEDGER_LUA, Steps, ledger_key, ledger_script, snapshot};
 pub use link::{Link, LinkOptions};
+pub use live::received_key;
 pub use peer::{Peer, PeerStatus};
 pub use shared::{Noted, RegionPart, Regions, Shared};

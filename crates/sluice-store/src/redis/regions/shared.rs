@@ -17,6 +17,9 @@ pub struct Shared {
     pub record: Record,
     /// Its period (ms).
     pub per_ms: u64,
+    /// While rotating the pepper, its group key and record's name under
+    /// the previous one (see ledger.lua).
+    pub previous: Option<(String, Record)>,
 }
 
 /// The regions as a store sees them.
@@ -29,6 +32,8 @@ pub struct Regions {
     pub weights: Vec<u32>,
     /// This region's place.
     pub index: usize,
+    /// How often the link moves budget (ms).
+    pub sync_every_ms: u64,
     /// The shared rules decided here since the link last took them, with
     /// the window, the pool and the units asked.
     noted: Mutex<HashMap<Shared, Noted>>,
@@ -63,13 +68,14 @@ pub struct Noted {
 
 impl Regions {
     /// `(name, weight)` of every region in the order shares are computed,
-    /// `this` among them.
-    pub fn new(in_order: &[(&str, u32)], this: &str) -> Option<Regions> {
+    /// `this` among them, the link moving budget every `sync_every_ms`.
+    pub fn new(in_order: &[(&str, u32)], this: &str, sync_every_ms: u64) -> Option<Regions> {
         let index = in_order.iter().position(|(name, _)| *name == this)?;
         Some(Regions {
             names: in_order.iter().map(|(n, _)| n.to_string()).collect(),
             weights: in_order.iter().map(|&(_, w)| w).collect(),
             index,
+            sync_every_ms,
             noted: Mutex::new(HashMap::new()),
         })
     }
@@ -100,8 +106,15 @@ impl Regions {
     }
 
     /// A decision asked `cost` units of shared `rule` kept in `key` and
-    /// `record`, at `now` (this instance's clock).
-    pub(crate) fn note(&self, rule: &BoundRule, key: &str, record: Record, cost: u64, now: u64) {
+    /// `record` (and `previous`, while rotating), at `now` (this
+    /// instance's clock).
+    pub(crate) fn note(
+        &self,
+        rule: &BoundRule,
+        (key, record, previous): (&str, Record, Option<(&str, Record)>),
+        cost: u64,
+        now: u64,
+    ) {
         let per = rule.rule().period_ms();
         let window = now - now % per;
         let pool = Regions::pool(rule);
@@ -110,6 +123,7 @@ impl Regions {
             key: key.to_owned(),
             record,
             per_ms: per,
+            previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
         let entry = noted.entry(shared).or_insert(Noted {
             window,

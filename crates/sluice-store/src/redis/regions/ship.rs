@@ -6,8 +6,9 @@
 //! One shipping is one pipeline per 512 keys (a round trip each): the
 //! peer's identity (pepper and regions: nothing is sent before it has
 //! been seen to match, and it is read back with every shipping), each
-//! key's `hear` and its place in the peer's live set, when this region
-//! shipped, and what the last shipping added there. It gives up after
+//! key's `hear` (which counts what it added there) and its place in the
+//! peer's live set, and when this region shipped (by the peer's Redis
+//! clock). It gives up after
 //! `peer_timeout`; after a failure the peer is not tried again until a
 //! backoff has passed (from `sync_every`, doubling, at most
 //! `peer_timeout`).
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 
-use super::ledger::{Hearing, ledger_script};
+use super::ledger::{Hearing, Steps, ledger_script};
 use super::live::{heard_key, identity_key, live_key, member, received_key};
 use super::peer::{Peer, PeerStatus};
 use super::shared::Shared;
@@ -48,8 +49,6 @@ struct Backoff {
     last: Duration,
     /// Whether the peer's identity has been seen to match.
     verified: bool,
-    /// Units the last shipping added there, for its count of them.
-    added: u64,
 }
 
 /// What a shipping needs of its peer, detached from the link.
@@ -142,10 +141,9 @@ impl Shipment {
         s.lag = started.elapsed();
         let peer = &self.link.peer;
         match shipped {
-            Ok(added) => {
+            Ok(()) => {
                 s.last_shipped_ms = Some(self.time.now_ms());
                 s.foreign = None;
-                state.added = added;
                 state.last = Duration::ZERO;
                 state.until = None;
             }
@@ -178,26 +176,47 @@ impl Shipment {
             None => Err(Failure::Failed(
                 "its link has not announced itself yet".into(),
             )),
-            Some(theirs) if theirs == self.identity => Ok(()),
             Some(theirs) => {
-                let pepper = |identity: &str| identity.split(' ').nth(2).map(str::to_owned);
-                Err(Failure::Foreign(
-                    if pepper(theirs) == pepper(&self.identity) {
-                        "its store lists other regions or weights".into()
-                    } else {
-                        "its store announces another pepper".into()
-                    },
-                ))
+                // "sluice-regions v2 PEPPERS REGIONS", PEPPERS the current
+                // pepper's fingerprint and, while rotating, the previous'.
+                let fields = |identity: &str| -> (Vec<String>, String) {
+                    let mut parts = identity.splitn(4, ' ').skip(2);
+                    let peppers = parts.next().unwrap_or("").split(',').map(str::to_owned);
+                    (peppers.collect(), parts.next().unwrap_or("").to_owned())
+                };
+                let (ours, our_regions) = fields(&self.identity);
+                let (peppers, regions) = fields(theirs);
+                if !theirs.starts_with("sluice-regions v2 ")
+                    || !peppers.iter().any(|p| ours.contains(p))
+                {
+                    Err(Failure::Foreign(
+                        "its store announces another pepper".into(),
+                    ))
+                } else if regions != our_regions {
+                    Err(Failure::Foreign(
+                        "its store lists other regions or weights".into(),
+                    ))
+                } else {
+                    Ok(())
+                }
             }
         }
     }
 
-    /// The shipping itself: the units added there.
-    async fn ship(&mut self) -> Result<u64, Failure> {
+    /// The shipping itself.
+    async fn ship(&mut self) -> Result<(), Failure> {
         let identity = identity_key(&self.prefix);
-        let (verified, added_before) = {
-            let state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
-            (state.verified, state.added)
+        let verified = self
+            .link
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .verified;
+        let received = received_key(&self.prefix);
+        let steps = Steps {
+            time: &self.time,
+            regions: self.regions,
+            received: &received,
         };
         let mut connection = self.link.connection.clone();
         let connection = &mut connection;
@@ -214,7 +233,6 @@ impl Shipment {
                 .unwrap_or_else(|e| e.into_inner())
                 .verified = true;
         }
-        let mut added = 0u64;
         let chunks = self.hearings.chunks(PIPELINE).len().max(1);
         for c in 0..chunks {
             let chunk = self.hearings.chunks(PIPELINE).nth(c).unwrap_or(&[]);
@@ -222,7 +240,7 @@ impl Shipment {
             pipe.cmd("GET").arg(&identity);
             pipe.load_script(ledger_script()).ignore();
             for (shared, hearing) in chunk {
-                pipe.invoke_script(&shared.hear_call(&self.time, self.regions, hearing));
+                pipe.invoke_script(&shared.hear_call(steps, hearing));
                 pipe.cmd("ZADD")
                     .arg(live_key(&self.prefix))
                     .arg("GT")
@@ -231,25 +249,26 @@ impl Shipment {
                     .ignore();
             }
             if c + 1 == chunks {
-                pipe.hset(heard_key(&self.prefix), &self.name, self.time.now_ms())
-                    .ignore()
-                    .hincr(received_key(&self.prefix), &self.name, added_before)
+                // When this region shipped, by the peer's Redis clock.
+                pipe.cmd("EVAL")
+                    .arg(HEARD_LUA)
+                    .arg(1)
+                    .arg(heard_key(&self.prefix))
+                    .arg(&self.name)
                     .ignore();
             }
-            let (theirs, replies): (Option<String>, Vec<i64>) = {
-                let mut replies: Vec<redis::Value> =
-                    pipe.query_async(connection).await.map_err(failed)?;
-                let theirs = redis::from_redis_value(replies.remove(0)).map_err(failed)?;
-                let hears = replies
-                    .into_iter()
-                    .map(redis::from_redis_value)
-                    .collect::<Result<_, _>>()
-                    .map_err(failed)?;
-                (theirs, hears)
-            };
+            let mut replies: Vec<redis::Value> =
+                pipe.query_async(connection).await.map_err(failed)?;
+            let theirs: Option<String> =
+                redis::from_redis_value(replies.remove(0)).map_err(failed)?;
             self.check(theirs.as_deref())?;
-            added += replies.iter().map(|&a| a.max(0) as u64).sum::<u64>();
         }
-        Ok(added)
+        Ok(())
     }
 }
+
+/// Stamps when a region shipped (KEYS[1] the hash, ARGV[1] its name) with
+/// the receiving Redis's clock, in ms.
+const HEARD_LUA: &str = "local t = redis.call('TIME') \
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000))) \
+return 1";
