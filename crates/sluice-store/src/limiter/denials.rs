@@ -388,22 +388,15 @@ mod tests {
         let policy = Policy::compile(&Config::from_yaml(yaml, "t").unwrap().limits);
         let rules = policy.applicable("a", "GET /", false).rules;
         let batch = Batch::new("a", None, 1, rules);
-        for (across_regions, remembered) in [(false, 40_000), (true, 3_000)] {
+        for (sync, remembered) in [(None, 40_000), (Some(250), 250)] {
             let cache = DenialCache::default();
             let sharing = Sharing {
-                across_regions,
+                regions_sync_every_ms: sync,
                 ..Sharing::default()
             };
             cache.record(0, &batch, &[denied(40_000)], 1_000, sharing);
-            assert!(
-                cache.check(&batch, remembered).is_some(),
-                "{across_regions}"
-            );
-            assert_eq!(
-                cache.check(&batch, 1_000 + remembered),
-                None,
-                "{across_regions}"
-            );
+            assert!(cache.check(&batch, remembered).is_some(), "{sync:?}");
+            assert_eq!(cache.check(&batch, 1_000 + remembered), None, "{sync:?}");
         }
     }
 }
