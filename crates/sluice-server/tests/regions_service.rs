@@ -303,3 +303,42 @@ async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged_and_a_ro
     .keep(rotating);
     linked(&client, &eu).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_settled_in_another_region_gives_nothing_back_there() {
+    let redis: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+    let eu_config = config("eu", &redis[0], &[("us", redis[1].url())]);
+    let us_config = config("us", &redis[1], &[("eu", redis[0].url())]);
+    let us_path = us_config.to_str().unwrap().to_owned();
+    let eu =
+        Server::start_with_env(&["--config", eu_config.to_str().unwrap()], &env).keep(eu_config);
+    let us = Server::start_with_env(&["--config", &us_path], &env).keep(us_config);
+    let client = reqwest::Client::new();
+    linked(&client, &eu).await;
+    let used_in_us = || {
+        let (table, _) = succeeds(
+            sluice()
+                .args(["inspect", "--config", &us_path, "--tenant", "acme"])
+                .env("TEST_SLUICE_PEPPER", PEPPER),
+        );
+        let row = common::inspect_row(&table, "per-3s");
+        row[4].parse::<u64>().unwrap()
+    };
+    // Early in a window, so that everything happens in one.
+    let now = wall_ms();
+    tokio::time::sleep(Duration::from_millis(PER_MS - now % PER_MS + 50)).await;
+    let check = json!({ "tenant": "acme", "route": "GET /" });
+    for _ in 0..3 {
+        assert_eq!(post(&client, &us.base, check.clone()).await.0, 200);
+    }
+    let reserve = json!({ "tenant": "acme", "route": "GET /", "cost": 2, "reserve": true });
+    let (status, reserved) = post(&client, &eu.base, reserve).await;
+    assert_eq!(status, 200, "{reserved}");
+    let settle = json!({ "reservation": reserved["reservation"], "cost": 0 });
+    let url = format!("{}/v1/settle", us.base);
+    let (status, settled) = common::post_to(&client, &url, settle).await;
+    assert!(status < 500, "{status} {settled}");
+    // us never took the reservation's 2 units: it gives nothing back.
+    assert_eq!(used_in_us(), 3);
+}
