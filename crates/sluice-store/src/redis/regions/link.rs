@@ -380,11 +380,12 @@ impl Link {
             if !link.ready() {
                 continue;
             }
-            let hearings = keys
+            let to = link.index;
+            let owed = keys
                 .iter()
                 .zip(parts)
-                .map(|(shared, part)| (shared.clone(), hearing(&self.regions, link.index, part)))
-                .collect();
+                .map(|(shared, part)| (shared.clone(), hearing(&self.regions, to, part)));
+            let hearings = link.unshipped(owed);
             let shipment = Shipment {
                 link: link.shared(),
                 time: time.clone(),

@@ -3,7 +3,9 @@
 //! that a slow or black-holed peer holds up neither the decisions nor the
 //! other peers.
 //!
-//! One shipping is one pipeline per 512 keys (a round trip each): the
+//! A shipping carries only the keys whose totals or view changed since the
+//! last one (all of them every 20 shippings, and after a failure). It is
+//! one pipeline per 512 keys (a round trip each): the
 //! peer's identity (pepper and regions: nothing is sent before it has
 //! been seen to match, and it is read back with every shipping), each
 //! key's `hear` (which counts what it added there) and its place in the
@@ -13,6 +15,7 @@
 //! backoff has passed (from `sync_every`, doubling, at most
 //! `peer_timeout`).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,10 @@ use crate::redis::TimeSource;
 
 /// Calls per pipeline.
 const PIPELINE: usize = 512;
+/// Every this many shippings to a peer, everything is shipped again, not
+/// only what changed: a peer whose store lost it (a flush, a failover)
+/// learns it again.
+const REFRESH: u64 = 20;
 
 /// One peer as the link ships to it.
 pub(super) struct PeerLink {
@@ -38,6 +45,10 @@ pub(super) struct PeerLink {
     /// The shipping under way, if any.
     pub(super) shipping: Option<tokio::task::AbortHandle>,
     state: Arc<Mutex<Backoff>>,
+    /// What was last shipped of each live key, and how many shippings
+    /// were started.
+    shipped: HashMap<Shared, Hearing>,
+    shippings: u64,
 }
 
 /// What a shipping leaves for the next.
@@ -73,7 +84,36 @@ impl PeerLink {
             connection,
             shipping: None,
             state: Arc::default(),
+            shipped: HashMap::new(),
+            shippings: 0,
         }
+    }
+
+    /// Of what is owed to this peer now, what it was not shipped as it is
+    /// (all of it every [`REFRESH`] shippings, and after a failure); keys
+    /// not owed any more are forgotten.
+    pub(super) fn unshipped(
+        &mut self,
+        owed: impl Iterator<Item = (Shared, Hearing)>,
+    ) -> Vec<(Shared, Hearing)> {
+        let failing = !self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last
+            .is_zero();
+        let full = failing || self.shippings.is_multiple_of(REFRESH);
+        self.shippings += 1;
+        let mut shipped = HashMap::with_capacity(self.shipped.len());
+        let mut unshipped = Vec::new();
+        for (shared, hearing) in owed {
+            if full || self.shipped.get(&shared) != Some(&hearing) {
+                unshipped.push((shared.clone(), hearing));
+            }
+            shipped.insert(shared, hearing);
+        }
+        self.shipped = shipped;
+        unshipped
     }
 
     /// Whether a shipping may start: none under way, no backoff running.
@@ -272,3 +312,49 @@ impl Shipment {
 const HEARD_LUA: &str = "local t = redis.call('TIME') \
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', t[1] * 1000 + math.floor(t[2] / 1000))) \
 return 1";
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::keys::Record;
+    use sluice_core::regions::Heard;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn only_what_changed_is_shipped_but_everything_now_and_then() {
+        let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let connection =
+            ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
+        let peer = Peer {
+            name: "us".into(),
+            url: String::new(),
+        };
+        let mut link = PeerLink::new(peer, 1, 0, connection);
+        let key = |n: u8| Shared {
+            key: format!("sl:{{t}}:{n}"),
+            record: Record([n; 8]),
+            per_ms: 60_000,
+            previous: None,
+        };
+        let hearing = |total: u64| Hearing {
+            window: 60_000,
+            pool: 100,
+            from: 0,
+            total,
+            view: Heard::default(),
+            share: 50,
+        };
+        let owed = |totals: [u64; 3]| (0..3u8).map(move |n| (key(n), hearing(totals[n as usize])));
+        assert_eq!(link.unshipped(owed([1, 2, 3])).len(), 3, "the first: all");
+        assert!(link.unshipped(owed([1, 2, 3])).is_empty());
+        let changed = link.unshipped(owed([1, 5, 3]));
+        assert_eq!(changed, [(key(1), hearing(5))]);
+        for _ in 3..REFRESH {
+            assert!(link.unshipped(owed([1, 5, 3])).is_empty());
+        }
+        assert_eq!(link.unshipped(owed([1, 5, 3])).len(), 3, "a refresh: all");
+        // After a failure, all again.
+        link.state.lock().unwrap().last = Duration::from_secs(1);
+        assert_eq!(link.unshipped(owed([1, 5, 3])).len(), 3);
+    }
+}
