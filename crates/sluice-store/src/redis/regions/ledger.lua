@@ -33,8 +33,9 @@
 --          fit, or the window is over)
 --   hear   ARGV[8] window, ARGV[9] pool, ARGV[10] from (a region, from
 --          0), ARGV[11] the total it granted here, ARGV[12..15] its view
---          (cap, used, wanted, heard from here); returns the units added,
---          or -1 (the window is over here)
+--          (cap, used, wanted, heard from here), ARGV[16] what it last
+--          heard this region admitted; returns the units added, or -1 (the
+--          window is over here)
 --
 -- A record or ledger of another per whose window still runs (a reload
 -- changed the rule's per; a peer not reloaded yet) is left alone: every
@@ -151,6 +152,8 @@ local function ledger(KEYS, ARGV)
   -- ledger was lost (a flush); what the peer counts is granted again.
   local lost = max(0, num(ARGV[15]) - l[g])
   l[g] = l[g] + lost
+  -- And what this region admitted is at least what it said it had.
+  count = max(count, num(ARGV[16]))
   local v = HEAD + 1 + 2 * n + VIEW * from
   for i = 0, 3 do l[v + i] = num(ARGV[12 + i]) end
   l[v + 4] = now

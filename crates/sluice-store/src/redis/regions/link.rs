@@ -410,6 +410,7 @@ fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
         share: regions.share_of(part.pool, to),
         from: regions.index,
         total: part.part.given[to],
+        your_used: part.views[to].map_or(0, |v| v.heard.used),
         view: Heard {
             cap: part.part.cap(),
             used: part.part.used,

@@ -341,6 +341,7 @@ mod tests {
             pool: 100,
             from: 0,
             total,
+            your_used: 0,
             view: Heard::default(),
             share: 50,
         };
