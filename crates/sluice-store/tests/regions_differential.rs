@@ -20,7 +20,7 @@ use sluice_core::regions::Heard;
 use sluice_core::regions::stored::{Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Regions, Shared, Steps, ledger_script, received_key, snapshot,
+    Hearing, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -140,8 +140,19 @@ proptest! {
         let share = regions.share(pool);
         let time = TimeSource::Client(clock.clone());
         let received = received_key("sl");
-        let ledger = Steps { time: &time, regions: REGIONS, received: &received };
+        let identity = identity_key("sl");
+        let ledger = Steps { time: &time, regions: REGIONS, received: &received, identity: (&identity, "its identity") };
         let mut connection = runtime.block_on(server.client().get_multiplexed_async_connection()).unwrap();
+        runtime
+            .block_on(redis::cmd("SET").arg(&identity).arg("its identity").query_async::<()>(&mut connection))
+            .unwrap();
+        // A shipping checked against another identity changes nothing.
+        let other = Steps { identity: (&identity, "another"), ..ledger };
+        let view = Heard { cap: 1, used: 1, wanted: 1, heard_from_you: 0 };
+        let window = window_of(clock.now_ms(), per);
+        let hearing = Hearing { window, pool, share, from: 1, total: 5, your_used: 0, view };
+        let refused: i64 = runtime.block_on(shared.hear_call(other, &hearing).invoke_async(&mut connection)).unwrap();
+        prop_assert_eq!(refused, -2);
         let mut twin = Stored::default();
         let mut admitted: Vec<(u64, u64)> = Vec::new();
         for (i, step) in steps.into_iter().enumerate() {

@@ -16,7 +16,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
 use crate::redis::regions::ledger::{Steps, ledger_script, snapshot};
-use crate::redis::regions::live::received_key;
+use crate::redis::regions::live::{identity_key, received_key};
 use crate::redis::regions::shared::{RegionPart, Regions, Shared};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
@@ -197,10 +197,12 @@ impl RedisStore {
             .as_ref()
             .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
         let received = received_key(keys.current.prefix());
+        let identity = identity_key(keys.current.prefix());
         let steps = Steps {
             time: &self.redis.time,
             regions: regions.len(),
             received: &received,
+            identity: (&identity, ""),
         };
         let mut parts = Vec::with_capacity(batch.rules.len());
         for (i, rule) in batch.rules.iter().enumerate() {

@@ -12,7 +12,8 @@
 --          region, when heard; when 0: none)
 -- KEYS[3]  the units each region's totals added here, by region (a hash;
 --          hear only)
--- KEYS[4], KEYS[5]  (only while rotating the pepper) the group key and
+-- KEYS[4]  the region's identity (hear only: see ARGV[17])
+-- KEYS[5], KEYS[6]  (only while rotating the pepper) the group key and
 --          the ledger under the previous pepper: a record or ledger found
 --          only there is carried over, as decide.lua carries a group
 -- ARGV[1]  the step: "note", "read", "grant" or "hear"
@@ -34,8 +35,9 @@
 --   hear   ARGV[8] window, ARGV[9] pool, ARGV[10] from (a region, from
 --          0), ARGV[11] the total it granted here, ARGV[12..15] its view
 --          (cap, used, wanted, heard from here), ARGV[16] what it last
---          heard this region admitted; returns the units added, or -1 (the
---          window is over here)
+--          heard this region admitted, ARGV[17] the identity the shipper
+--          checked this region has; returns the units added, -1 (the
+--          window is over here) or -2 (the identity changed: nothing done)
 --
 -- A record or ledger of another per whose window still runs (a reload
 -- changed the rule's per; a peer not reloaded yet) is left alone: every
@@ -59,9 +61,9 @@ end
 -- While rotating, a key found only under the previous pepper is carried
 -- over (decide.lua does the same for a group).
 local function carried(KEYS, k, previous)
-  if previous ~= '' and KEYS[k + 3] and call('EXISTS', KEYS[k]) == 0
-    and call('EXISTS', KEYS[k + 3]) == 1 then
-    call('COPY', KEYS[k + 3], KEYS[k])
+  if previous ~= '' and KEYS[k + 4] and call('EXISTS', KEYS[k]) == 0
+    and call('EXISTS', KEYS[k + 4]) == 1 then
+    call('COPY', KEYS[k + 4], KEYS[k])
   end
 end
 
@@ -108,6 +110,7 @@ end
 local function ledger(KEYS, ARGV)
   if not call then bind() end
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
+  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
   local window = idiv(now, per) * per
   carried(KEYS, 1, previous)

@@ -35,8 +35,9 @@ pub fn ledger_script() -> &'static redis::Script {
 }
 
 /// What every step of the ledger script is told besides the rule: the
-/// time source, how many regions, and where the units heard are counted
-/// (see [`received_key`](super::received_key)).
+/// time source, how many regions, the keys of the store's region (see
+/// [`received_key`](super::received_key)), and for a `hear` the identity
+/// the shipper checked that store has.
 #[derive(Debug, Clone, Copy)]
 pub struct Steps<'a> {
     /// Where "now" comes from.
@@ -45,6 +46,10 @@ pub struct Steps<'a> {
     pub regions: usize,
     /// The key counting what each region's totals added.
     pub received: &'a str,
+    /// The key of the region's identity, and (for a `hear`) the identity
+    /// it must hold: a store that announces another since it was checked
+    /// is not merged with.
+    pub identity: (&'a str, &'a str),
 }
 
 impl Shared {
@@ -54,7 +59,8 @@ impl Shared {
         let mut call = ledger_script().prepare_invoke();
         call.key(&self.key)
             .key(ledger_key(&self.key))
-            .key(steps.received);
+            .key(steps.received)
+            .key(steps.identity.0);
         if let Some((key, _)) = &self.previous {
             call.key(key).key(ledger_key(key));
         }
@@ -102,7 +108,8 @@ impl Shared {
     }
 
     /// Applies what a peer shipped; answers the units added, -1 when the
-    /// window is over in that store.
+    /// window is over in that store, -2 when it announces another identity
+    /// than `steps.identity` (nothing applied).
     pub fn hear_call(&self, steps: Steps<'_>, hearing: &Hearing) -> ScriptInvocation<'static> {
         let mut call = self.call("hear", steps, hearing.share);
         let v = hearing.view;
@@ -114,7 +121,8 @@ impl Shared {
             .arg(v.used)
             .arg(v.wanted)
             .arg(v.heard_from_you)
-            .arg(hearing.your_used);
+            .arg(hearing.your_used)
+            .arg(steps.identity.1);
         call
     }
 }

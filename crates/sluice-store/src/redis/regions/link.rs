@@ -225,7 +225,8 @@ impl Link {
     ) -> Result<(), redis::RedisError> {
         let noted: Vec<(Shared, Noted)> = self.regions.take_noted().into_iter().collect();
         let (time, received) = (self.time(), received_key(prefix));
-        let steps = self.steps(&time, &received);
+        let identity = identity_key(prefix);
+        let steps = self.steps(&time, (&received, &identity));
         for chunk in noted.chunks(PIPELINE) {
             let mut pipe = redis::pipe();
             pipe.load_script(ledger_script()).ignore();
@@ -254,8 +255,8 @@ impl Link {
         now: u64,
     ) -> Result<Vec<Snapshot>, StoreError> {
         let (time, n, me) = (self.time(), self.regions.len(), self.regions.index);
-        let received = received_key(&self.prefix());
-        let steps = self.steps(&time, &received);
+        let (received, identity) = (received_key(&self.prefix()), identity_key(&self.prefix()));
+        let steps = self.steps(&time, (&received, &identity));
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let mut parts = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(PIPELINE) {
@@ -311,12 +312,17 @@ impl Link {
         Ok(parts)
     }
 
-    /// What every ledger step is told.
-    fn steps<'a>(&self, time: &'a TimeSource, received: &'a str) -> Steps<'a> {
+    /// What every step on this region's own ledgers is told.
+    fn steps<'a>(
+        &self,
+        time: &'a TimeSource,
+        (received, identity): (&'a str, &'a str),
+    ) -> Steps<'a> {
         Steps {
             time,
             regions: self.regions.len(),
             received,
+            identity: (identity, ""),
         }
     }
 

@@ -15,7 +15,9 @@ pub(super) fn live_key(prefix: &str) -> String {
 pub(super) fn lead_key(prefix: &str) -> String {
     format!("{prefix}:regions:lead")
 }
-pub(super) fn identity_key(prefix: &str) -> String {
+/// The key of the region's identity (its peppers' fingerprints, the
+/// regions and weights), read by its peers before they merge.
+pub fn identity_key(prefix: &str) -> String {
     format!("{prefix}:regions:identity")
 }
 pub(super) fn heard_key(prefix: &str) -> String {

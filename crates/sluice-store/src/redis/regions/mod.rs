@@ -23,6 +23,6 @@ mod ship;
 
 pub use ledger::{Hearing, LEDGER_LUA, Steps, ledger_key, ledger_script, snapshot};
 pub use link::{Link, LinkOptions};
-pub use live::received_key;
+pub use live::{identity_key, received_key};
 pub use peer::{Peer, PeerStatus};
 pub use shared::{Noted, RegionPart, Regions, Shared};

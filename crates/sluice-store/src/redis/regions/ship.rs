@@ -7,7 +7,8 @@
 //! last one (all of them every 20 shippings, and after a failure). It is
 //! one pipeline per 512 keys (a round trip each): the
 //! peer's identity (pepper and regions: nothing is sent before it has
-//! been seen to match, and it is read back with every shipping), each
+//! been seen to match, and each `hear` applies only while it still does),
+//! each
 //! key's `hear` (which counts what it added there) and its place in the
 //! peer's live set, and when this region shipped (by the peer's Redis
 //! clock). It gives up after
@@ -58,8 +59,8 @@ struct Backoff {
     until: Option<Instant>,
     /// The last backoff (zero after a success).
     last: Duration,
-    /// Whether the peer's identity has been seen to match.
-    verified: bool,
+    /// The peer's identity, once seen to match ours.
+    seen: Option<String>,
 }
 
 /// What a shipping needs of its peer, detached from the link.
@@ -195,7 +196,7 @@ impl Shipment {
                             tracing::error!(%peer, "region link: {why}; never merged with it");
                         }
                         s.foreign = Some(why);
-                        state.verified = false;
+                        state.seen = None;
                     }
                     Failure::Failed(why) if state.last.is_zero() => {
                         tracing::warn!(%peer, "region link: shipping failed ({why}); backing off");
@@ -214,7 +215,8 @@ impl Shipment {
             // A peer whose link has not run yet: nothing is shipped until
             // it has said who it is.
             None => Err(Failure::Failed(
-                "its link has not announced itself yet".into(),
+                "its link has not announced itself yet (is it running, with the same keys.prefix?)"
+                    .into(),
             )),
             Some(theirs) => {
                 // "sluice-regions v2 PEPPERS REGIONS", PEPPERS the current
@@ -246,38 +248,43 @@ impl Shipment {
     /// The shipping itself.
     async fn ship(&mut self) -> Result<(), Failure> {
         let identity = identity_key(&self.prefix);
-        let verified = self
+        let seen = self
             .link
             .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .verified;
+            .seen
+            .clone();
+        let mut connection = self.link.connection.clone();
+        let connection = &mut connection;
+        let seen = match seen {
+            Some(seen) => seen,
+            None => {
+                let theirs: Option<String> = redis::cmd("GET")
+                    .arg(&identity)
+                    .query_async(connection)
+                    .await
+                    .map_err(failed)?;
+                self.check(theirs.as_deref())?;
+                let theirs = theirs.unwrap_or_default();
+                let mut state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.seen = Some(theirs.clone());
+                theirs
+            }
+        };
         let received = received_key(&self.prefix);
         let steps = Steps {
             time: &self.time,
             regions: self.regions,
             received: &received,
+            // Each hear applies only while the peer's store still
+            // announces the identity checked.
+            identity: (&identity, &seen),
         };
-        let mut connection = self.link.connection.clone();
-        let connection = &mut connection;
-        if !verified {
-            let theirs: Option<String> = redis::cmd("GET")
-                .arg(&identity)
-                .query_async(connection)
-                .await
-                .map_err(failed)?;
-            self.check(theirs.as_deref())?;
-            self.link
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .verified = true;
-        }
         let chunks = self.hearings.chunks(PIPELINE).len().max(1);
         for c in 0..chunks {
             let chunk = self.hearings.chunks(PIPELINE).nth(c).unwrap_or(&[]);
             let mut pipe = redis::pipe();
-            pipe.cmd("GET").arg(&identity);
             pipe.load_script(ledger_script()).ignore();
             for (shared, hearing) in chunk {
                 pipe.invoke_script(&shared.hear_call(steps, hearing));
@@ -297,11 +304,17 @@ impl Shipment {
                     .arg(&self.name)
                     .ignore();
             }
-            let mut replies: Vec<redis::Value> =
-                pipe.query_async(connection).await.map_err(failed)?;
-            let theirs: Option<String> =
-                redis::from_redis_value(replies.remove(0)).map_err(failed)?;
-            self.check(theirs.as_deref())?;
+            let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
+            if replies.contains(&-2) {
+                self.link
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .seen = None;
+                return Err(Failure::Failed(
+                    "its identity changed; checked again at the next shipping".into(),
+                ));
+            }
         }
         Ok(())
     }
