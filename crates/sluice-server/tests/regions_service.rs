@@ -285,7 +285,8 @@ async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged_and_a_ro
     }
 
     // us rotates its pepper to OTHER_PEPPER, keeping eu's as the previous
-    // one: the two share a pepper again, and link.
+    // one: eu no longer calls it foreign, but the two link only once eu
+    // rotates too (until then their keys differ).
     drop(us);
     let rotating = config_with(
         "us",
@@ -301,6 +302,36 @@ async fn a_peer_with_another_pepper_is_named_in_readyz_and_never_merged_and_a_ro
         ],
     )
     .keep(rotating);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, body) = readyz(&client, &eu).await;
+        let us = &body["regions"][0];
+        if us["foreign"].is_null() {
+            assert_eq!(
+                us["last_shipped_ms"],
+                Value::Null,
+                "shipped across peppers: {body}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "still foreign: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(eu);
+    let eu_rotating = config_with(
+        "eu",
+        &redis[0],
+        &[("us", redis[1].url())],
+        "  previous_pepper_env: TEST_SLUICE_PREVIOUS_PEPPER\n",
+    );
+    let eu = Server::start_with_env(
+        &["--config", eu_rotating.to_str().unwrap()],
+        &[
+            ("TEST_SLUICE_PEPPER", OTHER_PEPPER),
+            ("TEST_SLUICE_PREVIOUS_PEPPER", PEPPER),
+        ],
+    )
+    .keep(eu_rotating);
     linked(&client, &eu).await;
 }
 

@@ -40,9 +40,8 @@ enum Step {
     Read,
     Grant(usize, u64),
     /// From a peer: the total it granted here, what it heard from here,
-    /// its view, the window it names (0: now's, 1: the one before), and
-    /// what it heard this region admitted.
-    Hear(usize, u64, u64, u64, u64, u64),
+    /// its view, and the window it names (0: now's, 1: the one before).
+    Hear(usize, u64, u64, u64, u64),
     /// A reload changes the rule's period.
     Reper(u64),
 }
@@ -57,8 +56,8 @@ fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
         1 => (1u64..=20).prop_map(Step::Note),
         1 => Just(Step::Read),
         2 => (0..REGIONS + 1, 0u64..=12).prop_map(|(to, units)| Step::Grant(to, units)),
-        3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15), 0u64..=8)
-            .prop_map(|(from, total, back, cap, late, yours)| Step::Hear(from, total, back, cap, u64::from(late), yours)),
+        3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15))
+            .prop_map(|(from, total, back, cap, late)| Step::Hear(from, total, back, cap, u64::from(late))),
         1 => prop_oneof![Just(per), Just(per * 3), Just((per / 2).max(1)), 1u64..=5_000].prop_map(Step::Reper),
     ];
     proptest::collection::vec(step, 1..80)
@@ -150,7 +149,7 @@ proptest! {
         let other = Steps { identity: (&identity, "another"), ..ledger };
         let view = Heard { cap: 1, used: 1, wanted: 1, heard_from_you: 0 };
         let window = window_of(clock.now_ms(), per);
-        let hearing = Hearing { window, pool, share, from: 1, total: 5, your_used: 0, view };
+        let hearing = Hearing { window, pool, share, from: 1, total: 5, view };
         let refused: i64 = runtime.block_on(shared.hear_call(other, &hearing).invoke_async(&mut connection)).unwrap();
         prop_assert_eq!(refused, -2);
         let mut twin = Stored::default();
@@ -207,13 +206,13 @@ proptest! {
                     let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
                     prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
                 }
-                Step::Hear(from, total, back, cap, late, your_used) => {
+                Step::Hear(from, total, back, cap, late) => {
                     let named = window.saturating_sub(late * per);
                     let view = Heard { cap, used: cap / 2, wanted: cap, heard_from_you: back };
-                    let hearing = Hearing { window: named, pool, share, from, total, your_used, view };
+                    let hearing = Hearing { window: named, pool, share, from, total, view };
                     let call = shared.hear_call(ledger, &hearing);
                     let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    let rust = twin.hear(now, (named, per), (pool, share), from, (total, your_used), view, REGIONS);
+                    let rust = twin.hear(now, (named, per), (pool, share), from, total, view, REGIONS);
                     prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
                 }
             }

@@ -336,13 +336,11 @@ impl Stored {
 
     /// What region `from` shipped for `window`: the total it granted here
     /// (kept as the larger of it and what was heard: added to what moved
-    /// here by the difference), what it last heard this region admitted
-    /// (this region's count is at least that: its store lost it), the
-    /// total it heard from here (larger than what this region knows it
-    /// granted when its store lost its ledger: counted as granted again),
-    /// and its view of itself; `share` is this region's. Returns the units
-    /// added; `None` when `window` is not the window of now here (dropped:
-    /// that budget ended with its window).
+    /// here by the difference), the total it heard from here (larger than
+    /// what this region knows it granted when its store lost its ledger:
+    /// counted as granted again), and its view of itself; `share` is this
+    /// region's. Returns the units added; `None` when `window` is not the
+    /// window of now here (dropped: that budget ended with its window).
     #[allow(clippy::too_many_arguments)]
     pub fn hear(
         &mut self,
@@ -350,7 +348,7 @@ impl Stored {
         (window, per): (u64, u64),
         (pool, share): (u64, u64),
         from: usize,
-        (total, your_used): (u64, u64),
+        total: u64,
         view: Heard,
         regions: usize,
     ) -> Option<u64> {
@@ -372,7 +370,6 @@ impl Stored {
             .moved
             .saturating_add(added as i64)
             .saturating_sub(lost as i64);
-        record.count = record.count.max(your_used);
         self.record = Some(record);
         Some(added)
     }
@@ -403,45 +400,28 @@ mod tests {
         assert_eq!(a.grant(now, w, PER, 10, (1, 6), 2), Some(6));
         assert!(!a.decide(now, 1, 10, PER).allowed);
         // Heard three times, and an older total after it: counted once.
-        assert_eq!(
-            b.hear(now, (w, PER), (20, 10), 0, (6, 0), view(0), 2),
-            Some(6)
-        );
-        assert_eq!(
-            b.hear(now, (w, PER), (20, 10), 0, (6, 0), view(0), 2),
-            Some(0)
-        );
-        assert_eq!(
-            b.hear(now, (w, PER), (20, 10), 0, (2, 0), view(0), 2),
-            Some(0)
-        );
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(6));
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(0));
+        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 2, view(0), 2), Some(0));
         assert_eq!(b.record.unwrap().moved, 6);
         assert!((0..16).all(|_| b.decide(now, 1, 10, PER).allowed));
         assert!(!b.decide(now, 1, 10, PER).allowed);
         // The next window starts from the share again; a late total of the
         // last one is dropped.
         let next = now + PER;
-        assert_eq!(
-            b.hear(next, (w, PER), (20, 10), 0, (9, 0), view(0), 2),
-            None
-        );
+        assert_eq!(b.hear(next, (w, PER), (20, 10), 0, 9, view(0), 2), None);
         assert_eq!(b.decide(next, 1, 10, PER).remaining, 9);
     }
 
     #[test]
-    fn a_region_that_lost_its_store_counts_its_grants_and_admissions_again_when_told() {
+    fn a_giver_that_lost_its_ledger_counts_its_grants_again_when_told() {
         let mut a = Stored::default();
         let now = PER + 1;
         let w = window_of(now, PER);
-        assert!(a.decide(now, 1, 10, PER).allowed);
         assert_eq!(a.grant(now, w, PER, 10, (1, 8), 2), Some(8));
         a = Stored::default(); // flushed
-        // The peer heard 8 granted, and 1 admitted.
-        assert_eq!(
-            a.hear(now, (w, PER), (20, 10), 1, (0, 1), view(8), 2),
-            Some(0)
-        );
-        assert_eq!(a.read(now, PER, 10, 2).part.left(), 1);
-        assert!(!a.decide(now, 2, 10, PER).allowed);
+        assert_eq!(a.hear(now, (w, PER), (20, 10), 1, 0, view(8), 2), Some(0));
+        assert_eq!(a.read(now, PER, 10, 2).part.left(), 2);
+        assert!(!a.decide(now, 3, 10, PER).allowed);
     }
 }

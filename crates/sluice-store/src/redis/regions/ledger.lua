@@ -12,7 +12,7 @@
 --          region, when heard; when 0: none)
 -- KEYS[3]  the units each region's totals added here, by region (a hash;
 --          hear only)
--- KEYS[4]  the region's identity (hear only: see ARGV[17])
+-- KEYS[4]  the region's identity (hear only: see ARGV[16])
 -- KEYS[5], KEYS[6]  (only while rotating the pepper) the group key and
 --          the ledger under the previous pepper: a record or ledger found
 --          only there is carried over, as decide.lua carries a group
@@ -34,9 +34,8 @@
 --          fit, or the window is over)
 --   hear   ARGV[8] window, ARGV[9] pool, ARGV[10] from (a region, from
 --          0), ARGV[11] the total it granted here, ARGV[12..15] its view
---          (cap, used, wanted, heard from here), ARGV[16] what it last
---          heard this region admitted, ARGV[17] the identity the shipper
---          checked this region has; returns the units added, -1 (the
+--          (cap, used, wanted, heard from here), ARGV[16] the identity the
+--          shipper checked this region has; returns the units added, -1 (the
 --          window is over here) or -2 (the identity changed: nothing done)
 --
 -- A record or ledger of another per whose window still runs (a reload
@@ -110,7 +109,7 @@ end
 local function ledger(KEYS, ARGV)
   if not call then bind() end
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
-  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
+  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[16] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
   local window = idiv(now, per) * per
   carried(KEYS, 1, previous)
@@ -155,8 +154,6 @@ local function ledger(KEYS, ARGV)
   -- ledger was lost (a flush); what the peer counts is granted again.
   local lost = max(0, num(ARGV[15]) - l[g])
   l[g] = l[g] + lost
-  -- And what this region admitted is at least what it said it had.
-  count = max(count, num(ARGV[16]))
   local v = HEAD + 1 + 2 * n + VIEW * from
   for i = 0, 3 do l[v + i] = num(ARGV[12 + i]) end
   l[v + 4] = now

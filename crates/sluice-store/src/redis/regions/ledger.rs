@@ -121,7 +121,6 @@ impl Shared {
             .arg(v.used)
             .arg(v.wanted)
             .arg(v.heard_from_you)
-            .arg(hearing.your_used)
             .arg(steps.identity.1);
         call
     }
@@ -138,9 +137,6 @@ pub struct Hearing {
     pub from: usize,
     /// The total it granted the peer.
     pub total: u64,
-    /// What it last heard the peer had admitted (its store lost it, the
-    /// peer takes it back).
-    pub your_used: u64,
     /// Its part as it sees it.
     pub view: Heard,
     /// The receiver's share of the pool (what a record of an earlier

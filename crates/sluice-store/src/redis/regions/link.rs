@@ -113,8 +113,9 @@ impl Link {
             .zip(&regions.weights)
             .map(|(n, w)| format!("{n}:{w}"))
             .collect();
-        // While rotating, both peppers: a peer that shares either is
-        // merged with (a rolling rotation keeps its regions linked).
+        // While rotating, both peppers: a peer that shares either is not
+        // foreign (a rolling rotation), and is merged with once its
+        // current pepper is this region's.
         let keys = store.keys();
         let peppers: Vec<String> = std::iter::once(&keys.current)
             .chain(&keys.previous)
@@ -416,7 +417,6 @@ fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
         share: regions.share_of(part.pool, to),
         from: regions.index,
         total: part.part.given[to],
-        your_used: part.views[to].map_or(0, |v| v.heard.used),
         view: Heard {
             cap: part.part.cap(),
             used: part.part.used,

@@ -61,6 +61,9 @@ struct Backoff {
     last: Duration,
     /// The peer's identity, once seen to match ours.
     seen: Option<String>,
+    /// Keys the peer dropped (their window is not the peer's yet, or no
+    /// more): shipped again next time.
+    dropped: Vec<Shared>,
 }
 
 /// What a shipping needs of its peer, detached from the link.
@@ -97,12 +100,13 @@ impl PeerLink {
         &mut self,
         owed: impl Iterator<Item = (Shared, Hearing)>,
     ) -> Vec<(Shared, Hearing)> {
-        let failing = !self
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last
-            .is_zero();
+        let failing = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            for shared in state.dropped.drain(..) {
+                self.shipped.remove(&shared);
+            }
+            !state.last.is_zero()
+        };
         let full = failing || self.shippings.is_multiple_of(REFRESH);
         self.shippings += 1;
         let mut shipped = HashMap::with_capacity(self.shipped.len());
@@ -157,6 +161,9 @@ enum Failure {
     Foreign(String),
     /// It could not be reached, or failed.
     Failed(String),
+    /// Its pepper is the other one of a rotation under way (not foreign;
+    /// not merged with until both derive keys from the same one).
+    Rotating(String),
 }
 
 /// A failure of Redis's, or of its answer.
@@ -198,6 +205,12 @@ impl Shipment {
                         s.foreign = Some(why);
                         state.seen = None;
                     }
+                    Failure::Rotating(why) => {
+                        if s.foreign.take().is_some() || state.last.is_zero() {
+                            tracing::warn!(%peer, "region link: {why}");
+                        }
+                        state.seen = None;
+                    }
                     Failure::Failed(why) if state.last.is_zero() => {
                         tracing::warn!(%peer, "region link: shipping failed ({why}); backing off");
                     }
@@ -237,6 +250,14 @@ impl Shipment {
                 } else if regions != our_regions {
                     Err(Failure::Foreign(
                         "its store lists other regions or weights".into(),
+                    ))
+                } else if peppers.first() != ours.first() {
+                    // A rolling rotation: keys differ until both derive
+                    // them from the same pepper, and a grant made from one
+                    // key must not be heard on another.
+                    Err(Failure::Rotating(
+                        "it derives keys from another of the two peppers being rotated; linked again once both use the new one"
+                            .into(),
                     ))
                 } else {
                     Ok(())
@@ -305,6 +326,14 @@ impl Shipment {
                     .ignore();
             }
             let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
+            let dropped = chunk
+                .iter()
+                .zip(&replies)
+                .filter(|&(_, &reply)| reply == -1)
+                .map(|((shared, _), _)| shared.clone());
+            let mut state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.dropped.extend(dropped);
+            drop(state);
             if replies.contains(&-2) {
                 self.link
                     .state
@@ -354,7 +383,6 @@ mod tests {
             pool: 100,
             from: 0,
             total,
-            your_used: 0,
             view: Heard::default(),
             share: 50,
         };
@@ -363,7 +391,10 @@ mod tests {
         assert!(link.unshipped(owed([1, 2, 3])).is_empty());
         let changed = link.unshipped(owed([1, 5, 3]));
         assert_eq!(changed, [(key(1), hearing(5))]);
-        for _ in 3..REFRESH {
+        // A key the peer dropped (its window not begun there) goes again.
+        link.state.lock().unwrap().dropped.push(key(2));
+        assert_eq!(link.unshipped(owed([1, 5, 3])), [(key(2), hearing(3))]);
+        for _ in 4..REFRESH {
             assert!(link.unshipped(owed([1, 5, 3])).is_empty());
         }
         assert_eq!(link.unshipped(owed([1, 5, 3])).len(), 3, "a refresh: all");
