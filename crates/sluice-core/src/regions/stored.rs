@@ -30,9 +30,9 @@ use super::part::Part;
 pub struct Record {
     /// The window's start (ms, a multiple of the rule's period).
     pub start_ms: u64,
-    /// The period it was written under (the record goes idle at `start_ms
-    /// + per_ms`).
-    pub per_ms: u64,
+    /// When it goes idle: its window's end, and the windows after it while
+    /// it owes (the store keeps it until then).
+    pub idle_ms: u64,
     /// Units admitted in it.
     pub count: u64,
     /// Heard from peers less granted to them, in it.
@@ -109,35 +109,41 @@ pub fn window_of(now: u64, per: u64) -> u64 {
 }
 
 impl Record {
-    /// What `record` holds in `window` of `per` ms, against `share`
-    /// (`shared_at` in decide.lua): itself in its own window; in a later
-    /// one, what it owed beyond its cap and the shares of the windows
-    /// between (debt), nothing moved; from a later window (the clock
-    /// stepped back), its count and none of what moved to it.
+    /// What `record` holds at `now`, whose window starts at `window` of
+    /// `per` ms, against `share` (`shared_at` in decide.lua): itself in its
+    /// own window, and in a later one (the clock is behind the one that
+    /// wrote it: never re-dated back, or what it granted would be
+    /// forgotten); from an earlier window, what it owed beyond its cap and
+    /// the shares of the windows between (debt), nothing moved.
     fn at(record: Option<Record>, window: u64, share: u64, per: u64) -> Record {
         let r = record.unwrap_or(Record {
             start_ms: window,
-            per_ms: per,
+            idle_ms: window + per,
             count: 0,
             moved: 0,
         });
-        let (count, moved) = if r.start_ms == window {
-            (r.count, r.moved)
-        } else if r.start_ms > window {
-            (r.count, r.moved.min(0))
-        } else {
-            let passed = ((window - r.start_ms) / per).max(1);
-            let owed = u128::from(r.count)
-                .saturating_sub(u128::from(r.cap(share)))
-                .saturating_sub(u128::from(passed - 1) * u128::from(share));
-            (u64::try_from(owed).unwrap_or(u64::MAX), 0)
-        };
+        if r.start_ms >= window {
+            return r;
+        }
+        let passed = ((window - r.start_ms) / per).max(1);
+        let owed = u128::from(r.count)
+            .saturating_sub(u128::from(r.cap(share)))
+            .saturating_sub(u128::from(passed - 1) * u128::from(share));
         Record {
             start_ms: window,
-            per_ms: per,
-            count,
-            moved,
+            idle_ms: window + per,
+            count: u64::try_from(owed).unwrap_or(u64::MAX),
+            moved: 0,
         }
+    }
+
+    /// The record as written: idle at its window's end, and as many
+    /// windows more as `share` takes to repay what it owes beyond its cap
+    /// (`shared_idle` in decide.lua).
+    fn written(mut self, share: u64, per: u64) -> Record {
+        let owed = self.count.saturating_sub(self.cap(share));
+        self.idle_ms = self.start_ms + per * (1 + owed.div_ceil(share.max(1)));
+        self
     }
 
     /// The cap with `share`: never below 0.
@@ -146,10 +152,13 @@ impl Record {
         u64::try_from(cap.max(0)).unwrap_or(u64::MAX)
     }
 
-    /// Whether it was written under another period than `per` and its
-    /// window still runs at `now`.
-    fn foreign(&self, per: u64, now: u64) -> bool {
-        self.per_ms != per && self.start_ms + self.per_ms > now
+    /// Whether the link leaves it alone at `now` for a rule of `per` ms
+    /// whose window starts at `window`: written under another period and
+    /// its window still runs, or of a later window (the clock is behind).
+    fn foreign(&self, window: u64, per: u64, now: u64) -> bool {
+        let span = self.idle_ms - self.start_ms;
+        let ours = self.start_ms.is_multiple_of(per) && span.is_multiple_of(per) && span >= per;
+        (!ours && self.idle_ms > now) || self.start_ms > window
     }
 }
 
@@ -172,7 +181,8 @@ impl Stored {
     /// Whether the record or the ledger is of another period whose window
     /// still runs.
     fn foreign(&self, per: u64, now: u64) -> bool {
-        self.record.is_some_and(|r| r.foreign(per, now))
+        let window = window_of(now, per);
+        self.record.is_some_and(|r| r.foreign(window, per, now))
             || self
                 .ledger
                 .as_ref()
@@ -196,15 +206,11 @@ impl Stored {
     pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64) -> Answer {
         let window = window_of(now, per);
         let mut record = Record::at(self.record, window, share, per);
-        if self.record.is_some_and(|r| r.start_ms > window) {
-            // Written even when denied, as every repair is.
-            self.record = Some(record);
-        }
         let cap = record.cap(share);
-        let ends_in = (window + per - now).max(1);
+        let ends_in = (record.start_ms + per - now).max(1);
         if record.count.saturating_add(cost) <= cap {
             record.count += cost;
-            self.record = Some(record);
+            self.record = Some(record.written(share, per));
             return Answer {
                 allowed: true,
                 remaining: cap - record.count,
@@ -229,24 +235,19 @@ impl Stored {
         let counted = record.count.saturating_add(cost);
         let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
         record.count = counted.min(deepest);
-        self.record = Some(record);
+        self.record = Some(record.written(share, per));
         counted - record.count
     }
 
     /// Gives back `cost` units admitted at `at`, when they still count in
-    /// the record's window (`give_back` in common.lua); then, as the
-    /// answer's probe does in adjust.lua, a record of a later window is
-    /// re-dated to now's.
-    pub fn give_back(&mut self, (at, now): (u64, u64), cost: u64, share: u64, per: u64) {
+    /// the record's window (`give_back` in common.lua; when it goes idle
+    /// is kept).
+    pub fn give_back(&mut self, at: u64, cost: u64, per: u64) {
         if let Some(r) = self.record.as_mut()
             && at >= r.start_ms
             && at < r.start_ms + per
         {
             r.count = r.count.saturating_sub(cost);
-        }
-        let window = window_of(now, per);
-        if self.record.is_some_and(|r| r.start_ms > window) {
-            self.record = Some(Record::at(self.record, window, share, per));
         }
     }
 
@@ -330,7 +331,7 @@ impl Stored {
         ledger.given[to] += units;
         let total = ledger.given[to];
         record.moved -= units as i64;
-        self.record = Some(record);
+        self.record = Some(record.written(share, per));
         Some(total)
     }
 
@@ -370,7 +371,7 @@ impl Stored {
             .moved
             .saturating_add(added as i64)
             .saturating_sub(lost as i64);
-        self.record = Some(record);
+        self.record = Some(record.written(share, per));
         Some(added)
     }
 }

@@ -106,11 +106,12 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     -- of now counts it, at most max_debt past this region's cap.
     local window = idiv(now, per) * per
     if not found then x, y, z = window, 0, 0 end
-    y, z = shared_at(x, y, z, window, limit, per)
+    local at
+    at, y, z = shared_at(x, y, z, window, limit, per)
     local counted = y + cost
     local kept = min(counted, max(max(0, limit + z) + max_debt, y))
     forgiven = counted - kept
-    write_record(key, name, window + per, window, kept, z, now)
+    write_record(key, name, shared_idle(at, kept, z, limit, per), at, kept, z, now)
   else
     -- sliding_window: the current window counts it, owing beyond limit.
     local start = idiv(now, per) * per

@@ -195,40 +195,45 @@ local function fixed_window(name, found, start, count, _, now, cost, limit, per,
     ends_in + (waits - 1) * per, nil, nil, fixed, fixed_idle
 end
 
--- What a shared window's record (start, count, moved) holds in the window
--- of now (sluice-core's regions::Record::at): itself in its own window;
--- in a later one, what it owed beyond its cap and the shares of the
--- windows between (debt), nothing moved; from a later window (the clock
--- stepped back), its count and none of what moved to it.
+-- What a shared window's record (start, count, moved) holds at now,
+-- whose window starts at window (sluice-core's regions::Record::at): the
+-- window it counts in, then its count and what moved to it. Itself in its
+-- own window, and in a later one (the clock is behind the one that wrote
+-- it: never re-dated back, or what it granted would be forgotten); from an
+-- earlier window, what it owed beyond its cap and the shares of the
+-- windows between (debt), nothing moved.
 local function shared_at(start, count, moved, window, share, per)
-  if start == window then return count, moved end
-  if start > window then return count, min(moved, 0) end
+  if start >= window then return start, count, moved end
   local passed = max(1, idiv(window - start, per))
-  return max(0, count - max(0, share + moved) - (passed - 1) * share), 0
+  return window, max(0, count - max(0, share + moved) - (passed - 1) * share), 0
+end
+
+-- When a shared window's record of window at goes idle: the window's end,
+-- and as many windows more as its share takes to repay what it owes
+-- beyond its cap (sluice-core's regions::Record::idle).
+local function shared_idle(at, count, moved, share, per)
+  local owed = count - max(0, share + moved)
+  if owed <= 0 then return at + per end
+  return at + per * (1 + ceil_div(owed, max(1, share)))
 end
 
 -- A fixed_window shared across regions (sluice-core's regions::Stored::
 -- decide): aligned; limit is this region's share of the pool, and the
 -- record's third number what moved here in its window (heard from peers
 -- less granted to them, see regions/ledger.lua): it admits while count +
--- cost <= share + moved. A record of a later window is re-dated to now's
--- (written even when denied, as every repair is).
+-- cost <= share + moved.
 local function shared_window(name, found, start, count, moved, now, cost, share, per)
   local window = idiv(now, per) * per
-  local fixed, fixed_idle
   if not found then start, count, moved = window, 0, 0 end
-  count, moved = shared_at(start, count, moved, window, share, per)
-  if start > window then
-    fixed_idle = window + per
-    fixed = spack(RECORD, name, fixed_idle, window, count, moved)
-  end
+  local at
+  at, count, moved = shared_at(start, count, moved, window, share, per)
   local cap = max(0, share + moved)
-  local ends_in = max(1, window + per - now)
+  local ends_in = max(1, at + per - now)
   if count + cost <= cap then
     return 1, cap - count - cost, ends_in, 0,
-      spack(RECORD, name, window + per, window, count + cost, moved), window + per, fixed, fixed_idle
+      spack(RECORD, name, at + per, at, count + cost, moved), at + per
   end
-  return 0, max(0, cap - count), ends_in, ends_in, nil, nil, fixed, fixed_idle
+  return 0, max(0, cap - count), ends_in, ends_in
 end
 
 -- The counts (prev, cur) as of the window starting at start

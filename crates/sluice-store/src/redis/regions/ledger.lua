@@ -39,9 +39,10 @@
 --          window is over here) or -2 (the identity changed: nothing done)
 --
 -- A record or ledger of another per whose window still runs (a reload
--- changed the rule's per; a peer not reloaded yet) is left alone: every
--- step but read answers as if the window were over, and read as if
--- nothing were kept. Only a decision (under its own per) replaces it.
+-- changed the rule's per; a peer not reloaded yet), or of a later window
+-- (this Redis's clock is behind the one that wrote it), is left alone:
+-- every step but read answers as if the window were over, and read as if
+-- nothing were kept. Only a decision replaces it.
 
 local VIEW = 5
 local HEAD = 4
@@ -102,8 +103,14 @@ local function record_at(KEYS, name, previous, window, share, per, now)
   if not found and value and previous ~= '' then found = find_record(value, previous) end
   if not found then return 0, 0 end
   local idle, start, count, moved = sunpack('<dddd', value, found + 8)
-  if idle - start ~= per and idle > now then return false end
-  return shared_at(start, count, moved, window, share, per)
+  -- Written under this per, its idle time is a whole number of windows
+  -- after its aligned start (more than one while it owes).
+  local span = idle - start
+  local ours = start % per == 0 and span % per == 0 and span >= per
+  if (not ours and idle > now) or start > window then return false end
+  local _
+  _, count, moved = shared_at(start, count, moved, window, share, per)
+  return count, moved
 end
 
 local function ledger(KEYS, ARGV)
@@ -140,7 +147,8 @@ local function ledger(KEYS, ARGV)
     l[g] = l[g] + units
     moved = moved - units
     ledger_write(KEYS, name, l, n, now, per)
-    write_record(KEYS[1], name, window + per, window, count, moved, now)
+    write_record(KEYS[1], name, shared_idle(window, count, moved, share, per), window, count,
+      moved, now)
     return l[g]
   end
   -- hear
@@ -158,7 +166,9 @@ local function ledger(KEYS, ARGV)
   for i = 0, 3 do l[v + i] = num(ARGV[12 + i]) end
   l[v + 4] = now
   ledger_write(KEYS, name, l, n, now, per)
-  write_record(KEYS[1], name, window + per, window, count, moved + added - lost, now)
+  moved = moved + added - lost
+  write_record(KEYS[1], name, shared_idle(window, count, moved, share, per), window, count,
+    moved, now)
   if added > 0 then call('HINCRBY', KEYS[3], from, added) end
   return added
 end
