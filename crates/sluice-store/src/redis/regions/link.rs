@@ -38,11 +38,12 @@ use sluice_core::regions::{Heard, grants};
 
 use super::ledger::{Hearing, Steps, ledger_script};
 use super::live::{
-    heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
+    changed_key, heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
 };
 use super::peer::{Peer, PeerStatus};
 use super::shared::Shared;
 use super::shared::{Noted, Regions};
+use super::ship::REFRESH;
 use super::ship::{PeerLink, Shipment};
 use crate::redis::TimeSource;
 use crate::redis::node::{ConnectOptions, RedisStore};
@@ -76,6 +77,8 @@ pub struct Link {
     status: Arc<Mutex<Vec<PeerStatus>>>,
     /// The shippings under way: stopped with the link.
     shipping: tokio::task::JoinSet<()>,
+    /// Syncs led so far.
+    syncs: u64,
 }
 
 impl Link {
@@ -141,6 +144,7 @@ impl Link {
             identity,
             status: Arc::new(Mutex::new(status)),
             shipping: tokio::task::JoinSet::new(),
+            syncs: 0,
         })
     }
 
@@ -190,7 +194,11 @@ impl Link {
         if !lead {
             return Ok(false);
         }
-        let live: Vec<String> = redis::pipe()
+        // Every REFRESH syncs every live key; in between, those whose part
+        // changed (noted here, or shipped by a peer) since the last read.
+        let full = self.syncs.is_multiple_of(REFRESH);
+        self.syncs += 1;
+        let (live, changed): (Vec<String>, Vec<String>) = redis::pipe()
             .cmd("SET")
             .arg(identity_key(&prefix))
             .arg(&self.identity)
@@ -206,14 +214,18 @@ impl Link {
             .arg("+inf")
             .arg("LIMIT")
             .arg(0)
-            .arg(MOST_KEYS)
-            .query_async::<(Vec<String>,)>(&mut local)
+            .arg(if full { MOST_KEYS } else { 0 })
+            .cmd("EVAL")
+            .arg(TAKE_LUA)
+            .arg(1)
+            .arg(changed_key(&prefix))
+            .query_async(&mut local)
             .await
-            .map_err(error)?
-            .0;
-        let keys: Vec<Shared> = live.iter().filter_map(|m| parse_member(m)).collect();
+            .map_err(error)?;
+        let read = if full { live } else { changed };
+        let keys: Vec<Shared> = read.iter().filter_map(|m| parse_member(m)).collect();
         let parts = self.move_budget(&mut local, &keys, now).await?;
-        self.ship(&keys, &parts);
+        self.ship(&keys, &parts, full);
         Ok(true)
     }
 
@@ -241,6 +253,7 @@ impl Link {
                     .arg(noted.window + shared.per_ms)
                     .arg(member(shared))
                     .ignore();
+                pipe.sadd(changed_key(prefix), member(shared)).ignore();
             }
             pipe.query_async::<()>(local).await?;
         }
@@ -380,7 +393,7 @@ impl Link {
     /// Step 4: each peer shipped what it is owed, each on its own (see
     /// [`ship`](super::ship)): a peer still busy with the last shipping,
     /// or backing off, is skipped this time.
-    fn ship(&mut self, keys: &[Shared], parts: &[Snapshot]) {
+    fn ship(&mut self, keys: &[Shared], parts: &[Snapshot], full: bool) {
         while self.shipping.try_join_next().is_some() {}
         let (me, time, prefix) = (self.regions.index, self.time(), self.prefix());
         for link in &mut self.peers {
@@ -392,7 +405,7 @@ impl Link {
                 .iter()
                 .zip(parts)
                 .map(|(shared, part)| (shared.clone(), hearing(&self.regions, to, part)));
-            let hearings = link.unshipped(owed);
+            let hearings = link.unshipped(owed, full);
             let shipment = Shipment {
                 link: link.shared(),
                 time: time.clone(),
@@ -425,6 +438,10 @@ fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
         },
     }
 }
+
+/// The members of a set, emptied (KEYS[1]).
+const TAKE_LUA: &str =
+    "local m = redis.call('SMEMBERS', KEYS[1]) redis.call('DEL', KEYS[1]) return m";
 
 /// Takes or keeps the lead: 1 when this instance holds it (for PX ms).
 const LEAD_LUA: &str = r#"

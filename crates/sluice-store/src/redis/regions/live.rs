@@ -12,6 +12,11 @@ use super::shared::Shared;
 pub(super) fn live_key(prefix: &str) -> String {
     format!("{prefix}:regions:live")
 }
+/// The live keys whose part changed since the lead last read them (noted
+/// here, or shipped by a peer): a set of live-set members.
+pub(super) fn changed_key(prefix: &str) -> String {
+    format!("{prefix}:regions:changed")
+}
 pub(super) fn lead_key(prefix: &str) -> String {
     format!("{prefix}:regions:lead")
 }

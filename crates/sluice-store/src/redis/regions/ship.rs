@@ -4,7 +4,8 @@
 //! other peers.
 //!
 //! A shipping carries only the keys whose totals or view changed since the
-//! last one (all of them every 20 shippings, and after a failure). It is
+//! last one (all of them every 20 syncs, and after a failure), and marks
+//! them changed in the peer's store (its lead reads them next). It is
 //! one pipeline per 512 keys (a round trip each): the
 //! peer's identity (pepper and regions: nothing is sent before it has
 //! been seen to match, and each `hear` applies only while it still does),
@@ -23,17 +24,17 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 
 use super::ledger::{Hearing, Steps, ledger_script};
-use super::live::{heard_key, identity_key, live_key, member, received_key};
+use super::live::{changed_key, heard_key, identity_key, live_key, member, received_key};
 use super::peer::{Peer, PeerStatus};
 use super::shared::Shared;
 use crate::redis::TimeSource;
 
 /// Calls per pipeline.
 const PIPELINE: usize = 512;
-/// Every this many shippings to a peer, everything is shipped again, not
+/// Every this many syncs, every live key is read and shipped again, not
 /// only what changed: a peer whose store lost it (a flush, a failover)
-/// learns it again.
-const REFRESH: u64 = 20;
+/// learns it again, and grants follow time as well as changes.
+pub(super) const REFRESH: u64 = 20;
 
 /// One peer as the link ships to it.
 pub(super) struct PeerLink {
@@ -46,10 +47,8 @@ pub(super) struct PeerLink {
     /// The shipping under way, if any.
     pub(super) shipping: Option<tokio::task::AbortHandle>,
     state: Arc<Mutex<Backoff>>,
-    /// What was last shipped of each live key, and how many shippings
-    /// were started.
+    /// What was last shipped of each live key.
     shipped: HashMap<Shared, Hearing>,
-    shippings: u64,
 }
 
 /// What a shipping leaves for the next.
@@ -89,16 +88,16 @@ impl PeerLink {
             shipping: None,
             state: Arc::default(),
             shipped: HashMap::new(),
-            shippings: 0,
         }
     }
 
     /// Of what is owed to this peer now, what it was not shipped as it is
-    /// (all of it every [`REFRESH`] shippings, and after a failure); keys
-    /// not owed any more are forgotten.
+    /// (all of it when `full`, every [`REFRESH`] syncs, and after a
+    /// failure; keys not owed then are forgotten).
     pub(super) fn unshipped(
         &mut self,
         owed: impl Iterator<Item = (Shared, Hearing)>,
+        full: bool,
     ) -> Vec<(Shared, Hearing)> {
         let failing = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -107,17 +106,17 @@ impl PeerLink {
             }
             !state.last.is_zero()
         };
-        let full = failing || self.shippings.is_multiple_of(REFRESH);
-        self.shippings += 1;
-        let mut shipped = HashMap::with_capacity(self.shipped.len());
+        let full = full || failing;
+        if full {
+            self.shipped.clear();
+        }
         let mut unshipped = Vec::new();
         for (shared, hearing) in owed {
-            if full || self.shipped.get(&shared) != Some(&hearing) {
+            if self.shipped.get(&shared) != Some(&hearing) {
                 unshipped.push((shared.clone(), hearing));
+                self.shipped.insert(shared, hearing);
             }
-            shipped.insert(shared, hearing);
         }
-        self.shipped = shipped;
         unshipped
     }
 
@@ -315,6 +314,8 @@ impl Shipment {
                     .arg(hearing.window + shared.per_ms)
                     .arg(member(shared))
                     .ignore();
+                pipe.sadd(changed_key(&self.prefix), member(shared))
+                    .ignore();
             }
             if c + 1 == chunks {
                 // When this region shipped, by the peer's Redis clock.
@@ -387,19 +388,33 @@ mod tests {
             share: 50,
         };
         let owed = |totals: [u64; 3]| (0..3u8).map(move |n| (key(n), hearing(totals[n as usize])));
-        assert_eq!(link.unshipped(owed([1, 2, 3])).len(), 3, "the first: all");
-        assert!(link.unshipped(owed([1, 2, 3])).is_empty());
-        let changed = link.unshipped(owed([1, 5, 3]));
+        assert_eq!(
+            link.unshipped(owed([1, 2, 3]), true).len(),
+            3,
+            "a full sync: all"
+        );
+        assert!(link.unshipped(owed([1, 2, 3]), false).is_empty());
+        let changed = link.unshipped(owed([1, 5, 3]), false);
         assert_eq!(changed, [(key(1), hearing(5))]);
+        // Only some keys read: the others stay as shipped.
+        assert!(
+            link.unshipped(owed([1, 5, 3]).skip(1).take(1), false)
+                .is_empty()
+        );
+        assert!(link.unshipped(owed([1, 5, 3]), false).is_empty());
         // A key the peer dropped (its window not begun there) goes again.
         link.state.lock().unwrap().dropped.push(key(2));
-        assert_eq!(link.unshipped(owed([1, 5, 3])), [(key(2), hearing(3))]);
-        for _ in 4..REFRESH {
-            assert!(link.unshipped(owed([1, 5, 3])).is_empty());
-        }
-        assert_eq!(link.unshipped(owed([1, 5, 3])).len(), 3, "a refresh: all");
+        assert_eq!(
+            link.unshipped(owed([1, 5, 3]), false),
+            [(key(2), hearing(3))]
+        );
+        assert_eq!(
+            link.unshipped(owed([1, 5, 3]), true).len(),
+            3,
+            "a full sync: all"
+        );
         // After a failure, all again.
         link.state.lock().unwrap().last = Duration::from_secs(1);
-        assert_eq!(link.unshipped(owed([1, 5, 3])).len(), 3);
+        assert_eq!(link.unshipped(owed([1, 5, 3]), false).len(), 3);
     }
 }
