@@ -381,28 +381,43 @@ fn hot_key(args: &BenchArgs) -> ExitCode {
     };
     match runtime.block_on(hot_key::hot_key(&shared, seconds)) {
         Ok(rows) => {
-            let (passed, verdict) = hot_key::verdict(&rows);
-            if args.json {
-                let json = serde_json::json!({"scenario": "hot-key", "rows": rows, "passed": passed, "verdict": verdict});
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&json).unwrap_or_default()
-                );
-            } else {
-                print!("{}", hot_key::table(&rows));
-                let mark = if passed { "PASS" } else { "FAIL" };
-                println!("hot-key {mark}: {verdict}");
-            }
-            if passed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            let verdict = hot_key::verdict(&rows);
+            let json = serde_json::json!({ "rows": rows });
+            finish(args.json, "hot-key", json, hot_key::table(&rows), verdict)
         }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Prints a scenario's result (its `detail` merged into the JSON, or its
+/// table) and its verdict; the exit code says whether it passed.
+fn finish(
+    json: bool,
+    scenario: &str,
+    mut detail: serde_json::Value,
+    table: String,
+    (passed, verdict): (bool, String),
+) -> ExitCode {
+    if json {
+        detail["scenario"] = scenario.into();
+        detail["passed"] = passed.into();
+        detail["verdict"] = verdict.into();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&detail).unwrap_or_default()
+        );
+    } else {
+        print!("{table}");
+        let mark = if passed { "PASS" } else { "FAIL" };
+        println!("{scenario} {mark}: {verdict}");
+    }
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -421,23 +436,9 @@ fn regions(args: &BenchArgs) -> ExitCode {
     };
     match runtime.block_on(regions::run(&Settings::default())) {
         Ok(report) => {
-            let (passed, verdict) = regions::verdict(&report);
-            if args.json {
-                let json = serde_json::json!({"scenario": "regions", "report": report, "passed": passed, "verdict": verdict});
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&json).unwrap_or_default()
-                );
-            } else {
-                print!("{}", regions::table(&report));
-                let mark = if passed { "PASS" } else { "FAIL" };
-                println!("regions {mark}: {verdict}");
-            }
-            if passed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
+            let verdict = regions::verdict(&report);
+            let json = serde_json::json!({ "report": report });
+            finish(args.json, "regions", json, regions::table(&report), verdict)
         }
         Err(e) => {
             eprintln!("error: {e}");

@@ -191,11 +191,7 @@ impl RedisStore {
             return Ok(vec![None; batch.rules.len()]);
         };
         let keys = &self.redis.keys;
-        let buckets = KeySet::keys(&keys.current, batch, Valve::WHOLE);
-        let previous = keys
-            .previous
-            .as_ref()
-            .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+        let (buckets, previous) = self.buckets(batch);
         let received = received_key(keys.current.prefix());
         let identity = identity_key(keys.current.prefix());
         let steps = Steps {
@@ -273,14 +269,20 @@ impl RedisStore {
         }
     }
 
-    async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
-        let redis = &self.redis;
-        let buckets = KeySet::keys(&redis.keys.current, batch, Valve::WHOLE);
-        let previous = redis
-            .keys
+    /// The keys of `batch`'s rules, and while rotating the same under the
+    /// previous pepper.
+    fn buckets(&self, batch: &Batch<'_>) -> (Buckets, Option<Buckets>) {
+        let keys = &self.redis.keys;
+        let previous = keys
             .previous
             .as_ref()
             .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+        (KeySet::keys(&keys.current, batch, Valve::WHOLE), previous)
+    }
+
+    async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
+        let redis = &self.redis;
+        let (buckets, previous) = self.buckets(batch);
         self.note_shared(batch, &buckets, previous.as_ref());
         let call = script::DecideCall::new(
             batch,
@@ -350,12 +352,7 @@ impl Store for RedisStore {
 
     fn asked(&self, batch: &Batch<'_>) {
         if self.regions.is_some() && batch.rules.iter().any(|r| r.shared_across_regions()) {
-            let keys = &self.redis.keys;
-            let buckets = KeySet::keys(&keys.current, batch, Valve::WHOLE);
-            let previous = keys
-                .previous
-                .as_ref()
-                .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+            let (buckets, previous) = self.buckets(batch);
             self.note_shared(batch, &buckets, previous.as_ref());
         }
     }
