@@ -73,6 +73,17 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A store on `server` (its keys and it), regions not set yet.
+fn connect(server: &RedisServer, runtime: &tokio::runtime::Runtime) -> (KeySet, RedisStore) {
+    let keys = KeySet {
+        current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
+        previous: None,
+    };
+    let options = ConnectOptions::with_timeout(Duration::from_secs(5));
+    let store = runtime.block_on(RedisStore::connect(&server.url(), keys.clone(), &options));
+    (keys, store.unwrap())
+}
+
 fn shared_rule(limit: i128, per: u64, max_debt: u64) -> BoundRule {
     let rule = Rule::new(Algorithm::FixedWindow, limit, per, None, true)
         .unwrap()
@@ -112,17 +123,8 @@ proptest! {
         let in_order: Vec<(&str, u32)> =
             names.iter().map(String::as_str).zip(weights.iter().copied()).collect();
         let regions = Arc::new(Regions::new(&in_order, &names[me], 100).unwrap());
-        let keys = KeySet {
-            current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
-            previous: None,
-        };
-        let store = runtime
-            .block_on(RedisStore::connect(
-                &server.url(),
-                keys.clone(),
-                &ConnectOptions::with_timeout(Duration::from_secs(5)),
-            ))
-            .unwrap()
+        let (keys, store) = connect(&server, &runtime);
+        let store = store
             .with_time(TimeSource::Client(clock.clone()))
             .with_regions(regions.clone());
         let mut per = per;
@@ -243,18 +245,8 @@ fn a_shared_rules_debt_is_kept_until_repaid() {
     let names = ["a", "b", "c"];
     let in_order: Vec<(&str, u32)> = names.iter().map(|&n| (n, 1)).collect();
     let regions = Arc::new(Regions::new(&in_order, "a", 100).unwrap());
-    let keys = KeySet {
-        current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
-        previous: None,
-    };
-    let store = runtime
-        .block_on(RedisStore::connect(
-            &server.url(),
-            keys,
-            &ConnectOptions::with_timeout(Duration::from_secs(5)),
-        ))
-        .unwrap()
-        .with_regions(regions);
+    let (_, store) = connect(&server, &runtime);
+    let store = store.with_regions(regions);
     // 30 per 300 ms over three regions: a share of 10 a window.
     let rules = [shared_rule(30, 300, 1_000)];
     let batch = |cost| Batch::new("tenant", None, cost, &rules);

@@ -81,4 +81,4 @@ pub mod stored;
 
 pub use giving::{FLOOR_DIVISOR, Heard, grants};
 pub use part::Part;
-pub use share::{pool, shares};
+pub use share::{pool, share, shares};

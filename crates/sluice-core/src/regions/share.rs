@@ -42,6 +42,32 @@ pub fn shares(pool: u64, weights: &[u32]) -> Vec<u64> {
     shares
 }
 
+/// Region `index`'s share of `pool`, as [`shares`] gives it, without
+/// building the others' (a decision of a shared rule asks it).
+pub fn share(pool: u64, weights: &[u32], index: usize) -> u64 {
+    let Some(&mine) = weights.get(index) else {
+        return 0;
+    };
+    let even = weights.iter().all(|&w| w == 0);
+    let weight = |w: u32| u128::from(if even { 1 } else { w });
+    let total: u128 = weights.iter().map(|&w| weight(w)).sum();
+    let exact = |w: u32| u128::from(pool) * weight(w);
+    let floor = |w: u32| u64::try_from(exact(w) / total).unwrap_or(u64::MAX);
+    let left = pool - weights.iter().map(|&w| floor(w)).sum::<u64>();
+    // Leftover units go one each by largest remainder, the earlier region
+    // first on a tie (as `shares` hands them out).
+    let remainder = exact(mine) % total;
+    let before = weights
+        .iter()
+        .enumerate()
+        .filter(|&(j, &w)| {
+            let r = exact(w) % total;
+            r > remainder || (r == remainder && j < index)
+        })
+        .count() as u64;
+    floor(mine) + u64::from(before < left)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,8 +79,18 @@ mod tests {
         assert_eq!(shares(10, &[3, 1]), [8, 2]);
         assert_eq!(shares(1, &[1, 1, 1]), [1, 0, 0]);
         for pool in [0, 1, 7, 999, u64::MAX / 3] {
-            for weights in [&[1, 2, 3][..], &[5], &[u32::MAX, 1, 0]] {
-                assert_eq!(shares(pool, weights).iter().sum::<u64>(), pool);
+            for weights in [
+                &[1, 2, 3][..],
+                &[5],
+                &[u32::MAX, 1, 0],
+                &[0, 0, 0],
+                &[2, 2, 1, 1],
+            ] {
+                let all = shares(pool, weights);
+                assert_eq!(all.iter().sum::<u64>(), pool);
+                for (i, &s) in all.iter().enumerate() {
+                    assert_eq!(share(pool, weights, i), s, "{pool} {weights:?} {i}");
+                }
             }
         }
     }

@@ -150,15 +150,9 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     if settings.scenario == Scenario::Closed {
         return closed(&runtime, &settings);
@@ -369,15 +363,9 @@ fn hot_key(args: &BenchArgs) -> ExitCode {
         eprintln!("error: --seconds must be 1 to 600; got {seconds}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(hot_key::hot_key(&shared, seconds)) {
         Ok(rows) => {
@@ -390,6 +378,17 @@ fn hot_key(args: &BenchArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The runtime a scenario runs on; exit code 2 when it cannot start.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        })
 }
 
 /// Prints a scenario's result (its `detail` merged into the JSON, or its
@@ -424,15 +423,9 @@ fn finish(
 /// `--scenario regions` (see [`crate::bench::regions`]).
 fn regions(args: &BenchArgs) -> ExitCode {
     use crate::bench::regions::{self, Settings};
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(regions::run(&Settings::default())) {
         Ok(report) => {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use sluice_core::BoundRule;
 use sluice_core::keys::Record;
-use sluice_core::regions::{pool, shares};
+use sluice_core::regions::{pool, share};
 
 /// One shared rule of one key, as the link names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ impl Regions {
 
     /// Region `index`'s share of `pool`.
     pub fn share_of(&self, pool: u64, index: usize) -> u64 {
-        shares(pool, &self.weights)[index]
+        share(pool, &self.weights, index)
     }
 
     /// This region's share of `pool`.
