@@ -24,9 +24,11 @@ pub struct Row {
     pub algorithm: String,
     /// `LIMIT/PER` (and the burst).
     pub limit: String,
-    /// Units used.
+    /// Units used (of a rule shared across regions, by every region,
+    /// peers as they last said).
     pub used: u64,
-    /// Units that would pass now.
+    /// Units that would pass now (of a rule shared across regions, in
+    /// this region).
     pub remaining: u64,
     /// Milliseconds until it is full again (0: full).
     pub full_in_ms: u64,
@@ -124,10 +126,17 @@ pub async fn inspect(
         .collect();
     let mut rows = Vec::new();
     let mut regions = Vec::new();
+    // Per rule, what every region used of a shared one (peers as they
+    // last said): its row's `used`.
+    let mut fleet_used = vec![None; rules.len()];
     if let Backend::Redis(redis) = store {
         let batch = Batch::new(request.tenant, request.subject, 1, &rules);
-        for (rule, parts) in rules.iter().zip(redis.region_parts(&batch).await?) {
+        let parts = redis.region_parts(&batch).await?;
+        for ((rule, parts), used) in rules.iter().zip(parts).zip(&mut fleet_used) {
             let own = redis.regions().map(|r| r.names[r.index].clone());
+            if let Some(parts) = &parts {
+                *used = Some(parts.iter().filter_map(|p| p.used).sum::<u64>());
+            }
             for part in parts.into_iter().flatten() {
                 let region = if Some(&part.region) == own.as_ref() {
                     format!("{} (self)", part.region)
@@ -150,15 +159,19 @@ pub async fn inspect(
             ..Batch::new(request.tenant, request.subject, 1, &rules)
         };
         let peeked = store.peek(&batch).await?;
-        for (rule, read) in rules.iter().zip(peeked.rows) {
-            rows.push(row(
+        for ((rule, read), used) in rules.iter().zip(peeked.rows).zip(&fleet_used) {
+            let mut row = row(
                 shard,
                 rule,
                 &read.enforced,
                 read.key,
                 &read.state,
                 peeked.now,
-            ));
+            );
+            if let Some(used) = used {
+                row.used = *used;
+            }
+            rows.push(row);
         }
     }
     let note = match store {
@@ -250,7 +263,9 @@ pub fn table(inspection: &Inspection) -> String {
         out.push('\n');
     }
     if !inspection.regions.is_empty() {
-        out.push_str("across regions, this window (peers as they last said):\n");
+        out.push_str(
+            "across regions, this window (peers as they last said; a shared rule's row above shows what every region used, and what this one may still admit):\n",
+        );
         out.push_str(&format!(
             "{:<16} {:<20} {:>10} {:>10} {:>10}\n",
             "policy", "region", "share", "cap", "used"

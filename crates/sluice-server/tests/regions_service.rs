@@ -232,6 +232,24 @@ async fn a_tenant_sending_to_one_region_gets_the_whole_budget_and_peers_are_repo
     )
     .await;
     assert_eq!(status, 200);
+    // A read-only check there (inspect, as Envoy's `hits_addend: 0`)
+    // finds what eu may still admit of its share, not of the whole limit.
+    let (table, _) = succeeds(
+        sluice()
+            .args(["inspect", "--config", &configs[0], "--tenant", "acme-in-eu"])
+            .env("TEST_SLUICE_PEPPER", PEPPER),
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("tenant") && l.split_whitespace().nth(1) == Some("per-3s"))
+        .unwrap_or_else(|| panic!("no row:\n{table}"))
+        .split_whitespace()
+        .collect();
+    let remaining: u64 = row[5].parse().unwrap();
+    assert!(
+        (49..=50).contains(&remaining),
+        "eu's share is 50, one used (or a new window): {table}"
+    );
     for proxy in &proxies {
         proxy.heal();
     }

@@ -7,7 +7,8 @@
 //! clock: decisions, grants, totals heard from peers (late, repeated, out
 //! of order, from a peer that lost its ledger), notes of demand, reads,
 //! debits and give-backs, with the clock moving within a window, across
-//! windows, and a window back (a clock step).
+//! windows, and a window back (a clock step). After every step, a
+//! read-only check (peek) finds what a decision would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -231,6 +232,22 @@ proptest! {
             let mut lua = snapshot(&reply, REGIONS).unwrap();
             lua.part.share = share;
             prop_assert_eq!(lua, twin.read(now, per, share, REGIONS), "after {}", said);
+            // A read-only check (peek) finds what a decision would: what
+            // is left here, at most the rule's limit.
+            let peeked = runtime.block_on(store.peek(&Batch::new("tenant", None, 1, &rules))).unwrap();
+            let row = &peeked.rows[0];
+            let limit = rules[0].rule().limit();
+            for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
+                let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
+                let would = twin.clone().decide(now, cost, share, per);
+                let left = |allowed: bool, remaining: u64| remaining + if allowed { cost } else { 0 };
+                prop_assert_eq!(seen.allowed, would.allowed, "peek of {} after {}", cost, said);
+                prop_assert_eq!(
+                    left(seen.allowed, u64::from(seen.remaining)),
+                    left(would.allowed, would.remaining).min(limit),
+                    "peek of {} after {}", cost, said
+                );
+            }
         }
     }
 }

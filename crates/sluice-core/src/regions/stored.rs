@@ -201,6 +201,14 @@ impl Stored {
         ledger
     }
 
+    /// What a decision at `now` would find against this region's `share`,
+    /// nothing written (the read-only checks): the record of the window of
+    /// now, and its cap.
+    pub fn standing(&self, now: u64, share: u64, per: u64) -> (Record, u64) {
+        let record = Record::at(self.record, window_of(now, per), share, per);
+        (record, record.cap(share))
+    }
+
     /// A decision of `cost` units against this region's `share`
     /// (`shared_window` in decide.lua): admitted, it is counted.
     pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64) -> Answer {

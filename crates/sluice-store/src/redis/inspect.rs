@@ -69,13 +69,19 @@ pub const RECORD_BYTES: usize = 40;
 /// then the state's three numbers (unused ones 0); `None` when the value
 /// has no such record.
 pub fn find_record(value: &[u8], record: Record) -> Option<[u64; 4]> {
+    find_numbers(value, record).map(|numbers| numbers.map(|n| n as u64))
+}
+
+/// [`find_record`]'s numbers as stored (a shared window's `moved` may be
+/// below 0).
+pub fn find_numbers(value: &[u8], record: Record) -> Option<[f64; 4]> {
     value
         .chunks_exact(RECORD_BYTES)
         .find(|r| r[..8] == record.0)
         .map(|r| {
-            let mut numbers = [0; 4];
+            let mut numbers = [0.0; 4];
             for (n, b) in numbers.iter_mut().zip(r[8..].chunks_exact(8)) {
-                *n = f64::from_le_bytes(b.try_into().expect("8 bytes")) as u64;
+                *n = f64::from_le_bytes(b.try_into().expect("8 bytes"));
             }
             numbers
         })

@@ -339,7 +339,7 @@ impl Store for RedisStore {
     }
 
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.redis.peek(batch, 1).await
+        self.redis.peek(batch, self.selection()).await
     }
 
     fn region(&self) -> Option<&str> {

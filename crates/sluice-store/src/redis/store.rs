@@ -12,9 +12,12 @@ use std::time::Duration;
 use super::adjust::{ADJUST_LUA, AdjustCall, AdjustReply, adjust_reply};
 use super::function::Decide;
 use super::heartbeat::Heartbeat;
+use super::inspect::find_numbers;
 use super::keys::{KeySet, Valve};
 use super::refund::{REFUND_LUA, RefundCall};
-use super::{Selection, TimeSource, decode, enforced, raw, read_command, store_error, time_ms};
+use super::{
+    Raw, Selection, TimeSource, decode, enforced, raw, read_command, store_error, time_ms,
+};
 use crate::local_connection::LocalConnections;
 use crate::store::{Batch, Peeked, PeekedRule, StoreError};
 
@@ -116,12 +119,14 @@ impl<R: Reach> Redis<R> {
     }
 
     /// The stored state of every rule of `batch`, read without changing
-    /// anything, with a node's time; a global valve split over
-    /// `valve_parts` keys is read at its key 0, and enforced as its share.
+    /// anything, with a node's time; a global valve split over the
+    /// selection's `valve_parts` keys is read at its key 0, and enforced as
+    /// its share; a rule shared across its `regions`, as this region's part
+    /// ([`Regions::standing`](super::regions::shared::Regions::standing)).
     pub(crate) async fn peek(
         &self,
         batch: &Batch<'_>,
-        valve_parts: u64,
+        selection: Selection<'_>,
     ) -> Result<Peeked, StoreError> {
         let mut connection = self.reach.shared()?;
         let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
@@ -155,24 +160,37 @@ impl<R: Reach> Redis<R> {
             }
             (time, values)
         };
-        let rows = keys
-            .keys
-            .into_iter()
-            .zip(keys.records)
-            .zip(batch.rules)
-            .zip(&values)
-            .map(|(((key, record), rule), value)| PeekedRule {
-                state: decode(rule, &raw(rule, value), record),
-                key,
-                enforced: enforced(rule, valve_parts),
-            })
-            .collect();
         // The clock the scripts are sent (tests drive one), as a decision
         // reads it.
         let now = match &self.time {
             TimeSource::Server => time_ms(&time)?,
             TimeSource::Client(clock) => clock.now_ms(),
         };
+        let rows = keys
+            .keys
+            .into_iter()
+            .zip(keys.records)
+            .zip(batch.rules)
+            .zip(&values)
+            .map(|(((key, record), rule), value)| {
+                let raw = raw(rule, value);
+                let state = match selection.regions {
+                    Some(regions) if rule.shared_across_regions() => {
+                        let numbers = match &raw {
+                            Raw::Records(value) => find_numbers(value, record),
+                            _ => None,
+                        };
+                        regions.standing(rule, numbers, now)
+                    }
+                    _ => decode(rule, &raw, record),
+                };
+                PeekedRule {
+                    state,
+                    key,
+                    enforced: enforced(rule, selection.valve_parts),
+                }
+            })
+            .collect();
         Ok(Peeked { now, rows })
     }
 

@@ -489,7 +489,11 @@ impl Store for ClusterStore {
     }
 
     async fn peek(&self, batch: &Batch<'_>) -> Result<Peeked, StoreError> {
-        self.redis.peek(batch, u64::from(self.valve_shards)).await
+        let selection = Selection {
+            valve_parts: u64::from(self.valve_shards),
+            ..Selection::ALL
+        };
+        self.redis.peek(batch, selection).await
     }
 
     fn valve_parts(&self) -> u64 {

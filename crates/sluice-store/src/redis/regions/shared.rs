@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use sluice_core::BoundRule;
+use sluice_core::algorithm::{State, fixed_window};
 use sluice_core::keys::Record;
+use sluice_core::regions::stored::{self, Stored};
 use sluice_core::regions::{pool, share};
 
 /// One shared rule of one key, as the link names it.
@@ -103,6 +105,32 @@ impl Regions {
     /// This region's share of `pool`.
     pub fn share(&self, pool: u64) -> u64 {
         self.share_of(pool, self.index)
+    }
+
+    /// What a read-only check at `now` finds of shared `rule` whose record
+    /// holds `numbers` (when it goes idle, the window's start, its count
+    /// and what moved here; `None`: no record), as the `fixed_window` of
+    /// the rule's limit `L` it reads: this region's count of the window of
+    /// now, moved by `L − cap`, so that what is left is what this region
+    /// may still admit (at most `L`), and a region past its cap owes.
+    pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
+        let per = rule.rule().period_ms();
+        let record = numbers.map(|[idle, start, count, moved]| stored::Record {
+            start_ms: start as u64,
+            idle_ms: idle as u64,
+            count: count as u64,
+            moved: moved as i64,
+        });
+        let stored = Stored {
+            record,
+            ledger: None,
+        };
+        let (record, cap) = stored.standing(now, self.share(Regions::pool(rule)), per);
+        let count = u128::from(record.count) + u128::from(rule.rule().limit());
+        State::FixedWindow(fixed_window::Window {
+            start_ms: record.start_ms,
+            count: u64::try_from(count.saturating_sub(u128::from(cap))).unwrap_or(u64::MAX),
+        })
     }
 
     /// A decision asked `cost` units of shared `rule` kept in `key` and
