@@ -8,6 +8,7 @@ use sluice_core::config::StorageConfig;
 use sluice_store::redis::regions::{Link, LinkOptions, Peer, PeerStatus};
 
 use crate::Fallible;
+use crate::admin::persist::Persist;
 use crate::backend::{Backend, connect_options};
 
 /// What the link knows of each peer region.
@@ -49,8 +50,12 @@ pub fn spawn(
         instance: instance.to_owned(),
         connect: connect_options(storage, Duration::from_millis(storage.timeout_ms))?,
     };
-    let link = Link::new((**store).clone(), peers, options)
+    let mut link = Link::new((**store).clone(), peers, options)
         .map_err(|e| format!("storage.regions.peers: {e}"))?;
+    // Overrides (the admin API's) are kept alike in every region.
+    if let Some(persist) = Persist::for_backend(backend) {
+        link = link.with_replicated(persist.replicated());
+    }
     let status = PeerStatuses(link.status());
     link.spawn();
     Ok(Some(status))

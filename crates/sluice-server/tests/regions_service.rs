@@ -371,8 +371,15 @@ async fn a_reservation_settled_in_another_region_gives_nothing_back_there() {
                 .args(["inspect", "--config", &us_path, "--tenant", "acme"])
                 .env("TEST_SLUICE_PEPPER", PEPPER),
         );
-        let row = common::inspect_row(&table, "per-3s");
-        row[4].parse::<u64>().unwrap()
+        // us's own part, in the table across regions: policy, region,
+        // "(self)", share, cap, used.
+        let ours: Vec<&str> = table
+            .lines()
+            .find(|l| l.starts_with("per-3s") && l.contains("(self)"))
+            .unwrap_or_else(|| panic!("no part of us:\n{table}"))
+            .split_whitespace()
+            .collect();
+        ours[5].parse::<u64>().unwrap()
     };
     // Early in a window, so that everything happens in one.
     let now = wall_ms();
@@ -390,4 +397,146 @@ async fn a_reservation_settled_in_another_region_gives_nothing_back_there() {
     assert!(status < 500, "{status} {settled}");
     // us never took the reservation's 2 units: it gives nothing back.
     assert_eq!(used_in_us(), 3);
+}
+
+const ADMIN: &str = "regions-admin-token";
+
+/// `method` on `/v1/admin/overrides/{tenant}` of `server`: its status and
+/// JSON body (`Null` when it has none).
+async fn override_call(
+    client: &reqwest::Client,
+    server: &Server,
+    method: reqwest::Method,
+    tenant: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client
+        .request(
+            method,
+            format!("{}/v1/admin/overrides/{tenant}", server.base),
+        )
+        .bearer_auth(ADMIN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until `GET` of `tenant`'s override on `server` answers `status`
+/// (or panics after 10 s): its body then.
+async fn override_becomes(
+    client: &reqwest::Client,
+    server: &Server,
+    tenant: &str,
+    status: u16,
+    what: &str,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (seen, body) = override_call(client, server, reqwest::Method::GET, tenant, None).await;
+        if seen == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {seen} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_set_in_one_region_applies_in_every_region_and_the_last_write_wins() {
+    let redis: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let admin = "admin:\n  token_env: TEST_SLUICE_ADMIN\n";
+    let env = [("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", ADMIN)];
+    let eu = config_with("eu", &redis[0], &[("us", redis[1].url())], admin);
+    let us = config_with("us", &redis[1], &[("eu", redis[0].url())], admin);
+    let eu = Server::start_with_env(&["--config", eu.to_str().unwrap()], &env).keep(eu);
+    let us = Server::start_with_env(&["--config", us.to_str().unwrap()], &env).keep(us);
+    let client = reqwest::Client::new();
+    for server in [&eu, &us] {
+        linked(&client, server).await;
+    }
+
+    // Set in eu, it reaches us, and us's decisions follow it: 150 × 0.02
+    // is 3 a window across both regions.
+    let put = reqwest::Method::PUT;
+    let (status, body) = override_call(
+        &client,
+        &eu,
+        put.clone(),
+        "acme",
+        Some(json!({ "factor": 0.02 })),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let heard = override_becomes(&client, &us, "acme", 200, "never reached us").await;
+    assert_eq!(heard["factor"], json!(0.02), "{heard}");
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let (status, _) = post(
+            &client,
+            &us.base,
+            json!({ "tenant": "acme", "route": "GET /" }),
+        )
+        .await;
+        admitted += u32::from(status == 200);
+    }
+    // At most two windows' pool, if the burst straddled a window's end.
+    assert!(
+        admitted <= 6,
+        "us admitted {admitted} of 20 under a limit of 3"
+    );
+
+    // Deleted in us, it is gone in eu, and an older value shipped again
+    // (every 20 syncs, everything is) does not bring it back.
+    let (status, _) = override_call(&client, &us, reqwest::Method::DELETE, "acme", None).await;
+    assert_eq!(status, 204);
+    override_becomes(&client, &eu, "acme", 404, "the delete never reached eu").await;
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    for server in [&eu, &us] {
+        let (status, body) =
+            override_call(&client, server, reqwest::Method::GET, "acme", None).await;
+        assert_eq!(status, 404, "came back: {body}");
+    }
+
+    // Two writes at once, one per region: both regions settle on the same
+    // one, the later.
+    let (a, b) = tokio::join!(
+        override_call(
+            &client,
+            &eu,
+            put.clone(),
+            "beta",
+            Some(json!({ "factor": 0.5 }))
+        ),
+        override_call(
+            &client,
+            &us,
+            put.clone(),
+            "beta",
+            Some(json!({ "factor": 0.25 }))
+        ),
+    );
+    assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+    let later = if a.1["version"].as_u64() > b.1["version"].as_u64() {
+        &a.1
+    } else {
+        &b.1
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, in_eu) = override_call(&client, &eu, reqwest::Method::GET, "beta", None).await;
+        let (_, in_us) = override_call(&client, &us, reqwest::Method::GET, "beta", None).await;
+        if in_eu == in_us && in_eu["factor"] == later["factor"] {
+            assert_eq!(in_eu["version"], later["version"], "{in_eu}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never settled on {later}: eu {in_eu}, us {in_us}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -76,6 +76,7 @@
 
 mod giving;
 mod part;
+pub mod replica;
 mod share;
 pub mod stored;
 

@@ -13,6 +13,7 @@ use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use sluice_core::keys::Keyer;
 use sluice_store::StoreError;
+use sluice_store::redis::regions::Replicated;
 
 use super::{Refused, Stored};
 use crate::backend::Backend;
@@ -22,6 +23,12 @@ use crate::backend::Backend;
 /// Returns {1, version} when done, {-1, stored version} on a mismatch,
 /// {0, 0} for a delete of an override the store does not hold.
 ///
+/// A delete keeps the field's version (a tombstone), so that across
+/// regions (`storage.regions`: the link keeps overrides alike, last writer
+/// wins, see `sluice_store::redis::regions::replica`) an older value heard
+/// later does not bring it back. `If-Match` compares with the version of
+/// an override held, 0 for none.
+///
 /// A version is the Redis server's time in microseconds (or one more than
 /// the last version, if that is later): it never comes back after the
 /// store loses its data (FLUSHALL, a restart without persistence, a
@@ -29,8 +36,10 @@ use crate::backend::Backend;
 /// reach the version an instance knew with other overrides behind it.
 /// Below 2^53, so exact in Lua and in JSON.
 const WRITE_LUA: &str = r"
-if ARGV[3] == '' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {0, 0} end
-local stored = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+if ARGV[3] == '' and not held then return {0, 0} end
+local stored = 0
+if held then stored = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= stored then return {-1, stored} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -39,11 +48,10 @@ local version = string.format('%d', math.max(last + 1, now))
 redis.call('SET', KEYS[3], version)
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], ARGV[1])
 else
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-  redis.call('HSET', KEYS[2], ARGV[1], version)
 end
+redis.call('HSET', KEYS[2], ARGV[1], version)
 return {1, version}
 ";
 
@@ -152,6 +160,17 @@ impl Persist {
             keyer,
             cipher,
         })
+    }
+
+    /// The keys the overrides are in, as the region link keeps them alike
+    /// in every region.
+    pub fn replicated(&self) -> Replicated {
+        let [values, versions, counter] = self.keys.clone();
+        Replicated {
+            values,
+            versions,
+            counter,
+        }
     }
 
     fn field(&self, tenant: &str) -> String {

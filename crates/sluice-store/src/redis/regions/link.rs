@@ -19,6 +19,10 @@
 //!    and the region's view of itself (`hear`, applied as a maximum), and
 //!    the key into the peer's live set, so that the peer's lead sees it.
 //!
+//! With [`Link::with_replicated`], the lead also ships the entries kept
+//! alike in every region (the admin API's overrides) to each peer when
+//! they changed here, and every 20 syncs (see [`replica`](super::replica)).
+//!
 //! Nothing here is on a decision's path: a decision reads and writes only
 //! the region's own store, in its one call. Each peer is reached over its
 //! own connection, within the link's time budget (`sync_every`), and after
@@ -33,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sluice_core::regions::replica::Entry;
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
@@ -41,6 +46,7 @@ use super::live::{
     changed_key, heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
 };
 use super::peer::{Peer, PeerStatus};
+use super::replica::Replicated;
 use super::shared::Shared;
 use super::shared::{Noted, Regions};
 use super::ship::REFRESH;
@@ -79,6 +85,10 @@ pub struct Link {
     shipping: tokio::task::JoinSet<()>,
     /// Syncs led so far.
     syncs: u64,
+    /// Where the entries kept alike in every region are (overrides), if
+    /// any; and as last read, with their change counter.
+    replicated: Option<Replicated>,
+    replica: Option<(u64, Arc<Vec<Entry>>)>,
 }
 
 impl Link {
@@ -145,7 +155,17 @@ impl Link {
             status: Arc::new(Mutex::new(status)),
             shipping: tokio::task::JoinSet::new(),
             syncs: 0,
+            replicated: None,
+            replica: None,
         })
+    }
+
+    /// Also keeps the entries in `replicated` alike in every region (the
+    /// admin API's overrides; see [`replica`](super::replica)): the lead
+    /// ships them to each peer when they changed, and every 20 syncs.
+    pub fn with_replicated(mut self, replicated: Replicated) -> Link {
+        self.replicated = Some(replicated);
+        self
     }
 
     /// What the link knows of each peer, shared with whoever reports it.
@@ -225,8 +245,29 @@ impl Link {
         let read = if full { live } else { changed };
         let keys: Vec<Shared> = read.iter().filter_map(|m| parse_member(m)).collect();
         let parts = self.move_budget(&mut local, &keys, now).await?;
+        self.read_replica(&mut local).await.map_err(error)?;
         self.ship(&keys, &parts, full);
         Ok(true)
+    }
+
+    /// The replicated entries as the store holds them now, read again only
+    /// when their change counter moved.
+    async fn read_replica(
+        &mut self,
+        local: &mut ConnectionManager,
+    ) -> Result<(), redis::RedisError> {
+        let Some(replicated) = &self.replicated else {
+            return Ok(());
+        };
+        let counter: Option<u64> = redis::cmd("GET")
+            .arg(&replicated.counter)
+            .query_async(local)
+            .await?;
+        if self.replica.as_ref().map(|(c, _)| *c) != Some(counter.unwrap_or(0)) {
+            let (counter, entries) = replicated.read(local).await?;
+            self.replica = Some((counter, Arc::new(entries)));
+        }
+        Ok(())
     }
 
     /// Step 1: what this instance's decisions asked, into the ledgers and
@@ -406,6 +447,14 @@ impl Link {
                 .zip(parts)
                 .map(|(shared, part)| (shared.clone(), hearing(&self.regions, to, part)));
             let hearings = link.unshipped(owed, full);
+            let replica = match (&self.replicated, &self.replica) {
+                (Some(replicated), Some((counter, entries)))
+                    if link.owes_replica(*counter, full) =>
+                {
+                    Some((replicated.clone(), entries.clone()))
+                }
+                _ => None,
+            };
             let shipment = Shipment {
                 link: link.shared(),
                 time: time.clone(),
@@ -414,6 +463,7 @@ impl Link {
                 name: self.regions.names[me].clone(),
                 identity: self.identity.clone(),
                 hearings,
+                replica,
                 status: self.status.clone(),
                 options: (self.options.sync_every, self.options.peer_timeout),
             };

@@ -13,11 +13,14 @@
 //!   store to store; `ship`: its shipping to one peer, on a task of its
 //!   own; `peer`: a peer and what the link knows of it; `live`: the keys
 //!   the link keeps beside the rules'.
+//! - [`replica`] (`replica.lua`): entries the link keeps alike in every
+//!   region, last writer wins (the admin API's overrides).
 
 pub mod ledger;
 pub mod link;
 pub mod live;
 mod peer;
+pub mod replica;
 pub mod shared;
 mod ship;
 
@@ -25,4 +28,5 @@ pub use ledger::{Hearing, LEDGER_LUA, Steps, ledger_key, ledger_script, snapshot
 pub use link::{Link, LinkOptions};
 pub use live::{identity_key, received_key};
 pub use peer::{Peer, PeerStatus};
+pub use replica::{REPLICA_LUA, Replicated, replica_script};
 pub use shared::{Noted, RegionPart, Regions, Shared};

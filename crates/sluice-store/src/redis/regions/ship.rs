@@ -12,7 +12,9 @@
 //! each
 //! key's `hear` (which counts what it added there) and its place in the
 //! peer's live set, and when this region shipped (by the peer's Redis
-//! clock). It gives up after
+//! clock); then, when they changed here since the last shipping (and
+//! every 20 syncs), the replicated entries (overrides), merged there. It
+//! gives up after
 //! `peer_timeout`; after a failure the peer is not tried again until a
 //! backoff has passed (from `sync_every`, doubling, at most
 //! `peer_timeout`).
@@ -26,8 +28,10 @@ use redis::aio::ConnectionManager;
 use super::ledger::{Hearing, Steps, ledger_script};
 use super::live::{changed_key, heard_key, identity_key, live_key, member, received_key};
 use super::peer::{Peer, PeerStatus};
+use super::replica::{Replicated, replica_script};
 use super::shared::Shared;
 use crate::redis::TimeSource;
+use sluice_core::regions::replica::Entry;
 
 /// Calls per pipeline.
 const PIPELINE: usize = 512;
@@ -49,6 +53,8 @@ pub(super) struct PeerLink {
     state: Arc<Mutex<Backoff>>,
     /// What was last shipped of each live key.
     shipped: HashMap<Shared, Hearing>,
+    /// The change counter of the replicated entries last shipped.
+    replica_shipped: Option<u64>,
 }
 
 /// What a shipping leaves for the next.
@@ -88,7 +94,24 @@ impl PeerLink {
             shipping: None,
             state: Arc::default(),
             shipped: HashMap::new(),
+            replica_shipped: None,
         }
+    }
+
+    /// Whether the replicated entries at change `counter` are owed to this
+    /// peer: not shipped at that counter yet, or `full` (every [`REFRESH`]
+    /// syncs: a peer whose store lost them learns them again), or after a
+    /// failure.
+    pub(super) fn owes_replica(&mut self, counter: u64, full: bool) -> bool {
+        let failing = !self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last
+            .is_zero();
+        let owed = full || failing || self.replica_shipped != Some(counter);
+        self.replica_shipped = Some(counter);
+        owed
     }
 
     /// Of what is owed to this peer now, what it was not shipped as it is
@@ -148,6 +171,8 @@ pub(super) struct Shipment {
     pub(super) name: String,
     pub(super) identity: String,
     pub(super) hearings: Vec<(Shared, Hearing)>,
+    /// The replicated entries to merge into the peer's, when owed.
+    pub(super) replica: Option<(Replicated, Arc<Vec<Entry>>)>,
     pub(super) status: Arc<Mutex<Vec<PeerStatus>>>,
     /// `sync_every` and `peer_timeout`.
     pub(super) options: (Duration, Duration),
@@ -336,17 +361,32 @@ impl Shipment {
             state.dropped.extend(dropped);
             drop(state);
             if replies.contains(&-2) {
-                self.link
-                    .state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .seen = None;
-                return Err(Failure::Failed(
-                    "its identity changed; checked again at the next shipping".into(),
-                ));
+                return Err(self.identity_changed());
+            }
+        }
+        if let Some((replicated, entries)) = &self.replica {
+            let mut pipe = redis::pipe();
+            pipe.load_script(replica_script()).ignore();
+            for call in replicated.merge_calls(entries, (&identity, &seen)) {
+                pipe.invoke_script(&call);
+            }
+            let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
+            if replies.contains(&-2) {
+                return Err(self.identity_changed());
             }
         }
         Ok(())
+    }
+
+    /// The peer's store announces another identity than the one checked:
+    /// checked again next time.
+    fn identity_changed(&self) -> Failure {
+        self.link
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .seen = None;
+        Failure::Failed("its identity changed; checked again at the next shipping".into())
     }
 }
 
