@@ -19,11 +19,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
+use proptest::test_runner::TestCaseError;
 use sluice_core::config::{NamedRule, RegionScope};
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::regions::Heard;
 use sluice_core::regions::replica::{Entry, Replica};
-use sluice_core::regions::stored::{Stored, window_of};
+use sluice_core::regions::sliding::Slide;
+use sluice_core::regions::stored::{Kept, Record, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
     Hearing, Regions, Replicated, Shared, Steps, identity_key, ledger_script, received_key,
@@ -91,11 +93,13 @@ fn connect(server: &RedisServer, runtime: &tokio::runtime::Runtime) -> (KeySet, 
     (keys, store.unwrap())
 }
 
-fn shared_rule(limit: i128, per: u64, max_debt: u64) -> BoundRule {
-    let rule = Rule::new(Algorithm::FixedWindow, limit, per, None, true)
-        .unwrap()
-        .with_max_debt(i128::from(max_debt))
-        .unwrap();
+fn shared_rule(sliding: bool, limit: i128, per: u64, max_debt: u64) -> BoundRule {
+    let rule = if sliding {
+        Rule::new(Algorithm::SlidingWindow, limit, per, None, false)
+    } else {
+        Rule::new(Algorithm::FixedWindow, limit, per, None, true)
+    };
+    let rule = rule.unwrap().with_max_debt(i128::from(max_debt)).unwrap();
     let named = NamedRule {
         name: "minute".into(),
         rule,
@@ -131,6 +135,7 @@ proptest! {
 
     #[test]
     fn the_shared_window_scripts_and_their_twin_answer_alike(
+        sliding in prop::bool::ANY,
         limit in 1i128..=60,
         per in prop_oneof![Just(1_000u64), Just(60_000), 1u64..=5_000],
         max_debt in 0u64..=5,
@@ -138,137 +143,11 @@ proptest! {
         me in 0..REGIONS,
         steps in (1_000u64..=5_000).prop_flat_map(steps),
     ) {
-        let server = RedisServer::start();
-        let runtime = runtime();
-        let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
-        let names: Vec<String> = (0..REGIONS).map(|r| format!("r{r}")).collect();
-        let in_order: Vec<(&str, u32)> =
-            names.iter().map(String::as_str).zip(weights.iter().copied()).collect();
-        let regions = Arc::new(Regions::new(&in_order, &names[me], 100).unwrap());
-        let (keys, store) = connect(&server, &runtime);
-        let store = store
-            .with_time(TimeSource::Client(clock.clone()))
-            .with_regions(regions.clone());
-        let mut per = per;
-        let mut rules = [shared_rule(limit, per, max_debt)];
-        let buckets = sluice_store::redis::KeySet::keys(
-            &keys.current,
-            &Batch::new("tenant", None, 1, &rules),
-            sluice_store::redis::Valve::WHOLE,
-        );
-        let mut shared = Shared {
-            key: buckets.keys[0].clone(),
-            record: buckets.records[0],
-            per_ms: per,
-            previous: None,
-        };
-        let pool = Regions::pool(&rules[0]);
-        let share = regions.share(pool);
-        let time = TimeSource::Client(clock.clone());
-        let received = received_key("sl");
-        let identity = identity_key("sl");
-        let ledger = Steps { time: &time, regions: REGIONS, received: &received, identity: (&identity, "its identity") };
-        let mut connection = runtime.block_on(server.client().get_multiplexed_async_connection()).unwrap();
-        runtime
-            .block_on(redis::cmd("SET").arg(&identity).arg("its identity").query_async::<()>(&mut connection))
-            .unwrap();
-        // A shipping checked against another identity changes nothing.
-        let other = Steps { identity: (&identity, "another"), ..ledger };
-        let view = Heard { cap: 1, used: 1, wanted: 1, heard_from_you: 0 };
-        let window = window_of(clock.now_ms(), per);
-        let hearing = Hearing { window, pool, share, from: 1, total: 5, view };
-        let refused: i64 = runtime.block_on(shared.hear_call(other, &hearing).invoke_async(&mut connection)).unwrap();
-        prop_assert_eq!(refused, -2);
-        let mut twin = Stored::default();
-        let mut admitted: Vec<(u64, u64)> = Vec::new();
-        for (i, step) in steps.into_iter().enumerate() {
-            let now = clock.now_ms();
-            let window = window_of(now, per);
-            let said = format!("step {i} {step:?} at {now} (window {window})");
-            match step {
-                Step::Wait(ms) => clock.set(now + ms),
-                Step::Back(ms) => clock.set(now - ms),
-                Step::Reper(to) => {
-                    per = to;
-                    rules = [shared_rule(limit, per, max_debt)];
-                    shared.per_ms = per;
-                }
-                Step::Decide(cost) => {
-                    let batch = Batch::new("tenant", None, cost, &rules);
-                    let lua = runtime.block_on(store.decide(&batch)).unwrap();
-                    let rust = twin.decide(now, cost, share, per);
-                    let o = lua.outcomes[0];
-                    prop_assert_eq!(
-                        (o.allowed, u64::from(o.remaining), o.reset_after_ms, o.retry_after_ms),
-                        (rust.allowed, rust.remaining.min(u64::from(u32::MAX)), rust.reset_ms, rust.retry_ms),
-                        "{}", said
-                    );
-                    if rust.allowed {
-                        admitted.push((lua.at_ms, cost));
-                    }
-                }
-                Step::Debit(cost) => {
-                    let batch = Batch::new("tenant", None, cost, &rules);
-                    let lua = runtime.block_on(store.adjust(&batch, Change::Debit, None)).unwrap();
-                    let rust = twin.debit(now, cost, share, per, max_debt);
-                    prop_assert_eq!(lua.forgiven, rust, "{}", said);
-                }
-                Step::GiveBack(back) => {
-                    if let Some(&(at, cost)) = admitted.iter().rev().nth(back) {
-                        let change = Change::GiveBack { at, first_shard_at: at };
-                        let batch = Batch::new("tenant", None, cost, &rules);
-                        runtime.block_on(store.adjust(&batch, change, None)).unwrap();
-                        twin.give_back(at, cost, per);
-                    }
-                }
-                Step::Note(wanted) => {
-                    let call = shared.note_call(ledger, share, (window, pool, wanted));
-                    let noted: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    let rust = twin.note(now, window, per, pool, wanted, REGIONS);
-                    prop_assert_eq!(noted == 1, rust, "{}", said);
-                }
-                Step::Read => {}
-                Step::Grant(to, units) => {
-                    let call = shared.grant_call(ledger, share, (window, to, units));
-                    let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
-                    prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
-                }
-                Step::Hear(from, total, back, cap, late) => {
-                    let named = window.saturating_sub(late * per);
-                    let view = Heard { cap, used: cap / 2, wanted: cap, heard_from_you: back };
-                    let hearing = Hearing { window: named, pool, share, from, total, view };
-                    let call = shared.hear_call(ledger, &hearing);
-                    let lua: i64 = runtime.block_on(call.invoke_async(&mut connection)).unwrap();
-                    let rust = twin.hear(now, (named, per), (pool, share), from, total, view, REGIONS);
-                    prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
-                }
-            }
-            // After every step, the part as the link reads it.
-            let now = clock.now_ms();
-            let mut reply_call = redis::pipe();
-            reply_call.load_script(ledger_script()).ignore();
-            reply_call.invoke_script(&shared.read_call(ledger, share));
-            let (reply,): (Vec<u8>,) = runtime.block_on(reply_call.query_async(&mut connection)).unwrap();
-            let mut lua = snapshot(&reply, REGIONS).unwrap();
-            lua.part.share = share;
-            prop_assert_eq!(lua, twin.read(now, per, share, REGIONS), "after {}", said);
-            // A read-only check (peek) finds what a decision would: what
-            // is left here, at most the rule's limit.
-            let peeked = runtime.block_on(store.peek(&Batch::new("tenant", None, 1, &rules))).unwrap();
-            let row = &peeked.rows[0];
-            let limit = rules[0].rule().limit();
-            for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
-                let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
-                let would = twin.clone().decide(now, cost, share, per);
-                let left = |allowed: bool, remaining: u64| remaining + if allowed { cost } else { 0 };
-                prop_assert_eq!(seen.allowed, would.allowed, "peek of {} after {}", cost, said);
-                prop_assert_eq!(
-                    left(seen.allowed, u64::from(seen.remaining)),
-                    left(would.allowed, would.remaining).min(limit),
-                    "peek of {} after {}", cost, said
-                );
-            }
+        let case = Case { sliding, limit, per, max_debt, weights, me };
+        if sliding {
+            differential::<Slide>(case, steps)?;
+        } else {
+            differential::<Record>(case, steps)?;
         }
     }
 
@@ -311,6 +190,250 @@ proptest! {
 
 }
 
+/// One case of the differential: the rule, and this region among the
+/// regions.
+#[derive(Debug)]
+struct Case {
+    sliding: bool,
+    limit: i128,
+    per: u64,
+    max_debt: u64,
+    weights: Vec<u32>,
+    me: usize,
+}
+
+/// Runs `steps` through the scripts and the twin of kind `K` (a shared
+/// `fixed_window` or `sliding_window`), comparing their answers.
+fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let Case {
+        sliding,
+        limit,
+        per,
+        max_debt,
+        weights,
+        me,
+    } = case;
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
+    let names: Vec<String> = (0..REGIONS).map(|r| format!("r{r}")).collect();
+    let in_order: Vec<(&str, u32)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(weights.iter().copied())
+        .collect();
+    let regions = Arc::new(Regions::new(&in_order, &names[me], 100).unwrap());
+    let (keys, store) = connect(&server, &runtime);
+    let store = store
+        .with_time(TimeSource::Client(clock.clone()))
+        .with_regions(regions.clone());
+    let mut per = per;
+    let mut rules = [shared_rule(sliding, limit, per, max_debt)];
+    let buckets = sluice_store::redis::KeySet::keys(
+        &keys.current,
+        &Batch::new("tenant", None, 1, &rules),
+        sluice_store::redis::Valve::WHOLE,
+    );
+    let mut shared = Shared {
+        key: buckets.keys[0].clone(),
+        record: buckets.records[0],
+        per_ms: per,
+        sliding,
+        previous: None,
+    };
+    let pool = Regions::pool(&rules[0]);
+    let share = regions.share(pool);
+    let time = TimeSource::Client(clock.clone());
+    let received = received_key("sl");
+    let identity = identity_key("sl");
+    let ledger = Steps {
+        time: &time,
+        regions: REGIONS,
+        received: &received,
+        identity: (&identity, "its identity"),
+    };
+    let mut connection = runtime
+        .block_on(server.client().get_multiplexed_async_connection())
+        .unwrap();
+    runtime
+        .block_on(
+            redis::cmd("SET")
+                .arg(&identity)
+                .arg("its identity")
+                .query_async::<()>(&mut connection),
+        )
+        .unwrap();
+    // A shipping checked against another identity changes nothing.
+    let other = Steps {
+        identity: (&identity, "another"),
+        ..ledger
+    };
+    let view = Heard {
+        cap: 1,
+        used: 1,
+        wanted: 1,
+        heard_from_you: 0,
+    };
+    let window = window_of(clock.now_ms(), per);
+    let hearing = Hearing {
+        window,
+        pool,
+        share,
+        from: 1,
+        total: 5,
+        view,
+    };
+    let refused: i64 = runtime
+        .block_on(
+            shared
+                .hear_call(other, &hearing)
+                .invoke_async(&mut connection),
+        )
+        .unwrap();
+    prop_assert_eq!(refused, -2);
+    let mut twin: Stored<K> = Stored::default();
+    let mut admitted: Vec<(u64, u64)> = Vec::new();
+    for (i, step) in steps.into_iter().enumerate() {
+        let now = clock.now_ms();
+        let window = window_of(now, per);
+        let said = format!("step {i} {step:?} at {now} (window {window})");
+        match step {
+            Step::Wait(ms) => clock.set(now + ms),
+            Step::Back(ms) => clock.set(now - ms),
+            Step::Reper(to) => {
+                per = to;
+                rules = [shared_rule(sliding, limit, per, max_debt)];
+                shared.per_ms = per;
+            }
+            Step::Decide(cost) => {
+                let batch = Batch::new("tenant", None, cost, &rules);
+                let lua = runtime.block_on(store.decide(&batch)).unwrap();
+                let rust = twin.decide(now, cost, share, per);
+                let o = lua.outcomes[0];
+                prop_assert_eq!(
+                    (
+                        o.allowed,
+                        u64::from(o.remaining),
+                        o.reset_after_ms,
+                        o.retry_after_ms
+                    ),
+                    (
+                        rust.allowed,
+                        rust.remaining.min(u64::from(u32::MAX)),
+                        rust.reset_ms,
+                        rust.retry_ms
+                    ),
+                    "{}",
+                    said
+                );
+                if rust.allowed {
+                    admitted.push((lua.at_ms, cost));
+                }
+            }
+            Step::Debit(cost) => {
+                let batch = Batch::new("tenant", None, cost, &rules);
+                let lua = runtime
+                    .block_on(store.adjust(&batch, Change::Debit, None))
+                    .unwrap();
+                let rust = twin.debit(now, cost, share, per, max_debt);
+                prop_assert_eq!(lua.forgiven, rust, "{}", said);
+            }
+            Step::GiveBack(back) => {
+                if let Some(&(at, cost)) = admitted.iter().rev().nth(back) {
+                    let change = Change::GiveBack {
+                        at,
+                        first_shard_at: at,
+                    };
+                    let batch = Batch::new("tenant", None, cost, &rules);
+                    runtime
+                        .block_on(store.adjust(&batch, change, None))
+                        .unwrap();
+                    twin.give_back(at, cost, per);
+                }
+            }
+            Step::Note(wanted) => {
+                let call = shared.note_call(ledger, share, (window, pool, wanted));
+                let noted: i64 = runtime
+                    .block_on(call.invoke_async(&mut connection))
+                    .unwrap();
+                let rust = twin.note(now, window, per, pool, wanted, REGIONS);
+                prop_assert_eq!(noted == 1, rust, "{}", said);
+            }
+            Step::Read => {}
+            Step::Grant(to, units) => {
+                let call = shared.grant_call(ledger, share, (window, to, units));
+                let lua: i64 = runtime
+                    .block_on(call.invoke_async(&mut connection))
+                    .unwrap();
+                let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
+                prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
+            }
+            Step::Hear(from, total, back, cap, late) => {
+                let named = window.saturating_sub(late * per);
+                let view = Heard {
+                    cap,
+                    used: cap / 2,
+                    wanted: cap,
+                    heard_from_you: back,
+                };
+                let hearing = Hearing {
+                    window: named,
+                    pool,
+                    share,
+                    from,
+                    total,
+                    view,
+                };
+                let call = shared.hear_call(ledger, &hearing);
+                let lua: i64 = runtime
+                    .block_on(call.invoke_async(&mut connection))
+                    .unwrap();
+                let rust = twin.hear(now, (named, per), (pool, share), from, total, view, REGIONS);
+                prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
+            }
+        }
+        // After every step, the part as the link reads it.
+        let now = clock.now_ms();
+        let mut reply_call = redis::pipe();
+        reply_call.load_script(ledger_script()).ignore();
+        reply_call.invoke_script(&shared.read_call(ledger, share));
+        let (reply,): (Vec<u8>,) = runtime
+            .block_on(reply_call.query_async(&mut connection))
+            .unwrap();
+        let mut lua = snapshot(&reply, REGIONS).unwrap();
+        lua.part.share = share;
+        prop_assert_eq!(lua, twin.read(now, per, share, REGIONS), "after {}", said);
+        // A read-only check (peek) finds what a decision would: what
+        // is left here, at most the rule's limit.
+        let peeked = runtime
+            .block_on(store.peek(&Batch::new("tenant", None, 1, &rules)))
+            .unwrap();
+        let row = &peeked.rows[0];
+        let limit = rules[0].rule().limit();
+        for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
+            let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
+            let would = twin.clone().decide(now, cost, share, per);
+            let left = |allowed: bool, remaining: u64| remaining + if allowed { cost } else { 0 };
+            prop_assert_eq!(
+                seen.allowed,
+                would.allowed,
+                "peek of {} after {}",
+                cost,
+                said
+            );
+            prop_assert_eq!(
+                left(seen.allowed, u64::from(seen.remaining)),
+                left(would.allowed, would.remaining).min(limit),
+                "peek of {} after {}",
+                cost,
+                said
+            );
+        }
+    }
+
+    Ok(())
+}
+
 /// A shared rule's debt outlives its window in the store: the key lives
 /// until the share has repaid it (on Redis's own clock, in real time; the
 /// proptest above moves a hand clock that Redis's expiry never sees).
@@ -324,7 +447,7 @@ fn a_shared_rules_debt_is_kept_until_repaid() {
     let (_, store) = connect(&server, &runtime);
     let store = store.with_regions(regions);
     // 30 per 300 ms over three regions: a share of 10 a window.
-    let rules = [shared_rule(30, 300, 1_000)];
+    let rules = [shared_rule(false, 30, 300, 1_000)];
     let batch = |cost| Batch::new("tenant", None, cost, &rules);
     let debited = runtime
         .block_on(store.adjust(&batch(200), Change::Debit, None))

@@ -122,13 +122,15 @@ impl RegionScope {
     }
 
     /// Whether a rule's budget can be one across regions; if not, why
-    /// (for the validation's message). Only an aligned `fixed_window` is
-    /// shared so far: each region counts the same windows, and budget
-    /// moves between regions per window (see [`crate::regions`]).
+    /// (for the validation's message). An aligned `fixed_window` and a
+    /// `sliding_window` (always aligned) are: each region counts the same
+    /// windows, and budget moves between regions per window (see
+    /// [`crate::regions`]).
     pub fn shareable(rule: &crate::rule::Rule) -> Result<(), &'static str> {
         use crate::rule::Algorithm;
         match rule.algorithm() {
             Algorithm::FixedWindow if rule.aligned() => Ok(()),
+            Algorithm::SlidingWindow => Ok(()),
             Algorithm::FixedWindow => Err(
                 "a shared fixed_window needs `aligned: true`, so that every region counts the same windows",
             ),
@@ -136,8 +138,8 @@ impl RegionScope {
             Algorithm::SlidingLog => Err(
                 "a sliding_log keeps each admission's time, which cannot be shared out between regions",
             ),
-            Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::SlidingWindow => Err(
-                "only an aligned fixed_window is shared across regions so far (gcra, token_bucket and sliding_window keep a budget per region)",
+            Algorithm::Gcra | Algorithm::TokenBucket => Err(
+                "only an aligned fixed_window and a sliding_window are shared across regions so far (gcra and token_bucket keep a budget per region)",
             ),
         }
     }

@@ -602,7 +602,7 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
         (
             "regions: local",
             "regions: shared",
-            "only an aligned fixed_window is shared across regions so far",
+            "only an aligned fixed_window and a sliding_window are shared across regions so far",
         ),
         (
             "sync_every: 100ms",

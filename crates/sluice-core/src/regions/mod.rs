@@ -78,6 +78,7 @@ mod giving;
 mod part;
 pub mod replica;
 mod share;
+pub mod sliding;
 pub mod stored;
 
 pub use giving::{FLOOR_DIVISOR, Heard, grants};

@@ -67,13 +67,69 @@ pub struct Ledger {
     pub views: Vec<Option<View>>,
 }
 
-/// What one key keeps of one shared rule in a region's store.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stored {
+/// What one key keeps of one shared rule in a region's store: `K` is its
+/// record's kind, a `fixed_window`'s ([`Record`]) or a `sliding_window`'s
+/// ([`Slide`](super::sliding::Slide)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored<K = Record> {
     /// The record, when there is one.
-    pub record: Option<Record>,
+    pub record: Option<K>,
     /// The ledger, when there is one.
     pub ledger: Option<Ledger>,
+}
+
+impl<K> Default for Stored<K> {
+    fn default() -> Self {
+        Stored {
+            record: None,
+            ledger: None,
+        }
+    }
+}
+
+/// A shared rule's record, by algorithm: what the steps of [`Stored`] ask
+/// of it. Each is the twin of its functions in the scripts.
+pub trait Kept: Copy + std::fmt::Debug + PartialEq + Eq {
+    /// The record as the window starting at `window` reads it: itself in
+    /// its own window and in a later one (never re-dated back), moved on
+    /// from an earlier one (what it still owes carried), or afresh.
+    fn at(record: Option<Self>, window: u64, share: u64, per: u64) -> Self;
+    /// The record as written: when it goes idle set.
+    fn written(self, share: u64, per: u64) -> Self;
+    /// Whether the link leaves it alone at `now` for a rule of `per` ms
+    /// whose window starts at `window`: written under another period and
+    /// still running, or of a later window (the clock is behind).
+    fn foreign(&self, window: u64, per: u64, now: u64) -> bool;
+    /// What remains to admit at `now`, against `share` and what moved
+    /// here.
+    fn left(&self, now: u64, share: u64, per: u64) -> u64;
+    /// How far past what it may admit it is at `now` (in debt), in units.
+    fn owed(&self, now: u64, share: u64, per: u64) -> u64;
+    /// What it counts as admitted at `now`, as peers are told, `moved`
+    /// being what moved here in the window as its ledger says.
+    fn used(&self, now: u64, per: u64, moved: i64) -> u64;
+    /// `units` moved here (below 0: moved away, granted).
+    fn shift(&mut self, units: i64);
+    /// A decision of `cost` units at `now`: its answer, and the record to
+    /// write when it admitted.
+    fn decide(
+        record: Option<Self>,
+        now: u64,
+        cost: u64,
+        share: u64,
+        per: u64,
+    ) -> (Answer, Option<Self>);
+    /// Charges `cost` units spent already, at most `max_debt` past what
+    /// remains: the record to write, and the units forgiven.
+    fn debit(
+        record: Option<Self>,
+        now: u64,
+        cost: u64,
+        share_per: (u64, u64),
+        max_debt: u64,
+    ) -> (Self, u64);
+    /// Gives back `cost` units admitted at `at`, where they still count.
+    fn give_back(&mut self, at: u64, cost: u64, per: u64);
 }
 
 /// A decision's answer (as `decide.lua` returns each rule's).
@@ -108,7 +164,7 @@ pub fn window_of(now: u64, per: u64) -> u64 {
     now - now % per
 }
 
-impl Record {
+impl Kept for Record {
     /// What `record` holds at `now`, whose window starts at `window` of
     /// `per` ms, against `share` (`shared_at` in decide.lua): itself in its
     /// own window, and in a later one (the clock is behind the one that
@@ -146,23 +202,100 @@ impl Record {
         self
     }
 
-    /// The cap with `share`: never below 0.
-    fn cap(&self, share: u64) -> u64 {
-        let cap = i128::from(share) + i128::from(self.moved);
-        u64::try_from(cap.max(0)).unwrap_or(u64::MAX)
-    }
-
-    /// Whether the link leaves it alone at `now` for a rule of `per` ms
-    /// whose window starts at `window`: written under another period and
-    /// its window still runs, or of a later window (the clock is behind).
     fn foreign(&self, window: u64, per: u64, now: u64) -> bool {
         let span = self.idle_ms - self.start_ms;
         let ours = self.start_ms.is_multiple_of(per) && span.is_multiple_of(per) && span >= per;
         (!ours && self.idle_ms > now) || self.start_ms > window
     }
+
+    fn left(&self, _: u64, share: u64, _: u64) -> u64 {
+        self.cap(share).saturating_sub(self.count)
+    }
+
+    fn owed(&self, _: u64, share: u64, _: u64) -> u64 {
+        self.count.saturating_sub(self.cap(share))
+    }
+
+    fn used(&self, _: u64, _: u64, _: i64) -> u64 {
+        self.count
+    }
+
+    fn shift(&mut self, units: i64) {
+        self.moved = self.moved.saturating_add(units);
+    }
+
+    /// Admits while `count + cost ≤ share + moved` (`shared_window` in
+    /// decide.lua).
+    fn decide(
+        record: Option<Record>,
+        now: u64,
+        cost: u64,
+        share: u64,
+        per: u64,
+    ) -> (Answer, Option<Record>) {
+        let window = window_of(now, per);
+        let mut record = Record::at(record, window, share, per);
+        let cap = record.cap(share);
+        let ends_in = (record.start_ms + per - now).max(1);
+        if record.count.saturating_add(cost) <= cap {
+            record.count += cost;
+            let answer = Answer {
+                allowed: true,
+                remaining: cap - record.count,
+                reset_ms: ends_in,
+                retry_ms: 0,
+            };
+            return (answer, Some(record.written(share, per)));
+        }
+        let answer = Answer {
+            allowed: false,
+            remaining: cap.saturating_sub(record.count),
+            reset_ms: ends_in,
+            retry_ms: ends_in,
+        };
+        (answer, None)
+    }
+
+    /// The window of now counts it, at most `max_debt` past the cap
+    /// (`debit_numbers` in adjust.lua).
+    fn debit(
+        record: Option<Record>,
+        now: u64,
+        cost: u64,
+        (share, per): (u64, u64),
+        max_debt: u64,
+    ) -> (Record, u64) {
+        let window = window_of(now, per);
+        let mut record = Record::at(record, window, share, per);
+        let counted = record.count.saturating_add(cost);
+        let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
+        record.count = counted.min(deepest);
+        (record.written(share, per), counted - record.count)
+    }
+
+    /// `give_back` in common.lua: when it goes idle is kept.
+    fn give_back(&mut self, at: u64, cost: u64, per: u64) {
+        if at >= self.start_ms && at < self.start_ms + per {
+            self.count = self.count.saturating_sub(cost);
+        }
+    }
+}
+
+impl Record {
+    /// The cap with `share`: never below 0.
+    fn cap(&self, share: u64) -> u64 {
+        let cap = i128::from(share) + i128::from(self.moved);
+        u64::try_from(cap.max(0)).unwrap_or(u64::MAX)
+    }
 }
 
 impl Ledger {
+    /// What moved here in its window: heard less granted.
+    fn moved(&self) -> i64 {
+        let total = |t: &[u64]| t.iter().fold(0i64, |a, &n| a.saturating_add(n as i64));
+        total(&self.heard).saturating_sub(total(&self.given))
+    }
+
     /// A ledger of `window_ms` with nothing in it (its pool not known).
     fn afresh(window_ms: u64, per_ms: u64, regions: usize) -> Ledger {
         Ledger {
@@ -177,7 +310,7 @@ impl Ledger {
     }
 }
 
-impl Stored {
+impl<K: Kept> Stored<K> {
     /// Whether the record or the ledger is of another period whose window
     /// still runs.
     fn foreign(&self, per: u64, now: u64) -> bool {
@@ -202,60 +335,39 @@ impl Stored {
     }
 
     /// What a decision at `now` would find against this region's `share`,
-    /// nothing written (the read-only checks): the record of the window of
-    /// now, and its cap.
-    pub fn standing(&self, now: u64, share: u64, per: u64) -> (Record, u64) {
-        let record = Record::at(self.record, window_of(now, per), share, per);
-        (record, record.cap(share))
+    /// nothing written (the read-only checks): what remains to admit, and
+    /// how far past it the region is (in debt).
+    pub fn standing(&self, now: u64, share: u64, per: u64) -> (u64, u64) {
+        let record = K::at(self.record, window_of(now, per), share, per);
+        (record.left(now, share, per), record.owed(now, share, per))
     }
 
     /// A decision of `cost` units against this region's `share`
-    /// (`shared_window` in decide.lua): admitted, it is counted.
+    /// (`shared_window` or `shared_sliding` in decide.lua): admitted, it
+    /// is counted.
     pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64) -> Answer {
-        let window = window_of(now, per);
-        let mut record = Record::at(self.record, window, share, per);
-        let cap = record.cap(share);
-        let ends_in = (record.start_ms + per - now).max(1);
-        if record.count.saturating_add(cost) <= cap {
-            record.count += cost;
-            self.record = Some(record.written(share, per));
-            return Answer {
-                allowed: true,
-                remaining: cap - record.count,
-                reset_ms: ends_in,
-                retry_ms: 0,
-            };
+        let (answer, written) = K::decide(self.record, now, cost, share, per);
+        if written.is_some() {
+            self.record = written;
         }
-        Answer {
-            allowed: false,
-            remaining: cap.saturating_sub(record.count),
-            reset_ms: ends_in,
-            retry_ms: ends_in,
-        }
+        answer
     }
 
     /// Charges `cost` units spent already (usage after the fact): the
-    /// window of now counts them, at most `max_debt` past the cap. Returns
-    /// the units forgiven beyond it (`debit_numbers` in adjust.lua).
+    /// window of now counts them, at most `max_debt` past what remains.
+    /// Returns the units forgiven beyond it (`debit_numbers` in
+    /// adjust.lua).
     pub fn debit(&mut self, now: u64, cost: u64, share: u64, per: u64, max_debt: u64) -> u64 {
-        let window = window_of(now, per);
-        let mut record = Record::at(self.record, window, share, per);
-        let counted = record.count.saturating_add(cost);
-        let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
-        record.count = counted.min(deepest);
-        self.record = Some(record.written(share, per));
-        counted - record.count
+        let (record, forgiven) = K::debit(self.record, now, cost, (share, per), max_debt);
+        self.record = Some(record);
+        forgiven
     }
 
-    /// Gives back `cost` units admitted at `at`, when they still count in
-    /// the record's window (`give_back` in common.lua; when it goes idle
-    /// is kept).
+    /// Gives back `cost` units admitted at `at`, where they still count
+    /// (`give_back` in common.lua; when it goes idle is kept).
     pub fn give_back(&mut self, at: u64, cost: u64, per: u64) {
-        if let Some(r) = self.record.as_mut()
-            && at >= r.start_ms
-            && at < r.start_ms + per
-        {
-            r.count = r.count.saturating_sub(cost);
+        if let Some(r) = self.record.as_mut() {
+            r.give_back(at, cost, per);
         }
     }
 
@@ -285,11 +397,7 @@ impl Stored {
     pub fn read(&self, now: u64, per: u64, share: u64, regions: usize) -> Snapshot {
         let window = window_of(now, per);
         let foreign = self.foreign(per, now);
-        let record = if foreign {
-            Record::at(None, window, share, per)
-        } else {
-            Record::at(self.record, window, share, per)
-        };
+        let record = K::at(if foreign { None } else { self.record }, window, share, per);
         let ledger = match &self.ledger {
             Some(l)
                 if !foreign
@@ -306,7 +414,7 @@ impl Stored {
             pool: ledger.pool,
             part: Part {
                 share,
-                used: record.count,
+                used: record.used(now, per, ledger.moved()),
                 wanted: ledger.wanted,
                 given: ledger.given,
                 heard: ledger.heard,
@@ -330,15 +438,14 @@ impl Stored {
         if window_of(now, per) != window || to >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = Record::at(self.record, window, share, per);
-        let left = record.cap(share).saturating_sub(record.count);
-        if units == 0 || units > left {
+        let mut record = K::at(self.record, window, share, per);
+        if units == 0 || units > record.left(now, share, per) {
             return None;
         }
         let ledger = self.ledger_at(window, per, regions);
         ledger.given[to] += units;
         let total = ledger.given[to];
-        record.moved -= units as i64;
+        record.shift(-(units as i64));
         self.record = Some(record.written(share, per));
         Some(total)
     }
@@ -364,7 +471,7 @@ impl Stored {
         if window_of(now, per) != window || from >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = Record::at(self.record, window, share, per);
+        let mut record = K::at(self.record, window, share, per);
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         let added = total.saturating_sub(ledger.heard[from]);
@@ -375,10 +482,7 @@ impl Stored {
             heard: view,
             at_ms: now,
         });
-        record.moved = record
-            .moved
-            .saturating_add(added as i64)
-            .saturating_sub(lost as i64);
+        record.shift((added as i64).saturating_sub(lost as i64));
         self.record = Some(record.written(share, per));
         Some(added)
     }
@@ -401,7 +505,7 @@ mod tests {
 
     #[test]
     fn budget_moves_by_grants_heard_once_and_ends_with_its_window() {
-        let (mut a, mut b) = (Stored::default(), Stored::default());
+        let (mut a, mut b): (Stored, Stored) = Default::default();
         let now = 5 * PER + 10;
         let w = window_of(now, PER);
         assert!((0..4).all(|_| a.decide(now, 1, 10, PER).allowed));
@@ -424,7 +528,7 @@ mod tests {
 
     #[test]
     fn a_giver_that_lost_its_ledger_counts_its_grants_again_when_told() {
-        let mut a = Stored::default();
+        let mut a: Stored = Stored::default();
         let now = PER + 1;
         let w = window_of(now, PER);
         assert_eq!(a.grant(now, w, PER, 10, (1, 8), 2), Some(8));

@@ -112,6 +112,17 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     local kept = min(counted, max(max(0, limit + z) + max_debt, y))
     forgiven = counted - kept
     write_record(key, name, shared_idle(at, kept, z, limit, per), at, kept, z, now)
+  elseif algorithm == 8 then
+    -- A sliding_window shared across regions (regions::Stored::debit of a
+    -- Slide): the window of now counts it, at most max_debt past what
+    -- remains.
+    local window = idiv(now, per) * per
+    if not found then x, y, z = window, 0, 0 end
+    x, y, z = slide_at(x, y, z, window, limit, per)
+    local most = idiv(max(0, slide_room(x, y, z, now, limit + max_debt, per)), per)
+    local kept = min(cost, most)
+    forgiven = cost - kept
+    write_record(key, name, slide_idle(x, z + kept, limit, per), x, y, z + kept, now)
   else
     -- sliding_window: the current window counts it, owing beyond limit.
     local start = idiv(now, per) * per

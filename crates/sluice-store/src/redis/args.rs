@@ -33,6 +33,9 @@ impl std::fmt::Debug for TimeSource {
 
 /// The scripts' code of a fixed_window shared across regions.
 const SHARED_WINDOW: u64 = 7;
+/// `shared_sliding` in decide.lua: a `sliding_window` shared across
+/// regions.
+const SHARED_SLIDING: u64 = 8;
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {
     match algorithm {
@@ -230,20 +233,25 @@ impl PackedRules {
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
 /// burst, aligned, cost, max_debt. A rule shared across regions is the
-/// script's `shared_window` (code 7), its limit this region's share of
-/// its pool.
+/// script's `shared_window` (code 7) or `shared_sliding` (code 8), its
+/// limit this region's share of its pool.
 pub(super) fn rule_values(batch: &Batch<'_>, i: usize, selection: Selection<'_>) -> [u64; 7] {
     let bound = &batch.rules[i];
     let rule = enforced(bound, selection.valve_parts);
     if let Some(regions) = selection.regions
         && bound.shared_across_regions()
     {
+        let sliding = rule.algorithm() == sluice_core::Algorithm::SlidingWindow;
         return [
-            SHARED_WINDOW,
+            if sliding {
+                SHARED_SLIDING
+            } else {
+                SHARED_WINDOW
+            },
             regions.share(Regions::pool(bound)),
             rule.period_ms(),
             rule.burst(),
-            1,
+            u64::from(!sliding),
             batch.cost_of(i),
             rule.max_debt(),
         ];

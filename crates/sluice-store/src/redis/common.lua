@@ -206,6 +206,15 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
         else
           updated = false
         end
+      elseif algorithm == 8 then
+        -- A shared sliding_window (start, carried, net; Slide::give_back).
+        if at >= a and at < a + per then
+          if c > 0 then c = max(0, c - cost) end
+        elseif at < a and at + per >= a then
+          b = max(0, b - cost)
+        else
+          updated = false
+        end
       elseif at >= a and at < a + per then
         b = max(0, b - cost)
       else

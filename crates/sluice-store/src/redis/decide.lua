@@ -236,6 +236,64 @@ local function shared_window(name, found, start, count, moved, now, cost, share,
   return 0, max(0, cap - count), ends_in, ends_in
 end
 
+-- A sliding_window shared across regions keeps (start, carried, net):
+-- what the previous window weighs here at full weight, and what the
+-- window admitted less what moved here (sluice-core's regions::sliding).
+-- The record as the window starting at window reads it (Slide::at): from
+-- an earlier window, the previous one weighs what it counted beyond what
+-- moved here, at most share, and what it owed beyond opens the window;
+-- each window that passed repays share.
+local function slide_at(start, carried, net, window, share, per)
+  if start >= window then return start, carried, net end
+  local passed = max(1, idiv(window - start, per))
+  local owed = max(0, net)
+  return window, min(share, max(0, owed - (passed - 1) * share)), max(0, owed - passed * share)
+end
+
+-- When it goes idle: two windows after its start, more while it owes.
+local function slide_idle(at, net, share, per)
+  return at + per * max(2, 1 + ceil_div(max(0, net), max(1, share)))
+end
+
+-- What remains at now, in units x ms (Slide::room).
+local function slide_room(start, carried, net, now, share, per)
+  local elapsed = min(per, max(0, now - start))
+  return share * per - carried * (per - elapsed) - net * per
+end
+
+-- When a denied cost fits, if nothing moves here (Slide::retry).
+local function slide_retry(start, carried, net, now, cost, share, per)
+  for _ = 1, 64 do
+    local free = (share - net - cost) * per
+    if free >= 0 then
+      local at = 0
+      if carried > 0 then at = per - min(idiv(free, carried), per) end
+      if at < per then return max(1, start + at - now) end
+    end
+    if share == 0 or (carried == 0 and net <= 0) then break end
+    start, carried, net = slide_at(start, carried, net, start + per, share, per)
+  end
+  return max(1, start + per - now)
+end
+
+-- A sliding_window shared across regions (regions::Stored::decide of a
+-- Slide): limit is this region's share of the pool; it admits while
+-- carried x (per - elapsed) / per + net + cost <= share.
+local function shared_sliding(name, found, start, carried, net, now, cost, share, per)
+  local window = idiv(now, per) * per
+  if not found then start, carried, net = window, 0, 0 end
+  start, carried, net = slide_at(start, carried, net, window, share, per)
+  local room = slide_room(start, carried, net, now, share, per)
+  local need = cost * per
+  if room >= need then
+    local idle = slide_idle(start, net + cost, share, per)
+    return 1, idiv(room - need, per), max(1, idle - now), 0,
+      spack(RECORD, name, idle, start, carried, net + cost), idle
+  end
+  return 0, idiv(max(0, room), per), max(1, slide_idle(start, net, share, per) - now),
+    slide_retry(start, carried, net, now, cost, share, per)
+end
+
 -- The counts (prev, cur) as of the window starting at start
 -- (sluice-core's sliding_window::moved): each window that passed repays
 -- limit of what was owed.
@@ -392,7 +450,8 @@ end
 
 -- The algorithms whose state is a few numbers, by code; and a record's
 -- numbers when there is none.
-local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window, nil, shared_window }
+local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window, nil, shared_window,
+  shared_sliding }
 local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
 -- Appends to parts (or list; np so far, the latest idle idle_at) the

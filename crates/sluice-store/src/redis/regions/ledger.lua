@@ -22,19 +22,23 @@
 -- ARGV[5]  how many regions; ARGV[6] the record's name under the previous
 --          pepper ("" when not rotating); ARGV[7] this region's share of
 --          the pool (what a record of an earlier window owes is read
---          against it, as a decision reads it)
+--          against it, as a decision reads it); ARGV[8] the rule's
+--          algorithm: "7" a fixed_window (its record's numbers: start,
+--          count, moved; shared_window in decide.lua), "8" a
+--          sliding_window (start, carried, net; shared_sliding)
 -- then, by step:
---   note   ARGV[8] window, ARGV[9] pool, ARGV[10] units wanted; returns 1
+--   note   ARGV[9] window, ARGV[10] pool, ARGV[11] units wanted; returns 1
 --          (noted) or 0 (the window is over)
 --   read   returns the ledger of the window of now as above, preceded by
---          the window, the units admitted and what moved here (a string
---          of doubles)
---   grant  ARGV[8] window, ARGV[9] to (a region, from 0), ARGV[10]
+--          the window, the units admitted (of a sliding_window, with
+--          what the previous window still weighs, rounded up) and what
+--          moved here (a string of doubles)
+--   grant  ARGV[9] window, ARGV[10] to (a region, from 0), ARGV[11]
 --          units; returns the new total granted to it, or -1 (does not
 --          fit, or the window is over)
---   hear   ARGV[8] window, ARGV[9] pool, ARGV[10] from (a region, from
---          0), ARGV[11] the total it granted here, ARGV[12..15] its view
---          (cap, used, wanted, heard from here), ARGV[16] the identity the
+--   hear   ARGV[9] window, ARGV[10] pool, ARGV[11] from (a region, from
+--          0), ARGV[12] the total it granted here, ARGV[13..16] its view
+--          (cap, used, wanted, heard from here), ARGV[17] the identity the
 --          shipper checked this region has; returns the units added, -1 (the
 --          window is over here) or -2 (the identity changed: nothing done)
 --
@@ -95,80 +99,126 @@ local function ledger_write(KEYS, name, l, n, now, per)
   if call('PTTL', KEYS[2]) < ends then call('PEXPIRE', KEYS[2], ends) end
 end
 
--- The record as the window reads it (regions::Record::at): count, moved;
--- false when it is of another per and its window still runs.
-local function record_at(KEYS, name, previous, window, share, per, now)
+-- The record as the window reads it (regions::Kept::at): its two numbers
+-- after its start (count and moved; carried and net for a sliding
+-- window); false when it is of another per and its window still runs.
+local function record_at(KEYS, name, previous, window, share, per, now, sliding)
   local value = call('GET', KEYS[1])
   local found = value and find_record(value, name)
   if not found and value and previous ~= '' then found = find_record(value, previous) end
   if not found then return 0, 0 end
-  local idle, start, count, moved = sunpack('<dddd', value, found + 8)
+  local idle, start, a, b = sunpack('<dddd', value, found + 8)
   -- Written under this per, its idle time is a whole number of windows
-  -- after its aligned start (more than one while it owes).
+  -- after its aligned start (at least two for a sliding window, more
+  -- while it owes).
   local span = idle - start
-  local ours = start % per == 0 and span % per == 0 and span >= per
+  local least = per
+  if sliding then least = 2 * per end
+  local ours = start % per == 0 and span % per == 0 and span >= least
   if (not ours and idle > now) or start > window then return false end
   local _
-  _, count, moved = shared_at(start, count, moved, window, share, per)
-  return count, moved
+  if sliding then
+    _, a, b = slide_at(start, a, b, window, share, per)
+  else
+    _, a, b = shared_at(start, a, b, window, share, per)
+  end
+  return a, b
+end
+
+-- What remains to admit at now (regions::Kept::left).
+local function left_at(a, b, window, now, share, per, sliding)
+  if sliding then return idiv(max(0, slide_room(window, a, b, now, share, per)), per) end
+  return max(0, share + b) - a
+end
+
+-- The record of window written back (regions::Kept::written).
+local function record_write(KEYS, name, window, a, b, share, per, now, sliding)
+  local idle
+  if sliding then
+    idle = slide_idle(window, b, share, per)
+  else
+    idle = shared_idle(window, a, b, share, per)
+  end
+  write_record(KEYS[1], name, idle, window, a, b, now)
+end
+
+-- Units moved here (below 0: granted away; regions::Kept::shift).
+local function shifted(a, b, units, sliding)
+  if sliding then return a, b - units end
+  return a, b + units
+end
+
+-- What the record counts as admitted at now, as peers are told
+-- (regions::Kept::used): of a sliding window, the previous window's
+-- weight rounded up, and what it admitted (net and what moved here, as
+-- the ledger l says).
+local function used_at(a, b, l, n, window, now, per, sliding)
+  if not sliding then return a end
+  local moved = 0
+  for r = 0, n - 1 do moved = moved + l[HEAD + 1 + n + r] - l[HEAD + 1 + r] end
+  local elapsed = min(per, max(0, now - window))
+  return max(0, ceil_div(a * (per - elapsed), per) + b + moved)
 end
 
 local function ledger(KEYS, ARGV)
   if not call then bind() end
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
-  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[16] then return -2 end
+  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
+  local sliding = ARGV[8] == '8'
   local window = idiv(now, per) * per
   carried(KEYS, 1, previous)
   carried(KEYS, 2, previous)
   local stored = stored_ledger(KEYS, name, previous, per, n, now)
-  local count, moved = record_at(KEYS, name, previous, window, share, per, now)
-  local foreign = stored == false or count == false
+  local a, b = record_at(KEYS, name, previous, window, share, per, now, sliding)
+  local foreign = stored == false or a == false
   if step == 'read' then
-    if foreign then count, moved, stored = 0, 0, nil end
+    if foreign then a, b, stored = 0, 0, nil end
     local l = ledger_at(stored, window, per, n)
-    return spack('<ddd', window, count, moved) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
+    local used = used_at(a, b, l, n, window, now, per, sliding)
+    if sliding then b = 0 end
+    return spack('<ddd', window, used, b) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
   end
-  if num(ARGV[8]) ~= window or foreign then
+  if num(ARGV[9]) ~= window or foreign then
     if step == 'note' then return 0 end
     return -1
   end
   local l = ledger_at(stored, window, per, n)
   if step == 'note' then
-    l[3] = num(ARGV[9])
-    l[4] = l[4] + num(ARGV[10])
+    l[3] = num(ARGV[10])
+    l[4] = l[4] + num(ARGV[11])
     ledger_write(KEYS, name, l, n, now, per)
     return 1
   end
   if step == 'grant' then
-    local to, units = num(ARGV[9]), num(ARGV[10])
-    if to >= n or units < 1 or units > max(0, share + moved) - count then return -1 end
+    local to, units = num(ARGV[10]), num(ARGV[11])
+    if to >= n or units < 1 or units > left_at(a, b, window, now, share, per, sliding) then
+      return -1
+    end
     local g = HEAD + 1 + to
     l[g] = l[g] + units
-    moved = moved - units
+    a, b = shifted(a, b, -units, sliding)
     ledger_write(KEYS, name, l, n, now, per)
-    write_record(KEYS[1], name, shared_idle(window, count, moved, share, per), window, count,
-      moved, now)
+    record_write(KEYS, name, window, a, b, share, per, now, sliding)
     return l[g]
   end
   -- hear
-  local from, total = num(ARGV[10]), num(ARGV[11])
+  local from, total = num(ARGV[11]), num(ARGV[12])
   if from >= n then return -1 end
-  l[3] = num(ARGV[9])
+  l[3] = num(ARGV[10])
   local h, g = HEAD + 1 + n + from, HEAD + 1 + from
   local added = max(0, total - l[h])
   l[h] = l[h] + added
   -- The peer heard more from here than this region knows it granted: its
   -- ledger was lost (a flush); what the peer counts is granted again.
-  local lost = max(0, num(ARGV[15]) - l[g])
+  local lost = max(0, num(ARGV[16]) - l[g])
   l[g] = l[g] + lost
   local v = HEAD + 1 + 2 * n + VIEW * from
-  for i = 0, 3 do l[v + i] = num(ARGV[12 + i]) end
+  for i = 0, 3 do l[v + i] = num(ARGV[13 + i]) end
   l[v + 4] = now
   ledger_write(KEYS, name, l, n, now, per)
-  moved = moved + added - lost
-  write_record(KEYS[1], name, shared_idle(window, count, moved, share, per), window, count,
-    moved, now)
+  a, b = shifted(a, b, added - lost, sliding)
+  record_write(KEYS, name, window, a, b, share, per, now, sliding)
   if added > 0 then call('HINCRBY', KEYS[3], from, added) end
   return added
 end

@@ -71,7 +71,8 @@ impl Shared {
             .arg(self.per_ms)
             .arg(steps.regions)
             .arg(previous)
-            .arg(share);
+            .arg(share)
+            .arg(if self.sliding { 8 } else { 7 });
         call
     }
 

@@ -34,13 +34,19 @@ pub fn received_key(prefix: &str) -> String {
     format!("{prefix}:regions:received")
 }
 
-/// A live key's member in the live set: its per, its record's name and
-/// its key, then while rotating the same under the previous pepper,
-/// separated by spaces (keys are a prefix of letters, digits, `_` or `-`,
-/// a hash tag and hex digits).
+/// A live key's member in the live set: its per (after an `s` for a
+/// `sliding_window`), its record's name and its key, then while rotating
+/// the same under the previous pepper, separated by spaces (keys are a
+/// prefix of letters, digits, `_` or `-`, a hash tag and hex digits).
 pub(super) fn member(shared: &Shared) -> String {
     let hex = |r: &Record| -> String { r.0.iter().map(|b| format!("{b:02x}")).collect() };
-    let mut member = format!("{} {} {}", shared.per_ms, hex(&shared.record), shared.key);
+    let kind = if shared.sliding { "s" } else { "" };
+    let mut member = format!(
+        "{kind}{} {} {}",
+        shared.per_ms,
+        hex(&shared.record),
+        shared.key
+    );
     if let Some((key, record)) = &shared.previous {
         member.push_str(&format!(" {} {key}", hex(record)));
     }
@@ -60,7 +66,12 @@ fn record(hex: &str) -> Option<Record> {
 
 pub(super) fn parse_member(member: &str) -> Option<Shared> {
     let parts: Vec<&str> = member.split(' ').collect();
-    let per_ms = parts.first()?.parse().ok().filter(|&p: &u64| p > 0)?;
+    let per = parts.first()?;
+    let (sliding, per) = match per.strip_prefix('s') {
+        Some(per) => (true, per),
+        None => (false, *per),
+    };
+    let per_ms = per.parse().ok().filter(|&p: &u64| p > 0)?;
     let previous = match parts.len() {
         3 => None,
         5 => Some((parts[4].to_owned(), record(parts[3])?)),
@@ -70,6 +81,7 @@ pub(super) fn parse_member(member: &str) -> Option<Shared> {
         key: parts[2].to_owned(),
         record: record(parts[1])?,
         per_ms,
+        sliding,
         previous,
     })
 }
@@ -84,14 +96,20 @@ mod tests {
             key: "sl:{abcd}:0f".into(),
             record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
             per_ms: 60_000,
+            sliding: false,
             previous: None,
         };
         assert_eq!(parse_member(&member(&shared)), Some(shared.clone()));
         let rotating = Shared {
             previous: Some(("sl:{ef}:01".into(), Record([9; 8]))),
-            ..shared
+            ..shared.clone()
         };
         assert_eq!(parse_member(&member(&rotating)), Some(rotating));
+        let sliding = Shared {
+            sliding: true,
+            ..shared
+        };
+        assert_eq!(parse_member(&member(&sliding)), Some(sliding));
         for bad in [
             "",
             "0 0001feff0708090a k",

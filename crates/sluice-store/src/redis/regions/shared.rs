@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use sluice_core::BoundRule;
-use sluice_core::algorithm::{State, fixed_window};
+use sluice_core::algorithm::{State, fixed_window, sliding_window};
 use sluice_core::keys::Record;
-use sluice_core::regions::stored::{self, Stored};
+use sluice_core::regions::sliding::Slide;
+use sluice_core::regions::stored::{self, Stored, window_of};
 use sluice_core::regions::{pool, share};
 
 /// One shared rule of one key, as the link names it.
@@ -19,6 +20,8 @@ pub struct Shared {
     pub record: Record,
     /// Its period (ms).
     pub per_ms: u64,
+    /// Whether it is a `sliding_window` (else a `fixed_window`).
+    pub sliding: bool,
     /// While rotating the pepper, its group key and record's name under
     /// the previous one (see ledger.lua).
     pub previous: Option<(String, Record)>,
@@ -108,29 +111,55 @@ impl Regions {
     }
 
     /// What a read-only check at `now` finds of shared `rule` whose record
-    /// holds `numbers` (when it goes idle, the window's start, its count
-    /// and what moved here; `None`: no record), as the `fixed_window` of
-    /// the rule's limit `L` it reads: this region's count of the window of
-    /// now, moved by `L − cap`, so that what is left is what this region
-    /// may still admit (at most `L`), and a region past its cap owes.
+    /// holds `numbers` (when it goes idle, then its three numbers; `None`:
+    /// no record), as the rule of its limit `L` reads it: a window of now
+    /// that counts `L − left + owed`, so that what is left is what this
+    /// region may still admit (at most `L`), and a region past what it may
+    /// admit owes.
     pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
         let per = rule.rule().period_ms();
-        let record = numbers.map(|[idle, start, count, moved]| stored::Record {
-            start_ms: start as u64,
-            idle_ms: idle as u64,
-            count: count as u64,
-            moved: moved as i64,
-        });
-        let stored = Stored {
-            record,
-            ledger: None,
+        let share = self.share(Regions::pool(rule));
+        let sliding = rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow;
+        let (left, owed) = if sliding {
+            let record = numbers.map(|[idle, start, carried, net]| Slide {
+                start_ms: start as u64,
+                idle_ms: idle as u64,
+                carried: carried as u64,
+                net: net as i64,
+            });
+            Stored::<Slide> {
+                record,
+                ledger: None,
+            }
+            .standing(now, share, per)
+        } else {
+            let record = numbers.map(|[idle, start, count, moved]| stored::Record {
+                start_ms: start as u64,
+                idle_ms: idle as u64,
+                count: count as u64,
+                moved: moved as i64,
+            });
+            Stored::<stored::Record> {
+                record,
+                ledger: None,
+            }
+            .standing(now, share, per)
         };
-        let (record, cap) = stored.standing(now, self.share(Regions::pool(rule)), per);
-        let count = u128::from(record.count) + u128::from(rule.rule().limit());
-        State::FixedWindow(fixed_window::Window {
-            start_ms: record.start_ms,
-            count: u64::try_from(count.saturating_sub(u128::from(cap))).unwrap_or(u64::MAX),
-        })
+        let count = rule
+            .rule()
+            .limit()
+            .saturating_sub(left)
+            .saturating_add(owed);
+        let start_ms = window_of(now, per);
+        if sliding {
+            State::SlidingWindow(sliding_window::Windows {
+                start_ms,
+                prev: 0,
+                cur: count,
+            })
+        } else {
+            State::FixedWindow(fixed_window::Window { start_ms, count })
+        }
     }
 
     /// A decision asked `cost` units of shared `rule` kept in `key` and
@@ -151,6 +180,7 @@ impl Regions {
             key: key.to_owned(),
             record,
             per_ms: per,
+            sliding: rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow,
             previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
         let entry = noted.entry(shared).or_insert(Noted {

@@ -417,6 +417,7 @@ mod tests {
             key: format!("sl:{{t}}:{n}"),
             record: Record([n; 8]),
             per_ms: 60_000,
+            sliding: false,
             previous: None,
         };
         let hearing = |total: u64| Hearing {
