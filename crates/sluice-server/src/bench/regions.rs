@@ -54,6 +54,9 @@ pub struct Settings {
     pub windows: u64,
     /// How long region `c` is cut off.
     pub partition_ms: u64,
+    /// Whether the shared rule is a `sliding_window` (else an aligned
+    /// `fixed_window`).
+    pub sliding: bool,
 }
 
 impl Default for Settings {
@@ -65,6 +68,7 @@ impl Default for Settings {
             sync_every_ms: 100,
             windows: 4,
             partition_ms: 20_000,
+            sliding: false,
         }
     }
 }
@@ -106,12 +110,17 @@ fn wall_ms() -> u64 {
 }
 
 fn rules(settings: &Settings) -> Fallible<Vec<BoundRule>> {
+    let algorithm = if settings.sliding {
+        Algorithm::SlidingWindow
+    } else {
+        Algorithm::FixedWindow
+    };
     let rule = Rule::new(
-        Algorithm::FixedWindow,
+        algorithm,
         i128::from(settings.limit),
         settings.window_ms,
         None,
-        true,
+        !settings.sliding,
     )?;
     let named = NamedRule {
         name: "per-window".into(),
@@ -452,8 +461,16 @@ pub fn verdict(report: &Report) -> (bool, String) {
 pub fn table(report: &Report) -> String {
     let s = &report.settings;
     let mut out = format!(
-        "one shared fixed_window, {} per aligned {} ms window, 3 regions {} ms apart each way, sync_every {} ms\n",
-        s.limit, s.window_ms, s.one_way_ms, s.sync_every_ms
+        "one shared {}, {} per aligned {} ms window, 3 regions {} ms apart each way, sync_every {} ms\n",
+        if s.sliding {
+            "sliding_window"
+        } else {
+            "fixed_window"
+        },
+        s.limit,
+        s.window_ms,
+        s.one_way_ms,
+        s.sync_every_ms
     );
     out.push_str(&format!(
         "decisions against one shared Redis {} ms away: p50 {:.1} ms, p99 {:.1} ms\n",

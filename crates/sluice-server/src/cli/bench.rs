@@ -423,11 +423,16 @@ fn finish(
 /// `--scenario regions` (see [`crate::bench::regions`]).
 fn regions(args: &BenchArgs) -> ExitCode {
     use crate::bench::regions::{self, Settings};
+    let sliding = args.algorithm == Some(super::SharedAlgorithm::SlidingWindow);
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    match runtime.block_on(regions::run(&Settings::default())) {
+    let settings = Settings {
+        sliding,
+        ..Settings::default()
+    };
+    match runtime.block_on(regions::run(&settings)) {
         Ok(report) => {
             let verdict = regions::verdict(&report);
             let json = serde_json::json!({ "report": report });

@@ -56,6 +56,15 @@ pub struct UsageArgs {
     json: bool,
 }
 
+/// `sluice bench --scenario regions --algorithm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SharedAlgorithm {
+    /// An aligned `fixed_window`.
+    FixedWindow,
+    /// A `sliding_window`.
+    SlidingWindow,
+}
+
 /// `sluice usage --by`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Period {
@@ -149,6 +158,10 @@ pub struct BenchArgs {
     /// Print the result as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
+    /// `regions`: the shared rule's algorithm, `fixed-window` (aligned)
+    /// or `sliding-window`. Default `fixed-window`.
+    #[arg(long, value_enum)]
+    algorithm: Option<SharedAlgorithm>,
     /// `hot-key`: the Redis its two instances share, e.g.
     /// redis://127.0.0.1:6379.
     #[arg(long, conflicts_with = "redis_cluster")]

@@ -89,6 +89,10 @@ pub struct Link {
     /// any; and as last read, with their change counter.
     replicated: Option<Replicated>,
     replica: Option<(u64, Arc<Vec<Entry>>)>,
+    /// Each live shared key's pool, as last noted or read: its part is
+    /// read against this region's share of it (a record of an earlier
+    /// window is moved on against the share, as a decision moves it).
+    pools: Mutex<HashMap<Shared, u64>>,
 }
 
 impl Link {
@@ -135,7 +139,7 @@ impl Link {
             .map(|k| k.fingerprint())
             .collect();
         let identity = format!(
-            "sluice-regions v2 {} {}",
+            "sluice-regions v3 {} {}",
             peppers.join(","),
             described.join(",")
         );
@@ -157,6 +161,7 @@ impl Link {
             syncs: 0,
             replicated: None,
             replica: None,
+            pools: Mutex::default(),
         })
     }
 
@@ -244,6 +249,11 @@ impl Link {
             .map_err(error)?;
         let read = if full { live } else { changed };
         let keys: Vec<Shared> = read.iter().filter_map(|m| parse_member(m)).collect();
+        if full {
+            // Forget the pools of keys no longer live.
+            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            pools.retain(|shared, _| keys.contains(shared));
+        }
         let parts = self.move_budget(&mut local, &keys, now).await?;
         self.read_replica(&mut local).await.map_err(error)?;
         self.ship(&keys, &parts, full);
@@ -278,6 +288,12 @@ impl Link {
         prefix: &str,
     ) -> Result<(), redis::RedisError> {
         let noted: Vec<(Shared, Noted)> = self.regions.take_noted().into_iter().collect();
+        {
+            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            for (shared, noted) in &noted {
+                pools.insert(shared.clone(), noted.pool);
+            }
+        }
         let (time, received) = (self.time(), received_key(prefix));
         let identity = identity_key(prefix);
         let steps = self.steps(&time, (&received, &identity));
@@ -309,25 +325,38 @@ impl Link {
         keys: &[Shared],
         now: u64,
     ) -> Result<Vec<Snapshot>, StoreError> {
-        let (time, n, me) = (self.time(), self.regions.len(), self.regions.index);
+        let (time, me) = (self.time(), self.regions.index);
         let (received, identity) = (received_key(&self.prefix()), identity_key(&self.prefix()));
         let steps = self.steps(&time, (&received, &identity));
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
-        let mut parts = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(PIPELINE) {
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            for shared in chunk {
-                // The pool is in the ledger: a record of an earlier window
-                // is read as owing all it counted beyond what moved here.
-                pipe.invoke_script(&shared.read_call(steps, 0));
+        let all: Vec<&Shared> = keys.iter().collect();
+        let mut parts = self.read_parts(local, &all, steps).await?;
+        // A key whose pool was not known here (or changed) is read again
+        // against its share: a record of an earlier window moves on
+        // against it.
+        let again: Vec<usize> = {
+            let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let mut again = Vec::new();
+            for (i, part) in parts.iter_mut().enumerate() {
+                if part.pool == 0 {
+                    // A ledger not written yet this window: the pool as
+                    // last known.
+                    part.pool = pools.get(&keys[i]).copied().unwrap_or(0);
+                } else if pools.insert(keys[i].clone(), part.pool) != Some(part.pool) {
+                    again.push(i);
+                }
             }
-            let replies: Vec<Vec<u8>> = pipe.query_async(local).await.map_err(error)?;
-            for reply in replies {
-                let mut part = super::ledger::snapshot(&reply, n)?;
-                part.part.share = self.regions.share(part.pool);
-                parts.push(part);
+            again
+        };
+        if !again.is_empty() {
+            let keys_again: Vec<&Shared> = again.iter().map(|&i| &keys[i]).collect();
+            let read_again = self.read_parts(local, &keys_again, steps).await?;
+            for (i, part) in again.into_iter().zip(read_again) {
+                parts[i] = part;
             }
+        }
+        for part in &mut parts {
+            part.part.share = self.regions.share(part.pool);
         }
         let reachable = self.reachable();
         let timeout = self.options.peer_timeout.as_millis() as u64;
@@ -362,6 +391,36 @@ impl Link {
                     self.count_shipped(to, total.saturating_sub(*given));
                     *given = total;
                 }
+            }
+        }
+        Ok(parts)
+    }
+
+    /// The parts of `keys` read from this region's store, each against
+    /// this region's share of its pool as last known here (0 when not
+    /// known).
+    async fn read_parts(
+        &self,
+        local: &mut ConnectionManager,
+        keys: &[&Shared],
+        steps: Steps<'_>,
+    ) -> Result<Vec<Snapshot>, StoreError> {
+        let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        let shares: Vec<u64> = {
+            let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let pool = |shared: &Shared| pools.get(shared).copied().unwrap_or(0);
+            keys.iter().map(|k| self.regions.share(pool(k))).collect()
+        };
+        let mut parts = Vec::with_capacity(keys.len());
+        for (chunk, shares) in keys.chunks(PIPELINE).zip(shares.chunks(PIPELINE)) {
+            let mut pipe = redis::pipe();
+            pipe.load_script(ledger_script()).ignore();
+            for (shared, &share) in chunk.iter().zip(shares) {
+                pipe.invoke_script(&shared.read_call(steps, share));
+            }
+            let replies: Vec<Vec<u8>> = pipe.query_async(local).await.map_err(error)?;
+            for reply in replies {
+                parts.push(super::ledger::snapshot(&reply, self.regions.len())?);
             }
         }
         Ok(parts)
@@ -442,9 +501,12 @@ impl Link {
                 continue;
             }
             let to = link.index;
+            // A part whose pool is not known yet says nothing: shipped,
+            // the peer would read what it owes against a share of 0.
             let owed = keys
                 .iter()
                 .zip(parts)
+                .filter(|(_, part)| part.pool > 0)
                 .map(|(shared, part)| (shared.clone(), hearing(&self.regions, to, part)));
             let hearings = link.unshipped(owed, full);
             let replica = match (&self.replicated, &self.replica) {

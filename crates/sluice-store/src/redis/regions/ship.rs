@@ -248,46 +248,7 @@ impl Shipment {
 
     /// Whether `theirs` (the peer's identity) may be merged with.
     fn check(&self, theirs: Option<&str>) -> Result<(), Failure> {
-        match theirs {
-            // A peer whose link has not run yet: nothing is shipped until
-            // it has said who it is.
-            None => Err(Failure::Failed(
-                "its link has not announced itself yet (is it running, with the same keys.prefix?)"
-                    .into(),
-            )),
-            Some(theirs) => {
-                // "sluice-regions v2 PEPPERS REGIONS", PEPPERS the current
-                // pepper's fingerprint and, while rotating, the previous'.
-                let fields = |identity: &str| -> (Vec<String>, String) {
-                    let mut parts = identity.splitn(4, ' ').skip(2);
-                    let peppers = parts.next().unwrap_or("").split(',').map(str::to_owned);
-                    (peppers.collect(), parts.next().unwrap_or("").to_owned())
-                };
-                let (ours, our_regions) = fields(&self.identity);
-                let (peppers, regions) = fields(theirs);
-                if !theirs.starts_with("sluice-regions v2 ")
-                    || !peppers.iter().any(|p| ours.contains(p))
-                {
-                    Err(Failure::Foreign(
-                        "its store announces another pepper".into(),
-                    ))
-                } else if regions != our_regions {
-                    Err(Failure::Foreign(
-                        "its store lists other regions or weights".into(),
-                    ))
-                } else if peppers.first() != ours.first() {
-                    // A rolling rotation: keys differ until both derive
-                    // them from the same pepper, and a grant made from one
-                    // key must not be heard on another.
-                    Err(Failure::Rotating(
-                        "it derives keys from another of the two peppers being rotated; linked again once both use the new one"
-                            .into(),
-                    ))
-                } else {
-                    Ok(())
-                }
-            }
-        }
+        mergeable(&self.identity, theirs)
     }
 
     /// The shipping itself.
@@ -390,6 +351,53 @@ impl Shipment {
     }
 }
 
+/// Whether a store announcing `theirs` may be merged with by a region
+/// whose identity is `ours`.
+fn mergeable(ours: &str, theirs: Option<&str>) -> Result<(), Failure> {
+    match theirs {
+        // A peer whose link has not run yet: nothing is shipped until
+        // it has said who it is.
+        None => Err(Failure::Failed(
+            "its link has not announced itself yet (is it running, with the same keys.prefix?)"
+                .into(),
+        )),
+        Some(theirs) => {
+            // "sluice-regions v3 PEPPERS REGIONS", PEPPERS the current
+            // pepper's fingerprint and, while rotating, the previous'.
+            let fields = |identity: &str| -> (Vec<String>, String) {
+                let mut parts = identity.splitn(4, ' ').skip(2);
+                let peppers = parts.next().unwrap_or("").split(',').map(str::to_owned);
+                (peppers.collect(), parts.next().unwrap_or("").to_owned())
+            };
+            let (ours, our_regions) = fields(ours);
+            let (peppers, regions) = fields(theirs);
+            if !theirs.starts_with("sluice-regions v3 ") {
+                Err(Failure::Foreign(
+                    "its store runs another version of the region link; run one sluice version in every region".into(),
+                ))
+            } else if !peppers.iter().any(|p| ours.contains(p)) {
+                Err(Failure::Foreign(
+                    "its store announces another pepper".into(),
+                ))
+            } else if regions != our_regions {
+                Err(Failure::Foreign(
+                    "its store lists other regions or weights".into(),
+                ))
+            } else if peppers.first() != ours.first() {
+                // A rolling rotation: keys differ until both derive
+                // them from the same pepper, and a grant made from one
+                // key must not be heard on another.
+                Err(Failure::Rotating(
+                    "it derives keys from another of the two peppers being rotated; linked again once both use the new one"
+                        .into(),
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Stamps when a region shipped (KEYS[1] the hash, ARGV[1] its name) with
 /// the receiving Redis's clock, in ms.
 const HEARD_LUA: &str = "local t = redis.call('TIME') \
@@ -457,5 +465,20 @@ mod tests {
         // After a failure, all again.
         link.state.lock().unwrap().last = Duration::from_secs(1);
         assert_eq!(link.unshipped(owed([1, 5, 3]), false).len(), 3);
+    }
+
+    #[test]
+    fn a_peer_is_merged_with_only_on_the_same_version_pepper_and_regions() {
+        let ours = "sluice-regions v3 aa eu:1,us:1";
+        let why = |theirs: &str| match mergeable(ours, Some(theirs)) {
+            Ok(()) => "merged".to_owned(),
+            Err(Failure::Foreign(why) | Failure::Rotating(why) | Failure::Failed(why)) => why,
+        };
+        assert_eq!(why(ours), "merged");
+        assert!(why("sluice-regions v2 aa eu:1,us:1").contains("another version"));
+        assert!(why("sluice-regions v3 bb eu:1,us:1").contains("another pepper"));
+        assert!(why("sluice-regions v3 aa eu:1,us:2").contains("other regions"));
+        assert!(why("sluice-regions v3 bb,aa eu:1,us:1").contains("rotated"));
+        assert!(mergeable(ours, None).is_err());
     }
 }
