@@ -64,6 +64,9 @@ pub struct Inspection {
 /// One region's part of one shared rule's window.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct RegionRow {
+    /// The tenant's shard it is of.
+    #[serde(default)]
+    pub shard: u16,
     /// The policy name.
     pub policy: String,
     /// The region (`self` marks this one).
@@ -126,38 +129,38 @@ pub async fn inspect(
         .collect();
     let mut rows = Vec::new();
     let mut regions = Vec::new();
-    // Per rule, what every region used of a shared one (peers as they
-    // last said): its row's `used`.
-    let mut fleet_used = vec![None; rules.len()];
-    if let Backend::Redis(redis) = store {
-        let batch = Batch::new(request.tenant, request.subject, 1, &rules);
-        let parts = redis.region_parts(&batch).await?;
-        for ((rule, parts), used) in rules.iter().zip(parts).zip(&mut fleet_used) {
-            let own = redis.regions().map(|r| r.names[r.index].clone());
-            if let Some(parts) = &parts {
-                *used = Some(parts.iter().filter_map(|p| p.used).sum::<u64>());
-            }
-            for part in parts.into_iter().flatten() {
-                let region = if Some(&part.region) == own.as_ref() {
-                    format!("{} (self)", part.region)
-                } else {
-                    part.region
-                };
-                regions.push(RegionRow {
-                    policy: rule.name().to_owned(),
-                    region,
-                    share: part.share,
-                    cap: part.cap,
-                    used: part.used,
-                });
-            }
-        }
-    }
     for shard in 0..applicable.shards {
         let batch = Batch {
             shard,
             ..Batch::new(request.tenant, request.subject, 1, &rules)
         };
+        // Per rule, what every region used of a shared one in this shard
+        // (peers as they last said): its row's `used`.
+        let mut fleet_used = vec![None; rules.len()];
+        if let Backend::Redis(redis) = store {
+            let parts = redis.region_parts(&batch).await?;
+            let own = redis.regions().map(|r| r.names[r.index].clone());
+            for ((rule, parts), used) in rules.iter().zip(parts).zip(&mut fleet_used) {
+                if let Some(parts) = &parts {
+                    *used = Some(parts.iter().filter_map(|p| p.used).sum::<u64>());
+                }
+                for part in parts.into_iter().flatten() {
+                    let region = if Some(&part.region) == own.as_ref() {
+                        format!("{} (self)", part.region)
+                    } else {
+                        part.region
+                    };
+                    regions.push(RegionRow {
+                        shard,
+                        policy: rule.name().to_owned(),
+                        region,
+                        share: part.share,
+                        cap: part.cap,
+                        used: part.used,
+                    });
+                }
+            }
+        }
         let peeked = store.peek(&batch).await?;
         for ((rule, read), used) in rules.iter().zip(peeked.rows).zip(&fleet_used) {
             let mut row = row(
@@ -271,7 +274,12 @@ pub fn table(inspection: &Inspection) -> String {
             "policy", "region", "share", "cap", "used"
         ));
         let known = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let mut shard = None;
         for r in &inspection.regions {
+            if inspection.shards > 1 && shard != Some(r.shard) {
+                out.push_str(&format!("shard {}:\n", r.shard));
+                shard = Some(r.shard);
+            }
             out.push_str(&format!(
                 "{:<16} {:<20} {:>10} {:>10} {:>10}\n",
                 r.policy,

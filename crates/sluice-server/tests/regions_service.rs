@@ -540,3 +540,45 @@ async fn an_override_set_in_one_region_applies_in_every_region_and_the_last_writ
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_each_shards_own_part_across_regions() {
+    let redis: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let tenants = "tenants:\n  acme: { plan: free, shards: 2 }\n";
+    let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+    let eu = config_with("eu", &redis[0], &[("us", redis[1].url())], tenants);
+    let us = config_with("us", &redis[1], &[("eu", redis[0].url())], tenants);
+    let eu_path = eu.to_str().unwrap().to_owned();
+    let eu = Server::start_with_env(&["--config", &eu_path], &env).keep(eu);
+    let _us = Server::start_with_env(&["--config", us.to_str().unwrap()], &env).keep(us);
+    let client = reqwest::Client::new();
+    linked(&client, &eu).await;
+    // Early in a window, five decisions in eu, spread over the shards.
+    let now = wall_ms();
+    tokio::time::sleep(Duration::from_millis(PER_MS - now % PER_MS + 100)).await;
+    for _ in 0..5 {
+        let check = json!({ "tenant": "acme", "route": "GET /" });
+        let (status, body) = post(&client, &eu.base, check).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (table, _) = succeeds(
+        sluice()
+            .args(["inspect", "--config", &eu_path, "--tenant", "acme"])
+            .env("TEST_SLUICE_PEPPER", PEPPER),
+    );
+    let used: Vec<u64> = table
+        .lines()
+        .filter(|l| l.starts_with("tenant") && l.split_whitespace().nth(1) == Some("per-3s"))
+        .map(|l| l.split_whitespace().nth(4).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(used.len(), 2, "a row per shard:\n{table}");
+    assert_eq!(
+        used.iter().sum::<u64>(),
+        5,
+        "five in all, none in us:\n{table}"
+    );
+    assert!(
+        table.contains("shard 1:\nper-3s"),
+        "each shard's parts:\n{table}"
+    );
+}

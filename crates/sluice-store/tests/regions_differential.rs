@@ -410,6 +410,16 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
             .unwrap();
         let row = &peeked.rows[0];
         let limit = rules[0].rule().limit();
+        // A region past what it may admit owes (at most max_debt: a rule
+        // that never owes reads as spent).
+        let (_, owed) = twin.standing(now, share, per);
+        prop_assert_eq!(
+            row.enforced.owes(&row.state, peeked.now),
+            owed > 0 && max_debt > 0,
+            "owing {} after {}",
+            owed,
+            said
+        );
         for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
             let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
             let would = twin.clone().decide(now, cost, share, per);

@@ -113,9 +113,9 @@ impl Regions {
     /// What a read-only check at `now` finds of shared `rule` whose record
     /// holds `numbers` (when it goes idle, then its three numbers; `None`:
     /// no record), as the rule of its limit `L` reads it: a window of now
-    /// that counts `L − left + owed`, so that what is left is what this
-    /// region may still admit (at most `L`), and a region past what it may
-    /// admit owes.
+    /// that counts `L − left + owed` (at most `L + max_debt`), so that
+    /// what is left is what this region may still admit (at most `L`), and
+    /// a region past what it may admit owes.
     pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
         let per = rule.rule().period_ms();
         let share = self.share(Regions::pool(rule));
@@ -145,11 +145,13 @@ impl Regions {
             }
             .standing(now, share, per)
         };
-        let count = rule
-            .rule()
-            .limit()
+        // Owing more than the rule may owe reads as owing all it may (a
+        // rule of its own reads such a count as spent under another rule).
+        let limit = rule.rule().limit();
+        let count = limit
             .saturating_sub(left)
-            .saturating_add(owed);
+            .saturating_add(owed)
+            .min(limit.saturating_add(rule.rule().max_debt()));
         let start_ms = window_of(now, per);
         if sliding {
             State::SlidingWindow(sliding_window::Windows {
