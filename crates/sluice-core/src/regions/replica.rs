@@ -6,11 +6,13 @@
 //! an older value heard later does not come back.
 //!
 //! **Last writer wins.** An entry heard replaces the stored one when its
-//! version is higher, or equal with a larger value (a tombstone is the
-//! smallest; values are compared as bytes, and are lowercase hex, which
-//! Lua's comparison orders alike). So merging is commutative, associative
-//! and idempotent: regions that heard the same entries, in any order and
-//! any number of times, hold the same.
+//! version is higher; at an equal version, a tombstone wins over a value
+//! (a region removing an expired override keeps its version: the removal
+//! outranks that value, never a later write), and a larger value over a
+//! smaller one (values are compared as bytes, and are lowercase hex,
+//! which Lua's comparison orders alike). So merging is commutative,
+//! associative and idempotent: regions that heard the same entries, in
+//! any order and any number of times, hold the same.
 //!
 //! **Versions.** A region writes an entry at its Redis time in µs, or one
 //! past its change counter if that is later; merging moves the counter
@@ -43,7 +45,7 @@ pub struct Replica {
 
 /// Whether `heard` replaces `stored` (see the module's documentation).
 pub fn wins(heard: (u64, Option<&str>), stored: (u64, Option<&str>)) -> bool {
-    heard > stored
+    (heard.0, heard.1.is_none(), heard.1) > (stored.0, stored.1.is_none(), stored.1)
 }
 
 impl Replica {
@@ -102,13 +104,19 @@ mod tests {
         assert_eq!(r.merge(&[entry("a", 7, None)]), 1);
         assert_eq!(r.merge(&[entry("a", 6, Some("0b"))]), 0, "came back");
         assert_eq!(r.entries["a"], (7, None));
+        // An expiry's tombstone, at the expired value's version, wins.
+        assert_eq!(
+            r.merge(&[entry("e", 4, Some("0e")), entry("e", 4, None)]),
+            2
+        );
+        assert_eq!(r.merge(&[entry("e", 4, Some("0e"))]), 0);
         // Equal versions: the larger value, alike everywhere.
         assert_eq!(
             r.merge(&[entry("b", 3, Some("0c")), entry("b", 3, Some("0d"))]),
             2
         );
         assert_eq!(r.merge(&[entry("b", 3, Some("0c"))]), 0);
-        assert_eq!(r.counter, 8, "past every version, and moved by each change");
+        assert_eq!(r.counter, 9, "past every version, and moved by each change");
     }
 
     #[test]

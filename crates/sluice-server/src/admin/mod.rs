@@ -454,7 +454,7 @@ impl Admin {
             .partition(|o| o.expires_at_ms.is_none_or(|at| at > now));
         for gone in &expired {
             let removed = persist
-                .write(limiter.store(), &gone.tenant, None, Some(gone.version))
+                .expire(limiter.store(), &gone.tenant, gone.version)
                 .await;
             if removed.is_ok() {
                 tracing::info!(

@@ -19,22 +19,30 @@ use super::{Refused, Stored};
 use crate::backend::Backend;
 
 /// Check-and-set of one override: KEYS = overrides, versions, counter;
-/// ARGV = field, expected version ("" for any), value ("" to delete).
-/// Returns {1, version} when done, {-1, stored version} on a mismatch,
-/// {0, 0} for a delete of an override the store does not hold.
+/// ARGV = field, expected version ("" for any), value ("" to delete),
+/// "expire" when the delete is of an expired override, then this region's
+/// place among the regions and how many there are (0 and 1 without
+/// `storage.regions`). Returns {1, version} when done, {-1, stored
+/// version} on a mismatch, {0, 0} for a delete of an override the store
+/// does not hold.
 ///
 /// A delete keeps the field's version (a tombstone), so that across
 /// regions (`storage.regions`: the link keeps overrides alike, last writer
 /// wins, see `sluice_store::redis::regions::replica`) an older value heard
-/// later does not bring it back. `If-Match` compares with the version of
-/// an override held, 0 for none.
+/// later does not bring it back. An expiry's tombstone keeps the expired
+/// value's own version: it outranks that value (a tombstone wins a tie),
+/// never a later write made elsewhere. `If-Match` compares with the
+/// version of an override held, 0 for none.
 ///
 /// A version is the Redis server's time in microseconds (or one more than
 /// the last version, if that is later): it never comes back after the
 /// store loses its data (FLUSHALL, a restart without persistence, a
 /// failover to a lagging replica), where a counter restarting from 0 could
-/// reach the version an instance knew with other overrides behind it.
-/// Below 2^53, so exact in Lua and in JSON.
+/// reach the version an instance knew with other overrides behind it. It
+/// is then moved up to the next one that is this region's place modulo
+/// the regions: two regions never write the same version, so a change
+/// replicated from another region always changes the version `If-Match`
+/// checks. Below 2^53, so exact in Lua and in JSON.
 const WRITE_LUA: &str = r"
 local held = redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
 if ARGV[3] == '' and not held then return {0, 0} end
@@ -44,8 +52,12 @@ if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= stored then return {-1, stored} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('GET', KEYS[3]) or '0')
-local version = string.format('%d', math.max(last + 1, now))
-redis.call('SET', KEYS[3], version)
+local place, regions = tonumber(ARGV[5]), tonumber(ARGV[6])
+local next = math.max(last + 1, now)
+next = next + (place - next % regions) % regions
+redis.call('SET', KEYS[3], string.format('%d', next))
+local version = string.format('%d', next)
+if ARGV[4] == 'expire' then version = string.format('%d', stored) end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])
 else
@@ -134,6 +146,9 @@ pub struct Persist {
     keyer: Keyer,
     cipher: ChaCha20Poly1305,
     keys: [String; 3],
+    /// This region's place among the regions, and how many (0 and 1
+    /// without `storage.regions`).
+    region: (usize, usize),
 }
 
 impl std::fmt::Debug for Persist {
@@ -159,6 +174,10 @@ impl Persist {
             ],
             keyer,
             cipher,
+            region: match backend {
+                Backend::Redis(store) => store.regions().map_or((0, 1), |r| (r.index, r.len())),
+                _ => (0, 1),
+            },
         })
     }
 
@@ -222,11 +241,37 @@ impl Persist {
         stored: Option<&Stored>,
         expected: Option<u64>,
     ) -> Result<u64, Refused> {
+        self.call_write(backend, tenant, stored, (expected, false))
+            .await
+    }
+
+    /// Removes `tenant`'s override of version `version`, expired: its
+    /// tombstone keeps that version (see `WRITE_LUA`).
+    pub async fn expire(
+        &self,
+        backend: &Backend,
+        tenant: &str,
+        version: u64,
+    ) -> Result<u64, Refused> {
+        self.call_write(backend, tenant, None, (Some(version), true))
+            .await
+    }
+
+    async fn call_write(
+        &self,
+        backend: &Backend,
+        tenant: &str,
+        stored: Option<&Stored>,
+        (expected, expiring): (Option<u64>, bool),
+    ) -> Result<u64, Refused> {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(WRITE_LUA).arg(3).arg(&self.keys[..]);
         cmd.arg(self.field(tenant))
             .arg(expected.map_or_else(String::new, |v| v.to_string()))
-            .arg(stored.map_or_else(String::new, |s| self.seal(s)));
+            .arg(stored.map_or_else(String::new, |s| self.seal(s)))
+            .arg(if expiring { "expire" } else { "" })
+            .arg(self.region.0)
+            .arg(self.region.1);
         let (done, version): (i64, u64) = query(backend, &cmd).await.map_err(store)?;
         match done {
             1 => Ok(version),

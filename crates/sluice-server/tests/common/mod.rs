@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod markdown;
+pub mod regions;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};

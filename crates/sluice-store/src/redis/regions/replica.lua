@@ -13,8 +13,9 @@
 -- then per entry three: its field, its version, its value ("": deleted)
 --
 -- An entry replaces the stored one when its version is higher, or equal
--- with a larger value ("" the smallest). When any did, the counter moves
--- past every version applied, and by one at least. Returns how many did.
+-- and it is a tombstone where the store holds a value, or a larger value.
+-- When any did, the counter moves past every version applied, and by one
+-- at least. Returns how many did.
 
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then
   return -2
@@ -25,7 +26,14 @@ for i = 2, #ARGV, 3 do
   local stored = tonumber(redis.call('HGET', KEYS[2], field) or '0')
   local wins = version > stored
   if version == stored then
-    wins = value > (redis.call('HGET', KEYS[1], field) or '')
+    -- A tie: a tombstone wins over a value (the expiry of that value),
+    -- a larger value over a smaller one, nothing over a tombstone.
+    local held = redis.call('HGET', KEYS[1], field)
+    if value == '' then
+      wins = held ~= false
+    else
+      wins = held ~= false and value > held
+    end
   end
   if wins then
     if value == '' then

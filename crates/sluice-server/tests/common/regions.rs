@@ -1,0 +1,88 @@
+//! What the tests across regions share: a region's configuration, and
+//! waiting until regions link.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use sluice_testkit::RedisServer;
+
+use super::{Server, temp_file};
+
+pub const PEPPER: &str = "5a1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
+pub const OTHER_PEPPER: &str = "0b1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f72";
+pub const PER_MS: u64 = 3_000;
+pub const LIMIT: u64 = 150;
+
+pub fn config(this: &str, own: &RedisServer, peers: &[(&str, String)]) -> super::TempPath {
+    config_with(this, own, peers, "")
+}
+
+/// A region's configuration, `keys` lines added under `keys:`.
+pub fn config_with(
+    this: &str,
+    own: &RedisServer,
+    peers: &[(&str, String)],
+    keys: &str,
+) -> super::TempPath {
+    let peers: String = peers
+        .iter()
+        .map(|(name, url)| format!("      {name}: {{ url: \"{url}\" }}\n"))
+        .collect();
+    temp_file(
+        &format!("regions-{this}.yaml"),
+        &format!(
+            r#"
+storage:
+  backend: redis
+  url: {}
+  regions:
+    self: {this}
+    peers:
+{peers}    sync_every: 100ms
+    peer_timeout: 1s
+keys:
+  pepper_env: TEST_SLUICE_PEPPER
+{keys}default_plan: free
+plans:
+  free:
+    tenant: [{{ name: per-3s, algorithm: fixed_window, limit: {LIMIT}, per: 3s, aligned: true }}]
+"#,
+            own.url()
+        ),
+    )
+}
+
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `/readyz` of `server`: its status and body.
+pub async fn readyz(client: &reqwest::Client, server: &Server) -> (u16, Value) {
+    let response = client
+        .get(format!("{}/readyz", server.base))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Waits until `server` hears from every peer (or panics after 15 s).
+pub async fn linked(client: &reqwest::Client, server: &Server) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = readyz(client, server).await;
+        let peers = body["regions"].as_array().cloned().unwrap_or_default();
+        let linked = |p: &Value| p["cut_off"] == false && p["foreign"].is_null();
+        if status == 200 && !peers.is_empty() && peers.iter().all(linked) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the regions never linked: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
