@@ -7,7 +7,8 @@
 //! clock: decisions, grants, totals heard from peers (late, repeated, out
 //! of order, from a peer that lost its ledger), notes of demand, reads,
 //! debits and give-backs, with the clock moving within a window, across
-//! windows, and a window back (a clock step). After every step, a
+//! windows, and a window back (a clock step), and reloads changing the
+//! rule's period or limit. After every step, a
 //! read-only check (peek) finds what a decision would.
 //!
 //! The same for the merge of the entries kept alike in every region (the
@@ -53,6 +54,8 @@ enum Step {
     Hear(usize, u64, u64, u64, u64),
     /// A reload changes the rule's period.
     Reper(u64),
+    /// A reload changes the rule's limit (so each region's share).
+    Relimit(i128),
     /// The clock steps back (a failover to a Redis whose clock lags).
     Back(u64),
 }
@@ -71,6 +74,7 @@ fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
             .prop_map(|(from, total, back, cap, late)| Step::Hear(from, total, back, cap, u64::from(late))),
         1 => prop_oneof![Just(per), Just(per * 3), Just((per / 2).max(1)), 1u64..=5_000].prop_map(Step::Reper),
         1 => (1u64..=2 * per).prop_map(Step::Back),
+        1 => (1i128..=60).prop_map(Step::Relimit),
     ];
     proptest::collection::vec(step, 1..80)
 }
@@ -227,7 +231,7 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
     let store = store
         .with_time(TimeSource::Client(clock.clone()))
         .with_regions(regions.clone());
-    let mut per = per;
+    let (mut per, mut limit) = (per, limit);
     let mut rules = [shared_rule(sliding, limit, per, max_debt)];
     let buckets = sluice_store::redis::KeySet::keys(
         &keys.current,
@@ -239,10 +243,11 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
         record: buckets.records[0],
         per_ms: per,
         sliding,
+        max_debt,
         previous: None,
     };
-    let pool = Regions::pool(&rules[0]);
-    let share = regions.share(pool);
+    let mut pool = Regions::pool(&rules[0]);
+    let mut share = regions.share(pool);
     let time = TimeSource::Client(clock.clone());
     let received = received_key("sl");
     let identity = identity_key("sl");
@@ -305,10 +310,16 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
                 rules = [shared_rule(sliding, limit, per, max_debt)];
                 shared.per_ms = per;
             }
+            Step::Relimit(to) => {
+                limit = to;
+                rules = [shared_rule(sliding, limit, per, max_debt)];
+                pool = Regions::pool(&rules[0]);
+                share = regions.share(pool);
+            }
             Step::Decide(cost) => {
                 let batch = Batch::new("tenant", None, cost, &rules);
                 let lua = runtime.block_on(store.decide(&batch)).unwrap();
-                let rust = twin.decide(now, cost, share, per);
+                let rust = twin.decide(now, cost, share, per, max_debt);
                 let o = lua.outcomes[0];
                 prop_assert_eq!(
                     (
@@ -365,7 +376,7 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
                 let lua: i64 = runtime
                     .block_on(call.invoke_async(&mut connection))
                     .unwrap();
-                let rust = twin.grant(now, window, per, share, (to, units), REGIONS);
+                let rust = twin.grant(now, window, (per, max_debt), share, (to, units), REGIONS);
                 prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
             }
             Step::Hear(from, total, back, cap, late) => {
@@ -388,7 +399,15 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
                 let lua: i64 = runtime
                     .block_on(call.invoke_async(&mut connection))
                     .unwrap();
-                let rust = twin.hear(now, (named, per), (pool, share), from, total, view, REGIONS);
+                let rust = twin.hear(
+                    now,
+                    (named, per, max_debt),
+                    (pool, share),
+                    from,
+                    total,
+                    view,
+                    REGIONS,
+                );
                 prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
             }
         }
@@ -402,7 +421,12 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
             .unwrap();
         let mut lua = snapshot(&reply, REGIONS).unwrap();
         lua.part.share = share;
-        prop_assert_eq!(lua, twin.read(now, per, share, REGIONS), "after {}", said);
+        prop_assert_eq!(
+            lua,
+            twin.read(now, (per, max_debt), share, REGIONS),
+            "after {}",
+            said
+        );
         // A read-only check (peek) finds what a decision would: what
         // is left here, at most the rule's limit.
         let peeked = runtime
@@ -412,7 +436,7 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
         let limit = rules[0].rule().limit();
         // A region past what it may admit owes (at most max_debt: a rule
         // that never owes reads as spent).
-        let (_, owed) = twin.standing(now, share, per);
+        let (_, owed) = twin.standing(now, share, per, max_debt);
         prop_assert_eq!(
             row.enforced.owes(&row.state, peeked.now),
             owed > 0 && max_debt > 0,
@@ -422,7 +446,7 @@ fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseErr
         );
         for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
             let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
-            let would = twin.clone().decide(now, cost, share, per);
+            let would = twin.clone().decide(now, cost, share, per, max_debt);
             let left = |allowed: bool, remaining: u64| remaining + if allowed { cost } else { 0 };
             prop_assert_eq!(
                 seen.allowed,

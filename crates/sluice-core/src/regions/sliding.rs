@@ -75,7 +75,7 @@ impl Slide {
     /// and nothing is given back: the first moment the previous window's
     /// weight allows it, in this window or a later one (`slide_retry` in
     /// decide.lua).
-    fn retry(self, now: u64, cost: u64, share: u64, per: u64) -> u64 {
+    fn retry(self, now: u64, cost: u64, (share, per): (u64, u64), max_debt: u64) -> u64 {
         let mut r = self;
         for _ in 0..LOOK_AHEAD {
             let free = (i128::from(share) - i128::from(r.net) - i128::from(cost)) * i128::from(per);
@@ -95,15 +95,16 @@ impl Slide {
                 // Never without grants: when this window ends.
                 break;
             }
-            r = Slide::at(Some(r), r.start_ms + per, share, per);
+            r = Slide::at(Some(r), r.start_ms + per, share, per, max_debt);
         }
         (r.start_ms + per).saturating_sub(now).max(1)
     }
 }
 
 impl Kept for Slide {
-    /// `slide_at` in decide.lua.
-    fn at(record: Option<Slide>, window: u64, share: u64, per: u64) -> Slide {
+    /// `slide_at` in decide.lua: a window of its own past `share +
+    /// max_debt` reads as spent (`share`), nothing carried past it.
+    fn at(record: Option<Slide>, window: u64, share: u64, per: u64, max_debt: u64) -> Slide {
         let r = record.unwrap_or(Slide {
             start_ms: window,
             idle_ms: window + 2 * per,
@@ -114,7 +115,10 @@ impl Kept for Slide {
             return r;
         }
         let passed = u128::from(((window - r.start_ms) / per).max(1));
-        let owed = u128::try_from(r.net.max(0)).unwrap_or(0);
+        let mut owed = u128::try_from(r.net.max(0)).unwrap_or(0);
+        if owed > u128::from(share) + u128::from(max_debt) {
+            owed = u128::from(share);
+        }
         let share = u128::from(share);
         let carried = owed.saturating_sub((passed - 1) * share).min(share);
         let net = owed.saturating_sub(passed * share);
@@ -169,10 +173,10 @@ impl Kept for Slide {
         record: Option<Slide>,
         now: u64,
         cost: u64,
-        share: u64,
-        per: u64,
+        (share, per): (u64, u64),
+        max_debt: u64,
     ) -> (Answer, Option<Slide>) {
-        let mut r = Slide::at(record, window_of(now, per), share, per);
+        let mut r = Slide::at(record, window_of(now, per), share, per, max_debt);
         let room = r.room(now, share, per);
         let need = i128::from(cost) * i128::from(per);
         if room >= need {
@@ -192,7 +196,7 @@ impl Kept for Slide {
             allowed: false,
             remaining: u64::try_from(room.max(0) / i128::from(per)).unwrap_or(u64::MAX),
             reset_ms: r.written(share, per).idle_ms.saturating_sub(now).max(1),
-            retry_ms: r.retry(now, cost, share, per),
+            retry_ms: r.retry(now, cost, (share, per), max_debt),
         };
         (answer, None)
     }
@@ -206,7 +210,7 @@ impl Kept for Slide {
         (share, per): (u64, u64),
         max_debt: u64,
     ) -> (Slide, u64) {
-        let mut r = Slide::at(record, window_of(now, per), share, per);
+        let mut r = Slide::at(record, window_of(now, per), share, per, max_debt);
         let most = r.room(now, share.saturating_add(max_debt), per).max(0) / i128::from(per);
         let kept = i128::from(cost).min(most);
         r.net = r.net.saturating_add(kept as i64);
@@ -237,12 +241,12 @@ mod tests {
     #[test]
     fn a_region_admits_its_share_less_what_the_last_window_still_weighs() {
         let mut a: Stored<Slide> = Stored::default();
-        assert!((0..10).all(|_| a.decide(T0 + 1, 1, 10, PER).allowed));
-        assert!(!a.decide(T0 + 2, 1, 10, PER).allowed);
+        assert!((0..10).all(|_| a.decide(T0 + 1, 1, 10, PER, 10).allowed));
+        assert!(!a.decide(T0 + 2, 1, 10, PER, 10).allowed);
         // A quarter into the next window the last one weighs 7.5 of 10.
         let now = T0 + PER + PER / 4;
         let admitted = (0..10)
-            .filter(|_| a.decide(now, 1, 10, PER).allowed)
+            .filter(|_| a.decide(now, 1, 10, PER, 10).allowed)
             .count();
         assert_eq!(admitted, 2);
     }
@@ -250,13 +254,23 @@ mod tests {
     #[test]
     fn a_denial_names_the_first_moment_it_fits_and_not_before() {
         let mut a: Stored<Slide> = Stored::default();
-        assert!(a.decide(T0, 10, 10, PER).allowed);
+        assert!(a.decide(T0, 10, 10, PER, 10).allowed);
         let now = T0 + PER + 100;
-        let denied = a.decide(now, 3, 10, PER);
+        let denied = a.decide(now, 3, 10, PER, 10);
         assert!(!denied.allowed);
         let at = now + denied.retry_ms;
-        assert!(!a.clone().decide(at - 1, 3, 10, PER).allowed);
-        assert!(a.decide(at, 3, 10, PER).allowed);
+        assert!(!a.clone().decide(at - 1, 3, 10, PER, 10).allowed);
+        assert!(a.decide(at, 3, 10, PER, 10).allowed);
+    }
+
+    #[test]
+    fn a_count_made_under_a_higher_limit_is_not_carried_as_debt() {
+        let mut a: Stored<Slide> = Stored::default();
+        assert!(a.decide(T0, 100, 100, PER, 100).allowed);
+        // A reload lowers the share to 1 (max_debt 1): the last window
+        // weighs what a share of 1 can, and two windows on it is free.
+        assert!(!a.decide(T0 + PER + PER / 2, 1, 1, PER, 1).allowed);
+        assert!(a.decide(T0 + 2 * PER, 1, 1, PER, 1).allowed);
     }
 
     #[test]
@@ -265,21 +279,25 @@ mod tests {
         let (mut a, mut b): (Stored<Slide>, Stored<Slide>) = Default::default();
         let w = window_of(T0, PER);
         let view = super::super::Heard::default();
-        assert_eq!(a.grant(T0, w, PER, 10, (1, 6), 2), Some(6));
-        assert_eq!(b.hear(T0, (w, PER), (20, 10), 0, 6, view, 2), Some(6));
+        assert_eq!(a.grant(T0, w, (PER, 10), 10, (1, 6), 2), Some(6));
+        assert_eq!(b.hear(T0, (w, PER, 10), (20, 10), 0, 6, view, 2), Some(6));
         assert_eq!(
-            (0..20).filter(|_| b.decide(T0, 1, 10, PER).allowed).count(),
+            (0..20)
+                .filter(|_| b.decide(T0, 1, 10, PER, 10).allowed)
+                .count(),
             16
         );
         assert_eq!(
-            (0..20).filter(|_| a.decide(T0, 1, 10, PER).allowed).count(),
+            (0..20)
+                .filter(|_| a.decide(T0, 1, 10, PER, 10).allowed)
+                .count(),
             4
         );
         // Half into the next window the fleet's estimate is 10 of 20: a
         // carries 10 (its 4 and the 6 b spent), b 10.
         let now = T0 + PER + PER / 2;
         let more = (0..40)
-            .filter(|i| [&mut a, &mut b][i % 2].decide(now, 1, 10, PER).allowed)
+            .filter(|i| [&mut a, &mut b][i % 2].decide(now, 1, 10, PER, 10).allowed)
             .count();
         assert_eq!(more, 10);
     }

@@ -92,8 +92,10 @@ impl<K> Default for Stored<K> {
 pub trait Kept: Copy + std::fmt::Debug + PartialEq + Eq {
     /// The record as the window starting at `window` reads it: itself in
     /// its own window and in a later one (never re-dated back), moved on
-    /// from an earlier one (what it still owes carried), or afresh.
-    fn at(record: Option<Self>, window: u64, share: u64, per: u64) -> Self;
+    /// from an earlier one (what it still owes carried, when no more than
+    /// `max_debt`: a count past it was made under another limit and reads
+    /// as spent, nothing carried), or afresh.
+    fn at(record: Option<Self>, window: u64, share: u64, per: u64, max_debt: u64) -> Self;
     /// The record as written: when it goes idle set.
     fn written(self, share: u64, per: u64) -> Self;
     /// Whether the link leaves it alone at `now` for a rule of `per` ms
@@ -116,8 +118,8 @@ pub trait Kept: Copy + std::fmt::Debug + PartialEq + Eq {
         record: Option<Self>,
         now: u64,
         cost: u64,
-        share: u64,
-        per: u64,
+        share_per: (u64, u64),
+        max_debt: u64,
     ) -> (Answer, Option<Self>);
     /// Charges `cost` units spent already, at most `max_debt` past what
     /// remains: the record to write, and the units forgiven.
@@ -170,8 +172,9 @@ impl Kept for Record {
     /// own window, and in a later one (the clock is behind the one that
     /// wrote it: never re-dated back, or what it granted would be
     /// forgotten); from an earlier window, what it owed beyond its cap and
-    /// the shares of the windows between (debt), nothing moved.
-    fn at(record: Option<Record>, window: u64, share: u64, per: u64) -> Record {
+    /// the shares of the windows between (debt, at most `max_debt`: a
+    /// count past it reads as spent), nothing moved.
+    fn at(record: Option<Record>, window: u64, share: u64, per: u64, max_debt: u64) -> Record {
         let r = record.unwrap_or(Record {
             start_ms: window,
             idle_ms: window + per,
@@ -182,8 +185,14 @@ impl Kept for Record {
             return r;
         }
         let passed = ((window - r.start_ms) / per).max(1);
-        let owed = u128::from(r.count)
-            .saturating_sub(u128::from(r.cap(share)))
+        let cap = r.cap(share);
+        let count = if r.count > cap.saturating_add(max_debt) {
+            cap
+        } else {
+            r.count
+        };
+        let owed = u128::from(count)
+            .saturating_sub(u128::from(cap))
             .saturating_sub(u128::from(passed - 1) * u128::from(share));
         Record {
             start_ms: window,
@@ -230,11 +239,11 @@ impl Kept for Record {
         record: Option<Record>,
         now: u64,
         cost: u64,
-        share: u64,
-        per: u64,
+        (share, per): (u64, u64),
+        max_debt: u64,
     ) -> (Answer, Option<Record>) {
         let window = window_of(now, per);
-        let mut record = Record::at(record, window, share, per);
+        let mut record = Record::at(record, window, share, per, max_debt);
         let cap = record.cap(share);
         let ends_in = (record.start_ms + per - now).max(1);
         if record.count.saturating_add(cost) <= cap {
@@ -266,7 +275,7 @@ impl Kept for Record {
         max_debt: u64,
     ) -> (Record, u64) {
         let window = window_of(now, per);
-        let mut record = Record::at(record, window, share, per);
+        let mut record = Record::at(record, window, share, per, max_debt);
         let counted = record.count.saturating_add(cost);
         let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
         record.count = counted.min(deepest);
@@ -337,16 +346,16 @@ impl<K: Kept> Stored<K> {
     /// What a decision at `now` would find against this region's `share`,
     /// nothing written (the read-only checks): what remains to admit, and
     /// how far past it the region is (in debt).
-    pub fn standing(&self, now: u64, share: u64, per: u64) -> (u64, u64) {
-        let record = K::at(self.record, window_of(now, per), share, per);
+    pub fn standing(&self, now: u64, share: u64, per: u64, max_debt: u64) -> (u64, u64) {
+        let record = K::at(self.record, window_of(now, per), share, per, max_debt);
         (record.left(now, share, per), record.owed(now, share, per))
     }
 
     /// A decision of `cost` units against this region's `share`
     /// (`shared_window` or `shared_sliding` in decide.lua): admitted, it
     /// is counted.
-    pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64) -> Answer {
-        let (answer, written) = K::decide(self.record, now, cost, share, per);
+    pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64, max_debt: u64) -> Answer {
+        let (answer, written) = K::decide(self.record, now, cost, (share, per), max_debt);
         if written.is_some() {
             self.record = written;
         }
@@ -394,10 +403,17 @@ impl<K: Kept> Stored<K> {
     }
 
     /// The part of the window of now, with `share` as this region's.
-    pub fn read(&self, now: u64, per: u64, share: u64, regions: usize) -> Snapshot {
+    pub fn read(
+        &self,
+        now: u64,
+        (per, max_debt): (u64, u64),
+        share: u64,
+        regions: usize,
+    ) -> Snapshot {
         let window = window_of(now, per);
         let foreign = self.foreign(per, now);
-        let record = K::at(if foreign { None } else { self.record }, window, share, per);
+        let kept = if foreign { None } else { self.record };
+        let record = K::at(kept, window, share, per, max_debt);
         let ledger = match &self.ledger {
             Some(l)
                 if !foreign
@@ -430,7 +446,7 @@ impl<K: Kept> Stored<K> {
         &mut self,
         now: u64,
         window: u64,
-        per: u64,
+        (per, max_debt): (u64, u64),
         share: u64,
         (to, units): (usize, u64),
         regions: usize,
@@ -438,7 +454,7 @@ impl<K: Kept> Stored<K> {
         if window_of(now, per) != window || to >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = K::at(self.record, window, share, per);
+        let mut record = K::at(self.record, window, share, per, max_debt);
         if units == 0 || units > record.left(now, share, per) {
             return None;
         }
@@ -461,7 +477,7 @@ impl<K: Kept> Stored<K> {
     pub fn hear(
         &mut self,
         now: u64,
-        (window, per): (u64, u64),
+        (window, per, max_debt): (u64, u64, u64),
         (pool, share): (u64, u64),
         from: usize,
         total: u64,
@@ -471,7 +487,7 @@ impl<K: Kept> Stored<K> {
         if window_of(now, per) != window || from >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = K::at(self.record, window, share, per);
+        let mut record = K::at(self.record, window, share, per, max_debt);
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         let added = total.saturating_sub(ledger.heard[from]);
@@ -508,22 +524,52 @@ mod tests {
         let (mut a, mut b): (Stored, Stored) = Default::default();
         let now = 5 * PER + 10;
         let w = window_of(now, PER);
-        assert!((0..4).all(|_| a.decide(now, 1, 10, PER).allowed));
-        assert_eq!(a.grant(now, w, PER, 10, (1, 7), 2), None, "only 6 left");
-        assert_eq!(a.grant(now, w, PER, 10, (1, 6), 2), Some(6));
-        assert!(!a.decide(now, 1, 10, PER).allowed);
+        assert!((0..4).all(|_| a.decide(now, 1, 10, PER, 10).allowed));
+        assert_eq!(
+            a.grant(now, w, (PER, 10), 10, (1, 7), 2),
+            None,
+            "only 6 left"
+        );
+        assert_eq!(a.grant(now, w, (PER, 10), 10, (1, 6), 2), Some(6));
+        assert!(!a.decide(now, 1, 10, PER, 10).allowed);
         // Heard three times, and an older total after it: counted once.
-        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(6));
-        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 6, view(0), 2), Some(0));
-        assert_eq!(b.hear(now, (w, PER), (20, 10), 0, 2, view(0), 2), Some(0));
+        assert_eq!(
+            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 2),
+            Some(6)
+        );
+        assert_eq!(
+            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 2),
+            Some(0)
+        );
+        assert_eq!(
+            b.hear(now, (w, PER, 10), (20, 10), 0, 2, view(0), 2),
+            Some(0)
+        );
         assert_eq!(b.record.unwrap().moved, 6);
-        assert!((0..16).all(|_| b.decide(now, 1, 10, PER).allowed));
-        assert!(!b.decide(now, 1, 10, PER).allowed);
+        assert!((0..16).all(|_| b.decide(now, 1, 10, PER, 10).allowed));
+        assert!(!b.decide(now, 1, 10, PER, 10).allowed);
         // The next window starts from the share again; a late total of the
         // last one is dropped.
         let next = now + PER;
-        assert_eq!(b.hear(next, (w, PER), (20, 10), 0, 9, view(0), 2), None);
-        assert_eq!(b.decide(next, 1, 10, PER).remaining, 9);
+        assert_eq!(b.hear(next, (w, PER, 10), (20, 10), 0, 9, view(0), 2), None);
+        assert_eq!(b.decide(next, 1, 10, PER, 10).remaining, 9);
+    }
+
+    #[test]
+    fn a_count_made_under_a_higher_limit_is_not_carried_as_debt() {
+        let mut a: Stored = Stored::default();
+        let now = 3 * PER + 1;
+        assert!(a.decide(now, 100, 100, PER, 100).allowed);
+        // A reload lowers the share to 1 (max_debt 1): denied in this
+        // window, admitted in the next (read as spent, as a fixed_window
+        // of its own reads it), not 99 windows later.
+        assert!(!a.decide(now + 1, 1, 1, PER, 1).allowed);
+        assert!(a.decide(now + PER, 1, 1, PER, 1).allowed);
+        // A debt within max_debt is still carried.
+        let mut b: Stored = Stored::default();
+        assert_eq!(b.debit(now, 15, 10, PER, 5), 0);
+        assert!(!b.decide(now + PER, 6, 10, PER, 5).allowed);
+        assert!(b.decide(now + PER, 5, 10, PER, 5).allowed);
     }
 
     #[test]
@@ -531,10 +577,13 @@ mod tests {
         let mut a: Stored = Stored::default();
         let now = PER + 1;
         let w = window_of(now, PER);
-        assert_eq!(a.grant(now, w, PER, 10, (1, 8), 2), Some(8));
+        assert_eq!(a.grant(now, w, (PER, 10), 10, (1, 8), 2), Some(8));
         a = Stored::default(); // flushed
-        assert_eq!(a.hear(now, (w, PER), (20, 10), 1, 0, view(8), 2), Some(0));
-        assert_eq!(a.read(now, PER, 10, 2).part.left(), 2);
-        assert!(!a.decide(now, 3, 10, PER).allowed);
+        assert_eq!(
+            a.hear(now, (w, PER, 10), (20, 10), 1, 0, view(8), 2),
+            Some(0)
+        );
+        assert_eq!(a.read(now, (PER, 10), 10, 2).part.left(), 2);
+        assert!(!a.decide(now, 3, 10, PER, 10).allowed);
     }
 }

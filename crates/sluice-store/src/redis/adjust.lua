@@ -107,7 +107,7 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     local window = idiv(now, per) * per
     if not found then x, y, z = window, 0, 0 end
     local at
-    at, y, z = shared_at(x, y, z, window, limit, per)
+    at, y, z = shared_at(x, y, z, window, limit, per, max_debt)
     local counted = y + cost
     local kept = min(counted, max(max(0, limit + z) + max_debt, y))
     forgiven = counted - kept
@@ -118,7 +118,7 @@ local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst,
     -- remains.
     local window = idiv(now, per) * per
     if not found then x, y, z = window, 0, 0 end
-    x, y, z = slide_at(x, y, z, window, limit, per)
+    x, y, z = slide_at(x, y, z, window, limit, per, max_debt)
     local most = idiv(max(0, slide_room(x, y, z, now, limit + max_debt, per)), per)
     local kept = min(cost, most)
     forgiven = cost - kept

@@ -201,11 +201,14 @@ end
 -- own window, and in a later one (the clock is behind the one that wrote
 -- it: never re-dated back, or what it granted would be forgotten); from an
 -- earlier window, what it owed beyond its cap and the shares of the
--- windows between (debt), nothing moved.
-local function shared_at(start, count, moved, window, share, per)
+-- windows between (debt, at most max_debt: a count past it was made under
+-- another limit and reads as spent), nothing moved.
+local function shared_at(start, count, moved, window, share, per, max_debt)
   if start >= window then return start, count, moved end
   local passed = max(1, idiv(window - start, per))
-  return window, max(0, count - max(0, share + moved) - (passed - 1) * share), 0
+  local cap = max(0, share + moved)
+  if count > cap + max_debt then count = cap end
+  return window, max(0, count - cap - (passed - 1) * share), 0
 end
 
 -- When a shared window's record of window at goes idle: the window's end,
@@ -222,11 +225,12 @@ end
 -- record's third number what moved here in its window (heard from peers
 -- less granted to them, see regions/ledger.lua): it admits while count +
 -- cost <= share + moved.
-local function shared_window(name, found, start, count, moved, now, cost, share, per)
+local function shared_window(name, found, start, count, moved, now, cost, share, per, _, _,
+                              max_debt)
   local window = idiv(now, per) * per
   if not found then start, count, moved = window, 0, 0 end
   local at
-  at, count, moved = shared_at(start, count, moved, window, share, per)
+  at, count, moved = shared_at(start, count, moved, window, share, per, max_debt)
   local cap = max(0, share + moved)
   local ends_in = max(1, at + per - now)
   if count + cost <= cap then
@@ -242,11 +246,13 @@ end
 -- The record as the window starting at window reads it (Slide::at): from
 -- an earlier window, the previous one weighs what it counted beyond what
 -- moved here, at most share, and what it owed beyond opens the window;
--- each window that passed repays share.
-local function slide_at(start, carried, net, window, share, per)
+-- each window that passed repays share. A window past share + max_debt
+-- was counted under another limit: it reads as spent (share).
+local function slide_at(start, carried, net, window, share, per, max_debt)
   if start >= window then return start, carried, net end
   local passed = max(1, idiv(window - start, per))
   local owed = max(0, net)
+  if owed > share + max_debt then owed = share end
   return window, min(share, max(0, owed - (passed - 1) * share)), max(0, owed - passed * share)
 end
 
@@ -262,7 +268,7 @@ local function slide_room(start, carried, net, now, share, per)
 end
 
 -- When a denied cost fits, if nothing moves here (Slide::retry).
-local function slide_retry(start, carried, net, now, cost, share, per)
+local function slide_retry(start, carried, net, now, cost, share, per, max_debt)
   for _ = 1, 64 do
     local free = (share - net - cost) * per
     if free >= 0 then
@@ -271,7 +277,7 @@ local function slide_retry(start, carried, net, now, cost, share, per)
       if at < per then return max(1, start + at - now) end
     end
     if share == 0 or (carried == 0 and net <= 0) then break end
-    start, carried, net = slide_at(start, carried, net, start + per, share, per)
+    start, carried, net = slide_at(start, carried, net, start + per, share, per, max_debt)
   end
   return max(1, start + per - now)
 end
@@ -279,10 +285,11 @@ end
 -- A sliding_window shared across regions (regions::Stored::decide of a
 -- Slide): limit is this region's share of the pool; it admits while
 -- carried x (per - elapsed) / per + net + cost <= share.
-local function shared_sliding(name, found, start, carried, net, now, cost, share, per)
+local function shared_sliding(name, found, start, carried, net, now, cost, share, per, _, _,
+                               max_debt)
   local window = idiv(now, per) * per
   if not found then start, carried, net = window, 0, 0 end
-  start, carried, net = slide_at(start, carried, net, window, share, per)
+  start, carried, net = slide_at(start, carried, net, window, share, per, max_debt)
   local room = slide_room(start, carried, net, now, share, per)
   local need = cost * per
   if room >= need then
@@ -291,7 +298,7 @@ local function shared_sliding(name, found, start, carried, net, now, cost, share
       spack(RECORD, name, idle, start, carried, net + cost), idle
   end
   return 0, idiv(max(0, room), per), max(1, slide_idle(start, net, share, per) - now),
-    slide_retry(start, carried, net, now, cost, share, per)
+    slide_retry(start, carried, net, now, cost, share, per, max_debt)
 end
 
 -- The counts (prev, cur) as of the window starting at start

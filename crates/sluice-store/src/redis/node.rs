@@ -211,6 +211,7 @@ impl RedisStore {
                 record: buckets.records[i],
                 per_ms: rule.rule().period_ms(),
                 sliding: rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow,
+                max_debt: rule.rule().max_debt(),
                 previous: previous.as_ref().map(|p| (p.keys[i].clone(), p.records[i])),
             };
             let pool = Regions::pool(rule);

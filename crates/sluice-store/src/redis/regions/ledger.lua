@@ -23,9 +23,11 @@
 --          pepper ("" when not rotating); ARGV[7] this region's share of
 --          the pool (what a record of an earlier window owes is read
 --          against it, as a decision reads it); ARGV[8] the rule's
---          algorithm: "7" a fixed_window (its record's numbers: start,
---          count, moved; shared_window in decide.lua), "8" a
---          sliding_window (start, carried, net; shared_sliding)
+--          algorithm, "7" a fixed_window (its record's numbers: start,
+--          count, moved; shared_window in decide.lua) or "8" a
+--          sliding_window (start, carried, net; shared_sliding), a colon
+--          and its max_debt (a record of an earlier window is moved on
+--          with it, as a decision moves it)
 -- then, by step:
 --   note   ARGV[9] window, ARGV[10] pool, ARGV[11] units wanted; returns 1
 --          (noted) or 0 (the window is over)
@@ -102,7 +104,7 @@ end
 -- The record as the window reads it (regions::Kept::at): its two numbers
 -- after its start (count and moved; carried and net for a sliding
 -- window); false when it is of another per and its window still runs.
-local function record_at(KEYS, name, previous, window, share, per, now, sliding)
+local function record_at(KEYS, name, previous, window, share, per, now, sliding, max_debt)
   local value = call('GET', KEYS[1])
   local found = value and find_record(value, name)
   if not found and value and previous ~= '' then found = find_record(value, previous) end
@@ -118,9 +120,9 @@ local function record_at(KEYS, name, previous, window, share, per, now, sliding)
   if (not ours and idle > now) or start > window then return false end
   local _
   if sliding then
-    _, a, b = slide_at(start, a, b, window, share, per)
+    _, a, b = slide_at(start, a, b, window, share, per, max_debt)
   else
-    _, a, b = shared_at(start, a, b, window, share, per)
+    _, a, b = shared_at(start, a, b, window, share, per, max_debt)
   end
   return a, b
 end
@@ -165,12 +167,14 @@ local function ledger(KEYS, ARGV)
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
   if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
-  local sliding = ARGV[8] == '8'
+  local kind, max_debt = string.match(ARGV[8], '^(%d+):(%d+)$')
+  local sliding = kind == '8'
+  max_debt = num(max_debt)
   local window = idiv(now, per) * per
   carried(KEYS, 1, previous)
   carried(KEYS, 2, previous)
   local stored = stored_ledger(KEYS, name, previous, per, n, now)
-  local a, b = record_at(KEYS, name, previous, window, share, per, now, sliding)
+  local a, b = record_at(KEYS, name, previous, window, share, per, now, sliding, max_debt)
   local foreign = stored == false or a == false
   if step == 'read' then
     if foreign then a, b, stored = 0, 0, nil end

@@ -72,7 +72,11 @@ impl Shared {
             .arg(steps.regions)
             .arg(previous)
             .arg(share)
-            .arg(if self.sliding { 8 } else { 7 });
+            .arg(format!(
+                "{}:{}",
+                if self.sliding { 8 } else { 7 },
+                self.max_debt
+            ));
         call
     }
 

@@ -35,15 +35,17 @@ pub fn received_key(prefix: &str) -> String {
 }
 
 /// A live key's member in the live set: its per (after an `s` for a
-/// `sliding_window`), its record's name and its key, then while rotating
-/// the same under the previous pepper, separated by spaces (keys are a
-/// prefix of letters, digits, `_` or `-`, a hash tag and hex digits).
+/// `sliding_window`) and its max_debt after a colon, its record's name and
+/// its key, then while rotating the same under the previous pepper,
+/// separated by spaces (keys are a prefix of letters, digits, `_` or `-`,
+/// a hash tag and hex digits).
 pub(super) fn member(shared: &Shared) -> String {
     let hex = |r: &Record| -> String { r.0.iter().map(|b| format!("{b:02x}")).collect() };
     let kind = if shared.sliding { "s" } else { "" };
     let mut member = format!(
-        "{kind}{} {} {}",
+        "{kind}{}:{} {} {}",
         shared.per_ms,
+        shared.max_debt,
         hex(&shared.record),
         shared.key
     );
@@ -66,12 +68,13 @@ fn record(hex: &str) -> Option<Record> {
 
 pub(super) fn parse_member(member: &str) -> Option<Shared> {
     let parts: Vec<&str> = member.split(' ').collect();
-    let per = parts.first()?;
+    let (per, max_debt) = parts.first()?.split_once(':')?;
     let (sliding, per) = match per.strip_prefix('s') {
         Some(per) => (true, per),
-        None => (false, *per),
+        None => (false, per),
     };
     let per_ms = per.parse().ok().filter(|&p: &u64| p > 0)?;
+    let max_debt = max_debt.parse().ok()?;
     let previous = match parts.len() {
         3 => None,
         5 => Some((parts[4].to_owned(), record(parts[3])?)),
@@ -82,6 +85,7 @@ pub(super) fn parse_member(member: &str) -> Option<Shared> {
         record: record(parts[1])?,
         per_ms,
         sliding,
+        max_debt,
         previous,
     })
 }
@@ -97,6 +101,7 @@ mod tests {
             record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
             per_ms: 60_000,
             sliding: false,
+            max_debt: 7,
             previous: None,
         };
         assert_eq!(parse_member(&member(&shared)), Some(shared.clone()));
@@ -112,11 +117,13 @@ mod tests {
         assert_eq!(parse_member(&member(&sliding)), Some(sliding));
         for bad in [
             "",
-            "0 0001feff0708090a k",
-            "60000 zz k",
-            "60000 00 k",
-            "60000",
-            "60000 0001feff0708090a k 0909 k2",
+            "0:0 0001feff0708090a k",
+            "60000 0001feff0708090a k",
+            "60000:x 0001feff0708090a k",
+            "60000:0 zz k",
+            "60000:0 00 k",
+            "60000:0",
+            "60000:0 0001feff0708090a k 0909 k2",
         ] {
             assert_eq!(parse_member(bad), None, "{bad}");
         }

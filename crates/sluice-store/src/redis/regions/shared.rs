@@ -22,6 +22,9 @@ pub struct Shared {
     pub per_ms: u64,
     /// Whether it is a `sliding_window` (else a `fixed_window`).
     pub sliding: bool,
+    /// Its `max_debt`: a count past it reads as spent when its window
+    /// moves on.
+    pub max_debt: u64,
     /// While rotating the pepper, its group key and record's name under
     /// the previous one (see ledger.lua).
     pub previous: Option<(String, Record)>,
@@ -131,7 +134,7 @@ impl Regions {
                 record,
                 ledger: None,
             }
-            .standing(now, share, per)
+            .standing(now, share, per, rule.rule().max_debt())
         } else {
             let record = numbers.map(|[idle, start, count, moved]| stored::Record {
                 start_ms: start as u64,
@@ -143,7 +146,7 @@ impl Regions {
                 record,
                 ledger: None,
             }
-            .standing(now, share, per)
+            .standing(now, share, per, rule.rule().max_debt())
         };
         // Owing more than the rule may owe reads as owing all it may (a
         // rule of its own reads such a count as spent under another rule).
@@ -183,6 +186,7 @@ impl Regions {
             record,
             per_ms: per,
             sliding: rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow,
+            max_debt: rule.rule().max_debt(),
             previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
         let entry = noted.entry(shared).or_insert(Noted {

@@ -426,6 +426,7 @@ mod tests {
             record: Record([n; 8]),
             per_ms: 60_000,
             sliding: false,
+            max_debt: 0,
             previous: None,
         };
         let hearing = |total: u64| Hearing {
