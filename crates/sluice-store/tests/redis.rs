@@ -967,3 +967,33 @@ async fn a_request_under_the_most_rules_a_plan_allows_is_decided_by_redis() {
         }
     }
 }
+
+/// While rotating, a read-only check (peek) finds a bucket that has no
+/// state under the new pepper yet where a decision finds it: under the
+/// previous one (a group's records, and a set).
+#[tokio::test]
+async fn a_peek_while_rotating_finds_what_a_decision_finds() {
+    let server = RedisServer::start();
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 3, per: 1h }, { algorithm: fixed_window, limit: 3, per: 1h }]\n    routes:\n      \"GET /\": [{ algorithm: sliding_log, limit: 3, per: 1h }]\n";
+    let request = Request::new("acme", "GET /", None, 1).unwrap();
+    let old = Limiter::new(
+        policy(yaml, false),
+        store(&server, keys(21)).await,
+        OnError::Deny,
+    );
+    let p = old.policy();
+    for _ in 0..3 {
+        assert!(old.decide(&p, &request).await.allowed);
+    }
+    let new = rotated(&server, policy(yaml, false), 21, 22).await;
+    let p = new.policy();
+    let applicable = p.applicable("acme", "GET /", false);
+    let batch = sluice_store::Batch::new("acme", None, 1, &applicable.rules);
+    let peeked = new.peek(&batch).await.unwrap();
+    assert_eq!(peeked.rows.len(), 3);
+    for row in &peeked.rows {
+        let (outcome, _) = row.enforced.decide(&row.state, peeked.now, 1);
+        assert!(!outcome.allowed, "spent before the rotation: {row:?}");
+    }
+    assert!(!new.decide(&p, &request).await.allowed);
+}

@@ -7,6 +7,7 @@
 //! grouping, reserve-then-valve and the refunds of what a denied decision
 //! reserved.
 
+use sluice_core::BoundRule;
 use std::time::Duration;
 
 use super::adjust::{ADJUST_LUA, AdjustCall, AdjustReply, adjust_reply};
@@ -130,10 +131,23 @@ impl<R: Reach> Redis<R> {
     ) -> Result<Peeked, StoreError> {
         let mut connection = self.reach.shared()?;
         let keys = KeySet::keys(&self.keys.current, batch, Valve::WHOLE);
+        // While rotating, the keys under the previous pepper too: a bucket
+        // not yet under the new one is read there, as a decision reads it.
+        let previous = self
+            .keys
+            .previous
+            .as_ref()
+            .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
+        let reads: Vec<(&String, &BoundRule)> = keys
+            .keys
+            .iter()
+            .chain(previous.iter().flat_map(|p| p.keys.iter()))
+            .zip(batch.rules.iter().cycle())
+            .collect();
         let (time, values) = if R::PIPELINES_ANY_KEYS {
             let mut pipe = redis::pipe();
             pipe.cmd("TIME");
-            for (key, rule) in keys.keys.iter().zip(batch.rules) {
+            for (key, rule) in &reads {
                 pipe.add_command(read_command(key, rule));
             }
             let mut values: Vec<redis::Value> = pipe
@@ -150,8 +164,8 @@ impl<R: Reach> Redis<R> {
                 .query_async(&mut connection)
                 .await
                 .map_err(|e| self.error(&e))?;
-            let mut values = Vec::with_capacity(keys.keys.len());
-            for (key, rule) in keys.keys.iter().zip(batch.rules) {
+            let mut values = Vec::with_capacity(reads.len());
+            for (key, rule) in &reads {
                 let value: redis::Value = read_command(key, rule)
                     .query_async(&mut connection)
                     .await
@@ -166,14 +180,31 @@ impl<R: Reach> Redis<R> {
             TimeSource::Server => time_ms(&time)?,
             TimeSource::Client(clock) => clock.now_ms(),
         };
+        let n = batch.rules.len();
         let rows = keys
             .keys
             .into_iter()
             .zip(keys.records)
             .zip(batch.rules)
-            .zip(&values)
-            .map(|(((key, record), rule), value)| {
-                let raw = raw(rule, value);
+            .enumerate()
+            .map(|(i, ((key, record), rule))| {
+                let before = previous.as_ref().map(|p| p.records[i]);
+                let mut raw = raw(rule, &values[i]);
+                if raw == Raw::Missing
+                    && let Some(value) = values.get(n + i)
+                {
+                    raw = super::raw(rule, value);
+                }
+                // A record under its name, else (while rotating) under
+                // its previous one.
+                let record = match (&raw, before) {
+                    (Raw::Records(value), Some(before))
+                        if find_numbers(value, record).is_none() =>
+                    {
+                        before
+                    }
+                    _ => record,
+                };
                 let state = match selection.regions {
                     Some(regions) if rule.shared_across_regions() => {
                         let numbers = match &raw {
