@@ -988,7 +988,7 @@ async fn a_peek_while_rotating_finds_what_a_decision_finds() {
     let new = rotated(&server, policy(yaml, false), 21, 22).await;
     let p = new.policy();
     let applicable = p.applicable("acme", "GET /", false);
-    let batch = sluice_store::Batch::new("acme", None, 1, &applicable.rules);
+    let batch = sluice_store::Batch::new("acme", None, 1, applicable.rules);
     let peeked = new.peek(&batch).await.unwrap();
     assert_eq!(peeked.rows.len(), 3);
     for row in &peeked.rows {
