@@ -251,8 +251,9 @@ impl Link {
         let keys: Vec<Shared> = read.iter().filter_map(|m| parse_member(m)).collect();
         if full {
             // Forget the pools of keys no longer live.
+            let live: std::collections::HashSet<&Shared> = keys.iter().collect();
             let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-            pools.retain(|shared, _| keys.contains(shared));
+            pools.retain(|shared, _| live.contains(shared));
         }
         let parts = self.move_budget(&mut local, &keys, now).await?;
         self.read_replica(&mut local).await.map_err(error)?;
