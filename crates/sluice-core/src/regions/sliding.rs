@@ -57,10 +57,6 @@ pub struct Slide {
     pub net: i64,
 }
 
-/// Windows a retry looks ahead, at most, before answering the time all
-/// is repaid.
-const LOOK_AHEAD: u64 = 64;
-
 impl Slide {
     /// What remains at `now` against `share`, in units × ms:
     /// `share·per − carried·(per − e) − net·per` (below 0: owing).
@@ -71,33 +67,54 @@ impl Slide {
             - i128::from(self.net) * i128::from(per)
     }
 
-    /// When a denied `cost` fits again, from `now`, if nothing moves here
-    /// and nothing is given back: the first moment the previous window's
-    /// weight allows it, in this window or a later one (`slide_retry` in
-    /// decide.lua).
-    fn retry(self, now: u64, cost: u64, (share, per): (u64, u64), max_debt: u64) -> u64 {
-        let mut r = self;
-        for _ in 0..LOOK_AHEAD {
-            let free = (i128::from(share) - i128::from(r.net) - i128::from(cost)) * i128::from(per);
-            if free >= 0 {
-                let at = if r.carried == 0 {
-                    0
-                } else {
-                    let fits = free / i128::from(r.carried);
-                    i128::from(per) - fits.min(i128::from(per))
-                };
-                if at < i128::from(per) {
-                    let at = r.start_ms + at as u64;
-                    return at.saturating_sub(now).max(1);
-                }
-            }
-            if share == 0 || (r.carried == 0 && r.net <= 0) {
-                // Never without grants: when this window ends.
-                break;
-            }
-            r = Slide::at(Some(r), r.start_ms + per, share, per, max_debt);
+    /// The first moment in this record's window at which `cost` fits, if
+    /// it does before the window ends (`slide_fits` in decide.lua).
+    fn fits(&self, cost: u64, share: u64, per: u64) -> Option<u64> {
+        let free = (i128::from(share) - i128::from(self.net) - i128::from(cost)) * i128::from(per);
+        if free < 0 {
+            return None;
         }
-        (r.start_ms + per).saturating_sub(now).max(1)
+        let at = if self.carried == 0 {
+            0
+        } else {
+            let weight = (free / i128::from(self.carried)).min(i128::from(per));
+            i128::from(per) - weight
+        };
+        (at < i128::from(per)).then(|| self.start_ms + at as u64)
+    }
+
+    /// When a denied `cost` fits again, from `now`, if nothing moves here
+    /// and nothing is given back (`slide_retry` in decide.lua): in this
+    /// window as the previous one's weight falls; else in the first
+    /// window whose debt leaves room for it (`j`), or the next, at its
+    /// start. A cost above the share never fits without grants: when all
+    /// is repaid.
+    fn retry(self, now: u64, cost: u64, (share, per): (u64, u64), max_debt: u64) -> u64 {
+        let from_now = |at: u64| at.saturating_sub(now).max(1);
+        if let Some(at) = self.fits(cost, share, per) {
+            return from_now(at);
+        }
+        if share == 0 {
+            return from_now(self.start_ms + per);
+        }
+        let later = |j: u64| Slide::at(Some(self), self.start_ms + j * per, share, per, max_debt);
+        // What it still owes as the next window opens, its weight included.
+        let next = later(1);
+        let owed = u128::from(next.carried) + u128::try_from(next.net.max(0)).unwrap_or(0);
+        let share_ = u128::from(share);
+        if cost > share {
+            if self.carried == 0 && self.net <= 0 {
+                return from_now(self.start_ms + per);
+            }
+            let j = 1 + owed.div_ceil(share_);
+            return from_now(self.start_ms + (j as u64 + 1) * per);
+        }
+        let over = (owed + u128::from(cost)).saturating_sub(share_);
+        let j = over.div_ceil(share_).max(1) as u64;
+        match later(j).fits(cost, share, per) {
+            Some(at) => from_now(at),
+            None => from_now(self.start_ms + (j + 1) * per),
+        }
     }
 }
 
@@ -271,6 +288,29 @@ mod tests {
         // weighs what a share of 1 can, and two windows on it is free.
         assert!(!a.decide(T0 + PER + PER / 2, 1, 1, PER, 1).allowed);
         assert!(a.decide(T0 + 2 * PER, 1, 1, PER, 1).allowed);
+    }
+
+    #[test]
+    fn a_deep_debt_names_when_it_is_repaid() {
+        for (debt, share, per) in [(100, 1, PER), (63, 1, 1), (7, 3, PER), (30, 4, 7)] {
+            let mut a: Stored<Slide> = Stored::default();
+            assert_eq!(a.debit(T0, debt, share, per, 1_000), 0);
+            for cost in 1..=share {
+                let denied = a.decide(T0 + 1, cost, share, per, 1_000);
+                assert!(!denied.allowed);
+                let at = T0 + 1 + denied.retry_ms;
+                let said =
+                    format!("debt {debt}, share {share}, per {per}, cost {cost}: retry at {at}");
+                assert!(
+                    !a.clone().decide(at - 1, cost, share, per, 1_000).allowed,
+                    "{said}: early"
+                );
+                assert!(
+                    a.clone().decide(at, cost, share, per, 1_000).allowed,
+                    "{said}: late"
+                );
+            }
+        }
     }
 
     #[test]

@@ -256,11 +256,27 @@ impl Kept for Record {
             };
             return (answer, Some(record.written(share, per)));
         }
+        // Owing, it waits for the window whose carried debt leaves room
+        // for it (a count past max_debt carries nothing); a cost above the
+        // share fits only with grants: the window's end.
+        let retry_ms = if cost > share {
+            ends_in
+        } else {
+            let count = if record.count > cap.saturating_add(max_debt) {
+                cap
+            } else {
+                record.count
+            };
+            let over = (u128::from(count) + u128::from(cost))
+                .saturating_sub(u128::from(cap) + u128::from(share));
+            let waits = over.div_ceil(u128::from(share)) as u64;
+            ends_in.saturating_add(waits.saturating_mul(per))
+        };
         let answer = Answer {
             allowed: false,
             remaining: cap.saturating_sub(record.count),
             reset_ms: ends_in,
-            retry_ms: ends_in,
+            retry_ms,
         };
         (answer, None)
     }
@@ -570,6 +586,29 @@ mod tests {
         assert_eq!(b.debit(now, 15, 10, PER, 5), 0);
         assert!(!b.decide(now + PER, 6, 10, PER, 5).allowed);
         assert!(b.decide(now + PER, 5, 10, PER, 5).allowed);
+    }
+
+    #[test]
+    fn a_window_in_debt_retries_when_it_is_repaid() {
+        for (debt, share, max_debt) in [(25, 10, 15), (40, 10, 40), (9, 3, 9), (12, 10, 1)] {
+            let mut a: Stored = Stored::default();
+            let now = 7 * PER + 3;
+            a.debit(now, debt, share, PER, max_debt);
+            for cost in 1..=share {
+                let denied = a.decide(now, cost, share, PER, max_debt);
+                assert!(!denied.allowed);
+                let at = now + denied.retry_ms;
+                let said = format!("debt {debt}, share {share}, cost {cost}: retry at {at}");
+                assert!(
+                    !a.clone().decide(at - 1, cost, share, PER, max_debt).allowed,
+                    "{said}: early"
+                );
+                assert!(
+                    a.clone().decide(at, cost, share, PER, max_debt).allowed,
+                    "{said}: late"
+                );
+            }
+        }
     }
 
     #[test]

@@ -237,7 +237,16 @@ local function shared_window(name, found, start, count, moved, now, cost, share,
     return 1, cap - count - cost, ends_in, 0,
       spack(RECORD, name, at + per, at, count + cost, moved), at + per
   end
-  return 0, max(0, cap - count), ends_in, ends_in
+  -- Owing, it waits for the window whose carried debt leaves room for it
+  -- (a count past max_debt carries nothing); a cost above the share fits
+  -- only with grants: the window's end.
+  local retry = ends_in
+  if cost <= share then
+    local c = count
+    if c > cap + max_debt then c = cap end
+    retry = ends_in + ceil_div(max(0, c + cost - cap - share), share) * per
+  end
+  return 0, max(0, cap - count), ends_in, retry
 end
 
 -- A sliding_window shared across regions keeps (start, carried, net):
@@ -267,19 +276,34 @@ local function slide_room(start, carried, net, now, share, per)
   return share * per - carried * (per - elapsed) - net * per
 end
 
--- When a denied cost fits, if nothing moves here (Slide::retry).
+-- The first moment in the window starting at start at which cost fits,
+-- if it does before the window ends (Slide::fits).
+local function slide_fits(start, carried, net, cost, share, per)
+  local free = (share - net - cost) * per
+  if free < 0 then return nil end
+  local at = 0
+  if carried > 0 then at = per - min(idiv(free, carried), per) end
+  if at < per then return start + at end
+  return nil
+end
+
+-- When a denied cost fits, if nothing moves here (Slide::retry): in this
+-- window, else in the first whose debt leaves room for it, or the next.
 local function slide_retry(start, carried, net, now, cost, share, per, max_debt)
-  for _ = 1, 64 do
-    local free = (share - net - cost) * per
-    if free >= 0 then
-      local at = 0
-      if carried > 0 then at = per - min(idiv(free, carried), per) end
-      if at < per then return max(1, start + at - now) end
-    end
-    if share == 0 or (carried == 0 and net <= 0) then break end
-    start, carried, net = slide_at(start, carried, net, start + per, share, per, max_debt)
+  local at = slide_fits(start, carried, net, cost, share, per)
+  if at then return max(1, at - now) end
+  if share == 0 then return max(1, start + per - now) end
+  local _, c1, n1 = slide_at(start, carried, net, start + per, share, per, max_debt)
+  local owed = c1 + max(0, n1)
+  if cost > share then
+    if carried == 0 and net <= 0 then return max(1, start + per - now) end
+    return max(1, start + (2 + ceil_div(owed, share)) * per - now)
   end
-  return max(1, start + per - now)
+  local j = max(1, ceil_div(max(0, owed + cost - share), share))
+  local s2, c2, n2 = slide_at(start, carried, net, start + j * per, share, per, max_debt)
+  at = slide_fits(s2, c2, n2, cost, share, per)
+  if at then return max(1, at - now) end
+  return max(1, start + (j + 1) * per - now)
 end
 
 -- A sliding_window shared across regions (regions::Stored::decide of a
