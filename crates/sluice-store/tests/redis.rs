@@ -997,3 +997,30 @@ async fn a_peek_while_rotating_finds_what_a_decision_finds() {
     }
     assert!(!new.decide(&p, &request).await.allowed);
 }
+
+/// While rotating, usage after the fact (a debit, a give-back) finds a
+/// bucket that has no state under the new pepper yet under the previous
+/// one, as a decision does: what was spent before the rotation is kept.
+#[tokio::test]
+async fn a_debit_while_rotating_keeps_what_was_spent_under_the_old_pepper() {
+    let server = RedisServer::start();
+    let yaml = "default_plan: p\nplans:\n  p:\n    tenant: [{ algorithm: gcra, limit: 3, per: 1h }, { algorithm: fixed_window, limit: 3, per: 1h }]\n";
+    let old = Limiter::new(
+        policy(yaml, false),
+        store(&server, keys(31)).await,
+        OnError::Deny,
+    );
+    let p = old.policy();
+    let request = Request::new("acme", "GET /", None, 1).unwrap();
+    for _ in 0..3 {
+        assert!(old.decide(&p, &request).await.allowed);
+    }
+    let new = rotated(&server, policy(yaml, false), 31, 32).await;
+    let p = new.policy();
+    new.report(&p, &request).await.unwrap();
+    let decision = new.decide(&p, &request).await;
+    assert!(
+        !decision.allowed,
+        "a debit under the new pepper forgot the budget spent under the old one: {decision:?}"
+    );
+}

@@ -15,6 +15,12 @@
 -- ARGV[6]      with a give-back: per rule, when its units would have
 --              refilled (see give_back in common.lua), little-endian
 --              doubles; "" or absent: not known
+-- ARGV[7]      (only while rotating the pepper) per rule, its record's
+--              name under the previous pepper (8 bytes each); the rules'
+--              keys are then followed by the same under the previous
+--              pepper (before the marker): a key not yet under the new
+--              pepper starts from its state under the previous one, and a
+--              record is found under either name, as decide.lua does
 --
 -- Returns a string of little-endian doubles: now, the marker's answer (0:
 -- applied or no marker; 1: the same value was applied before, nothing
@@ -28,9 +34,10 @@
 -- max_debt. A key's expiry grows with what it owes.
 
 -- The record of one rule, repaired as a decision would repair it.
-local function repaired(key, algorithm, name, now, limit, per, burst, aligned, max_debt)
+local function repaired(key, algorithm, name, previous, now, limit, per, burst, aligned,
+                        max_debt)
   local value = call('GET', key)
-  local found, x, y, z = read_record(value, name)
+  local found, x, y, z = read_record(value, name, previous)
   local _, _, _, _, _, _, fixed = NUMBERS[algorithm](name, found, x, y, z, now, 1, limit, per,
     burst, aligned, max_debt)
   if fixed then
@@ -41,8 +48,10 @@ end
 
 -- Charges cost units of one rule whose state is a few numbers; returns
 -- the units forgiven. The twin of sluice-core's algorithm::debit.
-local function debit_numbers(key, algorithm, name, now, cost, limit, per, burst, aligned, max_debt)
-  local found, x, y, z = repaired(key, algorithm, name, now, limit, per, burst, aligned, max_debt)
+local function debit_numbers(key, algorithm, name, previous, now, cost, limit, per, burst,
+                             aligned, max_debt)
+  local found, x, y, z = repaired(key, algorithm, name, previous, now, limit, per, burst,
+    aligned, max_debt)
   -- A gcra or token_bucket record made now: its give-back mark is now.
   if not found then z = now end
   local forgiven = 0
@@ -158,6 +167,19 @@ local function adjust(KEYS, ARGV)
   if not (debit or nothing) then at = num(ARGV[3]) end
   local marker = ARGV[4] or ''
   local wholes = ARGV[6] or ''
+  local names_before = ARGV[7]
+  if names_before then
+    -- Rotation: a bucket not yet under the new pepper starts from its
+    -- state under the previous one (decide.lua does the same).
+    local m = #KEYS
+    if marker ~= '' then m = m - 1 end
+    m = m / 2
+    for k = 1, m do
+      if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
+        call('COPY', KEYS[m + k], KEYS[k])
+      end
+    end
+  end
   local answer = 0
   if marker ~= '' then
     local key = KEYS[#KEYS]
@@ -176,17 +198,18 @@ local function adjust(KEYS, ARGV)
       sunpack(RULE, rules, pos)
     pos = after
     local key = KEYS[k]
+    local previous = names_before and sub(names_before, 8 * i - 7, 8 * i)
     local forgiven = 0
     if answer == 0 and cost > 0 and not nothing then
       if not debit then
         local whole = 0
         if wholes ~= '' then whole = sunpack('<d', wholes, 8 * i - 7) end
-        give_back(key, algorithm, limit, per, burst, cost, name, at, now, '', whole)
+        give_back(key, algorithm, limit, per, burst, cost, name, at, now, '', whole, previous)
       elseif algorithm == 3 then
         forgiven = debit_log(key, now, cost, limit, per, max_debt)
       elseif algorithm ~= 6 then
-        forgiven = debit_numbers(key, algorithm, name, now, cost, limit, per, burst, aligned,
-          max_debt)
+        forgiven = debit_numbers(key, algorithm, name, previous, now, cost, limit, per, burst,
+          aligned, max_debt)
       end
     end
     -- What a request of one unit would get now.
@@ -196,7 +219,7 @@ local function adjust(KEYS, ARGV)
     elseif algorithm == 6 then
       _, remaining, reset, retry = concurrency(key, now, limit, per, '')
     else
-      local found, x, y, z = read_record(call('GET', key), name)
+      local found, x, y, z = read_record(call('GET', key), name, previous)
       local fixed
       _, remaining, reset, retry, _, _, fixed = NUMBERS[algorithm](name, found, x, y, z, now, 1,
         limit, per, burst, aligned, max_debt)

@@ -9,6 +9,7 @@ use sluice_core::decision::Outcomes;
 use sluice_core::keys::Record;
 
 use super::args::{PackedRules, Selection, TimeSource, header};
+use super::keys::Buckets;
 use crate::adjust::{Change, MarkerAnswer};
 use crate::store::{Batch, StoreError};
 
@@ -32,16 +33,21 @@ pub struct AdjustCall {
     /// Per rule, for a give-back, when its units would have refilled
     /// (little-endian doubles; empty: not known).
     whole_at: Vec<u8>,
+    /// While rotating, each rule's record name under the previous pepper,
+    /// in rule order (its keys follow the others in `rules.keys`).
+    previous: Option<Vec<u8>>,
 }
 
 impl AdjustCall {
     /// Changes the selected rules of a batch (`keys` and `records` are
-    /// theirs, in selection order), with the settle marker at `marker`'s
-    /// key when given.
+    /// theirs, in selection order; `previous` the same buckets under the
+    /// previous pepper while rotating, read where the new ones have
+    /// nothing yet, as a decision reads them), with the settle marker at
+    /// `marker`'s key when given.
     pub fn new(
         batch: &Batch<'_>,
         selection: Selection<'_>,
-        (keys, records): (Vec<String>, &[Record]),
+        (keys, records, previous): (Vec<String>, &[Record], Option<&Buckets>),
         change: Change,
         marker: Option<(String, String, u64)>,
         time: &TimeSource,
@@ -56,7 +62,13 @@ impl AdjustCall {
                 .collect(),
             _ => Vec::new(),
         };
-        let (rules, _) = PackedRules::new(batch, selection, keys, records);
+        let (mut rules, first) = PackedRules::new(batch, selection, keys, records);
+        let n = rules.len();
+        if let Some(previous) = previous {
+            rules
+                .keys
+                .extend(first.iter().map(|&j| previous.keys[j].clone()));
+        }
         let change = match change {
             Change::Debit => "D".to_owned(),
             Change::Nothing => "P".to_owned(),
@@ -68,6 +80,7 @@ impl AdjustCall {
             change,
             marker,
             whole_at,
+            previous: previous.map(|p| p.records[..n].iter().flat_map(|r| r.0).collect()),
         }
     }
 
@@ -90,8 +103,11 @@ impl AdjustCall {
                 Some((_, value, ttl)) => cmd.arg(value).arg(*ttl),
                 None => cmd.arg("").arg(0),
             };
-            if !self.whole_at.is_empty() {
+            if !self.whole_at.is_empty() || self.previous.is_some() {
                 cmd.arg(self.whole_at.as_slice());
+            }
+            if let Some(previous) = &self.previous {
+                cmd.arg(previous.as_slice());
             }
         }
         (evalsha, eval)

@@ -158,7 +158,8 @@ end
 -- held is given back (returnable), so that units the bucket refilled
 -- already are not given twice. The record's third number keeps the time
 -- of the latest give-back (decisions and debits keep it).
-local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease, whole)
+local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease, whole,
+                         previous)
   local released = 0
   if algorithm == 6 then
     if lease ~= '' then
@@ -176,6 +177,8 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
   else
     local value = call('GET', key)
     local pos = value and find_record(value, name)
+    -- While rotating, a record not yet under its new name.
+    if previous and value and not pos then pos = find_record(value, previous) end
     if pos then
       local idle, a, b, c = sunpack(STATE, value, pos + 8)
       local updated = true

@@ -365,14 +365,14 @@ impl Store for RedisStore {
         change: Change,
         marker: Option<&Marker>,
     ) -> Result<Adjusted, StoreError> {
-        let Buckets { keys, records } = KeySet::keys(&self.redis.keys.current, batch, Valve::WHOLE);
+        let (Buckets { keys, records }, previous) = self.buckets(batch);
         let marker = marker.map(|m| self.redis.marker(batch, m));
         let reply = self
             .redis
             .adjust(
                 batch,
                 self.selection(),
-                (keys.into_vec(), &records),
+                (keys.into_vec(), &records, previous.as_ref()),
                 change,
                 marker,
             )

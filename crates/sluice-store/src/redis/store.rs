@@ -254,7 +254,11 @@ impl<R: Reach> Redis<R> {
         &self,
         batch: &Batch<'_>,
         selection: Selection<'_>,
-        bucket: (Vec<String>, &[sluice_core::keys::Record]),
+        bucket: (
+            Vec<String>,
+            &[sluice_core::keys::Record],
+            Option<&super::keys::Buckets>,
+        ),
         change: crate::adjust::Change,
         marker: Option<(String, String, u64)>,
     ) -> Result<AdjustReply, StoreError> {

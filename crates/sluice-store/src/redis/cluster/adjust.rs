@@ -76,7 +76,7 @@ impl ClusterStore {
                         valve_parts,
                         regions: None,
                     },
-                    (keys, &records),
+                    (keys, &records, None),
                     dated(&lead, change),
                     marker.clone(),
                 )
@@ -107,7 +107,7 @@ impl ClusterStore {
                         valve_parts,
                         regions: None,
                     },
-                    (keys, &records),
+                    (keys, &records, None),
                     dated(group, rest_change),
                     marker,
                 )
