@@ -497,3 +497,117 @@ fn a_shared_rules_debt_is_kept_until_repaid() {
         decided.outcomes[0]
     );
 }
+
+/// A reload that makes a shared sliding_window local (same name, same
+/// record) never admits past the limit in the window of the change: the
+/// shared record counts what moved to the region apart (its `net` below
+/// 0 when grants went unspent), and reads as spent.
+#[test]
+fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
+    let in_order = [("a", 1u32), ("b", 1), ("c", 1)];
+    let regions = Arc::new(Regions::new(&in_order, "a", 100).unwrap());
+    let (keys, store) = connect(&server, &runtime);
+    let time = TimeSource::Client(clock.clone());
+    let shared_store = store.with_time(time.clone()).with_regions(regions.clone());
+    let shared = [shared_rule(true, 30, 60_000, 0)];
+    // Region a (share 10) hears 20 granted to it, and admits 5.
+    let buckets = KeySet::keys(
+        &keys.current,
+        &Batch::new("tenant", None, 1, &shared),
+        sluice_store::redis::Valve::WHOLE,
+    );
+    let shared_key = Shared {
+        key: buckets.keys[0].clone(),
+        record: buckets.records[0],
+        per_ms: 60_000,
+        sliding: true,
+        max_debt: 0,
+        previous: None,
+    };
+    let mut connection = runtime
+        .block_on(server.client().get_multiplexed_async_connection())
+        .unwrap();
+    let identity = identity_key("sl");
+    let received = received_key("sl");
+    runtime
+        .block_on(
+            redis::cmd("SET")
+                .arg(&identity)
+                .arg("it")
+                .query_async::<()>(&mut connection),
+        )
+        .unwrap();
+    let steps = Steps {
+        time: &time,
+        regions: 3,
+        received: &received,
+        identity: (&identity, "it"),
+    };
+    let view = Heard {
+        cap: 0,
+        used: 0,
+        wanted: 0,
+        heard_from_you: 0,
+    };
+    let window = window_of(clock.now_ms(), 60_000);
+    let hearing = Hearing {
+        window,
+        pool: 30,
+        share: 10,
+        from: 1,
+        total: 20,
+        view,
+    };
+    let added: i64 = runtime
+        .block_on(
+            shared_key
+                .hear_call(steps, &hearing)
+                .invoke_async(&mut connection),
+        )
+        .unwrap();
+    assert_eq!(added, 20);
+    let batch = Batch::new("tenant", None, 5, &shared);
+    assert!(
+        runtime
+            .block_on(shared_store.decide(&batch))
+            .unwrap()
+            .outcomes[0]
+            .allowed
+    );
+    // Reloaded as local (limit 30 in this region alone).
+    let (_, local_store) = connect(&server, &runtime);
+    let local_store = local_store.with_time(time);
+    let mut local = shared_rule(true, 30, 60_000, 0);
+    local = BoundRule::new(
+        Scope::Tenant,
+        "",
+        &NamedRule {
+            name: "minute".into(),
+            rule: *local.rule(),
+            shadow: false,
+            count_if: None,
+            tolerance: sluice_core::tolerance::Tolerance::EXACT,
+            regions: Some(RegionScope::Local),
+        },
+        0.8,
+    );
+    let rules = [local];
+    let admitted = (0..60)
+        .filter(|_| {
+            let batch = Batch::new("tenant", None, 1, &rules);
+            runtime
+                .block_on(local_store.decide(&batch))
+                .unwrap()
+                .outcomes[0]
+                .allowed
+        })
+        .count();
+    assert!(
+        5 + admitted <= 30,
+        "{} admitted in one window by a rule of 30 in this region",
+        5 + admitted
+    );
+}

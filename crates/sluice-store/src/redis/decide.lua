@@ -338,6 +338,11 @@ end
 -- were written under another rule: read as spent, never written so
 -- (sluice-core's sliding_window::as_read).
 local function as_read(wstart, prev, cur, limit, per, max_debt)
+  if cur < 0 or prev < 0 then
+    -- A shared window's (what moved to its region counted apart), read
+    -- after a reload made the rule local: spent.
+    return wstart - wstart % per, min(max(0, prev), limit), limit
+  end
   if cur > limit + max_debt or prev > limit or wstart % per ~= 0 then
     return wstart - wstart % per, min(prev, limit), min(cur, limit)
   end

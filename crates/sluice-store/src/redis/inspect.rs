@@ -109,6 +109,25 @@ pub fn decode(rule: &BoundRule, raw: &Raw, record: Record) -> State {
             }
             State::SlidingLog(Box::new(sliding_log::Log::from_entries(entries)))
         }
+        (Algorithm::SlidingWindow, Raw::Records(value)) => match find_numbers(value, record) {
+            None => State::Fresh,
+            Some([_idle, a, b, c]) => {
+                let limit = rule.rule().limit();
+                // A shared window's (negative: what moved to its region
+                // counted apart), read after a reload made the rule local:
+                // spent, as decide.lua's as_read reads it.
+                let (prev, cur) = if b < 0.0 || c < 0.0 {
+                    ((b.max(0.0) as u64).min(limit), limit)
+                } else {
+                    (b as u64, c as u64)
+                };
+                State::SlidingWindow(sliding_window::Windows {
+                    start_ms: a as u64,
+                    prev,
+                    cur,
+                })
+            }
+        },
         (algorithm, Raw::Records(value)) => match find_record(value, record) {
             None => State::Fresh,
             Some([_idle, a, b, c]) => match algorithm {
