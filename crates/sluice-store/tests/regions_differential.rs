@@ -26,7 +26,7 @@ use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::regions::Heard;
 use sluice_core::regions::replica::{Entry, Replica};
 use sluice_core::regions::sliding::Slide;
-use sluice_core::regions::stored::{Kept, Record, Stored, window_of};
+use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
     Hearing, Regions, Replicated, Shared, Steps, identity_key, ledger_script, received_key,
@@ -208,7 +208,7 @@ struct Case {
 
 /// Runs `steps` through the scripts and the twin of kind `K` (a shared
 /// `fixed_window` or `sliding_window`), comparing their answers.
-fn differential<K: Kept>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseError> {
+fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseError> {
     let Case {
         sliding,
         limit,

@@ -40,7 +40,7 @@
 //! window that passes repays `s_r`, as a local `sliding_window` repays its
 //! limit.
 
-use super::stored::{Answer, Kept, window_of};
+use super::stored::{Answer, SharedRecord, window_of};
 
 /// A shared `sliding_window`'s record: its window, what the previous one
 /// still weighs here, and what it admitted less what moved here.
@@ -58,7 +58,8 @@ pub struct Slide {
 }
 
 impl Slide {
-    /// What remains at `now` against `share`, in units × ms:
+    /// What remains at `now` against `share`, in units × ms (`slide_room`
+    /// in decide.lua):
     /// `share·per − carried·(per − e) − net·per` (below 0: owing).
     fn room(&self, now: u64, share: u64, per: u64) -> i128 {
         let elapsed = now.saturating_sub(self.start_ms).min(per);
@@ -101,16 +102,16 @@ impl Slide {
         // What it still owes as the next window opens, its weight included.
         let next = later(1);
         let owed = u128::from(next.carried) + u128::try_from(next.net.max(0)).unwrap_or(0);
-        let share_ = u128::from(share);
+        let share_wide = u128::from(share);
         if cost > share {
             if self.carried == 0 && self.net <= 0 {
                 return from_now(self.start_ms + per);
             }
-            let j = 1 + owed.div_ceil(share_);
+            let j = 1 + owed.div_ceil(share_wide);
             return from_now(self.start_ms + (j as u64 + 1) * per);
         }
-        let over = (owed + u128::from(cost)).saturating_sub(share_);
-        let j = over.div_ceil(share_).max(1) as u64;
+        let over = (owed + u128::from(cost)).saturating_sub(share_wide);
+        let j = over.div_ceil(share_wide).max(1) as u64;
         match later(j).fits(cost, share, per) {
             Some(at) => from_now(at),
             None => from_now(self.start_ms + (j + 1) * per),
@@ -118,7 +119,7 @@ impl Slide {
     }
 }
 
-impl Kept for Slide {
+impl SharedRecord for Slide {
     /// `slide_at` in decide.lua: a window of its own past `share +
     /// max_debt` reads as spent (`share`), nothing carried past it.
     fn at(record: Option<Slide>, window: u64, share: u64, per: u64, max_debt: u64) -> Slide {
@@ -147,6 +148,15 @@ impl Kept for Slide {
         }
     }
 
+    fn stored([idle, start, carried, net]: [f64; 4]) -> Slide {
+        Slide {
+            start_ms: start as u64,
+            idle_ms: idle as u64,
+            carried: carried as u64,
+            net: net as i64,
+        }
+    }
+
     /// Idle two windows after its start, and as many more as `share`
     /// takes to repay what it owes (`slide_idle` in decide.lua).
     fn written(mut self, share: u64, per: u64) -> Slide {
@@ -171,7 +181,8 @@ impl Kept for Slide {
         u64::try_from((owed + i128::from(per) - 1) / i128::from(per)).unwrap_or(u64::MAX)
     }
 
-    /// The previous window's weight (rounded up) and what it admitted.
+    /// The previous window's weight (rounded up) and what it admitted
+    /// (`used_at` in ledger.lua).
     fn used(&self, now: u64, per: u64, moved: i64) -> u64 {
         let elapsed = now.saturating_sub(self.start_ms).min(per);
         let weight =
@@ -235,7 +246,7 @@ impl Kept for Slide {
     }
 
     /// Given back in its window, `net` goes down (never below 0 by it); in
-    /// the window before, what it carries.
+    /// the window before, what it carries (`give_back` in common.lua).
     fn give_back(&mut self, at: u64, cost: u64, per: u64) {
         if at >= self.start_ms && at < self.start_ms + per {
             if self.net > 0 {

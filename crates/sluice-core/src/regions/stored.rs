@@ -1,7 +1,8 @@
 //! What a region's store keeps of one shared rule, and the steps the
 //! scripts take on it: the Rust twin of the store crate's
-//! `redis/regions/regions.lua` and of `shared_window` in `decide.lua`,
-//! step for step (a differential test holds them to identical answers).
+//! `redis/regions/ledger.lua` and of `shared_window` and `shared_sliding`
+//! in `decide.lua`, step for step (a differential test holds them to
+//! identical answers).
 //!
 //! Two things are kept per key and rule, as the scripts keep them:
 //!
@@ -89,13 +90,17 @@ impl<K> Default for Stored<K> {
 
 /// A shared rule's record, by algorithm: what the steps of [`Stored`] ask
 /// of it. Each is the twin of its functions in the scripts.
-pub trait Kept: Copy + std::fmt::Debug + PartialEq + Eq {
+pub trait SharedRecord: Copy + std::fmt::Debug + PartialEq + Eq {
     /// The record as the window starting at `window` reads it: itself in
     /// its own window and in a later one (never re-dated back), moved on
     /// from an earlier one (what it still owes carried, when no more than
-    /// `max_debt`: a count past it was made under another limit and reads
+    /// `max_debt`: a count more than that past the cap was made under
+    /// another limit and reads
     /// as spent, nothing carried), or afresh.
     fn at(record: Option<Self>, window: u64, share: u64, per: u64, max_debt: u64) -> Self;
+    /// The record from its numbers as the scripts store them: when it
+    /// goes idle, its window's start, then its two numbers.
+    fn stored(numbers: [f64; 4]) -> Self;
     /// The record as written: when it goes idle set.
     fn written(self, share: u64, per: u64) -> Self;
     /// Whether the link leaves it alone at `now` for a rule of `per` ms
@@ -141,10 +146,11 @@ pub struct Answer {
     pub allowed: bool,
     /// Units left after it.
     pub remaining: u64,
-    /// When the window ends, from now (ms, at least 1).
+    /// When the record is full again, from now (ms, at least 1): a fixed
+    /// window's end; a sliding window's when it goes idle.
     pub reset_ms: u64,
-    /// When to retry (0: admitted): the window's end, where a share of
-    /// the pool comes back.
+    /// When to retry (0: admitted): when the request fits if nothing
+    /// moves here (a grant may admit it sooner).
     pub retry_ms: u64,
 }
 
@@ -166,7 +172,7 @@ pub fn window_of(now: u64, per: u64) -> u64 {
     now - now % per
 }
 
-impl Kept for Record {
+impl SharedRecord for Record {
     /// What `record` holds at `now`, whose window starts at `window` of
     /// `per` ms, against `share` (`shared_at` in decide.lua): itself in its
     /// own window, and in a later one (the clock is behind the one that
@@ -199,6 +205,15 @@ impl Kept for Record {
             idle_ms: window + per,
             count: u64::try_from(owed).unwrap_or(u64::MAX),
             moved: 0,
+        }
+    }
+
+    fn stored([idle, start, count, moved]: [f64; 4]) -> Record {
+        Record {
+            start_ms: start as u64,
+            idle_ms: idle as u64,
+            count: count as u64,
+            moved: moved as i64,
         }
     }
 
@@ -257,7 +272,8 @@ impl Kept for Record {
             return (answer, Some(record.written(share, per)));
         }
         // Owing, it waits for the window whose carried debt leaves room
-        // for it (a count past max_debt carries nothing); a cost above the
+        // for it (a count more than max_debt past the cap carries nothing);
+        // a cost above the
         // share fits only with grants: the window's end.
         let retry_ms = if cost > share {
             ends_in
@@ -335,7 +351,7 @@ impl Ledger {
     }
 }
 
-impl<K: Kept> Stored<K> {
+impl<K: SharedRecord> Stored<K> {
     /// Whether the record or the ledger is of another period whose window
     /// still runs.
     fn foreign(&self, per: u64, now: u64) -> bool {

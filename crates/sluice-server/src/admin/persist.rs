@@ -53,10 +53,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local last = tonumber(redis.call('GET', KEYS[3]) or '0')
 local place, regions = tonumber(ARGV[5]), tonumber(ARGV[6])
-local next = math.max(last + 1, now)
-next = next + (place - next % regions) % regions
-redis.call('SET', KEYS[3], string.format('%d', next))
-local version = string.format('%d', next)
+local version_at = math.max(last + 1, now)
+version_at = version_at + (place - version_at % regions) % regions
+redis.call('SET', KEYS[3], string.format('%d', version_at))
+local version = string.format('%d', version_at)
 if ARGV[4] == 'expire' then version = string.format('%d', stored) end
 if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[1])

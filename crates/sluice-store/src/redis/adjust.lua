@@ -5,7 +5,9 @@
 -- the state after the change) and common.lua.
 --
 -- KEYS[1..m]   the rules' keys (as the decision names them)
--- KEYS[m+1]    (when ARGV[4] is not "") the settle marker
+-- KEYS[m+1..2m] (only while rotating the pepper, see ARGV[7]) the same
+--              keys under the previous pepper
+-- KEYS[#KEYS]  (when ARGV[4] is not "") the settle marker, after them
 -- ARGV[1], ARGV[2]  the rules and the header (see arguments in
 --              common.lua); a rule's cost is the units to change
 -- ARGV[3]      "D": debit; "P": no change (only the marker, and the
@@ -173,12 +175,7 @@ local function adjust(KEYS, ARGV)
     -- state under the previous one (decide.lua does the same).
     local m = #KEYS
     if marker ~= '' then m = m - 1 end
-    m = m / 2
-    for k = 1, m do
-      if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
-        call('COPY', KEYS[m + k], KEYS[k])
-      end
-    end
+    adopt_previous(KEYS, m / 2)
   end
   local answer = 0
   if marker ~= '' then

@@ -63,12 +63,7 @@ impl AdjustCall {
             _ => Vec::new(),
         };
         let (mut rules, first) = PackedRules::new(batch, selection, keys, records);
-        let n = rules.len();
-        if let Some(previous) = previous {
-            rules
-                .keys
-                .extend(first.iter().map(|&j| previous.keys[j].clone()));
-        }
+        let previous = previous.map(|p| rules.with_previous(&first, p));
         let change = match change {
             Change::Debit => "D".to_owned(),
             Change::Nothing => "P".to_owned(),
@@ -80,7 +75,7 @@ impl AdjustCall {
             change,
             marker,
             whole_at,
-            previous: previous.map(|p| p.records[..n].iter().flat_map(|r| r.0).collect()),
+            previous,
         }
     }
 

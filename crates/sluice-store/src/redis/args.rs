@@ -7,6 +7,7 @@ use sluice_core::keys::Record;
 use sluice_core::{Algorithm, BoundRule};
 use smallvec::SmallVec;
 
+use super::keys::Buckets;
 use super::regions::shared::Regions;
 use crate::clock::Clock;
 use crate::store::Batch;
@@ -32,10 +33,10 @@ impl std::fmt::Debug for TimeSource {
 }
 
 /// The scripts' code of a fixed_window shared across regions.
-const SHARED_WINDOW: u64 = 7;
+pub(crate) const SHARED_WINDOW: u64 = 7;
 /// `shared_sliding` in decide.lua: a `sliding_window` shared across
 /// regions.
-const SHARED_SLIDING: u64 = 8;
+pub(crate) const SHARED_SLIDING: u64 = 8;
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {
     match algorithm {
@@ -206,6 +207,17 @@ impl PackedRules {
         (rules, first)
     }
 
+    /// While rotating the pepper: the keys of `previous` (the same
+    /// buckets under the previous pepper) after these, one per distinct
+    /// key (`first`, from [`new`](Self::new)), as the scripts read them;
+    /// returns each rule's record name under it, in rule order.
+    pub(super) fn with_previous(&mut self, first: &[usize], previous: &Buckets) -> Vec<u8> {
+        let n = self.len();
+        self.keys
+            .extend(first.iter().map(|&j| previous.keys[j].clone()));
+        previous.records[..n].iter().flat_map(|r| r.0).collect()
+    }
+
     /// How many rules.
     pub fn len(&self) -> usize {
         self.packed.len() / RULE_WIDTH
@@ -241,7 +253,7 @@ pub(super) fn rule_values(batch: &Batch<'_>, i: usize, selection: Selection<'_>)
     if let Some(regions) = selection.regions
         && bound.shared_across_regions()
     {
-        let sliding = rule.algorithm() == sluice_core::Algorithm::SlidingWindow;
+        let sliding = Regions::slides(bound);
         return [
             if sliding {
                 SHARED_SLIDING

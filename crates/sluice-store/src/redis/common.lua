@@ -147,6 +147,17 @@ local function returnable(cost, at, whole, given, now, limit, per)
   return min(need, held)
 end
 
+-- While rotating the pepper: each of the m keys KEYS[1..m] not yet under
+-- the new pepper starts from its state under the previous one,
+-- KEYS[m + k] (decide.lua and adjust.lua).
+local function adopt_previous(KEYS, m)
+  for k = 1, m do
+    if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
+      call('COPY', KEYS[m + k], KEYS[k])
+    end
+  end
+end
+
 -- Gives back cost units of one rule that an admission at `at` consumed,
 -- from its state as it is now (others may have consumed since), and
 -- releases lease from a concurrency rule; returns 1 when that lease was
@@ -157,7 +168,10 @@ end
 -- refilled had nothing else happened (0: not known). Only what is still
 -- held is given back (returnable), so that units the bucket refilled
 -- already are not given twice. The record's third number keeps the time
--- of the latest give-back (decisions and debits keep it).
+-- of the latest give-back (decisions and debits keep it). previous (while
+-- rotating the pepper): the record's name under the previous one, where
+-- it is found when not yet under its own. A shared sliding window (8) is
+-- sluice-core's regions::sliding::Slide::give_back.
 local function give_back(key, algorithm, limit, per, burst, cost, name, at, now, lease, whole,
                          previous)
   local released = 0

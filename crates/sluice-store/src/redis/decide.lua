@@ -201,7 +201,8 @@ end
 -- own window, and in a later one (the clock is behind the one that wrote
 -- it: never re-dated back, or what it granted would be forgotten); from an
 -- earlier window, what it owed beyond its cap and the shares of the
--- windows between (debt, at most max_debt: a count past it was made under
+-- windows between (debt, at most max_debt: a count more than max_debt past
+-- the cap was made under
 -- another limit and reads as spent), nothing moved.
 local function shared_at(start, count, moved, window, share, per, max_debt)
   if start >= window then return start, count, moved end
@@ -238,7 +239,8 @@ local function shared_window(name, found, start, count, moved, now, cost, share,
       spack(RECORD, name, at + per, at, count + cost, moved), at + per
   end
   -- Owing, it waits for the window whose carried debt leaves room for it
-  -- (a count past max_debt carries nothing); a cost above the share fits
+  -- (a count more than max_debt past the cap carries nothing); a cost
+  -- above the share fits
   -- only with grants: the window's end.
   local retry = ends_in
   if cost <= share then
@@ -265,7 +267,8 @@ local function slide_at(start, carried, net, window, share, per, max_debt)
   return window, min(share, max(0, owed - (passed - 1) * share)), max(0, owed - passed * share)
 end
 
--- When it goes idle: two windows after its start, more while it owes.
+-- When it goes idle: two windows after its start, more while it owes
+-- (Slide::written).
 local function slide_idle(at, net, share, per)
   return at + per * max(2, 1 + ceil_div(max(0, net), max(1, share)))
 end
@@ -336,7 +339,9 @@ end
 
 -- Windows holding what the rule can never hold, or starting off its per,
 -- were written under another rule: read as spent, never written so
--- (sluice-core's sliding_window::as_read).
+-- (sluice-core's sliding_window::as_read; a negative count, which only a
+-- shared window writes, as the store crate's redis::inspect::decode reads
+-- it).
 local function as_read(wstart, prev, cur, limit, per, max_debt)
   if cur < 0 or prev < 0 then
     -- A shared window's (what moved to its region counted apart), read
@@ -580,12 +585,7 @@ local function decide(KEYS, ARGV)
     -- Rotation: a bucket not yet under the new pepper starts from its
     -- state under the previous one, so a rotation neither resets nor
     -- doubles budgets (records are found under either name).
-    local m = #KEYS / 2
-    for k = 1, m do
-      if call('EXISTS', KEYS[k]) == 0 and call('EXISTS', KEYS[m + k]) == 1 then
-        call('COPY', KEYS[m + k], KEYS[k])
-      end
-    end
+    adopt_previous(KEYS, #KEYS / 2)
   end
 
   if n == 1 then

@@ -58,16 +58,11 @@ impl DecideCall {
         time: &TimeSource,
     ) -> DecideCall {
         let (mut rules, first) = PackedRules::new(batch, selection, keys, records);
-        let n = rules.len();
-        if let Some(previous) = previous {
-            rules
-                .keys
-                .extend(first.iter().map(|&j| previous.keys[j].clone()));
-        }
+        let previous = previous.map(|p| rules.with_previous(&first, p));
         DecideCall {
             rules,
             header: header(time, batch.lease),
-            previous: previous.map(|p| p.records[..n].iter().flat_map(|r| r.0).collect()),
+            previous,
         }
     }
 

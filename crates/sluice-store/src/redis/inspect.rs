@@ -130,7 +130,7 @@ pub fn decode(rule: &BoundRule, raw: &Raw, record: Record) -> State {
         },
         (algorithm, Raw::Records(value)) => match find_record(value, record) {
             None => State::Fresh,
-            Some([_idle, a, b, c]) => match algorithm {
+            Some([_idle, a, b, _]) => match algorithm {
                 Algorithm::Gcra => State::Gcra(gcra::Tat { ms: a, frac: b }),
                 Algorithm::TokenBucket => State::TokenBucket(token_bucket::Bucket {
                     scaled_tokens: a,
@@ -140,12 +140,10 @@ pub fn decode(rule: &BoundRule, raw: &Raw, record: Record) -> State {
                     start_ms: a,
                     count: b,
                 }),
-                Algorithm::SlidingWindow => State::SlidingWindow(sliding_window::Windows {
-                    start_ms: a,
-                    prev: b,
-                    cur: c,
-                }),
-                Algorithm::SlidingLog | Algorithm::Concurrency => State::Fresh,
+                // A sliding window is read above (its counts may be below 0).
+                Algorithm::SlidingWindow | Algorithm::SlidingLog | Algorithm::Concurrency => {
+                    State::Fresh
+                }
             },
         },
         _ => State::Fresh,

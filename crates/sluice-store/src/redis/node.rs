@@ -210,7 +210,7 @@ impl RedisStore {
                 key: buckets.keys[i].clone(),
                 record: buckets.records[i],
                 per_ms: rule.rule().period_ms(),
-                sliding: rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow,
+                sliding: Regions::slides(rule),
                 max_debt: rule.rule().max_debt(),
                 previous: previous.as_ref().map(|p| (p.keys[i].clone(), p.records[i])),
             };

@@ -189,15 +189,15 @@ impl<R: Reach> Redis<R> {
             .enumerate()
             .map(|(i, ((key, record), rule))| {
                 let before = previous.as_ref().map(|p| p.records[i]);
-                let mut raw = raw(rule, &values[i]);
-                if raw == Raw::Missing
+                let mut read = raw(rule, &values[i]);
+                if read == Raw::Missing
                     && let Some(value) = values.get(n + i)
                 {
-                    raw = super::raw(rule, value);
+                    read = raw(rule, value);
                 }
                 // A record under its name, else (while rotating) under
                 // its previous one.
-                let record = match (&raw, before) {
+                let record = match (&read, before) {
                     (Raw::Records(value), Some(before))
                         if find_numbers(value, record).is_none() =>
                     {
@@ -207,13 +207,13 @@ impl<R: Reach> Redis<R> {
                 };
                 let state = match selection.regions {
                     Some(regions) if rule.shared_across_regions() => {
-                        let numbers = match &raw {
+                        let numbers = match &read {
                             Raw::Records(value) => find_numbers(value, record),
                             _ => None,
                         };
                         regions.standing(rule, numbers, now)
                     }
-                    _ => decode(rule, &raw, record),
+                    _ => decode(rule, &read, record),
                 };
                 PeekedRule {
                     state,

@@ -1,7 +1,8 @@
 -- sluice: a shared rule's part of the budget across regions, as the
 -- region link reads and moves it (sluice-core's regions::Stored, step for
 -- step; a differential test holds the two to identical answers). Follows
--- common.lua and decide.lua (records, shared_window).
+-- common.lua and decide.lua (records, shared_at, slide_at, slide_room,
+-- slide_idle).
 --
 -- KEYS[1]  the rule's group key (its record, as decisions read it)
 -- KEYS[2]  the group's ledger: a hash, one field per rule (its record's
@@ -12,7 +13,7 @@
 --          region, when heard; when 0: none)
 -- KEYS[3]  the units each region's totals added here, by region (a hash;
 --          hear only)
--- KEYS[4]  the region's identity (hear only: see ARGV[16])
+-- KEYS[4]  the region's identity (hear only: see ARGV[17])
 -- KEYS[5], KEYS[6]  (only while rotating the pepper) the group key and
 --          the ledger under the previous pepper: a record or ledger found
 --          only there is carried over, as decide.lua carries a group
@@ -34,7 +35,8 @@
 --   read   returns the ledger of the window of now as above, preceded by
 --          the window, the units admitted (of a sliding_window, with
 --          what the previous window still weighs, rounded up) and what
---          moved here (a string of doubles)
+--          moved here (0 for a sliding_window: its units admitted count
+--          it already) (a string of doubles)
 --   grant  ARGV[9] window, ARGV[10] to (a region, from 0), ARGV[11]
 --          units; returns the new total granted to it, or -1 (does not
 --          fit, or the window is over)
@@ -101,7 +103,7 @@ local function ledger_write(KEYS, name, l, n, now, per)
   if call('PTTL', KEYS[2]) < ends then call('PEXPIRE', KEYS[2], ends) end
 end
 
--- The record as the window reads it (regions::Kept::at): its two numbers
+-- The record as the window reads it (regions::SharedRecord::at): its two numbers
 -- after its start (count and moved; carried and net for a sliding
 -- window); false when it is of another per and its window still runs.
 local function record_at(KEYS, name, previous, window, share, per, now, sliding, max_debt)
@@ -127,13 +129,13 @@ local function record_at(KEYS, name, previous, window, share, per, now, sliding,
   return a, b
 end
 
--- What remains to admit at now (regions::Kept::left).
+-- What remains to admit at now (regions::SharedRecord::left).
 local function left_at(a, b, window, now, share, per, sliding)
   if sliding then return idiv(max(0, slide_room(window, a, b, now, share, per)), per) end
   return max(0, share + b) - a
 end
 
--- The record of window written back (regions::Kept::written).
+-- The record of window written back (regions::SharedRecord::written).
 local function record_write(KEYS, name, window, a, b, share, per, now, sliding)
   local idle
   if sliding then
@@ -144,14 +146,14 @@ local function record_write(KEYS, name, window, a, b, share, per, now, sliding)
   write_record(KEYS[1], name, idle, window, a, b, now)
 end
 
--- Units moved here (below 0: granted away; regions::Kept::shift).
+-- Units moved here (below 0: granted away; regions::SharedRecord::shift).
 local function shifted(a, b, units, sliding)
   if sliding then return a, b - units end
   return a, b + units
 end
 
 -- What the record counts as admitted at now, as peers are told
--- (regions::Kept::used): of a sliding window, the previous window's
+-- (regions::SharedRecord::used): of a sliding window, the previous window's
 -- weight rounded up, and what it admitted (net and what moved here, as
 -- the ledger l says).
 local function used_at(a, b, l, n, window, now, per, sliding)

@@ -9,7 +9,7 @@ use sluice_core::regions::stored::{Snapshot, View};
 use redis::ScriptInvocation;
 
 use super::shared::Shared;
-use crate::redis::args::{TimeSource, now_arg};
+use crate::redis::args::{SHARED_SLIDING, SHARED_WINDOW, TimeSource, now_arg};
 use crate::store::StoreError;
 
 /// The ledger script's source: the helpers and records of the decision,
@@ -74,7 +74,11 @@ impl Shared {
             .arg(share)
             .arg(format!(
                 "{}:{}",
-                if self.sliding { 8 } else { 7 },
+                if self.sliding {
+                    SHARED_SLIDING
+                } else {
+                    SHARED_WINDOW
+                },
                 self.max_debt
             ));
         call

@@ -8,7 +8,7 @@ use sluice_core::BoundRule;
 use sluice_core::algorithm::{State, fixed_window, sliding_window};
 use sluice_core::keys::Record;
 use sluice_core::regions::sliding::Slide;
-use sluice_core::regions::stored::{self, Stored, window_of};
+use sluice_core::regions::stored::{self, SharedRecord, Stored, window_of};
 use sluice_core::regions::{pool, share};
 
 /// One shared rule of one key, as the link names it.
@@ -22,7 +22,8 @@ pub struct Shared {
     pub per_ms: u64,
     /// Whether it is a `sliding_window` (else a `fixed_window`).
     pub sliding: bool,
-    /// Its `max_debt`: a count past it reads as spent when its window
+    /// Its `max_debt`: a count more than that past the cap reads as spent
+    /// when its window
     /// moves on.
     pub max_debt: u64,
     /// While rotating the pepper, its group key and record's name under
@@ -98,6 +99,12 @@ impl Regions {
         self.names.is_empty()
     }
 
+    /// Whether a shared rule is a `sliding_window` (else an aligned
+    /// `fixed_window`).
+    pub fn slides(rule: &BoundRule) -> bool {
+        rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow
+    }
+
     /// A shared rule's pool per window.
     pub fn pool(rule: &BoundRule) -> u64 {
         pool(rule.rule().limit(), rule.tolerance())
@@ -122,31 +129,12 @@ impl Regions {
     pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
         let per = rule.rule().period_ms();
         let share = self.share(Regions::pool(rule));
-        let sliding = rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow;
+        let sliding = Regions::slides(rule);
+        let max_debt = rule.rule().max_debt();
         let (left, owed) = if sliding {
-            let record = numbers.map(|[idle, start, carried, net]| Slide {
-                start_ms: start as u64,
-                idle_ms: idle as u64,
-                carried: carried as u64,
-                net: net as i64,
-            });
-            Stored::<Slide> {
-                record,
-                ledger: None,
-            }
-            .standing(now, share, per, rule.rule().max_debt())
+            standing_of::<Slide>(numbers, now, (share, per), max_debt)
         } else {
-            let record = numbers.map(|[idle, start, count, moved]| stored::Record {
-                start_ms: start as u64,
-                idle_ms: idle as u64,
-                count: count as u64,
-                moved: moved as i64,
-            });
-            Stored::<stored::Record> {
-                record,
-                ledger: None,
-            }
-            .standing(now, share, per, rule.rule().max_debt())
+            standing_of::<stored::Record>(numbers, now, (share, per), max_debt)
         };
         // Owing more than the rule may owe reads as owing all it may (a
         // rule of its own reads such a count as spent under another rule).
@@ -185,7 +173,7 @@ impl Regions {
             key: key.to_owned(),
             record,
             per_ms: per,
-            sliding: rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow,
+            sliding: Regions::slides(rule),
             max_debt: rule.rule().max_debt(),
             previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
@@ -241,4 +229,19 @@ impl Regions {
     pub(crate) fn take_noted(&self) -> HashMap<Shared, Noted> {
         std::mem::take(&mut *self.noted.lock().unwrap_or_else(|e| e.into_inner()))
     }
+}
+
+/// What remains to admit of a shared record of kind `K` whose stored
+/// numbers are `numbers`, and how far past it the region is, at `now`.
+fn standing_of<K: SharedRecord>(
+    numbers: Option<[f64; 4]>,
+    now: u64,
+    (share, per): (u64, u64),
+    max_debt: u64,
+) -> (u64, u64) {
+    let stored = Stored::<K> {
+        record: numbers.map(K::stored),
+        ledger: None,
+    };
+    stored.standing(now, share, per, max_debt)
 }
