@@ -76,10 +76,12 @@
 
 mod giving;
 mod part;
+pub mod record;
 pub mod replica;
 mod share;
 pub mod sliding;
 pub mod stored;
+pub mod window;
 
 pub use giving::{FLOOR_DIVISOR, Heard, grants};
 pub use part::Part;

@@ -1,6 +1,6 @@
 //! A `sliding_window` shared across regions: its record, and the twin of
-//! `shared_sliding` in the store crate's `decide.lua` (and its steps in
-//! `ledger.lua`, `adjust.lua` and `common.lua`).
+//! `shared_sliding` in the store crate's `redis/regions/shared.lua` (and
+//! of its steps in `ledger.lua`, `adjust.lua` and `common.lua`).
 //!
 //! # The bound
 //!
@@ -40,7 +40,7 @@
 //! window that passes repays `s_r`, as a local `sliding_window` repays its
 //! limit.
 
-use super::stored::{Answer, SharedRecord, window_of};
+use super::record::{Answer, SharedRecord, window_of};
 
 /// A shared `sliding_window`'s record: its window, what the previous one
 /// still weighs here, and what it admitted less what moved here.
@@ -59,7 +59,7 @@ pub struct Slide {
 
 impl Slide {
     /// What remains at `now` against `share`, in units × ms (`slide_room`
-    /// in decide.lua):
+    /// in shared.lua):
     /// `share·per − carried·(per − e) − net·per` (below 0: owing).
     fn room(&self, now: u64, share: u64, per: u64) -> i128 {
         let elapsed = now.saturating_sub(self.start_ms).min(per);
@@ -69,7 +69,7 @@ impl Slide {
     }
 
     /// The first moment in this record's window at which `cost` fits, if
-    /// it does before the window ends (`slide_fits` in decide.lua).
+    /// it does before the window ends (`slide_fits` in shared.lua).
     fn fits(&self, cost: u64, share: u64, per: u64) -> Option<u64> {
         let free = (i128::from(share) - i128::from(self.net) - i128::from(cost)) * i128::from(per);
         if free < 0 {
@@ -85,7 +85,7 @@ impl Slide {
     }
 
     /// When a denied `cost` fits again, from `now`, if nothing moves here
-    /// and nothing is given back (`slide_retry` in decide.lua): in this
+    /// and nothing is given back (`slide_retry` in shared.lua): in this
     /// window as the previous one's weight falls; else in the first
     /// window whose debt leaves room for it (`j`), or the next, at its
     /// start. A cost above the share never fits without grants: when all
@@ -120,7 +120,7 @@ impl Slide {
 }
 
 impl SharedRecord for Slide {
-    /// `slide_at` in decide.lua: a window of its own past `share +
+    /// `slide_at` in shared.lua: a window of its own past `share +
     /// max_debt` reads as spent (`share`), nothing carried past it.
     fn at(record: Option<Slide>, window: u64, share: u64, per: u64, max_debt: u64) -> Slide {
         let r = record.unwrap_or(Slide {
@@ -158,7 +158,7 @@ impl SharedRecord for Slide {
     }
 
     /// Idle two windows after its start, and as many more as `share`
-    /// takes to repay what it owes (`slide_idle` in decide.lua).
+    /// takes to repay what it owes (`slide_idle` in shared.lua).
     fn written(mut self, share: u64, per: u64) -> Slide {
         let owed = u64::try_from(self.net.max(0)).unwrap_or(0);
         self.idle_ms = self.start_ms + per * (1 + owed.div_ceil(share.max(1))).max(2);
@@ -196,7 +196,7 @@ impl SharedRecord for Slide {
     }
 
     /// Admits while `carried·w + net + cost ≤ share` (`shared_sliding` in
-    /// decide.lua).
+    /// shared.lua).
     fn decide(
         record: Option<Slide>,
         now: u64,

@@ -16,6 +16,7 @@ use crate::store::{Batch, StoreError};
 /// The adjustment script's source.
 pub const ADJUST_LUA: &str = concat!(
     include_str!("common.lua"),
+    include_str!("regions/shared.lua"),
     include_str!("decide.lua"),
     include_str!("adjust.lua"),
     "return adjust(KEYS, ARGV)\n"

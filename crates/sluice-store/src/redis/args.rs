@@ -34,7 +34,7 @@ impl std::fmt::Debug for TimeSource {
 
 /// The scripts' code of a fixed_window shared across regions.
 pub(crate) const SHARED_WINDOW: u64 = 7;
-/// `shared_sliding` in decide.lua: a `sliding_window` shared across
+/// `shared_sliding` in shared.lua: a `sliding_window` shared across
 /// regions.
 pub(crate) const SHARED_SLIDING: u64 = 8;
 

@@ -16,13 +16,17 @@ use super::keys::Buckets;
 use crate::store::{Batch, StoreError};
 
 /// The decision's code: the helpers and `decide(KEYS, ARGV)`.
-pub(super) const DECIDE_BODY: &str =
-    concat!(include_str!("common.lua"), include_str!("decide.lua"));
+pub(super) const DECIDE_BODY: &str = concat!(
+    include_str!("common.lua"),
+    include_str!("regions/shared.lua"),
+    include_str!("decide.lua")
+);
 
 /// The decision script's source (as `EVAL` runs it; see [`Decide`](super::function::Decide) for the
 /// Redis Function).
 pub const DECIDE_LUA: &str = concat!(
     include_str!("common.lua"),
+    include_str!("regions/shared.lua"),
     include_str!("decide.lua"),
     "return decide(KEYS, ARGV)\n"
 );

@@ -1,8 +1,8 @@
 -- sluice: a shared rule's part of the budget across regions, as the
 -- region link reads and moves it (sluice-core's regions::Stored, step for
 -- step; a differential test holds the two to identical answers). Follows
--- common.lua and decide.lua (records, shared_at, slide_at, slide_room,
--- slide_idle).
+-- common.lua, regions/shared.lua (shared_at, slide_at, slide_room,
+-- slide_idle) and decide.lua (records).
 --
 -- KEYS[1]  the rule's group key (its record, as decisions read it)
 -- KEYS[2]  the group's ledger: a hash, one field per rule (its record's

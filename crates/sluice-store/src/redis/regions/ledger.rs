@@ -16,6 +16,7 @@ use crate::store::StoreError;
 /// then its own steps.
 pub const LEDGER_LUA: &str = concat!(
     include_str!("../common.lua"),
+    include_str!("shared.lua"),
     include_str!("../decide.lua"),
     include_str!("ledger.lua"),
     "return ledger(KEYS, ARGV)\n"

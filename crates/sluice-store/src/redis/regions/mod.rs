@@ -5,7 +5,7 @@
 //!   (their order and weights, its own place), and the shared rules its
 //!   decisions touched since the link last ran. A decision of a shared rule sends
 //!   the script this region's share of the rule's pool as its limit (see
-//!   `shared_window` in decide.lua) and notes the key here: nothing else
+//!   `shared_window` in shared.lua) and notes the key here: nothing else
 //!   on the decision's path, and nothing at all when regions are off.
 //! - [`ledger`] (`ledger.lua`): a shared rule's part as the link reads and
 //!   moves it.
