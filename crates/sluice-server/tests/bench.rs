@@ -148,6 +148,22 @@ fn bench_refuses_bad_classes_by_name() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--noisy takes COUNT:RATE"), "{stderr}");
+    let out = sluice()
+        .args([
+            "bench",
+            "--scenario",
+            "steady",
+            "--algorithm",
+            "sliding-window",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--algorithm is for --scenario regions"),
+        "{stderr}"
+    );
 }
 
 /// The closed loop on the Envoy RLS answers every request and reports

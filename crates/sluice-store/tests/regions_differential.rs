@@ -10,10 +10,6 @@
 //! windows, and a window back (a clock step), and reloads changing the
 //! rule's period or limit. After every step, a
 //! read-only check (peek) finds what a decision would.
-//!
-//! The same for the merge of the entries kept alike in every region (the
-//! admin API's overrides, `replica.lua`) and its twin,
-//! `sluice_core::regions::replica::Replica`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,13 +20,11 @@ use proptest::test_runner::TestCaseError;
 use sluice_core::config::{NamedRule, RegionScope};
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::regions::Heard;
-use sluice_core::regions::replica::{Entry, Replica};
 use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Regions, Replicated, Shared, Steps, identity_key, ledger_script, received_key,
-    replica_script, snapshot,
+    Hearing, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -115,21 +109,6 @@ fn shared_rule(sliding: bool, limit: i128, per: u64, max_debt: u64) -> BoundRule
     BoundRule::new(Scope::Tenant, "", &named, 0.8)
 }
 
-fn entries() -> impl Strategy<Value = Vec<Entry>> {
-    let value = prop_oneof![
-        1 => Just(None),
-        3 => prop::sample::select(vec!["0a", "0b", "ff", "0a0b"]).prop_map(|v| Some(v.to_owned())),
-    ];
-    let entry = (prop::sample::select(vec!["a", "b", "c"]), 1u64..=6, value).prop_map(
-        |(field, version, value)| Entry {
-            field: field.to_owned(),
-            version: 1_764_460_800_000_000 + version,
-            value,
-        },
-    );
-    proptest::collection::vec(entry, 1..6)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 64,
@@ -154,44 +133,6 @@ proptest! {
             differential::<Record>(case, steps)?;
         }
     }
-
-    /// The merge of replicated entries (overrides) and its twin: what each
-    /// merge applied, and what the store holds after it (values, versions
-    /// with tombstones, the change counter); a store whose identity
-    /// changed merges nothing.
-    #[test]
-    fn the_replica_merge_and_its_twin_answer_alike(
-        merges in proptest::collection::vec((entries(), prop::bool::weighted(0.1)), 1..12),
-    ) {
-        let server = RedisServer::start();
-        let runtime = runtime();
-        let mut connection = runtime.block_on(server.client().get_multiplexed_async_connection()).unwrap();
-        let replicated = Replicated {
-            values: "sl:{admin}:overrides".into(),
-            versions: "sl:{admin}:versions".into(),
-            counter: "sl:{admin}:version".into(),
-        };
-        let identity = identity_key("sl");
-        runtime
-            .block_on(redis::cmd("SET").arg(&identity).arg("its identity").query_async::<()>(&mut connection))
-            .unwrap();
-        let mut twin = Replica::default();
-        for (i, (merge, foreign)) in merges.into_iter().enumerate() {
-            let seen = if foreign { "another" } else { "its identity" };
-            let mut pipe = redis::pipe();
-            pipe.load_script(replica_script()).ignore();
-            for call in replicated.merge_calls(&merge, (&identity, seen)) {
-                pipe.invoke_script(&call);
-            }
-            let lua: Vec<i64> = runtime.block_on(pipe.query_async(&mut connection)).unwrap();
-            let rust = if foreign { -2 } else { twin.merge(&merge) as i64 };
-            prop_assert_eq!(lua, vec![rust], "merge {} of {:?}", i, merge);
-            let (counter, stored) = runtime.block_on(replicated.read(&mut connection)).unwrap();
-            prop_assert_eq!(counter, twin.counter, "after merge {}", i);
-            prop_assert_eq!(stored, twin.shipped(), "after merge {}", i);
-        }
-    }
-
 }
 
 /// One case of the differential: the rule, and this region among the

@@ -143,6 +143,10 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
     if args.scenario == Some(Scenario::Regions) {
         return regions(&args);
     }
+    if args.algorithm.is_some() {
+        eprintln!("error: --algorithm is for --scenario regions (the shared rule's algorithm)");
+        return ExitCode::from(2);
+    }
     let settings = match Settings::of(args) {
         Ok(settings) => settings,
         Err(e) => {
