@@ -1,17 +1,35 @@
 //! Free loopback ports for the servers a test starts.
 
+use std::collections::HashSet;
 use std::net::TcpListener;
+use std::sync::Mutex;
+
+/// Every port handed out in this process (and the bus ports of cluster
+/// nodes'): never handed out again, so that tests running at once, each
+/// choosing ports before its servers start, never choose the same (two
+/// clusters formed on one node and neither finished).
+static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
 /// A free loopback port; for cluster nodes, one whose bus port (+10000) is
-/// free too.
+/// free too. None is handed out twice in one process.
 pub fn free_port(with_bus: bool) -> u16 {
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
     for _ in 0..200 {
         let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind an ephemeral port");
         let port = listener.local_addr().expect("local address").port();
+        let bus = port.checked_add(10_000);
+        let taken = given.contains(&port) || bus.is_some_and(|b| given.contains(&b));
+        if taken {
+            continue;
+        }
         if !with_bus {
+            given.insert(port);
             return port;
         }
         if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            given.insert(port);
+            given.insert(port + 10_000);
             return port;
         }
     }
