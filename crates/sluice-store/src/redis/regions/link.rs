@@ -20,8 +20,9 @@
 //!    the key into the peer's live set, so that the peer's lead sees it.
 //!
 //! With [`Link::with_replicated`], the lead also ships the entries kept
-//! alike in every region (the admin API's overrides) to each peer when
-//! they changed here, and every 20 syncs (see [`replica`](super::replica)).
+//! alike in every region (the admin API's overrides) to each peer: those
+//! that changed since its last shipping, and all of them every 20 syncs
+//! (see [`replica`](super::replica)).
 //!
 //! Nothing here is on a decision's path: a decision reads and writes only
 //! the region's own store, in its one call. Each peer is reached over its
@@ -167,7 +168,7 @@ impl Link {
 
     /// Also keeps the entries in `replicated` alike in every region (the
     /// admin API's overrides; see [`replica`](super::replica)): the lead
-    /// ships them to each peer when they changed, and every 20 syncs.
+    /// ships each peer those that changed, and all of them every 20 syncs.
     pub fn with_replicated(mut self, replicated: Replicated) -> Link {
         self.replicated = Some(replicated);
         self
@@ -511,10 +512,9 @@ impl Link {
                 .map(|(shared, part)| (shared.clone(), hearing(&self.regions, to, part)));
             let hearings = link.unshipped(owed, full);
             let replica = match (&self.replicated, &self.replica) {
-                (Some(replicated), Some((counter, entries)))
-                    if link.owes_replica(*counter, full) =>
-                {
-                    Some((replicated.clone(), entries.clone()))
+                (Some(replicated), Some((_, entries))) => {
+                    let owed = link.unshipped_replica(entries, full);
+                    (!owed.is_empty()).then(|| (replicated.clone(), owed))
                 }
                 _ => None,
             };

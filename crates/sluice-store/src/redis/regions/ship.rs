@@ -12,8 +12,8 @@
 //! each
 //! key's `hear` (which counts what it added there) and its place in the
 //! peer's live set, and when this region shipped (by the peer's Redis
-//! clock); then, when they changed here since the last shipping (and
-//! every 20 syncs), the replicated entries (overrides), merged there. It
+//! clock); then the replicated entries (overrides) that changed here
+//! since the last shipping (all of them every 20 syncs), merged there. It
 //! gives up after
 //! `peer_timeout`; after a failure the peer is not tried again until a
 //! backoff has passed (from `sync_every`, doubling, at most
@@ -54,7 +54,7 @@ pub(super) struct PeerLink {
     /// What was last shipped of each live key.
     shipped: HashMap<Shared, Hearing>,
     /// The change counter of the replicated entries last shipped.
-    replica_shipped: Option<u64>,
+    replica_shipped: HashMap<String, u64>,
 }
 
 /// What a shipping leaves for the next.
@@ -94,24 +94,33 @@ impl PeerLink {
             shipping: None,
             state: Arc::default(),
             shipped: HashMap::new(),
-            replica_shipped: None,
+            replica_shipped: HashMap::new(),
         }
     }
 
-    /// Whether the replicated entries at change `counter` are owed to this
-    /// peer: not shipped at that counter yet, or `full` (every [`REFRESH`]
-    /// syncs: a peer whose store lost them learns them again), or after a
-    /// failure.
-    pub(super) fn owes_replica(&mut self, counter: u64, full: bool) -> bool {
+    /// Of the replicated entries, those this peer was not shipped at
+    /// their version (all of them when `full`, every [`REFRESH`] syncs: a
+    /// peer whose store lost them learns them again; and after a
+    /// failure).
+    pub(super) fn unshipped_replica(&mut self, entries: &[Entry], full: bool) -> Vec<Entry> {
         let failing = !self
             .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .last
             .is_zero();
-        let owed = full || failing || self.replica_shipped != Some(counter);
-        self.replica_shipped = Some(counter);
-        owed
+        if full || failing {
+            self.replica_shipped.clear();
+        }
+        let mut unshipped = Vec::new();
+        for entry in entries {
+            if self.replica_shipped.get(&entry.field) != Some(&entry.version) {
+                self.replica_shipped
+                    .insert(entry.field.clone(), entry.version);
+                unshipped.push(entry.clone());
+            }
+        }
+        unshipped
     }
 
     /// Of what is owed to this peer now, what it was not shipped as it is
@@ -172,7 +181,7 @@ pub(super) struct Shipment {
     pub(super) identity: String,
     pub(super) hearings: Vec<(Shared, Hearing)>,
     /// The replicated entries to merge into the peer's, when owed.
-    pub(super) replica: Option<(Replicated, Arc<Vec<Entry>>)>,
+    pub(super) replica: Option<(Replicated, Vec<Entry>)>,
     pub(super) status: Arc<Mutex<Vec<PeerStatus>>>,
     /// `sync_every` and `peer_timeout`.
     pub(super) options: (Duration, Duration),
@@ -466,6 +475,39 @@ mod tests {
         // After a failure, all again.
         link.state.lock().unwrap().last = Duration::from_secs(1);
         assert_eq!(link.unshipped(owed([1, 5, 3]), false).len(), 3);
+    }
+
+    #[tokio::test]
+    async fn only_overrides_that_changed_are_shipped_but_all_now_and_then() {
+        let client = redis::Client::open("redis://127.0.0.1:1").unwrap();
+        let connection =
+            ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
+        let peer = Peer {
+            name: "us".into(),
+            url: String::new(),
+        };
+        let mut link = PeerLink::new(peer, 1, 0, connection);
+        let entry = |field: &str, version: u64| Entry {
+            field: field.into(),
+            version,
+            value: Some("0a".into()),
+        };
+        let all = [entry("a", 1), entry("b", 1)];
+        assert_eq!(link.unshipped_replica(&all, false).len(), 2);
+        assert!(link.unshipped_replica(&all, false).is_empty());
+        let changed = [entry("a", 1), entry("b", 2)];
+        assert_eq!(link.unshipped_replica(&changed, false), [entry("b", 2)]);
+        assert_eq!(
+            link.unshipped_replica(&changed, true).len(),
+            2,
+            "a full sync"
+        );
+        link.state.lock().unwrap().last = Duration::from_secs(1);
+        assert_eq!(
+            link.unshipped_replica(&changed, false).len(),
+            2,
+            "after a failure"
+        );
     }
 
     #[test]
