@@ -20,11 +20,12 @@ use proptest::test_runner::TestCaseError;
 use sluice_core::config::{NamedRule, RegionScope};
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::regions::Heard;
+use sluice_core::regions::bucket::{Bucket, Terms};
 use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
+    Hearing, Kind, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -91,11 +92,20 @@ fn connect(server: &RedisServer, runtime: &tokio::runtime::Runtime) -> (KeySet, 
     (keys, store.unwrap())
 }
 
-fn shared_rule(sliding: bool, limit: i128, per: u64, max_debt: u64) -> BoundRule {
-    let rule = if sliding {
-        Rule::new(Algorithm::SlidingWindow, limit, per, None, false)
-    } else {
-        Rule::new(Algorithm::FixedWindow, limit, per, None, true)
+/// The algorithms a shared rule can have, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Window,
+    Sliding,
+    /// A gcra or a token_bucket of this burst.
+    Bucket(Algorithm, i128),
+}
+
+fn shared_rule(shape: Shape, limit: i128, per: u64, max_debt: u64) -> BoundRule {
+    let rule = match shape {
+        Shape::Sliding => Rule::new(Algorithm::SlidingWindow, limit, per, None, false),
+        Shape::Window => Rule::new(Algorithm::FixedWindow, limit, per, None, true),
+        Shape::Bucket(algorithm, burst) => Rule::new(algorithm, limit, per, Some(burst), false),
     };
     let rule = rule.unwrap().with_max_debt(i128::from(max_debt)).unwrap();
     let named = NamedRule {
@@ -118,7 +128,12 @@ proptest! {
 
     #[test]
     fn the_shared_window_scripts_and_their_twin_answer_alike(
-        sliding in prop::bool::ANY,
+        shape in prop_oneof![
+            Just(Shape::Window),
+            Just(Shape::Sliding),
+            (1i128..=90).prop_map(|b| Shape::Bucket(Algorithm::Gcra, b)),
+            (1i128..=90).prop_map(|b| Shape::Bucket(Algorithm::TokenBucket, b)),
+        ],
         limit in 1i128..=60,
         per in prop_oneof![Just(1_000u64), Just(60_000), 1u64..=5_000],
         max_debt in prop_oneof![0u64..=5, 50u64..=200],
@@ -126,11 +141,14 @@ proptest! {
         me in 0..REGIONS,
         steps in (1_000u64..=5_000).prop_flat_map(steps),
     ) {
-        let case = Case { sliding, limit, per, max_debt, weights, me };
-        if sliding {
-            differential::<Slide>(case, steps)?;
-        } else {
-            differential::<Record>(case, steps)?;
+        let case = Case { shape, limit, per, max_debt, weights, me };
+        match shape {
+            Shape::Sliding => differential::<Slide>(case, steps, |_, _| max_debt)?,
+            Shape::Window => differential::<Record>(case, steps, |_, _| max_debt)?,
+            Shape::Bucket(_, burst) => {
+                let terms = |per, pool| Terms::new(burst as u64, per, pool, max_debt);
+                differential::<Bucket>(case, steps, terms)?
+            }
         }
     }
 }
@@ -139,7 +157,7 @@ proptest! {
 /// regions.
 #[derive(Debug)]
 struct Case {
-    sliding: bool,
+    shape: Shape,
     limit: i128,
     per: u64,
     max_debt: u64,
@@ -148,10 +166,15 @@ struct Case {
 }
 
 /// Runs `steps` through the scripts and the twin of kind `K` (a shared
-/// `fixed_window` or `sliding_window`), comparing their answers.
-fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), TestCaseError> {
+/// `fixed_window`, `sliding_window` or bucket, whose terms for a period
+/// and a pool `terms` gives), comparing their answers.
+fn differential<K: SharedRecord>(
+    case: Case,
+    steps: Vec<Step>,
+    terms: impl Fn(u64, u64) -> K::Terms,
+) -> Result<(), TestCaseError> {
     let Case {
-        sliding,
+        shape,
         limit,
         per,
         max_debt,
@@ -173,7 +196,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
         .with_time(TimeSource::Client(clock.clone()))
         .with_regions(regions.clone());
     let (mut per, mut limit) = (per, limit);
-    let mut rules = [shared_rule(sliding, limit, per, max_debt)];
+    let mut rules = [shared_rule(shape, limit, per, max_debt)];
     let buckets = sluice_store::redis::KeySet::keys(
         &keys.current,
         &Batch::new("tenant", None, 1, &rules),
@@ -183,12 +206,13 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
         key: buckets.keys[0].clone(),
         record: buckets.records[0],
         per_ms: per,
-        sliding,
+        kind: Kind::of(&rules[0]),
         max_debt,
         previous: None,
     };
     let mut pool = Regions::pool(&rules[0]);
     let mut share = regions.share(pool);
+    let mut t = terms(per, pool);
     let time = TimeSource::Client(clock.clone());
     let received = received_key("sl");
     let identity = identity_key("sl");
@@ -220,7 +244,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
         wanted: 1,
         heard_from_you: 0,
     };
-    let window = window_of(clock.now_ms(), per);
+    let window = window_of(clock.now_ms(), K::period(per));
     let hearing = Hearing {
         window,
         pool,
@@ -241,26 +265,29 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
     let mut admitted: Vec<(u64, u64)> = Vec::new();
     for (i, step) in steps.into_iter().enumerate() {
         let now = clock.now_ms();
-        let window = window_of(now, per);
+        let window = window_of(now, K::period(per));
         let said = format!("step {i} {step:?} at {now} (window {window})");
         match step {
             Step::Wait(ms) => clock.set(now + ms),
             Step::Back(ms) => clock.set(now - ms),
             Step::Reper(to) => {
                 per = to;
-                rules = [shared_rule(sliding, limit, per, max_debt)];
+                rules = [shared_rule(shape, limit, per, max_debt)];
                 shared.per_ms = per;
+                t = terms(per, pool);
             }
             Step::Relimit(to) => {
                 limit = to;
-                rules = [shared_rule(sliding, limit, per, max_debt)];
+                rules = [shared_rule(shape, limit, per, max_debt)];
                 pool = Regions::pool(&rules[0]);
                 share = regions.share(pool);
+                shared.kind = Kind::of(&rules[0]);
+                t = terms(per, pool);
             }
             Step::Decide(cost) => {
                 let batch = Batch::new("tenant", None, cost, &rules);
                 let lua = runtime.block_on(store.decide(&batch)).unwrap();
-                let rust = twin.decide(now, cost, share, per, max_debt);
+                let rust = twin.decide(now, cost, share, per, t);
                 let o = lua.outcomes[0];
                 prop_assert_eq!(
                     (
@@ -287,7 +314,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
                 let lua = runtime
                     .block_on(store.adjust(&batch, Change::Debit, None))
                     .unwrap();
-                let rust = twin.debit(now, cost, share, per, max_debt);
+                let rust = twin.debit(now, cost, share, per, t);
                 prop_assert_eq!(lua.forgiven, rust, "{}", said);
             }
             Step::GiveBack(back) => {
@@ -300,7 +327,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
                     runtime
                         .block_on(store.adjust(&batch, change, None))
                         .unwrap();
-                    twin.give_back(at, cost, per);
+                    twin.give_back((at, cost), now, (share, per), t);
                 }
             }
             Step::Note(wanted) => {
@@ -317,11 +344,11 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
                 let lua: i64 = runtime
                     .block_on(call.invoke_async(&mut connection))
                     .unwrap();
-                let rust = twin.grant(now, window, (per, max_debt), share, (to, units), REGIONS);
+                let rust = twin.grant(now, window, (per, t), share, (to, units), REGIONS);
                 prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
             }
             Step::Hear(from, total, back, cap, late) => {
-                let named = window.saturating_sub(late * per);
+                let named = window.saturating_sub(late * K::period(per));
                 let view = Heard {
                     cap,
                     used: cap / 2,
@@ -342,7 +369,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
                     .unwrap();
                 let rust = twin.hear(
                     now,
-                    (named, per, max_debt),
+                    (named, per, t),
                     (pool, share),
                     from,
                     total,
@@ -364,7 +391,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
         lua.part.share = share;
         prop_assert_eq!(
             lua,
-            twin.read(now, (per, max_debt), share, REGIONS),
+            twin.read(now, (per, t), share, REGIONS),
             "after {}",
             said
         );
@@ -374,10 +401,11 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
             .block_on(store.peek(&Batch::new("tenant", None, 1, &rules)))
             .unwrap();
         let row = &peeked.rows[0];
-        let limit = rules[0].rule().limit();
+        // (A bucket's: at most its burst.)
+        let limit = rules[0].rule().capacity();
         // A region past what it may admit owes (at most max_debt: a rule
         // that never owes reads as spent).
-        let (_, owed) = twin.standing(now, share, per, max_debt);
+        let (_, owed) = twin.standing(now, share, per, t);
         prop_assert_eq!(
             row.enforced.owes(&row.state, peeked.now),
             owed > 0 && max_debt > 0,
@@ -387,7 +415,7 @@ fn differential<K: SharedRecord>(case: Case, steps: Vec<Step>) -> Result<(), Tes
         );
         for cost in [1, 2].into_iter().filter(|&c| c <= limit) {
             let (seen, _) = row.enforced.decide(&row.state, peeked.now, cost);
-            let would = twin.clone().decide(now, cost, share, per, max_debt);
+            let would = twin.clone().decide(now, cost, share, per, t);
             let left = |allowed: bool, remaining: u64| remaining + if allowed { cost } else { 0 };
             prop_assert_eq!(
                 seen.allowed,
@@ -422,7 +450,7 @@ fn a_shared_rules_debt_is_kept_until_repaid() {
     let (_, store) = connect(&server, &runtime);
     let store = store.with_regions(regions);
     // 30 per 300 ms over three regions: a share of 10 a window.
-    let rules = [shared_rule(false, 30, 300, 1_000)];
+    let rules = [shared_rule(Shape::Window, 30, 300, 1_000)];
     let batch = |cost| Batch::new("tenant", None, cost, &rules);
     let debited = runtime
         .block_on(store.adjust(&batch(200), Change::Debit, None))
@@ -453,7 +481,7 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
     let (keys, store) = connect(&server, &runtime);
     let time = TimeSource::Client(clock.clone());
     let shared_store = store.with_time(time.clone()).with_regions(regions.clone());
-    let shared = [shared_rule(true, 30, 60_000, 0)];
+    let shared = [shared_rule(Shape::Sliding, 30, 60_000, 0)];
     // Region a (share 10) hears 20 granted to it, and admits 5.
     let buckets = KeySet::keys(
         &keys.current,
@@ -464,7 +492,7 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
         key: buckets.keys[0].clone(),
         record: buckets.records[0],
         per_ms: 60_000,
-        sliding: true,
+        kind: Kind::Sliding,
         max_debt: 0,
         previous: None,
     };
@@ -521,7 +549,7 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
     // Reloaded as local (limit 30 in this region alone).
     let (_, local_store) = connect(&server, &runtime);
     let local_store = local_store.with_time(time);
-    let mut local = shared_rule(true, 30, 60_000, 0);
+    let mut local = shared_rule(Shape::Sliding, 30, 60_000, 0);
     local = BoundRule::new(
         Scope::Tenant,
         "",

@@ -125,21 +125,20 @@ impl RegionScope {
     /// (for the validation's message). An aligned `fixed_window` and a
     /// `sliding_window` (always aligned) are: each region counts the same
     /// windows, and budget moves between regions per window (see
-    /// [`crate::regions`]).
+    /// [`crate::regions`]); a `gcra` and a `token_bucket` are: their rate
+    /// moves between regions, their burst with it
+    /// ([`crate::regions::bucket`]).
     pub fn shareable(rule: &crate::rule::Rule) -> Result<(), &'static str> {
         use crate::rule::Algorithm;
         match rule.algorithm() {
             Algorithm::FixedWindow if rule.aligned() => Ok(()),
-            Algorithm::SlidingWindow => Ok(()),
+            Algorithm::SlidingWindow | Algorithm::Gcra | Algorithm::TokenBucket => Ok(()),
             Algorithm::FixedWindow => Err(
                 "a shared fixed_window needs `aligned: true`, so that every region counts the same windows",
             ),
             Algorithm::Concurrency => Err("requests in flight are each region's own"),
             Algorithm::SlidingLog => Err(
                 "a sliding_log keeps each admission's time, which cannot be shared out between regions",
-            ),
-            Algorithm::Gcra | Algorithm::TokenBucket => Err(
-                "only an aligned fixed_window and a sliding_window are shared across regions so far (gcra and token_bucket keep a budget per region)",
             ),
         }
     }

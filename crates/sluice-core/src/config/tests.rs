@@ -549,6 +549,11 @@ fn storage_regions_parse_with_their_defaults_and_order() {
         RegionScope::default_for(crate::Scope::Tenant, &rules[0].rule),
         RegionScope::Shared
     );
+    // A gcra (the default algorithm) is shared by default too.
+    assert_eq!(
+        RegionScope::default_for(crate::Scope::Tenant, &rules[1].rule),
+        RegionScope::Shared
+    );
 }
 
 #[test]
@@ -601,8 +606,8 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
         ),
         (
             "regions: local",
-            "regions: shared",
-            "only an aligned fixed_window and a sliding_window are shared across regions so far",
+            "algorithm: sliding_log, regions: shared",
+            "a sliding_log keeps each admission's time",
         ),
         (
             "sync_every: 100ms",

@@ -74,6 +74,7 @@
 //! under-admission, never an over-admission). With no link at all each
 //! region gets its share, by weight.
 
+pub mod bucket;
 mod giving;
 mod part;
 pub mod record;

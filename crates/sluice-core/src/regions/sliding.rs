@@ -120,6 +120,8 @@ impl Slide {
 }
 
 impl SharedRecord for Slide {
+    type Terms = u64;
+
     /// `slide_at` in shared.lua: a window of its own past `share +
     /// max_debt` reads as spent (`share`), nothing carried past it.
     fn at(record: Option<Slide>, window: u64, share: u64, per: u64, max_debt: u64) -> Slide {
@@ -159,7 +161,7 @@ impl SharedRecord for Slide {
 
     /// Idle two windows after its start, and as many more as `share`
     /// takes to repay what it owes (`slide_idle` in shared.lua).
-    fn written(mut self, share: u64, per: u64) -> Slide {
+    fn written(mut self, share: u64, per: u64, _: u64) -> Slide {
         let owed = u64::try_from(self.net.max(0)).unwrap_or(0);
         self.idle_ms = self.start_ms + per * (1 + owed.div_ceil(share.max(1))).max(2);
         self
@@ -171,12 +173,12 @@ impl SharedRecord for Slide {
         (!ours && self.idle_ms > now) || self.start_ms > window
     }
 
-    fn left(&self, now: u64, share: u64, per: u64) -> u64 {
+    fn left(&self, now: u64, share: u64, per: u64, _: u64) -> u64 {
         let left = self.room(now, share, per).max(0) / i128::from(per);
         u64::try_from(left).unwrap_or(u64::MAX)
     }
 
-    fn owed(&self, now: u64, share: u64, per: u64) -> u64 {
+    fn owed(&self, now: u64, share: u64, per: u64, _: u64) -> u64 {
         let owed = (-self.room(now, share, per)).max(0);
         u64::try_from((owed + i128::from(per) - 1) / i128::from(per)).unwrap_or(u64::MAX)
     }
@@ -191,7 +193,7 @@ impl SharedRecord for Slide {
         u64::try_from(used.max(0)).unwrap_or(u64::MAX)
     }
 
-    fn shift(&mut self, units: i64) {
+    fn shift(&mut self, units: i64, _: u64, _: (u64, u64), _: u64) {
         self.net = self.net.saturating_sub(units);
     }
 
@@ -211,7 +213,7 @@ impl SharedRecord for Slide {
             r.net = r
                 .net
                 .saturating_add(i64::try_from(cost).unwrap_or(i64::MAX));
-            let r = r.written(share, per);
+            let r = r.written(share, per, max_debt);
             let answer = Answer {
                 allowed: true,
                 remaining: u64::try_from((room - need) / i128::from(per)).unwrap_or(u64::MAX),
@@ -223,7 +225,11 @@ impl SharedRecord for Slide {
         let answer = Answer {
             allowed: false,
             remaining: u64::try_from(room.max(0) / i128::from(per)).unwrap_or(u64::MAX),
-            reset_ms: r.written(share, per).idle_ms.saturating_sub(now).max(1),
+            reset_ms: r
+                .written(share, per, max_debt)
+                .idle_ms
+                .saturating_sub(now)
+                .max(1),
             retry_ms: r.retry(now, cost, (share, per), max_debt),
         };
         (answer, None)
@@ -242,12 +248,12 @@ impl SharedRecord for Slide {
         let most = r.room(now, share.saturating_add(max_debt), per).max(0) / i128::from(per);
         let kept = i128::from(cost).min(most);
         r.net = r.net.saturating_add(kept as i64);
-        (r.written(share, per), cost - kept as u64)
+        (r.written(share, per, max_debt), cost - kept as u64)
     }
 
     /// Given back in its window, `net` goes down (never below 0 by it); in
     /// the window before, what it carries (`give_back` in common.lua).
-    fn give_back(&mut self, at: u64, cost: u64, per: u64) {
+    fn give_back(&mut self, (at, cost): (u64, u64), _: u64, (_, per): (u64, u64), _: u64) {
         if at >= self.start_ms && at < self.start_ms + per {
             if self.net > 0 {
                 self.net = (self.net - i64::try_from(cost).unwrap_or(i64::MAX)).max(0);

@@ -114,12 +114,12 @@ impl<K: SharedRecord> Stored<K> {
     /// Whether the record or the ledger is of another period whose window
     /// still runs.
     fn foreign(&self, per: u64, now: u64) -> bool {
-        let window = window_of(now, per);
+        let window = window_of(now, K::period(per));
         self.record.is_some_and(|r| r.foreign(window, per, now))
             || self
                 .ledger
                 .as_ref()
-                .is_some_and(|l| l.per_ms != per && l.window_ms + l.per_ms > now)
+                .is_some_and(|l| l.per_ms != per && l.window_ms + K::period(l.per_ms) > now)
     }
 
     /// The ledger of `window` of `per` ms, made afresh when it is of
@@ -137,16 +137,25 @@ impl<K: SharedRecord> Stored<K> {
     /// What a decision at `now` would find against this region's `share`,
     /// nothing written (the read-only checks): what remains to admit, and
     /// how far past it the region is (in debt).
-    pub fn standing(&self, now: u64, share: u64, per: u64, max_debt: u64) -> (u64, u64) {
-        let record = K::at(self.record, window_of(now, per), share, per, max_debt);
-        (record.left(now, share, per), record.owed(now, share, per))
+    pub fn standing(&self, now: u64, share: u64, per: u64, terms: K::Terms) -> (u64, u64) {
+        let record = K::at(
+            self.record,
+            window_of(now, K::period(per)),
+            share,
+            per,
+            terms,
+        );
+        (
+            record.left(now, share, per, terms),
+            record.owed(now, share, per, terms),
+        )
     }
 
     /// A decision of `cost` units against this region's `share`
     /// (`shared_window` or `shared_sliding` in shared.lua): admitted, it
     /// is counted.
-    pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64, max_debt: u64) -> Answer {
-        let (answer, written) = K::decide(self.record, now, cost, (share, per), max_debt);
+    pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64, terms: K::Terms) -> Answer {
+        let (answer, written) = K::decide(self.record, now, cost, (share, per), terms);
         if written.is_some() {
             self.record = written;
         }
@@ -157,17 +166,23 @@ impl<K: SharedRecord> Stored<K> {
     /// window of now counts them, at most `max_debt` past what remains.
     /// Returns the units forgiven beyond it (`debit_numbers` in
     /// adjust.lua).
-    pub fn debit(&mut self, now: u64, cost: u64, share: u64, per: u64, max_debt: u64) -> u64 {
-        let (record, forgiven) = K::debit(self.record, now, cost, (share, per), max_debt);
+    pub fn debit(&mut self, now: u64, cost: u64, share: u64, per: u64, terms: K::Terms) -> u64 {
+        let (record, forgiven) = K::debit(self.record, now, cost, (share, per), terms);
         self.record = Some(record);
         forgiven
     }
 
     /// Gives back `cost` units admitted at `at`, where they still count
     /// (`give_back` in common.lua; when it goes idle is kept).
-    pub fn give_back(&mut self, at: u64, cost: u64, per: u64) {
+    pub fn give_back(
+        &mut self,
+        (at, cost): (u64, u64),
+        now: u64,
+        (share, per): (u64, u64),
+        terms: K::Terms,
+    ) {
         if let Some(r) = self.record.as_mut() {
-            r.give_back(at, cost, per);
+            r.give_back((at, cost), now, (share, per), terms);
         }
     }
 
@@ -184,7 +199,7 @@ impl<K: SharedRecord> Stored<K> {
         wanted: u64,
         regions: usize,
     ) -> bool {
-        if window_of(now, per) != window || self.foreign(per, now) {
+        if window_of(now, K::period(per)) != window || self.foreign(per, now) {
             return false;
         }
         let ledger = self.ledger_at(window, per, regions);
@@ -197,14 +212,14 @@ impl<K: SharedRecord> Stored<K> {
     pub fn read(
         &self,
         now: u64,
-        (per, max_debt): (u64, u64),
+        (per, terms): (u64, K::Terms),
         share: u64,
         regions: usize,
     ) -> Snapshot {
-        let window = window_of(now, per);
+        let window = window_of(now, K::period(per));
         let foreign = self.foreign(per, now);
         let kept = if foreign { None } else { self.record };
-        let record = K::at(kept, window, share, per, max_debt);
+        let record = K::at(kept, window, share, per, terms);
         let ledger = match &self.ledger {
             Some(l)
                 if !foreign
@@ -237,23 +252,23 @@ impl<K: SharedRecord> Stored<K> {
         &mut self,
         now: u64,
         window: u64,
-        (per, max_debt): (u64, u64),
+        (per, terms): (u64, K::Terms),
         share: u64,
         (to, units): (usize, u64),
         regions: usize,
     ) -> Option<u64> {
-        if window_of(now, per) != window || to >= regions || self.foreign(per, now) {
+        if window_of(now, K::period(per)) != window || to >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = K::at(self.record, window, share, per, max_debt);
-        if units == 0 || units > record.left(now, share, per) {
+        let mut record = K::at(self.record, window, share, per, terms);
+        if units == 0 || units > record.grantable(now, share, per, terms) {
             return None;
         }
         let ledger = self.ledger_at(window, per, regions);
         ledger.given[to] += units;
         let total = ledger.given[to];
-        record.shift(-(units as i64));
-        self.record = Some(record.written(share, per));
+        record.shift(-(units as i64), now, (share, per), terms);
+        self.record = Some(record.written(share, per, terms));
         Some(total)
     }
 
@@ -268,17 +283,17 @@ impl<K: SharedRecord> Stored<K> {
     pub fn hear(
         &mut self,
         now: u64,
-        (window, per, max_debt): (u64, u64, u64),
+        (window, per, terms): (u64, u64, K::Terms),
         (pool, share): (u64, u64),
         from: usize,
         total: u64,
         view: Heard,
         regions: usize,
     ) -> Option<u64> {
-        if window_of(now, per) != window || from >= regions || self.foreign(per, now) {
+        if window_of(now, K::period(per)) != window || from >= regions || self.foreign(per, now) {
             return None;
         }
-        let mut record = K::at(self.record, window, share, per, max_debt);
+        let mut record = K::at(self.record, window, share, per, terms);
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         let added = total.saturating_sub(ledger.heard[from]);
@@ -289,8 +304,13 @@ impl<K: SharedRecord> Stored<K> {
             heard: view,
             at_ms: now,
         });
-        record.shift((added as i64).saturating_sub(lost as i64));
-        self.record = Some(record.written(share, per));
+        record.shift(
+            (added as i64).saturating_sub(lost as i64),
+            now,
+            (share, per),
+            terms,
+        );
+        self.record = Some(record.written(share, per, terms));
         Some(added)
     }
 }

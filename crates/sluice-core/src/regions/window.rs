@@ -21,6 +21,8 @@ pub struct Record {
 }
 
 impl SharedRecord for Record {
+    type Terms = u64;
+
     /// What `record` holds at `now`, whose window starts at `window` of
     /// `per` ms, against `share` (`shared_at` in shared.lua): itself in its
     /// own window, and in a later one (the clock is behind the one that
@@ -68,7 +70,7 @@ impl SharedRecord for Record {
     /// The record as written: idle at its window's end, and as many
     /// windows more as `share` takes to repay what it owes beyond its cap
     /// (`shared_idle` in shared.lua).
-    fn written(mut self, share: u64, per: u64) -> Record {
+    fn written(mut self, share: u64, per: u64, _: u64) -> Record {
         let owed = self.count.saturating_sub(self.cap(share));
         self.idle_ms = self.start_ms + per * (1 + owed.div_ceil(share.max(1)));
         self
@@ -80,11 +82,11 @@ impl SharedRecord for Record {
         (!ours && self.idle_ms > now) || self.start_ms > window
     }
 
-    fn left(&self, _: u64, share: u64, _: u64) -> u64 {
+    fn left(&self, _: u64, share: u64, _: u64, _: u64) -> u64 {
         self.cap(share).saturating_sub(self.count)
     }
 
-    fn owed(&self, _: u64, share: u64, _: u64) -> u64 {
+    fn owed(&self, _: u64, share: u64, _: u64, _: u64) -> u64 {
         self.count.saturating_sub(self.cap(share))
     }
 
@@ -92,7 +94,7 @@ impl SharedRecord for Record {
         self.count
     }
 
-    fn shift(&mut self, units: i64) {
+    fn shift(&mut self, units: i64, _: u64, _: (u64, u64), _: u64) {
         self.moved = self.moved.saturating_add(units);
     }
 
@@ -117,7 +119,7 @@ impl SharedRecord for Record {
                 reset_ms: ends_in,
                 retry_ms: 0,
             };
-            return (answer, Some(record.written(share, per)));
+            return (answer, Some(record.written(share, per, max_debt)));
         }
         // Owing, it waits for the window whose carried debt leaves room
         // for it (a count more than max_debt past the cap carries nothing);
@@ -159,11 +161,11 @@ impl SharedRecord for Record {
         let counted = record.count.saturating_add(cost);
         let deepest = record.cap(share).saturating_add(max_debt).max(record.count);
         record.count = counted.min(deepest);
-        (record.written(share, per), counted - record.count)
+        (record.written(share, per, max_debt), counted - record.count)
     }
 
     /// `give_back` in common.lua: when it goes idle is kept.
-    fn give_back(&mut self, at: u64, cost: u64, per: u64) {
+    fn give_back(&mut self, (at, cost): (u64, u64), _: u64, (_, per): (u64, u64), _: u64) {
         if at >= self.start_ms && at < self.start_ms + per {
             self.count = self.count.saturating_sub(cost);
         }

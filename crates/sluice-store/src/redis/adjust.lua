@@ -134,6 +134,20 @@ local function debit_numbers(key, algorithm, name, previous, now, cost, limit, p
     local kept = min(cost, most)
     forgiven = cost - kept
     write_record(key, name, slide_idle(x, z + kept, limit, per), x, y, z + kept, now)
+  elseif algorithm == 9 then
+    -- A gcra or token_bucket shared across regions (regions::Stored::debit
+    -- of a Bucket): its tokens of now count it, at most max_debt units
+    -- below 0.
+    local at, tokens, moved = 0, x, z
+    if found and y < 0 then at = -y end
+    local e = bucket_epoch(per)
+    tokens, at, moved = bucket_at(tokens, at, moved, idiv(now, e) * e, limit, per, burst, max_debt)
+    tokens, at = bucket_settled(tokens, at, moved, now, limit, burst)
+    local kept = min(cost, idiv(max(0, tokens + max_debt * per), per))
+    forgiven = cost - kept
+    tokens = tokens - kept * per
+    write_record(key, name, bucket_idle(tokens, at, moved, limit, per, burst, max_debt), tokens,
+      -at, moved, now)
   else
     -- sliding_window: the current window counts it, owing beyond limit.
     local start = idiv(now, per) * per

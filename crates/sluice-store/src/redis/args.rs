@@ -8,7 +8,7 @@ use sluice_core::{Algorithm, BoundRule};
 use smallvec::SmallVec;
 
 use super::keys::Buckets;
-use super::regions::shared::Regions;
+use super::regions::shared::{Kind, Regions};
 use crate::clock::Clock;
 use crate::store::Batch;
 
@@ -37,6 +37,10 @@ pub(crate) const SHARED_WINDOW: u64 = 7;
 /// `shared_sliding` in shared.lua: a `sliding_window` shared across
 /// regions.
 pub(crate) const SHARED_SLIDING: u64 = 8;
+/// `shared_bucket` in shared.lua: a `gcra` or `token_bucket` shared across
+/// regions. Its burst's place carries its fill, a fraction: as the bits of
+/// the double (see `pack_rule`).
+pub(crate) const SHARED_BUCKET: u64 = 9;
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {
     match algorithm {
@@ -141,7 +145,11 @@ pub(super) fn pack_rule(
     let [algorithm, limit, per, burst, aligned, cost, max_debt] = values;
     packed.extend_from_slice(&[algorithm as u8, aligned as u8, u8::from(shadow)]);
     packed.extend_from_slice(&key.to_le_bytes());
-    for v in [limit, per, burst, cost, max_debt] {
+    for (i, v) in [limit, per, burst, cost, max_debt].into_iter().enumerate() {
+        if i == 2 && algorithm == SHARED_BUCKET {
+            packed.extend_from_slice(&f64::from_bits(v).to_le_bytes());
+            continue;
+        }
         debug_assert!(v < 1 << 53, "{v} is not exact as a double");
         packed.extend_from_slice(&(v as f64).to_le_bytes());
     }
@@ -245,25 +253,29 @@ impl PackedRules {
 
 /// What both scripts take of rule `i` of a batch: algorithm, limit, per,
 /// burst, aligned, cost, max_debt. A rule shared across regions is the
-/// script's `shared_window` (code 7) or `shared_sliding` (code 8), its
-/// limit this region's share of its pool.
+/// script's `shared_window` (code 7), `shared_sliding` (code 8) or
+/// `shared_bucket` (code 9), its limit this region's share of its pool.
 pub(super) fn rule_values(batch: &Batch<'_>, i: usize, selection: Selection<'_>) -> [u64; 7] {
     let bound = &batch.rules[i];
     let rule = enforced(bound, selection.valve_parts);
     if let Some(regions) = selection.regions
         && bound.shared_across_regions()
     {
-        let sliding = Regions::slides(bound);
+        let kind = Kind::of(bound);
+        let (code, burst) = match kind {
+            Kind::Window => (SHARED_WINDOW, rule.burst()),
+            Kind::Sliding => (SHARED_SLIDING, rule.burst()),
+            Kind::Bucket { .. } => {
+                let terms = kind.terms(rule.period_ms(), rule.max_debt());
+                (SHARED_BUCKET, terms.map_or(0.0, |t| t.fill).to_bits())
+            }
+        };
         return [
-            if sliding {
-                SHARED_SLIDING
-            } else {
-                SHARED_WINDOW
-            },
+            code,
             regions.share(Regions::pool(bound)),
             rule.period_ms(),
-            rule.burst(),
-            u64::from(!sliding),
+            burst,
+            u64::from(kind == Kind::Window),
             batch.cost_of(i),
             rule.max_debt(),
         ];

@@ -158,6 +158,24 @@ local function adopt_previous(KEYS, m)
   end
 end
 
+-- A gcra or token_bucket shared across regions (see shared.lua): its
+-- epoch (Bucket::period), its capacity at a rate, and its tokens refilled
+-- at its rate up to now, at most its capacity (Bucket::settled).
+local function bucket_epoch(per)
+  return per * max(1, ceil_div(60000, per))
+end
+
+local function bucket_capacity(rate, fill)
+  local k = rate * fill
+  return k - k % 1
+end
+
+local function bucket_settled(tokens, at, moved, now, share, fill)
+  if now <= at then return tokens, at end
+  local rate = max(0, share + moved)
+  return min(bucket_capacity(rate, fill), tokens + (now - at) * rate), now
+end
+
 -- Gives back cost units of one rule that an admission at `at` consumed,
 -- from its state as it is now (others may have consumed since), and
 -- releases lease from a concurrency rule; returns 1 when that lease was
@@ -222,6 +240,21 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
           b = max(0, b - cost)
         else
           updated = false
+        end
+      elseif algorithm == 9 then
+        -- A shared gcra or token_bucket (tokens, -at, moved;
+        -- Bucket::give_back): what it still holds, when admitted in the
+        -- record's epoch.
+        local e = bucket_epoch(per)
+        updated = false
+        if b < 0 and idiv(at, e) == idiv(-b, e) and at <= now then
+          local tokens, last = bucket_settled(a, -b, c, now, limit, burst)
+          local rate = max(0, limit + c)
+          local held = cost * per - (now - at) * rate
+          if held > 0 then
+            a, b = min(bucket_capacity(rate, burst), tokens + held), -last
+            updated = true
+          end
         end
       elseif algorithm == 8 then
         -- A shared sliding_window (start, carried, net; Slide::give_back).

@@ -359,7 +359,7 @@ end
 -- The algorithms whose state is a few numbers, by code; and a record's
 -- numbers when there is none.
 local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window, nil, shared_window,
-  shared_sliding }
+  shared_sliding, shared_bucket }
 local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
 -- Appends to parts (or list; np so far, the latest idle idle_at) the

@@ -17,7 +17,7 @@ use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
 use crate::redis::regions::ledger::{Steps, ledger_script, snapshot};
 use crate::redis::regions::live::{identity_key, received_key};
-use crate::redis::regions::shared::{RegionPart, Regions, Shared};
+use crate::redis::regions::shared::{Kind, RegionPart, Regions, Shared};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
 use crate::store::{Batch, Decided, Peeked, Store, StoreError};
@@ -210,7 +210,7 @@ impl RedisStore {
                 key: buckets.keys[i].clone(),
                 record: buckets.records[i],
                 per_ms: rule.rule().period_ms(),
-                sliding: Regions::slides(rule),
+                kind: Kind::of(rule),
                 max_debt: rule.rule().max_debt(),
                 previous: previous.as_ref().map(|p| (p.keys[i].clone(), p.records[i])),
             };

@@ -25,10 +25,14 @@
 --          the pool (what a record of an earlier window owes is read
 --          against it, as a decision reads it); ARGV[8] the rule's
 --          algorithm, "7" a fixed_window (its record's numbers: start,
---          count, moved; shared_window in decide.lua) or "8" a
---          sliding_window (start, carried, net; shared_sliding), a colon
---          and its max_debt (a record of an earlier window is moved on
---          with it, as a decision moves it)
+--          count, moved; shared_window in decide.lua), "8" a
+--          sliding_window (start, carried, net; shared_sliding) or "9" a
+--          gcra or token_bucket (tokens, -at, moved; shared_bucket), a
+--          colon and its max_debt (a record of an earlier window is moved
+--          on with it, as a decision moves it), and for "9" a colon and
+--          its fill (burst x per / pool, as the decision's burst). A
+--          bucket's window is its epoch (bucket_epoch), its share and
+--          grants a rate in units per per
 -- then, by step:
 --   note   ARGV[9] window, ARGV[10] pool, ARGV[11] units wanted; returns 1
 --          (noted) or 0 (the window is over)
@@ -75,16 +79,23 @@ local function carried(KEYS, k, previous)
   end
 end
 
+-- The span a ledger of a rule of per counts in: the window; a bucket's
+-- epoch (regions::SharedRecord::period).
+local function period_of(per, bucket)
+  if bucket then return bucket_epoch(per) end
+  return per
+end
+
 -- The ledger as stored (a table { window, per, pool, wanted, given..,
 -- heard.., views.. }), or nil; false when it is of another per and its
 -- window still runs.
-local function stored_ledger(KEYS, name, previous, per, n, now)
+local function stored_ledger(KEYS, name, previous, per, n, now, bucket)
   local value = call('HGET', KEYS[2], name)
   if not value and previous ~= '' then value = call('HGET', KEYS[2], previous) end
   if not value or #value ~= 8 * (HEAD + (2 + VIEW) * n) then return nil end
   local l = { sunpack(ledger_layout(n), value) }
   l[#l] = nil -- struct.unpack's next position
-  if l[2] ~= per and l[1] + l[2] > now then return false end
+  if l[2] ~= per and l[1] + period_of(l[2], bucket) > now then return false end
   return l
 end
 
@@ -97,19 +108,35 @@ local function ledger_at(l, window, per, n)
   return l
 end
 
-local function ledger_write(KEYS, name, l, n, now, per)
+local function ledger_write(KEYS, name, l, n, now, span)
   call('HSET', KEYS[2], name, spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n)))
-  local ends = l[1] + per - now + SLACK
+  local ends = l[1] + span - now + SLACK
   if call('PTTL', KEYS[2]) < ends then call('PEXPIRE', KEYS[2], ends) end
 end
 
 -- The record as the window reads it (regions::SharedRecord::at): its two numbers
 -- after its start (count and moved; carried and net for a sliding
--- window); false when it is of another per and its window still runs.
-local function record_at(KEYS, name, previous, window, share, per, now, sliding, max_debt)
+-- window; a bucket's three: tokens, at, moved); false when it is of
+-- another per and its window still runs.
+local function record_at(KEYS, name, previous, window, share, per, now, kind, max_debt, fill)
   local value = call('GET', KEYS[1])
   local found = value and find_record(value, name)
   if not found and value and previous ~= '' then found = find_record(value, previous) end
+  if kind == '9' then
+    local tokens, at, moved = 0, 0, 0
+    if found then
+      local idle, x, y, z = sunpack('<dddd', value, found + 8)
+      -- Another algorithm's record still running, or of a later epoch.
+      if y < 0 then
+        if idiv(-y, bucket_epoch(per)) * bucket_epoch(per) > window then return false end
+        tokens, at, moved = x, -y, z
+      elseif idle > now then
+        return false
+      end
+    end
+    return bucket_at(tokens, at, moved, window, share, per, fill, max_debt)
+  end
+  local sliding = kind == '8'
   if not found then return 0, 0 end
   local idle, start, a, b = sunpack('<dddd', value, found + 8)
   -- Written under this per, its idle time is a whole number of windows
@@ -129,16 +156,22 @@ local function record_at(KEYS, name, previous, window, share, per, now, sliding,
   return a, b
 end
 
--- What remains to admit at now (regions::SharedRecord::left).
-local function left_at(a, b, window, now, share, per, sliding)
-  if sliding then return idiv(max(0, slide_room(window, a, b, now, share, per)), per) end
+-- What it may grant at now (regions::SharedRecord::grantable): what
+-- remains to admit; a bucket's whole rate.
+local function grantable(a, b, c, window, now, share, per, kind)
+  if kind == '9' then return max(0, share + c) end
+  if kind == '8' then return idiv(max(0, slide_room(window, a, b, now, share, per)), per) end
   return max(0, share + b) - a
 end
 
 -- The record of window written back (regions::SharedRecord::written).
-local function record_write(KEYS, name, window, a, b, share, per, now, sliding)
+local function record_write(KEYS, name, window, a, b, c, share, per, now, kind, max_debt, fill)
+  if kind == '9' then
+    write_record(KEYS[1], name, bucket_idle(a, b, c, share, per, fill, max_debt), a, -b, c, now)
+    return
+  end
   local idle
-  if sliding then
+  if kind == '8' then
     idle = slide_idle(window, b, share, per)
   else
     idle = shared_idle(window, a, b, share, per)
@@ -146,9 +179,16 @@ local function record_write(KEYS, name, window, a, b, share, per, now, sliding)
   write_record(KEYS[1], name, idle, window, a, b, now)
 end
 
--- Units moved here (below 0: granted away; regions::SharedRecord::shift).
-local function shifted(a, b, units, sliding)
-  if sliding then return a, b - units end
+-- Units moved here at now (below 0: granted away;
+-- regions::SharedRecord::shift): a bucket's refill so far counted at the
+-- old rate, then its tokens clipped to the new rate's capacity.
+local function shifted(a, b, c, units, kind, now, share, fill)
+  if kind == '9' then
+    a, b = bucket_settled(a, b, c, now, share, fill)
+    c = c + units
+    return min(a, bucket_capacity(max(0, share + c), fill)), b, c
+  end
+  if kind == '8' then return a, b - units end
   return a, b + units
 end
 
@@ -156,8 +196,9 @@ end
 -- (regions::SharedRecord::used): of a sliding window, the previous window's
 -- weight rounded up, and what it admitted (net and what moved here, as
 -- the ledger l says).
-local function used_at(a, b, l, n, window, now, per, sliding)
-  if not sliding then return a end
+local function used_at(a, b, l, n, window, now, per, kind)
+  if kind == '9' then return 0 end
+  if kind ~= '8' then return a end
   local moved = 0
   for r = 0, n - 1 do moved = moved + l[HEAD + 1 + n + r] - l[HEAD + 1 + r] end
   local elapsed = min(per, max(0, now - window))
@@ -169,21 +210,26 @@ local function ledger(KEYS, ARGV)
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
   if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
-  local kind, max_debt = string.match(ARGV[8], '^(%d+):(%d+)$')
-  local sliding = kind == '8'
-  max_debt = num(max_debt)
-  local window = idiv(now, per) * per
+  local kind, max_debt, fill = string.match(ARGV[8], '^(%d+):(%d+):?(.*)$')
+  local bucket = kind == '9'
+  max_debt, fill = num(max_debt), tonumber(fill)
+  local span = period_of(per, bucket)
+  local window = idiv(now, span) * span
   carried(KEYS, 1, previous)
   carried(KEYS, 2, previous)
-  local stored = stored_ledger(KEYS, name, previous, per, n, now)
-  local a, b = record_at(KEYS, name, previous, window, share, per, now, sliding, max_debt)
+  local stored = stored_ledger(KEYS, name, previous, per, n, now, bucket)
+  local a, b, c = record_at(KEYS, name, previous, window, share, per, now, kind, max_debt, fill)
   local foreign = stored == false or a == false
   if step == 'read' then
-    if foreign then a, b, stored = 0, 0, nil end
+    if foreign then
+      a, b, c, stored = 0, 0, 0, nil
+      if bucket then a, b, c = bucket_at(0, 0, 0, window, share, per, fill, max_debt) end
+    end
     local l = ledger_at(stored, window, per, n)
-    local used = used_at(a, b, l, n, window, now, per, sliding)
-    if sliding then b = 0 end
-    return spack('<ddd', window, used, b) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
+    local used = used_at(a, b, l, n, window, now, per, kind)
+    local moved = b
+    if kind == '8' then moved = 0 elseif bucket then moved = c end
+    return spack('<ddd', window, used, moved) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
   end
   if num(ARGV[9]) ~= window or foreign then
     if step == 'note' then return 0 end
@@ -193,19 +239,19 @@ local function ledger(KEYS, ARGV)
   if step == 'note' then
     l[3] = num(ARGV[10])
     l[4] = l[4] + num(ARGV[11])
-    ledger_write(KEYS, name, l, n, now, per)
+    ledger_write(KEYS, name, l, n, now, span)
     return 1
   end
   if step == 'grant' then
     local to, units = num(ARGV[10]), num(ARGV[11])
-    if to >= n or units < 1 or units > left_at(a, b, window, now, share, per, sliding) then
+    if to >= n or units < 1 or units > grantable(a, b, c, window, now, share, per, kind) then
       return -1
     end
     local g = HEAD + 1 + to
     l[g] = l[g] + units
-    a, b = shifted(a, b, -units, sliding)
-    ledger_write(KEYS, name, l, n, now, per)
-    record_write(KEYS, name, window, a, b, share, per, now, sliding)
+    a, b, c = shifted(a, b, c, -units, kind, now, share, fill)
+    ledger_write(KEYS, name, l, n, now, span)
+    record_write(KEYS, name, window, a, b, c, share, per, now, kind, max_debt, fill)
     return l[g]
   end
   -- hear
@@ -222,9 +268,9 @@ local function ledger(KEYS, ARGV)
   local v = HEAD + 1 + 2 * n + VIEW * from
   for i = 0, 3 do l[v + i] = num(ARGV[13 + i]) end
   l[v + 4] = now
-  ledger_write(KEYS, name, l, n, now, per)
-  a, b = shifted(a, b, added - lost, sliding)
-  record_write(KEYS, name, window, a, b, share, per, now, sliding)
+  ledger_write(KEYS, name, l, n, now, span)
+  a, b, c = shifted(a, b, c, added - lost, kind, now, share, fill)
+  record_write(KEYS, name, window, a, b, c, share, per, now, kind, max_debt, fill)
   if added > 0 then call('HINCRBY', KEYS[3], from, added) end
   return added
 end

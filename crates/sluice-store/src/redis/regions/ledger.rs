@@ -8,8 +8,8 @@ use sluice_core::regions::stored::{Snapshot, View};
 
 use redis::ScriptInvocation;
 
-use super::shared::Shared;
-use crate::redis::args::{SHARED_SLIDING, SHARED_WINDOW, TimeSource, now_arg};
+use super::shared::{Kind, Shared};
+use crate::redis::args::{SHARED_BUCKET, SHARED_SLIDING, SHARED_WINDOW, TimeSource, now_arg};
 use crate::store::StoreError;
 
 /// The ledger script's source: the helpers and records of the decision,
@@ -73,16 +73,25 @@ impl Shared {
             .arg(steps.regions)
             .arg(previous)
             .arg(share)
-            .arg(format!(
-                "{}:{}",
-                if self.sliding {
-                    SHARED_SLIDING
-                } else {
-                    SHARED_WINDOW
-                },
-                self.max_debt
-            ));
+            .arg(self.kind_arg());
         call
+    }
+
+    /// The ledger script's ARGV[8]: the rule's algorithm code, its
+    /// max_debt, and a bucket's fill (written as the shortest decimal that
+    /// reads back as the same double).
+    fn kind_arg(&self) -> String {
+        match self.kind {
+            Kind::Window => format!("{SHARED_WINDOW}:{}", self.max_debt),
+            Kind::Sliding => format!("{SHARED_SLIDING}:{}", self.max_debt),
+            Kind::Bucket { .. } => {
+                let fill = self
+                    .kind
+                    .terms(self.per_ms, self.max_debt)
+                    .map_or(0.0, |t| t.fill);
+                format!("{SHARED_BUCKET}:{}:{fill}", self.max_debt)
+            }
+        }
     }
 
     /// Notes `wanted` units asked in `window` of a rule whose pool is

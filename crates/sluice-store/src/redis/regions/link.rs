@@ -309,7 +309,7 @@ impl Link {
                 pipe.cmd("ZADD")
                     .arg(live_key(prefix))
                     .arg("GT")
-                    .arg(noted.window + shared.per_ms)
+                    .arg(noted.window + shared.kind.span(shared.per_ms))
                     .arg(member(shared))
                     .ignore();
                 pipe.sadd(changed_key(prefix), member(shared)).ignore();
@@ -373,7 +373,8 @@ impl Link {
                         .map(|v| v.heard)
                 })
                 .collect();
-            let elapsed = now.saturating_sub(part.window_ms) as f64 / keys[k].per_ms as f64;
+            let span = keys[k].kind.span(keys[k].per_ms);
+            let elapsed = now.saturating_sub(part.window_ms) as f64 / span as f64;
             for (to, units) in grants(me, &part.part, &heard, elapsed) {
                 grant_calls.push((k, to, units));
             }

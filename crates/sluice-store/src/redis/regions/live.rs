@@ -6,7 +6,7 @@
 
 use sluice_core::keys::Record;
 
-use super::shared::Shared;
+use super::shared::{Kind, Shared};
 
 /// Shared keys' store keys (by region, under the store's prefix).
 pub(super) fn live_key(prefix: &str) -> String {
@@ -35,15 +35,20 @@ pub fn received_key(prefix: &str) -> String {
 }
 
 /// A live key's member in the live set: its per (after an `s` for a
-/// `sliding_window`) and its max_debt after a colon, its record's name and
+/// `sliding_window`, a `b` for a bucket) and its max_debt after a colon (a
+/// bucket's burst and pool after two more), its record's name and
 /// its key, then while rotating the same under the previous pepper,
 /// separated by spaces (keys are a prefix of letters, digits, `_` or `-`,
 /// a hash tag and hex digits).
 pub(super) fn member(shared: &Shared) -> String {
     let hex = |r: &Record| -> String { r.0.iter().map(|b| format!("{b:02x}")).collect() };
-    let kind = if shared.sliding { "s" } else { "" };
+    let (kind, bucket) = match shared.kind {
+        Kind::Window => ("", String::new()),
+        Kind::Sliding => ("s", String::new()),
+        Kind::Bucket { burst, pool } => ("b", format!(":{burst}:{pool}")),
+    };
     let mut member = format!(
-        "{kind}{}:{} {} {}",
+        "{kind}{}:{}{bucket} {} {}",
         shared.per_ms,
         shared.max_debt,
         hex(&shared.record),
@@ -68,11 +73,20 @@ fn record(hex: &str) -> Option<Record> {
 
 pub(super) fn parse_member(member: &str) -> Option<Shared> {
     let parts: Vec<&str> = member.split(' ').collect();
-    let (per, max_debt) = parts.first()?.split_once(':')?;
-    let (sliding, per) = match per.strip_prefix('s') {
-        Some(per) => (true, per),
-        None => (false, per),
+    let mut numbers = parts.first()?.split(':');
+    let (per, max_debt) = (numbers.next()?, numbers.next()?);
+    let (kind, per) = if let Some(per) = per.strip_prefix('s') {
+        (Kind::Sliding, per)
+    } else if let Some(per) = per.strip_prefix('b') {
+        let burst = numbers.next()?.parse().ok()?;
+        let pool = numbers.next()?.parse().ok()?;
+        (Kind::Bucket { burst, pool }, per)
+    } else {
+        (Kind::Window, per)
     };
+    if numbers.next().is_some() {
+        return None;
+    }
     let per_ms = per.parse().ok().filter(|&p: &u64| p > 0)?;
     let max_debt = max_debt.parse().ok()?;
     let previous = match parts.len() {
@@ -84,7 +98,7 @@ pub(super) fn parse_member(member: &str) -> Option<Shared> {
         key: parts[2].to_owned(),
         record: record(parts[1])?,
         per_ms,
-        sliding,
+        kind,
         max_debt,
         previous,
     })
@@ -100,7 +114,7 @@ mod tests {
             key: "sl:{abcd}:0f".into(),
             record: Record([0, 1, 0xfe, 0xff, 7, 8, 9, 10]),
             per_ms: 60_000,
-            sliding: false,
+            kind: Kind::Window,
             max_debt: 7,
             previous: None,
         };
@@ -110,8 +124,16 @@ mod tests {
             ..shared.clone()
         };
         assert_eq!(parse_member(&member(&rotating)), Some(rotating));
+        let bucket = Shared {
+            kind: Kind::Bucket {
+                burst: 50,
+                pool: 33,
+            },
+            ..shared.clone()
+        };
+        assert_eq!(parse_member(&member(&bucket)), Some(bucket));
         let sliding = Shared {
-            sliding: true,
+            kind: Kind::Sliding,
             ..shared
         };
         assert_eq!(parse_member(&member(&sliding)), Some(sliding));

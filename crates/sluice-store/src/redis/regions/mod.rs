@@ -29,4 +29,4 @@ pub use link::{Link, LinkOptions};
 pub use live::{identity_key, received_key};
 pub use peer::{Peer, PeerStatus};
 pub use replica::{REPLICA_LUA, Replicated, replica_script};
-pub use shared::{Noted, RegionPart, Regions, Shared};
+pub use shared::{Kind, Noted, RegionPart, Regions, Shared};

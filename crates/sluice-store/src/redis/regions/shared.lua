@@ -1,8 +1,9 @@
 -- sluice: the rules shared across regions (SPEC appendix H), as a
--- decision decides them: a fixed_window (shared_window, code 7) and a
--- sliding_window (shared_sliding, code 8) against this region's share of
--- the pool. Their twins are sluice-core's regions::window::Record and
--- regions::sliding::Slide. Follows common.lua; decide.lua, adjust.lua and
+-- decision decides them: a fixed_window (shared_window, code 7), a
+-- sliding_window (shared_sliding, code 8) and a gcra or token_bucket
+-- (shared_bucket, code 9) against this region's share of the pool. Their
+-- twins are sluice-core's regions::window::Record, regions::sliding::Slide
+-- and regions::bucket::Bucket. Follows common.lua; decide.lua, adjust.lua and
 -- regions/ledger.lua follow it.
 
 -- What a shared window's record (start, count, moved) holds at now,
@@ -138,3 +139,105 @@ local function shared_sliding(name, found, start, carried, net, now, cost, share
     slide_retry(start, carried, net, now, cost, share, per, max_debt)
 end
 
+
+-- A gcra or token_bucket shared across regions keeps (tokens, -at,
+-- moved) (sluice-core's regions::bucket): the units x per it holds (below
+-- 0: owing), when they were counted (stored below 0: a record of another
+-- algorithm under the same name has at >= 0 there), and the rate moved
+-- here in the epoch, units per per. Its rate is share + moved, its
+-- capacity floor(rate x fill) units x per (fill = burst x per / pool), and
+-- rates move within an epoch (the smallest multiple of per at least a
+-- minute; Bucket::period). bucket_epoch, bucket_capacity and
+-- bucket_settled are in common.lua (a give-back uses them).
+
+-- The record as the epoch starting at window reads it (Bucket::at): none
+-- (at 0), or another algorithm's, full; owing more than max_debt, empty;
+-- of an earlier epoch, refilled at
+-- its rate to that epoch's end, nothing moved, clipped to the share's
+-- capacity and refilled at the share's rate since. Returns tokens, at,
+-- moved.
+local function bucket_at(tokens, at, moved, window, share, per, fill, max_debt)
+  local e = bucket_epoch(per)
+  if at == 0 then return bucket_capacity(share, fill), window, 0 end
+  if tokens < -(max_debt * per) then tokens = 0 end
+  local start = idiv(at, e) * e
+  if start >= window then return tokens, at, moved end
+  tokens, at = bucket_settled(tokens, at, moved, start + e, share, fill)
+  tokens = min(tokens, bucket_capacity(share, fill))
+  tokens, at = bucket_settled(tokens, at, 0, window, share, fill)
+  return tokens, at, 0
+end
+
+-- When its tokens reach need at its rate, if before its epoch ends
+-- (Bucket::reaches); with within false, however many epochs on
+-- (Bucket::reaches_at_share, nothing moved).
+local function bucket_reaches(tokens, at, moved, need, share, per, fill, within)
+  local rate = max(0, share + moved)
+  if need > bucket_capacity(rate, fill) or rate == 0 then return nil end
+  local t = at + ceil_div(max(0, need - tokens), rate)
+  if within then
+    local e = bucket_epoch(per)
+    if t >= idiv(at, e) * e + e then return nil end
+  end
+  return t
+end
+
+-- When it is full again, from now (Bucket::full_in).
+local function bucket_full_in(tokens, at, moved, now, share, per, fill)
+  local rate = max(0, share + moved)
+  if rate == 0 then
+    local e = bucket_epoch(per)
+    return max(1, idiv(at, e) * e + e - now)
+  end
+  return max(1, at + ceil_div(max(0, bucket_capacity(rate, fill) - tokens), rate) - now)
+end
+
+-- When need fits, if nothing moves here (Bucket::retry).
+local function bucket_retry(tokens, at, moved, now, need, share, per, fill, max_debt)
+  local t = bucket_reaches(tokens, at, moved, need, share, per, fill, true)
+  if t then return max(1, t - now) end
+  local e = bucket_epoch(per)
+  local ends = idiv(at, e) * e + e
+  local nt, na, nm = bucket_at(tokens, at, moved, ends, share, per, fill, max_debt)
+  t = bucket_reaches(nt, na, nm, need, share, per, fill, false)
+  if t then return max(1, t - now) end
+  return max(1, ends - now)
+end
+
+-- When it goes idle: the end of the epoch it is full in (Bucket::written).
+local function bucket_idle(tokens, at, moved, share, per, fill, max_debt)
+  local e = bucket_epoch(per)
+  local start = idiv(at, e) * e
+  local ends = start + e
+  local k = bucket_capacity(max(0, share + moved), fill)
+  local full = at
+  if tokens < k then
+    full = bucket_reaches(tokens, at, moved, k, share, per, fill, true)
+    if not full then
+      local nt, na, nm = bucket_at(tokens, at, moved, ends, share, per, fill, max_debt)
+      full = bucket_reaches(nt, na, nm, bucket_capacity(share, fill), share, per, fill, false)
+        or ends + e
+    end
+  end
+  return start + e * max(1, ceil_div(max(0, full - start), e))
+end
+
+-- A gcra or token_bucket shared across regions (regions::Stored::decide
+-- of a Bucket): limit is this region's share of the pool and burst the
+-- fill; it admits while its tokens hold cost x per.
+local function shared_bucket(name, found, tokens, at, moved, now, cost, share, per, fill, _,
+                             max_debt)
+  if not found or at >= 0 then at = 0 else at = -at end
+  local e = bucket_epoch(per)
+  tokens, at, moved = bucket_at(tokens, at, moved, idiv(now, e) * e, share, per, fill, max_debt)
+  tokens, at = bucket_settled(tokens, at, moved, now, share, fill)
+  local need = cost * per
+  if tokens >= need then
+    tokens = tokens - need
+    local t = bucket_idle(tokens, at, moved, share, per, fill, max_debt)
+    return 1, idiv(tokens, per), bucket_full_in(tokens, at, moved, now, share, per, fill), 0,
+      spack(RECORD, name, t, tokens, -at, moved), t
+  end
+  return 0, idiv(max(0, tokens), per), bucket_full_in(tokens, at, moved, now, share, per, fill),
+    bucket_retry(tokens, at, moved, now, need, share, per, fill, max_debt)
+end

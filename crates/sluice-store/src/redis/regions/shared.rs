@@ -4,12 +4,61 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use sluice_core::BoundRule;
-use sluice_core::algorithm::{State, fixed_window, sliding_window};
+use sluice_core::algorithm::{State, fixed_window, gcra, sliding_window, token_bucket};
 use sluice_core::keys::Record;
+use sluice_core::regions::bucket::{Bucket, Terms};
 use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{self, SharedRecord, Stored, window_of};
 use sluice_core::regions::{pool, share};
+use sluice_core::{Algorithm, BoundRule};
+
+/// A shared rule's kind: how its record moves with the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// An aligned `fixed_window` (`shared_window` in shared.lua).
+    Window,
+    /// A `sliding_window` (`shared_sliding`).
+    Sliding,
+    /// A `gcra` or `token_bucket` (`shared_bucket`) of `burst` units
+    /// whose pool is `pool` per period: its rate moves.
+    Bucket {
+        /// Its burst.
+        burst: u64,
+        /// Its pool.
+        pool: u64,
+    },
+}
+
+impl Kind {
+    /// The kind of shared `rule`.
+    pub fn of(rule: &BoundRule) -> Kind {
+        match rule.rule().algorithm() {
+            Algorithm::SlidingWindow => Kind::Sliding,
+            Algorithm::Gcra | Algorithm::TokenBucket => Kind::Bucket {
+                burst: rule.rule().burst(),
+                pool: Regions::pool(rule),
+            },
+            _ => Kind::Window,
+        }
+    }
+
+    /// A bucket's terms (`None` for a window).
+    pub fn terms(self, per: u64, max_debt: u64) -> Option<Terms> {
+        match self {
+            Kind::Bucket { burst, pool } => Some(Terms::new(burst, per, pool, max_debt)),
+            Kind::Window | Kind::Sliding => None,
+        }
+    }
+
+    /// The span a ledger counts in for a rule of `per` ms (a window; a
+    /// bucket's epoch).
+    pub fn span(self, per: u64) -> u64 {
+        match self {
+            Kind::Bucket { .. } => Bucket::period(per),
+            Kind::Window | Kind::Sliding => per,
+        }
+    }
+}
 
 /// One shared rule of one key, as the link names it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -20,8 +69,8 @@ pub struct Shared {
     pub record: Record,
     /// Its period (ms).
     pub per_ms: u64,
-    /// Whether it is a `sliding_window` (else a `fixed_window`).
-    pub sliding: bool,
+    /// Its kind.
+    pub kind: Kind,
     /// Its `max_debt`: a count more than that past the cap reads as spent
     /// when its window
     /// moves on.
@@ -99,12 +148,6 @@ impl Regions {
         self.names.is_empty()
     }
 
-    /// Whether a shared rule is a `sliding_window` (else an aligned
-    /// `fixed_window`).
-    pub fn slides(rule: &BoundRule) -> bool {
-        rule.rule().algorithm() == sluice_core::Algorithm::SlidingWindow
-    }
-
     /// A shared rule's pool per window.
     pub fn pool(rule: &BoundRule) -> u64 {
         pool(rule.rule().limit(), rule.tolerance())
@@ -129,12 +172,16 @@ impl Regions {
     pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
         let per = rule.rule().period_ms();
         let share = self.share(Regions::pool(rule));
-        let sliding = Regions::slides(rule);
         let max_debt = rule.rule().max_debt();
-        let (left, owed) = if sliding {
-            standing_of::<Slide>(numbers, now, (share, per), max_debt)
-        } else {
-            standing_of::<stored::Record>(numbers, now, (share, per), max_debt)
+        let kind = Kind::of(rule);
+        let (left, owed) = match kind {
+            Kind::Sliding => standing_of::<Slide>(numbers, now, (share, per), max_debt),
+            Kind::Window => standing_of::<stored::Record>(numbers, now, (share, per), max_debt),
+            Kind::Bucket { burst, pool } => {
+                let terms = Terms::new(burst, per, pool, max_debt);
+                let (left, owed) = standing_of::<Bucket>(numbers, now, (share, per), terms);
+                return bucket_standing(rule, (left, owed), now);
+            }
         };
         // Owing more than the rule may owe reads as owing all it may (a
         // rule of its own reads such a count as spent under another rule).
@@ -144,7 +191,7 @@ impl Regions {
             .saturating_add(owed)
             .min(limit.saturating_add(rule.rule().max_debt()));
         let start_ms = window_of(now, per);
-        if sliding {
+        if kind == Kind::Sliding {
             State::SlidingWindow(sliding_window::Windows {
                 start_ms,
                 prev: 0,
@@ -166,14 +213,15 @@ impl Regions {
         now: u64,
     ) {
         let per = rule.rule().period_ms();
-        let window = now - now % per;
+        let kind = Kind::of(rule);
+        let window = window_of(now, kind.span(per));
         let pool = Regions::pool(rule);
         let mut noted = self.noted.lock().unwrap_or_else(|e| e.into_inner());
         let shared = Shared {
             key: key.to_owned(),
             record,
             per_ms: per,
-            sliding: Regions::slides(rule),
+            kind: Kind::of(rule),
             max_debt: rule.rule().max_debt(),
             previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
@@ -237,11 +285,42 @@ fn standing_of<K: SharedRecord>(
     numbers: Option<[f64; 4]>,
     now: u64,
     (share, per): (u64, u64),
-    max_debt: u64,
+    terms: K::Terms,
 ) -> (u64, u64) {
     let stored = Stored::<K> {
         record: numbers.map(K::stored),
         ledger: None,
     };
-    stored.standing(now, share, per, max_debt)
+    stored.standing(now, share, per, terms)
+}
+
+/// The state of shared bucket `rule` (a `gcra` or `token_bucket` of limit
+/// `L`) that leaves `left` units to admit at `now`, or owes `owed`.
+fn bucket_standing(rule: &BoundRule, (left, owed): (u64, u64), now: u64) -> State {
+    let (limit, per) = (rule.rule().limit().max(1), rule.rule().period_ms());
+    let burst = rule.rule().burst();
+    let scaled = |units: u64| u128::from(units) * u128::from(per);
+    if rule.rule().algorithm() == Algorithm::Gcra {
+        // Ahead of now by what is spent, and what is owed beyond it.
+        let ahead = scaled(burst.saturating_sub(left)) + scaled(owed);
+        let ms = u64::try_from(ahead / u128::from(limit)).unwrap_or(u64::MAX);
+        let frac = (ahead % u128::from(limit)) as u64;
+        return State::Gcra(gcra::Tat {
+            ms: now.saturating_add(ms),
+            frac,
+        });
+    }
+    if owed == 0 {
+        return State::TokenBucket(token_bucket::Bucket {
+            scaled_tokens: u64::try_from(scaled(left)).unwrap_or(u64::MAX),
+            last_ms: now,
+        });
+    }
+    // Owing: refilling from a moment ahead of now (as adjust.lua writes it).
+    let owed = scaled(owed);
+    let ahead_ms = owed.div_ceil(u128::from(limit));
+    State::TokenBucket(token_bucket::Bucket {
+        scaled_tokens: u64::try_from(ahead_ms * u128::from(limit) - owed).unwrap_or(u64::MAX),
+        last_ms: now.saturating_add(u64::try_from(ahead_ms).unwrap_or(u64::MAX)),
+    })
 }

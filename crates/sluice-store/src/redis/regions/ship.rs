@@ -306,7 +306,7 @@ impl Shipment {
                 pipe.cmd("ZADD")
                     .arg(live_key(&self.prefix))
                     .arg("GT")
-                    .arg(hearing.window + shared.per_ms)
+                    .arg(hearing.window + shared.kind.span(shared.per_ms))
                     .arg(member(shared))
                     .ignore();
                 pipe.sadd(changed_key(&self.prefix), member(shared))
@@ -418,6 +418,8 @@ mod tests {
     use sluice_core::keys::Record;
     use sluice_core::regions::Heard;
 
+    use super::super::shared::Kind;
+
     use super::*;
 
     #[tokio::test]
@@ -434,7 +436,7 @@ mod tests {
             key: format!("sl:{{t}}:{n}"),
             record: Record([n; 8]),
             per_ms: 60_000,
-            sliding: false,
+            kind: Kind::Window,
             max_debt: 0,
             previous: None,
         };
