@@ -31,13 +31,17 @@
 //!
 //! # Epochs
 //!
-//! Rates move within an epoch: the smallest multiple of `per` at least a
-//! minute ([`epoch`]), aligned as windows are. At the next epoch every
-//! region's rate starts again from its share (grants and what was heard
-//! are of the epoch, as a window's are): its refill counted at the old
-//! rate to the epoch's end, then its tokens clipped to the share's
-//! capacity. Regions whose clocks differ by `δ` disagree on the epoch for
-//! `δ`: up to `δ` ms of the rate that moved can count twice.
+//! Rates move within an epoch: the smallest multiple of `per` at least
+//! ten seconds ([`epoch`]), aligned as windows are. At the next epoch
+//! every region's rate starts again from its share (grants and what was
+//! heard are of the epoch, as a window's are): its refill counted at the
+//! old rate to the epoch's end, then its tokens clipped to the share's
+//! capacity. Demand is what each region was asked in the epoch so far
+//! ([`grants`](super::grants)): the epoch is short enough that a region
+//! whose demand rises gets its part within one, and long enough that the
+//! syncs after it starts (while rates move back to where demand is) cost
+//! a few percent of it. Regions whose clocks differ by `δ` disagree on the
+//! epoch for `δ`: up to `δ` ms of the rate that moved can count twice.
 //!
 //! # Debt
 //!
@@ -48,7 +52,7 @@
 use super::record::{Answer, SharedRecord, window_of};
 
 /// The shortest epoch (ms): rates move between regions within one.
-pub const EPOCH_MS: u64 = 60_000;
+pub const EPOCH_MS: u64 = 10_000;
 
 /// The epoch of a bucket refilling per `per` ms: the smallest multiple of
 /// `per` at least [`EPOCH_MS`].
@@ -415,7 +419,7 @@ mod tests {
     #[test]
     fn a_denial_names_the_first_moment_it_fits_and_not_before() {
         let t = terms(60, 30);
-        for (cost, at) in [(1, T0 + 5), (7, T0 + 59_990), (20, T0 + 59_999), (3, T0)] {
+        for (cost, at) in [(1, T0 + 5), (7, T0 + 9_990), (20, T0 + 9_999), (3, T0)] {
             let mut a: Stored<Bucket> = Stored::default();
             assert!(a.decide(at, 20, 10, PER, t).allowed);
             a.debit(at, 4, 10, PER, t);

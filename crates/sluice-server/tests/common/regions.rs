@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use sluice_testkit::RedisServer;
+use sluice_testkit::{DelayProxy, RedisServer};
 
 use super::{Server, temp_file};
 
@@ -23,6 +23,21 @@ pub fn config_with(
     own: &RedisServer,
     peers: &[(&str, String)],
     keys: &str,
+) -> super::TempPath {
+    let rule = format!(
+        "{{ name: per-3s, algorithm: fixed_window, limit: {LIMIT}, per: 3s, aligned: true }}"
+    );
+    config_of(this, own, peers, keys, &rule)
+}
+
+/// A region's configuration whose plan's tenant rules are `rules` (a YAML
+/// flow map, or several separated by commas).
+pub fn config_of(
+    this: &str,
+    own: &RedisServer,
+    peers: &[(&str, String)],
+    keys: &str,
+    rules: &str,
 ) -> super::TempPath {
     let peers: String = peers
         .iter()
@@ -45,7 +60,7 @@ keys:
 {keys}default_plan: free
 plans:
   free:
-    tenant: [{{ name: per-3s, algorithm: fixed_window, limit: {LIMIT}, per: 3s, aligned: true }}]
+    tenant: [{rules}]
 "#,
             own.url()
         ),
@@ -85,4 +100,37 @@ pub async fn linked(client: &reqwest::Client, server: &Server) -> Value {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Three regions (eu, us, ap), each a real redis-server with its own
+/// sluice whose tenant rules are `rules`, linked through delay proxies
+/// (40 ms each way); returns once every region hears its peers. The
+/// proxies are by region reached: `proxies[r]` are the two to region
+/// `r`'s Redis.
+pub async fn three_regions(
+    client: &reqwest::Client,
+    rules: &str,
+) -> (Vec<RedisServer>, Vec<Vec<DelayProxy>>, Vec<Server>) {
+    let names = ["eu", "us", "ap"];
+    let redis: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut proxies: Vec<Vec<DelayProxy>> = (0..3).map(|_| Vec::new()).collect();
+    let mut servers = Vec::new();
+    for (r, name) in names.iter().enumerate() {
+        let mut peers = Vec::new();
+        for (p, peer) in names.iter().enumerate() {
+            if p != r {
+                let proxy = DelayProxy::start(redis[p].port(), Duration::from_millis(40));
+                peers.push((*peer, proxy.url()));
+                proxies[p].push(proxy);
+            }
+        }
+        let path = config_of(name, &redis[r], &peers, "", rules);
+        let env = [("TEST_SLUICE_PEPPER", PEPPER)];
+        let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+        servers.push(server.keep(path));
+    }
+    for server in &servers {
+        linked(client, server).await;
+    }
+    (redis, proxies, servers)
 }

@@ -162,7 +162,7 @@ end
 -- epoch (Bucket::period), its capacity at a rate, and its tokens refilled
 -- at its rate up to now, at most its capacity (Bucket::settled).
 local function bucket_epoch(per)
-  return per * max(1, ceil_div(60000, per))
+  return per * max(1, ceil_div(10000, per))
 end
 
 local function bucket_capacity(rate, fill)

@@ -146,8 +146,8 @@ end
 -- algorithm under the same name has at >= 0 there), and the rate moved
 -- here in the epoch, units per per. Its rate is share + moved, its
 -- capacity floor(rate x fill) units x per (fill = burst x per / pool), and
--- rates move within an epoch (the smallest multiple of per at least a
--- minute; Bucket::period). bucket_epoch, bucket_capacity and
+-- rates move within an epoch (the smallest multiple of per at least ten
+-- seconds; Bucket::period). bucket_epoch, bucket_capacity and
 -- bucket_settled are in common.lua (a give-back uses them).
 
 -- The record as the epoch starting at window reads it (Bucket::at): none

@@ -1,0 +1,157 @@
+//! A `gcra` shared across regions (`storage.regions`, the default for a
+//! tenant's gcra): three real redis-servers, each with its own sluice,
+//! linked through the test kit's delay proxy (40 ms each way). The fleet
+//! is one bucket of the pool: over any span `d` it admits at most `burst +
+//! limit × d / per`, and a busy fleet about `limit` per `per`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::regions::{LIMIT, PER_MS, three_regions, wall_ms};
+use common::{Server, get_text, metric_total, post};
+use serde_json::json;
+
+/// The rule: `LIMIT` per 3 s, a burst of `BURST`.
+const BURST: u64 = 60;
+
+fn rule() -> String {
+    format!("{{ name: rate, algorithm: gcra, limit: {LIMIT}, per: 3s, burst: {BURST} }}")
+}
+
+/// What a tenant got per aligned window of `PER_MS`, sending to each of
+/// `regions` as fast as three clients each can until `end` (wall clock).
+async fn hammer(
+    client: &reqwest::Client,
+    regions: &[&Server],
+    tenant: &str,
+    end: u64,
+) -> BTreeMap<u64, u64> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for server in regions {
+        for _ in 0..3 {
+            let (client, base) = (client.clone(), server.base.clone());
+            let tenant = tenant.to_owned();
+            tasks.spawn(async move {
+                let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+                while wall_ms() < end {
+                    let body = json!({ "tenant": tenant, "route": "GET /" });
+                    let (status, _) = post(&client, &base, body).await;
+                    let at = wall_ms();
+                    if status == 200 && at < end {
+                        *admitted.entry(at - at % PER_MS).or_default() += 1;
+                    }
+                }
+                admitted
+            });
+        }
+    }
+    let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+    while let Some(seen) = tasks.join_next().await {
+        for (w, n) in seen.unwrap() {
+            *admitted.entry(w).or_default() += n;
+        }
+    }
+    admitted
+}
+
+/// The start of the next aligned window, once it has come.
+async fn next_window() -> u64 {
+    let now = wall_ms();
+    let start = now - now % PER_MS + PER_MS;
+    tokio::time::sleep(Duration::from_millis(start - now)).await;
+    start
+}
+
+/// The fleet's bound over `windows` whole windows: one bucket of the pool.
+fn bound(windows: u64) -> u64 {
+    BURST + LIMIT * windows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_hammering_every_region_gets_one_bucket_linked_partitioned_and_healed() {
+    let client = reqwest::Client::new();
+    let (_redis, proxies, servers) = three_regions(&client, &rule()).await;
+    let all: Vec<&Server> = servers.iter().collect();
+
+    // Linked: two windows.
+    let start = next_window().await;
+    let linked = hammer(&client, &all, "acme-everywhere", start + 2 * PER_MS).await;
+    // ap cut off from its peers, both ways, for two windows: eu and us
+    // reach ap's Redis through proxies[2], ap theirs through the second
+    // proxy to each.
+    for proxy in &proxies[2] {
+        proxy.cut();
+    }
+    let ap_out: Vec<_> = [0, 1].iter().map(|&r| &proxies[r][1]).collect();
+    for proxy in &ap_out {
+        proxy.cut();
+    }
+    let cut = start + 2 * PER_MS;
+    let partitioned = hammer(&client, &all, "acme-everywhere", cut + 2 * PER_MS).await;
+    for proxy in proxies[2].iter().chain(ap_out) {
+        proxy.heal();
+    }
+    let healed_at = cut + 2 * PER_MS;
+    let healed = hammer(&client, &all, "acme-everywhere", healed_at + 2 * PER_MS).await;
+
+    println!("linked {linked:?}\npartitioned {partitioned:?}\nhealed {healed:?}");
+    let mut total = 0;
+    for (phase, admitted) in [
+        ("linked", &linked),
+        ("partitioned", &partitioned),
+        ("healed", &healed),
+    ] {
+        for (window, &n) in admitted {
+            total += n;
+            assert!(
+                n as f64 >= 0.9 * LIMIT as f64 && n <= bound(1),
+                "{phase}, window {window}: {n} admitted, not between 90% of {LIMIT} and {}",
+                bound(1)
+            );
+        }
+        assert_eq!(admitted.len(), 2, "{phase}: {admitted:?}");
+    }
+    // Over the whole run, one bucket: the burst once, then the rate.
+    assert!(
+        total <= bound(6),
+        "{total} admitted in 6 windows, past {}",
+        bound(6)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_in_one_region_gets_the_pools_rate_there_within_a_few_syncs() {
+    let client = reqwest::Client::new();
+    let (_redis, _proxies, servers) = three_regions(&client, &rule()).await;
+    let start = next_window().await;
+    let admitted = hammer(
+        &client,
+        &[&servers[1]],
+        "acme-sends-to-us",
+        start + 3 * PER_MS,
+    )
+    .await;
+    println!("admitted per {PER_MS} ms window in us: {admitted:?}");
+    // The other regions keep a sixteenth of their share (50 each) for
+    // their own next requests: 4 each.
+    let reachable = LIMIT - 2 * 4;
+    let total: u64 = admitted.values().sum();
+    assert!(total <= bound(3), "{total} admitted, past {}", bound(3));
+    for window in [start + PER_MS, start + 2 * PER_MS] {
+        let n = admitted.get(&window).copied().unwrap_or(0);
+        assert!(
+            n as f64 >= 0.9 * reachable as f64 && n <= bound(1),
+            "window {window}: {n} admitted, not between 90% of {reachable} and {}",
+            bound(1)
+        );
+    }
+    // The rate moved there from its peers (a budget of its own in each
+    // region would admit as much in us alone, and move nothing).
+    let metrics = get_text(&client, &servers[1], "/metrics").await;
+    assert!(
+        metric_total(&metrics, "sluice_region_peer_units_received_total") > 0.0,
+        "{metrics}"
+    );
+}
