@@ -110,6 +110,9 @@ impl fmt::Debug for Tag {
 pub struct Keyer {
     prefix: Box<str>,
     mac: HmacSha256,
+    /// Whether shared rules are one budget across linked regions (see
+    /// [`linking_regions`](Self::linking_regions)).
+    regions: bool,
 }
 
 impl fmt::Debug for Keyer {
@@ -127,7 +130,20 @@ impl Keyer {
         Keyer {
             prefix: prefix.into(),
             mac,
+            regions: false,
         }
+    }
+
+    /// The keyer of a store whose shared rules are one budget across
+    /// linked regions (`storage.regions`): the record of a shared `gcra` or
+    /// `token_bucket` is then named apart, with its period. Its numbers
+    /// are a region's part of the rate, in units of that period
+    /// ([`crate::regions::bucket`]): a rule made local (or shared), or
+    /// whose period a reload changes, starts from a record of its own
+    /// rather than misread another's.
+    pub fn linking_regions(mut self) -> Keyer {
+        self.regions = true;
+        self
     }
 
     /// The prefix every key starts with.
@@ -201,7 +217,17 @@ impl Keyer {
 
     /// The name of `rule`'s record in its group's key under `tag`.
     pub fn record(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> Record {
-        let digest = self.rule_digest(tag, rule, subject);
+        let digest = if self.regions
+            && rule.shared_across_regions()
+            && rule.rule().algorithm().has_burst()
+        {
+            let mut identity = rule.identity().to_vec();
+            identity.extend_from_slice(b"shared per ");
+            identity.extend_from_slice(rule.rule().period_ms().to_string().as_bytes());
+            self.digest(b"K", tag, &identity, subject)
+        } else {
+            self.rule_digest(tag, rule, subject)
+        };
         Record(digest[16..24].try_into().expect("8 bytes"))
     }
 

@@ -197,11 +197,13 @@ fn differential<K: SharedRecord>(
         .with_regions(regions.clone());
     let (mut per, mut limit) = (per, limit);
     let mut rules = [shared_rule(shape, limit, per, max_debt)];
-    let buckets = sluice_store::redis::KeySet::keys(
-        &keys.current,
-        &Batch::new("tenant", None, 1, &rules),
-        sluice_store::redis::Valve::WHOLE,
-    );
+    // Named as the store names them, linking regions.
+    let keyer = keys.current.clone().linking_regions();
+    let record_of = |rules: &[BoundRule]| {
+        let batch = Batch::new("tenant", None, 1, rules);
+        sluice_store::redis::KeySet::keys(&keyer, &batch, sluice_store::redis::Valve::WHOLE)
+    };
+    let buckets = record_of(&rules);
     let mut shared = Shared {
         key: buckets.keys[0].clone(),
         record: buckets.records[0],
@@ -262,6 +264,9 @@ fn differential<K: SharedRecord>(
         .unwrap();
     prop_assert_eq!(refused, -2);
     let mut twin: Stored<K> = Stored::default();
+    // The twins of a bucket's records under the other periods it had.
+    let mut others: std::collections::HashMap<sluice_core::keys::Record, Stored<K>> =
+        std::collections::HashMap::new();
     let mut admitted: Vec<(u64, u64)> = Vec::new();
     for (i, step) in steps.into_iter().enumerate() {
         let now = clock.now_ms();
@@ -275,6 +280,28 @@ fn differential<K: SharedRecord>(
                 rules = [shared_rule(shape, limit, per, max_debt)];
                 shared.per_ms = per;
                 t = terms(per, pool);
+                // A bucket of another period has a record of its own, read
+                // afresh.
+                // (and the store keeps each period's as it was, until a
+                // write of the group drops it once idle: the twin takes the
+                // record back as the store holds it).
+                let record = record_of(&rules).records[0];
+                if record != shared.record {
+                    let mut kept = others.remove(&record).unwrap_or_default();
+                    let value: Option<Vec<u8>> = runtime
+                        .block_on(
+                            redis::cmd("GET")
+                                .arg(&shared.key)
+                                .query_async(&mut connection),
+                        )
+                        .unwrap();
+                    kept.record = value
+                        .and_then(|v| sluice_store::redis::inspect::find_numbers(&v, record))
+                        .map(K::stored);
+                    others.insert(shared.record, std::mem::replace(&mut twin, kept));
+                    shared.record = record;
+                    admitted.clear();
+                }
             }
             Step::Relimit(to) => {
                 limit = to;

@@ -610,6 +610,11 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
             "a sliding_log keeps each admission's time",
         ),
         (
+            "regions: local }",
+            "burst: 2 }",
+            "`burst` 2 is too small to share across 3 regions",
+        ),
+        (
             "sync_every: 100ms",
             "sync_every: 5ms",
             "`storage.regions.sync_every` must be from 10ms to 1m, got 5ms",

@@ -31,18 +31,21 @@
 //!
 //! # Epochs
 //!
-//! Rates move within an epoch: the smallest multiple of `per` at least
-//! ten seconds ([`epoch`]), aligned as windows are. At the next epoch
-//! every region's rate starts again from its share (grants and what was
-//! heard are of the epoch, as a window's are): its refill counted at the
-//! old rate to the epoch's end, then its tokens clipped to the share's
-//! capacity. Demand is what each region was asked in the epoch so far
-//! ([`grants`](super::grants)): the epoch is short enough that a region
-//! whose demand rises gets its part within one, and long enough that the
-//! syncs after it starts (while rates move back to where demand is) cost
-//! a few percent of it. Regions whose clocks differ by `δ` disagree on the
-//! epoch for `δ`: up to `δ` ms of the rate that moved can count twice.
-//!
+//! Rates move within an epoch: the smallest multiple of `per` at least ten
+//! seconds ([`epoch`]), aligned as windows are. At the next epoch every
+//! region's rate starts again from its share (grants and what was heard
+//! are of the epoch, as a window's are): its refill counted at the old
+//! rate to the epoch's end, then its tokens clipped to the share's
+//! capacity. Demand is what each region was asked in the latest `per`
+//! (the ledger's `wanted`, [`grants`](super::grants)), so a region whose
+//! demand rises gets its part within a few syncs. The epoch's length
+//! weighs two costs: the syncs after it starts, while rates move back to
+//! where demand is (a region that had most of the rate runs on its share
+//! for a few hundred milliseconds), and a rate granted to a peer just cut
+//! off, which stays in flight, admitted by no one, until the epoch ends.
+//! Regions whose clocks differ by `δ` disagree on the epoch for `δ`: up to
+//! `δ` ms of the rate that moved can count twice.
+
 //! # Debt
 //!
 //! A debit may leave its tokens below 0, at most `max_debt` units: they
@@ -229,23 +232,24 @@ impl SharedRecord for Bucket {
         }
     }
 
-    /// Idle at the end of the epoch it is full in (`bucket_idle` in
-    /// shared.lua): at its rate in its own epoch, at its share's after.
+    /// Idle once it reads as a record of none would (`bucket_idle` in
+    /// shared.lua): at the end of its epoch at the soonest (what moved
+    /// here counts until then), and not before its tokens, refilled to
+    /// that end at its rate and at its share's rate after, hold the share's
+    /// capacity (a region that granted rate away holds less; a record
+    /// dropped sooner would read as full).
     fn written(mut self, share: u64, per: u64, terms: Terms) -> Bucket {
         let e = epoch(per);
         let start = window_of(self.at_ms, e);
         let end = start + e;
-        let full = if self.tokens >= terms.capacity(self.rate(share)) {
-            Some(self.at_ms)
+        let full = terms.capacity(share as i64);
+        let next = Bucket::at(Some(self), end, share, per, terms);
+        let fresh = if next.tokens >= full {
+            end
         } else {
-            self.reaches(terms.capacity(self.rate(share)), share, per, terms)
+            next.reaches_at_share(full, share, terms).unwrap_or(end + e)
         };
-        let full = full.unwrap_or_else(|| {
-            let next = Bucket::at(Some(self), end, share, per, terms);
-            let at_share = next.reaches_at_share(terms.capacity(share as i64), share, terms);
-            at_share.unwrap_or(end + e)
-        });
-        self.idle_ms = start + e * (full.saturating_sub(start)).div_ceil(e).max(1);
+        self.idle_ms = start + e * fresh.saturating_sub(start).div_ceil(e).max(1);
         self
     }
 

@@ -46,8 +46,12 @@ pub struct Ledger {
     pub per_ms: u64,
     /// The rule's pool per window, as the latest decision or peer gave it.
     pub pool: u64,
-    /// Units asked here in the window, noted by the instances.
+    /// Units asked here in the per-long window `asked_in_ms`, noted by
+    /// the instances (a window's demand is its own; a bucket's epoch
+    /// spans several, and its demand is the latest's).
     pub wanted: u64,
+    /// The per-long window `wanted` was asked in.
+    pub asked_in_ms: u64,
     /// Per region, the total granted to it.
     pub given: Vec<u64>,
     /// Per region, the total it granted here, as heard.
@@ -96,6 +100,16 @@ impl Ledger {
         total(&self.heard).saturating_sub(total(&self.given))
     }
 
+    /// The units asked in the per-long window of `now` (`asked` in
+    /// ledger.lua).
+    fn asked(&self, now: u64) -> u64 {
+        if self.asked_in_ms == window_of(now, self.per_ms) {
+            self.wanted
+        } else {
+            0
+        }
+    }
+
     /// A ledger of `window_ms` with nothing in it (its pool not known).
     fn afresh(window_ms: u64, per_ms: u64, regions: usize) -> Ledger {
         Ledger {
@@ -103,6 +117,7 @@ impl Ledger {
             per_ms,
             pool: 0,
             wanted: 0,
+            asked_in_ms: window_ms,
             given: vec![0; regions],
             heard: vec![0; regions],
             views: vec![None; regions],
@@ -204,7 +219,8 @@ impl<K: SharedRecord> Stored<K> {
         }
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
-        ledger.wanted = ledger.wanted.saturating_add(wanted);
+        ledger.wanted = ledger.asked(now).saturating_add(wanted);
+        ledger.asked_in_ms = window_of(now, per);
         true
     }
 
@@ -237,7 +253,7 @@ impl<K: SharedRecord> Stored<K> {
             part: Part {
                 share,
                 used: record.used(now, per, ledger.moved()),
-                wanted: ledger.wanted,
+                wanted: ledger.asked(now),
                 given: ledger.given,
                 heard: ledger.heard,
             },

@@ -426,14 +426,18 @@ fn finish(
 
 /// `--scenario regions` (see [`crate::bench::regions`]).
 fn regions(args: &BenchArgs) -> ExitCode {
-    use crate::bench::regions::{self, Settings};
-    let sliding = args.algorithm == Some(super::SharedAlgorithm::SlidingWindow);
+    use crate::bench::regions::{self, Settings, Shared};
+    let algorithm = match args.algorithm {
+        None | Some(super::SharedAlgorithm::FixedWindow) => Shared::FixedWindow,
+        Some(super::SharedAlgorithm::SlidingWindow) => Shared::SlidingWindow,
+        Some(super::SharedAlgorithm::Gcra) => Shared::Gcra,
+    };
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
     let settings = Settings {
-        sliding,
+        algorithm,
         ..Settings::default()
     };
     match runtime.block_on(regions::run(&settings)) {

@@ -63,6 +63,8 @@ enum SharedAlgorithm {
     FixedWindow,
     /// A `sliding_window`.
     SlidingWindow,
+    /// A `gcra` (a burst of a tenth of the limit).
+    Gcra,
 }
 
 /// `sluice usage --by`.
@@ -158,8 +160,8 @@ pub struct BenchArgs {
     /// Print the result as JSON (and no progress lines).
     #[arg(long)]
     json: bool,
-    /// `regions`: the shared rule's algorithm, `fixed-window` (aligned)
-    /// or `sliding-window`. Default `fixed-window`.
+    /// `regions`: the shared rule's algorithm, `fixed-window` (aligned),
+    /// `sliding-window` or `gcra`. Default `fixed-window`.
     #[arg(long, value_enum)]
     algorithm: Option<SharedAlgorithm>,
     /// `hot-key`: the Redis its two instances share, e.g.

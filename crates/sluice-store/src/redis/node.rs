@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sluice_core::keys::Keyer;
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
@@ -172,6 +173,9 @@ impl RedisStore {
     /// for the region link (see [`Link`](crate::redis::regions::Link)).
     pub fn with_regions(mut self, regions: Arc<Regions>) -> RedisStore {
         self.regions = Some(regions);
+        let keys = &mut self.redis.keys;
+        keys.current = keys.current.clone().linking_regions();
+        keys.previous = keys.previous.take().map(Keyer::linking_regions);
         self
     }
 

@@ -70,6 +70,9 @@ pub(super) struct Validator<'a> {
     origin: &'a str,
     errors: Vec<ConfigError>,
     notes: Vec<ConfigError>,
+    /// The regions' weights in order, with `storage.regions` (rules shared
+    /// across them are checked against their shares).
+    region_weights: Option<Vec<u32>>,
 }
 
 /// The start of the file, for problems with no better place.
@@ -81,6 +84,7 @@ impl<'a> Validator<'a> {
             origin,
             errors: Vec::new(),
             notes: Vec::new(),
+            region_weights: None,
         }
     }
 
@@ -123,6 +127,10 @@ impl<'a> Validator<'a> {
     fn config(&mut self, raw: RawConfig, envoy_config: Option<&std::path::Path>) -> Config {
         let server = self.server(raw.server.unwrap_or_default());
         let storage = self.storage(raw.storage.unwrap_or_default());
+        self.region_weights = storage
+            .regions
+            .as_ref()
+            .map(|r| r.in_order().iter().map(|&(_, w)| w).collect());
         let keys = self.keys(raw.keys.unwrap_or_default(), &storage.backend);
         // A configuration for Envoy alone (an `envoy:` section or
         // `--envoy-config`, no plans) gets one empty plan: every request

@@ -70,6 +70,7 @@ impl Validator<'_> {
                 let regions = self.region_scope(regions, &rule, scope);
                 let tolerance =
                     self.tolerance(tolerance.as_ref(), &rule, scope, count_if.is_some());
+                self.bucket_across_regions(&rule, (regions, scope), tolerance, at);
                 out.push(NamedRule {
                     name,
                     rule,
@@ -81,6 +82,49 @@ impl Validator<'_> {
             }
         }
         out
+    }
+
+    /// A `gcra` or `token_bucket` shared across regions holds in each
+    /// region the region's share of its burst ([`crate::regions::bucket`]):
+    /// refused when some region's share is less than one unit (no region
+    /// could admit anything).
+    fn bucket_across_regions(
+        &mut self,
+        rule: &Rule,
+        (regions, scope): (Option<RegionScope>, &str),
+        tolerance: crate::tolerance::Tolerance,
+        at: Location,
+    ) {
+        let Some(weights) = &self.region_weights else {
+            return;
+        };
+        let shared = match regions {
+            Some(regions) => regions == RegionScope::Shared,
+            None => {
+                matches!(scope, "tenant" | "route" | "subject" | "descriptor")
+                    && RegionScope::shareable(rule).is_ok()
+            }
+        };
+        if !shared || !rule.algorithm().has_burst() {
+            return;
+        }
+        let pool = crate::regions::pool(rule.limit(), tolerance);
+        let least = (0..weights.len())
+            .map(|i| crate::regions::share(pool, weights, i))
+            .min()
+            .unwrap_or(pool);
+        let burst = rule.burst();
+        if u128::from(least) * u128::from(burst) < u128::from(pool) {
+            // The burst at which the least share holds one unit.
+            let need = pool.div_ceil(least.max(1));
+            self.push(
+                at,
+                format!(
+                    "`burst` {burst} is too small to share across {} regions: each holds its share of it (the least {least} of {pool} per `per`), less than one unit; set `burst` to at least {need}, or `regions: local`",
+                    weights.len()
+                ),
+            );
+        }
     }
 
     /// `regions: shared | local`; shared is refused where a region's own

@@ -7,7 +7,9 @@
 -- KEYS[1]  the rule's group key (its record, as decisions read it)
 -- KEYS[2]  the group's ledger: a hash, one field per rule (its record's
 --          name), the value little-endian doubles: the window, the per,
---          the pool, the units wanted, then per region the total granted
+--          the pool, the units wanted and the per-long window they were
+--          asked in (a bucket's epoch is several: its demand is the
+--          latest's), then per region the total granted
 --          to it, then per region the total heard from it, then per region
 --          its last view of itself (cap, used, wanted, heard from this
 --          region, when heard; when 0: none)
@@ -36,7 +38,9 @@
 -- then, by step:
 --   note   ARGV[9] window, ARGV[10] pool, ARGV[11] units wanted; returns 1
 --          (noted) or 0 (the window is over)
---   read   returns the ledger of the window of now as above, preceded by
+--   read   returns the ledger of the window of now as above (the units
+--          wanted those of the per-long window of now, and not the window
+--          they were asked in), preceded by
 --          the window, the units admitted (of a sliding_window, with
 --          what the previous window still weighs, rounded up) and what
 --          moved here (0 for a sliding_window: its units admitted count
@@ -57,7 +61,7 @@
 -- nothing were kept. Only a decision replaces it.
 
 local VIEW = 5
-local HEAD = 4
+local HEAD = 5
 
 -- The ledger's layout for n regions (made once per n).
 local LEDGER = {}
@@ -102,10 +106,28 @@ end
 -- The ledger of window: as stored when it is of that window, else afresh.
 local function ledger_at(l, window, per, n)
   if not l or l[1] ~= window or l[2] ~= per then
-    l = { window, per, 0, 0 }
+    l = { window, per, 0, 0, window }
     for i = HEAD + 1, HEAD + (2 + VIEW) * n do l[i] = 0 end
   end
   return l
+end
+
+-- The units wanted in the per-long window of now (0 when noted in an
+-- earlier one; regions::stored::Ledger::asked).
+local function asked(l, now, per)
+  if l[5] ~= idiv(now, per) * per then return 0 end
+  return l[4]
+end
+
+-- The rest of a ledger's layout, after its head, for n regions.
+local REST = {}
+local function rest_layout(n)
+  local layout = REST[n]
+  if not layout then
+    layout = '<' .. string.rep('d', (2 + VIEW) * n)
+    REST[n] = layout
+  end
+  return layout
 end
 
 local function ledger_write(KEYS, name, l, n, now, span)
@@ -229,7 +251,8 @@ local function ledger(KEYS, ARGV)
     local used = used_at(a, b, l, n, window, now, per, kind)
     local moved = b
     if kind == '8' then moved = 0 elseif bucket then moved = c end
-    return spack('<ddd', window, used, moved) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
+    return spack('<ddddddd', window, used, moved, l[1], l[2], l[3], asked(l, now, per))
+      .. spack(rest_layout(n), unpack(l, HEAD + 1, HEAD + (2 + VIEW) * n))
   end
   if num(ARGV[9]) ~= window or foreign then
     if step == 'note' then return 0 end
@@ -238,7 +261,8 @@ local function ledger(KEYS, ARGV)
   local l = ledger_at(stored, window, per, n)
   if step == 'note' then
     l[3] = num(ARGV[10])
-    l[4] = l[4] + num(ARGV[11])
+    l[4] = asked(l, now, per) + num(ARGV[11])
+    l[5] = idiv(now, per) * per
     ledger_write(KEYS, name, l, n, now, span)
     return 1
   end

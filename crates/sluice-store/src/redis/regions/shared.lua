@@ -204,22 +204,21 @@ local function bucket_retry(tokens, at, moved, now, need, share, per, fill, max_
   return max(1, ends - now)
 end
 
--- When it goes idle: the end of the epoch it is full in (Bucket::written).
+-- When it goes idle (Bucket::written): once it reads as a record of none
+-- would, at the end of its epoch at the soonest, and not before its tokens
+-- (refilled to that end at its rate, at its share's after) hold the
+-- share's capacity.
 local function bucket_idle(tokens, at, moved, share, per, fill, max_debt)
   local e = bucket_epoch(per)
   local start = idiv(at, e) * e
   local ends = start + e
-  local k = bucket_capacity(max(0, share + moved), fill)
-  local full = at
-  if tokens < k then
-    full = bucket_reaches(tokens, at, moved, k, share, per, fill, true)
-    if not full then
-      local nt, na, nm = bucket_at(tokens, at, moved, ends, share, per, fill, max_debt)
-      full = bucket_reaches(nt, na, nm, bucket_capacity(share, fill), share, per, fill, false)
-        or ends + e
-    end
+  local full = bucket_capacity(share, fill)
+  local nt, na, nm = bucket_at(tokens, at, moved, ends, share, per, fill, max_debt)
+  local fresh = ends
+  if nt < full then
+    fresh = bucket_reaches(nt, na, nm, full, share, per, fill, false) or ends + e
   end
-  return start + e * max(1, ceil_div(max(0, full - start), e))
+  return start + e * max(1, ceil_div(max(0, fresh - start), e))
 end
 
 -- A gcra or token_bucket shared across regions (regions::Stored::decide
