@@ -161,7 +161,9 @@ pub struct PeekedRule {
     /// Its stored state (fresh when the key does not exist).
     pub state: State,
     /// The rule as the store enforces it (on Redis Cluster, a split global
-    /// valve's key holds its share of the limit).
+    /// valve's key holds its share of the limit; across regions, a shared
+    /// `gcra` or `token_bucket` is this region's bucket: its rate and
+    /// capacity now).
     pub enforced: Rule,
 }
 

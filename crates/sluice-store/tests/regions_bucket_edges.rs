@@ -61,7 +61,6 @@ fn three_regions() -> Arc<Regions> {
 /// decision says retry in 100 ms (one unit at 10/s), the peek's rule says
 /// a third of that, and admits at a moment where a decision denies.
 #[test]
-#[ignore = "known gap (issue 47): a read-only check reads a shared bucket's remaining exactly, its reset and retry at the rule's whole rate"]
 fn a_read_only_check_of_a_shared_gcra_never_retries_earlier_than_a_decision() {
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
         let server = RedisServer::start();

@@ -115,16 +115,15 @@ impl Bucket {
         (i128::from(share) + i128::from(self.moved)).clamp(0, i128::from(i64::MAX)) as i64
     }
 
-    /// Refilled at its rate up to `now`, at most its capacity (`bucket_settled` in
-    /// shared.lua); a clock behind counts nothing.
+    /// Refilled at its rate up to `now`, at most its capacity now (a
+    /// reload may have lowered it; `bucket_settled` in common.lua); a clock
+    /// behind refills nothing.
     fn settled(mut self, now: u64, share: u64, terms: Terms) -> Bucket {
-        if now > self.at_ms {
-            let rate = self.rate(share);
-            let refilled =
-                i128::from(self.tokens) + i128::from(now - self.at_ms) * i128::from(rate);
-            self.tokens = refilled.min(i128::from(terms.capacity(rate))) as i64;
-            self.at_ms = now;
-        }
+        let rate = self.rate(share);
+        let since = now.saturating_sub(self.at_ms);
+        let refilled = i128::from(self.tokens) + i128::from(since) * i128::from(rate);
+        self.tokens = refilled.min(i128::from(terms.capacity(rate))) as i64;
+        self.at_ms = self.at_ms.max(now);
         self
     }
 
@@ -180,6 +179,37 @@ impl Bucket {
         }
         let short = (i128::from(need) - i128::from(self.tokens)).max(0);
         Some(self.at_ms + ((short + i128::from(rate) - 1) / i128::from(rate)) as u64)
+    }
+}
+
+/// A region's bucket at a moment: what a read-only check reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// Units × per it holds (below 0: owing).
+    pub tokens: i64,
+    /// Its rate, units per `per`.
+    pub rate: u64,
+    /// The most units × per it holds at that rate.
+    pub capacity: i64,
+}
+
+impl Bucket {
+    /// The bucket `record` keeps at `now` for this region's `share`, as a
+    /// decision would find it.
+    pub fn standing(
+        record: Option<Bucket>,
+        now: u64,
+        (share, per): (u64, u64),
+        terms: Terms,
+    ) -> Standing {
+        let window = window_of(now, epoch(per));
+        let r = Bucket::at(record, window, share, per, terms).settled(now, share, terms);
+        let rate = r.rate(share);
+        Standing {
+            tokens: r.tokens,
+            rate: rate as u64,
+            capacity: terms.capacity(rate),
+        }
     }
 }
 

@@ -171,9 +171,8 @@ local function bucket_capacity(rate, fill)
 end
 
 local function bucket_settled(tokens, at, moved, now, share, fill)
-  if now <= at then return tokens, at end
   local rate = max(0, share + moved)
-  return min(bucket_capacity(rate, fill), tokens + (now - at) * rate), now
+  return min(bucket_capacity(rate, fill), tokens + max(0, now - at) * rate), max(at, now)
 end
 
 -- Gives back cost units of one rule that an admission at `at` consumed,

@@ -205,7 +205,7 @@ impl<R: Reach> Redis<R> {
                     }
                     _ => record,
                 };
-                let state = match selection.regions {
+                let (state, own) = match selection.regions {
                     Some(regions) if rule.shared_across_regions() => {
                         let numbers = match &read {
                             Raw::Records(value) => find_numbers(value, record),
@@ -213,12 +213,12 @@ impl<R: Reach> Redis<R> {
                         };
                         regions.standing(rule, numbers, now)
                     }
-                    _ => decode(rule, &read, record),
+                    _ => (decode(rule, &read, record), None),
                 };
                 PeekedRule {
                     state,
                     key,
-                    enforced: enforced(rule, selection.valve_parts),
+                    enforced: own.unwrap_or_else(|| enforced(rule, selection.valve_parts)),
                 }
             })
             .collect();

@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use sluice_core::algorithm::{State, fixed_window, gcra, sliding_window, token_bucket};
+use sluice_core::algorithm::{State, fixed_window, sliding_window, token_bucket};
 use sluice_core::keys::Record;
-use sluice_core::regions::bucket::{Bucket, Terms};
+use sluice_core::regions::bucket::{Bucket, Standing, Terms};
 use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{self, SharedRecord, Stored, window_of};
 use sluice_core::regions::{pool, share};
-use sluice_core::{Algorithm, BoundRule};
+use sluice_core::{Algorithm, BoundRule, Rule};
 
 /// A shared rule's kind: how its record moves with the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,11 +165,20 @@ impl Regions {
 
     /// What a read-only check at `now` finds of shared `rule` whose record
     /// holds `numbers` (when it goes idle, then its three numbers; `None`:
-    /// no record), as the rule of its limit `L` reads it: a window of now
-    /// that counts `L − left + owed` (at most `L + max_debt`), so that
-    /// what is left is what this region may still admit (at most `L`), and
-    /// a region past what it may admit owes.
-    pub fn standing(&self, rule: &BoundRule, numbers: Option<[f64; 4]>, now: u64) -> State {
+    /// no record): the state, and the rule to read it with when it is not
+    /// the rule itself. A window reads as the rule of its limit `L` reads
+    /// a window of now that counts `L − left + owed` (at most `L +
+    /// max_debt`), so that what is left is what this region may still
+    /// admit (at most `L`), and a region past what it may admit owes. A
+    /// bucket reads as this region's own: a `token_bucket` of its rate and
+    /// capacity now (so that its reset and retry are at its rate, not the
+    /// fleet's).
+    pub fn standing(
+        &self,
+        rule: &BoundRule,
+        numbers: Option<[f64; 4]>,
+        now: u64,
+    ) -> (State, Option<Rule>) {
         let per = rule.rule().period_ms();
         let share = self.share(Regions::pool(rule));
         let max_debt = rule.rule().max_debt();
@@ -179,8 +188,9 @@ impl Regions {
             Kind::Window => standing_of::<stored::Record>(numbers, now, (share, per), max_debt),
             Kind::Bucket { burst, pool } => {
                 let terms = Terms::new(burst, per, pool, max_debt);
-                let (left, owed) = standing_of::<Bucket>(numbers, now, (share, per), terms);
-                return bucket_standing(rule, (left, owed), now);
+                let record = numbers.map(Bucket::stored);
+                let standing = Bucket::standing(record, now, (share, per), terms);
+                return region_bucket(rule, standing, now);
             }
         };
         // Owing more than the rule may owe reads as owing all it may (a
@@ -191,7 +201,7 @@ impl Regions {
             .saturating_add(owed)
             .min(limit.saturating_add(rule.rule().max_debt()));
         let start_ms = window_of(now, per);
-        if kind == Kind::Sliding {
+        let state = if kind == Kind::Sliding {
             State::SlidingWindow(sliding_window::Windows {
                 start_ms,
                 prev: 0,
@@ -199,7 +209,8 @@ impl Regions {
             })
         } else {
             State::FixedWindow(fixed_window::Window { start_ms, count })
-        }
+        };
+        (state, None)
     }
 
     /// A decision asked `cost` units of shared `rule` kept in `key` and
@@ -294,33 +305,39 @@ fn standing_of<K: SharedRecord>(
     stored.standing(now, share, per, terms)
 }
 
-/// The state of shared bucket `rule` (a `gcra` or `token_bucket` of limit
-/// `L`) that leaves `left` units to admit at `now`, or owes `owed`.
-fn bucket_standing(rule: &BoundRule, (left, owed): (u64, u64), now: u64) -> State {
-    let (limit, per) = (rule.rule().limit().max(1), rule.rule().period_ms());
-    let burst = rule.rule().burst();
-    let scaled = |units: u64| u128::from(units) * u128::from(per);
-    if rule.rule().algorithm() == Algorithm::Gcra {
-        // Ahead of now by what is spent, and what is owed beyond it.
-        let ahead = scaled(burst.saturating_sub(left)) + scaled(owed);
-        let ms = u64::try_from(ahead / u128::from(limit)).unwrap_or(u64::MAX);
-        let frac = (ahead % u128::from(limit)) as u64;
-        return State::Gcra(gcra::Tat {
-            ms: now.saturating_add(ms),
-            frac,
-        });
-    }
-    if owed == 0 {
-        return State::TokenBucket(token_bucket::Bucket {
-            scaled_tokens: u64::try_from(scaled(left)).unwrap_or(u64::MAX),
+/// This region's bucket of shared `rule` as a `token_bucket` of its own:
+/// its rate (at least 1: a region of no rate reads as refilling at one
+/// unit per `per`) and its capacity in whole units, holding its tokens
+/// (owing: refilling from a moment ahead of now, as adjust.lua writes it).
+fn region_bucket(rule: &BoundRule, standing: Standing, now: u64) -> (State, Option<Rule>) {
+    let per = rule.rule().period_ms();
+    let rate = standing.rate.max(1);
+    let burst = (standing.capacity.max(0) as u64 / per).max(1);
+    let own = Rule::new(
+        Algorithm::TokenBucket,
+        i128::from(rate),
+        per,
+        Some(i128::from(burst)),
+        false,
+    )
+    .and_then(|r| r.with_max_debt(i128::from(rule.rule().max_debt())));
+    let Ok(own) = own else {
+        // Beyond what a rule of its own may hold: the rule itself.
+        return (State::Fresh, None);
+    };
+    let tokens = i128::from(standing.tokens).min(i128::from(burst) * i128::from(per));
+    let state = if tokens >= 0 {
+        token_bucket::Bucket {
+            scaled_tokens: tokens as u64,
             last_ms: now,
-        });
-    }
-    // Owing: refilling from a moment ahead of now (as adjust.lua writes it).
-    let owed = scaled(owed);
-    let ahead_ms = owed.div_ceil(u128::from(limit));
-    State::TokenBucket(token_bucket::Bucket {
-        scaled_tokens: u64::try_from(ahead_ms * u128::from(limit) - owed).unwrap_or(u64::MAX),
-        last_ms: now.saturating_add(u64::try_from(ahead_ms).unwrap_or(u64::MAX)),
-    })
+        }
+    } else {
+        let owed = -tokens;
+        let ahead_ms = (owed + i128::from(rate) - 1) / i128::from(rate);
+        token_bucket::Bucket {
+            scaled_tokens: (ahead_ms * i128::from(rate) - owed) as u64,
+            last_ms: now.saturating_add(ahead_ms as u64),
+        }
+    };
+    (State::TokenBucket(state), Some(own))
 }
