@@ -27,6 +27,10 @@ pub struct BoundRule {
     /// One budget across regions (`regions: shared`, SPEC appendix H),
     /// where `storage.regions` links them.
     shared: bool,
+    /// A shared `gcra` or `token_bucket`'s identity across linked regions
+    /// (see [`Keyer::linking_regions`](crate::keys::Keyer::linking_regions)):
+    /// its identity and its period.
+    shared_identity: Option<Arc<[u8]>>,
     /// The length of the identity's scope and pattern (see `group`).
     group_len: usize,
     uid: u64,
@@ -97,10 +101,12 @@ impl BoundRule {
                 .regions
                 .unwrap_or_else(|| RegionScope::default_for(scope, &rule))
                 == RegionScope::Shared,
+            shared_identity: None,
             group_len,
             uid,
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
         }
+        .with_shared_identity()
     }
 
     /// The gate of fair valve `valve` (see [`Scope::Share`]): named by the
@@ -155,11 +161,37 @@ impl BoundRule {
     /// The same rule (name, scope, identity: the same state) with other
     /// parameters: a fair valve's gate at the rate of one decision.
     pub fn with_rule(&self, rule: Rule) -> BoundRule {
-        BoundRule {
+        let bound = BoundRule {
             rule,
             shared: self.shared && RegionScope::shareable(&rule).is_ok(),
             ..self.clone()
+        };
+        let same = (bound.shared, rule.algorithm(), rule.period_ms())
+            == (self.shared, self.rule.algorithm(), self.rule.period_ms());
+        if same {
+            bound
+        } else {
+            bound.with_shared_identity()
         }
+    }
+
+    /// With its identity across linked regions, when it is a shared
+    /// bucket.
+    fn with_shared_identity(mut self) -> BoundRule {
+        self.shared_identity = (self.shared && self.rule.algorithm().has_burst()).then(|| {
+            let mut identity = self.texts.identity.to_vec();
+            identity.extend_from_slice(b"shared per ");
+            identity.extend_from_slice(self.rule.period_ms().to_string().as_bytes());
+            identity.into()
+        });
+        self
+    }
+
+    /// A shared `gcra` or `token_bucket`'s identity across linked regions:
+    /// its state is a region's part of a rate in units of its period, kept
+    /// apart from its state in one region (`None` for other rules).
+    pub fn shared_identity(&self) -> Option<&[u8]> {
+        self.shared_identity.as_deref()
     }
 
     /// Whether its budget is one across regions, where `storage.regions`

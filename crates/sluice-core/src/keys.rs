@@ -217,16 +217,9 @@ impl Keyer {
 
     /// The name of `rule`'s record in its group's key under `tag`.
     pub fn record(&self, tag: &Tag, rule: &BoundRule, subject: Option<&str>) -> Record {
-        let digest = if self.regions
-            && rule.shared_across_regions()
-            && rule.rule().algorithm().has_burst()
-        {
-            let mut identity = rule.identity().to_vec();
-            identity.extend_from_slice(b"shared per ");
-            identity.extend_from_slice(rule.rule().period_ms().to_string().as_bytes());
-            self.digest(b"K", tag, &identity, subject)
-        } else {
-            self.rule_digest(tag, rule, subject)
+        let digest = match rule.shared_identity() {
+            Some(identity) if self.regions => self.digest(b"K", tag, identity, subject),
+            _ => self.rule_digest(tag, rule, subject),
         };
         Record(digest[16..24].try_into().expect("8 bytes"))
     }

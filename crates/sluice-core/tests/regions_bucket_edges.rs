@@ -103,7 +103,7 @@ fn a_giver_record_goes_idle_only_once_it_reads_as_fresh() {
     let count = |record: Option<Bucket>| {
         let mut s = Stored::<Bucket> {
             record,
-            ledger: None,
+            ..Stored::default()
         };
         (0..100)
             .filter(|_| s.decide(after, 1, 10, per, t).allowed)

@@ -615,6 +615,11 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
             "`burst` 2 is too small to share across 3 regions",
         ),
         (
+            "limit: 10, per: 1s, regions: local }",
+            "limit: 2, per: 1s }",
+            "`limit` 2 is too small to share across 3 regions by their weights",
+        ),
+        (
             "sync_every: 100ms",
             "sync_every: 5ms",
             "`storage.regions.sync_every` must be from 10ms to 1m, got 5ms",

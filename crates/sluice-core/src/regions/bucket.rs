@@ -87,7 +87,7 @@ impl Terms {
     }
 
     /// What a rate of `rate` units per `per` holds at most, in units × per.
-    fn capacity(&self, rate: i64) -> i64 {
+    pub(crate) fn capacity(&self, rate: i64) -> i64 {
         (rate as f64 * self.fill).floor() as i64
     }
 }
@@ -215,6 +215,8 @@ impl Bucket {
 
 impl SharedRecord for Bucket {
     type Terms = Terms;
+
+    const RECENT_DEMAND: bool = true;
 
     fn period(per: u64) -> u64 {
         epoch(per)
@@ -370,9 +372,11 @@ impl SharedRecord for Bucket {
         (r.written(share, per, terms), cost - kept)
     }
 
-    /// Gives back what the admission still holds, when it was in this
-    /// epoch: its units less what its rate refilled since, at most its
-    /// capacity (`give_back` in common.lua; when it goes idle is kept).
+    /// Gives back what the admission still holds, when it and the record
+    /// are of the epoch of now (a record of an earlier one has moved on:
+    /// what moved to it is over): its units less what its rate refilled
+    /// since, at most its capacity (`give_back` in common.lua; when it goes
+    /// idle is kept).
     fn give_back(
         &mut self,
         (at, cost): (u64, u64),
@@ -381,7 +385,12 @@ impl SharedRecord for Bucket {
         terms: Terms,
     ) {
         let e = epoch(per);
-        if self.at_ms == 0 || window_of(at, e) != window_of(self.at_ms, e) || at > now {
+        let epoch_of_now = window_of(now, e);
+        if self.at_ms == 0
+            || window_of(at, e) != epoch_of_now
+            || window_of(self.at_ms, e) != epoch_of_now
+            || at > now
+        {
             return;
         }
         let r = self.settled(now, share, terms);
@@ -484,6 +493,26 @@ mod tests {
     }
 
     #[test]
+    fn a_give_back_in_the_next_epoch_keeps_nothing_of_what_moved() {
+        let t = terms(60, 30);
+        let mut a: Stored<Bucket> = Stored::default();
+        let w = window_of(T0, epoch(PER));
+        let view = super::super::Heard::default();
+        assert_eq!(a.hear(T0, (w, PER, t), (30, 10), 1, 20, view, 2), Some(20));
+        let end = w + epoch(PER);
+        assert!(a.decide(end - 5, 15, 10, PER, t).allowed);
+        // Settled in the next epoch: the rate that moved here was of the
+        // last one, and stays there.
+        let next = end + 1;
+        a.give_back((end - 5, 15), next, (10, PER), t);
+        let later = next + 2 * PER;
+        let admitted = (0..200)
+            .filter(|_| a.decide(later, 1, 10, PER, t).allowed)
+            .count();
+        assert_eq!(admitted, 20, "the share's capacity");
+    }
+
+    #[test]
     fn another_algorithms_record_reads_as_full_and_a_deep_debt_as_empty() {
         let t = terms(60, 30);
         // A local token_bucket's numbers: tokens, last, given.
@@ -491,7 +520,7 @@ mod tests {
         assert_eq!(theirs.at_ms, 0);
         let a = Stored::<Bucket> {
             record: Some(theirs),
-            ledger: None,
+            ..Stored::default()
         };
         assert_eq!(a.standing(T0 + 1, 10, PER, t), (20, 0));
         let owing = Bucket {
@@ -502,7 +531,7 @@ mod tests {
         };
         let b = Stored::<Bucket> {
             record: Some(owing),
-            ledger: None,
+            ..Stored::default()
         };
         assert_eq!(b.standing(T0, 10, PER, t), (0, 0));
     }

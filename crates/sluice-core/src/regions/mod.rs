@@ -48,6 +48,10 @@
 //! with its window either way. `u_r` itself never crosses regions: each
 //! region counts only what it admitted.
 //!
+//! A `sliding_window` ([`sliding`]) and a `gcra` or `token_bucket`
+//! ([`bucket`]: its rate moves, a window's units of rate within an epoch)
+//! build on the same grants; their bounds are beside them.
+//!
 //! With `tolerance: 0%` the fleet never exceeds the limit, and may
 //! under-admit: by what is in flight, by what an idle region keeps
 //! ([`grants`]' floor), and by what demand the grants have not yet

@@ -17,6 +17,10 @@ pub trait SharedRecord: Copy + std::fmt::Debug + PartialEq + Eq {
     fn period(per: u64) -> u64 {
         per
     }
+    /// Whether its demand is what was asked in the latest `per`
+    /// ([`Demand`](super::stored::Demand): a bucket's), not in its window
+    /// so far.
+    const RECENT_DEMAND: bool = false;
     /// The record as the window starting at `window` reads it: itself in
     /// its own window and in a later one (never re-dated back), moved on
     /// from an earlier one (what it still owes carried, when no more than
@@ -25,7 +29,8 @@ pub trait SharedRecord: Copy + std::fmt::Debug + PartialEq + Eq {
     /// as spent, nothing carried), or afresh.
     fn at(record: Option<Self>, window: u64, share: u64, per: u64, terms: Self::Terms) -> Self;
     /// The record from its numbers as the scripts store them: when it
-    /// goes idle, its window's start, then its two numbers.
+    /// goes idle, then its three numbers (a window's start and two
+    /// numbers; a bucket's tokens, −at and moved).
     fn stored(numbers: [f64; 4]) -> Self;
     /// The record as written: when it goes idle set.
     fn written(self, share: u64, per: u64, terms: Self::Terms) -> Self;
@@ -85,7 +90,8 @@ pub struct Answer {
     /// Units left after it.
     pub remaining: u64,
     /// When the record is full again, from now (ms, at least 1): a fixed
-    /// window's end; a sliding window's when it goes idle.
+    /// window's end; a sliding window's when it goes idle; a bucket's when
+    /// its rate refills it.
     pub reset_ms: u64,
     /// When to retry (0: admitted): when the request fits if nothing
     /// moves here (a grant may admit it sooner).

@@ -1,8 +1,8 @@
 //! What a region's store keeps of one shared rule, and the steps the
 //! scripts take on it: the Rust twin of the store crate's
-//! `redis/regions/ledger.lua` and of `shared_window` and `shared_sliding`
-//! in `redis/regions/shared.lua`, step for step (a differential test holds
-//! them to identical answers).
+//! `redis/regions/ledger.lua` and of `shared_window`, `shared_sliding`
+//! and `shared_bucket` in `redis/regions/shared.lua`, step for step (a
+//! differential test holds them to identical answers).
 //!
 //! Two things are kept per key and rule, as the scripts keep them:
 //!
@@ -46,12 +46,8 @@ pub struct Ledger {
     pub per_ms: u64,
     /// The rule's pool per window, as the latest decision or peer gave it.
     pub pool: u64,
-    /// Units asked here in the per-long window `asked_in_ms`, noted by
-    /// the instances (a window's demand is its own; a bucket's epoch
-    /// spans several, and its demand is the latest's).
+    /// Units asked here in the window, noted by the instances.
     pub wanted: u64,
-    /// The per-long window `wanted` was asked in.
-    pub asked_in_ms: u64,
     /// Per region, the total granted to it.
     pub given: Vec<u64>,
     /// Per region, the total it granted here, as heard.
@@ -61,14 +57,18 @@ pub struct Ledger {
 }
 
 /// What one key keeps of one shared rule in a region's store: `K` is its
-/// record's kind, a `fixed_window`'s ([`Record`]) or a `sliding_window`'s
-/// ([`Slide`](super::sliding::Slide)).
+/// record's kind, a `fixed_window`'s ([`Record`]), a `sliding_window`'s
+/// ([`Slide`](super::sliding::Slide)) or a bucket's
+/// ([`Bucket`](super::bucket::Bucket)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored<K = Record> {
     /// The record, when there is one.
     pub record: Option<K>,
     /// The ledger, when there is one.
     pub ledger: Option<Ledger>,
+    /// A bucket's recent demand (beside the ledger, kept across its
+    /// windows).
+    pub demand: Demand,
 }
 
 impl<K> Default for Stored<K> {
@@ -76,6 +76,70 @@ impl<K> Default for Stored<K> {
         Stored {
             record: None,
             ledger: None,
+            demand: Demand::default(),
+        }
+    }
+}
+
+/// What a region was asked of a bucket in its latest `per`-long windows,
+/// kept beside the ledger (the scripts keep it under the record's name and
+/// "a"): a bucket's epoch spans several windows, and its demand is the
+/// latest's, the previous window's weighed as a sliding window weighs it,
+/// so that it follows demand within a window and does not start afresh at
+/// each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Demand {
+    /// The window `asked` counts in.
+    pub window_ms: u64,
+    /// Units asked in it.
+    pub asked: u64,
+    /// Units asked in the window before it.
+    pub before: u64,
+}
+
+/// The most units of demand counted (what a weight multiplies stays exact
+/// in the scripts' doubles).
+const MOST_ASKED: u64 = 1 << 40;
+
+impl Demand {
+    /// With `units` asked at `now`, for windows of `per` ms (`noted` in
+    /// ledger.lua).
+    fn noted(self, now: u64, per: u64, units: u64) -> Demand {
+        let window = window_of(now, per);
+        let units = units.min(MOST_ASKED);
+        if self.window_ms == window {
+            Demand {
+                asked: (self.asked + units).min(MOST_ASKED),
+                ..self
+            }
+        } else if self.window_ms + per == window {
+            Demand {
+                window_ms: window,
+                asked: units,
+                before: self.asked,
+            }
+        } else {
+            Demand {
+                window_ms: window,
+                asked: units,
+                before: 0,
+            }
+        }
+    }
+
+    /// The demand at `now`: what the window of now was asked, and the one
+    /// before weighed by how much of it still falls within `per` of now, in
+    /// 1024ths (`demand` in ledger.lua).
+    fn at(self, now: u64, per: u64) -> u64 {
+        let window = window_of(now, per);
+        let weight = (per - (now - window)) * 1024 / per;
+        let weigh = |units: u64| units * weight / 1024;
+        if self.window_ms == window {
+            weigh(self.before) + self.asked
+        } else if self.window_ms + per == window {
+            weigh(self.asked)
+        } else {
+            0
         }
     }
 }
@@ -100,16 +164,6 @@ impl Ledger {
         total(&self.heard).saturating_sub(total(&self.given))
     }
 
-    /// The units asked in the per-long window of `now` (`asked` in
-    /// ledger.lua).
-    fn asked(&self, now: u64) -> u64 {
-        if self.asked_in_ms == window_of(now, self.per_ms) {
-            self.wanted
-        } else {
-            0
-        }
-    }
-
     /// A ledger of `window_ms` with nothing in it (its pool not known).
     fn afresh(window_ms: u64, per_ms: u64, regions: usize) -> Ledger {
         Ledger {
@@ -117,7 +171,6 @@ impl Ledger {
             per_ms,
             pool: 0,
             wanted: 0,
-            asked_in_ms: window_ms,
             given: vec![0; regions],
             heard: vec![0; regions],
             views: vec![None; regions],
@@ -167,7 +220,7 @@ impl<K: SharedRecord> Stored<K> {
     }
 
     /// A decision of `cost` units against this region's `share`
-    /// (`shared_window` or `shared_sliding` in shared.lua): admitted, it
+    /// (`shared_window`, `shared_sliding` or `shared_bucket` in shared.lua): admitted, it
     /// is counted.
     pub fn decide(&mut self, now: u64, cost: u64, share: u64, per: u64, terms: K::Terms) -> Answer {
         let (answer, written) = K::decide(self.record, now, cost, (share, per), terms);
@@ -217,10 +270,12 @@ impl<K: SharedRecord> Stored<K> {
         if window_of(now, K::period(per)) != window || self.foreign(per, now) {
             return false;
         }
+        if K::RECENT_DEMAND {
+            self.demand = self.demand.noted(now, per, wanted);
+        }
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
-        ledger.wanted = ledger.asked(now).saturating_add(wanted);
-        ledger.asked_in_ms = window_of(now, per);
+        ledger.wanted = ledger.wanted.saturating_add(wanted);
         true
     }
 
@@ -253,7 +308,11 @@ impl<K: SharedRecord> Stored<K> {
             part: Part {
                 share,
                 used: record.used(now, per, ledger.moved()),
-                wanted: ledger.asked(now),
+                wanted: if K::RECENT_DEMAND {
+                    self.demand.at(now, per)
+                } else {
+                    ledger.wanted
+                },
                 given: ledger.given,
                 heard: ledger.heard,
             },

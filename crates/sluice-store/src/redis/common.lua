@@ -242,11 +242,11 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
         end
       elseif algorithm == 9 then
         -- A shared gcra or token_bucket (tokens, -at, moved;
-        -- Bucket::give_back): what it still holds, when admitted in the
-        -- record's epoch.
+        -- Bucket::give_back): what it still holds, when it and the record
+        -- are of the epoch of now.
         local e = bucket_epoch(per)
         updated = false
-        if b < 0 and idiv(at, e) == idiv(-b, e) and at <= now then
+        if b < 0 and idiv(at, e) == idiv(-b, e) and idiv(at, e) == idiv(now, e) and at <= now then
           local tokens, last = bucket_settled(a, -b, c, now, limit, burst)
           local rate = max(0, limit + c)
           local held = cost * per - (now - at) * rate

@@ -86,8 +86,8 @@ impl Validator<'_> {
 
     /// A `gcra` or `token_bucket` shared across regions holds in each
     /// region the region's share of its burst ([`crate::regions::bucket`]):
-    /// refused when some region's share is less than one unit (no region
-    /// could admit anything).
+    /// refused when some region's share holds less than one unit (no
+    /// region could admit anything).
     fn bucket_across_regions(
         &mut self,
         rule: &Rule,
@@ -95,33 +95,48 @@ impl Validator<'_> {
         tolerance: crate::tolerance::Tolerance,
         at: Location,
     ) {
-        let Some(weights) = &self.region_weights else {
+        use crate::regions::bucket::Terms;
+        use crate::scope::Scope;
+        let Some(weights) = self.region_weights.clone() else {
             return;
         };
-        let shared = match regions {
-            Some(regions) => regions == RegionScope::Shared,
-            None => {
-                matches!(scope, "tenant" | "route" | "subject" | "descriptor")
-                    && RegionScope::shareable(rule).is_ok()
-            }
+        let scope = match scope {
+            "tenant" => Scope::Tenant,
+            "route" => Scope::Route,
+            "subject" => Scope::Subject,
+            "descriptor" => Scope::Descriptor,
+            _ => Scope::Global,
         };
-        if !shared || !rule.algorithm().has_burst() {
+        let shared = regions.unwrap_or_else(|| RegionScope::default_for(scope, rule));
+        if shared != RegionScope::Shared || !rule.algorithm().has_burst() {
             return;
         }
+        let (per, burst) = (rule.period_ms(), rule.burst());
         let pool = crate::regions::pool(rule.limit(), tolerance);
         let least = (0..weights.len())
-            .map(|i| crate::regions::share(pool, weights, i))
+            .map(|i| crate::regions::share(pool, &weights, i))
             .min()
             .unwrap_or(pool);
-        let burst = rule.burst();
-        if u128::from(least) * u128::from(burst) < u128::from(pool) {
-            // The burst at which the least share holds one unit.
-            let need = pool.div_ceil(least.max(1));
+        let regions = weights.len();
+        if least == 0 {
             self.push(
                 at,
                 format!(
-                    "`burst` {burst} is too small to share across {} regions: each holds its share of it (the least {least} of {pool} per `per`), less than one unit; set `burst` to at least {need}, or `regions: local`",
-                    weights.len()
+                    "`limit` {} is too small to share across {regions} regions by their weights: a region's share of it is 0; raise `limit`, or `regions: local`",
+                    rule.limit()
+                ),
+            );
+            return;
+        }
+        // As the scripts compute it: the least share's capacity, units × per.
+        let holds =
+            |burst: u64| Terms::new(burst, per, pool, 0).capacity(least as i64) >= per as i64;
+        if !holds(burst) {
+            let need = (pool.div_ceil(least)..).find(|&b| holds(b)).unwrap_or(pool);
+            self.push(
+                at,
+                format!(
+                    "`burst` {burst} is too small to share across {regions} regions: each holds its share of it (the least {least} of {pool} per `per`), less than one unit; set `burst` to at least {need}, or `regions: local`"
                 ),
             );
         }

@@ -7,12 +7,14 @@
 -- KEYS[1]  the rule's group key (its record, as decisions read it)
 -- KEYS[2]  the group's ledger: a hash, one field per rule (its record's
 --          name), the value little-endian doubles: the window, the per,
---          the pool, the units wanted and the per-long window they were
---          asked in (a bucket's epoch is several: its demand is the
---          latest's), then per region the total granted
+--          the pool, the units wanted, then per region the total granted
 --          to it, then per region the total heard from it, then per region
 --          its last view of itself (cap, used, wanted, heard from this
---          region, when heard; when 0: none)
+--          region, when heard; when 0: none); and of a bucket, beside it
+--          under the name and "a", its recent demand "W:A:B": the units A
+--          asked in the per-long window starting at W and B in the one
+--          before (regions::stored::Demand: its epoch spans several
+--          windows, and its demand is the latest's)
 -- KEYS[3]  the units each region's totals added here, by region (a hash;
 --          hear only)
 -- KEYS[4]  the region's identity (hear only: see ARGV[17])
@@ -38,9 +40,8 @@
 -- then, by step:
 --   note   ARGV[9] window, ARGV[10] pool, ARGV[11] units wanted; returns 1
 --          (noted) or 0 (the window is over)
---   read   returns the ledger of the window of now as above (the units
---          wanted those of the per-long window of now, and not the window
---          they were asked in), preceded by
+--   read   returns the ledger of the window of now as above (a bucket's
+--          units wanted those of the per-long window of now), preceded by
 --          the window, the units admitted (of a sliding_window, with
 --          what the previous window still weighs, rounded up) and what
 --          moved here (0 for a sliding_window: its units admitted count
@@ -61,7 +62,7 @@
 -- nothing were kept. Only a decision replaces it.
 
 local VIEW = 5
-local HEAD = 5
+local HEAD = 4
 
 -- The ledger's layout for n regions (made once per n).
 local LEDGER = {}
@@ -106,28 +107,37 @@ end
 -- The ledger of window: as stored when it is of that window, else afresh.
 local function ledger_at(l, window, per, n)
   if not l or l[1] ~= window or l[2] ~= per then
-    l = { window, per, 0, 0, window }
+    l = { window, per, 0, 0 }
     for i = HEAD + 1, HEAD + (2 + VIEW) * n do l[i] = 0 end
   end
   return l
 end
 
--- The units wanted in the per-long window of now (0 when noted in an
--- earlier one; regions::stored::Ledger::asked).
-local function asked(l, now, per)
-  if l[5] ~= idiv(now, per) * per then return 0 end
-  return l[4]
+-- A bucket's recent demand (regions::stored::Demand): its window, the
+-- units asked in it and in the one before, as stored (0s when not).
+local MOST_ASKED = 2 ^ 40
+local function demand_of(KEYS, name)
+  local w, a, b = string.match(call('HGET', KEYS[2], name .. 'a') or '', '^(%d+):(%d+):(%d+)$')
+  return num(w or 0), num(a or 0), num(b or 0)
 end
 
--- The rest of a ledger's layout, after its head, for n regions.
-local REST = {}
-local function rest_layout(n)
-  local layout = REST[n]
-  if not layout then
-    layout = '<' .. string.rep('d', (2 + VIEW) * n)
-    REST[n] = layout
-  end
-  return layout
+-- With units asked at now (Demand::noted).
+local function noted(w, a, b, now, per, units)
+  local window = idiv(now, per) * per
+  units = min(units, MOST_ASKED)
+  if w == window then return w, min(a + units, MOST_ASKED), b end
+  if w + per == window then return window, units, a end
+  return window, units, 0
+end
+
+-- The demand at now: the window of now's, and the one before weighed in
+-- 1024ths by how much of it still falls within per of now (Demand::at).
+local function demand(w, a, b, now, per)
+  local window = idiv(now, per) * per
+  local weight = idiv((per - (now - window)) * 1024, per)
+  if w == window then return idiv(b * weight, 1024) + a end
+  if w + per == window then return idiv(a * weight, 1024) end
+  return 0
 end
 
 local function ledger_write(KEYS, name, l, n, now, span)
@@ -240,6 +250,8 @@ local function ledger(KEYS, ARGV)
   carried(KEYS, 1, previous)
   carried(KEYS, 2, previous)
   local stored = stored_ledger(KEYS, name, previous, per, n, now, bucket)
+  local dw, da, db = 0, 0, 0
+  if bucket then dw, da, db = demand_of(KEYS, name) end
   local a, b, c = record_at(KEYS, name, previous, window, share, per, now, kind, max_debt, fill)
   local foreign = stored == false or a == false
   if step == 'read' then
@@ -251,8 +263,8 @@ local function ledger(KEYS, ARGV)
     local used = used_at(a, b, l, n, window, now, per, kind)
     local moved = b
     if kind == '8' then moved = 0 elseif bucket then moved = c end
-    return spack('<ddddddd', window, used, moved, l[1], l[2], l[3], asked(l, now, per))
-      .. spack(rest_layout(n), unpack(l, HEAD + 1, HEAD + (2 + VIEW) * n))
+    if bucket then l[4] = demand(dw, da, db, now, per) end
+    return spack('<ddd', window, used, moved) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
   end
   if num(ARGV[9]) ~= window or foreign then
     if step == 'note' then return 0 end
@@ -261,8 +273,11 @@ local function ledger(KEYS, ARGV)
   local l = ledger_at(stored, window, per, n)
   if step == 'note' then
     l[3] = num(ARGV[10])
-    l[4] = asked(l, now, per) + num(ARGV[11])
-    l[5] = idiv(now, per) * per
+    l[4] = l[4] + num(ARGV[11])
+    if bucket then
+      dw, da, db = noted(dw, da, db, now, per, num(ARGV[11]))
+      call('HSET', KEYS[2], name .. 'a', string.format('%d:%d:%d', dw, da, db))
+    end
     ledger_write(KEYS, name, l, n, now, span)
     return 1
   end

@@ -140,7 +140,7 @@ impl Link {
             .map(|k| k.fingerprint())
             .collect();
         let identity = format!(
-            "sluice-regions v3 {} {}",
+            "sluice-regions v4 {} {}",
             peppers.join(","),
             described.join(",")
         );

@@ -139,7 +139,6 @@ local function shared_sliding(name, found, start, carried, net, now, cost, share
     slide_retry(start, carried, net, now, cost, share, per, max_debt)
 end
 
-
 -- A gcra or token_bucket shared across regions keeps (tokens, -at,
 -- moved) (sluice-core's regions::bucket): the units x per it holds (below
 -- 0: owing), when they were counted (stored below 0: a record of another

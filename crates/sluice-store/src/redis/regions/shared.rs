@@ -232,7 +232,7 @@ impl Regions {
             key: key.to_owned(),
             record,
             per_ms: per,
-            kind: Kind::of(rule),
+            kind,
             max_debt: rule.rule().max_debt(),
             previous: previous.map(|(k, r)| (k.to_owned(), r)),
         };
@@ -300,7 +300,7 @@ fn standing_of<K: SharedRecord>(
 ) -> (u64, u64) {
     let stored = Stored::<K> {
         record: numbers.map(K::stored),
-        ledger: None,
+        ..Stored::default()
     };
     stored.standing(now, share, per, terms)
 }

@@ -371,7 +371,7 @@ fn mergeable(ours: &str, theirs: Option<&str>) -> Result<(), Failure> {
                 .into(),
         )),
         Some(theirs) => {
-            // "sluice-regions v3 PEPPERS REGIONS", PEPPERS the current
+            // "sluice-regions v4 PEPPERS REGIONS", PEPPERS the current
             // pepper's fingerprint and, while rotating, the previous'.
             let fields = |identity: &str| -> (Vec<String>, String) {
                 let mut parts = identity.splitn(4, ' ').skip(2);
@@ -380,7 +380,7 @@ fn mergeable(ours: &str, theirs: Option<&str>) -> Result<(), Failure> {
             };
             let (ours, our_regions) = fields(ours);
             let (peppers, regions) = fields(theirs);
-            if !theirs.starts_with("sluice-regions v3 ") {
+            if !theirs.starts_with("sluice-regions v4 ") {
                 Err(Failure::Foreign(
                     "its store runs another version of the region link; run one sluice version in every region".into(),
                 ))
@@ -514,16 +514,16 @@ mod tests {
 
     #[test]
     fn a_peer_is_merged_with_only_on_the_same_version_pepper_and_regions() {
-        let ours = "sluice-regions v3 aa eu:1,us:1";
+        let ours = "sluice-regions v4 aa eu:1,us:1";
         let why = |theirs: &str| match mergeable(ours, Some(theirs)) {
             Ok(()) => "merged".to_owned(),
             Err(Failure::Foreign(why) | Failure::Rotating(why) | Failure::Failed(why)) => why,
         };
         assert_eq!(why(ours), "merged");
         assert!(why("sluice-regions v2 aa eu:1,us:1").contains("another version"));
-        assert!(why("sluice-regions v3 bb eu:1,us:1").contains("another pepper"));
-        assert!(why("sluice-regions v3 aa eu:1,us:2").contains("other regions"));
-        assert!(why("sluice-regions v3 bb,aa eu:1,us:1").contains("rotated"));
+        assert!(why("sluice-regions v4 bb eu:1,us:1").contains("another pepper"));
+        assert!(why("sluice-regions v4 aa eu:1,us:2").contains("other regions"));
+        assert!(why("sluice-regions v4 bb,aa eu:1,us:1").contains("rotated"));
         assert!(mergeable(ours, None).is_err());
     }
 }
