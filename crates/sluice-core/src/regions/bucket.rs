@@ -36,9 +36,9 @@
 //! region's rate starts again from its share (grants and what was heard
 //! are of the epoch, as a window's are): its refill counted at the old
 //! rate to the epoch's end, then its tokens clipped to the share's
-//! capacity. Demand is what each region was asked in the latest `per`
-//! (the ledger's `wanted`, [`grants`](super::grants)), so a region whose
-//! demand rises gets its part within a few syncs. The epoch's length
+//! capacity. Demand is what each region was asked in about the latest
+//! second ([`Demand`](super::stored::Demand)), so a region whose demand
+//! rises gets its part within a few syncs. The epoch's length
 //! weighs two costs: the syncs after it starts, while rates move back to
 //! where demand is (a region that had most of the rate runs on its share
 //! for a few hundred milliseconds), and a rate granted to a peer just cut

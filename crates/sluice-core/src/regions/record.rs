@@ -17,7 +17,7 @@ pub trait SharedRecord: Copy + std::fmt::Debug + PartialEq + Eq {
     fn period(per: u64) -> u64 {
         per
     }
-    /// Whether its demand is what was asked in the latest `per`
+    /// Whether its demand is what was asked in about the latest second
     /// ([`Demand`](super::stored::Demand): a bucket's), not in its window
     /// so far.
     const RECENT_DEMAND: bool = false;

@@ -81,12 +81,13 @@ impl<K> Default for Stored<K> {
     }
 }
 
-/// What a region was asked of a bucket in its latest `per`-long windows,
-/// kept beside the ledger (the scripts keep it under the record's name and
-/// "a"): a bucket's epoch spans several windows, and its demand is the
-/// latest's, the previous window's weighed as a sliding window weighs it,
-/// so that it follows demand within a window and does not start afresh at
-/// each.
+/// What a region was asked of a bucket in its latest spans of
+/// [`DEMAND_MS`], kept beside the ledger (the
+/// scripts keep it under the record's name and "a"): a bucket's epoch
+/// lasts many spans, and its demand is the latest's, the span before
+/// weighed as a sliding window weighs it, so that it follows demand within
+/// about a second and does not start afresh (its grants churning) at each
+/// span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Demand {
     /// The window `asked` counts in.
@@ -101,10 +102,13 @@ pub struct Demand {
 /// in the scripts' doubles).
 const MOST_ASKED: u64 = 1 << 40;
 
+/// The span a bucket's demand is counted over (ms): a few syncs.
+pub const DEMAND_MS: u64 = 1_000;
+
 impl Demand {
-    /// With `units` asked at `now`, for windows of `per` ms (`noted` in
-    /// ledger.lua).
-    fn noted(self, now: u64, per: u64, units: u64) -> Demand {
+    /// With `units` asked at `now` (`noted` in ledger.lua).
+    fn noted(self, now: u64, units: u64) -> Demand {
+        let per = DEMAND_MS;
         let window = window_of(now, per);
         let units = units.min(MOST_ASKED);
         if self.window_ms == window {
@@ -127,10 +131,11 @@ impl Demand {
         }
     }
 
-    /// The demand at `now`: what the window of now was asked, and the one
-    /// before weighed by how much of it still falls within `per` of now, in
-    /// 1024ths (`demand` in ledger.lua).
-    fn at(self, now: u64, per: u64) -> u64 {
+    /// The demand at `now`: what the span of now was asked, and the one
+    /// before weighed by how much of it still falls within a span of now,
+    /// in 1024ths (`demand` in ledger.lua).
+    fn at(self, now: u64) -> u64 {
+        let per = DEMAND_MS;
         let window = window_of(now, per);
         let weight = (per - (now - window)) * 1024 / per;
         let weigh = |units: u64| units * weight / 1024;
@@ -271,7 +276,7 @@ impl<K: SharedRecord> Stored<K> {
             return false;
         }
         if K::RECENT_DEMAND {
-            self.demand = self.demand.noted(now, per, wanted);
+            self.demand = self.demand.noted(now, wanted);
         }
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
@@ -309,7 +314,7 @@ impl<K: SharedRecord> Stored<K> {
                 share,
                 used: record.used(now, per, ledger.moved()),
                 wanted: if K::RECENT_DEMAND {
-                    self.demand.at(now, per)
+                    self.demand.at(now)
                 } else {
                     ledger.wanted
                 },

@@ -12,8 +12,7 @@
 --          its last view of itself (cap, used, wanted, heard from this
 --          region, when heard; when 0: none); and of a bucket, beside it
 --          under the name and "a", its recent demand "W:A:B": the units A
---          asked in the per-long window starting at W and B in the one
---          before (regions::stored::Demand: its epoch spans several
+--          asked in the second starting at W and B in the one before (regions::stored::Demand: its epoch spans several
 --          windows, and its demand is the latest's)
 -- KEYS[3]  the units each region's totals added here, by region (a hash;
 --          hear only)
@@ -121,8 +120,9 @@ local function demand_of(KEYS, name)
   return num(w or 0), num(a or 0), num(b or 0)
 end
 
--- With units asked at now (Demand::noted).
-local function noted(w, a, b, now, per, units)
+-- With units asked at now (Demand::noted), in spans of a second.
+local function noted(w, a, b, now, units)
+  local per = 1000
   local window = idiv(now, per) * per
   units = min(units, MOST_ASKED)
   if w == window then return w, min(a + units, MOST_ASKED), b end
@@ -130,9 +130,11 @@ local function noted(w, a, b, now, per, units)
   return window, units, 0
 end
 
--- The demand at now: the window of now's, and the one before weighed in
--- 1024ths by how much of it still falls within per of now (Demand::at).
-local function demand(w, a, b, now, per)
+-- The demand at now: the span of now's, and the one before weighed in
+-- 1024ths by how much of it still falls within a span of now
+-- (Demand::at).
+local function demand(w, a, b, now)
+  local per = 1000
   local window = idiv(now, per) * per
   local weight = idiv((per - (now - window)) * 1024, per)
   if w == window then return idiv(b * weight, 1024) + a end
@@ -263,7 +265,7 @@ local function ledger(KEYS, ARGV)
     local used = used_at(a, b, l, n, window, now, per, kind)
     local moved = b
     if kind == '8' then moved = 0 elseif bucket then moved = c end
-    if bucket then l[4] = demand(dw, da, db, now, per) end
+    if bucket then l[4] = demand(dw, da, db, now) end
     return spack('<ddd', window, used, moved) .. spack(ledger_layout(n), unpack(l, 1, HEAD + (2 + VIEW) * n))
   end
   if num(ARGV[9]) ~= window or foreign then
@@ -275,7 +277,7 @@ local function ledger(KEYS, ARGV)
     l[3] = num(ARGV[10])
     l[4] = l[4] + num(ARGV[11])
     if bucket then
-      dw, da, db = noted(dw, da, db, now, per, num(ARGV[11]))
+      dw, da, db = noted(dw, da, db, now, num(ARGV[11]))
       call('HSET', KEYS[2], name .. 'a', string.format('%d:%d:%d', dw, da, db))
     end
     ledger_write(KEYS, name, l, n, now, span)
