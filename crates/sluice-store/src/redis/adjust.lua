@@ -40,7 +40,7 @@ local function repaired(key, algorithm, name, previous, now, limit, per, burst, 
                         max_debt)
   local value = call('GET', key)
   local found, x, y, z = read_record(value, name, previous)
-  local _, _, _, _, _, _, fixed = NUMBERS[algorithm](name, found, x, y, z, now, 1, limit, per,
+  local _, _, _, _, _, _, fixed = numbers_of(algorithm)(name, found, x, y, z, now, 1, limit, per,
     burst, aligned, max_debt)
   if fixed then
     x, y, z = sunpack('<ddd', fixed, 17)
@@ -118,35 +118,39 @@ local function debit_numbers(key, algorithm, name, previous, now, cost, limit, p
     local window = idiv(now, per) * per
     if not found then x, y, z = window, 0, 0 end
     local at
-    at, y, z = shared_at(x, y, z, window, limit, per, max_debt)
+    local r = regions()
+    at, y, z = r.shared_at(x, y, z, window, limit, per, max_debt)
     local counted = y + cost
     local kept = min(counted, max(max(0, limit + z) + max_debt, y))
     forgiven = counted - kept
-    write_record(key, name, shared_idle(at, kept, z, limit, per), at, kept, z, now)
+    write_record(key, name, r.shared_idle(at, kept, z, limit, per), at, kept, z, now)
   elseif algorithm == 8 then
     -- A sliding_window shared across regions (regions::Stored::debit of a
     -- Slide): the window of now counts it, at most max_debt past what
     -- remains.
     local window = idiv(now, per) * per
     if not found then x, y, z = window, 0, 0 end
-    x, y, z = slide_at(x, y, z, window, limit, per, max_debt)
-    local most = idiv(max(0, slide_room(x, y, z, now, limit + max_debt, per)), per)
+    local r = regions()
+    x, y, z = r.slide_at(x, y, z, window, limit, per, max_debt)
+    local most = idiv(max(0, r.slide_room(x, y, z, now, limit + max_debt, per)), per)
     local kept = min(cost, most)
     forgiven = cost - kept
-    write_record(key, name, slide_idle(x, z + kept, limit, per), x, y, z + kept, now)
+    write_record(key, name, r.slide_idle(x, z + kept, limit, per), x, y, z + kept, now)
   elseif algorithm == 9 then
     -- A gcra or token_bucket shared across regions (regions::Stored::debit
     -- of a Bucket): its tokens of now count it, at most max_debt units
     -- below 0.
     local at, tokens, moved = 0, x, z
     if found and y < 0 then at = -y end
-    local e = bucket_epoch(per)
-    tokens, at, moved = bucket_at(tokens, at, moved, idiv(now, e) * e, limit, per, burst, max_debt)
-    tokens, at = bucket_settled(tokens, at, moved, now, limit, burst)
+    local r = regions()
+    local e = r.bucket_epoch(per)
+    tokens, at, moved = r.bucket_at(tokens, at, moved, idiv(now, e) * e, limit, per, burst,
+      max_debt)
+    tokens, at = r.bucket_settled(tokens, at, moved, now, limit, burst)
     local kept = min(cost, idiv(max(0, tokens + max_debt * per), per))
     forgiven = cost - kept
     tokens = tokens - kept * per
-    write_record(key, name, bucket_idle(tokens, at, moved, limit, per, burst, max_debt), tokens,
+    write_record(key, name, r.bucket_idle(tokens, at, moved, limit, per, burst, max_debt), tokens,
       -at, moved, now)
   else
     -- sliding_window: the current window counts it, owing beyond limit.
@@ -232,7 +236,7 @@ local function adjust(KEYS, ARGV)
     else
       local found, x, y, z = read_record(call('GET', key), name, previous)
       local fixed
-      _, remaining, reset, retry, _, _, fixed = NUMBERS[algorithm](name, found, x, y, z, now, 1,
+      _, remaining, reset, retry, _, _, fixed = numbers_of(algorithm)(name, found, x, y, z, now, 1,
         limit, per, burst, aligned, max_debt)
       if fixed then
         -- The repair is kept, as a decision keeps it.

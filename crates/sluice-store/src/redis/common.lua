@@ -158,22 +158,10 @@ local function adopt_previous(KEYS, m)
   end
 end
 
--- A gcra or token_bucket shared across regions (see shared.lua): its
--- epoch (Bucket::period), its capacity at a rate, and its tokens refilled
--- at its rate up to now, at most its capacity (Bucket::settled).
-local function bucket_epoch(per)
-  return per * max(1, ceil_div(10000, per))
-end
-
-local function bucket_capacity(rate, fill)
-  local k = rate * fill
-  return k - k % 1
-end
-
-local function bucket_settled(tokens, at, moved, now, share, fill)
-  local rate = max(0, share + moved)
-  return min(bucket_capacity(rate, fill), tokens + max(0, now - at) * rate), max(at, now)
-end
+-- The functions of the rules shared across regions (regions/shared.lua
+-- sets it): made on first use, so that a script, which runs its whole text
+-- on every call, makes none of them for a call without shared rules.
+local regions
 
 -- Gives back cost units of one rule that an admission at `at` consumed,
 -- from its state as it is now (others may have consumed since), and
@@ -244,14 +232,15 @@ local function give_back(key, algorithm, limit, per, burst, cost, name, at, now,
         -- A shared gcra or token_bucket (tokens, -at, moved;
         -- Bucket::give_back): what it still holds, when it and the record
         -- are of the epoch of now.
-        local e = bucket_epoch(per)
+        local r = regions()
+        local e = r.bucket_epoch(per)
         updated = false
         if b < 0 and idiv(at, e) == idiv(-b, e) and idiv(at, e) == idiv(now, e) and at <= now then
-          local tokens, last = bucket_settled(a, -b, c, now, limit, burst)
+          local tokens, last = r.bucket_settled(a, -b, c, now, limit, burst)
           local rate = max(0, limit + c)
           local held = cost * per - (now - at) * rate
           if held > 0 then
-            a, b = min(bucket_capacity(rate, burst), tokens + held), -last
+            a, b = min(r.bucket_capacity(rate, burst), tokens + held), -last
             updated = true
           end
         end

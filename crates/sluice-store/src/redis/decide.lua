@@ -358,8 +358,14 @@ end
 
 -- The algorithms whose state is a few numbers, by code; and a record's
 -- numbers when there is none.
-local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window, nil, shared_window,
-  shared_sliding, shared_bucket }
+local NUMBERS = { gcra, token_bucket, nil, sliding_window, fixed_window }
+
+-- The algorithm of code k whose state is a few numbers: the rules shared
+-- across regions (7 and up) from regions(), made on first use (the hot
+-- paths below write this out).
+local function numbers_of(k)
+  return NUMBERS[k] or (k >= 7 and regions()[k]) or nil
+end
 local NONE = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0' -- RECORD_BYTES zeros, a constant
 
 -- Appends to parts (or list; np so far, the latest idle idle_at) the
@@ -459,7 +465,7 @@ local function decide(KEYS, ARGV)
     -- One rule whose state is a few numbers: no bookkeeping, its record
     -- written as soon as it is decided.
     local algorithm, aligned, _, _, limit, per, burst, cost, max_debt, name = sunpack(RULE, rules)
-    local decide_numbers = NUMBERS[algorithm]
+    local decide_numbers = NUMBERS[algorithm] or (algorithm >= 7 and regions()[algorithm])
     if decide_numbers then
       local value = call('GET', KEYS[1])
       -- read_record(value, name, names_before), written out.
@@ -507,7 +513,8 @@ local function decide(KEYS, ARGV)
       if found and found % RECORD_BYTES ~= 1 then found = find_record(value, name) end
       local x, y, z = sunpack('<ddd', found and value or NONE, (found or 1) + 16)
       local allowed, remaining, reset, retry, r, t, f, ft =
-        NUMBERS[algorithm](name, found, x, y, z, now, cost, limit, per, burst, aligned, max_debt)
+        (NUMBERS[algorithm] or regions()[algorithm])(name, found, x, y, z, now, cost, limit, per,
+          burst, aligned, max_debt)
       local o = 3 * i - 1
       reply[o], reply[o + 1], reply[o + 2] = remaining, reset, retry
       if allowed == 0 and shadow == 0 then all_allowed = false end
@@ -552,7 +559,7 @@ local function decide(KEYS, ARGV)
       sunpack(RULE, rules, pos)
     pos = after
     local previous = rotating and sub(names_before, 8 * i - 7, 8 * i)
-    local decide_numbers = NUMBERS[algorithm]
+    local decide_numbers = NUMBERS[algorithm] or (algorithm >= 7 and regions()[algorithm])
     local o = 3 * i - 1
     if decide_numbers then
       local value

@@ -10,7 +10,11 @@ use super::args::{PackedRules, Selection, TimeSource, header};
 use crate::store::Batch;
 
 /// The refund script's source.
-pub const REFUND_LUA: &str = concat!(include_str!("common.lua"), include_str!("refund.lua"));
+pub const REFUND_LUA: &str = concat!(
+    include_str!("common.lua"),
+    include_str!("regions/shared.lua"),
+    include_str!("refund.lua")
+);
 
 /// One refund's keys and arguments, owned so that it can be sent after the
 /// batch is gone: the rules in the decision's layout, the header (naming

@@ -60,6 +60,13 @@
 -- every step but read answers as if the window were over, and read as if
 -- nothing were kept. Only a decision replaces it.
 
+-- The shared rules' functions (the link's script makes them once a call).
+local lib = regions()
+local shared_at, shared_idle, slide_at, slide_idle, slide_room = lib.shared_at, lib.shared_idle,
+  lib.slide_at, lib.slide_idle, lib.slide_room
+local bucket_epoch, bucket_capacity, bucket_settled, bucket_at, bucket_idle = lib.bucket_epoch,
+  lib.bucket_capacity, lib.bucket_settled, lib.bucket_at, lib.bucket_idle
+
 local VIEW = 5
 local HEAD = 4
 
