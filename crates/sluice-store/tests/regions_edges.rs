@@ -1,19 +1,23 @@
-//! Edge tests of a `gcra` / `token_bucket` shared across regions, as
-//! the scripts run it (`shared_bucket` in regions/shared.lua, code 9) on a
-//! real redis-server: the read-only checks, a reload to a local rule, and
-//! the key's expiry.
+//! Edge tests of rules shared across regions, as the scripts run them on
+//! a real redis-server: a `gcra` / `token_bucket`'s read-only checks,
+//! reloads to a local rule and key's expiry (`shared_bucket` in
+//! regions/shared.lua, code 9), script and function alike, and a shared
+//! window's debt and reload to local.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::config::{NamedRule, RegionScope};
 use sluice_core::keys::{Keyer, Pepper};
+use sluice_core::regions::Heard;
 use sluice_core::regions::bucket::epoch;
 use sluice_core::regions::stored::window_of;
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
-use sluice_store::redis::regions::{Kind, Regions, Shared, Steps, identity_key, received_key};
+use sluice_store::redis::regions::{
+    Hearing, Kind, Regions, Shared, Steps, identity_key, received_key,
+};
 use sluice_store::{
-    Batch, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
+    Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
 };
 use sluice_testkit::RedisServer;
 
@@ -56,10 +60,11 @@ fn three_regions() -> Arc<Regions> {
 }
 
 /// The read-only checks (`peek`: Envoy's `hits_addend: 0`, a zero
-/// limit's standing, `sluice inspect`) read a shared bucket as the rule's
-/// own gcra at its whole limit: region a (a share of 10 of 30/s) spent, a
-/// decision says retry in 100 ms (one unit at 10/s), the peek's rule says
-/// a third of that, and admits at a moment where a decision denies.
+/// limit's standing, `sluice inspect`) read a shared bucket as this
+/// region's own: region a (a share of 10 of 30/s) spent, a decision says
+/// retry in 100 ms (one unit at 10/s), and so does the check (read at the
+/// rule's whole limit, it said a third of that, and admitted where a
+/// decision denies).
 #[test]
 fn a_read_only_check_of_a_shared_gcra_never_retries_earlier_than_a_decision() {
     for algorithm in [Algorithm::Gcra, Algorithm::TokenBucket] {
@@ -269,5 +274,241 @@ fn a_giver_key_lives_until_its_record_reads_as_fresh() {
          as a fresh one only at {fresh_at} (9 000 ms after): dropped early, it reads 100 where \
          it holds 10 plus the refill",
         expires - (start + e)
+    );
+}
+
+/// A shared rule decided by a script (EVALSHA: a Redis without functions)
+/// answers as by the function: the shared rules' Lua functions, made on
+/// first use in either, are the same.
+#[test]
+fn shared_rules_decide_alike_by_script_and_by_function() {
+    let runtime = runtime();
+    let rules = [
+        bucket_rule(Algorithm::Gcra, (30, 1_000, 20), RegionScope::Shared),
+        {
+            let rule = Rule::new(Algorithm::FixedWindow, 30, 1_000, None, true).unwrap();
+            let named = NamedRule {
+                name: "second".into(),
+                rule,
+                shadow: false,
+                count_if: None,
+                tolerance: sluice_core::tolerance::Tolerance::EXACT,
+                regions: Some(RegionScope::Shared),
+            };
+            BoundRule::new(Scope::Tenant, "", &named, 0.8)
+        },
+    ];
+    let mut answers = Vec::new();
+    for scripts in [false, true] {
+        let server = RedisServer::start();
+        let url = if scripts {
+            let _: () = redis::cmd("ACL")
+                .arg(&[
+                    "SETUSER",
+                    "scripts",
+                    "on",
+                    ">pw",
+                    "~*",
+                    "&*",
+                    "+@all",
+                    "-fcall",
+                    "-function",
+                ])
+                .query(&mut server.connection())
+                .unwrap();
+            format!("redis://scripts:pw@127.0.0.1:{}", server.port())
+        } else {
+            server.url()
+        };
+        let keys = KeySet {
+            current: Keyer::new("sl", &Pepper::parse(&[7u8; 32]).unwrap()),
+            previous: None,
+        };
+        let options = ConnectOptions::with_timeout(Duration::from_secs(5));
+        let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
+        let store = runtime
+            .block_on(RedisStore::connect(&url, keys, &options))
+            .unwrap()
+            .with_time(TimeSource::Client(clock.clone()))
+            .with_regions(three_regions());
+        let mut seen = Vec::new();
+        for i in 0..40u64 {
+            clock.set(1_764_460_800_007 + i * 37);
+            let batch = Batch::new("tenant", None, 1 + i % 3, &rules);
+            let decided = runtime.block_on(store.decide(&batch)).unwrap();
+            seen.push(
+                decided
+                    .outcomes
+                    .iter()
+                    .map(|o| (o.allowed, o.remaining, o.retry_after_ms))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        answers.push(seen);
+    }
+    assert!(answers[0].iter().flatten().any(|o| o.0) && answers[0].iter().flatten().any(|o| !o.0));
+    assert_eq!(answers[0], answers[1]);
+}
+
+/// A shared window of `limit` per `per` ms (aligned, as shared windows
+/// are), owing at most `max_debt`.
+fn window_rule(algorithm: Algorithm, (limit, per, max_debt): (i128, u64, u64)) -> BoundRule {
+    let aligned = algorithm == Algorithm::FixedWindow;
+    let rule = Rule::new(algorithm, limit, per, None, aligned)
+        .unwrap()
+        .with_max_debt(i128::from(max_debt))
+        .unwrap();
+    let named = NamedRule {
+        name: "minute".into(),
+        rule,
+        shadow: false,
+        count_if: None,
+        tolerance: sluice_core::tolerance::Tolerance::EXACT,
+        regions: Some(RegionScope::Shared),
+    };
+    BoundRule::new(Scope::Tenant, "", &named, 0.8)
+}
+
+/// A shared rule's debt outlives its window in the store: the key lives
+/// until the share has repaid it (on Redis's own clock, in real time; the
+/// proptest above moves a hand clock that Redis's expiry never sees).
+#[test]
+fn a_shared_rules_debt_is_kept_until_repaid() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let names = ["a", "b", "c"];
+    let in_order: Vec<(&str, u32)> = names.iter().map(|&n| (n, 1)).collect();
+    let regions = Arc::new(Regions::new(&in_order, "a", 100).unwrap());
+    let (_, store) = connect(&server, &runtime);
+    let store = store.with_regions(regions);
+    // 30 per 300 ms over three regions: a share of 10 a window.
+    let rules = [window_rule(Algorithm::FixedWindow, (30, 300, 1_000))];
+    let batch = |cost| Batch::new("tenant", None, cost, &rules);
+    let debited = runtime
+        .block_on(store.adjust(&batch(200), Change::Debit, None))
+        .unwrap();
+    assert_eq!(debited.forgiven, 0);
+    // Past the window and a second of slack: about five windows repaid
+    // of the nineteen owed.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let decided = runtime.block_on(store.decide(&batch(1))).unwrap();
+    assert!(
+        !decided.outcomes[0].allowed,
+        "the debt was forgotten: {:?}",
+        decided.outcomes[0]
+    );
+}
+
+/// A reload that makes a shared sliding_window local (same name, same
+/// record) never admits past the limit in the window of the change: the
+/// shared record counts what moved to the region apart (its `net` below
+/// 0 when grants went unspent), and reads as spent.
+#[test]
+fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
+    let server = RedisServer::start();
+    let runtime = runtime();
+    let clock = Arc::new(ManualClock::new(1_764_460_800_000 + 7));
+    let in_order = [("a", 1u32), ("b", 1), ("c", 1)];
+    let regions = Arc::new(Regions::new(&in_order, "a", 100).unwrap());
+    let (keys, store) = connect(&server, &runtime);
+    let time = TimeSource::Client(clock.clone());
+    let shared_store = store.with_time(time.clone()).with_regions(regions.clone());
+    let shared = [window_rule(Algorithm::SlidingWindow, (30, 60_000, 0))];
+    // Region a (share 10) hears 20 granted to it, and admits 5.
+    let buckets = KeySet::keys(
+        &keys.current,
+        &Batch::new("tenant", None, 1, &shared),
+        sluice_store::redis::Valve::WHOLE,
+    );
+    let shared_key = Shared {
+        key: buckets.keys[0].clone(),
+        record: buckets.records[0],
+        per_ms: 60_000,
+        kind: Kind::Sliding,
+        max_debt: 0,
+        previous: None,
+    };
+    let mut connection = runtime
+        .block_on(server.client().get_multiplexed_async_connection())
+        .unwrap();
+    let identity = identity_key("sl");
+    let received = received_key("sl");
+    runtime
+        .block_on(
+            redis::cmd("SET")
+                .arg(&identity)
+                .arg("it")
+                .query_async::<()>(&mut connection),
+        )
+        .unwrap();
+    let steps = Steps {
+        time: &time,
+        regions: 3,
+        received: &received,
+        identity: (&identity, "it"),
+    };
+    let view = Heard {
+        cap: 0,
+        used: 0,
+        wanted: 0,
+        heard_from_you: 0,
+    };
+    let window = window_of(clock.now_ms(), 60_000);
+    let hearing = Hearing {
+        window,
+        pool: 30,
+        share: 10,
+        from: 1,
+        total: 20,
+        view,
+    };
+    let added: i64 = runtime
+        .block_on(
+            shared_key
+                .hear_call(steps, &hearing)
+                .invoke_async(&mut connection),
+        )
+        .unwrap();
+    assert_eq!(added, 20);
+    let batch = Batch::new("tenant", None, 5, &shared);
+    assert!(
+        runtime
+            .block_on(shared_store.decide(&batch))
+            .unwrap()
+            .outcomes[0]
+            .allowed
+    );
+    // Reloaded as local (limit 30 in this region alone).
+    let (_, local_store) = connect(&server, &runtime);
+    let local_store = local_store.with_time(time);
+    let mut local = window_rule(Algorithm::SlidingWindow, (30, 60_000, 0));
+    local = BoundRule::new(
+        Scope::Tenant,
+        "",
+        &NamedRule {
+            name: "minute".into(),
+            rule: *local.rule(),
+            shadow: false,
+            count_if: None,
+            tolerance: sluice_core::tolerance::Tolerance::EXACT,
+            regions: Some(RegionScope::Local),
+        },
+        0.8,
+    );
+    let rules = [local];
+    let admitted = (0..60)
+        .filter(|_| {
+            let batch = Batch::new("tenant", None, 1, &rules);
+            runtime
+                .block_on(local_store.decide(&batch))
+                .unwrap()
+                .outcomes[0]
+                .allowed
+        })
+        .count();
+    assert!(
+        5 + admitted <= 30,
+        "{} admitted in one window by a rule of 30 in this region",
+        5 + admitted
     );
 }
