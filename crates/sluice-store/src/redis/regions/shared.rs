@@ -306,12 +306,16 @@ fn standing_of<K: SharedRecord>(
 }
 
 /// This region's bucket of shared `rule` as a `token_bucket` of its own:
-/// its rate (at least 1: a region of no rate reads as refilling at one
-/// unit per `per`) and its capacity in whole units, holding its tokens
-/// (owing: refilling from a moment ahead of now, as adjust.lua writes it).
+/// its rate and its capacity in whole units, holding its tokens (owing:
+/// refilling from a moment ahead of now, as adjust.lua writes it). A rate
+/// a rule of its own cannot have reads as the nearest it can: at least 1
+/// (a region of no rate, which validation leaves none, reads as refilling
+/// at one unit per `per`), at most what a rule may refill (a pool above it
+/// reads slower: its retry later, never sooner).
 fn region_bucket(rule: &BoundRule, standing: Standing, now: u64) -> (State, Option<Rule>) {
     let per = rule.rule().period_ms();
-    let rate = standing.rate.max(1);
+    let most = sluice_core::rule::MAX_LIMIT.min(sluice_core::rule::MAX_SCALED / per);
+    let rate = standing.rate.clamp(1, most.max(1));
     let burst = (standing.capacity.max(0) as u64 / per).max(1);
     let own = Rule::new(
         Algorithm::TokenBucket,
