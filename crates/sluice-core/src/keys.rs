@@ -139,7 +139,8 @@ impl Keyer {
     /// `token_bucket` is then named apart, with its period. Its numbers
     /// are a region's part of the rate, in units of that period
     /// ([`crate::regions::bucket`]): a rule made local (or shared), or
-    /// whose period a reload changes, starts from a record of its own
+    /// whose period a reload changes, starts from a record of its own (a
+    /// full bucket: the fleet may admit one burst more at that reload)
     /// rather than misread another's.
     pub fn linking_regions(mut self) -> Keyer {
         self.regions = true;
