@@ -141,7 +141,11 @@ pub async fn inspect(
             let parts = redis.region_parts(&batch).await?;
             let own = redis.regions().map(|r| r.names[r.index].clone());
             for ((rule, parts), used) in rules.iter().zip(parts).zip(&mut fleet_used) {
-                if let Some(parts) = &parts {
+                // (A bucket's parts are rates: its row is this region's
+                // own bucket.)
+                if let Some(parts) = &parts
+                    && parts.iter().any(|p| p.used.is_some())
+                {
                     *used = Some(parts.iter().filter_map(|p| p.used).sum::<u64>());
                 }
                 for part in parts.into_iter().flatten() {
@@ -267,7 +271,7 @@ pub fn table(inspection: &Inspection) -> String {
     }
     if !inspection.regions.is_empty() {
         out.push_str(
-            "across regions, this window (peers as they last said; a shared rule's row above shows what every region used, and what this one may still admit):\n",
+            "across regions, this window (peers as they last said; a shared rule's row above shows what every region used, and what this one may still admit; a shared gcra or token_bucket's share and cap are rates per its period, and its row above is this region's own bucket):\n",
         );
         out.push_str(&format!(
             "{:<16} {:<20} {:>10} {:>10} {:>10}\n",

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::regions::{LIMIT, PER_MS, three_regions, wall_ms};
-use common::{Server, get_text, metric_total, post};
+use common::{Server, get_text, metric_total, post, sluice, succeeds};
 use serde_json::json;
 
 /// The rule: `LIMIT` per 3 s, a burst of `BURST`.
@@ -72,7 +72,7 @@ fn bound(windows: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_hammering_every_region_gets_one_bucket_linked_partitioned_and_healed() {
     let client = reqwest::Client::new();
-    let (_redis, proxies, servers) = three_regions(&client, &rule()).await;
+    let (_redis, proxies, servers, _) = three_regions(&client, &rule()).await;
     let all: Vec<&Server> = servers.iter().collect();
 
     // Linked: two windows.
@@ -124,7 +124,7 @@ async fn a_tenant_hammering_every_region_gets_one_bucket_linked_partitioned_and_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_in_one_region_gets_the_pools_rate_there_within_a_few_syncs() {
     let client = reqwest::Client::new();
-    let (_redis, _proxies, servers) = three_regions(&client, &rule()).await;
+    let (_redis, _proxies, servers, configs) = three_regions(&client, &rule()).await;
     let start = next_window().await;
     let admitted = hammer(
         &client,
@@ -154,4 +154,41 @@ async fn a_tenant_in_one_region_gets_the_pools_rate_there_within_a_few_syncs() {
         metric_total(&metrics, "sluice_region_peer_units_received_total") > 0.0,
         "{metrics}"
     );
+    // `sluice inspect` in us: its own bucket (a token_bucket of its rate
+    // now, past its share of 50), and each region's rate.
+    let (table, _) = succeeds(
+        sluice()
+            .args([
+                "inspect",
+                "--config",
+                &configs[1],
+                "--tenant",
+                "acme-sends-to-us",
+            ])
+            .env("TEST_SLUICE_PEPPER", common::regions::PEPPER),
+    );
+    println!("{table}");
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("tenant") && l.split_whitespace().nth(1) == Some("rate"))
+        .unwrap_or_else(|| panic!("no row:\n{table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(row[2], "token_bucket", "{table}");
+    let rate: u64 = row[3].split('/').next().unwrap().parse().unwrap();
+    assert!(rate > 50, "us holds more than its share's rate: {table}");
+    let part = |region: &str| -> Vec<String> {
+        table
+            .lines()
+            .find(|l| l.starts_with("rate") && l.split_whitespace().nth(1) == Some(region))
+            .unwrap_or_else(|| panic!("no part of {region}:\n{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(part("us")[2], "(self)", "{table}");
+    for peer in ["eu", "ap"] {
+        assert_eq!(part(peer)[2], "50", "the share of a peer: {table}");
+        assert_eq!(part(peer)[4], "-", "a bucket's part tells no use: {table}");
+    }
 }

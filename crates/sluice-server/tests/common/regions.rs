@@ -106,15 +106,21 @@ pub async fn linked(client: &reqwest::Client, server: &Server) -> Value {
 /// sluice whose tenant rules are `rules`, linked through delay proxies
 /// (40 ms each way); returns once every region hears its peers. The
 /// proxies are by region reached: `proxies[r]` are the two to region
-/// `r`'s Redis.
+/// `r`'s Redis. The servers keep their configurations, whose paths come
+/// last.
 pub async fn three_regions(
     client: &reqwest::Client,
     rules: &str,
-) -> (Vec<RedisServer>, Vec<Vec<DelayProxy>>, Vec<Server>) {
+) -> (
+    Vec<RedisServer>,
+    Vec<Vec<DelayProxy>>,
+    Vec<Server>,
+    Vec<String>,
+) {
     let names = ["eu", "us", "ap"];
     let redis: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let mut proxies: Vec<Vec<DelayProxy>> = (0..3).map(|_| Vec::new()).collect();
-    let mut servers = Vec::new();
+    let (mut servers, mut configs) = (Vec::new(), Vec::new());
     for (r, name) in names.iter().enumerate() {
         let mut peers = Vec::new();
         for (p, peer) in names.iter().enumerate() {
@@ -125,6 +131,7 @@ pub async fn three_regions(
             }
         }
         let path = config_of(name, &redis[r], &peers, "", rules);
+        configs.push(path.to_str().unwrap().to_owned());
         let env = [("TEST_SLUICE_PEPPER", PEPPER)];
         let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
         servers.push(server.keep(path));
@@ -132,5 +139,5 @@ pub async fn three_regions(
     for server in &servers {
         linked(client, server).await;
     }
-    (redis, proxies, servers)
+    (redis, proxies, servers, configs)
 }

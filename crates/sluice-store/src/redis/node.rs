@@ -231,7 +231,7 @@ impl RedisStore {
                 // No link has run for it this window: the pool as now.
                 snapshot.pool = pool;
             }
-            parts.push(Some(regions.parts(&snapshot)));
+            parts.push(Some(regions.parts(&snapshot, shared.kind)));
         }
         Ok(parts)
     }

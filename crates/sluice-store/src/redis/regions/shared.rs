@@ -254,8 +254,14 @@ impl Regions {
 
     /// Every region's part of a shared rule's window as `snapshot` (this
     /// region's, read from its store) shows it: this region's exactly, the
-    /// peers' as they last said.
-    pub fn parts(&self, snapshot: &sluice_core::regions::stored::Snapshot) -> Vec<RegionPart> {
+    /// peers' as they last said. A bucket's parts are rates, and say
+    /// nothing of what was used (`used` is `None`).
+    pub fn parts(
+        &self,
+        snapshot: &sluice_core::regions::stored::Snapshot,
+        kind: Kind,
+    ) -> Vec<RegionPart> {
+        let bucket = matches!(kind, Kind::Bucket { .. });
         self.names
             .iter()
             .enumerate()
@@ -268,7 +274,7 @@ impl Regions {
                         region: name.clone(),
                         share,
                         cap: Some(part.cap()),
-                        used: Some(part.used),
+                        used: (!bucket).then_some(part.used),
                         heard_at_ms: None,
                     };
                 }
@@ -277,7 +283,7 @@ impl Regions {
                     region: name.clone(),
                     share,
                     cap: view.map(|v| v.heard.cap),
-                    used: view.map(|v| v.heard.used),
+                    used: view.filter(|_| !bucket).map(|v| v.heard.used),
                     heard_at_ms: view.map(|v| v.at_ms),
                 }
             })
