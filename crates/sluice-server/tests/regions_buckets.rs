@@ -154,26 +154,51 @@ async fn a_tenant_in_one_region_gets_the_pools_rate_there_within_a_few_syncs() {
         metric_total(&metrics, "sluice_region_peer_units_received_total") > 0.0,
         "{metrics}"
     );
-    // `sluice inspect` in us: its own bucket (a token_bucket of its rate
-    // now, past its share of 50), and each region's rate.
-    let (table, _) = succeeds(
-        sluice()
-            .args([
-                "inspect",
-                "--config",
-                &configs[1],
-                "--tenant",
-                "acme-sends-to-us",
-            ])
-            .env("TEST_SLUICE_PEPPER", common::regions::PEPPER),
-    );
+    // `sluice inspect` in us, the tenant still sending there: its own
+    // bucket (a token_bucket of its rate now, past its share of 50), and
+    // each region's rate. (An epoch, 12 s here, starts again from the
+    // shares: the rate moves back within a few syncs.)
+    let sending = tokio::spawn({
+        let (client, us) = (client.clone(), servers[1].base.clone());
+        async move {
+            let end = wall_ms() + 4_000;
+            while wall_ms() < end {
+                let body = json!({ "tenant": "acme-sends-to-us", "route": "GET /" });
+                post(&client, &us, body).await;
+            }
+        }
+    });
+    let inspect = || {
+        let (table, _) = succeeds(
+            sluice()
+                .args([
+                    "inspect",
+                    "--config",
+                    &configs[1],
+                    "--tenant",
+                    "acme-sends-to-us",
+                ])
+                .env("TEST_SLUICE_PEPPER", common::regions::PEPPER),
+        );
+        let row: Vec<String> = table
+            .lines()
+            .find(|l| l.starts_with("tenant") && l.split_whitespace().nth(1) == Some("rate"))
+            .unwrap_or_else(|| panic!("no row:\n{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        (table, row)
+    };
+    let (mut table, mut row) = inspect();
+    for _ in 0..10 {
+        if row[3].split('/').next().unwrap().parse::<u64>().unwrap() > 50 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        (table, row) = inspect();
+    }
+    sending.await.unwrap();
     println!("{table}");
-    let row: Vec<&str> = table
-        .lines()
-        .find(|l| l.starts_with("tenant") && l.split_whitespace().nth(1) == Some("rate"))
-        .unwrap_or_else(|| panic!("no row:\n{table}"))
-        .split_whitespace()
-        .collect();
     assert_eq!(row[2], "token_bucket", "{table}");
     let rate: u64 = row[3].split('/').next().unwrap().parse().unwrap();
     assert!(rate > 50, "us holds more than its share's rate: {table}");
