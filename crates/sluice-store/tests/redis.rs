@@ -108,21 +108,7 @@ async fn without_functions_every_decision_is_exactly_one_evalsha() {
     // A user that may run scripts but not functions (as on Redis 6, where
     // FCALL is an unknown command).
     let server = RedisServer::start();
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "scripts",
-            "on",
-            ">pw",
-            "~*",
-            "&*",
-            "+@all",
-            "-fcall",
-            "-function",
-        ])
-        .query(&mut server.connection())
-        .unwrap();
-    let url = format!("redis://scripts:pw@127.0.0.1:{}", server.port());
+    let url = server.scripts_only_url();
     let store = RedisStore::connect(&url, keys(1), &ConnectOptions::with_timeout(TIMEOUT))
         .await
         .unwrap();

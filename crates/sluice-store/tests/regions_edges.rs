@@ -302,21 +302,7 @@ fn shared_rules_decide_alike_by_script_and_by_function() {
     for scripts in [false, true] {
         let server = RedisServer::start();
         let url = if scripts {
-            let _: () = redis::cmd("ACL")
-                .arg(&[
-                    "SETUSER",
-                    "scripts",
-                    "on",
-                    ">pw",
-                    "~*",
-                    "&*",
-                    "+@all",
-                    "-fcall",
-                    "-function",
-                ])
-                .query(&mut server.connection())
-                .unwrap();
-            format!("redis://scripts:pw@127.0.0.1:{}", server.port())
+            server.scripts_only_url()
         } else {
             server.url()
         };

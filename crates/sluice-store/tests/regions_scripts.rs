@@ -33,21 +33,7 @@ fn region_a(
     scripts: bool,
 ) -> RedisStore {
     let url = if scripts {
-        let _: () = redis::cmd("ACL")
-            .arg(&[
-                "SETUSER",
-                "scripts",
-                "on",
-                ">pw",
-                "~*",
-                "&*",
-                "+@all",
-                "-fcall",
-                "-function",
-            ])
-            .query(&mut server.connection())
-            .unwrap();
-        format!("redis://scripts:pw@127.0.0.1:{}", server.port())
+        server.scripts_only_url()
     } else {
         server.url()
     };

@@ -222,6 +222,26 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The URL of a user that may run scripts but not functions (as on
+    /// Redis 6, where FCALL is an unknown command): made on first use.
+    pub fn scripts_only_url(&self) -> String {
+        let _: () = redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "scripts",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-fcall",
+                "-function",
+            ])
+            .query(&mut self.connection())
+            .expect("ACL SETUSER on the test server");
+        format!("redis://scripts:pw@127.0.0.1:{}", self.port)
+    }
+
     /// The server process id (for `SIGSTOP`/`SIGCONT` in chaos tests; under
     /// a wrapper, the wrapper's, which runs the server).
     pub fn pid(&self) -> u32 {
