@@ -234,14 +234,7 @@ fn a_giver_key_lives_until_its_record_reads_as_fresh() {
     };
     let identity = identity_key("sl");
     let received = received_key("sl");
-    runtime
-        .block_on(
-            redis::cmd("SET")
-                .arg(&identity)
-                .arg("it")
-                .query_async::<()>(&mut connection),
-        )
-        .unwrap();
+    announce(&runtime, &mut connection, &identity);
     let time = TimeSource::Server;
     let steps = Steps {
         time: &time,
@@ -285,18 +278,7 @@ fn shared_rules_decide_alike_by_script_and_by_function() {
     let runtime = runtime();
     let rules = [
         bucket_rule(Algorithm::Gcra, (30, 1_000, 20), RegionScope::Shared),
-        {
-            let rule = Rule::new(Algorithm::FixedWindow, 30, 1_000, None, true).unwrap();
-            let named = NamedRule {
-                name: "second".into(),
-                rule,
-                shadow: false,
-                count_if: None,
-                tolerance: sluice_core::tolerance::Tolerance::EXACT,
-                regions: Some(RegionScope::Shared),
-            };
-            BoundRule::new(Scope::Tenant, "", &named, 0.8)
-        },
+        window_rule(Algorithm::FixedWindow, (30, 1_000, 0)),
     ];
     let mut answers = Vec::new();
     for scripts in [false, true] {
@@ -419,14 +401,7 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
         .unwrap();
     let identity = identity_key("sl");
     let received = received_key("sl");
-    runtime
-        .block_on(
-            redis::cmd("SET")
-                .arg(&identity)
-                .arg("it")
-                .query_async::<()>(&mut connection),
-        )
-        .unwrap();
+    announce(&runtime, &mut connection, &identity);
     let steps = Steps {
         time: &time,
         regions: 3,
@@ -497,4 +472,20 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
         "{} admitted in one window by a rule of 30 in this region",
         5 + admitted
     );
+}
+
+/// Writes the identity "it" a shipping checks this region's store has.
+fn announce(
+    runtime: &tokio::runtime::Runtime,
+    connection: &mut redis::aio::MultiplexedConnection,
+    identity: &str,
+) {
+    runtime
+        .block_on(
+            redis::cmd("SET")
+                .arg(identity)
+                .arg("it")
+                .query_async::<()>(connection),
+        )
+        .unwrap();
 }
