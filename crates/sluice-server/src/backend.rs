@@ -10,7 +10,7 @@ use sluice_store::{
     MemoryStore, Peeked, RedisStore, Store, StoreError,
 };
 
-use sluice_store::redis::regions::Regions;
+use sluice_store::redis::regions::{RegionPart, Regions};
 
 use crate::Fallible;
 
@@ -41,11 +41,8 @@ impl Backend {
                 let mut store = RedisStore::connect(url, keys, &options)
                     .await
                     .map_err(|e| format!("cannot connect to Redis (storage.url): {e}"))?;
-                if let Some(regions) = &storage.regions {
-                    let linked =
-                        Regions::new(&regions.in_order(), &regions.this, regions.sync_every_ms)
-                            .expect("validation puts this region among the regions");
-                    store = store.with_regions(std::sync::Arc::new(linked));
+                if let Some(regions) = linked_regions(storage) {
+                    store = store.with_regions(regions);
                 }
                 Ok(Backend::Redis(Box::new(store)))
             }
@@ -55,11 +52,36 @@ impl Backend {
             } => {
                 let keys = key_set(keys)?;
                 let options = connect_options(storage, timeout)?;
-                let store = ClusterStore::connect(nodes, keys, &options, *global_shards)
+                let mut store = ClusterStore::connect(nodes, keys, &options, *global_shards)
                     .await
                     .map_err(|e| format!("cannot use Redis Cluster (storage.nodes): {e}"))?;
+                if let Some(regions) = linked_regions(storage) {
+                    store = store.with_regions(regions);
+                }
                 Ok(Backend::Cluster(Box::new(store)))
             }
+        }
+    }
+
+    /// The regions shared rules are one budget across (`storage.regions`).
+    pub fn regions(&self) -> Option<&std::sync::Arc<Regions>> {
+        match self {
+            Backend::Redis(store) => store.regions(),
+            Backend::Cluster(store) => store.regions(),
+            Backend::Memory(_) => None,
+        }
+    }
+
+    /// Each region's part of every shared rule of `batch` (in rule order;
+    /// `None` for a rule that is not shared, or with regions off).
+    pub async fn region_parts(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<Option<Vec<RegionPart>>>, StoreError> {
+        match self {
+            Backend::Redis(store) => store.region_parts(batch).await,
+            Backend::Cluster(store) => store.region_parts(batch).await,
+            Backend::Memory(_) => Ok(vec![None; batch.rules.len()]),
         }
     }
 
@@ -193,20 +215,24 @@ impl Store for Backend {
     fn region(&self) -> Option<&str> {
         match self {
             Backend::Redis(store) => store.region(),
-            Backend::Memory(_) | Backend::Cluster(_) => None,
+            Backend::Cluster(store) => store.region(),
+            Backend::Memory(_) => None,
         }
     }
 
     fn regions_sync_every_ms(&self) -> Option<u64> {
         match self {
             Backend::Redis(store) => store.regions_sync_every_ms(),
-            Backend::Memory(_) | Backend::Cluster(_) => None,
+            Backend::Cluster(store) => store.regions_sync_every_ms(),
+            Backend::Memory(_) => None,
         }
     }
 
     fn asked(&self, batch: &Batch<'_>) {
-        if let Backend::Redis(store) = self {
-            store.asked(batch);
+        match self {
+            Backend::Redis(store) => store.asked(batch),
+            Backend::Cluster(store) => store.asked(batch),
+            Backend::Memory(_) => {}
         }
     }
 
@@ -319,4 +345,12 @@ plans:
             [8, 9]
         );
     }
+}
+
+/// The regions of `storage.regions`, if set.
+fn linked_regions(storage: &StorageConfig) -> Option<std::sync::Arc<Regions>> {
+    let regions = storage.regions.as_ref()?;
+    let linked = Regions::new(&regions.in_order(), &regions.this, regions.sync_every_ms)
+        .expect("validation puts this region among the regions");
+    Some(std::sync::Arc::new(linked))
 }

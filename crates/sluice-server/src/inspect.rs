@@ -137,9 +137,9 @@ pub async fn inspect(
         // Per rule, what every region used of a shared one in this shard
         // (peers as they last said): its row's `used`.
         let mut fleet_used = vec![None; rules.len()];
-        if let Backend::Redis(redis) = store {
-            let parts = redis.region_parts(&batch).await?;
-            let own = redis.regions().map(|r| r.names[r.index].clone());
+        if store.regions().is_some() {
+            let parts = store.region_parts(&batch).await?;
+            let own = store.regions().map(|r| r.names[r.index].clone());
             for ((rule, parts), used) in rules.iter().zip(parts).zip(&mut fleet_used) {
                 // (A bucket's parts are rates: its row is this region's
                 // own bucket.)

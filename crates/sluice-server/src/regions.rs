@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sluice_core::config::StorageConfig;
-use sluice_store::redis::regions::{Link, LinkOptions, Peer, PeerStatus};
+use sluice_core::config::{PeerStore, StorageConfig};
+use sluice_store::redis::regions::{Address, Link, LinkOptions, Local, Peer, PeerStatus};
 
 use crate::Fallible;
 use crate::admin::persist::Persist;
@@ -22,8 +22,8 @@ impl PeerStatuses {
     }
 }
 
-/// Starts the region link when `storage.regions` is set (on a Redis
-/// store: validation refuses it elsewhere); it runs as long as the
+/// Starts the region link when `storage.regions` is set (on Redis or
+/// Redis Cluster: validation refuses it on memory); it runs as long as the
 /// runtime does. Returns what it knows of its peers.
 pub fn spawn(
     backend: &Backend,
@@ -33,15 +33,22 @@ pub fn spawn(
     let Some(regions) = &storage.regions else {
         return Ok(None);
     };
-    let Backend::Redis(store) = backend else {
-        return Err("storage.regions needs storage.backend: redis".into());
+    let store: Local = match backend {
+        Backend::Redis(store) => (**store).clone().into(),
+        Backend::Cluster(store) => (**store).clone().into(),
+        Backend::Memory(_) => {
+            return Err("storage.regions needs storage.backend: redis or redis-cluster".into());
+        }
     };
     let peers = regions
         .peers
         .iter()
         .map(|p| Peer {
             name: p.name.clone(),
-            url: p.url.clone(),
+            address: match &p.store {
+                PeerStore::Redis(url) => Address::Node(url.clone()),
+                PeerStore::Cluster(nodes) => Address::Cluster(nodes.clone()),
+            },
         })
         .collect();
     let options = LinkOptions {
@@ -50,8 +57,8 @@ pub fn spawn(
         instance: instance.to_owned(),
         connect: connect_options(storage, Duration::from_millis(storage.timeout_ms))?,
     };
-    let mut link = Link::new((**store).clone(), peers, options)
-        .map_err(|e| format!("storage.regions.peers: {e}"))?;
+    let mut link =
+        Link::new(store, peers, options).map_err(|e| format!("storage.regions.peers: {e}"))?;
     // Overrides (the admin API's) are kept alike in every region.
     if let Some(persist) = Persist::for_backend(backend) {
         link = link.with_replicated(persist.replicated());

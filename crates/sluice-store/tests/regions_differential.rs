@@ -25,7 +25,7 @@ use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Kind, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
+    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -221,8 +221,10 @@ fn differential<K: SharedRecord>(
     let ledger = Steps {
         time: &time,
         regions: REGIONS,
-        received: &received,
-        identity: (&identity, "its identity"),
+        own: Some(Own {
+            received: &received,
+            identity: (&identity, "its identity"),
+        }),
     };
     let mut connection = runtime
         .block_on(server.client().get_multiplexed_async_connection())
@@ -237,7 +239,10 @@ fn differential<K: SharedRecord>(
         .unwrap();
     // A shipping checked against another identity changes nothing.
     let other = Steps {
-        identity: (&identity, "another"),
+        own: Some(Own {
+            received: &received,
+            identity: (&identity, "another"),
+        }),
         ..ledger
     };
     let view = Heard {

@@ -14,7 +14,7 @@ use sluice_core::regions::bucket::epoch;
 use sluice_core::regions::stored::window_of;
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Kind, Regions, Shared, Steps, identity_key, received_key,
+    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, received_key,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -239,8 +239,10 @@ fn a_giver_key_lives_until_its_record_reads_as_fresh() {
     let steps = Steps {
         time: &time,
         regions: 3,
-        received: &received,
-        identity: (&identity, "it"),
+        own: Some(Own {
+            received: &received,
+            identity: (&identity, "it"),
+        }),
     };
     let granted: i64 = runtime
         .block_on(
@@ -405,8 +407,10 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
     let steps = Steps {
         time: &time,
         regions: 3,
-        received: &received,
-        identity: (&identity, "it"),
+        own: Some(Own {
+            received: &received,
+            identity: (&identity, "it"),
+        }),
     };
     let view = Heard {
         cap: 0,

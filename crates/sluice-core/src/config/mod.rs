@@ -356,10 +356,19 @@ impl RegionsConfig {
 pub struct PeerRegion {
     /// Its name, as its own `storage.regions.self` says it.
     pub name: String,
-    /// Its store: one Redis, credentials included.
-    pub url: String,
+    /// Its store, credentials included.
+    pub store: PeerStore,
     /// Its weight.
     pub weight: u32,
+}
+
+/// A peer region's store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerStore {
+    /// One Redis (`url`).
+    Redis(String),
+    /// A Redis Cluster (`nodes`, seed URLs).
+    Cluster(Vec<String>),
 }
 
 /// Where a secret is read from.

@@ -540,7 +540,27 @@ fn storage_regions_parse_with_their_defaults_and_order() {
     );
     assert_eq!(regions.in_order(), [("ap", 3), ("eu", 2), ("us", 1)]);
     let ap = regions.peers.iter().find(|p| p.name == "ap").unwrap();
-    assert_eq!((ap.url.as_str(), ap.weight), ("redis://redis-ap:6379", 3));
+    assert_eq!(
+        (&ap.store, ap.weight),
+        (&PeerStore::Redis("redis://redis-ap:6379".into()), 3)
+    );
+    // A region on Redis Cluster, and a peer on one.
+    let yaml = REGIONS
+        .replace(
+            "backend: redis\n  url: \"redis://redis-eu:6379\"",
+            "backend: redis-cluster\n  nodes: [\"redis://eu-1:7000\"]",
+        )
+        .replace(
+            "us: { url: \"redis://redis-us:6379\" }",
+            "us: { nodes: [\"redis://us-1:7000\", \"redis://us-2:7000\"] }",
+        );
+    let config = Config::from_yaml(&yaml, "t.yaml").unwrap();
+    let regions = config.storage.regions.expect("storage.regions");
+    let us = regions.peers.iter().find(|p| p.name == "us").unwrap();
+    assert_eq!(
+        us.store,
+        PeerStore::Cluster(vec!["redis://us-1:7000".into(), "redis://us-2:7000".into()])
+    );
     let plan = config.limits.plans.iter().find(|p| p.name == "p").unwrap();
     let rules = &plan.tenant;
     assert_eq!(rules[0].regions, None);
@@ -596,13 +616,13 @@ fn storage_regions_errors_name_the_field_and_what_is_allowed() {
         ),
         (
             "us: { url: \"redis://redis-us:6379\" }",
-            "us: { nodes: [\"redis://x:1\"] }",
-            "a peer on Redis Cluster is not linked yet",
+            "us: { nodes: [] }",
+            "`storage.regions.peers.us.nodes` is empty",
         ),
         (
-            "backend: redis\n  url: \"redis://redis-eu:6379\"",
-            "backend: redis-cluster\n  nodes: [\"redis://eu-1:7000\"]",
-            "does not yet link a Redis Cluster",
+            "us: { url: \"redis://redis-us:6379\" }",
+            "us: { nodes: [\"http://x\"] }",
+            "`storage.regions.peers.us.nodes` must be a redis://",
         ),
         (
             "regions: local",

@@ -13,6 +13,7 @@ use chacha20poly1305::aead::{Aead, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use sluice_core::keys::Keyer;
 use sluice_store::StoreError;
+use sluice_store::redis::own_key;
 use sluice_store::redis::regions::Replicated;
 
 use super::{Refused, Stored};
@@ -168,16 +169,13 @@ impl Persist {
         let prefix = keyer.prefix();
         Some(Persist {
             keys: [
-                format!("{prefix}:{{admin}}:overrides"),
-                format!("{prefix}:{{admin}}:versions"),
-                format!("{prefix}:{{admin}}:version"),
+                own_key(prefix, "overrides"),
+                own_key(prefix, "versions"),
+                own_key(prefix, "version"),
             ],
             keyer,
             cipher,
-            region: match backend {
-                Backend::Redis(store) => store.regions().map_or((0, 1), |r| (r.index, r.len())),
-                _ => (0, 1),
-            },
+            region: backend.regions().map_or((0, 1), |r| (r.index, r.len())),
         })
     }
 

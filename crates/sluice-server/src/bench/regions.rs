@@ -33,7 +33,7 @@ use serde::Serialize;
 use sluice_core::config::{NamedRule, RegionScope};
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
-use sluice_store::redis::regions::{Link, LinkOptions, Peer, Regions};
+use sluice_store::redis::regions::{Address, Link, LinkOptions, Peer, Regions};
 use sluice_store::{Batch, ConnectOptions, KeySet, RedisStore, Store};
 use sluice_testkit::{DelayProxy, RedisServer};
 
@@ -226,7 +226,7 @@ impl Fleet {
                     .filter(|&p| p != r)
                     .map(|p| Peer {
                         name: NAMES[p].into(),
-                        url: proxies[&(r, p)].url(),
+                        address: Address::Node(proxies[&(r, p)].url()),
                     })
                     .collect();
                 let link = Link::new(

@@ -7,6 +7,12 @@ use smallvec::SmallVec;
 
 use crate::store::{Batch, Partition};
 
+/// A key of the store's own, not a tenant's (the admin API's, the region
+/// link's): `{prefix}:{admin}:name`, all in one slot on a cluster.
+pub fn own_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}:{{admin}}:{name}")
+}
+
 /// Keys for one decision, one per rule (rules of one group share theirs).
 pub type Keys = SmallVec<[String; 4]>;
 

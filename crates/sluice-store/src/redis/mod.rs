@@ -39,7 +39,7 @@ pub use decide::{COMMON_LUA, DECIDE_LUA, DecideCall, Reply, reply};
 pub use function::Decide;
 pub use heartbeat::{HEARTBEAT_LUA, Heartbeat, instances_key};
 pub use inspect::{RECORD_BYTES, Raw, decode, find_record, raw, read_command, time_ms};
-pub use keys::{Buckets, KeySet, Keys, Valve, is_sorted_set};
+pub use keys::{Buckets, KeySet, Keys, Valve, is_sorted_set, own_key};
 pub use refund::{REFUND_LUA, RefundCall};
 
 pub(crate) use args::enforced;

@@ -12,13 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use sluice_core::keys::Keyer;
 
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
-use crate::redis::regions::ledger::{Steps, ledger_script, snapshot};
-use crate::redis::regions::live::{identity_key, received_key};
-use crate::redis::regions::shared::{Kind, RegionPart, Regions, Shared};
+use crate::redis::regions::shared::{RegionPart, Regions};
 use crate::redis::store::{Reach, Redis};
 use crate::redis::{self as script, Buckets, Heartbeat, KeySet, TimeSource, Valve};
 use crate::store::{Batch, Decided, Peeked, Store, StoreError};
@@ -27,8 +24,6 @@ use crate::store::{Batch, Decided, Peeked, Store, StoreError};
 #[derive(Clone)]
 pub struct RedisStore {
     redis: Redis<Node>,
-    /// The regions shared rules are one budget across (`None`: off).
-    regions: Option<Arc<Regions>>,
 }
 
 /// One node: a connection manager that reconnects on its own, and what
@@ -106,6 +101,39 @@ impl ConnectOptions {
     }
 }
 
+impl ConnectOptions {
+    /// A client for the cluster the `nodes` (seed URLs) belong to, each call
+    /// bounded by the time budget (at least 250 ms) and tried again up to
+    /// `retries` times (`MOVED`, `TRYAGAIN`, a node that failed over).
+    /// Errors never echo the URLs.
+    pub(crate) fn cluster_client(
+        &self,
+        nodes: &[String],
+        retries: u32,
+    ) -> Result<redis::cluster::ClusterClient, StoreError> {
+        install_tls_provider();
+        let timeout = self.timeout.max(Duration::from_millis(250));
+        let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(retries)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if let Some(pem) = &self.tls_ca_pem {
+            builder = builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        builder.build().map_err(|e| {
+            StoreError::Unavailable(format!(
+                "invalid Redis Cluster nodes or TLS settings ({})",
+                e.category()
+            ))
+        })
+    }
+}
+
 /// Installs the TLS crypto provider `rediss://` connections use (once).
 pub(crate) fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -138,7 +166,6 @@ impl RedisStore {
         };
         let store = RedisStore {
             redis: Redis::new(node, keys, timeout),
-            regions: None,
         };
         // Preload the function when Redis is there; when it is not, the
         // first call after it comes back loads it (see script::Decide).
@@ -172,16 +199,13 @@ impl RedisStore {
     /// each decides against this region's part, and notes what it asked
     /// for the region link (see [`Link`](crate::redis::regions::Link)).
     pub fn with_regions(mut self, regions: Arc<Regions>) -> RedisStore {
-        self.regions = Some(regions);
-        let keys = &mut self.redis.keys;
-        keys.current = keys.current.clone().linking_regions();
-        keys.previous = keys.previous.take().map(Keyer::linking_regions);
+        self.redis.link_regions(regions);
         self
     }
 
     /// The regions, when shared rules are one budget across them.
     pub fn regions(&self) -> Option<&Arc<Regions>> {
-        self.regions.as_ref()
+        self.redis.regions.as_ref()
     }
 
     /// Each region's part of every shared rule of `batch` (in rule order;
@@ -191,49 +215,7 @@ impl RedisStore {
         &self,
         batch: &Batch<'_>,
     ) -> Result<Vec<Option<Vec<RegionPart>>>, StoreError> {
-        let Some(regions) = &self.regions else {
-            return Ok(vec![None; batch.rules.len()]);
-        };
-        let keys = &self.redis.keys;
-        let (buckets, previous) = self.buckets(batch);
-        let received = received_key(keys.current.prefix());
-        let identity = identity_key(keys.current.prefix());
-        let steps = Steps {
-            time: &self.redis.time,
-            regions: regions.len(),
-            received: &received,
-            identity: (&identity, ""),
-        };
-        let mut parts = Vec::with_capacity(batch.rules.len());
-        for (i, rule) in batch.rules.iter().enumerate() {
-            if !rule.shared_across_regions() {
-                parts.push(None);
-                continue;
-            }
-            let shared = Shared {
-                key: buckets.keys[i].clone(),
-                record: buckets.records[i],
-                per_ms: rule.rule().period_ms(),
-                kind: Kind::of(rule),
-                max_debt: rule.rule().max_debt(),
-                previous: previous.as_ref().map(|p| (p.keys[i].clone(), p.records[i])),
-            };
-            let pool = Regions::pool(rule);
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            pipe.invoke_script(&shared.read_call(steps, regions.share(pool)));
-            let (reply,): (Vec<u8>,) = pipe
-                .query_async(&mut self.connection())
-                .await
-                .map_err(|e| self.redis.error(&e))?;
-            let mut snapshot = snapshot(&reply, regions.len())?;
-            if snapshot.pool == 0 {
-                // No link has run for it this window: the pool as now.
-                snapshot.pool = pool;
-            }
-            parts.push(Some(regions.parts(&snapshot, shared.kind)));
-        }
-        Ok(parts)
+        self.redis.region_parts(batch).await
     }
 
     /// How keys are derived.
@@ -253,43 +235,13 @@ impl RedisStore {
 
     /// Every rule of a batch, each shared one as this region's part.
     fn selection(&self) -> script::Selection<'_> {
-        script::Selection {
-            regions: self.regions.as_deref(),
-            ..script::Selection::ALL
-        }
-    }
-
-    /// Notes what a decision asks of its shared rules, for the link.
-    fn note_shared(&self, batch: &Batch<'_>, buckets: &Buckets, previous: Option<&Buckets>) {
-        let Some(regions) = &self.regions else {
-            return;
-        };
-        let now = self.redis.time.now_ms();
-        for (i, rule) in batch.rules.iter().enumerate() {
-            if rule.shared_across_regions() {
-                let cost = batch.cost_of(i);
-                let before = previous.map(|p| (p.keys[i].as_str(), p.records[i]));
-                let kept = (buckets.keys[i].as_str(), buckets.records[i], before);
-                regions.note(rule, kept, cost, now);
-            }
-        }
-    }
-
-    /// The keys of `batch`'s rules, and while rotating the same under the
-    /// previous pepper.
-    fn buckets(&self, batch: &Batch<'_>) -> (Buckets, Option<Buckets>) {
-        let keys = &self.redis.keys;
-        let previous = keys
-            .previous
-            .as_ref()
-            .map(|keyer| KeySet::keys(keyer, batch, Valve::WHOLE));
-        (KeySet::keys(&keys.current, batch, Valve::WHOLE), previous)
+        self.redis.in_region(script::Selection::ALL)
     }
 
     async fn run(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         let redis = &self.redis;
-        let (buckets, previous) = self.buckets(batch);
-        self.note_shared(batch, &buckets, previous.as_ref());
+        let (buckets, previous) = self.redis.whole_keys(batch);
+        redis.note_shared(batch, &buckets, previous.as_ref());
         let call = script::DecideCall::new(
             batch,
             self.selection(),
@@ -349,18 +301,15 @@ impl Store for RedisStore {
     }
 
     fn region(&self) -> Option<&str> {
-        self.regions.as_ref().map(|r| r.names[r.index].as_str())
+        self.regions().map(|r| r.names[r.index].as_str())
     }
 
     fn regions_sync_every_ms(&self) -> Option<u64> {
-        self.regions.as_ref().map(|r| r.sync_every_ms)
+        self.regions().map(|r| r.sync_every_ms)
     }
 
     fn asked(&self, batch: &Batch<'_>) {
-        if self.regions.is_some() && batch.rules.iter().any(|r| r.shared_across_regions()) {
-            let (buckets, previous) = self.buckets(batch);
-            self.note_shared(batch, &buckets, previous.as_ref());
-        }
+        self.redis.note_asked(batch);
     }
 
     async fn adjust(
@@ -369,7 +318,7 @@ impl Store for RedisStore {
         change: Change,
         marker: Option<&Marker>,
     ) -> Result<Adjusted, StoreError> {
-        let (Buckets { keys, records }, previous) = self.buckets(batch);
+        let (Buckets { keys, records }, previous) = self.redis.whole_keys(batch);
         let marker = marker.map(|m| self.redis.marker(batch, m));
         let reply = self
             .redis

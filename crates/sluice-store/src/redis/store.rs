@@ -52,6 +52,9 @@ pub(crate) struct Redis<R> {
     pub(crate) keys: KeySet,
     pub(crate) time: TimeSource,
     pub(crate) timeout_ms: u64,
+    /// The regions shared rules are one budget across (`None`: off; see
+    /// `regions::local`).
+    pub(crate) regions: Option<std::sync::Arc<super::regions::Regions>>,
 }
 
 impl<R: Reach> Redis<R> {
@@ -65,6 +68,7 @@ impl<R: Reach> Redis<R> {
             keys,
             time: TimeSource::Server,
             timeout_ms: timeout.as_millis() as u64,
+            regions: None,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::Validator;
 use crate::config::raw::{RawPeer, RawRegions, S};
-use crate::config::{Backend, PeerRegion, RegionsConfig};
+use crate::config::{Backend, PeerRegion, PeerStore, RegionsConfig};
 
 /// Most peers a region links to.
 const MAX_PEERS: usize = 15;
@@ -34,14 +34,10 @@ impl Validator<'_> {
         let at = raw.referenced;
         let raw = raw.value;
         match backend {
-            Backend::Redis { .. } => {}
+            Backend::Redis { .. } | Backend::RedisCluster { .. } => {}
             Backend::Memory => self.push(
                 at,
-                "`storage.regions` needs this region's shared store: `storage.backend: redis` (the memory store has no peers)",
-            ),
-            Backend::RedisCluster { .. } => self.push(
-                at,
-                "`storage.regions` does not yet link a Redis Cluster: this region's store must be `storage.backend: redis`",
+                "`storage.regions` needs this region's shared store: `storage.backend: redis` or `redis-cluster` (the memory store has no peers)",
             ),
         }
         let this = match raw.this {
@@ -131,19 +127,25 @@ impl Validator<'_> {
             );
             return None;
         }
-        let url = match (raw.url, raw.nodes) {
+        let store = match (raw.url, raw.nodes) {
             (Some(url), None) => {
                 self.redis_url(&url, &format!("{field}.url"));
-                url.value
+                PeerStore::Redis(url.value)
             }
-            (None, Some(nodes)) => {
+            (None, Some(nodes)) if nodes.value.is_empty() => {
                 self.push(
                     nodes.referenced,
                     format!(
-                        "`{field}.nodes`: a peer on Redis Cluster is not linked yet; give the peer's one Redis as `url`"
+                        "`{field}.nodes` is empty: give the peer's Redis Cluster seed URLs, such as [redis://10.0.0.1:7000]"
                     ),
                 );
                 return None;
+            }
+            (None, Some(nodes)) => {
+                for node in &nodes.value {
+                    self.redis_url(node, &format!("{field}.nodes"));
+                }
+                PeerStore::Cluster(nodes.value.into_iter().map(|n| n.value).collect())
             }
             (Some(url), Some(_)) => {
                 self.push(
@@ -157,7 +159,9 @@ impl Validator<'_> {
             (None, None) => {
                 self.push(
                     at,
-                    format!("`{field}` needs `url`: the peer region's Redis"),
+                    format!(
+                        "`{field}` needs `url` (the peer region's Redis) or `nodes` (its Redis Cluster)"
+                    ),
                 );
                 return None;
             }
@@ -168,6 +172,10 @@ impl Validator<'_> {
             1,
             1..=MAX_WEIGHT,
         ) as u32;
-        Some(PeerRegion { name, url, weight })
+        Some(PeerRegion {
+            name,
+            store,
+            weight,
+        })
     }
 }

@@ -71,11 +71,11 @@ impl ClusterStore {
                 .redis
                 .adjust(
                     batch,
-                    Selection {
+                    self.redis.in_region(Selection {
                         indices: Some(&lead),
                         valve_parts,
                         regions: None,
-                    },
+                    }),
                     (keys, &records, None),
                     dated(&lead, change),
                     marker.clone(),
@@ -102,11 +102,11 @@ impl ClusterStore {
                 .redis
                 .adjust(
                     batch,
-                    Selection {
+                    self.redis.in_region(Selection {
                         indices: Some(group),
                         valve_parts,
                         regions: None,
-                    },
+                    }),
                     (keys, &records, None),
                     dated(group, rest_change),
                     marker,

@@ -53,7 +53,8 @@ mod hold;
 
 use hold::{Hold, RefundPlan, refund_all};
 
-use super::node::{ConnectOptions, install_tls_provider};
+use super::node::ConnectOptions;
+use super::regions::shared::{RegionPart, Regions};
 use crate::adjust::{Adjusted, Change, Marker};
 use crate::local_connection::LocalConnections;
 use crate::redis::store::{Reach, Redis, send};
@@ -148,26 +149,8 @@ impl ClusterStore {
         options: &ConnectOptions,
         valve_shards: u16,
     ) -> Result<ClusterStore, StoreError> {
-        install_tls_provider();
         let timeout = options.timeout;
-        let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
-            .connection_timeout(timeout.max(Duration::from_millis(250)))
-            .response_timeout(timeout.max(Duration::from_millis(250)))
-            .retries(8)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
-        if let Some(pem) = &options.tls_ca_pem {
-            builder = builder.certs(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            });
-        }
-        let client = builder.build().map_err(|e| {
-            StoreError::Unavailable(format!(
-                "invalid Redis Cluster nodes or TLS settings ({})",
-                e.category()
-            ))
-        })?;
+        let client = options.cluster_client(nodes, 8)?;
         let cluster = Cluster {
             client: client.clone(),
             connection: Arc::new(ArcSwapOption::empty()),
@@ -203,6 +186,39 @@ impl ClusterStore {
         &self.redis.keys
     }
 
+    /// Where the scripts' "now" comes from.
+    pub fn time(&self) -> &TimeSource {
+        &self.redis.time
+    }
+
+    /// Makes shared rules one budget across `regions` (SPEC appendix H):
+    /// each decides against this region's part, and notes what it asked
+    /// for the region link (see [`Link`](crate::redis::regions::Link)).
+    pub fn with_regions(mut self, regions: Arc<Regions>) -> ClusterStore {
+        self.redis.link_regions(regions);
+        self
+    }
+
+    /// The regions, when shared rules are one budget across them.
+    pub fn regions(&self) -> Option<&Arc<Regions>> {
+        self.redis.regions.as_ref()
+    }
+
+    /// Each region's part of every shared rule of `batch` (in rule order;
+    /// `None` for a rule that is not shared, or with regions off), as this
+    /// region's store has it now.
+    pub async fn region_parts(
+        &self,
+        batch: &Batch<'_>,
+    ) -> Result<Vec<Option<Vec<RegionPart>>>, StoreError> {
+        self.redis.region_parts(batch).await
+    }
+
+    /// The shared connection (the region link's), once connected.
+    pub(crate) fn connection(&self) -> Result<ClusterConnection, StoreError> {
+        self.redis.reach.shared()
+    }
+
     /// How many keys each global valve is split over.
     pub fn valve_shards(&self) -> u16 {
         self.valve_shards
@@ -217,16 +233,17 @@ impl ClusterStore {
             shards: valve_parts,
         };
         let buckets = KeySet::keys(&self.redis.keys.current, batch, valve);
+        self.redis.note_shared(batch, &buckets, None);
         let (first, valves) = slot_groups(batch, &buckets.keys);
         if first.len() + valves.len() == 1 {
             // One slot: one script call, atomic on its own.
             let group = first.into_iter().chain(valves).next().expect("one group");
             let connection = self.redis.deciding()?;
-            let selection = Selection {
+            let selection = self.redis.in_region(Selection {
                 indices: Some(&group),
                 valve_parts,
                 regions: None,
-            };
+            });
             let (group_keys, records) = select(&buckets, &group);
             let call = script::DecideCall::new(
                 batch,
@@ -370,11 +387,11 @@ impl ClusterStore {
         Ok(phase
             .iter()
             .map(|group| {
-                let selection = Selection {
+                let selection = self.redis.in_region(Selection {
                     indices: Some(group),
                     valve_parts,
                     regions: None,
-                };
+                });
                 let (group_keys, records) = select(buckets, group);
                 let call = script::DecideCall::new(
                     batch,
@@ -493,7 +510,21 @@ impl Store for ClusterStore {
             valve_parts: u64::from(self.valve_shards),
             ..Selection::ALL
         };
-        self.redis.peek(batch, selection).await
+        self.redis
+            .peek(batch, self.redis.in_region(selection))
+            .await
+    }
+
+    fn region(&self) -> Option<&str> {
+        self.regions().map(|r| r.names[r.index].as_str())
+    }
+
+    fn regions_sync_every_ms(&self) -> Option<u64> {
+        self.regions().map(|r| r.sync_every_ms)
+    }
+
+    fn asked(&self, batch: &Batch<'_>) {
+        self.redis.note_asked(batch);
     }
 
     fn valve_parts(&self) -> u64 {
@@ -517,11 +548,11 @@ impl Store for ClusterStore {
             .into_iter()
             .chain(valves)
             .map(|group| {
-                let selection = Selection {
+                let selection = self.redis.in_region(Selection {
                     indices: Some(&group),
                     valve_parts,
                     regions: None,
-                };
+                });
                 let (group_keys, records) = select(&buckets, &group);
                 let (evalsha, eval) =
                     RefundCall::new(batch, selection, group_keys, &records, &self.redis.time, 0)

@@ -14,12 +14,15 @@
 --          under the name and "a", its recent demand "W:A:B": the units A
 --          asked in the second starting at W and B in the one before (regions::stored::Demand: its epoch spans several
 --          windows, and its demand is the latest's)
--- KEYS[3]  the units each region's totals added here, by region (a hash;
---          hear only)
--- KEYS[4]  the region's identity (hear only: see ARGV[17])
--- KEYS[5], KEYS[6]  (only while rotating the pepper) the group key and
---          the ledger under the previous pepper: a record or ledger found
---          only there is carried over, as decide.lua carries a group
+-- KEYS[3], KEYS[4]  (only while rotating the pepper: ARGV[6] is not
+--          empty) the group key and the ledger under the previous pepper:
+--          a record or ledger found only there is carried over, as
+--          decide.lua carries a group
+-- then, on one Redis node only (on a cluster they are in another slot,
+-- and the link does without them: see ship.rs):
+--   the units each region's totals added here, by region (a hash; hear
+--          only)
+--   the region's identity (hear only: see ARGV[17])
 -- ARGV[1]  the step: "note", "read", "grant" or "hear"
 -- ARGV[2]  now in ms ("" for the server's clock)
 -- ARGV[3]  the record's name (8 bytes); ARGV[4] the rule's per (ms);
@@ -84,9 +87,9 @@ end
 -- While rotating, a key found only under the previous pepper is carried
 -- over (decide.lua does the same for a group).
 local function carried(KEYS, k, previous)
-  if previous ~= '' and KEYS[k + 4] and call('EXISTS', KEYS[k]) == 0
-    and call('EXISTS', KEYS[k + 4]) == 1 then
-    call('COPY', KEYS[k + 4], KEYS[k])
+  if previous ~= '' and KEYS[k + 2] and call('EXISTS', KEYS[k]) == 0
+    and call('EXISTS', KEYS[k + 2]) == 1 then
+    call('COPY', KEYS[k + 2], KEYS[k])
   end
 end
 
@@ -249,7 +252,11 @@ end
 local function ledger(KEYS, ARGV)
   if not call then bind() end
   local step, now, name = ARGV[1], now_ms(ARGV[2]), ARGV[3]
-  if step == 'hear' and call('GET', KEYS[4]) ~= ARGV[17] then return -2 end
+  -- The region's own keys, when given (one node), after the group's.
+  local own = 3
+  if ARGV[6] ~= '' then own = 5 end
+  local received, identity = KEYS[own], KEYS[own + 1]
+  if step == 'hear' and identity and call('GET', identity) ~= ARGV[17] then return -2 end
   local per, n, previous, share = num(ARGV[4]), num(ARGV[5]), ARGV[6], num(ARGV[7])
   local kind, max_debt, fill = string.match(ARGV[8], '^(%d+):(%d+):?(.*)$')
   local bucket = kind == '9'
@@ -319,6 +326,6 @@ local function ledger(KEYS, ARGV)
   ledger_write(KEYS, name, l, n, now, span)
   a, b, c = shifted(a, b, c, added - lost, kind, now, share, fill)
   record_write(KEYS, name, window, a, b, c, share, per, now, kind, max_debt, fill)
-  if added > 0 then call('HINCRBY', KEYS[3], from, added) end
+  if added > 0 and received then call('HINCRBY', received, from, added) end
   return added
 end

@@ -36,16 +36,24 @@ pub fn ledger_script() -> &'static redis::Script {
 }
 
 /// What every step of the ledger script is told besides the rule: the
-/// time source, how many regions, the keys of the store's region (see
-/// [`received_key`](super::received_key)), and for a `hear` the identity
-/// the shipper checked that store has.
+/// time source, how many regions, and on one Redis node the keys of the
+/// store's region (see [`received_key`](super::received_key)).
 #[derive(Debug, Clone, Copy)]
 pub struct Steps<'a> {
     /// Where "now" comes from.
     pub time: &'a TimeSource,
     /// How many regions.
     pub regions: usize,
-    /// The key counting what each region's totals added.
+    /// On one node, the region's own keys; `None` on a cluster, where they
+    /// are in another slot than the rule's.
+    pub own: Option<Own<'a>>,
+}
+
+/// A region's own keys, as a ledger step on one node is told them.
+#[derive(Debug, Clone, Copy)]
+pub struct Own<'a> {
+    /// The key counting what each region's totals added (a `hear` adds to
+    /// it).
     pub received: &'a str,
     /// The key of the region's identity, and (for a `hear`) the identity
     /// it must hold: a store that announces another since it was checked
@@ -58,12 +66,12 @@ impl Shared {
     /// `share` this region's share of the rule's pool.
     fn call(&self, step: &str, steps: Steps<'_>, share: u64) -> ScriptInvocation<'static> {
         let mut call = ledger_script().prepare_invoke();
-        call.key(&self.key)
-            .key(ledger_key(&self.key))
-            .key(steps.received)
-            .key(steps.identity.0);
+        call.key(&self.key).key(ledger_key(&self.key));
         if let Some((key, _)) = &self.previous {
             call.key(key).key(ledger_key(key));
+        }
+        if let Some(own) = steps.own {
+            call.key(own.received).key(own.identity.0);
         }
         let previous = self.previous.as_ref().map_or(&[][..], |(_, r)| &r.0[..]);
         call.arg(step)
@@ -128,7 +136,8 @@ impl Shared {
 
     /// Applies what a peer shipped; answers the units added, -1 when the
     /// window is over in that store, -2 when it announces another identity
-    /// than `steps.identity` (nothing applied).
+    /// than `steps.own`'s (nothing applied; never on a cluster, whose
+    /// identity the shipper checks before).
     pub fn hear_call(&self, steps: Steps<'_>, hearing: &Hearing) -> ScriptInvocation<'static> {
         let mut call = self.call("hear", steps, hearing.share);
         let v = hearing.view;
@@ -140,7 +149,7 @@ impl Shared {
             .arg(v.used)
             .arg(v.wanted)
             .arg(v.heard_from_you)
-            .arg(steps.identity.1);
+            .arg(steps.own.map_or("", |own| own.identity.1));
         call
     }
 }

@@ -24,6 +24,9 @@
 //! that changed since its last shipping, and all of them every 20 syncs
 //! (see [`replica`](super::replica)).
 //!
+//! The region's store and its peers' may each be one Redis node or a Redis
+//! Cluster (see `reach`).
+//!
 //! Nothing here is on a decision's path: a decision reads and writes only
 //! the region's own store, in its one call. Each peer is reached over its
 //! own connection, within the link's time budget (`sync_every`), and after
@@ -38,28 +41,28 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ScriptInvocation};
 use sluice_core::regions::replica::Entry;
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
-use super::ledger::{Hearing, Steps, ledger_script};
+use super::ledger::{Hearing, Steps};
 use super::live::{
     changed_key, heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
 };
-use super::peer::{Peer, PeerStatus};
+use super::peer::{Address, Peer, PeerStatus};
+use super::reach::{Local, PeerReach, Reached};
 use super::replica::Replicated;
 use super::shared::Shared;
 use super::shared::{Noted, Regions};
 use super::ship::REFRESH;
 use super::ship::{PeerLink, Shipment};
 use crate::redis::TimeSource;
-use crate::redis::node::{ConnectOptions, RedisStore};
+use crate::redis::node::ConnectOptions;
 use crate::store::StoreError;
 
 /// Most live shared keys the lead moves budget for in one sync.
 const MOST_KEYS: usize = 100_000;
-/// Calls per pipeline.
-const PIPELINE: usize = 512;
 
 /// How the link runs.
 #[derive(Debug, Clone)]
@@ -76,7 +79,7 @@ pub struct LinkOptions {
 
 /// The region link of one instance (see the module's documentation).
 pub struct Link {
-    store: RedisStore,
+    store: Local,
     regions: Arc<Regions>,
     peers: Vec<PeerLink>,
     options: LinkOptions,
@@ -100,10 +103,11 @@ impl Link {
     /// A link for the region `store` is in, with `peers` (each named among
     /// the regions). Fails for a peer's malformed URL or TLS settings.
     pub fn new(
-        store: RedisStore,
+        store: impl Into<Local>,
         peers: Vec<Peer>,
         options: LinkOptions,
     ) -> Result<Link, StoreError> {
+        let store = store.into();
         let regions = store
             .regions()
             .cloned()
@@ -120,10 +124,26 @@ impl Link {
                 .iter()
                 .position(|n| *n == peer.name)
                 .ok_or_else(|| StoreError::Refused(format!("region `{}` unknown", peer.name)))?;
-            let client = options.connect.client(&peer.url)?;
-            let connection = ConnectionManager::new_lazy_with_config(client, config.clone())
-                .map_err(|e| StoreError::Unavailable(e.category().to_string()))?;
-            links.push(PeerLink::new(peer, index, links.len(), connection));
+            let reach = match &peer.address {
+                Address::Node(url) => {
+                    let client = options.connect.client(url)?;
+                    let connection =
+                        ConnectionManager::new_lazy_with_config(client, config.clone())
+                            .map_err(|e| StoreError::Unavailable(e.category().to_string()))?;
+                    PeerReach::Node(connection)
+                }
+                Address::Cluster(nodes) => {
+                    let connect = ConnectOptions {
+                        timeout,
+                        ..options.connect.clone()
+                    };
+                    PeerReach::Cluster {
+                        client: connect.cluster_client(nodes, 1)?,
+                        connection: Arc::default(),
+                    }
+                }
+            };
+            links.push(PeerLink::new(peer, index, links.len(), reach));
         }
         let described: Vec<String> = regions
             .names
@@ -140,7 +160,7 @@ impl Link {
             .map(|k| k.fingerprint())
             .collect();
         let identity = format!(
-            "sluice-regions v4 {} {}",
+            "sluice-regions v5 {} {}",
             peppers.join(","),
             described.join(",")
         );
@@ -204,7 +224,7 @@ impl Link {
     /// One sync (see the module's documentation): whether this instance
     /// led it.
     pub async fn sync(&mut self) -> Result<bool, StoreError> {
-        let mut local = self.store.connection();
+        let mut local = self.store.reached()?;
         let prefix = self.prefix();
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         self.note(&mut local, &prefix).await.map_err(error)?;
@@ -264,10 +284,7 @@ impl Link {
 
     /// The replicated entries as the store holds them now, read again only
     /// when their change counter moved.
-    async fn read_replica(
-        &mut self,
-        local: &mut ConnectionManager,
-    ) -> Result<(), redis::RedisError> {
+    async fn read_replica(&mut self, local: &mut Reached) -> Result<(), redis::RedisError> {
         let Some(replicated) = &self.replicated else {
             return Ok(());
         };
@@ -284,11 +301,7 @@ impl Link {
 
     /// Step 1: what this instance's decisions asked, into the ledgers and
     /// the live set.
-    async fn note(
-        &self,
-        local: &mut ConnectionManager,
-        prefix: &str,
-    ) -> Result<(), redis::RedisError> {
+    async fn note(&self, local: &mut Reached, prefix: &str) -> Result<(), redis::RedisError> {
         let noted: Vec<(Shared, Noted)> = self.regions.take_noted().into_iter().collect();
         {
             let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
@@ -296,26 +309,24 @@ impl Link {
                 pools.insert(shared.clone(), noted.pool);
             }
         }
-        let (time, received) = (self.time(), received_key(prefix));
-        let identity = identity_key(prefix);
-        let steps = self.steps(&time, (&received, &identity));
-        for chunk in noted.chunks(PIPELINE) {
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            for (shared, noted) in chunk {
-                let share = self.regions.share(noted.pool);
-                let call = shared.note_call(steps, share, (noted.window, noted.pool, noted.wanted));
-                pipe.invoke_script(&call).ignore();
-                pipe.cmd("ZADD")
-                    .arg(live_key(prefix))
-                    .arg("GT")
-                    .arg(noted.window + shared.kind.span(shared.per_ms))
-                    .arg(member(shared))
-                    .ignore();
-                pipe.sadd(changed_key(prefix), member(shared)).ignore();
-            }
-            pipe.query_async::<()>(local).await?;
+        if noted.is_empty() {
+            return Ok(());
         }
+        let time = self.time();
+        let steps = self.steps(&time);
+        let calls: Vec<ScriptInvocation<'static>> = noted
+            .iter()
+            .map(|(shared, noted)| {
+                let share = self.regions.share(noted.pool);
+                shared.note_call(steps, share, (noted.window, noted.pool, noted.wanted))
+            })
+            .collect();
+        let live = noted
+            .iter()
+            .map(|(shared, noted)| (noted.window + shared.kind.span(shared.per_ms), shared));
+        local
+            .ledger_calls::<()>(&calls, marked_live(prefix, live))
+            .await?;
         Ok(())
     }
 
@@ -323,13 +334,12 @@ impl Link {
     /// parts as they are after the grants.
     async fn move_budget(
         &self,
-        local: &mut ConnectionManager,
+        local: &mut Reached,
         keys: &[Shared],
         now: u64,
     ) -> Result<Vec<Snapshot>, StoreError> {
         let (time, me) = (self.time(), self.regions.index);
-        let (received, identity) = (received_key(&self.prefix()), identity_key(&self.prefix()));
-        let steps = self.steps(&time, (&received, &identity));
+        let steps = self.steps(&time);
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let all: Vec<&Shared> = keys.iter().collect();
         let mut parts = self.read_parts(local, &all, steps).await?;
@@ -379,21 +389,23 @@ impl Link {
                 grant_calls.push((k, to, units));
             }
         }
-        for chunk in grant_calls.chunks(PIPELINE) {
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            for &(k, to, units) in chunk {
+        let calls: Vec<ScriptInvocation<'static>> = grant_calls
+            .iter()
+            .map(|&(k, to, units)| {
                 let part = &parts[k];
                 let args = (part.window_ms, to, units);
-                pipe.invoke_script(&keys[k].grant_call(steps, part.part.share, args));
-            }
-            let totals: Vec<i64> = pipe.query_async(local).await.map_err(error)?;
-            for (&(k, to, _), total) in chunk.iter().zip(totals) {
-                if let Ok(total) = u64::try_from(total) {
-                    let given = &mut parts[k].part.given[to];
-                    self.count_shipped(to, total.saturating_sub(*given));
-                    *given = total;
-                }
+                keys[k].grant_call(steps, part.part.share, args)
+            })
+            .collect();
+        let totals: Vec<i64> = local
+            .ledger_calls(&calls, Vec::new())
+            .await
+            .map_err(error)?;
+        for (&(k, to, _), total) in grant_calls.iter().zip(totals) {
+            if let Ok(total) = u64::try_from(total) {
+                let given = &mut parts[k].part.given[to];
+                self.count_shipped(to, total.saturating_sub(*given));
+                *given = total;
             }
         }
         Ok(parts)
@@ -404,7 +416,7 @@ impl Link {
     /// known).
     async fn read_parts(
         &self,
-        local: &mut ConnectionManager,
+        local: &mut Reached,
         keys: &[&Shared],
         steps: Steps<'_>,
     ) -> Result<Vec<Snapshot>, StoreError> {
@@ -414,32 +426,28 @@ impl Link {
             let pool = |shared: &Shared| pools.get(shared).copied().unwrap_or(0);
             keys.iter().map(|k| self.regions.share(pool(k))).collect()
         };
-        let mut parts = Vec::with_capacity(keys.len());
-        for (chunk, shares) in keys.chunks(PIPELINE).zip(shares.chunks(PIPELINE)) {
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            for (shared, &share) in chunk.iter().zip(shares) {
-                pipe.invoke_script(&shared.read_call(steps, share));
-            }
-            let replies: Vec<Vec<u8>> = pipe.query_async(local).await.map_err(error)?;
-            for reply in replies {
-                parts.push(super::ledger::snapshot(&reply, self.regions.len())?);
-            }
-        }
-        Ok(parts)
+        let calls: Vec<ScriptInvocation<'static>> = keys
+            .iter()
+            .zip(shares)
+            .map(|(shared, share)| shared.read_call(steps, share))
+            .collect();
+        let replies: Vec<Vec<u8>> = local
+            .ledger_calls(&calls, Vec::new())
+            .await
+            .map_err(error)?;
+        replies
+            .iter()
+            .map(|reply| super::ledger::snapshot(reply, self.regions.len()))
+            .collect()
     }
 
-    /// What every step on this region's own ledgers is told.
-    fn steps<'a>(
-        &self,
-        time: &'a TimeSource,
-        (received, identity): (&'a str, &'a str),
-    ) -> Steps<'a> {
+    /// What every step on this region's own ledgers is told (none but a
+    /// `hear` uses the region's own keys).
+    fn steps<'a>(&self, time: &'a TimeSource) -> Steps<'a> {
         Steps {
             time,
             regions: self.regions.len(),
-            received,
-            identity: (identity, ""),
+            own: None,
         }
     }
 
@@ -467,7 +475,7 @@ impl Link {
     /// write it; returns now by that clock.
     async fn read_peers(
         &self,
-        local: &mut ConnectionManager,
+        local: &mut Reached,
         prefix: &str,
     ) -> Result<u64, redis::RedisError> {
         type Read = (HashMap<String, u64>, HashMap<String, u64>, (u64, u64));
@@ -551,6 +559,26 @@ fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
             heard_from_you: part.part.heard[to],
         },
     }
+}
+
+/// The commands that mark `live` keys (each with the end of its window)
+/// live and changed in the store whose keys are under `prefix`: its lead
+/// reads them next.
+pub(super) fn marked_live<'a>(
+    prefix: &str,
+    live: impl Iterator<Item = (u64, &'a Shared)>,
+) -> Vec<Cmd> {
+    let (mut zadd, mut sadd) = (redis::cmd("ZADD"), redis::cmd("SADD"));
+    zadd.arg(live_key(prefix)).arg("GT");
+    sadd.arg(changed_key(prefix));
+    let mut any = false;
+    for (ends, shared) in live {
+        let member = member(shared);
+        zadd.arg(ends).arg(&member);
+        sadd.arg(member);
+        any = true;
+    }
+    if any { vec![zadd, sadd] } else { Vec::new() }
 }
 
 /// The members of a set, emptied (KEYS[1]).

@@ -2,36 +2,39 @@
 //! rules' own: the live shared keys (a sorted set, each member a key and
 //! record scored by the end of its window), who leads the link, the
 //! region's identity (pepper fingerprint and regions), and when each peer
-//! last shipped here and what it added.
+//! last shipped here and what it added. They are the store's own keys
+//! (`own_key`): one slot on a cluster, the admin API's.
 
 use sluice_core::keys::Record;
+
+use crate::redis::own_key;
 
 use super::shared::{Kind, Shared};
 
 /// Shared keys' store keys (by region, under the store's prefix).
 pub(super) fn live_key(prefix: &str) -> String {
-    format!("{prefix}:regions:live")
+    own_key(prefix, "regions:live")
 }
 /// The live keys whose part changed since the lead last read them (noted
 /// here, or shipped by a peer): a set of live-set members.
 pub(super) fn changed_key(prefix: &str) -> String {
-    format!("{prefix}:regions:changed")
+    own_key(prefix, "regions:changed")
 }
 pub(super) fn lead_key(prefix: &str) -> String {
-    format!("{prefix}:regions:lead")
+    own_key(prefix, "regions:lead")
 }
 /// The key of the region's identity (its peppers' fingerprints, the
 /// regions and weights), read by its peers before they merge.
 pub fn identity_key(prefix: &str) -> String {
-    format!("{prefix}:regions:identity")
+    own_key(prefix, "regions:identity")
 }
 pub(super) fn heard_key(prefix: &str) -> String {
-    format!("{prefix}:regions:heard")
+    own_key(prefix, "regions:heard")
 }
 /// The hash of the units each region's totals added here, by region
 /// (its place among the regions).
 pub fn received_key(prefix: &str) -> String {
-    format!("{prefix}:regions:received")
+    own_key(prefix, "regions:received")
 }
 
 /// A live key's member in the live set: its per (after an `s` for a

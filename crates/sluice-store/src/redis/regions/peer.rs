@@ -7,8 +7,17 @@ use std::time::Duration;
 pub struct Peer {
     /// Its name.
     pub name: String,
-    /// Its Redis, credentials included.
-    pub url: String,
+    /// Its store, credentials included.
+    pub address: Address,
+}
+
+/// Where a peer region's store is.
+#[derive(Debug, Clone)]
+pub enum Address {
+    /// One Redis node: its URL.
+    Node(String),
+    /// A Redis Cluster: its seed nodes' URLs.
+    Cluster(Vec<String>),
 }
 
 /// What the link knows of one peer, for metrics, `/readyz` and logs.

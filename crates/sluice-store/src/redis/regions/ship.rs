@@ -5,16 +5,18 @@
 //!
 //! A shipping carries only the keys whose totals or view changed since the
 //! last one (all of them every 20 syncs, and after a failure), and marks
-//! them changed in the peer's store (its lead reads them next). It is
-//! one pipeline per 512 keys (a round trip each): the
-//! peer's identity (pepper and regions: nothing is sent before it has
-//! been seen to match, and each `hear` applies only while it still does),
-//! each
-//! key's `hear` (which counts what it added there) and its place in the
-//! peer's live set, and when this region shipped (by the peer's Redis
-//! clock); then the replicated entries (overrides) that changed here
-//! since the last shipping (all of them every 20 syncs), merged there. It
-//! gives up after
+//! them changed in the peer's store (its lead reads them next). First the
+//! peer's identity (pepper and regions): nothing is sent before it has
+//! been seen to match. Then each key's `hear` (which counts what it added
+//! there), their place in the peer's live set, and when this region
+//! shipped (by the peer's Redis clock): on a node, one pipeline per 512
+//! keys (a round trip each), where each `hear` applies only while the
+//! identity still matches, in the same call; on a cluster, whose `hear`s
+//! are each in their tenant's slot, the identity is read again at every
+//! shipping, and the calls go 512 at a time to their nodes (see `reach`).
+//! Then the replicated entries (overrides) that changed here since the
+//! last shipping (all of them every 20 syncs), merged there. It gives up
+//! after
 //! `peer_timeout`; after a failure the peer is not tried again until a
 //! backoff has passed (from `sync_every`, doubling, at most
 //! `peer_timeout`).
@@ -23,18 +25,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
+use redis::ScriptInvocation;
 
-use super::ledger::{Hearing, Steps, ledger_script};
-use super::live::{changed_key, heard_key, identity_key, live_key, member, received_key};
+use super::ledger::{Hearing, Own, Steps};
+use super::link::marked_live;
+use super::live::{heard_key, identity_key, received_key};
 use super::peer::{Peer, PeerStatus};
+use super::reach::PeerReach;
 use super::replica::{Replicated, replica_script};
 use super::shared::Shared;
 use crate::redis::TimeSource;
 use sluice_core::regions::replica::Entry;
 
-/// Calls per pipeline.
-const PIPELINE: usize = 512;
 /// Every this many syncs, every live key is read and shipped again, not
 /// only what changed: a peer whose store lost it (a flush, a failover)
 /// learns it again, and grants follow time as well as changes.
@@ -47,7 +49,7 @@ pub(super) struct PeerLink {
     pub(super) index: usize,
     /// Its place in the link's status.
     slot: usize,
-    connection: ConnectionManager,
+    reach: PeerReach,
     /// The shipping under way, if any.
     pub(super) shipping: Option<tokio::task::AbortHandle>,
     state: Arc<Mutex<Backoff>>,
@@ -75,22 +77,17 @@ struct Backoff {
 pub(super) struct Shipped {
     slot: usize,
     peer: String,
-    connection: ConnectionManager,
+    reach: PeerReach,
     state: Arc<Mutex<Backoff>>,
 }
 
 impl PeerLink {
-    pub(super) fn new(
-        peer: Peer,
-        index: usize,
-        slot: usize,
-        connection: ConnectionManager,
-    ) -> PeerLink {
+    pub(super) fn new(peer: Peer, index: usize, slot: usize, reach: PeerReach) -> PeerLink {
         PeerLink {
             peer,
             index,
             slot,
-            connection,
+            reach,
             shipping: None,
             state: Arc::default(),
             shipped: HashMap::new(),
@@ -163,7 +160,7 @@ impl PeerLink {
         Shipped {
             slot: self.slot,
             peer: self.peer.name.clone(),
-            connection: self.connection.clone(),
+            reach: self.reach.clone(),
             state: self.state.clone(),
         }
     }
@@ -262,6 +259,14 @@ impl Shipment {
 
     /// The shipping itself.
     async fn ship(&mut self) -> Result<(), Failure> {
+        let (_, peer_timeout) = self.options;
+        let mut connection = self
+            .link
+            .reach
+            .reached(peer_timeout)
+            .await
+            .map_err(failed)?;
+        let cluster = connection.is_cluster();
         let identity = identity_key(&self.prefix);
         let seen = self
             .link
@@ -270,20 +275,25 @@ impl Shipment {
             .unwrap_or_else(|e| e.into_inner())
             .seen
             .clone();
-        let mut connection = self.link.connection.clone();
-        let connection = &mut connection;
         let seen = match seen {
-            Some(seen) => seen,
-            None => {
+            // On a node, each call checks it still holds.
+            Some(seen) if !cluster => seen,
+            seen => {
                 let theirs: Option<String> = redis::cmd("GET")
                     .arg(&identity)
-                    .query_async(connection)
+                    .query_async(&mut connection)
                     .await
                     .map_err(failed)?;
                 self.check(theirs.as_deref())?;
                 let theirs = theirs.unwrap_or_default();
-                let mut state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
-                state.seen = Some(theirs.clone());
+                if seen.is_some_and(|seen| seen != theirs) {
+                    return Err(self.identity_changed());
+                }
+                self.link
+                    .state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .seen = Some(theirs.clone());
                 theirs
             }
         };
@@ -291,48 +301,61 @@ impl Shipment {
         let steps = Steps {
             time: &self.time,
             regions: self.regions,
-            received: &received,
-            // Each hear applies only while the peer's store still
-            // announces the identity checked.
-            identity: (&identity, &seen),
+            // On a node, each hear applies only while the peer's store
+            // still announces the identity checked, and counts what it
+            // added there; on a cluster, the shipping counts it after.
+            own: (!cluster).then_some(Own {
+                received: &received,
+                identity: (&identity, &seen),
+            }),
         };
-        let chunks = self.hearings.chunks(PIPELINE).len().max(1);
-        for c in 0..chunks {
-            let chunk = self.hearings.chunks(PIPELINE).nth(c).unwrap_or(&[]);
-            let mut pipe = redis::pipe();
-            pipe.load_script(ledger_script()).ignore();
-            for (shared, hearing) in chunk {
-                pipe.invoke_script(&shared.hear_call(steps, hearing));
-                pipe.cmd("ZADD")
-                    .arg(live_key(&self.prefix))
-                    .arg("GT")
-                    .arg(hearing.window + shared.kind.span(shared.per_ms))
-                    .arg(member(shared))
-                    .ignore();
-                pipe.sadd(changed_key(&self.prefix), member(shared))
-                    .ignore();
-            }
-            if c + 1 == chunks {
-                // When this region shipped, by the peer's Redis clock.
-                pipe.cmd("EVAL")
-                    .arg(HEARD_LUA)
-                    .arg(1)
-                    .arg(heard_key(&self.prefix))
-                    .arg(&self.name)
-                    .ignore();
-            }
-            let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
-            let dropped = chunk
-                .iter()
-                .zip(&replies)
-                .filter(|&(_, &reply)| reply == -1)
-                .map(|((shared, _), _)| shared.clone());
-            let mut state = self.link.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.dropped.extend(dropped);
-            drop(state);
-            if replies.contains(&-2) {
-                return Err(self.identity_changed());
-            }
+        let calls: Vec<ScriptInvocation<'static>> = self
+            .hearings
+            .iter()
+            .map(|(shared, hearing)| shared.hear_call(steps, hearing))
+            .collect();
+        let live = self
+            .hearings
+            .iter()
+            .map(|(shared, hearing)| (hearing.window + shared.kind.span(shared.per_ms), shared));
+        let mut then = marked_live(&self.prefix, live);
+        // When this region shipped, by the peer's Redis clock.
+        let mut heard = redis::cmd("EVAL");
+        heard
+            .arg(HEARD_LUA)
+            .arg(1)
+            .arg(heard_key(&self.prefix))
+            .arg(&self.name);
+        then.push(heard);
+        let replies: Vec<i64> = connection
+            .ledger_calls(&calls, then)
+            .await
+            .map_err(failed)?;
+        let dropped = self
+            .hearings
+            .iter()
+            .zip(&replies)
+            .filter(|&(_, &reply)| reply == -1)
+            .map(|((shared, _), _)| shared.clone());
+        self.link
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dropped
+            .extend(dropped);
+        if replies.contains(&-2) {
+            return Err(self.identity_changed());
+        }
+        let added: i64 = replies.iter().filter(|&&r| r > 0).sum();
+        if cluster && added > 0 {
+            let from = self.hearings[0].1.from;
+            redis::cmd("HINCRBY")
+                .arg(&received)
+                .arg(from)
+                .arg(added)
+                .query_async::<i64>(&mut connection)
+                .await
+                .map_err(failed)?;
         }
         if let Some((replicated, entries)) = &self.replica {
             let mut pipe = redis::pipe();
@@ -340,7 +363,7 @@ impl Shipment {
             for call in replicated.merge_calls(entries, (&identity, &seen)) {
                 pipe.invoke_script(&call);
             }
-            let replies: Vec<i64> = pipe.query_async(connection).await.map_err(failed)?;
+            let replies: Vec<i64> = pipe.query_async(&mut connection).await.map_err(failed)?;
             if replies.contains(&-2) {
                 return Err(self.identity_changed());
             }
@@ -371,7 +394,7 @@ fn mergeable(ours: &str, theirs: Option<&str>) -> Result<(), Failure> {
                 .into(),
         )),
         Some(theirs) => {
-            // "sluice-regions v4 PEPPERS REGIONS", PEPPERS the current
+            // "sluice-regions v5 PEPPERS REGIONS", PEPPERS the current
             // pepper's fingerprint and, while rotating, the previous'.
             let fields = |identity: &str| -> (Vec<String>, String) {
                 let mut parts = identity.splitn(4, ' ').skip(2);
@@ -380,7 +403,7 @@ fn mergeable(ours: &str, theirs: Option<&str>) -> Result<(), Failure> {
             };
             let (ours, our_regions) = fields(ours);
             let (peppers, regions) = fields(theirs);
-            if !theirs.starts_with("sluice-regions v4 ") {
+            if !theirs.starts_with("sluice-regions v5 ") {
                 Err(Failure::Foreign(
                     "its store runs another version of the region link; run one sluice version in every region".into(),
                 ))
@@ -418,6 +441,8 @@ mod tests {
     use sluice_core::keys::Record;
     use sluice_core::regions::Heard;
 
+    use redis::aio::ConnectionManager;
+
     use super::super::shared::Kind;
 
     use super::*;
@@ -429,9 +454,9 @@ mod tests {
             ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
         let peer = Peer {
             name: "us".into(),
-            url: String::new(),
+            address: super::super::peer::Address::Node(String::new()),
         };
-        let mut link = PeerLink::new(peer, 1, 0, connection);
+        let mut link = PeerLink::new(peer, 1, 0, PeerReach::Node(connection));
         let key = |n: u8| Shared {
             key: format!("sl:{{t}}:{n}"),
             record: Record([n; 8]),
@@ -486,9 +511,9 @@ mod tests {
             ConnectionManager::new_lazy_with_config(client, Default::default()).unwrap();
         let peer = Peer {
             name: "us".into(),
-            url: String::new(),
+            address: super::super::peer::Address::Node(String::new()),
         };
-        let mut link = PeerLink::new(peer, 1, 0, connection);
+        let mut link = PeerLink::new(peer, 1, 0, PeerReach::Node(connection));
         let entry = |field: &str, version: u64| Entry {
             field: field.into(),
             version,
@@ -514,16 +539,16 @@ mod tests {
 
     #[test]
     fn a_peer_is_merged_with_only_on_the_same_version_pepper_and_regions() {
-        let ours = "sluice-regions v4 aa eu:1,us:1";
+        let ours = "sluice-regions v5 aa eu:1,us:1";
         let why = |theirs: &str| match mergeable(ours, Some(theirs)) {
             Ok(()) => "merged".to_owned(),
             Err(Failure::Foreign(why) | Failure::Rotating(why) | Failure::Failed(why)) => why,
         };
         assert_eq!(why(ours), "merged");
         assert!(why("sluice-regions v2 aa eu:1,us:1").contains("another version"));
-        assert!(why("sluice-regions v4 bb eu:1,us:1").contains("another pepper"));
-        assert!(why("sluice-regions v4 aa eu:1,us:2").contains("other regions"));
-        assert!(why("sluice-regions v4 bb,aa eu:1,us:1").contains("rotated"));
+        assert!(why("sluice-regions v5 bb eu:1,us:1").contains("another pepper"));
+        assert!(why("sluice-regions v5 aa eu:1,us:2").contains("other regions"));
+        assert!(why("sluice-regions v5 bb,aa eu:1,us:1").contains("rotated"));
         assert!(mergeable(ours, None).is_err());
     }
 }
