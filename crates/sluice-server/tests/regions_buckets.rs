@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::regions::{LIMIT, PER_MS, three_regions, wall_ms};
+use common::regions::{LIMIT, PER_MS, hammer, next_window, three_regions, wall_ms};
 use common::{Server, get_text, metric_total, post, sluice, succeeds};
 use serde_json::json;
 
@@ -18,50 +17,6 @@ const BURST: u64 = 60;
 
 fn rule() -> String {
     format!("{{ name: rate, algorithm: gcra, limit: {LIMIT}, per: 3s, burst: {BURST} }}")
-}
-
-/// What a tenant got per aligned window of `PER_MS`, sending to each of
-/// `regions` as fast as three clients each can until `end` (wall clock).
-async fn hammer(
-    client: &reqwest::Client,
-    regions: &[&Server],
-    tenant: &str,
-    end: u64,
-) -> BTreeMap<u64, u64> {
-    let mut tasks = tokio::task::JoinSet::new();
-    for server in regions {
-        for _ in 0..3 {
-            let (client, base) = (client.clone(), server.base.clone());
-            let tenant = tenant.to_owned();
-            tasks.spawn(async move {
-                let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
-                while wall_ms() < end {
-                    let body = json!({ "tenant": tenant, "route": "GET /" });
-                    let (status, _) = post(&client, &base, body).await;
-                    let at = wall_ms();
-                    if status == 200 && at < end {
-                        *admitted.entry(at - at % PER_MS).or_default() += 1;
-                    }
-                }
-                admitted
-            });
-        }
-    }
-    let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
-    while let Some(seen) = tasks.join_next().await {
-        for (w, n) in seen.unwrap() {
-            *admitted.entry(w).or_default() += n;
-        }
-    }
-    admitted
-}
-
-/// The start of the next aligned window, once it has come.
-async fn next_window() -> u64 {
-    let now = wall_ms();
-    let start = now - now % PER_MS + PER_MS;
-    tokio::time::sleep(Duration::from_millis(start - now)).await;
-    start
 }
 
 /// The fleet's bound over `windows` whole windows: one bucket of the pool.

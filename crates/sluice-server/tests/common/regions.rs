@@ -1,12 +1,13 @@
 //! What the tests across regions share: a region's configuration, and
 //! waiting until regions link.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use sluice_testkit::{DelayProxy, RedisServer};
 
-use super::{Server, temp_file};
+use super::{Server, post, temp_file};
 
 pub const PEPPER: &str = "5a1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f71";
 pub const OTHER_PEPPER: &str = "0b1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f72";
@@ -39,17 +40,34 @@ pub fn config_of(
     keys: &str,
     rules: &str,
 ) -> super::TempPath {
+    let peers: Vec<(&str, String)> = peers
+        .iter()
+        .map(|(name, url)| (*name, format!("{{ url: \"{url}\" }}")))
+        .collect();
+    let store = format!("backend: redis\n  url: {}", own.url());
+    config_in(this, &store, &peers, keys, rules)
+}
+
+/// A region's configuration: its store (`storage` lines, such as
+/// `backend: redis\n  url: …`), its peers' each as a YAML flow map (`{ url:
+/// … }` or `{ nodes: [...] }`), `keys` lines, its plan's tenant `rules`.
+pub fn config_in(
+    this: &str,
+    store: &str,
+    peers: &[(&str, String)],
+    keys: &str,
+    rules: &str,
+) -> super::TempPath {
     let peers: String = peers
         .iter()
-        .map(|(name, url)| format!("      {name}: {{ url: \"{url}\" }}\n"))
+        .map(|(name, peer)| format!("      {name}: {peer}\n"))
         .collect();
     temp_file(
         &format!("regions-{this}.yaml"),
         &format!(
             r#"
 storage:
-  backend: redis
-  url: {}
+  {store}
   regions:
     self: {this}
     peers:
@@ -61,8 +79,7 @@ keys:
 plans:
   free:
     tenant: [{rules}]
-"#,
-            own.url()
+"#
         ),
     )
 }
@@ -140,4 +157,48 @@ pub async fn three_regions(
         linked(client, server).await;
     }
     (redis, proxies, servers, configs)
+}
+
+/// What a tenant got per aligned window of `PER_MS`, sending to each of
+/// `regions` as fast as three clients each can until `end` (wall clock).
+pub async fn hammer(
+    client: &reqwest::Client,
+    regions: &[&Server],
+    tenant: &str,
+    end: u64,
+) -> BTreeMap<u64, u64> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for server in regions {
+        for _ in 0..3 {
+            let (client, base) = (client.clone(), server.base.clone());
+            let tenant = tenant.to_owned();
+            tasks.spawn(async move {
+                let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+                while wall_ms() < end {
+                    let body = json!({ "tenant": tenant, "route": "GET /" });
+                    let (status, _) = post(&client, &base, body).await;
+                    let at = wall_ms();
+                    if status == 200 && at < end {
+                        *admitted.entry(at - at % PER_MS).or_default() += 1;
+                    }
+                }
+                admitted
+            });
+        }
+    }
+    let mut admitted: BTreeMap<u64, u64> = BTreeMap::new();
+    while let Some(seen) = tasks.join_next().await {
+        for (w, n) in seen.unwrap() {
+            *admitted.entry(w).or_default() += n;
+        }
+    }
+    admitted
+}
+
+/// The start of the next aligned window, once it has come.
+pub async fn next_window() -> u64 {
+    let now = wall_ms();
+    let start = now - now % PER_MS + PER_MS;
+    tokio::time::sleep(Duration::from_millis(start - now)).await;
+    start
 }
