@@ -138,7 +138,7 @@ impl Link {
                         ..options.connect.clone()
                     };
                     PeerReach::Cluster {
-                        client: connect.cluster_client(nodes, 1)?,
+                        client: Box::new(connect.cluster_client(nodes, 1)?),
                         connection: Arc::default(),
                     }
                 }

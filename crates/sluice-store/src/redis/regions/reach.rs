@@ -137,7 +137,7 @@ async fn invoke<T: FromRedisValue>(
 pub(super) enum PeerReach {
     Node(ConnectionManager),
     Cluster {
-        client: ClusterClient,
+        client: Box<ClusterClient>,
         connection: Arc<tokio::sync::OnceCell<ClusterConnection>>,
     },
 }
