@@ -300,6 +300,14 @@ fn read_pepper(source: &SecretSource, field: &str) -> Fallible<Pepper> {
     Pepper::parse(&bytes).map_err(|e| format!("{field}: {e}").into())
 }
 
+/// The regions of `storage.regions`, if set.
+fn linked_regions(storage: &StorageConfig) -> Option<std::sync::Arc<Regions>> {
+    let regions = storage.regions.as_ref()?;
+    let linked = Regions::new(&regions.in_order(), &regions.this, regions.sync_every_ms)
+        .expect("validation puts this region among the regions");
+    Some(std::sync::Arc::new(linked))
+}
+
 #[cfg(test)]
 mod tests {
     use sluice_core::{Config, Policy};
@@ -345,12 +353,4 @@ plans:
             [8, 9]
         );
     }
-}
-
-/// The regions of `storage.regions`, if set.
-fn linked_regions(storage: &StorageConfig) -> Option<std::sync::Arc<Regions>> {
-    let regions = storage.regions.as_ref()?;
-    let linked = Regions::new(&regions.in_order(), &regions.this, regions.sync_every_ms)
-        .expect("validation puts this region among the regions");
-    Some(std::sync::Arc::new(linked))
 }
