@@ -11,7 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::regions::{LIMIT, PEPPER, PER_MS, config_in, hammer, linked, next_window, readyz};
+use common::regions::{
+    ADMIN, LIMIT, PEPPER, PER_MS, config_in, hammer, linked, next_window, override_becomes,
+    override_call, readyz,
+};
 use common::{Server, get_text, metric_total, sluice, succeeds};
 use sluice_testkit::{DelayProxy, RedisCluster, RedisServer};
 
@@ -184,5 +187,64 @@ async fn a_region_on_redis_cluster_shares_one_budget_with_regions_on_one_redis()
     let start = next_window().await;
     let healed = hammer(&client, &[eu, us, ap], "acme-healed", start + 2 * PER_MS).await;
     in_bounds(&healed, start, "healed");
+    drop(cluster);
+}
+
+/// Overrides are kept alike in a region on Redis Cluster and one on one
+/// Redis: each region's store merges what the other ships (the admin keys
+/// and the link's own share one slot there), and decisions follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_set_in_a_cluster_region_or_its_peer_apply_in_both() {
+    let cluster = RedisCluster::start(3, 0);
+    let nodes = cluster.urls();
+    let redis = RedisServer::start();
+    let admin = "admin:\n  token_env: TEST_SLUICE_ADMIN\n";
+    let env = [("TEST_SLUICE_PEPPER", PEPPER), ("TEST_SLUICE_ADMIN", ADMIN)];
+    let quoted: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
+    let eu = config_in(
+        "eu",
+        &format!("backend: redis-cluster\n  nodes: [{}]", nodes.join(", ")),
+        &[("us", format!("{{ url: \"{}\" }}", redis.url()))],
+        admin,
+        RULE,
+    );
+    let us = config_in(
+        "us",
+        &format!("backend: redis\n  url: {}", redis.url()),
+        &[("eu", format!("{{ nodes: [{}] }}", quoted.join(", ")))],
+        admin,
+        RULE,
+    );
+    let eu = Server::start_with_env(&["--config", eu.to_str().unwrap()], &env).keep(eu);
+    let us = Server::start_with_env(&["--config", us.to_str().unwrap()], &env).keep(us);
+    let client = reqwest::Client::new();
+    for server in [&eu, &us] {
+        linked(&client, server).await;
+    }
+    let put = reqwest::Method::PUT;
+    let factor = |f: f64| Some(serde_json::json!({ "factor": f }));
+    let (status, body) = override_call(&client, &eu, put.clone(), "acme", factor(0.02)).await;
+    assert_eq!(status, 200, "{body}");
+    let heard = override_becomes(&client, &us, "acme", 200, "set in eu, never reached us").await;
+    assert_eq!(heard["factor"], serde_json::json!(0.02), "{heard}");
+    let (status, body) = override_call(&client, &us, put, "globex", factor(0.02)).await;
+    assert_eq!(status, 200, "{body}");
+    let heard = override_becomes(&client, &eu, "globex", 200, "set in us, never reached eu").await;
+    assert_eq!(heard["factor"], serde_json::json!(0.02), "{heard}");
+    // eu's decisions follow what us set: 150 × 0.02 is 3 a window across
+    // both regions (at most two windows' if the burst straddles an end).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let body = serde_json::json!({ "tenant": "globex", "route": "GET /" });
+        admitted += u32::from(common::post(&client, &eu.base, body).await.0 == 200);
+    }
+    assert!(
+        admitted <= 6,
+        "eu admitted {admitted} of 20 under a limit of 3"
+    );
+    let (status, _) = override_call(&client, &eu, reqwest::Method::DELETE, "globex", None).await;
+    assert_eq!(status, 204);
+    override_becomes(&client, &us, "globex", 404, "deleted in eu, still in us").await;
     drop(cluster);
 }

@@ -6,55 +6,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::regions::{PEPPER, config_with, linked, wall_ms};
+use common::regions::{
+    ADMIN, PEPPER, config_with, linked, override_becomes, override_call, wall_ms,
+};
 use common::{Server, post};
 use serde_json::{Value, json};
 use sluice_testkit::{DelayProxy, RedisServer};
-
-const ADMIN: &str = "regions-admin-token";
-
-/// `method` on `/v1/admin/overrides/{tenant}` of `server`: its status and
-/// JSON body (`Null` when it has none).
-async fn override_call(
-    client: &reqwest::Client,
-    server: &Server,
-    method: reqwest::Method,
-    tenant: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = client
-        .request(
-            method,
-            format!("{}/v1/admin/overrides/{tenant}", server.base),
-        )
-        .bearer_auth(ADMIN);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// Waits until `GET` of `tenant`'s override on `server` answers `status`
-/// (or panics after 10 s): its body then.
-async fn override_becomes(
-    client: &reqwest::Client,
-    server: &Server,
-    tenant: &str,
-    status: u16,
-    what: &str,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (seen, body) = override_call(client, server, reqwest::Method::GET, tenant, None).await;
-        if seen == status {
-            return body;
-        }
-        assert!(Instant::now() < deadline, "{what}: still {seen} {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_override_set_in_one_region_applies_in_every_region_and_the_last_write_wins() {

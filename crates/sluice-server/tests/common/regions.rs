@@ -202,3 +202,49 @@ pub async fn next_window() -> u64 {
     tokio::time::sleep(Duration::from_millis(start - now)).await;
     start
 }
+
+/// The admin token the tests across regions use.
+pub const ADMIN: &str = "regions-admin-token";
+
+/// `method` on `/v1/admin/overrides/{tenant}` of `server`: its status and
+/// JSON body (`Null` when it has none).
+pub async fn override_call(
+    client: &reqwest::Client,
+    server: &Server,
+    method: reqwest::Method,
+    tenant: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client
+        .request(
+            method,
+            format!("{}/v1/admin/overrides/{tenant}", server.base),
+        )
+        .bearer_auth(ADMIN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until `GET` of `tenant`'s override on `server` answers `status`
+/// (or panics after 10 s): its body then.
+pub async fn override_becomes(
+    client: &reqwest::Client,
+    server: &Server,
+    tenant: &str,
+    status: u16,
+    what: &str,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (seen, body) = override_call(client, server, reqwest::Method::GET, tenant, None).await;
+        if seen == status {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {seen} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
