@@ -136,7 +136,16 @@ fn an_expired_giver_and_a_drained_receiver_stay_within_one_bucket() {
     // A grants 9/s to B at once.
     let total = a.grant(start, w, (per, t), shares[0], (1, 9), 3).unwrap();
     assert_eq!(
-        b.hear(start, (w, per, t), (limit, shares[1]), 0, total, view(), 3),
+        b.hear(
+            start,
+            (w, per, t),
+            (limit, shares[1]),
+            0,
+            total,
+            view(),
+            0,
+            3
+        ),
         Some(9)
     );
     let mut admitted = Vec::new();
@@ -233,7 +242,16 @@ fn retry_after_is_never_early_at_epoch_edges() {
                 if moved < 0 {
                     a.grant(at, w, (per, t), share, (1, moved.unsigned_abs()), 3);
                 } else if moved > 0 {
-                    a.hear(at, (w, per, t), (limit, share), 1, moved as u64, view(), 3);
+                    a.hear(
+                        at,
+                        (w, per, t),
+                        (limit, share),
+                        1,
+                        moved as u64,
+                        view(),
+                        0,
+                        3,
+                    );
                 }
                 a.debit(at, 23, share, per, t);
                 for cost in 1..=20u64 {
@@ -394,6 +412,7 @@ fn run_fleet(
                         from,
                         total,
                         view(),
+                        0,
                         3,
                     );
                     delivered.push((from, to, win, total));
@@ -408,6 +427,7 @@ fn run_fleet(
                         from,
                         total,
                         view(),
+                        0,
                         3,
                     );
                 }

@@ -25,7 +25,8 @@ use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
+    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, ledger_key, ledger_script,
+    received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
@@ -45,8 +46,12 @@ enum Step {
     Read,
     Grant(usize, u64),
     /// From a peer: the total it granted here, what it heard from here,
-    /// its view, and the window it names (0: now's, 1: the one before).
-    Hear(usize, u64, u64, u64, u64),
+    /// its view, the window it names (0: now's, 1: the one before), and
+    /// what it heard this region used.
+    Hear(usize, u64, u64, u64, u64, u64),
+    /// The region's Redis loses the rule's keys (a flush, a restart
+    /// without persistence).
+    Flush,
     /// A reload changes the rule's period.
     Reper(u64),
     /// A reload changes the rule's limit (so each region's share).
@@ -65,8 +70,9 @@ fn steps(per: u64) -> impl Strategy<Value = Vec<Step>> {
         1 => (1u64..=20).prop_map(Step::Note),
         1 => Just(Step::Read),
         2 => (0..REGIONS + 1, 0u64..=12).prop_map(|(to, units)| Step::Grant(to, units)),
-        3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15))
-            .prop_map(|(from, total, back, cap, late)| Step::Hear(from, total, back, cap, u64::from(late))),
+        3 => (0..REGIONS, 0u64..=30, 0u64..=20, 0u64..=40, prop::bool::weighted(0.15), prop_oneof![Just(0u64), 1u64..=30])
+            .prop_map(|(from, total, back, cap, late, yours)| Step::Hear(from, total, back, cap, u64::from(late), yours)),
+        1 => Just(Step::Flush),
         1 => prop_oneof![Just(per), Just(per * 3), Just((per / 2).max(1)), 1u64..=5_000].prop_map(Step::Reper),
         1 => (1u64..=2 * per).prop_map(Step::Back),
         1 => (1i128..=60).prop_map(Step::Relimit),
@@ -259,6 +265,7 @@ fn differential<K: SharedRecord>(
         from: 1,
         total: 5,
         view,
+        yours: 0,
     };
     let refused: i64 = runtime
         .block_on(
@@ -280,6 +287,17 @@ fn differential<K: SharedRecord>(
         match step {
             Step::Wait(ms) => clock.set(now + ms),
             Step::Back(ms) => clock.set(now - ms),
+            Step::Flush => {
+                runtime
+                    .block_on(
+                        redis::cmd("DEL")
+                            .arg(&shared.key)
+                            .arg(ledger_key(&shared.key))
+                            .query_async::<()>(&mut connection),
+                    )
+                    .unwrap();
+                twin = Stored::default();
+            }
             Step::Reper(to) => {
                 per = to;
                 rules = [shared_rule(shape, limit, per, max_debt)];
@@ -379,7 +397,7 @@ fn differential<K: SharedRecord>(
                 let rust = twin.grant(now, window, (per, t), share, (to, units), REGIONS);
                 prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);
             }
-            Step::Hear(from, total, back, cap, late) => {
+            Step::Hear(from, total, back, cap, late, yours) => {
                 let named = window.saturating_sub(late * K::period(per));
                 let view = Heard {
                     cap,
@@ -394,6 +412,7 @@ fn differential<K: SharedRecord>(
                     from,
                     total,
                     view,
+                    yours,
                 };
                 let call = shared.hear_call(ledger, &hearing);
                 let lua: i64 = runtime
@@ -406,6 +425,7 @@ fn differential<K: SharedRecord>(
                     from,
                     total,
                     view,
+                    yours,
                     REGIONS,
                 );
                 prop_assert_eq!(u64::try_from(lua).ok(), rust, "{}", said);

@@ -426,6 +426,7 @@ fn a_shared_sliding_window_made_local_never_admits_past_its_limit() {
         from: 1,
         total: 20,
         view,
+        yours: 0,
     };
     let added: i64 = runtime
         .block_on(

@@ -313,6 +313,8 @@ impl SharedRecord for Bucket {
         0
     }
 
+    fn restore(&mut self, _: u64) {}
+
     /// The refill so far counted at the old rate, then the tokens clipped
     /// to the new rate's capacity.
     fn shift(&mut self, units: i64, now: u64, (share, _): (u64, u64), terms: Terms) {
@@ -448,7 +450,7 @@ mod tests {
             .count();
         assert_eq!(kept, 4);
         // b hears 8/s more: no tokens added, its capacity 36 filled at 18/s.
-        assert_eq!(b.hear(T0, (w, PER, t), (30, 10), 0, 8, view, 2), Some(8));
+        assert_eq!(b.hear(T0, (w, PER, t), (30, 10), 0, 8, view, 0, 2), Some(8));
         let now = (0..40)
             .filter(|_| b.decide(T0, 1, 10, PER, t).allowed)
             .count();
@@ -484,7 +486,10 @@ mod tests {
         let mut a: Stored<Bucket> = Stored::default();
         let w = window_of(T0, epoch(PER));
         let view = super::super::Heard::default();
-        assert_eq!(a.hear(T0, (w, PER, t), (30, 10), 1, 20, view, 2), Some(20));
+        assert_eq!(
+            a.hear(T0, (w, PER, t), (30, 10), 1, 20, view, 0, 2),
+            Some(20)
+        );
         let next = w + epoch(PER) + 10 * PER;
         let admitted = (0..100)
             .filter(|_| a.decide(next, 1, 10, PER, t).allowed)
@@ -498,7 +503,10 @@ mod tests {
         let mut a: Stored<Bucket> = Stored::default();
         let w = window_of(T0, epoch(PER));
         let view = super::super::Heard::default();
-        assert_eq!(a.hear(T0, (w, PER, t), (30, 10), 1, 20, view, 2), Some(20));
+        assert_eq!(
+            a.hear(T0, (w, PER, t), (30, 10), 1, 20, view, 0, 2),
+            Some(20)
+        );
         let end = w + epoch(PER);
         assert!(a.decide(end - 5, 15, 10, PER, t).allowed);
         // Settled in the next epoch: the rate that moved here was of the

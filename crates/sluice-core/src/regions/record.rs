@@ -51,6 +51,11 @@ pub trait SharedRecord: Copy + std::fmt::Debug + PartialEq + Eq {
     /// What it counts as admitted at `now`, as peers are told, `moved`
     /// being what moved here in the window as its ledger says.
     fn used(&self, now: u64, per: u64, moved: i64) -> u64;
+    /// Counts `used` more units as admitted: what a peer last heard this
+    /// region used in a window whose record and ledger the region has
+    /// since lost (its Redis flushed). A bucket's parts are rates, which
+    /// tell no use: nothing.
+    fn restore(&mut self, used: u64);
     /// `units` moved here at `now` (below 0: moved away, granted).
     fn shift(&mut self, units: i64, now: u64, share_per: (u64, u64), terms: Self::Terms);
     /// A decision of `cost` units at `now`: its answer, and the record to

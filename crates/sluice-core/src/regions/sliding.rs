@@ -193,6 +193,15 @@ impl SharedRecord for Slide {
         u64::try_from(used.max(0)).unwrap_or(u64::MAX)
     }
 
+    /// Counted in the window's own admissions: it does not fall with the
+    /// previous window's weight (what was lost of that weight counts
+    /// until the window ends).
+    fn restore(&mut self, used: u64) {
+        self.net = self
+            .net
+            .saturating_add(i64::try_from(used).unwrap_or(i64::MAX));
+    }
+
     fn shift(&mut self, units: i64, _: u64, _: (u64, u64), _: u64) {
         self.net = self.net.saturating_sub(units);
     }
@@ -337,7 +346,10 @@ mod tests {
         let w = window_of(T0, PER);
         let view = super::super::Heard::default();
         assert_eq!(a.grant(T0, w, (PER, 10), 10, (1, 6), 2), Some(6));
-        assert_eq!(b.hear(T0, (w, PER, 10), (20, 10), 0, 6, view, 2), Some(6));
+        assert_eq!(
+            b.hear(T0, (w, PER, 10), (20, 10), 0, 6, view, 0, 2),
+            Some(6)
+        );
         assert_eq!(
             (0..20)
                 .filter(|_| b.decide(T0, 1, 10, PER, 10).allowed)

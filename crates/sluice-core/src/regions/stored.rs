@@ -284,9 +284,11 @@ impl<K: SharedRecord> Stored<K> {
         true
     }
 
-    /// The part of the window of now, with `share` as this region's.
+    /// The part of the window of now, with `share` as this region's. A
+    /// part that has used anything is given a ledger of its window if it
+    /// has none, before any peer hears of its use (see [`Stored::hear`]).
     pub fn read(
-        &self,
+        &mut self,
         now: u64,
         (per, terms): (u64, K::Terms),
         share: u64,
@@ -307,12 +309,16 @@ impl<K: SharedRecord> Stored<K> {
             }
             _ => Ledger::afresh(window, per, regions),
         };
+        let used = record.used(now, per, ledger.moved());
+        if used > 0 && !foreign {
+            self.ledger = Some(ledger.clone());
+        }
         Snapshot {
             window_ms: window,
             pool: ledger.pool,
             part: Part {
                 share,
-                used: record.used(now, per, ledger.moved()),
+                used,
                 wanted: if K::RECENT_DEMAND {
                     self.demand.at(now)
                 } else {
@@ -356,9 +362,18 @@ impl<K: SharedRecord> Stored<K> {
     /// (kept as the larger of it and what was heard: added to what moved
     /// here by the difference), the total it heard from here (larger than
     /// what this region knows it granted when its store lost its ledger:
-    /// counted as granted again), and its view of itself; `share` is this
+    /// counted as granted again), its view of itself, and `yours`, what it
+    /// last heard this region used in the window; `share` is this
     /// region's. Returns the units added; `None` when `window` is not the
     /// window of now here (dropped: that budget ended with its window).
+    ///
+    /// A region that tells a peer it used anything has a ledger of the
+    /// window ([`Stored::read`]), kept until the window ends: a peer that
+    /// heard of its use while it has none finds it lost its store (a
+    /// flush). Its record is then lost too: what the peer heard it used is
+    /// counted again, so that a flush does not let it admit its part a
+    /// second time. (A ledger is lost only so; a view heard of a later
+    /// use than the peer's, or none, only under-counts.)
     #[allow(clippy::too_many_arguments)]
     pub fn hear(
         &mut self,
@@ -368,12 +383,20 @@ impl<K: SharedRecord> Stored<K> {
         from: usize,
         total: u64,
         view: Heard,
+        yours: u64,
         regions: usize,
     ) -> Option<u64> {
         if window_of(now, K::period(per)) != window || from >= regions || self.foreign(per, now) {
             return None;
         }
         let mut record = K::at(self.record, window, share, per, terms);
+        let forgotten = self
+            .ledger
+            .as_ref()
+            .is_none_or(|l| l.window_ms != window || l.per_ms != per || l.given.len() != regions);
+        if forgotten && yours > 0 {
+            record.restore(yours);
+        }
         let ledger = self.ledger_at(window, per, regions);
         ledger.pool = pool;
         let added = total.saturating_sub(ledger.heard[from]);
@@ -410,6 +433,60 @@ mod tests {
         }
     }
 
+    /// A region whose store is flushed after it used its share is told
+    /// back, at its peer's next shipping, what it used: it does not admit
+    /// its share a second time in the window. A give-back it made since
+    /// the peer last heard it is not undone by the peer's older view.
+    #[test]
+    fn a_flushed_region_counts_again_what_its_peer_heard_it_used() {
+        let (mut a, mut b): (Stored, Stored) = Default::default();
+        let now = 5 * PER + 10;
+        let w = window_of(now, PER);
+        assert!((0..10).all(|_| a.decide(now, 1, 10, PER, 0).allowed));
+        // a tells b what it used: b's view of a, echoed back to a.
+        let told = a.read(now, (PER, 0), 10, 2);
+        assert_eq!(told.part.used, 10);
+        b.hear(now, (w, PER, 0), (20, 10), 0, 0, view_of(&told), 0, 2);
+        let yours = b.read(now, (PER, 0), 10, 2).views[0].unwrap().heard.used;
+        assert_eq!(yours, 10);
+        // Flushed: a admits afresh until b's next shipping reaches it.
+        a = Stored::default();
+        assert!(a.decide(now, 1, 10, PER, 0).allowed);
+        assert_eq!(
+            a.hear(now, (w, PER, 0), (20, 10), 1, 0, view(0), yours, 2),
+            Some(0)
+        );
+        assert!(
+            !a.decide(now, 1, 10, PER, 0).allowed,
+            "11 of a share of 10 counted: {:?}",
+            a.record
+        );
+        // Not flushed: a gives back 5 after b heard it used 10; b's view
+        // of 10, echoed, does not take them back.
+        let (mut a, _) = (Stored::<Record>::default(), ());
+        assert!((0..10).all(|_| a.decide(now, 1, 10, PER, 0).allowed));
+        let told = a.read(now, (PER, 0), 10, 2);
+        a.give_back((now, 5), now, (10, PER), 0);
+        assert_eq!(
+            a.hear(now, (w, PER, 0), (20, 10), 1, 0, view(0), told.part.used, 2),
+            Some(0)
+        );
+        assert!(
+            (0..5).all(|_| a.decide(now, 1, 10, PER, 0).allowed),
+            "{:?}",
+            a.record
+        );
+    }
+
+    fn view_of(snapshot: &Snapshot) -> Heard {
+        Heard {
+            cap: snapshot.part.cap(),
+            used: snapshot.part.used,
+            wanted: snapshot.part.wanted,
+            heard_from_you: 0,
+        }
+    }
+
     #[test]
     fn budget_moves_by_grants_heard_once_and_ends_with_its_window() {
         let (mut a, mut b): (Stored, Stored) = Default::default();
@@ -425,15 +502,15 @@ mod tests {
         assert!(!a.decide(now, 1, 10, PER, 10).allowed);
         // Heard three times, and an older total after it: counted once.
         assert_eq!(
-            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 2),
+            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 0, 2),
             Some(6)
         );
         assert_eq!(
-            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 2),
+            b.hear(now, (w, PER, 10), (20, 10), 0, 6, view(0), 0, 2),
             Some(0)
         );
         assert_eq!(
-            b.hear(now, (w, PER, 10), (20, 10), 0, 2, view(0), 2),
+            b.hear(now, (w, PER, 10), (20, 10), 0, 2, view(0), 0, 2),
             Some(0)
         );
         assert_eq!(b.record.unwrap().moved, 6);
@@ -442,7 +519,10 @@ mod tests {
         // The next window starts from the share again; a late total of the
         // last one is dropped.
         let next = now + PER;
-        assert_eq!(b.hear(next, (w, PER, 10), (20, 10), 0, 9, view(0), 2), None);
+        assert_eq!(
+            b.hear(next, (w, PER, 10), (20, 10), 0, 9, view(0), 0, 2),
+            None
+        );
         assert_eq!(b.decide(next, 1, 10, PER, 10).remaining, 9);
     }
 
@@ -494,7 +574,7 @@ mod tests {
         assert_eq!(a.grant(now, w, (PER, 10), 10, (1, 8), 2), Some(8));
         a = Stored::default(); // flushed
         assert_eq!(
-            a.hear(now, (w, PER, 10), (20, 10), 1, 0, view(8), 2),
+            a.hear(now, (w, PER, 10), (20, 10), 1, 0, view(8), 0, 2),
             Some(0)
         );
         assert_eq!(a.read(now, (PER, 10), 10, 2).part.left(), 2);

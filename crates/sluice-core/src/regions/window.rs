@@ -94,6 +94,10 @@ impl SharedRecord for Record {
         self.count
     }
 
+    fn restore(&mut self, used: u64) {
+        self.count = self.count.saturating_add(used);
+    }
+
     fn shift(&mut self, units: i64, _: u64, _: (u64, u64), _: u64) {
         self.moved = self.moved.saturating_add(units);
     }

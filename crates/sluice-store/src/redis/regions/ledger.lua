@@ -47,14 +47,16 @@
 --          the window, the units admitted (of a sliding_window, with
 --          what the previous window still weighs, rounded up) and what
 --          moved here (0 for a sliding_window: its units admitted count
---          it already) (a string of doubles)
+--          it already) (a string of doubles); a part that used anything
+--          and has no ledger of the window is given one (see hear)
 --   grant  ARGV[9] window, ARGV[10] to (a region, from 0), ARGV[11]
 --          units; returns the new total granted to it, or -1 (does not
 --          fit, or the window is over)
 --   hear   ARGV[9] window, ARGV[10] pool, ARGV[11] from (a region, from
 --          0), ARGV[12] the total it granted here, ARGV[13..16] its view
 --          (cap, used, wanted, heard from here), ARGV[17] the identity the
---          shipper checked this region has; returns the units added, -1 (the
+--          shipper checked this region has, ARGV[18] what it last heard
+--          this region used in the window; returns the units added, -1 (the
 --          window is over here) or -2 (the identity changed: nothing done)
 --
 -- A record or ledger of another per whose window still runs (a reload
@@ -236,6 +238,15 @@ local function shifted(a, b, c, units, kind, now, share, fill)
   return a, b + units
 end
 
+-- What a peer heard this region used, counted again
+-- (regions::SharedRecord::restore): a window's count, a sliding window's
+-- net; a bucket's parts are rates, which tell no use.
+local function restored(a, b, c, used, kind)
+  if kind == '9' then return a, b, c end
+  if kind == '8' then return a, b + used, c end
+  return a + used, b, c
+end
+
 -- What the record counts as admitted at now, as peers are told
 -- (regions::SharedRecord::used): of a sliding window, the previous window's
 -- weight rounded up, and what it admitted (net and what moved here, as
@@ -277,6 +288,11 @@ local function ledger(KEYS, ARGV)
     end
     local l = ledger_at(stored, window, per, n)
     local used = used_at(a, b, l, n, window, now, per, kind)
+    -- A part that used anything has a ledger of its window before any
+    -- peer hears of its use (see hear).
+    if used > 0 and not foreign and (not stored or stored[1] ~= window or stored[2] ~= per) then
+      ledger_write(KEYS, name, l, n, now, span)
+    end
     local moved = b
     if kind == '8' then moved = 0 elseif bucket then moved = c end
     if bucket then l[4] = demand(dw, da, db, now) end
@@ -312,6 +328,12 @@ local function ledger(KEYS, ARGV)
   -- hear
   local from, total = num(ARGV[11]), num(ARGV[12])
   if from >= n then return -1 end
+  -- A peer heard this region used some of a window it has no ledger of:
+  -- its store lost both (a flush), and what the peer heard counts again.
+  local yours = num(ARGV[18])
+  if yours > 0 and (not stored or stored[1] ~= window or stored[2] ~= per) then
+    a, b, c = restored(a, b, c, yours, kind)
+  end
   l[3] = num(ARGV[10])
   local h, g = HEAD + 1 + n + from, HEAD + 1 + from
   local added = max(0, total - l[h])

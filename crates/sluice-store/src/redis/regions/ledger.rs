@@ -149,7 +149,8 @@ impl Shared {
             .arg(v.used)
             .arg(v.wanted)
             .arg(v.heard_from_you)
-            .arg(steps.own.map_or("", |own| own.identity.1));
+            .arg(steps.own.map_or("", |own| own.identity.1))
+            .arg(hearing.yours);
         call
     }
 }
@@ -170,6 +171,10 @@ pub struct Hearing {
     /// The receiver's share of the pool (what a record of an earlier
     /// window owes is read against it there).
     pub share: u64,
+    /// What the shipper last heard the receiver used in the window
+    /// (counted again there if its store lost the window: see
+    /// `Stored::hear`).
+    pub yours: u64,
 }
 
 /// Decodes a `read` reply (see ledger.lua). The part's share is left 0:

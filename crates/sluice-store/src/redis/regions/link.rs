@@ -558,6 +558,7 @@ fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
             wanted: part.part.wanted,
             heard_from_you: part.part.heard[to],
         },
+        yours: part.views[to].map_or(0, |v| v.heard.used),
     }
 }
 

@@ -472,6 +472,7 @@ mod tests {
             total,
             view: Heard::default(),
             share: 50,
+            yours: 0,
         };
         let owed = |totals: [u64; 3]| (0..3u8).map(move |n| (key(n), hearing(totals[n as usize])));
         assert_eq!(
