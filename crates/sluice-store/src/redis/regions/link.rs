@@ -269,14 +269,14 @@ impl Link {
             .await
             .map_err(error)?;
         let read = if full { live } else { changed };
-        let keys: Vec<Shared> = read.iter().filter_map(|m| parse_member(m)).collect();
+        let keys = live_keys(&read, local.is_cluster());
         if full {
             // Forget the pools of keys no longer live.
             let live: std::collections::HashSet<&Shared> = keys.iter().collect();
             let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
             pools.retain(|shared, _| live.contains(shared));
         }
-        let parts = self.move_budget(&mut local, &keys, now).await?;
+        let (keys, parts) = self.move_budget(&mut local, keys, now).await?;
         self.read_replica(&mut local).await.map_err(error)?;
         self.ship(&keys, &parts, full);
         Ok(true)
@@ -324,25 +324,33 @@ impl Link {
         let live = noted
             .iter()
             .map(|(shared, noted)| (noted.window + shared.kind.span(shared.per_ms), shared));
+        // A note that failed (its node stalled) is lost: demand is noted
+        // again by the next decisions.
         local
-            .ledger_calls::<()>(&calls, marked_live(prefix, live))
+            .ledger_calls::<()>(&calls, marked_live(prefix, live), self.budget())
             .await?;
         Ok(())
     }
 
     /// Steps 3: each live key's part read, and grants made from it; the
-    /// parts as they are after the grants.
+    /// keys read (on a cluster, a key whose node did not answer is left for
+    /// a later sync) and their parts as they are after the grants.
     async fn move_budget(
         &self,
         local: &mut Reached,
-        keys: &[Shared],
+        keys: Vec<Shared>,
         now: u64,
-    ) -> Result<Vec<Snapshot>, StoreError> {
+    ) -> Result<(Vec<Shared>, Vec<Snapshot>), StoreError> {
         let (time, me) = (self.time(), self.regions.index);
         let steps = self.steps(&time);
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let all: Vec<&Shared> = keys.iter().collect();
-        let mut parts = self.read_parts(local, &all, steps).await?;
+        let read = self.read_parts(local, &all, steps).await?;
+        let (keys, mut parts): (Vec<Shared>, Vec<Snapshot>) = keys
+            .into_iter()
+            .zip(read)
+            .filter_map(|(key, part)| Some((key, part?)))
+            .unzip();
         // A key whose pool was not known here (or changed) is read again
         // against its share: a record of an earlier window moves on
         // against it.
@@ -360,13 +368,25 @@ impl Link {
             }
             again
         };
+        let mut unread = Vec::new();
         if !again.is_empty() {
             let keys_again: Vec<&Shared> = again.iter().map(|&i| &keys[i]).collect();
             let read_again = self.read_parts(local, &keys_again, steps).await?;
             for (i, part) in again.into_iter().zip(read_again) {
-                parts[i] = part;
+                match part {
+                    Some(part) => parts[i] = part,
+                    None => unread.push(i),
+                }
             }
         }
+        // Read against another share, not read again: left for later.
+        let (keys, mut parts): (Vec<Shared>, Vec<Snapshot>) = keys
+            .into_iter()
+            .zip(parts)
+            .enumerate()
+            .filter(|(i, _)| !unread.contains(i))
+            .map(|(_, kept)| kept)
+            .unzip();
         for part in &mut parts {
             part.part.share = self.regions.share(part.pool);
         }
@@ -397,29 +417,30 @@ impl Link {
                 keys[k].grant_call(steps, part.part.share, args)
             })
             .collect();
-        let totals: Vec<i64> = local
-            .ledger_calls(&calls, Vec::new())
+        let totals: Vec<redis::RedisResult<i64>> = local
+            .ledger_calls(&calls, Vec::new(), self.budget())
             .await
             .map_err(error)?;
         for (&(k, to, _), total) in grant_calls.iter().zip(totals) {
-            if let Ok(total) = u64::try_from(total) {
+            // Not granted: it did not fit, or its node did not answer.
+            if let Some(total) = total.ok().and_then(|t| u64::try_from(t).ok()) {
                 let given = &mut parts[k].part.given[to];
                 self.count_shipped(to, total.saturating_sub(*given));
                 *given = total;
             }
         }
-        Ok(parts)
+        Ok((keys, parts))
     }
 
     /// The parts of `keys` read from this region's store, each against
     /// this region's share of its pool as last known here (0 when not
-    /// known).
+    /// known); `None` for a key whose node did not answer (a cluster's).
     async fn read_parts(
         &self,
         local: &mut Reached,
         keys: &[&Shared],
         steps: Steps<'_>,
-    ) -> Result<Vec<Snapshot>, StoreError> {
+    ) -> Result<Vec<Option<Snapshot>>, StoreError> {
         let error = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
         let shares: Vec<u64> = {
             let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
@@ -431,14 +452,22 @@ impl Link {
             .zip(shares)
             .map(|(shared, share)| shared.read_call(steps, share))
             .collect();
-        let replies: Vec<Vec<u8>> = local
-            .ledger_calls(&calls, Vec::new())
+        let replies: Vec<redis::RedisResult<Vec<u8>>> = local
+            .ledger_calls(&calls, Vec::new(), self.budget())
             .await
             .map_err(error)?;
         replies
-            .iter()
-            .map(|reply| super::ledger::snapshot(reply, self.regions.len()))
+            .into_iter()
+            .map(|reply| match reply {
+                Ok(reply) => super::ledger::snapshot(&reply, self.regions.len()).map(Some),
+                Err(_) => Ok(None),
+            })
             .collect()
+    }
+
+    /// How long one call on this region's store may take within a sync.
+    fn budget(&self) -> Duration {
+        self.options.sync_every.max(Duration::from_millis(250))
     }
 
     /// What every step on this region's own ledgers is told (none but a
@@ -582,6 +611,33 @@ pub(super) fn marked_live<'a>(
     if any { vec![zadd, sadd] } else { Vec::new() }
 }
 
+/// The live keys `members` name, each once: a key named both with and
+/// without the previous pepper's key (noted here while rotating, shipped
+/// by a peer that is not, or that is a cluster) is read with it, on one
+/// node; on a cluster (`cluster`), which carries nothing over from a
+/// previous pepper, without.
+fn live_keys(members: &[String], cluster: bool) -> Vec<Shared> {
+    let mut keys: Vec<Shared> = Vec::with_capacity(members.len());
+    let mut at: HashMap<Shared, usize> = HashMap::with_capacity(members.len());
+    for shared in members.iter().filter_map(|m| parse_member(m)) {
+        let mut bare = shared.clone();
+        bare.previous = None;
+        let shared = if cluster { bare.clone() } else { shared };
+        match at.get(&bare) {
+            Some(&i) => {
+                if keys[i].previous.is_none() {
+                    keys[i] = shared;
+                }
+            }
+            None => {
+                at.insert(bare, keys.len());
+                keys.push(shared);
+            }
+        }
+    }
+    keys
+}
+
 /// The members of a set, emptied (KEYS[1]).
 const TAKE_LUA: &str =
     "local m = redis.call('SMEMBERS', KEYS[1]) redis.call('DEL', KEYS[1]) return m";
@@ -599,3 +655,41 @@ if not holder then
 end
 return 0
 "#;
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::keys::Record;
+
+    use super::super::shared::Kind;
+    use super::*;
+
+    /// A key noted here while rotating (with its previous pepper's key) and
+    /// shipped by a peer without it is one live key, read with it on one
+    /// node (else its lead would grant from the same reading twice a
+    /// sync), without it on a cluster.
+    #[test]
+    fn a_key_named_with_and_without_its_previous_is_read_once() {
+        let bare = Shared {
+            key: "sl:{t}:01".into(),
+            record: Record([1; 8]),
+            per_ms: 60_000,
+            kind: Kind::Window,
+            max_debt: 0,
+            previous: None,
+        };
+        let rotating = Shared {
+            previous: Some(("sl:{u}:02".into(), Record([2; 8]))),
+            ..bare.clone()
+        };
+        let other = Shared {
+            key: "sl:{v}:03".into(),
+            ..bare.clone()
+        };
+        let members = [member(&bare), member(&other), member(&rotating)];
+        assert_eq!(
+            live_keys(&members, false),
+            [rotating.clone(), other.clone()]
+        );
+        assert_eq!(live_keys(&members, true), [bare, other]);
+    }
+}

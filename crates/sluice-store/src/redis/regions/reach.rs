@@ -70,15 +70,18 @@ impl Reached {
     }
 
     /// Runs `calls` of the ledger script, then `then` (commands on the
-    /// region's own keys, whose replies are not read); answers the calls'
-    /// replies, in order. On a node, one pipeline per 512 calls, `then` in
-    /// the last; on a cluster, 512 calls at a time, then `then` in one
-    /// pipeline.
+    /// region's own keys, whose replies are not read); answers each call's
+    /// reply, in order. On a node, one pipeline per 512 calls, `then` in
+    /// the last, all failing together. On a cluster, 512 calls at a time,
+    /// each within `budget`, then `then` in one pipeline: a call that
+    /// fails (its node stalled, failing over) fails alone, so that one
+    /// slot's trouble does not stop the link for every tenant.
     pub(super) async fn ledger_calls<T: FromRedisValue>(
         &self,
         calls: &[ScriptInvocation<'static>],
         then: Vec<Cmd>,
-    ) -> redis::RedisResult<Vec<T>> {
+        budget: Duration,
+    ) -> redis::RedisResult<Vec<redis::RedisResult<T>>> {
         match self {
             Reached::Node(connection) => {
                 let mut chunks: Vec<&[ScriptInvocation<'static>]> = calls.chunks(BATCH).collect();
@@ -100,15 +103,17 @@ impl Reached {
                         }
                     }
                     let answered: Vec<T> = pipe.query_async(&mut connection.clone()).await?;
-                    replies.extend(answered);
+                    replies.extend(answered.into_iter().map(Ok));
                 }
                 Ok(replies)
             }
             Reached::Cluster(connection) => {
                 let mut replies = Vec::with_capacity(calls.len());
                 for chunk in calls.chunks(BATCH) {
-                    let chunk = chunk.iter().map(|call| invoke(call, connection.clone()));
-                    replies.extend(futures_util::future::try_join_all(chunk).await?);
+                    let chunk = chunk
+                        .iter()
+                        .map(|call| invoke(call, connection.clone(), budget));
+                    replies.extend(futures_util::future::join_all(chunk).await);
                 }
                 if !then.is_empty() {
                     let mut pipe = redis::pipe();
@@ -123,12 +128,19 @@ impl Reached {
     }
 }
 
-/// One call on a cluster, routed by its keys.
+/// One call on a cluster, routed by its keys, within `budget`.
 async fn invoke<T: FromRedisValue>(
     call: &ScriptInvocation<'static>,
     mut connection: ClusterConnection,
+    budget: Duration,
 ) -> redis::RedisResult<T> {
-    call.invoke_async(&mut connection).await
+    match tokio::time::timeout(budget, call.invoke_async(&mut connection)).await {
+        Ok(reply) => reply,
+        Err(_) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no answer within the link's budget",
+        ))),
+    }
 }
 
 /// How the link reaches a peer: one node's connection, or a cluster's,

@@ -309,13 +309,25 @@ impl Shipment {
                 identity: (&identity, &seen),
             }),
         };
-        let calls: Vec<ScriptInvocation<'static>> = self
+        // A cluster carries nothing over from a previous pepper (its keys
+        // under it are in other slots): a rotating region's keys go there
+        // without it.
+        let shipped: Vec<(Shared, &Hearing)> = self
             .hearings
+            .iter()
+            .map(|(shared, hearing)| {
+                let mut shared = shared.clone();
+                if cluster {
+                    shared.previous = None;
+                }
+                (shared, hearing)
+            })
+            .collect();
+        let calls: Vec<ScriptInvocation<'static>> = shipped
             .iter()
             .map(|(shared, hearing)| shared.hear_call(steps, hearing))
             .collect();
-        let live = self
-            .hearings
+        let live = shipped
             .iter()
             .map(|(shared, hearing)| (hearing.window + shared.kind.span(shared.per_ms), shared));
         let mut then = marked_live(&self.prefix, live);
@@ -327,15 +339,17 @@ impl Shipment {
             .arg(heard_key(&self.prefix))
             .arg(&self.name);
         then.push(heard);
-        let replies: Vec<i64> = connection
-            .ledger_calls(&calls, then)
+        let replies: Vec<redis::RedisResult<i64>> = connection
+            .ledger_calls(&calls, then, peer_timeout)
             .await
             .map_err(failed)?;
+        // Dropped there (its window not begun, or over), or not answered
+        // (a cluster's node stalled): shipped again next time.
         let dropped = self
             .hearings
             .iter()
             .zip(&replies)
-            .filter(|&(_, &reply)| reply == -1)
+            .filter(|&(_, reply)| matches!(reply, Ok(-1) | Err(_)))
             .map(|((shared, _), _)| shared.clone());
         self.link
             .state
@@ -343,10 +357,14 @@ impl Shipment {
             .unwrap_or_else(|e| e.into_inner())
             .dropped
             .extend(dropped);
-        if replies.contains(&-2) {
+        if replies.iter().any(|r| matches!(r, Ok(-2))) {
             return Err(self.identity_changed());
         }
-        let added: i64 = replies.iter().filter(|&&r| r > 0).sum();
+        let added: i64 = replies
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|&&r| r > 0)
+            .sum();
         if cluster && added > 0 {
             let from = self.hearings[0].1.from;
             redis::cmd("HINCRBY")
