@@ -24,12 +24,15 @@
 //! - [`headers`]: the IETF `RateLimit` and `RateLimit-Policy` fields.
 //! - [`keys`]: opaque storage keys derived with HMAC-SHA256.
 //! - [`bytes`]: byte comparisons for short ids, without libc's `memcmp`.
+//! - [`adaptive`]: valves that follow their downstream: their terms,
+//!   priorities, and the law that moves their effective limit.
 //! - [`regions`]: one budget across regions: each region's part of a
 //!   shared rule's window, and the grants that move parts between them.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod bound;
 pub mod bytes;

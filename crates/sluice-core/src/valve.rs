@@ -90,6 +90,7 @@ mod tests {
                     fraction,
                 })
                 .collect(),
+            adaptive: None,
         }
     }
 

@@ -445,6 +445,8 @@ pub struct PlanSpec {
     /// The plan's tenants' share of a saturated valve, relative to other
     /// plans' (default 1).
     pub weight: f64,
+    /// Its requests' priority at adaptive valves (default normal).
+    pub priority: crate::adaptive::Priority,
 }
 
 /// A tenant listed by id.

@@ -168,6 +168,7 @@ pub(crate) struct RawPlan {
     pub dedupe: Option<BTreeMap<String, S<RawDedupe>>>,
     pub on_error: Option<S<String>>,
     pub weight: Option<S<f64>>,
+    pub priority: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,6 +201,14 @@ pub(crate) struct RawRule {
     pub max_debt: Option<S<i64>>,
     pub count_if: Option<S<RawCountIf>>,
     pub regions: Option<S<String>>,
+    pub adaptive: Option<S<RawAdaptive>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdaptive {
+    pub latency_target: Option<S<String>>,
+    pub min: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -40,6 +40,7 @@ pub fn shard_share(spec: &PlanSpec, shards: u16) -> PlanSpec {
         dedupe: spec.dedupe.clone(),
         on_error: spec.on_error,
         weight: spec.weight,
+        priority: spec.priority,
     }
 }
 

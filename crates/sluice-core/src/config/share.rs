@@ -34,6 +34,8 @@ pub struct ValveShare {
     /// The parts of the valve held for named plans, in the order written
     /// (empty for none). Together below the whole valve.
     pub reserve: Vec<Reserve>,
+    /// Whether its limit follows its downstream (`adaptive`), and how.
+    pub adaptive: Option<crate::adaptive::Adaptive>,
 }
 
 /// A part of a fair valve held for one plan's tenants: `reserve: { plan:

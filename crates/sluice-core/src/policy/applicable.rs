@@ -3,6 +3,7 @@
 use super::cell::max_cost;
 use super::class::{ADHOC, Class};
 use super::plan::Plan;
+use crate::adaptive::{AdaptiveValve, Priority};
 use crate::bound::BoundRule;
 use crate::config::OnError;
 use crate::valve::Reserves;
@@ -26,6 +27,11 @@ pub struct Applicable<'p> {
     /// The reserves of those fair valves that have some: the limiter
     /// chooses per decision which part a request draws from.
     pub reserves: &'p [Reserves],
+    /// The adaptive valves among `rules`: the limiter sets each one's
+    /// effective limit, for the request's `priority`, per decision.
+    pub adaptive: &'p [AdaptiveValve],
+    /// The request's priority at adaptive valves (its plan's).
+    pub priority: Priority,
     /// The rules that count by outcome (`count_if`), also among `rules`:
     /// a decision holds the request's cost there as an attempt, given back
     /// unless the response's status matches (`Limiter::attempt`).
@@ -44,6 +50,8 @@ impl<'p> Applicable<'p> {
             max_cost: max_cost(rules),
             gated: false,
             reserves: &[],
+            adaptive: &[],
+            priority: Priority::Normal,
             by_outcome: &[],
         }
     }

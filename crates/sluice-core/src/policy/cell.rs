@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 
 use super::class::{Class, ClassId};
+use crate::adaptive::AdaptiveValve;
 use crate::bound::BoundRule;
 use crate::scope::Scope;
 use crate::valve::Reserves;
@@ -25,6 +26,8 @@ pub(super) struct Cell {
     pub(super) gated: bool,
     /// The reserves of its fair valves (before subject rules too).
     pub(super) reserves: Box<[Reserves]>,
+    /// Its adaptive valves (before subject rules too).
+    pub(super) adaptive: Box<[AdaptiveValve]>,
     /// The rules that count by outcome (`count_if`), among `rules`: a
     /// decision holds the request's cost there like any rule's, as an
     /// attempt given back unless its response's status matches; subject
@@ -43,7 +46,7 @@ impl Cell {
     pub(super) fn new(
         rules: Vec<BoundRule>,
         without_subject: usize,
-        reserves: Vec<Reserves>,
+        (reserves, adaptive): (Vec<Reserves>, Vec<AdaptiveValve>),
         plan: &str,
         route: &str,
     ) -> Cell {
@@ -62,6 +65,7 @@ impl Cell {
         Cell {
             gated: rules.iter().any(|r| r.scope() == Scope::Share),
             reserves: reserves.into(),
+            adaptive: adaptive.into(),
             rules: rules.into(),
             without_subject,
             classes,

@@ -233,6 +233,8 @@ impl Policy {
             max_cost: cell.max_cost[variant],
             gated: cell.gated,
             reserves: &cell.reserves,
+            adaptive: &cell.adaptive,
+            priority: plan.priority(),
             by_outcome,
         }
     }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use foldhash::fast::RandomState;
 
 use super::cell::Cell;
+use crate::adaptive::{AdaptiveValve, Priority};
 use crate::bound::BoundRule;
 use crate::config::share::Share;
 use crate::config::{Limits, OnError, RoutePattern, RouteRules};
@@ -17,6 +18,7 @@ pub struct Plan {
     name: Box<str>,
     on_error: Option<OnError>,
     weight: f64,
+    priority: Priority,
     exact: HashMap<Box<str>, usize, RandomState>,
     /// Longest first.
     prefixes: Box<[(Box<str>, usize)]>,
@@ -65,8 +67,12 @@ impl Plan {
             // (leases in flight) are first come.
             let mut gates = Vec::new();
             let mut reserves = Vec::new();
+            let mut adaptive = Vec::new();
             for (index, valve) in rules.iter_mut().enumerate().skip(valves) {
                 let share = limits.valve(valve.pattern(), valve.name());
+                if let Some(terms) = share.and_then(|s| s.adaptive) {
+                    adaptive.push(AdaptiveValve { index, terms });
+                }
                 if !valve.rule().algorithm().refills()
                     || share.is_some_and(|s| s.share != Share::Fair)
                 {
@@ -82,7 +88,13 @@ impl Plan {
             let without_subject = rules.len();
             add(&mut rules, Scope::Subject, &spec.subject);
             let route = covering.map_or_else(|| "*".to_owned(), RoutePattern::source);
-            let mut cell = Cell::new(rules, without_subject, reserves, &spec.name, &route);
+            let mut cell = Cell::new(
+                rules,
+                without_subject,
+                (reserves, adaptive),
+                &spec.name,
+                &route,
+            );
             cell.sort_out();
             cell
         };
@@ -109,6 +121,7 @@ impl Plan {
             name: spec.name.as_str().into(),
             on_error: spec.on_error,
             weight: spec.weight,
+            priority: spec.priority,
             exact,
             prefixes: prefixes.into(),
             fallback,
@@ -124,6 +137,11 @@ impl Plan {
     /// The plan's failure policy, when it overrides the storage default.
     pub fn on_error(&self) -> Option<OnError> {
         self.on_error
+    }
+
+    /// Its requests' priority at adaptive valves (default normal).
+    pub fn priority(&self) -> Priority {
+        self.priority
     }
 
     /// The plan's weight at a saturated valve (default 1).

@@ -63,6 +63,7 @@ impl Validator<'_> {
                 dedupe: Vec::new(),
                 on_error: None,
                 weight: 1.0,
+                priority: Default::default(),
             });
         } else if specs.is_empty() {
             self.push(plans_at, "`plans` must define at least one plan");
@@ -151,6 +152,7 @@ impl Validator<'_> {
         let dedupe = self.dedupe(raw.dedupe.unwrap_or_default());
         let on_error = raw.on_error.as_ref().map(|o| self.on_error(o, "on_error"));
         let weight = self.weight(raw.weight.as_ref());
+        let priority = self.priority(raw.priority.as_ref());
 
         // A name must say which rule denied: it may not be shared by two
         // scopes that can apply to the same request.
@@ -190,6 +192,7 @@ impl Validator<'_> {
             dedupe,
             on_error,
             weight,
+            priority,
         }
     }
 }

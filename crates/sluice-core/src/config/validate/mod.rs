@@ -9,6 +9,7 @@
 //! - [`routes`]: route tables and their patterns, `dedupe`;
 //! - [`rules`]: one list of rules, and each rule in it;
 //! - [`share`]: `share:` and `reserve:` on valves, `weight:` on plans;
+//! - [`adaptive`]: `adaptive:` on valves, `priority:` on plans;
 //! - [`fields`]: numbers, durations and failure policies, as any section
 //!   takes them;
 //! - [`yaml`]: what serde-saphyr reports, in the file's own words.
@@ -18,6 +19,7 @@ use serde_saphyr::{Location, Options};
 use super::raw::RawConfig;
 use super::{Config, ConfigError, ConfigErrors};
 
+mod adaptive;
 mod envoy_service;
 mod fields;
 mod keys;

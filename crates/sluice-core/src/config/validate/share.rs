@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_saphyr::Location;
 
-use super::super::raw::{RawRule, S};
+use super::super::raw::{RawAdaptive, RawRule, S};
 use super::super::share::{MAX_WEIGHT, MIN_WEIGHT, Reserve, Share, ValveShare, percent};
 use super::Validator;
 use crate::config::{PlanSpec, RouteRules};
@@ -18,6 +18,8 @@ struct Written {
     /// `reserve`: each plan's fraction and where it was written.
     reserve: Vec<(Reserve, Location)>,
     reserve_at: Location,
+    /// `adaptive`, read once the rule is.
+    adaptive: Option<S<RawAdaptive>>,
 }
 
 /// Where each reserved plan was named, to be checked once plans are read.
@@ -102,11 +104,13 @@ impl Validator<'_> {
                         reserve.push(part);
                     }
                 }
+                let adaptive = written.adaptive.and_then(|a| self.adaptive(rule, a));
                 valves.push(ValveShare {
                     pattern: route.pattern.source(),
                     name: rule.name.clone(),
                     share,
                     reserve,
+                    adaptive,
                 });
             }
         }
@@ -166,6 +170,7 @@ impl Validator<'_> {
             share_at,
             reserve,
             reserve_at,
+            adaptive: rule.adaptive.take(),
         }
     }
 
@@ -230,8 +235,8 @@ impl Validator<'_> {
         }
     }
 
-    /// `share` and `reserve` are a valve's: refused on a rule of another
-    /// scope.
+    /// `share`, `reserve` and `adaptive` are a valve's: refused on a rule
+    /// of another scope.
     pub(super) fn no_share(&mut self, rule: &RawRule, scope: &str) {
         if let Some(s) = &rule.share {
             self.push(
@@ -243,6 +248,12 @@ impl Validator<'_> {
             self.push(
                 r.referenced,
                 format!("`reserve` is only for valves (rules under `global`), not {scope} rules"),
+            );
+        }
+        if let Some(a) = &rule.adaptive {
+            self.push(
+                a.referenced,
+                format!("`adaptive` is only for valves (rules under `global`), not {scope} rules"),
             );
         }
     }

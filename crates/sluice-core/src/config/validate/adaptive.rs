@@ -1,0 +1,125 @@
+//! `adaptive:` on valve rules and `priority:` on plans (appendix I).
+
+use super::super::raw::{RawAdaptive, S};
+use super::Validator;
+use crate::adaptive::{Adaptive, Priority};
+use crate::config::NamedRule;
+
+/// The shortest and longest latency target (ms).
+const TARGET_MS: std::ops::RangeInclusive<u64> = 1..=60_000;
+
+impl Validator<'_> {
+    /// The `adaptive` terms of valve `rule`, when written and valid.
+    pub(super) fn adaptive(&mut self, rule: &NamedRule, raw: S<RawAdaptive>) -> Option<Adaptive> {
+        let at = raw.referenced;
+        let raw = raw.value;
+        let field = format!("`adaptive` of valve `{}`", rule.name);
+        let Some(target) = raw.latency_target.as_ref() else {
+            self.push(
+                at,
+                format!("{field} needs `latency_target`: the downstream latency to steer to, such as 250ms"),
+            );
+            return None;
+        };
+        let latency_target_ms =
+            self.duration_in(Some(target), "adaptive.latency_target", 1, TARGET_MS);
+        let limit = rule.rule.limit();
+        let min = self.integer_in(raw.min.as_ref(), "adaptive.min", 1, 1..=limit);
+        Some(Adaptive {
+            latency_target_ms,
+            min,
+        })
+    }
+
+    /// A plan's `priority` at adaptive valves (default normal).
+    pub(super) fn priority(&mut self, raw: Option<&S<String>>) -> Priority {
+        let Some(raw) = raw else {
+            return Priority::default();
+        };
+        Priority::parse(&raw.value).unwrap_or_else(|| {
+            self.push(
+                raw.referenced,
+                format!(
+                    "`priority` must be `critical`, `high`, `normal` (the default) or `low`, got `{}`",
+                    raw.value
+                ),
+            );
+            Priority::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::adaptive::{Adaptive, Priority};
+    use crate::config::Config;
+    use crate::config::tests::single_error;
+
+    const BASE: &str = "default_plan: p\nplans:\n  p:\n    priority: critical\n    tenant: [{ name: t, limit: 10, per: 1s }]\n  f:\n    tenant: [{ name: t, limit: 10, per: 1s }]\n";
+
+    fn with_valve(valve: &str) -> String {
+        format!("{BASE}global:\n  \"POST /v1/search\": [{valve}]\n")
+    }
+
+    #[test]
+    fn adaptive_valves_and_priorities_parse() {
+        let yaml = with_valve(
+            "{ name: db, algorithm: concurrency, limit: 400, lease: 30s, adaptive: { latency_target: 250ms, min: 10 } }",
+        );
+        let config = Config::from_yaml(&yaml, "a.yaml").unwrap();
+        let valve = config.limits.valve("POST /v1/search", "db").unwrap();
+        assert_eq!(
+            valve.adaptive,
+            Some(Adaptive {
+                latency_target_ms: 250,
+                min: 10
+            })
+        );
+        let plan = |name: &str| config.limits.plans.iter().find(|p| p.name == name).unwrap();
+        assert_eq!(plan("p").priority, Priority::Critical);
+        assert_eq!(plan("f").priority, Priority::Normal);
+        // min defaults to 1.
+        let yaml =
+            with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s } }");
+        let config = Config::from_yaml(&yaml, "a.yaml").unwrap();
+        let valve = config.limits.valve("POST /v1/search", "db").unwrap();
+        assert_eq!(valve.adaptive.unwrap().min, 1);
+    }
+
+    #[test]
+    fn adaptive_and_priority_errors_name_the_field_and_range() {
+        let cases = [
+            (
+                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { min: 10 } }"),
+                "`adaptive` of valve `db` needs `latency_target`",
+            ),
+            (
+                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 2m } }"),
+                "`adaptive.latency_target` must be",
+            ),
+            (
+                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s, min: 101 } }"),
+                "`adaptive.min` must be",
+            ),
+            (
+                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s, floor: 3 } }"),
+                "unknown field `floor`",
+            ),
+            (
+                BASE.replace("priority: critical", "priority: urgent"),
+                "`priority` must be `critical`, `high`, `normal` (the default) or `low`, got `urgent`",
+            ),
+            (
+                BASE.replace(
+                    "tenant: [{ name: t, limit: 10, per: 1s }]\n  f:",
+                    "tenant: [{ name: t, limit: 10, per: 1s, adaptive: { latency_target: 1s } }]\n  f:",
+                ),
+                "`adaptive` is only for valves (rules under `global`), not tenant rules",
+            ),
+        ];
+        for (yaml, said) in cases {
+            let error = single_error(&yaml);
+            assert!(error.contains(said), "{said}\n  got: {error}");
+        }
+    }
+}
