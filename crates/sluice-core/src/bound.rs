@@ -31,6 +31,8 @@ pub struct BoundRule {
     /// (see [`Keyer::linking_regions`](crate::keys::Keyer::linking_regions)):
     /// its identity and its period.
     shared_identity: Option<Arc<[u8]>>,
+    /// An adaptive valve (appendix I): its limit is set per decision.
+    adaptive: bool,
     /// The length of the identity's scope and pattern (see `group`).
     group_len: usize,
     uid: u64,
@@ -102,6 +104,7 @@ impl BoundRule {
                 .unwrap_or_else(|| RegionScope::default_for(scope, &rule))
                 == RegionScope::Shared,
             shared_identity: None,
+            adaptive: false,
             group_len,
             uid,
             near_at_remaining: capacity.saturating_sub(used_at_near.min(capacity)),
@@ -133,6 +136,7 @@ impl BoundRule {
             texts: valve.texts.with_identity(identity),
             scope: Scope::Share,
             shared: false,
+            adaptive: false,
             group_len,
             uid,
             near_at_remaining: 0,
@@ -214,6 +218,18 @@ impl BoundRule {
     /// enforced.
     pub fn shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// Whether it is an adaptive valve, whose limit the limiter sets per
+    /// decision (appendix I).
+    pub fn adaptive(&self) -> bool {
+        self.adaptive
+    }
+
+    /// The same rule, marked adaptive.
+    pub(crate) fn made_adaptive(mut self) -> BoundRule {
+        self.adaptive = true;
+        self
     }
 
     /// How far over its limit a hot key of this rule may be admitted

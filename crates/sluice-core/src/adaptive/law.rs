@@ -126,7 +126,8 @@ impl Law {
             law.latency_ms = if law.latency_ms <= 0.0 {
                 mean
             } else {
-                let weight = 1.0 - (-n / HALF_WAY).exp2();
+                // (0.5^x rather than 2^−x: the script's `^` is C's pow.)
+                let weight = 1.0 - 0.5f64.powf(n / HALF_WAY);
                 law.latency_ms + weight * (mean - law.latency_ms)
             };
             failing = seen.failed as f64 > FAILING * n;

@@ -71,6 +71,7 @@ impl Plan {
             for (index, valve) in rules.iter_mut().enumerate().skip(valves) {
                 let share = limits.valve(valve.pattern(), valve.name());
                 if let Some(terms) = share.and_then(|s| s.adaptive) {
+                    *valve = valve.clone().made_adaptive();
                     adaptive.push(AdaptiveValve { index, terms });
                 }
                 if !valve.rule().algorithm().refills()

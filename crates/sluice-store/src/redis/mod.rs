@@ -14,12 +14,14 @@
 //! - [`adjust`] (`adjust.lua`): debits and give-backs after the fact, once
 //!   per settle marker.
 //! - [`heartbeat`] (`heartbeat.lua`): instances counting themselves.
+//! - [`adapt`] (`adapt.lua`): an adaptive valve's law, in its own key.
 //! - [`inspect`]: a key's stored state read back and decoded.
 //! - `store`: the Redis store both backends are, generic over how Redis is
 //!   reached (one node, a cluster): pings, heartbeats, peeks, refunds.
 //!
 //! `common.lua` holds the helpers every script starts with.
 
+pub mod adapt;
 pub mod adjust;
 pub mod args;
 pub mod cluster;

@@ -312,6 +312,15 @@ impl Store for RedisStore {
         self.redis.note_asked(batch);
     }
 
+    async fn adapt(
+        &self,
+        valve: &sluice_core::BoundRule,
+        terms: sluice_core::adaptive::Adaptive,
+        seen: sluice_core::adaptive::law::Seen,
+    ) -> Result<Option<u64>, StoreError> {
+        self.redis.adapt(valve, terms, seen).await.map(Some)
+    }
+
     async fn adjust(
         &self,
         batch: &Batch<'_>,

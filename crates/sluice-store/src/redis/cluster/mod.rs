@@ -527,6 +527,15 @@ impl Store for ClusterStore {
         self.redis.note_asked(batch);
     }
 
+    async fn adapt(
+        &self,
+        valve: &sluice_core::BoundRule,
+        terms: sluice_core::adaptive::Adaptive,
+        seen: sluice_core::adaptive::law::Seen,
+    ) -> Result<Option<u64>, StoreError> {
+        self.redis.adapt(valve, terms, seen).await.map(Some)
+    }
+
     fn valve_parts(&self) -> u64 {
         u64::from(self.valve_shards)
     }
