@@ -236,6 +236,19 @@ impl Store for Backend {
         }
     }
 
+    async fn adapt(
+        &self,
+        valve: &sluice_core::BoundRule,
+        terms: sluice_core::adaptive::Adaptive,
+        seen: sluice_core::adaptive::law::Seen,
+    ) -> Result<Option<u64>, StoreError> {
+        match self {
+            Backend::Redis(store) => store.adapt(valve, terms, seen).await,
+            Backend::Cluster(store) => store.adapt(valve, terms, seen).await,
+            Backend::Memory(_) => Ok(None),
+        }
+    }
+
     fn maintain(&self) {
         if let Backend::Memory(store) = self {
             store.maintain();

@@ -29,7 +29,9 @@ use sluice_store::{AfterError, MarkerAnswer, StoreError};
 use sluice_tower::InvalidRequest;
 use sluice_tower::answer::{decision_answer, standing_answer};
 
-use super::body::{CheckBody, bytes, parse_normalized, to_spent_request, whole_number};
+use super::body::{
+    CheckBody, bytes, latency, parse_normalized, status_code, to_spent_request, whole_number,
+};
 use super::respond::refusal;
 use crate::app::App;
 use crate::reservation::Reservations;
@@ -78,6 +80,8 @@ pub(super) fn with_fields<'n>(
 struct SettleBody {
     reservation: Option<String>,
     cost: Option<serde_json::Number>,
+    latency_ms: Option<serde_json::Number>,
+    status: Option<serde_json::Number>,
 }
 
 pub(super) async fn settle(
@@ -118,6 +122,13 @@ pub(super) async fn settle(
             ));
         }
     };
+    let (latency_ms, status) = match (
+        latency(parsed.latency_ms.as_ref()),
+        status_code(parsed.status.as_ref()),
+    ) {
+        (Ok(latency_ms), Ok(status)) => (latency_ms, status),
+        (Err(problem), _) | (_, Err(problem)) => return refusal(&problem),
+    };
     let unknown = |why: &str| {
         app.settle_refused();
         refusal(
@@ -136,6 +147,15 @@ pub(super) async fn settle(
         return unknown(
             "it is an attempt: conclude it with POST /v1/report, its `attempt` and the response's `status`",
         );
+    }
+    if let Some(latency_ms) = latency_ms {
+        let r = &held.reservation;
+        if let Ok(request) = Request::new(&r.tenant, &r.route, r.subject.as_deref(), 1) {
+            let policy = app.limiter.policy();
+            app.limiter
+                .observe(&policy, &request, latency_ms, status)
+                .await;
+        }
     }
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own: a client gone mid-settle cannot cut the
@@ -212,20 +232,13 @@ pub(super) async fn report(
             "`reserve` is for /v1/check and /v1/acquire: a report records a cost already spent",
         ));
     }
-    let status = match parsed.status.as_ref().map(|n| {
-        whole_number(n)
-            .and_then(|s| u16::try_from(s).ok())
-            .filter(|s| (100..=599).contains(s))
-            .ok_or(n)
-    }) {
-        None => None,
-        Some(Ok(status)) => Some(status),
-        Some(Err(n)) => {
-            return refusal(&InvalidRequest::new(
-                "status",
-                format!("`status` must be an HTTP status code from 100 to 599, got {n}"),
-            ));
-        }
+    let status = match status_code(parsed.status.as_ref()) {
+        Ok(status) => status,
+        Err(problem) => return refusal(&problem),
+    };
+    let latency_ms = match latency(parsed.latency_ms.as_ref()) {
+        Ok(latency) => latency,
+        Err(problem) => return refusal(&problem),
     };
     if let Some(id) = &parsed.attempt {
         return super::attempt::conclude(app.clone(), &parsed, id, status).await;
@@ -235,6 +248,11 @@ pub(super) async fn report(
         Err(problem) => return refusal(&problem),
     };
     let policy = app.limiter.policy();
+    if let Some(latency_ms) = latency_ms {
+        app.limiter
+            .observe(&policy, &request, latency_ms, status)
+            .await;
+    }
     match app.report(&policy, &request).await {
         Ok(reported) => standing_answer(&reported.decision)
             .map(Body::from)

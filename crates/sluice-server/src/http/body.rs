@@ -31,6 +31,8 @@ pub(super) struct CheckBody<'a> {
     pub(super) status: Option<serde_json::Number>,
     /// The attempt the check answered (`/v1/report` only).
     pub(super) attempt: Option<String>,
+    /// How long the request took downstream (`/v1/report` only).
+    pub(super) latency_ms: Option<serde_json::Number>,
 }
 
 /// `status` and `attempt` belong to `/v1/report`, which records a cost or
@@ -48,7 +50,45 @@ pub(super) fn no_status(body: &CheckBody<'_>) -> Result<(), InvalidRequest> {
             "`attempt` is only for POST /v1/report, which concludes it once the response is known",
         ));
     }
+    if body.latency_ms.is_some() {
+        return Err(InvalidRequest::new(
+            "latency_ms",
+            "`latency_ms` is only for POST /v1/report, /v1/settle and /v1/release, once the response is known",
+        ));
+    }
     Ok(())
+}
+
+/// The longest latency a caller may report (ms): an hour.
+const MOST_LATENCY_MS: f64 = 3_600_000.0;
+
+/// A response's `status`, when given: an HTTP status code.
+pub(super) fn status_code(raw: Option<&serde_json::Number>) -> Result<Option<u16>, InvalidRequest> {
+    let Some(n) = raw else { return Ok(None) };
+    whole_number(n)
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (100..=599).contains(s))
+        .map(Some)
+        .ok_or_else(|| {
+            InvalidRequest::new(
+                "status",
+                format!("`status` must be an HTTP status code from 100 to 599, got {n}"),
+            )
+        })
+}
+
+/// A request's `latency_ms` downstream, when given: 0 to an hour.
+pub(super) fn latency(raw: Option<&serde_json::Number>) -> Result<Option<f64>, InvalidRequest> {
+    let Some(n) = raw else { return Ok(None) };
+    n.as_f64()
+        .filter(|ms| (0.0..=MOST_LATENCY_MS).contains(ms))
+        .map(Some)
+        .ok_or_else(|| {
+            InvalidRequest::new(
+                "latency_ms",
+                format!("`latency_ms` must be a number of milliseconds from 0 to 3600000, got {n}"),
+            )
+        })
 }
 
 /// The body as read, or the refusal of a body that could not be (too

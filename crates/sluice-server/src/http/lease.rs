@@ -27,7 +27,7 @@ use sluice_tower::InvalidRequest;
 use sluice_tower::answer::decision_answer;
 
 use super::after::with_fields;
-use super::body::{bytes, no_status, parse_normalized, to_request};
+use super::body::{bytes, no_status, parse_normalized, status_code, to_request};
 use super::respond::refusal;
 use crate::app::App;
 
@@ -37,8 +37,13 @@ use crate::app::App;
 /// holding its rules would be too long.
 const REQUEST: u8 = 1;
 
-/// A lease naming its tenant, subject and the rules it holds.
+/// A lease naming its tenant, subject and the rules it holds. Still read,
+/// for leases given before [`HOLDING_SINCE`].
 const HOLDING: u8 = 2;
+
+/// A lease naming its tenant, subject, route, when it was taken and the
+/// rules it holds: its release tells adaptive valves how long it was held.
+const HOLDING_SINCE: u8 = 3;
 
 /// Longest lease text accepted (a `/v1/release` body is at most 16 KiB):
 /// a lease holding more than fits (over a hundred concurrency rules on one
@@ -80,7 +85,7 @@ pub(super) async fn acquire(
     // The decision's fields, and the lease (null when no concurrency rule
     // applies: nothing to release), and the reservation when asked for.
     let lease = lease.map_or(serde_json::Value::Null, |lease| {
-        encode(&lease, &request).into()
+        encode(&lease, &request, app.now_ms()).into()
     });
     let mut fields = vec![("lease", lease)];
     if let Some(reservation) = reserving
@@ -99,6 +104,9 @@ pub(super) async fn acquire(
 #[serde(deny_unknown_fields, expecting = "an object")]
 struct ReleaseBody {
     lease: Option<String>,
+    /// The response's status, when known (adaptive valves count 5xx and
+    /// 429 as failures).
+    status: Option<serde_json::Number>,
 }
 
 pub(super) async fn release(
@@ -109,9 +117,15 @@ pub(super) async fn release(
         Ok(body) => body,
         Err(problem) => return refusal(&problem),
     };
-    let lease = match serde_json::from_slice::<ReleaseBody>(&body) {
-        Ok(ReleaseBody { lease: Some(lease) }) => lease,
-        Ok(ReleaseBody { lease: None }) => {
+    let (lease, status) = match serde_json::from_slice::<ReleaseBody>(&body) {
+        Ok(ReleaseBody {
+            lease: Some(lease),
+            status,
+        }) => match status_code(status.as_ref()) {
+            Ok(status) => (lease, status),
+            Err(problem) => return refusal(&problem),
+        },
+        Ok(ReleaseBody { lease: None, .. }) => {
             return refusal(&InvalidRequest::new(
                 "lease",
                 "`lease` is required: the lease /v1/acquire answered",
@@ -120,7 +134,9 @@ pub(super) async fn release(
         Err(e) => {
             return refusal(&InvalidRequest::new(
                 "body",
-                format!("malformed JSON body: {e}; expected {{\"lease\": \"...\"}}"),
+                format!(
+                    "malformed JSON body: {e}; expected {{\"lease\": \"...\"}}, and `status` when known"
+                ),
             ));
         }
     };
@@ -154,12 +170,18 @@ pub(super) async fn release(
         .release(&given.tenant, given.subject.as_deref(), &lease)
         .await
     {
-        Ok(true) => (
-            StatusCode::OK,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            r#"{"released":true}"#,
-        )
-            .into_response(),
+        Ok(true) => {
+            // How long it was held: its downstream's latency, for the
+            // adaptive valves of its route.
+            if let (Some(route), Some(taken)) = (&given.route, given.taken_ms)
+                && let Ok(request) = Request::new(&given.tenant, route, given.subject.as_deref(), 1)
+            {
+                let held = app.now_ms().saturating_sub(taken) as f64;
+                let policy = app.limiter.policy();
+                app.limiter.observe(&policy, &request, held, status).await;
+            }
+            released()
+        }
         Ok(false) => unknown(),
         Err(e) => {
             tracing::warn!(error = %e, "a lease could not be released; it expires by itself");
@@ -174,6 +196,16 @@ pub(super) async fn release(
     }
 }
 
+/// The answer to a release that released.
+fn released() -> Response {
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        r#"{"released":true}"#,
+    )
+        .into_response()
+}
+
 /// What a lease names.
 #[derive(Debug, PartialEq, Eq)]
 struct Given {
@@ -181,6 +213,10 @@ struct Given {
     tenant: String,
     subject: Option<String>,
     held: Held,
+    /// Its route and when it was taken (ms), when it says
+    /// ([`HOLDING_SINCE`]).
+    route: Option<String>,
+    taken_ms: Option<u64>,
 }
 
 /// What a lease holds.
@@ -203,13 +239,15 @@ const SCOPES: [Scope; 6] = [
     Scope::Dedupe,
 ];
 
-/// `lease`, taken for `request`, as clients hold it.
-fn encode(lease: &Lease, request: &Request<'_>) -> String {
+/// `lease`, taken for `request` at `taken_ms`, as clients hold it.
+fn encode(lease: &Lease, request: &Request<'_>, taken_ms: u64) -> String {
     let mut bytes = Vec::with_capacity(128);
-    bytes.push(HOLDING);
+    bytes.push(HOLDING_SINCE);
     bytes.extend_from_slice(&lease.id().to_be_bytes());
     put(&mut bytes, Some(request.tenant));
     put(&mut bytes, request.subject);
+    put(&mut bytes, Some(request.route));
+    bytes.extend_from_slice(&taken_ms.to_be_bytes());
     bytes.extend_from_slice(&(lease.held().len() as u16).to_be_bytes());
     for (scope, pattern, name) in lease.held() {
         let scope = SCOPES.iter().position(|s| *s == scope).unwrap_or(0);
@@ -260,11 +298,20 @@ fn decode(lease: &str) -> Option<Given> {
                 tenant,
                 subject: read.text()?,
                 held: Held::OfRoute(route),
+                route: None,
+                taken_ms: None,
             }
         }
-        HOLDING => {
+        HOLDING | HOLDING_SINCE => {
             let tenant = read.text()??;
             let subject = read.text()?;
+            let (route, taken_ms) = if version == HOLDING_SINCE {
+                let route = read.text()??;
+                let taken = u64::from_be_bytes(read.take(8)?.try_into().ok()?);
+                (Some(route), Some(taken))
+            } else {
+                (None, None)
+            };
             let count = u16::from_be_bytes(read.take(2)?.try_into().ok()?);
             let mut rules = Vec::with_capacity(usize::from(count).min(256));
             for _ in 0..count {
@@ -277,6 +324,8 @@ fn decode(lease: &str) -> Option<Given> {
                 tenant,
                 subject,
                 held: Held::Rules(rules),
+                route,
+                taken_ms,
             }
         }
         _ => return None,
@@ -317,23 +366,42 @@ mod tests {
             (Scope::Subject, "*", "mine"),
         ];
         let lease = Lease::rebuilt(0xfeed_u128 << 64 | 7, held);
-        let text = encode(&lease, &request);
+        let text = encode(&lease, &request, 1_764_460_800_123);
         let given = decode(&text).unwrap();
+        let rules = Held::Rules(
+            held.iter()
+                .map(|(s, p, n)| (*s, p.to_string(), n.to_string()))
+                .collect(),
+        );
         assert_eq!(
             given,
             Given {
                 id: 0xfeed_u128 << 64 | 7,
                 tenant: "acme".into(),
                 subject: Some("u-1".into()),
-                held: Held::Rules(
-                    held.iter()
-                        .map(|(s, p, n)| (*s, p.to_string(), n.to_string()))
-                        .collect()
-                ),
+                held: rules,
+                route: Some("POST /export".into()),
+                taken_ms: Some(1_764_460_800_123),
             }
         );
         let none = Request::new("acme", "GET /", None, 1).unwrap();
-        assert_eq!(decode(&encode(&lease, &none)).unwrap().subject, None);
+        assert_eq!(decode(&encode(&lease, &none, 1)).unwrap().subject, None);
+        // A lease given before leases said when they were taken: released
+        // as ever, telling no hold time.
+        let mut older = vec![HOLDING];
+        older.extend_from_slice(&7u128.to_be_bytes());
+        put(&mut older, Some("acme"));
+        put(&mut older, None);
+        older.extend_from_slice(&1u16.to_be_bytes());
+        older.push(3);
+        put(&mut older, Some("POST /export"));
+        put(&mut older, Some("all"));
+        let older = decode(&URL_SAFE_NO_PAD.encode(older)).unwrap();
+        assert_eq!((older.id, older.route, older.taken_ms), (7, None, None));
+        assert_eq!(
+            older.held,
+            Held::Rules(vec![(Scope::Global, "POST /export".into(), "all".into())])
+        );
         for bad in [
             "",
             "not base64!",
@@ -358,7 +426,7 @@ mod tests {
                 .iter()
                 .map(|n| (Scope::Route, "POST /export", n.as_str())),
         );
-        let text = encode(&lease, &request);
+        let text = encode(&lease, &request, 5);
         assert!(text.len() <= MAX_LEASE_CHARS);
         assert_eq!(
             decode(&text).unwrap(),
@@ -367,6 +435,8 @@ mod tests {
                 tenant: "acme".into(),
                 subject: None,
                 held: Held::OfRoute("POST /export".into()),
+                route: None,
+                taken_ms: None,
             }
         );
     }

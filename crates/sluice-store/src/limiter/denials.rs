@@ -162,6 +162,9 @@ impl DenialCache {
                 || outcome.retry_after_ms == 0
                 || rule.rule().is_concurrency()
                 || rule.count_if().is_some()
+                // An adaptive valve's limit is set per decision, by
+                // priority: a low one's denial says nothing of a critical.
+                || rule.adaptive()
                 // One key of a split valve denied: the next decision uses
                 // another, which may well admit (remembered, one empty key
                 // denied every tenant as if the whole valve were).

@@ -25,8 +25,9 @@
 //! ([`Limiter::reserve`], [`Limiter::settle`], [`Limiter::attempt`],
 //! [`Limiter::conclude_attempt`], [`Limiter::report`]: `after`), reads
 //! ([`Limiter::peek`], [`Limiter::peek_keyed`]). Beside them: fair valves'
-//! levels (`gate`, `fair`), duplicate guards' buckets (`dedupe`) and the
-//! options ([`LimiterOptions`]).
+//! levels (`gate`, `fair`), adaptive valves' limits and what their
+//! downstream shows (`adaptive`, [`Limiter::observe`]), duplicate guards'
+//! buckets (`dedupe`) and the options ([`LimiterOptions`]).
 //!
 //! The policy is swapped atomically on reload; a decision holds the policy
 //! it started with until it is done.
@@ -42,6 +43,7 @@ use sluice_core::config::OnError;
 use crate::memory::MemoryStore;
 use crate::store::{Batch, Peeked, Store, StoreError};
 
+mod adaptive;
 mod after;
 mod attempt;
 pub mod breaker;
@@ -62,6 +64,7 @@ pub mod slice;
 #[cfg(test)]
 mod tests;
 
+pub use adaptive::AdaptiveLevel;
 pub use after::{Adjustment, AfterError, Reservation};
 pub use fair::ValveLevel;
 pub use keyed::Keyed;
@@ -87,6 +90,9 @@ pub struct Limiter<S> {
     turns: shard::Turns,
     /// Each fair valve's level, as this instance knows it.
     fair: fair::FairShares,
+    /// Each adaptive valve's effective limit and what was seen of its
+    /// downstream.
+    adaptive: adaptive::Adaptives,
     /// Whether [`keep_healthy`](Self::keep_healthy) runs for it.
     maintained: std::sync::atomic::AtomicBool,
 }
@@ -122,6 +128,7 @@ impl<S: Store> Limiter<S> {
             live_instances: AtomicU64::new(options.fallback_instances.max(1)),
             turns: shard::Turns::default(),
             fair: fair::FairShares::default(),
+            adaptive: adaptive::Adaptives::default(),
             maintained: std::sync::atomic::AtomicBool::new(false),
             options,
         }
@@ -165,6 +172,12 @@ impl<S: Store> Limiter<S> {
     /// saturated, and its fair-share level.
     pub fn valve_levels(&self) -> Vec<ValveLevel> {
         self.fair.levels(self.options.clock.now_ms())
+    }
+
+    /// Every adaptive valve this instance knows: its effective limit, its
+    /// downstream's latency, what it shed by priority.
+    pub fn adaptive_levels(&self) -> Vec<AdaptiveLevel> {
+        self.adaptive.levels()
     }
 
     /// The slices of hot keys this instance holds, per rule, with each

@@ -73,9 +73,11 @@ impl<S: Store> Limiter<S> {
         decision
     }
 
-    /// Lets `prepared`'s fair valves' gates learn from `decision`.
+    /// Lets `prepared`'s adaptive valves and fair valves' gates learn
+    /// from `decision`.
     #[inline]
     fn learned(&self, prepared: &Prepared<'_, '_>, decision: &mut Decision<'_>) {
+        self.adaptive.learn(&prepared.applicable, decision);
         if let Some(gated) = &prepared.gated {
             self.learn(&gated.1, decision, prepared.cost);
         }

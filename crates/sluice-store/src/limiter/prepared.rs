@@ -1,7 +1,8 @@
 //! Everything decided before the store is asked, the same for every door
 //! ([`Limiter::prepare`]): the rules that apply (those that count by
 //! outcome among them, held as attempts), a cost no rule can ever hold,
-//! fair valves' gates set for this request's share, where duplicate guards
+//! adaptive valves at their limit for this request's priority, fair
+//! valves' gates set for this request's share, where duplicate guards
 //! and named buckets count and what each rule consumes, and the lease an
 //! admission takes of concurrency rules. A door adds nothing of its own:
 //! the next step of every decision belongs here or on the path
@@ -37,6 +38,9 @@ pub(super) struct Prepared<'p, 'r> {
     /// gates to learn from the answer; `None`: the policy's own rules.
     /// Boxed: a prepared request moves, and most have no gate.
     pub(super) gated: Option<Box<(SmallVec<[BoundRule; 6]>, fair::Gates)>>,
+    /// The rules with adaptive valves' limits set for this request's
+    /// priority (and no gate); `None`: no adaptive valve, or gated.
+    pub(super) retuned: Option<Box<SmallVec<[BoundRule; 6]>>>,
     pub(super) counted: Counted<'r>,
     /// The lease an admission takes of concurrency rules.
     pub(super) lease: Option<u128>,
@@ -58,9 +62,10 @@ impl<'p, 'r> Prepared<'p, 'r> {
     /// The rules the store decides.
     #[inline]
     pub(super) fn rules(&self) -> &[BoundRule] {
-        match &self.gated {
-            Some(gated) => &gated.0,
-            None => self.applicable.rules,
+        match (&self.gated, &self.retuned) {
+            (Some(gated), _) => &gated.0,
+            (None, Some(retuned)) => retuned,
+            (None, None) => self.applicable.rules,
         }
     }
 
@@ -177,10 +182,14 @@ impl<S: Store> Limiter<S> {
                 &[],
             ));
         }
+        // Adaptive valves at their limit for this request, then gates.
+        let retuned = self.adaptive.retuned(&applicable, applicable.rules);
         let gated = applicable.gated.then(|| {
             let now = self.options.clock.now_ms();
-            Box::new(self.fair.gate(&applicable, applicable.rules, cost, now))
+            let rules = retuned.as_deref().unwrap_or(applicable.rules);
+            Box::new(self.fair.gate(&applicable, rules, cost, now))
         });
+        let retuned = retuned.filter(|_| gated.is_none()).map(Box::new);
         let lease = (leasing && applicable.rules.iter().any(|r| r.rule().is_concurrency()))
             .then(lease::new_lease_id);
         Ok(Prepared {
@@ -189,6 +198,7 @@ impl<S: Store> Limiter<S> {
             subject,
             cost,
             gated,
+            retuned,
             counted,
             lease,
         })
