@@ -81,17 +81,17 @@ async fn each_priority_fills_its_share_and_the_limit_follows_the_downstream() {
     let store = MemoryStore::with_clock(10_000, clock.clone());
     let limiter = Limiter::with_options(policy(), store, options(&clock));
     let policy = limiter.policy();
-    // At the full limit of 100: low holds 40, normal up to 60 in all,
+    // At the full limit of 100: low holds 25, normal up to 50 in all,
     // critical up to 100 in all; lower priorities are denied first.
-    assert_eq!(leases(&limiter, &policy, "anyone").await, 40, "low: 40%");
+    assert_eq!(leases(&limiter, &policy, "anyone").await, 25, "low: 25%");
     assert_eq!(
         leases(&limiter, &policy, "plain").await,
-        20,
-        "normal: to 60%"
+        25,
+        "normal: to 50%"
     );
     assert_eq!(
         leases(&limiter, &policy, "vip").await,
-        40,
+        50,
         "critical: to 100%"
     );
     assert_eq!(leases(&limiter, &policy, "anyone").await, 0);
@@ -157,10 +157,10 @@ async fn two_instances_on_redis_enforce_one_effective_limit() {
     report(&a, &policy, &clock, (40, 400.0, 100)).await;
     let cut = a.adaptive_levels()[0].effective_limit;
     assert_eq!(cut, 5, "cut to min");
-    // b has not stepped: it still enforces the whole valve for low (40).
-    assert_eq!(leases(&b, &policy, "anyone").await, 40);
-    // One step of its own reads the law a stepped: low now gets ⌊5 × 0.4⌋
-    // at least one, of which it holds 40 already.
+    // b has not stepped: it still enforces the whole valve for low (25).
+    assert_eq!(leases(&b, &policy, "anyone").await, 25);
+    // One step of its own reads the law a stepped: critical now gets 5,
+    // all held already.
     report(&b, &policy, &clock, (1, 400.0, 100)).await;
     assert_eq!(b.adaptive_levels()[0].effective_limit, cut);
     assert_eq!(leases(&b, &policy, "vip").await, 0, "critical: 5, all held");

@@ -1,4 +1,4 @@
-//! Real Redis servers for sluice's tests.
+//! Real Redis servers, and the other real parts, for sluice's tests.
 //!
 //! Every test that needs Redis starts its own `redis-server` here, on a free
 //! loopback port, with persistence off and its files in a temporary
@@ -19,11 +19,14 @@
 //! - `signal`: a process stopped, waited on until it is, or continued
 //!   ([`signal()`]);
 //! - `proxy`: a link between regions, delayed and cuttable
-//!   ([`DelayProxy`]).
+//!   ([`DelayProxy`]);
+//! - `downstream`: an HTTP service of limited capacity, whose latency
+//!   rises past it ([`Downstream`]).
 
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod downstream;
 mod monitor;
 mod ports;
 mod proxy;
@@ -32,6 +35,7 @@ mod server;
 mod signal;
 
 pub use cluster::{RedisCluster, SeenNode};
+pub use downstream::Downstream;
 pub use monitor::{Monitor, command_calls, command_usec};
 pub use ports::{free_node_ports, free_port};
 pub use proxy::DelayProxy;

@@ -8,15 +8,20 @@
 //! limit `L` its requests may fill: a request of priority `p` is admitted
 //! by the valve only while what the valve holds stays within
 //! `⌊L × share(p)⌋` ([`Priority::share`]). While the valve sheds (it is
-//! full at `L`), a `low` request is denied from `0.4 L` on, a `normal` one
-//! from `0.6 L`, a `high` one from `0.8 L` and a `critical` one only at
-//! `L`: a lower priority is always denied first, and a higher one is
-//! denied only once every lower one is. The law sees the valve full
-//! whatever priority it denied, so `L` grows until the downstream's
-//! latency reaches its target: traffic of a low priority alone still gets
-//! the downstream's capacity, as long as `limit` is at least `2.5 ×` the
-//! level where the downstream reaches its target (write `limit` for the
-//! lowest priority that may run alone).
+//! full at `L`), a `low` request is denied from `L/4` on, a `normal` one
+//! from `L/2`, a `high` one from `3L/4` and a `critical` one only at `L`:
+//! a lower priority is always denied first, and a higher one only once
+//! every lower one is.
+//!
+//! The law sees the valve full whatever priority it denied, so `L` grows
+//! until the downstream's latency reaches its target: what the lower
+//! priorities hold, `L` makes up for. With `L*` requests in flight at the
+//! target, and critical traffic needing `c` of them, the law settles where
+//! low traffic holds `L/4 = L* − c`: critical has `3L/4 ≥ 3(L* − c)` of
+//! room beyond what it uses, however much low traffic asks. Traffic of
+//! one low priority alone gets the downstream's capacity as long as the
+//! valve's `limit` is at least `4 L*`: write `limit` as a ceiling, well
+//! above what the downstream holds.
 
 pub mod law;
 
@@ -81,9 +86,9 @@ impl Priority {
     /// fill (see the module's documentation).
     pub fn share(self) -> f64 {
         match self {
-            Priority::Low => 0.4,
-            Priority::Normal => 0.6,
-            Priority::High => 0.8,
+            Priority::Low => 0.25,
+            Priority::Normal => 0.5,
+            Priority::High => 0.75,
             Priority::Critical => 1.0,
         }
     }
