@@ -141,6 +141,7 @@ pub async fn rls(
     Ok(total)
 }
 
+pub mod adaptive;
 pub mod file;
 pub mod hot_key;
 pub mod open;
