@@ -241,7 +241,7 @@ impl Store for Backend {
         valve: &sluice_core::BoundRule,
         terms: sluice_core::adaptive::Adaptive,
         seen: sluice_core::adaptive::law::Seen,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<sluice_core::adaptive::law::Law>, StoreError> {
         match self {
             Backend::Redis(store) => store.adapt(valve, terms, seen).await,
             Backend::Cluster(store) => store.adapt(valve, terms, seen).await,

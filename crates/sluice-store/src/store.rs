@@ -244,14 +244,15 @@ pub trait Store: Send + Sync {
 
     /// Steps adaptive `valve`'s law (`sluice_core::adaptive::law`) with
     /// what this instance has `seen`, in the valve's own keys at the
-    /// store's time, and answers its effective limit; `None` from a store
+    /// store's time, and answers the law as stepped; `None` from a store
     /// in this process, for which the limiter keeps the law itself.
     fn adapt(
         &self,
         valve: &sluice_core::BoundRule,
         terms: sluice_core::adaptive::Adaptive,
         seen: sluice_core::adaptive::law::Seen,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<sluice_core::adaptive::law::Law>, StoreError>> + Send
+    {
         let _ = (valve, terms, seen);
         async { Ok(None) }
     }

@@ -49,6 +49,11 @@ pub enum Scenario {
     /// process starts, linked through a delay proxy): one budget across
     /// them, linked, partitioned and healed.
     Regions,
+    /// An adaptive valve before a downstream of limited capacity (the
+    /// test kit's), offered twice what it serves by a critical tenant and
+    /// a low one, beside no valve and a static valve, then its workers
+    /// halved (`--store`: where the limiter's state is).
+    Adaptive,
 }
 
 /// `sluice bench --api`.

@@ -143,6 +143,13 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
     if args.scenario == Some(Scenario::Regions) {
         return regions(&args);
     }
+    if args.scenario == Some(Scenario::Adaptive) {
+        return adaptive(&args);
+    }
+    if args.store.is_some() {
+        eprintln!("error: --store is for --scenario adaptive (where the limiter's state is)");
+        return ExitCode::from(2);
+    }
     if args.algorithm.is_some() {
         eprintln!("error: --algorithm is for --scenario regions (the shared rule's algorithm)");
         return ExitCode::from(2);
@@ -217,7 +224,9 @@ pub(super) fn run(args: BenchArgs) -> ExitCode {
             settings.noisy.clone(),
         )),
         Scenario::Mix => runtime.block_on(scenario::mix(&base, settings.classes.clone())),
-        Scenario::Closed | Scenario::HotKey | Scenario::Regions => unreachable!("handled above"),
+        Scenario::Closed | Scenario::HotKey | Scenario::Regions | Scenario::Adaptive => {
+            unreachable!("handled above")
+        }
     };
     match outcome {
         Ok(outcome) => {
@@ -445,6 +454,41 @@ fn regions(args: &BenchArgs) -> ExitCode {
             let verdict = regions::verdict(&report);
             let json = serde_json::json!({ "report": report });
             finish(args.json, "regions", json, regions::table(&report), verdict)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--scenario adaptive` (see [`crate::bench::adaptive`]).
+fn adaptive(args: &BenchArgs) -> ExitCode {
+    use crate::bench::adaptive::{self, Backend, Settings};
+    let backend = match args.store {
+        Some(super::AdaptiveStore::Memory) => Backend::Memory,
+        None | Some(super::AdaptiveStore::Redis) => Backend::Redis,
+        Some(super::AdaptiveStore::RedisCluster) => Backend::Cluster,
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let settings = Settings {
+        backend,
+        ..Settings::default()
+    };
+    match runtime.block_on(adaptive::run(&settings)) {
+        Ok(report) => {
+            let verdict = adaptive::verdict(&report);
+            let json = serde_json::json!({ "report": report });
+            finish(
+                args.json,
+                "adaptive",
+                json,
+                adaptive::table(&report),
+                verdict,
+            )
         }
         Err(e) => {
             eprintln!("error: {e}");

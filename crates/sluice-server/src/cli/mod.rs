@@ -67,6 +67,17 @@ enum SharedAlgorithm {
     Gcra,
 }
 
+/// `sluice bench --scenario adaptive --store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AdaptiveStore {
+    /// One instance, its memory store.
+    Memory,
+    /// Two instances on one redis-server.
+    Redis,
+    /// Two instances on a three-node Redis Cluster.
+    RedisCluster,
+}
+
 /// `sluice usage --by`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Period {
@@ -164,6 +175,10 @@ pub struct BenchArgs {
     /// `sliding-window` or `gcra`. Default `fixed-window`.
     #[arg(long, value_enum)]
     algorithm: Option<SharedAlgorithm>,
+    /// `adaptive`: where the limiter's state is, `memory`, `redis` or
+    /// `redis-cluster` (servers this process starts). Default `redis`.
+    #[arg(long, value_enum)]
+    store: Option<AdaptiveStore>,
     /// `hot-key`: the Redis its two instances share, e.g.
     /// redis://127.0.0.1:6379.
     #[arg(long, conflicts_with = "redis_cluster")]

@@ -56,6 +56,7 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
 /// Prometheus metrics, text format.
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     app.metrics.valves(&app.limiter.valve_levels());
+    app.metrics.adaptive(&app.limiter.adaptive_levels());
     app.metrics.slices(&app.limiter.slice_levels());
     if let Some(peers) = app.regions.get() {
         app.metrics.regions(&peers.snapshot());

@@ -78,11 +78,13 @@ impl ClassTable {
     }
 }
 
+mod adaptive;
 mod envoyproxy;
 mod regions;
 mod slices;
 mod usage;
 
+use adaptive::AdaptiveStats;
 use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
 use regions::RegionStats;
@@ -168,6 +170,7 @@ pub struct Metrics {
     pub usage: UsageMetrics,
     slices: SliceStats,
     regions: RegionStats,
+    adaptive: AdaptiveStats,
     /// envoyproxy/ratelimit's names, which have no `sluice_` prefix.
     envoyproxy_registry: Registry,
     envoyproxy: EnvoyproxyStats,
@@ -298,6 +301,7 @@ impl Metrics {
         let usage = UsageMetrics::register(&mut registry);
         let slices = SliceStats::register(&mut registry);
         let regions = RegionStats::register(&mut registry);
+        let adaptive = AdaptiveStats::register(&mut registry);
         let mut envoyproxy_registry = Registry::default();
         let envoyproxy = EnvoyproxyStats::register(&mut envoyproxy_registry);
         Metrics {
@@ -323,6 +327,7 @@ impl Metrics {
             valve_share_level,
             slices,
             regions,
+            adaptive,
             unlogged_failovers: AtomicU64::new(0),
             last_failover_log_ms: AtomicU64::new(0),
         }
@@ -407,6 +412,11 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(level.level_per_second);
         }
+    }
+
+    /// Records what this instance knows of its adaptive valves.
+    pub fn adaptive(&self, levels: &[sluice_store::limiter::AdaptiveLevel]) {
+        self.adaptive.levels(levels);
     }
 
     /// Records the slices of hot keys this instance holds.

@@ -5,6 +5,7 @@
 //! - `forward_auth`: `GET /v1/forward-auth` from a gateway's headers;
 //! - `dedupe`: duplicate submissions through both;
 //! - `lease`: `POST /v1/acquire` and `POST /v1/release`;
+//! - `adaptive`: adaptive valves, their priorities and signals;
 //! - `after`: reservations, `POST /v1/settle` and `POST /v1/report`;
 //! - `routes`: unknown paths and methods, and spellings of a route;
 //! - `health`, `metrics`: `/healthz`, `/readyz` and `/metrics`;
@@ -14,6 +15,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adaptive;
 mod admin;
 mod after;
 mod check;
@@ -106,6 +108,21 @@ fn limiter_on_one_clock(yaml: &str) -> (Config, Arc<ManualClock>, Limiter<Backen
 
 fn harness() -> Harness {
     harness_of(CONFIG)
+}
+
+/// [`harness_of`] with the limiter on the store's hand-set clock (what it
+/// keeps of time itself moves with it: an adaptive valve's law).
+fn harness_on_one_clock(yaml: &str) -> Harness {
+    let (config, clock, limiter) = limiter_on_one_clock(yaml);
+    let app = App::new(
+        limiter,
+        config.server.forward_auth.clone(),
+        Default::default(),
+    );
+    Harness {
+        router: router(app, &config.server.limits),
+        clock,
+    }
 }
 
 /// [`harness`] of another configuration.

@@ -50,7 +50,7 @@ struct Valve {
     stepping: AtomicBool,
     /// The law, for a store that keeps none (in this process).
     law: parking_lot::Mutex<Law>,
-    /// The latency estimate as last stepped here, for metrics (f64 bits).
+    /// The latency estimate as last stepped, for metrics (f64 bits).
     latency_ms: AtomicU64,
     /// Requests the valve denied, by priority (lowest first).
     shed: [AtomicU64; 4],
@@ -63,8 +63,8 @@ pub struct AdaptiveLevel {
     pub valve: Arc<str>,
     /// Its effective limit.
     pub effective_limit: u64,
-    /// Its downstream's latency as this instance last stepped it (ms; 0
-    /// when unknown: the law of a shared store keeps its own).
+    /// Its downstream's latency as the law last estimated it (ms; 0 when
+    /// nothing was seen yet).
     pub latency_ms: f64,
     /// Requests it denied here, by priority.
     pub shed: [(Priority, u64); 4],
@@ -211,15 +211,12 @@ impl<S: Store> Limiter<S> {
         valve.stepped_at.store(now, Ordering::Relaxed);
         let seen = std::mem::take(&mut *valve.seen.lock());
         let limit = rule.rule().limit();
-        let effective = match self.store.adapt(rule, terms, seen).await {
-            Ok(Some(effective)) => effective,
+        let law = match self.store.adapt(rule, terms, seen).await {
+            Ok(Some(law)) => law,
             Ok(None) => {
                 let mut law = valve.law.lock();
                 *law = law.step(now, seen, limit, terms);
-                valve
-                    .latency_ms
-                    .store(law.latency_ms.to_bits(), Ordering::Relaxed);
-                law.effective(limit, terms)
+                *law
             }
             Err(error) => {
                 tracing::debug!(%error, "an adaptive valve's law could not be stepped; kept for the next step");
@@ -227,6 +224,11 @@ impl<S: Store> Limiter<S> {
                 return;
             }
         };
-        valve.effective.store(effective, Ordering::Relaxed);
+        valve
+            .latency_ms
+            .store(law.latency_ms.to_bits(), Ordering::Relaxed);
+        valve
+            .effective
+            .store(law.effective(limit, terms), Ordering::Relaxed);
     }
 }

@@ -75,13 +75,13 @@ pub fn law_of(reply: &[u8]) -> Result<Law, StoreError> {
 
 impl<R: super::store::Reach> super::store::Redis<R> {
     /// Steps adaptive `valve`'s law with what was `seen`, within the time
-    /// budget: its effective limit.
+    /// budget: the law as stepped.
     pub(crate) async fn adapt(
         &self,
         valve: &BoundRule,
         terms: Adaptive,
         seen: Seen,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Law, StoreError> {
         let mut connection = self.reach.shared()?;
         let call = adapt_call(&self.keys.current, valve, terms, seen, &self.time);
         let budget = std::time::Duration::from_millis(self.timeout_ms.max(250));
@@ -89,6 +89,6 @@ impl<R: super::store::Reach> super::store::Redis<R> {
             .await
             .map_err(|_| StoreError::Timeout(self.timeout_ms))?
             .map_err(|e| self.error(&e))?;
-        Ok(law_of(&reply)?.effective(valve.rule().limit(), terms))
+        law_of(&reply)
     }
 }

@@ -317,7 +317,7 @@ impl Store for RedisStore {
         valve: &sluice_core::BoundRule,
         terms: sluice_core::adaptive::Adaptive,
         seen: sluice_core::adaptive::law::Seen,
-    ) -> Result<Option<u64>, StoreError> {
+    ) -> Result<Option<sluice_core::adaptive::law::Law>, StoreError> {
         self.redis.adapt(valve, terms, seen).await.map(Some)
     }
 
