@@ -238,13 +238,16 @@ where
         let limiter = self.limiter.clone();
         let usage = self.usage.clone();
         Box::pin(async move {
-            let admitted = match admit_reserving(limiter, keys, usage.is_some(), status).await {
+            let mut admitted = match admit_reserving(limiter, keys, usage.is_some(), status).await {
                 Ok(admitted) => admitted,
                 Err(Refusal::Invalid(problem)) => return answer(invalid(&problem)),
                 Err(Refusal::Denied(status)) => return answer(status),
             };
             let response = inner.call(request).await?;
             let (mut parts, body) = response.into_parts();
+            if let Some(observer) = admitted.observer.take() {
+                observer.answered(outcome(&parts)).await;
+            }
             let settlement = admitted
                 .pending
                 .respond(&parts, outcome(&parts), usage.as_ref())

@@ -33,6 +33,35 @@ pub(crate) struct Admitted<S: Store + 'static> {
     pub(crate) fields: Fields,
     pub(crate) lease: Option<Lease>,
     pub(crate) pending: Pending<S>,
+    /// Who hears of the inner service's latency and status: the request's
+    /// adaptive valves, when it met any.
+    pub(crate) observer: Option<Observer<S>>,
+}
+
+/// Tells the adaptive valves a request met how its inner service answered
+/// (see [`Limiter::observe`]).
+pub(crate) struct Observer<S: Store + 'static> {
+    limiter: Arc<Limiter<S>>,
+    keys: Keys,
+    started: std::time::Instant,
+}
+
+impl<S: Store + 'static> Observer<S> {
+    /// The inner service answered, `status` when known: its latency from
+    /// the call to the response's head.
+    pub(crate) async fn answered(self, status: Option<u16>) {
+        let latency_ms = self.started.elapsed().as_secs_f64() * 1_000.0;
+        let keys = &self.keys;
+        let Ok(request) =
+            sluice_core::Request::new(&keys.tenant, &keys.route, keys.subject.as_deref(), 1)
+        else {
+            return;
+        };
+        let policy = self.limiter.policy();
+        self.limiter
+            .observe(&policy, &request, latency_ms, status)
+            .await;
+    }
 }
 
 /// Decides the request of `keys`, taking a lease of its concurrency rules
@@ -74,10 +103,21 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
         )
     });
     let pending = Pending::new(limiter.clone(), reservation, attempt);
+    // Timed from here: the inner service is called next.
+    let observer = decision
+        .rules
+        .iter()
+        .any(|r| r.adaptive())
+        .then(|| Observer {
+            limiter: limiter.clone(),
+            keys,
+            started: std::time::Instant::now(),
+        });
     Ok(Admitted {
         fields,
         lease,
         pending,
+        observer,
     })
 }
 

@@ -20,6 +20,11 @@
 //! - [`usage`]: what a request cost, read from its response (LLM tokens,
 //!   …) and settled when the body ends; on `count_if` rules each request
 //!   held as an attempt, kept or given back by the response's status.
+//! - Adaptive valves (`adaptive:` on a valve): the layer times its inner
+//!   service, from the call to the response's head, and tells the
+//!   request's adaptive valves how long it took and its status (5xx and
+//!   429 count as failures; a gRPC call's `grpc-status` when it comes in
+//!   the head) through [`Limiter::observe`](sluice_store::Limiter::observe).
 //! - [`digest`]: the body's SHA-256 as the duplicate guard's fingerprint
 //!   when a request has no `Idempotency-Key`.
 //! - `grpc` (feature `tonic`, on by default): the same for tonic servers,

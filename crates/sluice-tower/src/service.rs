@@ -109,7 +109,7 @@ where
         let usage = self.usage.clone();
         Box::pin(async move {
             let answer = |d: &sluice_core::Decision<'_>| decision_answer(d).map(LeaseBody::from);
-            let admitted = match admit_reserving(limiter, keys, usage.is_some(), answer).await {
+            let mut admitted = match admit_reserving(limiter, keys, usage.is_some(), answer).await {
                 Ok(admitted) => admitted,
                 Err(Refusal::Invalid(problem)) => {
                     return Ok(problem.answer().map(LeaseBody::from));
@@ -119,6 +119,9 @@ where
             let response = inner.call(request).await?;
             let (mut parts, body) = response.into_parts();
             let status = Some(parts.status.as_u16());
+            if let Some(observer) = admitted.observer.take() {
+                observer.answered(status).await;
+            }
             let settlement = admitted
                 .pending
                 .respond(&parts, status, usage.as_ref())
