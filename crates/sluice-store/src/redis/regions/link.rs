@@ -40,15 +40,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redis::ScriptInvocation;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ScriptInvocation};
 use sluice_core::regions::replica::Entry;
 use sluice_core::regions::stored::Snapshot;
 use sluice_core::regions::{Heard, grants};
 
-use super::ledger::{Hearing, Steps};
+use super::ledger::Steps;
 use super::live::{
-    changed_key, heard_key, identity_key, lead_key, live_key, member, parse_member, received_key,
+    changed_key, heard_key, identity_key, lead_key, live_key, live_keys, marked_live, received_key,
 };
 use super::peer::{Address, Peer, PeerStatus};
 use super::reach::{Local, PeerReach, Reached};
@@ -56,7 +56,7 @@ use super::replica::Replicated;
 use super::shared::Shared;
 use super::shared::{Noted, Regions};
 use super::ship::REFRESH;
-use super::ship::{PeerLink, Shipment};
+use super::ship::{PeerLink, Shipment, hearing};
 use crate::redis::TimeSource;
 use crate::redis::node::ConnectOptions;
 use crate::store::StoreError;
@@ -573,71 +573,6 @@ impl Link {
     }
 }
 
-/// What region `me` ships to region `to` of one part.
-fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
-    Hearing {
-        window: part.window_ms,
-        pool: part.pool,
-        share: regions.share_of(part.pool, to),
-        from: regions.index,
-        total: part.part.given[to],
-        view: Heard {
-            cap: part.part.cap(),
-            used: part.part.used,
-            wanted: part.part.wanted,
-            heard_from_you: part.part.heard[to],
-        },
-        yours: part.views[to].map_or(0, |v| v.heard.used),
-    }
-}
-
-/// The commands that mark `live` keys (each with the end of its window)
-/// live and changed in the store whose keys are under `prefix`: its lead
-/// reads them next.
-pub(super) fn marked_live<'a>(
-    prefix: &str,
-    live: impl Iterator<Item = (u64, &'a Shared)>,
-) -> Vec<Cmd> {
-    let (mut zadd, mut sadd) = (redis::cmd("ZADD"), redis::cmd("SADD"));
-    zadd.arg(live_key(prefix)).arg("GT");
-    sadd.arg(changed_key(prefix));
-    let mut any = false;
-    for (ends, shared) in live {
-        let member = member(shared);
-        zadd.arg(ends).arg(&member);
-        sadd.arg(member);
-        any = true;
-    }
-    if any { vec![zadd, sadd] } else { Vec::new() }
-}
-
-/// The live keys `members` name, each once: a key named both with and
-/// without the previous pepper's key (noted here while rotating, shipped
-/// by a peer that is not, or that is a cluster) is read with it, on one
-/// node; on a cluster (`cluster`), which carries nothing over from a
-/// previous pepper, without.
-fn live_keys(members: &[String], cluster: bool) -> Vec<Shared> {
-    let mut keys: Vec<Shared> = Vec::with_capacity(members.len());
-    let mut at: HashMap<Shared, usize> = HashMap::with_capacity(members.len());
-    for shared in members.iter().filter_map(|m| parse_member(m)) {
-        let mut bare = shared.clone();
-        bare.previous = None;
-        let shared = if cluster { bare.clone() } else { shared };
-        match at.get(&bare) {
-            Some(&i) => {
-                if keys[i].previous.is_none() {
-                    keys[i] = shared;
-                }
-            }
-            None => {
-                at.insert(bare, keys.len());
-                keys.push(shared);
-            }
-        }
-    }
-    keys
-}
-
 /// The members of a set, emptied (KEYS[1]).
 const TAKE_LUA: &str =
     "local m = redis.call('SMEMBERS', KEYS[1]) redis.call('DEL', KEYS[1]) return m";
@@ -655,41 +590,3 @@ if not holder then
 end
 return 0
 "#;
-
-#[cfg(test)]
-mod tests {
-    use sluice_core::keys::Record;
-
-    use super::super::shared::Kind;
-    use super::*;
-
-    /// A key noted here while rotating (with its previous pepper's key) and
-    /// shipped by a peer without it is one live key, read with it on one
-    /// node (else its lead would grant from the same reading twice a
-    /// sync), without it on a cluster.
-    #[test]
-    fn a_key_named_with_and_without_its_previous_is_read_once() {
-        let bare = Shared {
-            key: "sl:{t}:01".into(),
-            record: Record([1; 8]),
-            per_ms: 60_000,
-            kind: Kind::Window,
-            max_debt: 0,
-            previous: None,
-        };
-        let rotating = Shared {
-            previous: Some(("sl:{u}:02".into(), Record([2; 8]))),
-            ..bare.clone()
-        };
-        let other = Shared {
-            key: "sl:{v}:03".into(),
-            ..bare.clone()
-        };
-        let members = [member(&bare), member(&other), member(&rotating)];
-        assert_eq!(
-            live_keys(&members, false),
-            [rotating.clone(), other.clone()]
-        );
-        assert_eq!(live_keys(&members, true), [bare, other]);
-    }
-}

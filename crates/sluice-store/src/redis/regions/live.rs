@@ -5,6 +5,9 @@
 //! last shipped here and what it added. They are the store's own keys
 //! (`own_key`): one slot on a cluster, the admin API's.
 
+use std::collections::HashMap;
+
+use redis::Cmd;
 use sluice_core::keys::Record;
 
 use crate::redis::own_key;
@@ -107,6 +110,53 @@ pub(super) fn parse_member(member: &str) -> Option<Shared> {
     })
 }
 
+/// The commands that mark `live` keys (each with the end of its window)
+/// live and changed in the store whose keys are under `prefix`: its lead
+/// reads them next.
+pub(super) fn marked_live<'a>(
+    prefix: &str,
+    live: impl Iterator<Item = (u64, &'a Shared)>,
+) -> Vec<Cmd> {
+    let (mut zadd, mut sadd) = (redis::cmd("ZADD"), redis::cmd("SADD"));
+    zadd.arg(live_key(prefix)).arg("GT");
+    sadd.arg(changed_key(prefix));
+    let mut any = false;
+    for (ends, shared) in live {
+        let member = member(shared);
+        zadd.arg(ends).arg(&member);
+        sadd.arg(member);
+        any = true;
+    }
+    if any { vec![zadd, sadd] } else { Vec::new() }
+}
+
+/// The live keys `members` name, each once: a key named both with and
+/// without the previous pepper's key (noted here while rotating, shipped
+/// by a peer that is not, or that is a cluster) is read with it, on one
+/// node; on a cluster (`cluster`), which carries nothing over from a
+/// previous pepper, without.
+pub(super) fn live_keys(members: &[String], cluster: bool) -> Vec<Shared> {
+    let mut keys: Vec<Shared> = Vec::with_capacity(members.len());
+    let mut at: HashMap<Shared, usize> = HashMap::with_capacity(members.len());
+    for shared in members.iter().filter_map(|m| parse_member(m)) {
+        let mut bare = shared.clone();
+        bare.previous = None;
+        let shared = if cluster { bare.clone() } else { shared };
+        match at.get(&bare) {
+            Some(&i) => {
+                if keys[i].previous.is_none() {
+                    keys[i] = shared;
+                }
+            }
+            None => {
+                at.insert(bare, keys.len());
+                keys.push(shared);
+            }
+        }
+    }
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +202,35 @@ mod tests {
         ] {
             assert_eq!(parse_member(bad), None, "{bad}");
         }
+    }
+
+    /// A key noted here while rotating (with its previous pepper's key) and
+    /// shipped by a peer without it is one live key, read with it on one
+    /// node (else its lead would grant from the same reading twice a
+    /// sync), without it on a cluster.
+    #[test]
+    fn a_key_named_with_and_without_its_previous_is_read_once() {
+        let bare = Shared {
+            key: "sl:{t}:01".into(),
+            record: Record([1; 8]),
+            per_ms: 60_000,
+            kind: Kind::Window,
+            max_debt: 0,
+            previous: None,
+        };
+        let rotating = Shared {
+            previous: Some(("sl:{u}:02".into(), Record([2; 8]))),
+            ..bare.clone()
+        };
+        let other = Shared {
+            key: "sl:{v}:03".into(),
+            ..bare.clone()
+        };
+        let members = [member(&bare), member(&other), member(&rotating)];
+        assert_eq!(
+            live_keys(&members, false),
+            [rotating.clone(), other.clone()]
+        );
+        assert_eq!(live_keys(&members, true), [bare, other]);
     }
 }

@@ -28,14 +28,15 @@ use std::time::{Duration, Instant};
 use redis::ScriptInvocation;
 
 use super::ledger::{Hearing, Own, Steps};
-use super::link::marked_live;
-use super::live::{heard_key, identity_key, received_key};
+use super::live::{heard_key, identity_key, marked_live, received_key};
 use super::peer::{Peer, PeerStatus};
 use super::reach::PeerReach;
 use super::replica::{Replicated, replica_script};
-use super::shared::Shared;
+use super::shared::{Regions, Shared};
 use crate::redis::TimeSource;
+use sluice_core::regions::Heard;
 use sluice_core::regions::replica::Entry;
+use sluice_core::regions::stored::Snapshot;
 
 /// Every this many syncs, every live key is read and shipped again, not
 /// only what changed: a peer whose store lost it (a flush, a failover)
@@ -398,6 +399,24 @@ impl Shipment {
             .unwrap_or_else(|e| e.into_inner())
             .seen = None;
         Failure::Failed("its identity changed; checked again at the next shipping".into())
+    }
+}
+
+/// What region `me` ships to region `to` of one part.
+pub(super) fn hearing(regions: &Regions, to: usize, part: &Snapshot) -> Hearing {
+    Hearing {
+        window: part.window_ms,
+        pool: part.pool,
+        share: regions.share_of(part.pool, to),
+        from: regions.index,
+        total: part.part.given[to],
+        view: Heard {
+            cap: part.part.cap(),
+            used: part.part.used,
+            wanted: part.part.wanted,
+            heard_from_you: part.part.heard[to],
+        },
+        yours: part.views[to].map_or(0, |v| v.heard.used),
     }
 }
 
