@@ -27,8 +27,9 @@ fn valve(limit: i128) -> BoundRule {
     BoundRule::new(Scope::Global, "POST /v1/search", &named, 0.8)
 }
 
-/// One step: ms since the last, then what was seen.
-fn steps() -> impl Strategy<Value = Vec<(u64, Seen)>> {
+/// One step: ms since the last (below 0: the clock stepped back; past ten
+/// minutes: the law forgotten), then what was seen.
+fn steps() -> impl Strategy<Value = Vec<(i64, Seen)>> {
     let seen = (
         prop_oneof![Just(0u64), 1u64..=50, 1_000u64..=5_000],
         0.0f64..=2_000.0,
@@ -41,7 +42,13 @@ fn steps() -> impl Strategy<Value = Vec<(u64, Seen)>> {
             failed: failed.min(requests),
             full,
         });
-    proptest::collection::vec((prop_oneof![0u64..=150, 150u64..=3_000], seen), 1..60)
+    let dt = prop_oneof![
+        6 => 0i64..=150,
+        3 => 150i64..=3_000,
+        1 => -5_000i64..=-1,
+        1 => 600_000i64..=700_000,
+    ];
+    proptest::collection::vec((dt, seen), 1..60)
 }
 
 proptest! {
@@ -68,7 +75,7 @@ proptest! {
             if i == 10 && let Some(to) = changed_limit {
                 rule = valve(to);
             }
-            clock.set(clock.now_ms() + dt);
+            clock.set(clock.now_ms().saturating_add_signed(dt));
             let terms = Adaptive { min: terms.min.min(rule.rule().limit()), ..terms };
             let reply: Vec<u8> = adapt_call(&keyer, &rule, terms, seen, &time)
                 .invoke(&mut connection)

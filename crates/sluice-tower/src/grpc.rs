@@ -45,7 +45,7 @@ use tower::{Layer, Service};
 
 use crate::answer::{Fields, InvalidRequest};
 use crate::extract::Extract;
-use crate::lease::{LeaseBody, Refusal, admit_reserving};
+use crate::lease::{FAILED, LeaseBody, Refusal, admit_reserving};
 use crate::usage::Usage;
 
 /// The gRPC status of a denied decision (see the module table).
@@ -243,7 +243,15 @@ where
                 Err(Refusal::Invalid(problem)) => return answer(invalid(&problem)),
                 Err(Refusal::Denied(status)) => return answer(status),
             };
-            let response = inner.call(request).await?;
+            let response = match inner.call(request).await {
+                Ok(response) => response,
+                Err(error) => {
+                    if let Some(observer) = admitted.observer.take() {
+                        observer.answered(Some(FAILED)).await;
+                    }
+                    return Err(error);
+                }
+            };
             let (mut parts, body) = response.into_parts();
             if let Some(observer) = admitted.observer.take() {
                 observer.answered(outcome(&parts)).await;

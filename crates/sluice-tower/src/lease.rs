@@ -39,29 +39,54 @@ pub(crate) struct Admitted<S: Store + 'static> {
 }
 
 /// Tells the adaptive valves a request met how its inner service answered
-/// (see [`Limiter::observe`]).
+/// (see [`Limiter::observe`]). Dropped before it was told (the caller gave
+/// up on the call), it reports the call as failed after the time it ran:
+/// what overload looks like from here.
 pub(crate) struct Observer<S: Store + 'static> {
     limiter: Arc<Limiter<S>>,
-    keys: Keys,
+    keys: Option<Keys>,
     started: std::time::Instant,
 }
 
+/// The status an inner service's error, or a call given up on, counts as.
+pub(crate) const FAILED: u16 = 503;
+
 impl<S: Store + 'static> Observer<S> {
-    /// The inner service answered, `status` when known: its latency from
-    /// the call to the response's head.
-    pub(crate) async fn answered(self, status: Option<u16>) {
-        let latency_ms = self.started.elapsed().as_secs_f64() * 1_000.0;
-        let keys = &self.keys;
-        let Ok(request) =
-            sluice_core::Request::new(&keys.tenant, &keys.route, keys.subject.as_deref(), 1)
-        else {
+    /// The inner service answered, `status` when known (an error:
+    /// [`FAILED`]): its latency from the call to the response's head.
+    pub(crate) async fn answered(mut self, status: Option<u16>) {
+        if let Some(keys) = self.keys.take() {
+            observe(&self.limiter, &keys, self.started, status).await;
+        }
+    }
+}
+
+impl<S: Store + 'static> Drop for Observer<S> {
+    fn drop(&mut self) {
+        let Some(keys) = self.keys.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let policy = self.limiter.policy();
-        self.limiter
-            .observe(&policy, &request, latency_ms, status)
-            .await;
+        let (limiter, started) = (self.limiter.clone(), self.started);
+        runtime.spawn(async move { observe(&limiter, &keys, started, Some(FAILED)).await });
     }
+}
+
+/// Tells `limiter` the request of `keys` took since `started`, `status`.
+async fn observe<S: Store>(
+    limiter: &Limiter<S>,
+    keys: &Keys,
+    started: std::time::Instant,
+    status: Option<u16>,
+) {
+    let latency_ms = started.elapsed().as_secs_f64() * 1_000.0;
+    let Ok(request) =
+        sluice_core::Request::new(&keys.tenant, &keys.route, keys.subject.as_deref(), 1)
+    else {
+        return;
+    };
+    let policy = limiter.policy();
+    limiter.observe(&policy, &request, latency_ms, status).await;
 }
 
 /// Decides the request of `keys`, taking a lease of its concurrency rules
@@ -110,7 +135,7 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
         .any(|r| r.adaptive())
         .then(|| Observer {
             limiter: limiter.clone(),
-            keys,
+            keys: Some(keys),
             started: std::time::Instant::now(),
         });
     Ok(Admitted {

@@ -11,7 +11,7 @@ use tower::Service;
 
 use crate::answer::decision_answer;
 use crate::extract::Extract;
-use crate::lease::{LeaseBody, Refusal, admit_reserving};
+use crate::lease::{FAILED, LeaseBody, Refusal, admit_reserving};
 use crate::usage::Usage;
 
 /// The future of a [`RateLimit`] call.
@@ -116,7 +116,15 @@ where
                 }
                 Err(Refusal::Denied(answer)) => return Ok(answer),
             };
-            let response = inner.call(request).await?;
+            let response = match inner.call(request).await {
+                Ok(response) => response,
+                Err(error) => {
+                    if let Some(observer) = admitted.observer.take() {
+                        observer.answered(Some(FAILED)).await;
+                    }
+                    return Err(error);
+                }
+            };
             let (mut parts, body) = response.into_parts();
             let status = Some(parts.status.as_u16());
             if let Some(observer) = admitted.observer.take() {

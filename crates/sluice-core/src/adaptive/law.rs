@@ -57,6 +57,11 @@ const CUT: (f64, f64) = (0.5, 0.9);
 /// The most time one step grows `L` for (ms): after a quiet spell, `L`
 /// does not jump.
 const MOST_GROWTH_MS: f64 = 1_000.0;
+/// A law not stepped for this long (ms) starts afresh: a valve idle for
+/// ten minutes, or made adaptive again, starts at its limit.
+pub const FORGET_MS: u64 = 600_000;
+/// The longest latency a request is counted with (ms): an hour.
+const MOST_LATENCY_MS: f64 = 3_600_000.0;
 
 /// What the instances saw of a valve's downstream since they last stepped
 /// its law.
@@ -81,10 +86,14 @@ impl Seen {
         self.full |= other.full;
     }
 
-    /// One request of `latency_ms`, failed or not.
+    /// One request of `latency_ms` (at most an hour; one that is not a
+    /// finite number is not counted), failed or not.
     pub fn request(&mut self, latency_ms: f64, failed: bool) {
+        if !latency_ms.is_finite() {
+            return;
+        }
         self.requests += 1;
-        self.latency_ms += latency_ms.max(0.0);
+        self.latency_ms += latency_ms.clamp(0.0, MOST_LATENCY_MS);
         self.failed += u64::from(failed);
     }
 }
@@ -109,6 +118,9 @@ impl Law {
         let (least, most) = (terms.min.max(1) as f64, limit.max(1) as f64);
         let target = terms.latency_target_ms.max(1) as f64;
         let mut law = self;
+        if law.at_ms != 0 && now.saturating_sub(law.at_ms) > FORGET_MS {
+            law = Law::default();
+        }
         if law.limit <= 0.0 {
             law.limit = most;
         }
@@ -133,7 +145,12 @@ impl Law {
             failing = seen.failed as f64 > FAILING * n;
         }
         let overloaded = seen.requests > 0 && (law.latency_ms > target || failing);
-        let settled = now.saturating_sub(law.cut_at_ms) as f64 >= target.max(law.latency_ms);
+        // (A cut "after" now: the clock stepped back; long settled.)
+        let since_cut = match now.checked_sub(law.cut_at_ms) {
+            Some(ms) => ms as f64,
+            None => f64::INFINITY,
+        };
+        let settled = since_cut >= target.max(law.latency_ms);
         if overloaded {
             if settled {
                 let factor = (target / law.latency_ms.max(target)).clamp(CUT.0, CUT.1);
@@ -268,6 +285,37 @@ mod tests {
         let failing = Seen { failed: 90, ..full };
         let law4 = law3.step(600_000, failing, 50, TERMS);
         assert!(law4.effective(50, TERMS) < 50, "{law4:?}");
+    }
+
+    /// A clock stepped back an hour, a latency that is not a number, a law
+    /// left alone for ten minutes: none of them freezes or poisons it.
+    #[test]
+    fn a_clock_stepped_back_or_a_bad_latency_never_freezes_it() {
+        let slow = Seen {
+            requests: 10,
+            latency_ms: 10.0 * 400.0,
+            failed: 0,
+            full: true,
+        };
+        let mut law = Law::default().step(10_000_000, slow, 100, TERMS);
+        assert!(law.effective(100, TERMS) < 100, "{law:?}");
+        let cut = law.effective(100, TERMS);
+        // Back an hour: still stepped, still cut when slow.
+        for t in 1..=20 {
+            law = law.step(10_000_000 - 3_600_000 + t * 500, slow, 100, TERMS);
+        }
+        assert!(law.effective(100, TERMS) < cut, "{law:?}");
+        // Infinite and NaN latencies: not counted; an hour and more, an hour.
+        let mut seen = Seen::default();
+        seen.request(f64::INFINITY, false);
+        seen.request(f64::NAN, false);
+        seen.request(1e12, false);
+        assert_eq!((seen.requests, seen.latency_ms), (1, 3_600_000.0));
+        let law2 = law.step(6_500_000, seen, 100, TERMS);
+        assert!(law2.latency_ms.is_finite(), "{law2:?}");
+        // Ten minutes alone: afresh, at the limit.
+        let fresh = law.step(6_500_000 + FORGET_MS + 1_000, Seen::default(), 100, TERMS);
+        assert_eq!(fresh.effective(100, TERMS), 100);
     }
 
     /// Growth follows time: four instances stepping every 25 ms grow the

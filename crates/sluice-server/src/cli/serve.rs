@@ -58,6 +58,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     let app = App::build(&config).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_slice_give_back(&app);
+    spawn_adaptive_refresh(&app);
     let instance = instance_id();
     spawn_heartbeat(&app, instance.clone());
     if let Some(peers) = crate::regions::spawn(app.limiter.store(), &config.storage, &instance)? {
@@ -223,6 +224,21 @@ fn spawn_slice_give_back(app: &Arc<App>) {
             if given > 0 {
                 tracing::debug!(units = given, "slices given back");
             }
+        }
+    });
+}
+
+/// Steps the adaptive valves this instance knows every 100 ms, so that
+/// it reads the law every instance steps even when it hears no signal
+/// itself (see `Limiter::refresh_adaptive`).
+fn spawn_adaptive_refresh(app: &Arc<App>) {
+    let app = app.clone();
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(100));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            app.limiter.refresh_adaptive().await;
         }
     });
 }

@@ -30,7 +30,8 @@ use sluice_tower::InvalidRequest;
 use sluice_tower::answer::{decision_answer, standing_answer};
 
 use super::body::{
-    CheckBody, bytes, latency, parse_normalized, status_code, to_spent_request, whole_number,
+    CheckBody, bytes, latency, observed, parse_normalized, status_code, to_spent_request,
+    whole_number,
 };
 use super::respond::refusal;
 use crate::app::App;
@@ -148,20 +149,16 @@ pub(super) async fn settle(
             "it is an attempt: conclude it with POST /v1/report, its `attempt` and the response's `status`",
         );
     }
-    if let Some(latency_ms) = latency_ms {
-        let r = &held.reservation;
-        if let Ok(request) = Request::new(&r.tenant, &r.route, r.subject.as_deref(), 1) {
-            let policy = app.limiter.policy();
-            app.limiter
-                .observe(&policy, &request, latency_ms, status)
-                .await;
-        }
-    }
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own: a client gone mid-settle cannot cut the
     // settle off between the store applying it and its count in the
     // metrics and the ledger (its retry would find it applied, uncounted).
-    let settling = tokio::spawn(settle_and_count(app, held.reservation, cost, ttl));
+    let settling = tokio::spawn(settle_and_count(
+        app,
+        held.reservation,
+        (cost, ttl),
+        latency_ms.map(|l| (l, status)),
+    ));
     settling.await.unwrap_or_else(|error| {
         tracing::error!(%error, "a settle's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()
@@ -173,8 +170,8 @@ pub(super) async fn settle(
 async fn settle_and_count(
     app: Arc<App>,
     reservation: sluice_store::Reservation,
-    cost: u64,
-    ttl: u64,
+    (cost, ttl): (u64, u64),
+    observed: Option<(f64, Option<u16>)>,
 ) -> Response {
     let policy = app.limiter.policy();
     let unavailable = |error: &StoreError| {
@@ -208,9 +205,24 @@ async fn settle_and_count(
         MarkerAnswer::Applied if settled.unfinished.is_some() => {
             unavailable(settled.unfinished.as_ref().expect("unfinished"))
         }
-        MarkerAnswer::Again | MarkerAnswer::Applied => standing_answer(&settled.decision)
-            .map(Body::from)
-            .into_response(),
+        MarkerAnswer::Again | MarkerAnswer::Applied => {
+            // What the downstream showed, once: not again on a repeat.
+            if let (MarkerAnswer::Applied, Some((latency_ms, status))) = (settled.marker, observed)
+                && let Ok(request) = Request::new(
+                    &reservation.tenant,
+                    &reservation.route,
+                    reservation.subject.as_deref(),
+                    1,
+                )
+            {
+                app.limiter
+                    .observe(&policy, &request, latency_ms, status)
+                    .await;
+            }
+            standing_answer(&settled.decision)
+                .map(Body::from)
+                .into_response()
+        }
     }
 }
 
@@ -241,22 +253,24 @@ pub(super) async fn report(
         Err(problem) => return refusal(&problem),
     };
     if let Some(id) = &parsed.attempt {
-        return super::attempt::conclude(app.clone(), &parsed, id, status).await;
+        let concluded = super::attempt::conclude(app.clone(), &parsed, id, status).await;
+        if concluded.status() == StatusCode::OK {
+            observe(&app, &parsed, latency_ms, status).await;
+        }
+        return concluded;
     }
     let request = match to_spent_request(&parsed) {
         Ok(request) => request,
         Err(problem) => return refusal(&problem),
     };
     let policy = app.limiter.policy();
-    if let Some(latency_ms) = latency_ms {
-        app.limiter
-            .observe(&policy, &request, latency_ms, status)
-            .await;
-    }
     match app.report(&policy, &request).await {
-        Ok(reported) => standing_answer(&reported.decision)
-            .map(Body::from)
-            .into_response(),
+        Ok(reported) => {
+            observe(&app, &parsed, latency_ms, status).await;
+            standing_answer(&reported.decision)
+                .map(Body::from)
+                .into_response()
+        }
         Err(AfterError::AttemptNeeded) => refusal(&InvalidRequest::new(
             "attempt",
             AfterError::AttemptNeeded.to_string(),
@@ -299,4 +313,17 @@ fn unavailable(error: &StoreError, retry: &str) -> Response {
         )
         .with_status(StatusCode::SERVICE_UNAVAILABLE),
     )
+}
+
+/// Tells the adaptive valves of the request `parsed` names what its
+/// downstream showed, when the caller said (`latency_ms`).
+async fn observe(app: &App, parsed: &CheckBody<'_>, latency_ms: Option<f64>, status: Option<u16>) {
+    if let Some(latency_ms) = latency_ms
+        && let Some(request) = observed(parsed)
+    {
+        let policy = app.limiter.policy();
+        app.limiter
+            .observe(&policy, &request, latency_ms, status)
+            .await;
+    }
 }

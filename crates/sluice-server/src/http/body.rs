@@ -194,6 +194,13 @@ impl CheckBody<'_> {
 }
 
 /// The body's tenant and route, both required.
+/// The request a body names (tenant, route, subject; a cost of 1), for
+/// what its downstream showed ([`Limiter::observe`](sluice_store::Limiter::observe)).
+pub(super) fn observed<'a>(body: &'a CheckBody<'a>) -> Option<Request<'a>> {
+    let (tenant, route) = tenant_and_route(body).ok()?;
+    Request::new(tenant, route, body.subject.as_deref(), 1).ok()
+}
+
 fn tenant_and_route<'a>(body: &'a CheckBody<'a>) -> Result<(&'a str, &'a str), InvalidRequest> {
     let tenant = body
         .tenant

@@ -17,7 +17,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use sluice_core::adaptive::law::{Law, Seen};
+use sluice_core::adaptive::law::{FORGET_MS, Law, Seen};
 use sluice_core::adaptive::{Adaptive, AdaptiveValve, Priority};
 use sluice_core::policy::Applicable;
 use sluice_core::{BoundRule, Decision, Policy, Request};
@@ -50,6 +50,8 @@ struct Valve {
     stepping: AtomicBool,
     /// The law, for a store that keeps none (in this process).
     law: parking_lot::Mutex<Law>,
+    /// The valve's rule and terms as last observed, for a refresh.
+    terms: parking_lot::Mutex<Option<(BoundRule, Adaptive)>>,
     /// The latency estimate as last stepped, for metrics (f64 bits).
     latency_ms: AtomicU64,
     /// Requests the valve denied, by priority (lowest first).
@@ -95,6 +97,7 @@ impl Adaptives {
                     stepped_at: AtomicU64::new(0),
                     stepping: AtomicBool::new(false),
                     law: parking_lot::Mutex::default(),
+                    terms: parking_lot::Mutex::default(),
                     latency_ms: AtomicU64::new(0),
                     shed: Default::default(),
                 })
@@ -108,6 +111,7 @@ impl Adaptives {
         &self,
         applicable: &Applicable<'_>,
         rules: &[BoundRule],
+        now: u64,
     ) -> Option<SmallVec<[BoundRule; 6]>> {
         if applicable.adaptive.is_empty() {
             return None;
@@ -118,8 +122,21 @@ impl Adaptives {
                 continue;
             };
             let limit = rule.rule().limit();
-            let effective = match self.valve(rule).effective.load(Ordering::Relaxed) {
+            let valve = self.valve(rule);
+            {
+                // Known for a refresh from its first decision on (its
+                // observations keep it current).
+                let mut known = valve.terms.lock();
+                if known.is_none() {
+                    *known = Some((rule.clone(), terms));
+                }
+            }
+            // Not stepped for as long as the law is kept: its limit is
+            // as forgotten as the law (a valve made adaptive again).
+            let stale = now.saturating_sub(valve.stepped_at.load(Ordering::Relaxed)) > FORGET_MS;
+            let effective = match valve.effective.load(Ordering::Relaxed) {
                 0 => limit,
+                _ if stale => limit,
                 known => known.clamp(terms.min.clamp(1, limit), limit),
             };
             let own = ((effective as f64 * applicable.priority.share()).floor() as u64).max(1);
@@ -196,14 +213,32 @@ impl<S: Store> Limiter<S> {
             };
             let valve = self.adaptive.valve(rule);
             valve.seen.lock().request(latency_ms, failed);
+            *valve.terms.lock() = Some((rule.clone(), terms));
             self.step(&valve, rule, terms, now).await;
+        }
+    }
+
+    /// Steps every adaptive valve this instance has observed and not
+    /// stepped for 100 ms, with whatever it saw since (perhaps nothing):
+    /// an instance that decides but hears no signal still reads the law
+    /// every instance steps. `sluice serve` calls it every 100 ms; the
+    /// tower layer observes every request it passes.
+    pub async fn refresh_adaptive(&self) {
+        let now = self.options.clock.now_ms();
+        let valves: Vec<Arc<Valve>> = self.adaptive.valves.pin().values().cloned().collect();
+        for valve in valves {
+            let known = valve.terms.lock().clone();
+            if let Some((rule, terms)) = known {
+                self.step(&valve, &rule, terms, now).await;
+            }
         }
     }
 
     /// Steps `valve`'s law with what was seen, when it is due.
     async fn step(&self, valve: &Valve, rule: &BoundRule, terms: Adaptive, now: u64) {
-        if now.saturating_sub(valve.stepped_at.load(Ordering::Relaxed)) < STEP_EVERY_MS
-            || valve.stepping.swap(true, Ordering::AcqRel)
+        // (A step "after" now: the clock stepped back; due.)
+        let since = now.checked_sub(valve.stepped_at.load(Ordering::Relaxed));
+        if since.is_some_and(|ms| ms < STEP_EVERY_MS) || valve.stepping.swap(true, Ordering::AcqRel)
         {
             return;
         }

@@ -359,5 +359,10 @@ impl<S: Store> Limiter<S> {
 /// The first rule of `batch` whose cost is above its capacity: such a
 /// request can never pass.
 fn cost_exceeds_capacity(batch: &Batch<'_>) -> Option<usize> {
-    (0..batch.rules.len()).find(|&i| batch.cost_of(i) > batch.rules[i].rule().capacity())
+    // (An adaptive valve's rule here holds the request's priority's part
+    // of it: a cost above that waits for the part to grow, never refused
+    // for good; `prepare` checked the cost against the whole valve.)
+    (0..batch.rules.len()).find(|&i| {
+        !batch.rules[i].adaptive() && batch.cost_of(i) > batch.rules[i].rule().capacity()
+    })
 }

@@ -77,7 +77,9 @@ impl<S: Store> Limiter<S> {
     /// from `decision`.
     #[inline]
     fn learned(&self, prepared: &Prepared<'_, '_>, decision: &mut Decision<'_>) {
-        self.adaptive.learn(&prepared.applicable, decision);
+        if !prepared.applicable.adaptive.is_empty() {
+            self.adaptive.learn(&prepared.applicable, decision);
+        }
         if let Some(gated) = &prepared.gated {
             self.learn(&gated.1, decision, prepared.cost);
         }

@@ -183,7 +183,13 @@ impl<S: Store> Limiter<S> {
             ));
         }
         // Adaptive valves at their limit for this request, then gates.
-        let retuned = self.adaptive.retuned(&applicable, applicable.rules);
+        let retuned = match applicable.adaptive {
+            [] => None,
+            _ => {
+                let now = self.options.clock.now_ms();
+                self.adaptive.retuned(&applicable, applicable.rules, now)
+            }
+        };
         let gated = applicable.gated.then(|| {
             let now = self.options.clock.now_ms();
             let rules = retuned.as_deref().unwrap_or(applicable.rules);

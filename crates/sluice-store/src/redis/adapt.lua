@@ -13,8 +13,9 @@
 -- Returns the state as written.
 
 local LAW = '<dddd'
--- What one call keeps: a day past its last step.
-local KEEP_MS = 86400000
+-- A law not stepped for this long starts afresh (law::FORGET_MS); its key
+-- lives as long.
+local FORGET_MS = 600000
 local HALF_WAY, FAILING, GROWTH, LEAST_CUT, MOST_CUT, MOST_GROWTH_MS = 8, 0.1, 1 / 16, 0.5, 0.9, 1000
 
 local function adapt(KEYS, ARGV)
@@ -27,6 +28,7 @@ local function adapt(KEYS, ARGV)
   if value and #value == 32 then
     limit, latency, cut_at, at = sunpack(LAW, value)
   end
+  if at ~= 0 and now - at > FORGET_MS then limit, latency, cut_at, at = 0, 0, 0, 0 end
   if limit <= 0 then limit = most end
   local floor = min(least, most)
   limit = min(max(limit, floor), most)
@@ -43,7 +45,10 @@ local function adapt(KEYS, ARGV)
     failing = failed > FAILING * requests
   end
   local overloaded = requests > 0 and (latency > target or failing)
-  local settled = max(now - cut_at, 0) >= max(target, latency)
+  -- (A cut after now: the clock stepped back; long settled.)
+  local since_cut = now - cut_at
+  if since_cut < 0 then since_cut = math.huge end
+  local settled = since_cut >= max(target, latency)
   if overloaded then
     if settled then
       local factor = min(max(target / max(latency, target), LEAST_CUT), MOST_CUT)
@@ -54,6 +59,6 @@ local function adapt(KEYS, ARGV)
     limit = min(limit + max(limit * GROWTH, 1) * elapsed / target, most)
   end
   local written = spack(LAW, limit, latency, cut_at, now)
-  call('SET', KEYS[1], written, 'PX', KEEP_MS)
+  call('SET', KEYS[1], written, 'PX', FORGET_MS)
   return written
 end

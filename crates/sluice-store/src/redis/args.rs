@@ -120,7 +120,7 @@ impl Selection<'_> {
 
 /// The rule as a call enforces it: on Redis Cluster, a valve's share.
 pub(crate) fn enforced(rule: &BoundRule, valve_parts: u64) -> sluice_core::Rule {
-    if rule.scope() == sluice_core::Scope::Global {
+    if rule.scope() == sluice_core::Scope::Global && !rule.adaptive() {
         rule.rule().share(rule.rule().shares(valve_parts))
     } else {
         *rule.rule()

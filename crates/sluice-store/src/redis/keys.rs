@@ -110,6 +110,11 @@ impl Valve {
     pub const WHOLE: Valve = Valve { turn: 0, shards: 1 };
 
     fn shard(&self, rule: &BoundRule) -> u16 {
+        if rule.adaptive() {
+            // Its limit changes per decision, and so would its number of
+            // keys: an adaptive valve is kept whole, on one key.
+            return 0;
+        }
         (self.turn % rule.rule().shares(self.shards)) as u16
     }
 }

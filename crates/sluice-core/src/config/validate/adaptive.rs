@@ -5,6 +5,10 @@ use super::Validator;
 use crate::adaptive::{Adaptive, Priority};
 use crate::config::NamedRule;
 
+/// `min` when not written: the least limit at which every priority's part
+/// holds a unit (a quarter of 4).
+const MIN: u64 = 4;
+
 /// The shortest and longest latency target (ms).
 const TARGET_MS: std::ops::RangeInclusive<u64> = 1..=60_000;
 
@@ -14,6 +18,19 @@ impl Validator<'_> {
         let at = raw.referenced;
         let raw = raw.value;
         let field = format!("`adaptive` of valve `{}`", rule.name);
+        let algorithm = rule.rule.algorithm();
+        if algorithm.has_burst() {
+            // One refill state for every priority: a low request's look at
+            // it, at its part of the rate, would spend the others' room.
+            self.push(
+                at,
+                format!(
+                    "{field}: `adaptive` is for `concurrency`, `fixed_window`, `sliding_window` and `sliding_log` valves, not `{}` (its refill is one state for every priority): make it a window",
+                    algorithm.name()
+                ),
+            );
+            return None;
+        }
         let Some(target) = raw.latency_target.as_ref() else {
             self.push(
                 at,
@@ -24,7 +41,8 @@ impl Validator<'_> {
         let latency_target_ms =
             self.duration_in(Some(target), "adaptive.latency_target", 1, TARGET_MS);
         let limit = rule.rule.limit();
-        let min = self.integer_in(raw.min.as_ref(), "adaptive.min", 1, 1..=limit);
+        // By default each priority keeps a part of at least one unit.
+        let min = self.integer_in(raw.min.as_ref(), "adaptive.min", MIN.min(limit), 1..=limit);
         Some(Adaptive {
             latency_target_ms,
             min,
@@ -78,31 +96,36 @@ mod tests {
         let plan = |name: &str| config.limits.plans.iter().find(|p| p.name == name).unwrap();
         assert_eq!(plan("p").priority, Priority::Critical);
         assert_eq!(plan("f").priority, Priority::Normal);
-        // min defaults to 1.
-        let yaml =
-            with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s } }");
+        // min defaults to 4.
+        let yaml = with_valve(
+            "{ name: db, algorithm: sliding_window, limit: 100, per: 1s, adaptive: { latency_target: 1s } }",
+        );
         let config = Config::from_yaml(&yaml, "a.yaml").unwrap();
         let valve = config.limits.valve("POST /v1/search", "db").unwrap();
-        assert_eq!(valve.adaptive.unwrap().min, 1);
+        assert_eq!(valve.adaptive.unwrap().min, 4);
     }
 
     #[test]
     fn adaptive_and_priority_errors_name_the_field_and_range() {
         let cases = [
             (
-                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { min: 10 } }"),
+                with_valve("{ name: db, algorithm: fixed_window, limit: 100, per: 1s, adaptive: { min: 10 } }"),
                 "`adaptive` of valve `db` needs `latency_target`",
             ),
             (
-                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 2m } }"),
+                with_valve("{ name: db, algorithm: gcra, limit: 100, per: 1s, adaptive: { latency_target: 1s } }"),
+                "`adaptive` is for `concurrency`, `fixed_window`, `sliding_window` and `sliding_log` valves, not `gcra`",
+            ),
+            (
+                with_valve("{ name: db, algorithm: fixed_window, limit: 100, per: 1s, adaptive: { latency_target: 2m } }"),
                 "`adaptive.latency_target` must be",
             ),
             (
-                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s, min: 101 } }"),
+                with_valve("{ name: db, algorithm: fixed_window, limit: 100, per: 1s, adaptive: { latency_target: 1s, min: 101 } }"),
                 "`adaptive.min` must be",
             ),
             (
-                with_valve("{ name: db, limit: 100, per: 1s, adaptive: { latency_target: 1s, floor: 3 } }"),
+                with_valve("{ name: db, algorithm: fixed_window, limit: 100, per: 1s, adaptive: { latency_target: 1s, floor: 3 } }"),
                 "unknown field `floor`",
             ),
             (
