@@ -253,11 +253,7 @@ pub(super) async fn report(
         Err(problem) => return refusal(&problem),
     };
     if let Some(id) = &parsed.attempt {
-        let concluded = super::attempt::conclude(app.clone(), &parsed, id, status).await;
-        if concluded.status() == StatusCode::OK {
-            observe(&app, &parsed, latency_ms, status).await;
-        }
-        return concluded;
+        return super::attempt::conclude(app.clone(), &parsed, id, (status, latency_ms)).await;
     }
     let request = match to_spent_request(&parsed) {
         Ok(request) => request,

@@ -25,7 +25,7 @@ pub(super) async fn conclude(
     app: Arc<App>,
     parsed: &CheckBody<'_>,
     id: &str,
-    status: Option<u16>,
+    (status, latency_ms): (Option<u16>, Option<f64>),
 ) -> Response {
     let Some(status) = status else {
         return refusal(&InvalidRequest::new(
@@ -60,7 +60,7 @@ pub(super) async fn conclude(
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own, as a settle: a client gone mid-way cannot cut
     // the conclusion off between the store and its count.
-    let concluding = tokio::spawn(conclude_and_count(app, held, status, ttl));
+    let concluding = tokio::spawn(conclude_and_count(app, held, (status, latency_ms), ttl));
     concluding.await.unwrap_or_else(|error| {
         tracing::error!(%error, "an attempt's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()
@@ -68,8 +68,14 @@ pub(super) async fn conclude(
 }
 
 /// Concludes `attempt` with `status` ([`App::conclude`], which counts how
-/// it ended): the answer.
-async fn conclude_and_count(app: Arc<App>, held: Held, status: u16, ttl: u64) -> Response {
+/// it ended), and tells its route's adaptive valves how long it took when
+/// the caller said (once: not on a repeat): the answer.
+async fn conclude_and_count(
+    app: Arc<App>,
+    held: Held,
+    (status, latency_ms): (u16, Option<f64>),
+    ttl: u64,
+) -> Response {
     let policy = app.limiter.policy();
     let concluded = match app
         .conclude(&policy, &held.reservation, Some(status), ttl)
@@ -97,6 +103,15 @@ async fn conclude_and_count(app: Arc<App>, held: Held, status: u16, ttl: u64) ->
             .with_status(StatusCode::NOT_FOUND),
         ),
         MarkerAnswer::Again | MarkerAnswer::Applied => {
+            let r = &held.reservation;
+            if let (MarkerAnswer::Applied, Some(latency_ms)) = (concluded.marker, latency_ms)
+                && let Ok(request) =
+                    sluice_core::Request::new(&r.tenant, &r.route, r.subject.as_deref(), 1)
+            {
+                app.limiter
+                    .observe(&policy, &request, latency_ms, Some(status))
+                    .await;
+            }
             app.reservations.concluded(&held);
             standing_answer(&concluded.decision)
                 .map(Body::from)
