@@ -199,3 +199,28 @@ async fn a_valve_made_adaptive_again_after_a_day_starts_afresh() {
         "a day later, made adaptive again: critical admitted {critical}"
     );
 }
+
+/// A shadow adaptive valve denies nothing, and counts what it would shed
+/// by priority.
+#[tokio::test]
+async fn a_shadow_adaptive_valve_counts_what_it_would_shed() {
+    let (limiter, clock) = limiter(&plans(
+        "{ name: db, algorithm: fixed_window, limit: 100, per: 1m, shadow: true, adaptive: { latency_target: 100ms, min: 8 } }",
+    ));
+    slow(&limiter, &clock, 40, 400.0).await;
+    assert_eq!(limiter.adaptive_levels()[0].effective_limit, 8);
+    // Low's part of 8 is 2: every request admitted, all but 2 counted shed.
+    assert_eq!(
+        admitted(&limiter, "anyone").await,
+        300,
+        "shadow: nothing denied"
+    );
+    let level = &limiter.adaptive_levels()[0];
+    let low = level
+        .shed
+        .iter()
+        .find(|(p, _)| p.name() == "low")
+        .unwrap()
+        .1;
+    assert_eq!(low, 300 - 2, "{level:?}");
+}
