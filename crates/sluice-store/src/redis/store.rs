@@ -54,7 +54,7 @@ pub(crate) struct Redis<R> {
     pub(crate) timeout_ms: u64,
     /// The regions shared rules are one budget across (`None`: off; see
     /// `regions::local`).
-    pub(crate) regions: Option<std::sync::Arc<super::regions::Regions>>,
+    pub(crate) regions: Option<std::sync::Arc<super::regions::shared::Regions>>,
 }
 
 impl<R: Reach> Redis<R> {
