@@ -224,3 +224,18 @@ async fn a_shadow_adaptive_valve_counts_what_it_would_shed() {
         .1;
     assert_eq!(low, 300 - 2, "{level:?}");
 }
+
+/// A route's priority (`priorities:`) wins over the plan's: a tenant of
+/// the low plan fills the whole valve on a critical route.
+#[tokio::test]
+async fn a_routes_priority_wins_over_the_plans() {
+    let yaml = plans(
+        "{ name: db, algorithm: fixed_window, limit: 100, per: 1m, adaptive: { latency_target: 100ms } }",
+    ) + "priorities:\n  \"POST /v1/search\": critical\n";
+    let (limiter, _) = limiter(&yaml);
+    assert_eq!(
+        admitted(&limiter, "anyone").await,
+        100,
+        "low plan, critical route"
+    );
+}

@@ -407,6 +407,19 @@ pub struct Limits {
     pub global: Vec<RouteRules>,
     /// How each valve of `global` is shared when saturated.
     pub valves: Vec<share::ValveShare>,
+    /// Requests' priority at adaptive valves by route pattern, over their
+    /// plan's (`priorities:`).
+    pub priorities: Vec<RoutePriority>,
+}
+
+/// A route pattern's priority at adaptive valves (`priorities:`): it wins
+/// over the plan's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePriority {
+    /// Which routes.
+    pub pattern: RoutePattern,
+    /// Their priority.
+    pub priority: crate::adaptive::Priority,
 }
 
 impl Limits {

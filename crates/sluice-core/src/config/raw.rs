@@ -22,6 +22,7 @@ pub(crate) struct RawConfig {
     pub plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
     pub tenants: Option<BTreeMap<String, S<RawTenant>>>,
     pub global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+    pub priorities: Option<BTreeMap<String, S<String>>>,
     pub envoy: Option<RawEnvoy>,
     pub admin: Option<RawAdmin>,
     pub ledger: Option<S<RawLedger>>,

@@ -30,7 +30,8 @@ pub struct Applicable<'p> {
     /// The adaptive valves among `rules`: the limiter sets each one's
     /// effective limit, for the request's `priority`, per decision.
     pub adaptive: &'p [AdaptiveValve],
-    /// The request's priority at adaptive valves (its plan's).
+    /// The request's priority at adaptive valves: its route's
+    /// (`priorities:`), else its plan's.
     pub priority: Priority,
     /// The rules that count by outcome (`count_if`), also among `rules`:
     /// a decision holds the request's cost there as an attempt, given back

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use super::class::{Class, ClassId};
-use crate::adaptive::AdaptiveValve;
+use crate::adaptive::{AdaptiveValve, Priority};
 use crate::bound::BoundRule;
 use crate::scope::Scope;
 use crate::valve::Reserves;
@@ -28,6 +28,8 @@ pub(super) struct Cell {
     pub(super) reserves: Box<[Reserves]>,
     /// Its adaptive valves (before subject rules too).
     pub(super) adaptive: Box<[AdaptiveValve]>,
+    /// Its requests' priority at them: the route's, else the plan's.
+    pub(super) priority: Priority,
     /// The rules that count by outcome (`count_if`), among `rules`: a
     /// decision holds the request's cost there like any rule's, as an
     /// attempt given back unless its response's status matches; subject
@@ -66,6 +68,7 @@ impl Cell {
             gated: rules.iter().any(|r| r.scope() == Scope::Share),
             reserves: reserves.into(),
             adaptive: adaptive.into(),
+            priority: Priority::default(),
             rules: rules.into(),
             without_subject,
             classes,

@@ -234,7 +234,7 @@ impl Policy {
             gated: cell.gated,
             reserves: &cell.reserves,
             adaptive: &cell.adaptive,
-            priority: plan.priority(),
+            priority: cell.priority,
             by_outcome,
         }
     }

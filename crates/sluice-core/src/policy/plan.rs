@@ -36,6 +36,7 @@ impl Plan {
             .chain(&spec.dedupe)
             .chain(global)
             .map(|r| &r.pattern)
+            .chain(limits.priorities.iter().map(|p| &p.pattern))
             .collect();
         patterns.sort();
         patterns.dedup();
@@ -48,7 +49,7 @@ impl Plan {
         let cell_for = |covering: Option<&RoutePattern>| -> Cell {
             let mut rules = tenant.clone();
             let add = |rules: &mut Vec<BoundRule>, scope: Scope, table: &[RouteRules]| {
-                if let Some(best) = covering.and_then(|p| most_specific(table, p)) {
+                if let Some(best) = covering.and_then(|p| most_specific(table, p, |r| &r.pattern)) {
                     let source = best.pattern.source();
                     rules.extend(
                         best.rules
@@ -58,6 +59,10 @@ impl Plan {
                 }
             };
             add(&mut rules, Scope::Route, &spec.routes);
+            // A route's priority wins over its plan's.
+            let priority = covering
+                .and_then(|p| most_specific(&limits.priorities, p, |r| &r.pattern))
+                .map_or(spec.priority, |r| r.priority);
             let valves = rules.len();
             add(&mut rules, Scope::Global, global);
             // Each fair valve's gate, right after the valves: the tenant's
@@ -96,6 +101,7 @@ impl Plan {
                 &spec.name,
                 &route,
             );
+            cell.priority = priority;
             cell.sort_out();
             cell
         };
@@ -167,9 +173,13 @@ impl Plan {
 /// The pattern of `table` that best covers `pattern`: for an exact route,
 /// the same route or else the longest prefix of it; for a prefix, the
 /// longest prefix of that prefix.
-fn most_specific<'t>(table: &'t [RouteRules], pattern: &RoutePattern) -> Option<&'t RouteRules> {
+fn most_specific<'t, T>(
+    table: &'t [T],
+    pattern: &RoutePattern,
+    of: impl Fn(&T) -> &RoutePattern,
+) -> Option<&'t T> {
     if matches!(pattern, RoutePattern::Exact(_))
-        && let Some(same) = table.iter().find(|r| r.pattern == *pattern)
+        && let Some(same) = table.iter().find(|r| of(r) == pattern)
     {
         return Some(same);
     }
@@ -179,7 +189,7 @@ fn most_specific<'t>(table: &'t [RouteRules], pattern: &RoutePattern) -> Option<
     };
     table
         .iter()
-        .filter_map(|r| match &r.pattern {
+        .filter_map(|r| match of(r) {
             RoutePattern::Prefix(prefix) if text.starts_with(prefix.as_str()) => {
                 Some((prefix.len(), r))
             }

@@ -106,6 +106,38 @@ mod tests {
     }
 
     #[test]
+    fn a_routes_priority_wins_over_its_plans() {
+        let yaml = format!(
+            "{}priorities:\n  \"POST /v1/pay\": critical\n  \"GET /v1/reports/*\": low\n",
+            with_valve(
+                "{ name: db, algorithm: concurrency, limit: 40, lease: 30s, adaptive: { latency_target: 100ms } }"
+            )
+        );
+        let config = Config::from_yaml(&yaml, "a.yaml").unwrap();
+        let policy = crate::Policy::compile(&config.limits);
+        // Plan `f` is normal; its payments are critical, its reports low.
+        let of = |route: &str| policy.applicable("someone", route, false).priority;
+        let f_yaml = yaml.replace("default_plan: p", "default_plan: f");
+        let f_config = Config::from_yaml(&f_yaml, "a.yaml").unwrap();
+        let f_policy = crate::Policy::compile(&f_config.limits);
+        let of_f = |route: &str| f_policy.applicable("anyone", route, false).priority;
+        assert_eq!(of_f("POST /v1/pay"), Priority::Critical);
+        assert_eq!(of_f("GET /v1/reports/7"), Priority::Low);
+        assert_eq!(of_f("POST /v1/search"), Priority::Normal);
+        // Plan `p` is critical; its reports are low all the same.
+        assert_eq!(of("GET /v1/reports/7"), Priority::Low);
+        assert_eq!(of("POST /v1/search"), Priority::Critical);
+        let bad = format!("{}priorities:\n  \"POST /v1/pay\": urgent\n", BASE);
+        assert!(
+            single_error(&bad).contains(
+                "`priorities.\"POST /v1/pay\"` must be `critical`, `high`, `normal` or `low`, got `urgent`"
+            ),
+            "{}",
+            single_error(&bad)
+        );
+    }
+
+    #[test]
     fn adaptive_and_priority_errors_name_the_field_and_range() {
         let cases = [
             (

@@ -10,6 +10,9 @@ use crate::request::MAX_TENANT_BYTES;
 /// Most shards a tenant may be split over.
 const MAX_SHARDS: i64 = 1024;
 
+/// A table of rules by route pattern, as written.
+type RouteTable = BTreeMap<String, S<Vec<S<RawRule>>>>;
+
 /// The one (empty) plan of a configuration for Envoy alone.
 const ENVOY_ONLY_PLAN: &str = "default";
 
@@ -21,7 +24,7 @@ impl Validator<'_> {
         near_limit: Option<S<f64>>,
         plans: Option<S<BTreeMap<String, S<RawPlan>>>>,
         tenants: Option<BTreeMap<String, S<RawTenant>>>,
-        global: Option<BTreeMap<String, S<Vec<S<RawRule>>>>>,
+        (global, priorities): (Option<RouteTable>, Option<BTreeMap<String, S<String>>>),
     ) -> Limits {
         let near_limit = match near_limit {
             None => defaults::NEAR_LIMIT,
@@ -140,6 +143,7 @@ impl Validator<'_> {
             tenants: tenant_specs,
             global: global_rules,
             valves,
+            priorities: self.route_priorities(priorities.unwrap_or_default()),
         }
     }
 

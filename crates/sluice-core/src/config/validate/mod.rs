@@ -146,7 +146,7 @@ impl<'a> Validator<'a> {
             raw.near_limit,
             raw.plans,
             raw.tenants,
-            raw.global,
+            (raw.global, raw.priorities),
         );
         let mut envoy = self.envoy(raw.envoy.unwrap_or_default());
         if let Some(path) = envoy_config {

@@ -30,6 +30,32 @@ impl Validator<'_> {
             .collect()
     }
 
+    /// `priorities: { "ROUTE PATTERN": critical }`: a route's priority at
+    /// adaptive valves, over its plan's.
+    pub(super) fn route_priorities(
+        &mut self,
+        raw: BTreeMap<String, S<String>>,
+    ) -> Vec<crate::config::RoutePriority> {
+        let mut seen = Vec::with_capacity(raw.len());
+        raw.into_iter()
+            .map(|(text, priority)| {
+                let pattern = self.distinct_pattern(&mut seen, text.clone(), priority.referenced);
+                let priority = crate::adaptive::Priority::parse(&priority.value)
+                    .unwrap_or_else(|| {
+                        self.push(
+                            priority.referenced,
+                            format!(
+                                "`priorities.\"{text}\"` must be `critical`, `high`, `normal` or `low`, got `{}`",
+                                priority.value
+                            ),
+                        );
+                        Default::default()
+                    });
+                crate::config::RoutePriority { pattern, priority }
+            })
+            .collect()
+    }
+
     /// `dedupe: { "ROUTE PATTERN": { window: 5s } }`: one rule each, a
     /// `fixed_window` of 1 per window (opened by the first admission).
     pub(super) fn dedupe(&mut self, raw: BTreeMap<String, S<RawDedupe>>) -> Vec<RouteRules> {
