@@ -113,21 +113,16 @@ fn harness() -> Harness {
 /// [`harness_of`] with the limiter on the store's hand-set clock (what it
 /// keeps of time itself moves with it: an adaptive valve's law).
 fn harness_on_one_clock(yaml: &str) -> Harness {
-    let (config, clock, limiter) = limiter_on_one_clock(yaml);
-    let app = App::new(
-        limiter,
-        config.server.forward_auth.clone(),
-        Default::default(),
-    );
-    Harness {
-        router: router(app, &config.server.limits),
-        clock,
-    }
+    harness_with(limiter_on_one_clock(yaml))
 }
 
 /// [`harness`] of another configuration.
 fn harness_of(yaml: &str) -> Harness {
-    let (config, clock, limiter) = limiter_of(yaml);
+    harness_with(limiter_of(yaml))
+}
+
+/// The router of a configuration's limiter, and its clock.
+fn harness_with((config, clock, limiter): (Config, Arc<ManualClock>, Limiter<Backend>)) -> Harness {
     let app = App::new(
         limiter,
         config.server.forward_auth.clone(),
