@@ -5,11 +5,8 @@
 
 use sluice_server::bench::adaptive::{self, Backend, Settings};
 
-async fn scenario(backend: Backend) {
-    let settings = Settings {
-        backend,
-        ..Settings::default()
-    };
+/// Runs the scenario with `settings` and asserts its every mark.
+async fn passes(settings: Settings) {
     let report = adaptive::run(&settings).await.unwrap();
     print!("{}", adaptive::table(&report));
     let (passed, verdict) = adaptive::verdict(&report);
@@ -18,22 +15,23 @@ async fn scenario(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_two_instances_follow_the_downstream_and_shed_low_first() {
-    scenario(Backend::Redis).await;
+    passes(Settings {
+        backend: Backend::Redis,
+        ..Settings::default()
+    })
+    .await;
 }
 
 /// The adaptive phases alone (the comparison is the Redis run's).
 async fn adaptive_only(backend: Backend) {
-    let settings = Settings {
+    passes(Settings {
         backend,
         phase_ms: 6_000,
         measure_ms: 3_000,
         compare: false,
         ..Settings::default()
-    };
-    let report = adaptive::run(&settings).await.unwrap();
-    print!("{}", adaptive::table(&report));
-    let (passed, verdict) = adaptive::verdict(&report);
-    assert!(passed, "{verdict}");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
