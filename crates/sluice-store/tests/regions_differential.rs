@@ -288,15 +288,23 @@ fn differential<K: SharedRecord>(
             Step::Wait(ms) => clock.set(now + ms),
             Step::Back(ms) => clock.set(now - ms),
             Step::Flush => {
+                // Everything goes (the records of other periods too),
+                // then the link announces the region again.
                 runtime
                     .block_on(
-                        redis::cmd("DEL")
-                            .arg(&shared.key)
-                            .arg(ledger_key(&shared.key))
+                        redis::pipe()
+                            .cmd("FLUSHDB")
+                            .ignore()
+                            .cmd("SET")
+                            .arg(&identity)
+                            .arg("its identity")
+                            .ignore()
                             .query_async::<()>(&mut connection),
                     )
                     .unwrap();
                 twin = Stored::default();
+                others.clear();
+                admitted.clear();
             }
             Step::Reper(to) => {
                 per = to;
