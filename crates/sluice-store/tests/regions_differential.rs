@@ -25,8 +25,7 @@ use sluice_core::regions::sliding::Slide;
 use sluice_core::regions::stored::{Record, SharedRecord, Stored, window_of};
 use sluice_core::{Algorithm, BoundRule, Rule, Scope};
 use sluice_store::redis::regions::{
-    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, ledger_key, ledger_script,
-    received_key, snapshot,
+    Hearing, Kind, Own, Regions, Shared, Steps, identity_key, ledger_script, received_key, snapshot,
 };
 use sluice_store::{
     Batch, Change, Clock, ConnectOptions, KeySet, ManualClock, RedisStore, Store, TimeSource,
