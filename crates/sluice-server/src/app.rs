@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_core::config::tracing::TraceAttributes;
 use sluice_core::config::{
     Backend as BackendConfig, Config, EnvoyServiceConfig, ForwardAuthConfig, Limits,
 };
 use sluice_core::descriptors::DescriptorPolicy;
 use sluice_core::{Decision, Policy, Request};
+use sluice_store::trace::{self, Disclosure};
 use sluice_store::{BreakerConfig, Limiter, LimiterOptions, StoreError};
 use tracing::warn;
 
@@ -63,6 +65,11 @@ pub struct App {
     /// Reservation ids, and this instance's reservations until they
     /// expire.
     pub reservations: crate::reservation::Reservations,
+    /// Whether traces are exported (`tracing:` or the `OTEL_*`
+    /// variables): requests to decision endpoints get server spans.
+    pub traced: bool,
+    /// What a decision's span tells of who asked (`tracing.attributes`).
+    pub disclosure: Disclosure,
 }
 
 impl App {
@@ -108,15 +115,36 @@ impl App {
                 None,
                 sluice_core::config::defaults::RESERVATION_TTL_MS,
             ),
+            traced: false,
+            disclosure: Disclosure::Nothing,
         })
     }
 
     /// Connects the configured store and builds the limiter around it, with
     /// the failure handling `storage` asks for.
     pub async fn build(config: &Config) -> Fallible<Arc<App>> {
+        App::build_with(config, Arc::new(Metrics::new()), None).await
+    }
+
+    /// [`App::build`] with `metrics`, and with traces exported as
+    /// `traces` says (`None`: off).
+    pub async fn build_with(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        traces: Option<&crate::traces::Settings>,
+    ) -> Fallible<Arc<App>> {
         let storage = &config.storage;
         let backend = Backend::connect(storage, &config.keys).await?;
-        let metrics = Arc::new(Metrics::new());
+        let disclosure = match traces.map(|t| t.attributes) {
+            None | Some(TraceAttributes::None) => Disclosure::Nothing,
+            Some(TraceAttributes::Plain) => Disclosure::Plain,
+            Some(TraceAttributes::Derived) => match backend.keyer() {
+                Some(keyer) => Disclosure::Derived(keyer.clone()),
+                None => {
+                    return Err("tracing.attributes: derived needs a pepper (keys.pepper_env or keys.pepper_file) and a Redis store".into());
+                }
+            },
+        };
         let remote = !matches!(storage.backend, BackendConfig::Memory);
         let mut options = LimiterOptions::new(storage.on_error);
         options.timeout = remote.then(|| Duration::from_millis(storage.timeout_ms));
@@ -171,6 +199,8 @@ impl App {
             admin,
             ledger,
             reservations,
+            traced: traces.is_some(),
+            disclosure,
         });
         app.admin.install(&app.limiter, &config.limits, sharded);
         // Overrides already stored by other instances apply from the start.
@@ -181,8 +211,10 @@ impl App {
     /// The one tail of every decision, whatever asked for it (HTTP
     /// `/v1/check`, `/v1/acquire`, forward-auth, the Envoy Rate Limit
     /// Service on either kind of domain): `decide` (one of the limiter's
-    /// doors) awaited, then the decision counted once in the metrics, with
-    /// the time since `started`, and, for a tenant's `request`, once in
+    /// doors) awaited within the decision's span, then the decision
+    /// recorded on that span and counted once in the metrics, with the
+    /// time since `started` (and its trace as the exemplar), and, for a
+    /// tenant's `request`, once in
     /// heavy hitters and the usage ledger. envoyproxy/ratelimit's
     /// descriptors carry no tenant: `None` there. Hands back what `decide`
     /// gave, for the answer.
@@ -216,9 +248,21 @@ impl App {
         decide: impl Future<Output = D>,
         ledger: Ledger,
     ) -> D {
-        let decided = decide.await;
+        // A child of the request's server span when traced (and nothing
+        // when not: the span is disabled, the future awaited as it is).
+        let span = trace::decision(request.map(|r| r.cost));
+        let decided = trace::within(&span, decide).await;
         let decision = decided.decision();
-        self.metrics.decision(decision, started.elapsed());
+        let trace_id = if span.is_disabled() {
+            None
+        } else {
+            trace::decided(&span, decision);
+            if let Some(request) = request {
+                trace::disclose(&span, &self.disclosure, request, decision.class.route());
+            }
+            crate::traces::sampled_trace_id(&span)
+        };
+        self.metrics.decision(decision, started.elapsed(), trace_id);
         if let Some(request) = request {
             self.account(request, decision, ledger);
         }

@@ -104,15 +104,6 @@ impl Backend {
         }
     }
 
-    /// The backend's configuration name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Backend::Memory(_) => "memory",
-            Backend::Redis(_) => "redis",
-            Backend::Cluster(_) => "redis-cluster",
-        }
-    }
-
     /// Whether the backend spreads sharded tenants over several keys (see
     /// `Policy::compile_for`).
     pub fn shards_tenants(&self) -> bool {
@@ -151,6 +142,14 @@ impl Backend {
 }
 
 impl Store for Backend {
+    fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(_) => "redis",
+            Backend::Cluster(_) => "redis-cluster",
+        }
+    }
+
     async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         match self {
             Backend::Memory(store) => store.decide(batch).await,

@@ -22,6 +22,8 @@
 //! - [`listen`]: accepting connections within `server.limits` (caps and
 //!   timeouts against slow and idle clients).
 //! - [`metrics`]: Prometheus metrics, fed by the limiter's telemetry hooks.
+//! - [`traces`]: OpenTelemetry traces over OTLP, when on: the tracer, the
+//!   server spans and the caller's context they continue.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
@@ -41,6 +43,7 @@ pub mod metrics;
 pub mod regions;
 pub mod reservation;
 pub mod source;
+pub mod traces;
 pub mod usage;
 
 /// Errors at the binary's edge, where they are only printed.

@@ -24,3 +24,16 @@ pub enum StoreError {
     #[error("store refused the credentials: {0}")]
     Refused(String),
 }
+
+impl StoreError {
+    /// The error's kind, as metrics and traces label it: `timeout`,
+    /// `unavailable`, `refused` or `full`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Refused(_) => "refused",
+            StoreError::Full(_) | StoreError::TenantFull(_) => "full",
+        }
+    }
+}

@@ -33,6 +33,7 @@ pub mod memory;
 pub mod redis;
 pub mod store;
 pub mod telemetry;
+pub mod trace;
 
 pub use adjust::{Adjusted, Change, Marker, MarkerAnswer};
 pub use clock::{Clock, ManualClock, SystemClock};

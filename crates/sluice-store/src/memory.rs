@@ -518,6 +518,10 @@ fn decide_locked<'e>(
 }
 
 impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
     fn decide(
         &self,
         batch: &Batch<'_>,

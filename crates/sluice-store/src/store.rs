@@ -169,6 +169,12 @@ pub struct PeekedRule {
 
 /// Where rate-limit state lives.
 pub trait Store: Send + Sync {
+    /// The backend's name, as logs and traces show it (`memory`, `redis`,
+    /// `redis-cluster`).
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
     /// Decides every rule of `batch` at once and commits all or none:
     /// either every outcome is allowed and every rule consumed `cost`, or
     /// nothing changed. Outcomes come back in the order of `batch.rules`.

@@ -21,13 +21,16 @@
 //! - `proxy`: a link between regions, delayed and cuttable
 //!   ([`DelayProxy`]);
 //! - `downstream`: an HTTP service of limited capacity, whose latency
-//!   rises past it ([`Downstream`]).
+//!   rises past it ([`Downstream`]);
+//! - `otlp`: a collector's trace service, over gRPC and HTTP, keeping the
+//!   spans it receives ([`OtlpReceiver`]).
 
 #![forbid(unsafe_code)]
 
 mod cluster;
 mod downstream;
 mod monitor;
+mod otlp;
 mod ports;
 mod proxy;
 mod replay;
@@ -37,6 +40,7 @@ mod signal;
 pub use cluster::{RedisCluster, SeenNode};
 pub use downstream::Downstream;
 pub use monitor::{Monitor, command_calls, command_usec};
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use ports::{free_node_ports, free_port};
 pub use proxy::DelayProxy;
 pub use replay::{replay, while_threads_stand};

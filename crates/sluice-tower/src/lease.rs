@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 use sluice_core::Decision;
-use sluice_store::{Limiter, Store};
+use sluice_store::{Limiter, Store, trace};
 
 use crate::answer::{Fields, InvalidRequest};
 use crate::extract::Keys;
@@ -108,7 +108,10 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     .and_then(|r| r.with_fingerprint(keys.fingerprint.as_deref()))
     .map_err(|e| Refusal::Invalid(InvalidRequest::from(e)))?;
     let policy = limiter.policy();
-    let (decision, lease) = limiter.acquire(&policy, &asked).await;
+    // The same span as the server's decisions, a child of the app's own.
+    let span = trace::decision(Some(asked.cost));
+    let (decision, lease) = trace::within(&span, limiter.acquire(&policy, &asked)).await;
+    trace::decided(&span, &decision);
     if !decision.allowed {
         return Err(Refusal::Denied(denied(&decision)));
     }

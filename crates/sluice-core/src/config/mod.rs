@@ -10,6 +10,7 @@ mod error;
 mod raw;
 pub mod shards;
 pub mod share;
+pub mod tracing;
 mod validate;
 
 use std::net::SocketAddr;
@@ -38,6 +39,9 @@ pub struct Config {
     pub admin_token: Option<SecretSource>,
     /// `ledger:` the durable usage record, when on.
     pub ledger: Option<LedgerConfig>,
+    /// `tracing:` spans exported over OTLP; `None`: the `OTEL_*`
+    /// variables alone decide (off unless they name a collector).
+    pub tracing: Option<tracing::TracingConfig>,
     /// `reservation_ttl`: how long a reservation (`"reserve": true`) may be
     /// settled; unsettled, it keeps its estimate.
     pub reservation_ttl_ms: u64,

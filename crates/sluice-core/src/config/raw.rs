@@ -26,6 +26,7 @@ pub(crate) struct RawConfig {
     pub envoy: Option<RawEnvoy>,
     pub admin: Option<RawAdmin>,
     pub ledger: Option<S<RawLedger>>,
+    pub tracing: Option<RawTracing>,
     pub reservation_ttl: Option<S<String>>,
     pub attempt_ttl: Option<S<String>>,
 }
@@ -38,6 +39,21 @@ pub(crate) struct RawLedger {
     pub flush_every: Option<S<String>>,
     pub max_file_bytes: Option<S<i64>>,
     pub max_file_age: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTracing {
+    pub endpoint: Option<S<String>>,
+    pub protocol: Option<S<String>>,
+    pub headers: Option<BTreeMap<String, S<String>>>,
+    pub sampler: Option<S<String>>,
+    pub ratio: Option<S<f64>>,
+    pub service_name: Option<S<String>>,
+    pub resource: Option<BTreeMap<String, S<String>>>,
+    pub queue: Option<S<i64>>,
+    pub timeout: Option<S<String>>,
+    pub attributes: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize, Default)]

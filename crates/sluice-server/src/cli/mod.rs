@@ -286,30 +286,34 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// Logs to stderr; `SLUICE_LOG` sets the filter (default `info`), e.g.
-/// `SLUICE_LOG=sluice_server=debug,info`.
-fn init_logging() {
-    init_logging_with(None);
-}
-
-/// Logging to stderr, filtered by `SLUICE_LOG`, else by `fallback`, else at
-/// `info`.
-fn init_logging_with(fallback: Option<&str>) {
-    use tracing_subscriber::filter::Targets;
+/// Logging to stderr, filtered by `SLUICE_LOG` (e.g.
+/// `SLUICE_LOG=sluice_server=debug,info`), else by `fallback`, else at
+/// `info`; and, with `tracer`, the spans of `sluice_store::trace::TARGET`
+/// to it (never to the log, whatever the filter).
+fn init_logging_with(fallback: Option<&str>, tracer: Option<opentelemetry_sdk::trace::SdkTracer>) {
+    use sluice_store::trace::TARGET;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::prelude::*;
     let filter = std::env::var("SLUICE_LOG")
         .ok()
         .and_then(|f| f.parse::<Targets>().ok())
         .or_else(|| fallback.and_then(|f| f.parse::<Targets>().ok()))
-        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO))
+        .with_target(TARGET, LevelFilter::OFF);
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let spans = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE))
+    });
     let _ = tracing_subscriber::registry()
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
-                .with_ansi(ansi),
+                .with_ansi(ansi)
+                .with_filter(filter),
         )
-        .with(filter)
+        .with(spans)
         .try_init();
 }

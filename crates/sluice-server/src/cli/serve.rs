@@ -7,29 +7,20 @@ use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
-use super::{ServeArgs, init_logging, init_logging_with};
+use super::{ServeArgs, init_logging_with};
 use crate::Fallible;
 use crate::app::App;
 use crate::listen::{self, Protocols};
 use crate::source::{Source, spawn_reloader};
 
 pub(super) fn run(args: ServeArgs) -> ExitCode {
-    if args.envoyproxy_env {
-        let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-        init_logging_with(crate::source::envoyproxy_env::log_filter(&vars));
-        for notice in crate::source::envoyproxy_env::notices(&vars) {
-            info!("{notice}");
-        }
-    } else {
-        init_logging();
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            error!("cannot start the runtime: {e}");
+            eprintln!("cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -44,18 +35,50 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> Fallible<()> {
-    let source = if args.envoyproxy_env {
-        let vars: std::collections::HashMap<String, String> = std::env::vars().collect();
-        Source::generated(crate::source::envoyproxy_env::configuration(&vars)?)
-    } else {
-        Source::from_arg(args.config)
+    let envoyproxy_vars = args
+        .envoyproxy_env
+        .then(|| std::env::vars().collect::<std::collections::HashMap<String, String>>());
+    let source = match &envoyproxy_vars {
+        Some(vars) => Source::generated(crate::source::envoyproxy_env::configuration(vars)?),
+        None => Source::from_arg(args.config),
     }
     .with_envoy_config(args.envoy_config);
     let (config, loaded) = source.load_as_read()?;
+    // Logging starts once the configuration says whether spans are
+    // exported too (the tracer is one of its layers).
+    let tracing =
+        crate::traces::Settings::resolve(config.tracing.as_ref(), |name| std::env::var(name).ok())?;
+    let metrics = Arc::new(crate::metrics::Metrics::with_exemplars(tracing.is_some()));
+    let traces = match &tracing {
+        Some(settings) => Some(crate::traces::Traces::start(
+            settings,
+            metrics.spans.clone(),
+        )?),
+        None => None,
+    };
+    init_logging_with(
+        envoyproxy_vars
+            .as_ref()
+            .and_then(crate::source::envoyproxy_env::log_filter),
+        traces.as_ref().map(crate::traces::Traces::tracer),
+    );
+    if let Some(vars) = &envoyproxy_vars {
+        for notice in crate::source::envoyproxy_env::notices(vars) {
+            info!("{notice}");
+        }
+    }
+    if let Some(settings) = &tracing {
+        info!(
+            protocol = ?settings.protocol,
+            sampler = ?settings.sampler,
+            queue = settings.queue,
+            "traces exported over OTLP"
+        );
+    }
     let open_files = listen::raise_open_files();
     let http = args.http.unwrap_or(config.server.http);
     let grpc = args.grpc.unwrap_or(config.server.grpc);
-    let app = App::build(&config).await?;
+    let app = App::build_with(&config, metrics, tracing.as_ref()).await?;
     spawn_sweeper(&app, config.storage.sweep_interval_ms);
     spawn_slice_give_back(&app);
     spawn_adaptive_refresh(&app);
@@ -88,7 +111,7 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
     info!(
         http = %http_listener.local_addr()?,
         grpc = %grpc_listener.local_addr()?,
-        store = app.limiter.store().name(),
+        store = sluice_store::Store::name(app.limiter.store()),
         config = %source.origin(),
         open_files = open_files.unwrap_or(0),
         max_connections = config.server.limits.max_connections,
@@ -176,6 +199,9 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         info!(units = given, "slices given back");
     }
     flush_ledger(&app_for_ledger).await;
+    if let Some(traces) = traces {
+        traces.shutdown().await;
+    }
     info!("sluice stopped");
     Ok(())
 }

@@ -65,12 +65,14 @@ pub async fn grpc_routes(
         .set_service_status(RLS, tonic_health::ServingStatus::Serving)
         .await;
     let max_message = usize::try_from(limits.grpc_max_message_bytes).unwrap_or(usize::MAX);
+    let traced = app.traced;
     GrpcServices::new(
         RateLimiter::new(app),
         max_message,
         std::time::Duration::from_millis(limits.request_timeout_ms),
         health_service,
     )
+    .traced(traced)
 }
 
 /// The Rate Limit Service's name.
@@ -94,6 +96,9 @@ pub struct GrpcServices<H> {
     /// take to arrive.
     read_timeout: Duration,
     health: H,
+    /// Whether calls of the Rate Limit Service get server spans
+    /// (`traces`).
+    traced: bool,
 }
 
 impl<H> GrpcServices<H> {
@@ -110,7 +115,15 @@ impl<H> GrpcServices<H> {
             max_message,
             read_timeout,
             health,
+            traced: false,
         }
+    }
+
+    /// With `traced`, each call of the Rate Limit Service runs within a
+    /// server span continuing the caller's trace.
+    pub fn traced(mut self, traced: bool) -> GrpcServices<H> {
+        self.traced = traced;
+        self
     }
 }
 
@@ -163,6 +176,9 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let (service, method) = service_and_method(request.uri().path());
         if service == RLS && method == SHOULD_RATE_LIMIT {
+            let span = self
+                .traced
+                .then(|| crate::traces::grpc_span(RLS, SHOULD_RATE_LIMIT, request.headers()));
             // The headers are checked here and not kept: the future holds
             // only what the rest needs (it is boxed, moved into its box
             // whole, per request).
@@ -175,7 +191,7 @@ where
             };
             let (rls, max_message, read_timeout) =
                 (self.rls.clone(), self.max_message, self.read_timeout);
-            return Box::pin(async move {
+            let answered = async move {
                 // A client trickling its message (or never sending it)
                 // holds a stream and a buffer: it gets as long as an HTTP
                 // request's body does (no timer when the message came with
@@ -200,8 +216,20 @@ where
                     },
                     Err(status) => Err(status),
                 };
-                Ok(unary::respond(answer).map(Either::Left))
-            });
+                let code = answer
+                    .as_ref()
+                    .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+                (unary::respond(answer).map(Either::Left), code)
+            };
+            return match span {
+                None => Box::pin(async move { Ok(answered.await.0) }),
+                Some(span) => Box::pin(async move {
+                    let (answer, code) =
+                        tracing::Instrument::instrument(answered, span.clone()).await;
+                    crate::traces::grpc_answered(&span, code);
+                    Ok(answer)
+                }),
+            };
         }
         if service == H::NAME {
             let health = self.health.call(request);

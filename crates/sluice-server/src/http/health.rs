@@ -27,7 +27,7 @@ pub(super) async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Val
     };
     let body = json!({
         "status": if ready { "ready" } else { "not_ready" },
-        "store": app.limiter.store().name(),
+        "store": sluice_store::Store::name(app.limiter.store()),
         "store_reachable": app.store_reachable.load(std::sync::atomic::Ordering::Relaxed),
         "breaker": app.limiter.breaker_state().as_str(),
         "live_instances": app.limiter.live_instances(),

@@ -138,19 +138,27 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
     } else {
         Router::new()
     };
-    Router::new()
-        .merge(admin)
+    let decisions = Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/acquire", post(lease::acquire))
         .route("/v1/release", post(lease::release))
         .route("/v1/settle", post(after::settle))
         .route("/v1/report", post(after::report))
         .route("/v1/forward-auth", any(forward_auth::forward_auth))
+        .route("/json", post(envoyproxy::json));
+    // Only when traced: without tracing, not even a header is read.
+    let decisions = if app.traced {
+        decisions.route_layer(axum::middleware::from_fn(traced))
+    } else {
+        decisions
+    };
+    Router::new()
+        .merge(admin)
+        .merge(decisions)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/healthcheck", get(envoyproxy::healthcheck))
-        .route("/json", post(envoyproxy::json))
         .route("/rlconfig", get(envoyproxy::rlconfig))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(wrong_method)
@@ -164,6 +172,22 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
 
 /// A 404 problem naming the path (a client's typo, or the admin API
 /// without its token) and the endpoints there are.
+/// A decision endpoint's request within its server span, a child of the
+/// caller's (`traces`), named by the endpoint's path.
+async fn traced(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("", |p| p.as_str());
+    let span = crate::traces::http_span(request.method(), route, request.headers());
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    crate::traces::http_answered(&span, response.status());
+    response
+}
+
 async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
     let detail = format!(
         "no endpoint at `{}`; sluice answers POST /v1/check, POST /v1/acquire, \

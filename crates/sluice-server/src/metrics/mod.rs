@@ -82,6 +82,7 @@ mod adaptive;
 mod envoyproxy;
 mod regions;
 mod slices;
+mod traces;
 mod usage;
 
 use adaptive::AdaptiveStats;
@@ -89,6 +90,7 @@ use envoyproxy::EnvoyproxyStats;
 pub use envoyproxy::EnvoyproxyStatus;
 use regions::RegionStats;
 use slices::SliceStats;
+pub use traces::SpanCounters;
 pub use usage::{AttemptResult, SettleResult, UsageMetrics};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -153,7 +155,9 @@ pub struct Metrics {
     classes: ArcSwap<ClassTable>,
     /// Those of decisions outside a plan (Envoy descriptors).
     adhoc: OnceLock<ClassCounters>,
-    decision_seconds: Histogram,
+    decision_seconds: traces::DecisionSeconds,
+    /// Spans exported and dropped, when tracing is on.
+    pub spans: SpanCounters,
     store_seconds: Histogram,
     store_errors: [Counter; 4],
     failure_policy: [Counter; 3],
@@ -193,6 +197,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Metrics {
+        Metrics::with_exemplars(false)
+    }
+
+    /// [`Metrics::new`], the decision latency histogram carrying
+    /// exemplars when `exemplars` (tracing is on).
+    pub fn with_exemplars(exemplars: bool) -> Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -200,13 +210,9 @@ impl Metrics {
             "Decisions by outcome, reason, plan and route pattern",
             decisions.clone(),
         );
-        // 50µs .. ~1.6s
-        let decision_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        registry.register(
-            "decision_duration_seconds",
-            "Time to decide one request, store call included",
-            decision_seconds.clone(),
-        );
+        let decision_seconds = traces::DecisionSeconds::register(&mut registry, exemplars);
+        let spans = SpanCounters::default();
+        spans.register(&mut registry);
         let store_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
         registry.register(
             "store_call_duration_seconds",
@@ -313,6 +319,7 @@ impl Metrics {
             classes: ArcSwap::default(),
             adhoc: OnceLock::new(),
             decision_seconds,
+            spans,
             store_seconds,
             store_errors,
             failure_policy,
@@ -333,9 +340,11 @@ impl Metrics {
         }
     }
 
-    /// Counts a decision and how long it took.
-    pub fn decision(&self, decision: &Decision<'_>, elapsed: Duration) {
-        self.decision_seconds.observe(elapsed.as_secs_f64());
+    /// Counts a decision and how long it took, sampled in `trace_id`'s
+    /// trace when tracing is on (an exemplar).
+    pub fn decision(&self, decision: &Decision<'_>, elapsed: Duration, trace_id: Option<String>) {
+        self.decision_seconds
+            .observe(elapsed.as_secs_f64(), trace_id);
         if decision.shadow_denied {
             self.shadow_denials.inc();
         }

@@ -41,7 +41,7 @@ async fn decisions_count_by_the_class_of_the_policy_they_were_made_under() {
     let old = limiter.policy();
     for _ in 0..3 {
         let decision = limiter.decide(&old, &request).await;
-        metrics.decision(&decision, Duration::ZERO);
+        metrics.decision(&decision, Duration::ZERO, None);
     }
     assert_eq!(allowed(&metrics, "free"), 3);
     // A reload installs another policy, whose first class has the same
@@ -49,11 +49,11 @@ async fn decisions_count_by_the_class_of_the_policy_they_were_made_under() {
     // one's class, the new policy's under its own.
     limiter.set_policy(policy("pro"));
     let decision = limiter.decide(&old, &request).await;
-    metrics.decision(&decision, Duration::ZERO);
+    metrics.decision(&decision, Duration::ZERO, None);
     let new = limiter.policy();
     for _ in 0..2 {
         let decision = limiter.decide(&new, &request).await;
-        metrics.decision(&decision, Duration::ZERO);
+        metrics.decision(&decision, Duration::ZERO, None);
     }
     assert_eq!(allowed(&metrics, "free"), 4);
     assert_eq!(allowed(&metrics, "pro"), 2);

@@ -9,7 +9,7 @@
 //! logged and ignored, so an invalid file never replaces a running
 //! configuration. Everything derived from the files (plans, tenants,
 //! valves, envoyproxy/ratelimit descriptors) is one [`Policy`](sluice_core::Policy) snapshot,
-//! swapped at once; a change to `server`, `storage` or `keys` is reported
+//! swapped at once; a change to `server`, `storage`, `keys` or `tracing` is reported
 //! and waits for a restart.
 //! Without `--config`, the example configuration compiled into the binary is
 //! used, so `sluice serve` works from any directory.
@@ -328,12 +328,13 @@ fn apply(
     if next.server != running.server
         || next.storage != running.storage
         || next.keys != running.keys
+        || next.tracing != running.tracing
         || next.reservation_ttl_ms != running.reservation_ttl_ms
         || next.attempt_ttl_ms != running.attempt_ttl_ms
         || mapping(&next) != mapping(running)
     {
         warn!(
-            "changes to `server`, `storage`, `keys`, `reservation_ttl`, `attempt_ttl` or the envoy key mapping take effect on restart"
+            "changes to `server`, `storage`, `keys`, `tracing`, `reservation_ttl`, `attempt_ttl` or the envoy key mapping take effect on restart"
         );
     }
     service.install(&next.limits, descriptors);

@@ -19,6 +19,7 @@ use sluice_core::{Decision, Policy, Request};
 use super::Limiter;
 use crate::adjust::{Change, Marker, MarkerAnswer};
 use crate::store::{Batch, Store, StoreError};
+use crate::trace;
 
 /// What a settle marker's value starts with: settles that keep a marker
 /// in every slot they change. An identical settle of an earlier version
@@ -136,6 +137,12 @@ pub struct Adjustment<'p> {
 }
 
 impl<'p> Adjustment<'p> {
+    /// Whether this change applied now (not found made before, nor taken
+    /// by another).
+    pub fn applied(&self) -> bool {
+        self.marker == MarkerAnswer::Applied
+    }
+
     /// What `adjusted` left of `rules` (of `applicable`'s cell), as a
     /// request of one unit would find them.
     pub(super) fn of(
@@ -313,6 +320,24 @@ impl<S: Store> Limiter<S> {
         actual: u64,
         marker_ttl_ms: u64,
     ) -> Result<Adjustment<'p>, StoreError> {
+        let span = trace::change(trace::Change::Settle, Some(actual));
+        let settled = trace::within(
+            &span,
+            self.settle_untraced(policy, reservation, actual, marker_ttl_ms),
+        )
+        .await;
+        trace::applied(&span, settled.as_ref().map(Adjustment::applied));
+        settled
+    }
+
+    /// [`settle`](Self::settle), within its span.
+    async fn settle_untraced<'p>(
+        &self,
+        policy: &'p Policy,
+        reservation: &Reservation,
+        actual: u64,
+        marker_ttl_ms: u64,
+    ) -> Result<Adjustment<'p>, StoreError> {
         let subject = reservation.subject.as_deref();
         let applicable =
             policy.applicable(&reservation.tenant, &reservation.route, subject.is_some());
@@ -432,6 +457,18 @@ impl<S: Store> Limiter<S> {
     /// kept whole on shard 0 charged once: one store call per shard that
     /// has something to charge, the answer the last one's.
     pub async fn report<'p>(
+        &self,
+        policy: &'p Policy,
+        request: &Request<'_>,
+    ) -> Result<Adjustment<'p>, AfterError> {
+        let span = trace::change(trace::Change::Report, Some(request.cost));
+        let reported = trace::within(&span, self.report_untraced(policy, request)).await;
+        trace::applied(&span, reported.as_ref().map(Adjustment::applied));
+        reported
+    }
+
+    /// [`report`](Self::report), within its span.
+    async fn report_untraced<'p>(
         &self,
         policy: &'p Policy,
         request: &Request<'_>,
@@ -573,15 +610,18 @@ impl<S: Store> Limiter<S> {
         // on Redis Cluster it is made once its lead slot applies, and what
         // that call answered must reach the caller (each of its calls is
         // bounded by the store's own response timeout).
+        let span =
+            crate::trace::store_call("adjust", self.store.name(), batch, self.breaker.state());
+        let call =
+            tracing::Instrument::instrument(self.store.adjust(batch, change, marker), span.clone());
         let adjusted = match (self.options.timeout, marker) {
-            (Some(budget), None) => {
-                tokio::time::timeout(budget, self.store.adjust(batch, change, marker))
-                    .await
-                    .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64)))
-            }
-            _ => self.store.adjust(batch, change, marker).await,
-        }?;
-        Ok(adjusted)
+            (Some(budget), None) => tokio::time::timeout(budget, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            _ => call.await,
+        };
+        crate::trace::answered(&span, &adjusted);
+        adjusted
     }
 }
 

@@ -7,11 +7,14 @@ use std::time::{Duration, Instant};
 use sluice_core::Decision;
 use sluice_core::policy::Applicable;
 use smallvec::SmallVec;
+use tracing::Instrument;
 
 use super::Limiter;
+use super::breaker::BreakerState;
 use super::denials::{DenialCache, Sharing};
 use super::slice::{self, Plan};
 use crate::store::{Batch, Decided, Store, StoreError};
+use crate::trace;
 
 impl<S: Store> Limiter<S> {
     /// Decides a batch on the shard it names, the store call ending by
@@ -209,16 +212,22 @@ impl<S: Store> Limiter<S> {
         let Some(attempt) = self.breaker.attempt(now) else {
             return Err(None);
         };
-        let started = Instant::now();
-        let result = match (self.options.timeout, deadline) {
-            (Some(budget), Some(deadline)) => {
-                match tokio::time::timeout_at(deadline, self.store.decide(batch)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
-                }
-            }
-            _ => self.store.decide(batch).await,
+        let breaker = if attempt.is_probe() {
+            BreakerState::HalfOpen
+        } else {
+            BreakerState::Closed
         };
+        let span = trace::store_call("decide", self.store.name(), batch, breaker);
+        let started = Instant::now();
+        let call = self.store.decide(batch).instrument(span.clone());
+        let result = match (self.options.timeout, deadline) {
+            (Some(budget), Some(deadline)) => match tokio::time::timeout_at(deadline, call).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
+            },
+            _ => call.await,
+        };
+        trace::answered(&span, &result);
         self.options
             .telemetry
             .store_call(started.elapsed(), result.as_ref().err());

@@ -90,6 +90,20 @@ impl<S: Store> Limiter<S> {
         subject: Option<&str>,
         lease: &Lease,
     ) -> Result<bool, StoreError> {
+        let span = crate::trace::change(crate::trace::Change::Release, None);
+        let released =
+            crate::trace::within(&span, self.release_untraced(tenant, subject, lease)).await;
+        crate::trace::applied(&span, released.as_ref().copied());
+        released
+    }
+
+    /// [`release`](Self::release), within its span.
+    async fn release_untraced(
+        &self,
+        tenant: &str,
+        subject: Option<&str>,
+        lease: &Lease,
+    ) -> Result<bool, StoreError> {
         if lease.held.is_empty() {
             return Ok(false);
         }
@@ -100,13 +114,17 @@ impl<S: Store> Limiter<S> {
         // Taken while the store was unreachable (`on_error: local`), the
         // lease is in the local fallback.
         let local = self.local.release_now(&batch);
+        let span =
+            crate::trace::store_call("release", self.store.name(), &batch, self.breaker.state());
+        let call = tracing::Instrument::instrument(self.store.release(&batch), span.clone());
         let remote = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, self.store.release(&batch))
+            Some(budget) => tokio::time::timeout(budget, call)
                 .await
-                .map_err(|_| StoreError::Timeout(budget.as_millis() as u64))??,
-            None => self.store.release(&batch).await?,
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            None => call.await,
         };
-        Ok(local || remote)
+        crate::trace::answered(&span, &remote);
+        Ok(local || remote?)
     }
 }
 

@@ -282,6 +282,10 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     fn decide(
         &self,
         batch: &Batch<'_>,

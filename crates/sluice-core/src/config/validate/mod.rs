@@ -3,7 +3,8 @@
 //! [`Validator`] gathers every problem with its `file:line:column`; each
 //! section of the file is read by a file of its own:
 //!
-//! - [`server`], [`storage`], [`keys`], [`ledger`], [`envoy_service`]: the
+//! - [`server`], [`storage`], [`keys`], [`ledger`], [`envoy_service`],
+//!   [`tracing`]: the
 //!   sections of the same names; [`regions`]: `storage.regions`;
 //! - [`limits`]: plans, tenants and the default plan;
 //! - [`routes`]: route tables and their patterns, `dedupe`;
@@ -32,6 +33,7 @@ mod server;
 mod share;
 mod storage;
 mod tolerance;
+mod tracing;
 mod yaml;
 
 pub use rules::MAX_RULES_PER_LIST;
@@ -155,6 +157,7 @@ impl<'a> Validator<'a> {
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         let ledger = raw.ledger.map(|l| self.ledger(l));
+        let tracing = raw.tracing.map(|t| self.tracing(t));
         use crate::config::defaults::{
             ATTEMPT_TTL_MS, MAX_ATTEMPT_TTL_MS, MAX_RESERVATION_TTL_MS, RESERVATION_TTL_MS,
         };
@@ -178,6 +181,7 @@ impl<'a> Validator<'a> {
             envoy,
             admin_token,
             ledger,
+            tracing,
             reservation_ttl_ms,
             attempt_ttl_ms,
         }

@@ -460,7 +460,8 @@ type Group = SmallVec<[usize; 4]>;
 
 /// The batch's rules grouped by hash tag (so by slot): first every group
 /// that is not a global valve (the tenant's rules; with Envoy descriptors,
-/// one group per descriptor), then the valves' groups.
+/// one group per descriptor), then the valves' groups. The store call's
+/// span (`trace.rs`) is told how many.
 fn slot_groups(batch: &Batch<'_>, keys: &[String]) -> (Vec<Group>, Vec<Group>) {
     let mut first: Vec<(&str, Group)> = Vec::new();
     let mut valves: Vec<(&str, Group)> = Vec::new();
@@ -476,6 +477,7 @@ fn slot_groups(batch: &Batch<'_>, keys: &[String]) -> (Vec<Group>, Vec<Group>) {
             None => phase.push((tag, smallvec::smallvec![i])),
         }
     }
+    crate::trace::slots(first.len() + valves.len());
     let groups = |phase: Vec<(&str, Group)>| phase.into_iter().map(|(_, g)| g).collect();
     (groups(first), groups(valves))
 }
@@ -496,6 +498,10 @@ fn select(buckets: &Buckets, group: &[usize]) -> (Vec<String>, Vec<Record>) {
 }
 
 impl Store for ClusterStore {
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+
     async fn adjust(
         &self,
         batch: &Batch<'_>,

@@ -1,0 +1,178 @@
+//! `tracing:` decisions' spans exported over OTLP. Every field stands for
+//! an `OTEL_*` environment variable of the same meaning: a field given
+//! here wins over its variable, an absent one falls back to it (the server
+//! reads them), then to the default. Each value is checked by the one
+//! parser below, whichever of the two it came from.
+
+/// `tracing:`, as the file gives it (absent fields: `None`, the variable
+/// or the default decides).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TracingConfig {
+    /// The collector's address (`OTEL_EXPORTER_OTLP_ENDPOINT`): over HTTP,
+    /// `/v1/traces` is appended.
+    pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    pub protocol: Option<OtlpProtocol>,
+    /// Headers sent with every export (`OTEL_EXPORTER_OTLP_HEADERS`).
+    pub headers: Option<Vec<(String, String)>>,
+    /// Which traces are sampled (`OTEL_TRACES_SAMPLER`).
+    pub sampler: Option<SamplerKind>,
+    /// The ratio of a `traceidratio` sampler (`OTEL_TRACES_SAMPLER_ARG`).
+    pub ratio: Option<f64>,
+    /// `service.name` (`OTEL_SERVICE_NAME`).
+    pub service_name: Option<String>,
+    /// More resource attributes (`OTEL_RESOURCE_ATTRIBUTES`).
+    pub resource: Option<Vec<(String, String)>>,
+    /// Spans waiting for export at most (`OTEL_BSP_MAX_QUEUE_SIZE`): past
+    /// it, a span is dropped and counted.
+    pub queue: Option<u64>,
+    /// How long one export may take (`OTEL_EXPORTER_OTLP_TIMEOUT`).
+    pub timeout_ms: Option<u64>,
+    /// What a span tells of who asked (no variable: `none` by default).
+    pub attributes: TraceAttributes,
+}
+
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (port 4317 by convention).
+    Grpc,
+    /// OTLP over HTTP, protobuf bodies (port 4318 by convention).
+    HttpProtobuf,
+}
+
+impl OtlpProtocol {
+    /// `grpc` or `http/protobuf`.
+    pub fn parse(text: &str) -> Result<OtlpProtocol, String> {
+        match text {
+            "grpc" => Ok(OtlpProtocol::Grpc),
+            "http/protobuf" => Ok(OtlpProtocol::HttpProtobuf),
+            other => Err(format!(
+                "must be `grpc` or `http/protobuf` (`http/json` is not supported), got `{other}`"
+            )),
+        }
+    }
+
+    /// The collector's address when none is given.
+    pub fn default_endpoint(self) -> &'static str {
+        match self {
+            OtlpProtocol::Grpc => "http://localhost:4317",
+            OtlpProtocol::HttpProtobuf => "http://localhost:4318",
+        }
+    }
+}
+
+/// Which traces are sampled, by the names of `OTEL_TRACES_SAMPLER`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplerKind {
+    /// Every trace.
+    AlwaysOn,
+    /// None.
+    AlwaysOff,
+    /// A ratio of traces, by trace id.
+    TraceIdRatio,
+    /// As the caller sampled; a trace that starts here: always.
+    ParentBasedAlwaysOn,
+    /// As the caller sampled; a trace that starts here: never.
+    ParentBasedAlwaysOff,
+    /// As the caller sampled; a trace that starts here: by ratio.
+    ParentBasedTraceIdRatio,
+}
+
+impl SamplerKind {
+    /// One of the names `OTEL_TRACES_SAMPLER` takes.
+    pub fn parse(text: &str) -> Result<SamplerKind, String> {
+        Ok(match text {
+            "always_on" => SamplerKind::AlwaysOn,
+            "always_off" => SamplerKind::AlwaysOff,
+            "traceidratio" => SamplerKind::TraceIdRatio,
+            "parentbased_always_on" => SamplerKind::ParentBasedAlwaysOn,
+            "parentbased_always_off" => SamplerKind::ParentBasedAlwaysOff,
+            "parentbased_traceidratio" => SamplerKind::ParentBasedTraceIdRatio,
+            other => {
+                return Err(format!(
+                    "must be one of always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off, parentbased_traceidratio; got `{other}`"
+                ));
+            }
+        })
+    }
+}
+
+/// What a decision's span tells of who asked (`tracing.attributes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceAttributes {
+    /// No tenant, route or subject text.
+    #[default]
+    None,
+    /// The tenant's tag under the pepper, and the route pattern matched.
+    Derived,
+    /// The tenant, route and subject as sent.
+    Plain,
+}
+
+impl TraceAttributes {
+    /// `none`, `derived` or `plain`.
+    pub fn parse(text: &str) -> Result<TraceAttributes, String> {
+        match text {
+            "none" => Ok(TraceAttributes::None),
+            "derived" => Ok(TraceAttributes::Derived),
+            "plain" => Ok(TraceAttributes::Plain),
+            other => Err(format!(
+                "must be `none`, `derived` or `plain`, got `{other}`"
+            )),
+        }
+    }
+}
+
+/// Checks a collector's address: `http://host:port`, with a path only over
+/// HTTP. TLS is not spoken here: a collector agent beside sluice forwards
+/// over TLS (docs/OPERATIONS.md).
+pub fn check_endpoint(text: &str) -> Result<(), String> {
+    if text.starts_with("https://") {
+        return Err(format!(
+            "`{text}`: https is not supported; send to a collector agent beside sluice over http:// and let it forward over TLS"
+        ));
+    }
+    let Some(rest) = text.strip_prefix("http://") else {
+        return Err(format!("must start with http://, got `{text}`"));
+    };
+    let authority = rest.split('/').next().unwrap_or("");
+    if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
+        return Err(format!("must be http://HOST[:PORT][/PATH], got `{text}`"));
+    }
+    Ok(())
+}
+
+/// The ratio of a `traceidratio` sampler: from 0 to 1.
+pub fn check_ratio(ratio: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&ratio) {
+        Ok(ratio)
+    } else {
+        Err(format!("must be from 0 to 1, got {ratio}"))
+    }
+}
+
+/// The most spans waiting for export: from 1 to this.
+pub const MAX_QUEUE: u64 = 1_000_000;
+/// Spans waiting for export at most, by default (the SDK's own).
+pub const DEFAULT_QUEUE: u64 = 2_048;
+/// How long one export may take, by default.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// The longest export timeout.
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+
+/// Checks a header's or resource attribute's name: printable ASCII, no
+/// spaces or separators.
+pub fn check_key(key: &str) -> Result<(), String> {
+    if !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b",;=\"".contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{key}` is not a valid name (printable ASCII, without spaces, `,`, `;`, `=` or quotes)"
+        ))
+    }
+}

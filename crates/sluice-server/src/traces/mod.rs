@@ -1,0 +1,249 @@
+//! Traces over OTLP: the tracer `sluice serve` installs when tracing is on
+//! (`settings.rs`), the spans of the requests it serves, and the caller's
+//! context they continue.
+//!
+//! A request to a decision endpoint (HTTP `/v1/check`, `/v1/acquire`,
+//! `/v1/release`, `/v1/settle`, `/v1/report`, forward-auth, `/json`; the
+//! gRPC Rate Limit Service) gets a server span, a child of the caller's
+//! W3C `traceparent` (and `tracestate`) when it sends one: the gateway's
+//! span. Its children are the limiter's (`sluice_store::trace`): the
+//! decision, the change after the fact, their store calls. Sampling
+//! follows the parent (`parentbased_*`, the default): a request the
+//! gateway sampled is sampled here.
+//!
+//! Spans go out in batches (`export.rs`): a collector slow or away costs
+//! decisions nothing, and what could not wait is counted in
+//! `sluice_trace_spans_dropped_total`.
+//!
+//! With tracing off, none of this is built: no layer, no span, no header
+//! read.
+
+mod export;
+pub mod settings;
+
+use opentelemetry::KeyValue;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{TraceContextExt, TracerProvider};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::runtime::Tokio;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, Sampler, SdkTracer, SdkTracerProvider};
+use sluice_core::config::tracing::{OtlpProtocol, SamplerKind};
+use tracing::Span;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+pub use settings::Settings;
+
+use crate::metrics::SpanCounters;
+use export::{Bounded, Counting, Waiting};
+
+/// The most spans exported in one batch (the SDK's default).
+const MAX_BATCH: usize = 512;
+
+/// The running tracer: spans go through it until [`Traces::shutdown`].
+#[derive(Debug)]
+pub struct Traces {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+}
+
+impl Traces {
+    /// Builds the exporter and the tracer `settings` describe, counting
+    /// spans in `counters`. Call within the runtime: the batches are
+    /// exported on its tasks.
+    pub fn start(settings: &Settings, counters: SpanCounters) -> Result<Traces, String> {
+        let exporter = exporter(settings)?;
+        let waiting = Waiting::new(settings.queue, counters);
+        let batches = BatchConfigBuilder::default()
+            .with_max_queue_size(settings.queue)
+            .with_max_export_batch_size(MAX_BATCH.min(settings.queue))
+            .build();
+        let processor = BatchSpanProcessor::builder(
+            Counting {
+                inner: exporter,
+                waiting: waiting.clone(),
+            },
+            Tokio,
+        )
+        .with_batch_config(batches)
+        .build();
+        let mut resource = Resource::builder();
+        if let Some(name) = &settings.service_name {
+            resource = resource.with_service_name(name.clone());
+        }
+        let resource = resource
+            .with_attributes(
+                settings
+                    .resource
+                    .iter()
+                    .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+            )
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(Bounded {
+                inner: processor,
+                waiting,
+            })
+            .with_sampler(sampler(settings.sampler, settings.ratio))
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("sluice");
+        Ok(Traces { provider, tracer })
+    }
+
+    /// The tracer the `tracing` layer sends spans to.
+    pub fn tracer(&self) -> SdkTracer {
+        self.tracer.clone()
+    }
+
+    /// Exports what is queued (within a few seconds), then stops.
+    pub async fn shutdown(self) {
+        let provider = self.provider;
+        // The processor waits on the runtime's tasks: not from one of them.
+        let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    }
+}
+
+/// The OTLP exporter of `settings`: what `tracing:` gives, the rest from
+/// the `OTEL_EXPORTER_OTLP_*` variables (the exporter reads them).
+fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    let built = match settings.protocol {
+        OtlpProtocol::Grpc => {
+            let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(endpoint) = &settings.endpoint {
+                builder = builder.with_endpoint(endpoint.clone());
+            }
+            if let Some(timeout) = settings.timeout {
+                builder = builder.with_timeout(timeout);
+            }
+            if let Some(headers) = &settings.headers {
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                for (name, value) in headers {
+                    let name = tonic::metadata::MetadataKey::from_bytes(name.as_bytes())
+                        .map_err(|_| format!("tracing.headers: `{name}` is not a header name"))?;
+                    let value = value.parse().map_err(|_| {
+                        format!("tracing.headers: the value of `{name}` is not a header value")
+                    })?;
+                    metadata.insert(name, value);
+                }
+                builder = builder.with_metadata(metadata);
+            }
+            builder.build()
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            if let Some(endpoint) = &settings.endpoint {
+                builder = builder.with_endpoint(endpoint.clone());
+            }
+            if let Some(timeout) = settings.timeout {
+                builder = builder.with_timeout(timeout);
+            }
+            if let Some(headers) = &settings.headers {
+                builder = builder.with_headers(headers.iter().cloned().collect());
+            }
+            builder.build()
+        }
+    };
+    built.map_err(|e| format!("tracing: cannot build the OTLP exporter: {e}"))
+}
+
+/// The SDK's sampler for `kind` (and `ratio`, for the ratio samplers).
+fn sampler(kind: SamplerKind, ratio: f64) -> Sampler {
+    let parent_based = |root: Sampler| Sampler::ParentBased(Box::new(root));
+    match kind {
+        SamplerKind::AlwaysOn => Sampler::AlwaysOn,
+        SamplerKind::AlwaysOff => Sampler::AlwaysOff,
+        SamplerKind::TraceIdRatio => Sampler::TraceIdRatioBased(ratio),
+        SamplerKind::ParentBasedAlwaysOn => parent_based(Sampler::AlwaysOn),
+        SamplerKind::ParentBasedAlwaysOff => parent_based(Sampler::AlwaysOff),
+        SamplerKind::ParentBasedTraceIdRatio => parent_based(Sampler::TraceIdRatioBased(ratio)),
+    }
+}
+
+/// The caller's trace context in `headers` (W3C `traceparent` and
+/// `tracestate`); empty when there is none, or it does not parse.
+fn parent(headers: &http::HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers))
+}
+
+/// The server span of an HTTP request to `route` (the endpoint's path:
+/// never one with tenant text), continuing the caller's trace.
+pub fn http_span(method: &http::Method, route: &str, headers: &http::HeaderMap) -> Span {
+    let span = tracing::info_span!(
+        target: "sluice::trace",
+        "http",
+        otel.name = format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = method.as_str(),
+        http.route = route,
+        http.response.status_code = Empty,
+        otel.status_code = Empty,
+    );
+    let _ = span.set_parent(parent(headers));
+    span
+}
+
+/// Records an HTTP answer's status on its server span (a 5xx is an
+/// error, as OpenTelemetry's HTTP conventions say).
+pub fn http_answered(span: &Span, status: http::StatusCode) {
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
+}
+
+/// The server span of a gRPC call of `service`/`method`, continuing the
+/// caller's trace (Envoy sends `traceparent` in the call's metadata when
+/// its tracing is on).
+pub fn grpc_span(service: &str, method: &str, headers: &http::HeaderMap) -> Span {
+    let span = tracing::info_span!(
+        target: "sluice::trace",
+        "grpc",
+        otel.name = format!("{service}/{method}"),
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = method,
+        rpc.grpc.status_code = Empty,
+        otel.status_code = Empty,
+    );
+    let _ = span.set_parent(parent(headers));
+    span
+}
+
+/// Records a gRPC answer's status code on its server span.
+pub fn grpc_answered(span: &Span, code: tonic::Code) {
+    span.record("rpc.grpc.status_code", code as i32);
+    if !matches!(
+        code,
+        tonic::Code::Ok
+            | tonic::Code::Cancelled
+            | tonic::Code::InvalidArgument
+            | tonic::Code::NotFound
+            | tonic::Code::AlreadyExists
+            | tonic::Code::PermissionDenied
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::Aborted
+            | tonic::Code::OutOfRange
+            | tonic::Code::Unauthenticated
+    ) {
+        span.record("otel.status_code", "error");
+    }
+}
+
+/// The trace id of `span` when its trace is sampled: a decision's
+/// exemplar.
+pub fn sampled_trace_id(span: &Span) -> Option<String> {
+    let context = span.context();
+    let span = context.span();
+    let span_context = span.span_context();
+    span_context
+        .is_sampled()
+        .then(|| span_context.trace_id().to_string())
+}

@@ -1,0 +1,287 @@
+//! Whether traces are exported, and how: the `tracing:` block over the
+//! `OTEL_*` variables it stands for. A field the block gives wins; the
+//! variables it does not give are left to the OpenTelemetry crates, which
+//! read them themselves (the exporter: endpoint, headers, timeout; the
+//! resource: service name and attributes). What sluice must know itself
+//! (on or off, the protocol, the sampler, the queue it counts drops
+//! against) it reads here, and a variable it cannot use stops the start
+//! with a message naming it.
+
+use std::time::Duration;
+
+use sluice_core::config::tracing::{
+    self, DEFAULT_QUEUE, MAX_QUEUE, OtlpProtocol, SamplerKind, TraceAttributes, TracingConfig,
+};
+
+/// What the tracer is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// How spans travel.
+    pub protocol: OtlpProtocol,
+    /// The collector's address from `tracing.endpoint`, whole (with
+    /// `/v1/traces` over HTTP); `None`: the exporter reads the variables.
+    pub endpoint: Option<String>,
+    /// `tracing.headers`; `None`: the exporter reads the variables.
+    pub headers: Option<Vec<(String, String)>>,
+    /// `tracing.timeout`; `None`: the exporter reads the variables.
+    pub timeout: Option<Duration>,
+    /// Which traces are sampled.
+    pub sampler: SamplerKind,
+    /// The ratio of a `traceidratio` sampler.
+    pub ratio: f64,
+    /// `service.name`; `None`: `OTEL_SERVICE_NAME` or
+    /// `OTEL_RESOURCE_ATTRIBUTES` names it.
+    pub service_name: Option<String>,
+    /// `tracing.resource`, added to what the variables give.
+    pub resource: Vec<(String, String)>,
+    /// Spans waiting for export at most.
+    pub queue: usize,
+    /// What a decision's span tells of who asked.
+    pub attributes: TraceAttributes,
+}
+
+/// The name a service gets when nothing names it.
+const SERVICE_NAME: &str = "sluice";
+
+impl Settings {
+    /// Tracing's settings from `config` (`tracing:`) and the variables
+    /// `var` reads; `None`: tracing is off (no `tracing:` block and no
+    /// collector named by `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or `OTEL_SDK_DISABLED=true`,
+    /// or `OTEL_TRACES_EXPORTER=none`).
+    pub fn resolve(
+        config: Option<&TracingConfig>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Settings>, String> {
+        let var = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        if let Some(disabled) = var("OTEL_SDK_DISABLED") {
+            match disabled.trim().to_ascii_lowercase().as_str() {
+                "true" => return Ok(None),
+                "false" => {}
+                other => {
+                    return Err(format!(
+                        "OTEL_SDK_DISABLED must be `true` or `false`, got `{other}`"
+                    ));
+                }
+            }
+        }
+        match var("OTEL_TRACES_EXPORTER").as_deref().map(str::trim) {
+            None | Some("otlp") => {}
+            Some("none") => return Ok(None),
+            Some(other) => {
+                return Err(format!(
+                    "OTEL_TRACES_EXPORTER must be `otlp` or `none` (sluice exports over OTLP only), got `{other}`"
+                ));
+            }
+        }
+        let named = |name: &str| -> Result<Option<String>, String> {
+            match var(name) {
+                Some(endpoint) => tracing::check_endpoint(endpoint.trim())
+                    .map(|()| Some(endpoint))
+                    .map_err(|e| format!("{name} {e}")),
+                None => Ok(None),
+            }
+        };
+        let from_variables = named("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?.is_some()
+            | named("OTEL_EXPORTER_OTLP_ENDPOINT")?.is_some();
+        if config.is_none() && !from_variables {
+            return Ok(None);
+        }
+        let config = config.cloned().unwrap_or_default();
+        let protocol = match config.protocol {
+            Some(protocol) => protocol,
+            None => match var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                .map(|p| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", p))
+                .or_else(|| {
+                    var("OTEL_EXPORTER_OTLP_PROTOCOL").map(|p| ("OTEL_EXPORTER_OTLP_PROTOCOL", p))
+                }) {
+                Some((name, text)) => {
+                    OtlpProtocol::parse(text.trim()).map_err(|e| format!("{name} {e}"))?
+                }
+                None => OtlpProtocol::HttpProtobuf,
+            },
+        };
+        let endpoint = config.endpoint.map(|base| match protocol {
+            OtlpProtocol::Grpc => base,
+            OtlpProtocol::HttpProtobuf => format!("{}/v1/traces", base.trim_end_matches('/')),
+        });
+        let sampler = match config.sampler {
+            Some(sampler) => sampler,
+            None => match var("OTEL_TRACES_SAMPLER") {
+                Some(text) => SamplerKind::parse(text.trim())
+                    .map_err(|e| format!("OTEL_TRACES_SAMPLER {e}"))?,
+                None => SamplerKind::ParentBasedAlwaysOn,
+            },
+        };
+        let ratio = match config.ratio {
+            Some(ratio) => ratio,
+            None => match var("OTEL_TRACES_SAMPLER_ARG") {
+                Some(text) => text
+                    .trim()
+                    .parse::<f64>()
+                    .map_err(|_| format!("must be a number from 0 to 1, got `{text}`"))
+                    .and_then(tracing::check_ratio)
+                    .map_err(|e| format!("OTEL_TRACES_SAMPLER_ARG {e}"))?,
+                None => 1.0,
+            },
+        };
+        let queue = match config.queue {
+            Some(queue) => queue,
+            None => match var("OTEL_BSP_MAX_QUEUE_SIZE") {
+                Some(text) => text
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|q| (1..=MAX_QUEUE).contains(q))
+                    .ok_or_else(|| {
+                        format!(
+                            "OTEL_BSP_MAX_QUEUE_SIZE must be a whole number from 1 to {MAX_QUEUE}, got `{text}`"
+                        )
+                    })?,
+                None => DEFAULT_QUEUE,
+            },
+        };
+        let named_by_variables = var("OTEL_SERVICE_NAME").is_some()
+            || var("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|attributes| {
+                attributes
+                    .split(',')
+                    .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
+            });
+        let service_name = config
+            .service_name
+            .or_else(|| (!named_by_variables).then(|| SERVICE_NAME.to_owned()));
+        Ok(Some(Settings {
+            protocol,
+            endpoint,
+            headers: config.headers,
+            timeout: config.timeout_ms.map(Duration::from_millis),
+            sampler,
+            ratio,
+            service_name,
+            resource: config.resource.unwrap_or_default(),
+            queue: queue as usize,
+            attributes: config.attributes,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn resolve(
+        config: Option<&TracingConfig>,
+        vars: &[(&str, &str)],
+    ) -> Result<Option<Settings>, String> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::resolve(config, |name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn off_without_a_block_or_a_collector() {
+        assert_eq!(resolve(None, &[]), Ok(None));
+        assert_eq!(
+            resolve(None, &[("OTEL_TRACES_SAMPLER", "always_on")]),
+            Ok(None)
+        );
+        let on = resolve(None, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]);
+        assert!(on.unwrap().is_some());
+    }
+
+    #[test]
+    fn the_variables_that_turn_it_off_win_over_the_block() {
+        let block = TracingConfig::default();
+        assert_eq!(
+            resolve(Some(&block), &[("OTEL_SDK_DISABLED", "true")]),
+            Ok(None)
+        );
+        assert_eq!(
+            resolve(Some(&block), &[("OTEL_TRACES_EXPORTER", "none")]),
+            Ok(None)
+        );
+        assert!(resolve(Some(&block), &[]).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_field_wins_over_its_variable_and_a_variable_over_the_default() {
+        let block = TracingConfig {
+            sampler: Some(SamplerKind::AlwaysOn),
+            queue: Some(10),
+            ..TracingConfig::default()
+        };
+        let vars = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "99"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ];
+        let settings = resolve(Some(&block), &vars).unwrap().unwrap();
+        assert_eq!(settings.sampler, SamplerKind::AlwaysOn);
+        assert_eq!(settings.queue, 10);
+        assert_eq!(settings.ratio, 0.25);
+        assert_eq!(settings.protocol, OtlpProtocol::Grpc);
+        let settings = resolve(Some(&TracingConfig::default()), &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(settings.sampler, SamplerKind::ParentBasedAlwaysOn);
+        assert_eq!(settings.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(settings.queue, DEFAULT_QUEUE as usize);
+        assert_eq!(settings.service_name.as_deref(), Some("sluice"));
+    }
+
+    #[test]
+    fn an_endpoint_over_http_is_the_base_of_the_traces_path() {
+        let block = |protocol| TracingConfig {
+            endpoint: Some("http://collector:4318/".to_owned()),
+            protocol: Some(protocol),
+            ..TracingConfig::default()
+        };
+        let http = resolve(Some(&block(OtlpProtocol::HttpProtobuf)), &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            http.endpoint.as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        let grpc = resolve(Some(&block(OtlpProtocol::Grpc)), &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(grpc.endpoint.as_deref(), Some("http://collector:4318/"));
+    }
+
+    #[test]
+    fn a_variable_that_cannot_be_used_is_named() {
+        let block = TracingConfig::default();
+        for (name, value) in [
+            ("OTEL_TRACES_SAMPLER", "sometimes"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+            ("OTEL_TRACES_SAMPLER_ARG", "half"),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318"),
+            ("OTEL_TRACES_EXPORTER", "zipkin"),
+            ("OTEL_SDK_DISABLED", "yes"),
+        ] {
+            let error = resolve(Some(&block), &[(name, value)]).unwrap_err();
+            assert!(error.starts_with(name), "{name}={value}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_service_named_by_the_variables_is_left_to_them() {
+        let block = TracingConfig::default();
+        for vars in [
+            [("OTEL_SERVICE_NAME", "rl")],
+            [("OTEL_RESOURCE_ATTRIBUTES", "team=a,service.name=rl")],
+        ] {
+            let settings = resolve(Some(&block), &vars).unwrap().unwrap();
+            assert_eq!(settings.service_name, None);
+        }
+    }
+}
