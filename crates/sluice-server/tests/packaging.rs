@@ -74,6 +74,7 @@ fn the_shipped_configurations_validate() {
         "deploy/compose/regions/eu.yaml",
         "deploy/compose/regions/us.yaml",
         "deploy/compose/regions/ap.yaml",
+        "deploy/compose/traces/sluice.yaml",
         "deploy/kubernetes/sluice.yaml",
     ] {
         let out = sluice().arg("validate").arg(repo(config)).output().unwrap();

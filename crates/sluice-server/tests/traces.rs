@@ -218,8 +218,24 @@ async fn a_decision_over_http_continues_the_callers_trace_without_tenant_text() 
         Some("test")
     );
 
+    // The collector's answers are counted (once each export returns).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = get_text(&client, &server, "/metrics").await;
+        if metric_total(&metrics, "sluice_trace_spans_exported_total") >= 9.0 {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exports never counted: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        metric_total(&metrics, "sluice_trace_spans_dropped_total"),
+        0.0
+    );
     // The latency histogram names a sampled decision's trace.
-    let metrics = get_text(&client, &server, "/metrics").await;
     let exemplars: Vec<&str> = metrics
         .lines()
         .filter(|l| l.starts_with("sluice_decision_duration_seconds_bucket") && l.contains("# {"))
