@@ -15,7 +15,11 @@
 # scripts/service_cpu.sh takes it) in memory under the same gRPC load:
 # one limit per tenant, every request admitted.
 # SLUICE_BIN counts another build of the service (the load still comes
-# from this tree's); SERVICE_INSTRUCTIONS_DUMPS=DIR keeps callgrind's dumps
+# from this tree's); SERVICE_INSTRUCTIONS_TRACES=1 counts it with tracing
+# on and every request sampled (OTEL_TRACES_SAMPLER=always_on), its spans
+# exported over OTLP/HTTP to a sink on loopback that accepts every batch
+# (the export's work is counted with the rest);
+# SERVICE_INSTRUCTIONS_DUMPS=DIR keeps callgrind's dumps
 # there (API-SECONDS-RUN.out, for callgrind_annotate). Needs valgrind
 # (apt-get install valgrind, which brings callgrind_annotate).
 set -euo pipefail
@@ -33,6 +37,30 @@ limits=$(mktemp --suffix=.yaml)
 if [ "$api" = limitador ]; then
   [ -x "${LIMITADOR_BIN:-}" ] || { echo "API limitador needs LIMITADOR_BIN, a limitador-server binary" >&2; exit 1; }
   limitador_limits "$limits"
+fi
+
+# With SERVICE_INSTRUCTIONS_TRACES=1: an OTLP/HTTP sink answering every
+# export with an empty ExportTraceServiceResponse, and sluice pointed at it.
+if [ "${SERVICE_INSTRUCTIONS_TRACES:-}" = 1 ]; then
+  [ "$api" = limitador ] && { echo "traces are sluice's: not with API limitador" >&2; exit 1; }
+  sink=$(free_port 1)
+  python3 - "$sink" <<'PY' &
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+PY
+  sink_pid=$!
+  trap 'kill $sink_pid 2>/dev/null || true' EXIT
+  export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$sink OTEL_TRACES_SAMPLER=always_on
 fi
 
 # Instructions callgrind counted for a service that served `seconds` of load.

@@ -81,9 +81,35 @@ pub async fn within<F: std::future::Future>(span: &Span, future: F) -> F::Output
     }
 }
 
+/// Whether spans are wanted here: traced, and within a request's span. A
+/// call made by background work (an expiry, slices given back) has none:
+/// it starts no trace of its own. With tracing off, one check of the call
+/// site's cached interest.
+fn in_a_request() -> bool {
+    tracing::enabled!(target: "sluice::trace", tracing::Level::INFO) && !Span::current().is_none()
+}
+
+/// `future`, a change of `kind` (of `cost` units where known), within its
+/// span, which records whether it `applied` or the error's kind.
+pub(crate) async fn changed<T, E>(
+    kind: Change,
+    cost: Option<u64>,
+    future: impl std::future::Future<Output = Result<T, E>>,
+    applied_of: impl Fn(&T) -> bool,
+    kind_of: impl Fn(&E) -> &'static str,
+) -> Result<T, E> {
+    let span = change(kind, cost);
+    let result = within(&span, future).await;
+    applied(&span, result.as_ref().map(&applied_of).map_err(&kind_of));
+    result
+}
+
 /// A change after the fact's span (tenant text is never on it): of `cost`
-/// units where known.
+/// units where known; none outside a request.
 pub fn change(kind: Change, cost: Option<u64>) -> Span {
+    if !in_a_request() {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: "sluice::trace",
         "sluice.change",
@@ -108,15 +134,19 @@ pub enum Change {
     Report,
     /// `/v1/release`: a lease given back.
     Release,
+    /// `/v1/report` with an attempt: an attempt concluded by its status.
+    Conclude,
 }
 
 impl Change {
-    /// Its span's name: `sluice.settle`, `sluice.report`, `sluice.release`.
+    /// Its span's name: `sluice.settle`, `sluice.report`, `sluice.release`,
+    /// `sluice.conclude`.
     pub fn span_name(self) -> &'static str {
         match self {
             Change::Settle => "sluice.settle",
             Change::Report => "sluice.report",
             Change::Release => "sluice.release",
+            Change::Conclude => "sluice.conclude",
         }
     }
 }
@@ -147,8 +177,9 @@ pub fn decided(span: &Span, decision: &Decision<'_>) {
 }
 
 /// Records on `span` whether a change applied (`Ok(true)`), found nothing
-/// to change (`Ok(false)`) or failed.
-pub fn applied<E: std::fmt::Display>(span: &Span, result: Result<bool, &E>) {
+/// to change (`Ok(false)`) or failed (`Err`: the error's kind, a closed
+/// set such as [`StoreError::kind`]).
+pub fn applied(span: &Span, result: Result<bool, &'static str>) {
     if span.is_disabled() {
         return;
     }
@@ -156,8 +187,8 @@ pub fn applied<E: std::fmt::Display>(span: &Span, result: Result<bool, &E>) {
         Ok(applied) => {
             span.record("sluice.applied", applied);
         }
-        Err(error) => {
-            span.record("error.type", tracing::field::display(error));
+        Err(kind) => {
+            span.record("error.type", kind);
             span.record("otel.status_code", "error");
         }
     }
@@ -190,12 +221,16 @@ pub fn disclose(span: &Span, disclosure: &Disclosure, request: &Request<'_>, rou
 
 /// A store call's span: `op` is `decide`, `release` or `adjust`; `store`
 /// the backend's name. Instrument the call with it, then [`answered`].
+/// None outside a request.
 pub(crate) fn store_call(
     op: &'static str,
     store: &'static str,
     batch: &Batch<'_>,
     breaker: BreakerState,
 ) -> Span {
+    if !in_a_request() {
+        return Span::none();
+    }
     let span = tracing::info_span!(
         target: "sluice::trace",
         "sluice.store",

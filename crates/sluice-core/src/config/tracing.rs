@@ -124,23 +124,65 @@ impl TraceAttributes {
     }
 }
 
-/// Checks a collector's address: `http://host:port`, with a path only over
-/// HTTP. TLS is not spoken here: a collector agent beside sluice forwards
-/// over TLS (docs/OPERATIONS.md).
+/// Checks a collector's address: `http://HOST[:PORT][/PATH]`, the host a
+/// name or an address (IPv6 in brackets), the port 1 to 65535. TLS is not
+/// spoken here: a collector agent beside sluice forwards over TLS
+/// (docs/OPERATIONS.md).
 pub fn check_endpoint(text: &str) -> Result<(), String> {
     if text.starts_with("https://") {
         return Err(format!(
             "`{text}`: https is not supported; send to a collector agent beside sluice over http:// and let it forward over TLS"
         ));
     }
+    let shape = || format!("must be http://HOST[:PORT][/PATH], got `{text}`");
     let Some(rest) = text.strip_prefix("http://") else {
-        return Err(format!("must start with http://, got `{text}`"));
+        return Err(shape());
     };
-    let authority = rest.split('/').next().unwrap_or("");
-    if authority.is_empty() || authority.contains(['@', ' ', '?', '#']) {
-        return Err(format!("must be http://HOST[:PORT][/PATH], got `{text}`"));
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let port = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (address, after) = v6.split_once(']').ok_or_else(shape)?;
+            if address.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(shape());
+            }
+            match after {
+                "" => None,
+                after => Some(after.strip_prefix(':').ok_or_else(shape)?),
+            }
+        }
+        None => {
+            let (host, port) = match authority.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            };
+            let name_byte = |b: u8| b.is_ascii_alphanumeric() || b"-._".contains(&b);
+            if host.is_empty() || !host.bytes().all(name_byte) {
+                return Err(shape());
+            }
+            port
+        }
+    };
+    if let Some(port) = port
+        && !(port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok_and(|p| p > 0))
+    {
+        return Err(format!("`{text}`: the port must be 1 to 65535"));
+    }
+    let path_byte = |b: u8| b.is_ascii_alphanumeric() || b"/-._~".contains(&b);
+    if !path.bytes().all(path_byte) {
+        return Err(format!(
+            "`{text}`: the path may hold letters, digits and `/-._~` only"
+        ));
     }
     Ok(())
+}
+
+/// Whether a collector's address has a path (only OTLP over HTTP takes
+/// one: gRPC's path is the service's).
+pub fn has_path(endpoint: &str) -> bool {
+    endpoint
+        .strip_prefix("http://")
+        .and_then(|rest| rest.find('/').map(|at| &rest[at..]))
+        .is_some_and(|path| path != "/")
 }
 
 /// The ratio of a `traceidratio` sampler: from 0 to 1.
@@ -161,8 +203,8 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 /// The longest export timeout.
 pub const MAX_TIMEOUT_MS: u64 = 60_000;
 
-/// Checks a header's or resource attribute's name: printable ASCII, no
-/// spaces or separators.
+/// Checks a resource attribute's name: printable ASCII, no spaces or
+/// separators.
 pub fn check_key(key: &str) -> Result<(), String> {
     if !key.is_empty()
         && key
@@ -174,5 +216,79 @@ pub fn check_key(key: &str) -> Result<(), String> {
         Err(format!(
             "`{key}` is not a valid name (printable ASCII, without spaces, `,`, `;`, `=` or quotes)"
         ))
+    }
+}
+
+/// Checks a header sent to the collector: its name an HTTP token
+/// (letters, digits and ``!#$%&'*+-.^_`|~``), its value printable ASCII.
+pub fn check_header(name: &str, value: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        return Err(format!(
+            "`{name}` is not a header name (letters, digits and !#$%&'*+-.^_`|~)"
+        ));
+    }
+    if !value
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err(format!("the value of `{name}` must be printable ASCII"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_is_a_plain_http_address() {
+        for good in [
+            "http://collector:4318",
+            "http://collector",
+            "http://127.0.0.1:4317",
+            "http://[::1]:4317",
+            "http://[::1]",
+            "http://otel-collector.observability.svc:4318/custom/v1/traces",
+        ] {
+            assert_eq!(check_endpoint(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "https://collector:4318",
+            "collector:4318",
+            "http://",
+            "http://:4318",
+            "http://collector:notaport",
+            "http://collector:99999",
+            "http://collector:0",
+            "http://collector:",
+            "http://[::1",
+            "http://[nope]:4317",
+            "http://[::1]4317",
+            "http://coll%ector:4318",
+            "http://collector:4318/a b",
+            "http://user@collector:4318",
+            "http://collector:4318/?q",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+        assert!(has_path("http://c:1/v1/traces"));
+        assert!(!has_path("http://c:1/"));
+        assert!(!has_path("http://c:1"));
+    }
+
+    #[test]
+    fn a_header_is_a_token_with_a_printable_value() {
+        assert_eq!(check_header("authorization", "Bearer a.b-c"), Ok(()));
+        assert_eq!(check_header("x-api-key", ""), Ok(()));
+        for (name, value) in [
+            ("x(y)", "1"),
+            ("", "1"),
+            ("a b", "1"),
+            ("a", "x\ny"),
+            ("a", "\u{1}"),
+        ] {
+            assert!(check_header(name, value).is_err(), "{name:?}: {value:?}");
+        }
     }
 }

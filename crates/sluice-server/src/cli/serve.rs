@@ -5,7 +5,7 @@ use std::time::Duration;
 use std::sync::atomic::Ordering;
 
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::{ServeArgs, init_logging_with};
 use crate::Fallible;
@@ -24,7 +24,11 @@ pub(super) fn run(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(args)) {
+    let served = runtime.block_on(serve(args));
+    // A task still blocked (an export to a collector that never answers)
+    // does not hold the exit.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Configuration errors span lines; print them as they are.
@@ -68,6 +72,11 @@ async fn serve(args: ServeArgs) -> Fallible<()> {
         }
     }
     if let Some(settings) = &tracing {
+        for name in &settings.ignored {
+            warn!(
+                "{name} is set but not read: sluice exports one batch at a time, of at most tracing.queue spans, within tracing.timeout"
+            );
+        }
         info!(
             protocol = ?settings.protocol,
             sampler = ?settings.sampler,

@@ -153,12 +153,13 @@ pub(super) async fn settle(
     // On a task of its own: a client gone mid-settle cannot cut the
     // settle off between the store applying it and its count in the
     // metrics and the ledger (its retry would find it applied, uncounted).
-    let settling = tokio::spawn(settle_and_count(
+    // Within the request's span: the settle's is a child of it.
+    let settling = tokio::spawn(tracing::Instrument::in_current_span(settle_and_count(
         app,
         held.reservation,
         (cost, ttl),
         latency_ms.map(|l| (l, status)),
-    ));
+    )));
     settling.await.unwrap_or_else(|error| {
         tracing::error!(%error, "a settle's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()

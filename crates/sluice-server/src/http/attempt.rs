@@ -60,7 +60,13 @@ pub(super) async fn conclude(
     let ttl = Reservations::marker_ttl_ms(&held, now);
     // On a task of its own, as a settle: a client gone mid-way cannot cut
     // the conclusion off between the store and its count.
-    let concluding = tokio::spawn(conclude_and_count(app, held, (status, latency_ms), ttl));
+    // Within the request's span: the conclusion's is a child of it.
+    let concluding = tokio::spawn(tracing::Instrument::in_current_span(conclude_and_count(
+        app,
+        held,
+        (status, latency_ms),
+        ttl,
+    )));
     concluding.await.unwrap_or_else(|error| {
         tracing::error!(%error, "an attempt's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()

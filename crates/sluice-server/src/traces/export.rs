@@ -7,10 +7,11 @@
 //! export failed). A span waits from its end until its batch is handed to
 //! the exporter, so the processor's own queue, as large, never overflows
 //! unseen, and a collector away costs decisions one failed `try_send` at
-//! most: nothing waits for it.
+//! most: nothing waits for it. One export at a time (`mod.rs` sets it,
+//! whatever the variables say): memory holds the queue and one batch.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::Context;
@@ -26,6 +27,8 @@ pub(super) struct Waiting {
     spans: Arc<AtomicUsize>,
     queue: usize,
     counters: SpanCounters,
+    /// Whether the last export failed (logged once per change).
+    failing: Arc<AtomicBool>,
 }
 
 impl Waiting {
@@ -34,6 +37,7 @@ impl Waiting {
             spans: Arc::new(AtomicUsize::new(0)),
             queue,
             counters,
+            failing: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -105,12 +109,27 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len();
         self.waiting.handed(spans);
-        let result = self.inner.export(batch).await;
-        let counter = match result {
-            Ok(()) => &self.waiting.counters.exported,
-            Err(_) => &self.waiting.counters.dropped,
+        // Counted dropped unless the collector accepts them, even when the
+        // processor gives up on this export and drops it half-way.
+        let mut unaccepted = Unaccepted {
+            spans,
+            waiting: &self.waiting,
         };
-        counter.inc_by(spans as u64);
+        let result = self.inner.export(batch).await;
+        match &result {
+            Ok(()) => {
+                unaccepted.spans = 0;
+                self.waiting.counters.exported.inc_by(spans as u64);
+                if self.waiting.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("traces: the collector accepts spans again");
+                }
+            }
+            Err(error) => {
+                if !self.waiting.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(%error, "traces: an export failed; spans are dropped (sluice_trace_spans_dropped_total) until the collector accepts them");
+                }
+            }
+        }
         result
     }
 
@@ -127,9 +146,68 @@ impl<E: SpanExporter> SpanExporter for Counting<E> {
     }
 }
 
+/// Spans of an export not (yet) accepted: counted dropped when dropped.
+struct Unaccepted<'a> {
+    spans: usize,
+    waiting: &'a Waiting,
+}
+
+impl Drop for Unaccepted<'_> {
+    fn drop(&mut self) {
+        self.waiting.counters.dropped.inc_by(self.spans as u64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exporter that never answers.
+    #[derive(Debug)]
+    struct Stuck;
+
+    impl SpanExporter for Stuck {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            std::future::pending().await
+        }
+    }
+
+    #[test]
+    fn an_export_given_up_half_way_is_counted_dropped() {
+        use std::future::Future;
+        let counters = SpanCounters::default();
+        let waiting = Waiting::new(8, counters.clone());
+        for _ in 0..3 {
+            assert!(waiting.admit());
+        }
+        let exporter = Counting {
+            inner: Stuck,
+            waiting,
+        };
+        let span = opentelemetry_sdk::trace::SpanData {
+            span_context: opentelemetry::trace::SpanContext::empty_context(),
+            parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: opentelemetry::trace::SpanKind::Internal,
+            name: "s".into(),
+            start_time: std::time::SystemTime::UNIX_EPOCH,
+            end_time: std::time::SystemTime::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: opentelemetry::trace::Status::Unset,
+            instrumentation_scope: Default::default(),
+        };
+        let mut export = Box::pin(exporter.export(vec![span.clone(), span.clone(), span]));
+        let waker = std::task::Waker::noop();
+        let mut context = std::task::Context::from_waker(waker);
+        assert!(export.as_mut().poll(&mut context).is_pending());
+        assert_eq!(counters.dropped.get(), 0);
+        drop(export);
+        assert_eq!(counters.dropped.get(), 3);
+        assert_eq!(counters.exported.get(), 0);
+    }
 
     #[test]
     fn the_queue_admits_up_to_its_size_and_counts_the_rest() {

@@ -21,6 +21,8 @@
 mod export;
 pub mod settings;
 
+use std::time::Duration;
+
 use opentelemetry::KeyValue;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{TraceContextExt, TracerProvider};
@@ -43,6 +45,9 @@ use export::{Bounded, Counting, Waiting};
 /// The most spans exported in one batch (the SDK's default).
 const MAX_BATCH: usize = 512;
 
+/// How long a stopping service waits for its last spans to be exported.
+pub const SHUTDOWN: Duration = Duration::from_secs(2);
+
 /// The running tracer: spans go through it until [`Traces::shutdown`].
 #[derive(Debug)]
 pub struct Traces {
@@ -57,9 +62,15 @@ impl Traces {
     pub fn start(settings: &Settings, counters: SpanCounters) -> Result<Traces, String> {
         let exporter = exporter(settings)?;
         let waiting = Waiting::new(settings.queue, counters);
+        // Set here whatever the OTEL_BSP_* variables say: one export at a
+        // time (memory: the queue and one batch), and the processor's own
+        // deadline past the exporter's (which decides; `export.rs` counts
+        // a batch given up either way).
         let batches = BatchConfigBuilder::default()
             .with_max_queue_size(settings.queue)
             .with_max_export_batch_size(MAX_BATCH.min(settings.queue))
+            .with_max_concurrent_exports(1)
+            .with_max_export_timeout(settings.timeout + Duration::from_secs(1))
             .build();
         let processor = BatchSpanProcessor::builder(
             Counting {
@@ -100,11 +111,17 @@ impl Traces {
         self.tracer.clone()
     }
 
-    /// Exports what is queued (within a few seconds), then stops.
+    /// Exports what is queued, then stops: within [`SHUTDOWN`], whatever
+    /// the collector does (a batch still waiting for it then is lost).
     pub async fn shutdown(self) {
         let provider = self.provider;
         // The processor waits on the runtime's tasks: not from one of them.
-        let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        let stopping = tokio::task::spawn_blocking(move || provider.shutdown());
+        if tokio::time::timeout(SHUTDOWN, stopping).await.is_err() {
+            tracing::warn!(
+                "traces: the collector did not take the last spans within {SHUTDOWN:?}; stopping without them"
+            );
+        }
     }
 }
 
@@ -117,9 +134,7 @@ fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Str
             if let Some(endpoint) = &settings.endpoint {
                 builder = builder.with_endpoint(endpoint.clone());
             }
-            if let Some(timeout) = settings.timeout {
-                builder = builder.with_timeout(timeout);
-            }
+            builder = builder.with_timeout(settings.timeout);
             if let Some(headers) = &settings.headers {
                 let mut metadata = tonic::metadata::MetadataMap::new();
                 for (name, value) in headers {
@@ -141,9 +156,7 @@ fn exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporter, Str
             if let Some(endpoint) = &settings.endpoint {
                 builder = builder.with_endpoint(endpoint.clone());
             }
-            if let Some(timeout) = settings.timeout {
-                builder = builder.with_timeout(timeout);
-            }
+            builder = builder.with_timeout(settings.timeout);
             if let Some(headers) = &settings.headers {
                 builder = builder.with_headers(headers.iter().cloned().collect());
             }
@@ -173,14 +186,28 @@ fn parent(headers: &http::HeaderMap) -> opentelemetry::Context {
 }
 
 /// The server span of an HTTP request to `route` (the endpoint's path:
-/// never one with tenant text), continuing the caller's trace.
+/// never one with tenant text), continuing the caller's trace. A method
+/// outside HTTP's own is `_OTHER` (forward-auth takes any: its text is the
+/// caller's).
 pub fn http_span(method: &http::Method, route: &str, headers: &http::HeaderMap) -> Span {
+    let method = match *method {
+        http::Method::GET
+        | http::Method::HEAD
+        | http::Method::POST
+        | http::Method::PUT
+        | http::Method::DELETE
+        | http::Method::CONNECT
+        | http::Method::OPTIONS
+        | http::Method::TRACE
+        | http::Method::PATCH => method.as_str(),
+        _ => "_OTHER",
+    };
     let span = tracing::info_span!(
         target: "sluice::trace",
         "http",
         otel.name = format!("{method} {route}"),
         otel.kind = "server",
-        http.request.method = method.as_str(),
+        http.request.method = method,
         http.route = route,
         http.response.status_code = Empty,
         otel.status_code = Empty,

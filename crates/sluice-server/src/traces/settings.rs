@@ -4,13 +4,18 @@
 //! read them themselves (the exporter: endpoint, headers, timeout; the
 //! resource: service name and attributes). What sluice must know itself
 //! (on or off, the protocol, the sampler, the queue it counts drops
-//! against) it reads here, and a variable it cannot use stops the start
-//! with a message naming it.
+//! against, the export's timeout) it reads here; every variable either
+//! reads is checked here, and one that cannot be used stops the start
+//! with a message naming it. The batch processor's concurrency and
+//! deadline are sluice's (`mod.rs`): `OTEL_BSP_MAX_CONCURRENT_EXPORTS`,
+//! `OTEL_BSP_EXPORT_TIMEOUT` and `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` are not
+//! read.
 
 use std::time::Duration;
 
 use sluice_core::config::tracing::{
-    self, DEFAULT_QUEUE, MAX_QUEUE, OtlpProtocol, SamplerKind, TraceAttributes, TracingConfig,
+    self, DEFAULT_QUEUE, DEFAULT_TIMEOUT_MS, MAX_QUEUE, MAX_TIMEOUT_MS, OtlpProtocol, SamplerKind,
+    TraceAttributes, TracingConfig,
 };
 
 /// What the tracer is built from.
@@ -23,8 +28,8 @@ pub struct Settings {
     pub endpoint: Option<String>,
     /// `tracing.headers`; `None`: the exporter reads the variables.
     pub headers: Option<Vec<(String, String)>>,
-    /// `tracing.timeout`; `None`: the exporter reads the variables.
-    pub timeout: Option<Duration>,
+    /// How long one export may take.
+    pub timeout: Duration,
     /// Which traces are sampled.
     pub sampler: SamplerKind,
     /// The ratio of a `traceidratio` sampler.
@@ -38,7 +43,17 @@ pub struct Settings {
     pub queue: usize,
     /// What a decision's span tells of who asked.
     pub attributes: TraceAttributes,
+    /// Variables set that sluice does not read (it sets what they would):
+    /// logged at start.
+    pub ignored: Vec<&'static str>,
 }
+
+/// The batch processor's variables whose settings sluice makes itself.
+const NOT_READ: [&str; 3] = [
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+];
 
 /// The name a service gets when nothing names it.
 const SERVICE_NAME: &str = "sluice";
@@ -82,9 +97,17 @@ impl Settings {
                 None => Ok(None),
             }
         };
-        let from_variables = named("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?.is_some()
-            | named("OTEL_EXPORTER_OTLP_ENDPOINT")?.is_some();
-        if config.is_none() && !from_variables {
+        let endpoints = [
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                named("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?,
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                named("OTEL_EXPORTER_OTLP_ENDPOINT")?,
+            ),
+        ];
+        if config.is_none() && endpoints.iter().all(|(_, e)| e.is_none()) {
             return Ok(None);
         }
         let config = config.cloned().unwrap_or_default();
@@ -101,10 +124,82 @@ impl Settings {
                 None => OtlpProtocol::HttpProtobuf,
             },
         };
+        if protocol == OtlpProtocol::Grpc {
+            // Over gRPC the path is the service's: a path given is a mistake.
+            let config_endpoint = ("tracing.endpoint", config.endpoint.clone());
+            for (name, endpoint) in endpoints.iter().cloned().chain([config_endpoint]) {
+                if let Some(endpoint) = endpoint.filter(|e| tracing::has_path(e)) {
+                    return Err(format!(
+                        "{name} `{endpoint}`: a path is for http/protobuf only (over gRPC the path is the service's)"
+                    ));
+                }
+            }
+        }
         let endpoint = config.endpoint.map(|base| match protocol {
             OtlpProtocol::Grpc => base,
             OtlpProtocol::HttpProtobuf => format!("{}/v1/traces", base.trim_end_matches('/')),
         });
+        let timeout_ms = match config.timeout_ms {
+            Some(ms) => ms,
+            None => match var("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+                .map(|t| ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", t))
+                .or_else(|| {
+                    var("OTEL_EXPORTER_OTLP_TIMEOUT").map(|t| ("OTEL_EXPORTER_OTLP_TIMEOUT", t))
+                }) {
+                Some((name, text)) => text
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| (100..=MAX_TIMEOUT_MS).contains(ms))
+                    .ok_or_else(|| {
+                        format!(
+                            "{name} must be milliseconds from 100 to {MAX_TIMEOUT_MS}, got `{text}`"
+                        )
+                    })?,
+                None => DEFAULT_TIMEOUT_MS,
+            },
+        };
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ] {
+            if let Some(text) = var(name) {
+                for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+                    let (key, value) = pair.split_once('=').ok_or_else(|| {
+                        format!("{name} must be NAME=VALUE pairs separated by commas, got `{pair}`")
+                    })?;
+                    tracing::check_header(key.trim(), value.trim())
+                        .map_err(|e| format!("{name}: {e}"))?;
+                }
+            }
+        }
+        if let Some(text) = var("OTEL_RESOURCE_ATTRIBUTES") {
+            for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+                let key = pair.split_once('=').map(|(k, _)| k.trim()).ok_or_else(|| {
+                    format!("OTEL_RESOURCE_ATTRIBUTES must be NAME=VALUE pairs separated by commas, got `{pair}`")
+                })?;
+                tracing::check_key(key).map_err(|e| format!("OTEL_RESOURCE_ATTRIBUTES: {e}"))?;
+            }
+        }
+        if let Some(text) = var("OTEL_BSP_SCHEDULE_DELAY")
+            && text.trim().parse::<u64>().is_err()
+        {
+            return Err(format!(
+                "OTEL_BSP_SCHEDULE_DELAY must be milliseconds, got `{text}`"
+            ));
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ] {
+            if let Some(text) = var(name)
+                && text.trim() != "none"
+            {
+                return Err(format!(
+                    "{name}: sluice exports uncompressed (`none`), got `{text}`"
+                ));
+            }
+        }
         let sampler = match config.sampler {
             Some(sampler) => sampler,
             None => match var("OTEL_TRACES_SAMPLER") {
@@ -154,13 +249,17 @@ impl Settings {
             protocol,
             endpoint,
             headers: config.headers,
-            timeout: config.timeout_ms.map(Duration::from_millis),
+            timeout: Duration::from_millis(timeout_ms),
             sampler,
             ratio,
             service_name,
             resource: config.resource.unwrap_or_default(),
             queue: queue as usize,
             attributes: config.attributes,
+            ignored: NOT_READ
+                .into_iter()
+                .filter(|name| var(name).is_some())
+                .collect(),
         }))
     }
 }
@@ -267,10 +366,54 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318"),
             ("OTEL_TRACES_EXPORTER", "zipkin"),
             ("OTEL_SDK_DISABLED", "yes"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:notaport"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:99999"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "soon"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "-5"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "600000"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "garbage"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "a=\u{1}"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x(y)=1"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "no-equals-sign"),
         ] {
             let error = resolve(Some(&block), &[(name, value)]).unwrap_err();
             assert!(error.starts_with(name), "{name}={value}: {error}");
         }
+    }
+
+    #[test]
+    fn a_path_over_grpc_is_refused_wherever_it_comes_from() {
+        let grpc = TracingConfig {
+            protocol: Some(OtlpProtocol::Grpc),
+            ..TracingConfig::default()
+        };
+        let error = resolve(
+            Some(&grpc),
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317/v1/traces")],
+        )
+        .unwrap_err();
+        assert!(error.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT"), "{error}");
+        let with_path = TracingConfig {
+            endpoint: Some("http://c:4317/x".to_owned()),
+            ..TracingConfig::default()
+        };
+        let error =
+            resolve(Some(&with_path), &[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap_err();
+        assert!(error.starts_with("tracing.endpoint"), "{error}");
+        assert!(resolve(Some(&with_path), &[]).is_ok());
+    }
+
+    #[test]
+    fn the_timeout_is_the_fields_else_the_variables() {
+        let block = TracingConfig::default();
+        let settings = resolve(Some(&block), &[("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(settings.timeout, Duration::from_millis(2_500));
+        let settings = resolve(Some(&block), &[]).unwrap().unwrap();
+        assert_eq!(settings.timeout, Duration::from_millis(DEFAULT_TIMEOUT_MS));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod markdown;
 pub mod regions;
+pub mod traces;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};

@@ -194,6 +194,17 @@ pub enum AfterError {
     },
 }
 
+impl AfterError {
+    /// The error's kind, as traces label it: `attempt_needed`, or the
+    /// store's ([`StoreError::kind`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AfterError::AttemptNeeded => "attempt_needed",
+            AfterError::Store(error) | AfterError::Partly { error, .. } => error.kind(),
+        }
+    }
+}
+
 impl<S: Store> Limiter<S> {
     /// The reservation of an admitted `decision` of `request` (`None` when
     /// it was denied): its cost is held as an estimate until settled.
@@ -320,14 +331,14 @@ impl<S: Store> Limiter<S> {
         actual: u64,
         marker_ttl_ms: u64,
     ) -> Result<Adjustment<'p>, StoreError> {
-        let span = trace::change(trace::Change::Settle, Some(actual));
-        let settled = trace::within(
-            &span,
+        trace::changed(
+            trace::Change::Settle,
+            Some(actual),
             self.settle_untraced(policy, reservation, actual, marker_ttl_ms),
+            Adjustment::applied,
+            StoreError::kind,
         )
-        .await;
-        trace::applied(&span, settled.as_ref().map(Adjustment::applied));
-        settled
+        .await
     }
 
     /// [`settle`](Self::settle), within its span.
@@ -461,10 +472,14 @@ impl<S: Store> Limiter<S> {
         policy: &'p Policy,
         request: &Request<'_>,
     ) -> Result<Adjustment<'p>, AfterError> {
-        let span = trace::change(trace::Change::Report, Some(request.cost));
-        let reported = trace::within(&span, self.report_untraced(policy, request)).await;
-        trace::applied(&span, reported.as_ref().map(Adjustment::applied));
-        reported
+        trace::changed(
+            trace::Change::Report,
+            Some(request.cost),
+            self.report_untraced(policy, request),
+            Adjustment::applied,
+            AfterError::kind,
+        )
+        .await
     }
 
     /// [`report`](Self::report), within its span.

@@ -57,6 +57,24 @@ impl<S: Store> Limiter<S> {
         status: Option<u16>,
         marker_ttl_ms: u64,
     ) -> Result<Adjustment<'p>, StoreError> {
+        crate::trace::changed(
+            crate::trace::Change::Conclude,
+            None,
+            self.conclude_untraced(policy, attempt, status, marker_ttl_ms),
+            Adjustment::applied,
+            StoreError::kind,
+        )
+        .await
+    }
+
+    /// [`conclude_attempt`](Self::conclude_attempt), within its span.
+    async fn conclude_untraced<'p>(
+        &self,
+        policy: &'p Policy,
+        attempt: &Reservation,
+        status: Option<u16>,
+        marker_ttl_ms: u64,
+    ) -> Result<Adjustment<'p>, StoreError> {
         let subject = attempt.subject.as_deref();
         let applicable = policy.applicable(&attempt.tenant, &attempt.route, subject.is_some());
         let rules = applicable.by_outcome;

@@ -90,11 +90,14 @@ impl<S: Store> Limiter<S> {
         subject: Option<&str>,
         lease: &Lease,
     ) -> Result<bool, StoreError> {
-        let span = crate::trace::change(crate::trace::Change::Release, None);
-        let released =
-            crate::trace::within(&span, self.release_untraced(tenant, subject, lease)).await;
-        crate::trace::applied(&span, released.as_ref().copied());
-        released
+        crate::trace::changed(
+            crate::trace::Change::Release,
+            None,
+            self.release_untraced(tenant, subject, lease),
+            |released| *released,
+            StoreError::kind,
+        )
+        .await
     }
 
     /// [`release`](Self::release), within its span.

@@ -12,14 +12,20 @@ use crate::config::tracing::{
 
 impl Validator<'_> {
     pub(super) fn tracing(&mut self, raw: RawTracing) -> TracingConfig {
-        let endpoint = raw.endpoint.and_then(|e| {
-            self.checked(&e, "tracing.endpoint", |t| {
-                tracing::check_endpoint(t).map(|()| t.to_owned())
-            })
-        });
         let protocol = raw
             .protocol
             .and_then(|p| self.checked(&p, "tracing.protocol", OtlpProtocol::parse));
+        let endpoint = raw.endpoint.and_then(|e| {
+            self.checked(&e, "tracing.endpoint", |t| {
+                tracing::check_endpoint(t)?;
+                if protocol == Some(OtlpProtocol::Grpc) && tracing::has_path(t) {
+                    return Err(format!(
+                        "`{t}`: a path is for http/protobuf only (over gRPC the path is the service's)"
+                    ));
+                }
+                Ok(t.to_owned())
+            })
+        });
         let sampler = raw
             .sampler
             .and_then(|s| self.checked(&s, "tracing.sampler", SamplerKind::parse));
@@ -62,11 +68,15 @@ impl Validator<'_> {
         TracingConfig {
             endpoint,
             protocol,
-            headers: raw.headers.map(|h| self.pairs(h, "tracing.headers")),
+            headers: raw
+                .headers
+                .map(|h| self.pairs(h, "tracing.headers", tracing::check_header)),
             sampler,
             ratio,
             service_name,
-            resource: raw.resource.map(|r| self.pairs(r, "tracing.resource")),
+            resource: raw
+                .resource
+                .map(|r| self.pairs(r, "tracing.resource", |key, _| tracing::check_key(key))),
             queue,
             timeout_ms,
             attributes,
@@ -90,12 +100,17 @@ impl Validator<'_> {
         }
     }
 
-    /// A map of names to text (headers, resource attributes), each name
-    /// checked.
-    fn pairs(&mut self, raw: BTreeMap<String, S<String>>, field: &str) -> Vec<(String, String)> {
+    /// A map of names to text (headers, resource attributes), each pair
+    /// checked by `check`.
+    fn pairs(
+        &mut self,
+        raw: BTreeMap<String, S<String>>,
+        field: &str,
+        check: impl Fn(&str, &str) -> Result<(), String>,
+    ) -> Vec<(String, String)> {
         let mut pairs = Vec::with_capacity(raw.len());
         for (key, value) in raw {
-            match tracing::check_key(&key) {
+            match check(&key, &value.value) {
                 Ok(()) => pairs.push((key, value.value)),
                 Err(e) => self.push(value.referenced, format!("`{field}`: {e}")),
             }
