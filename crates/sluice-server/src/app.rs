@@ -253,15 +253,18 @@ impl App {
         let span = trace::decision(request.map(|r| r.cost));
         let decided = trace::within(&span, decide).await;
         let decision = decided.decision();
+        // Recorded only on a sampled span: the others are never exported.
         let trace_id = if span.is_disabled() {
             None
         } else {
+            crate::traces::sampled_trace_id(&span)
+        };
+        if trace_id.is_some() {
             trace::decided(&span, decision);
             if let Some(request) = request {
                 trace::disclose(&span, &self.disclosure, request, decision.class.route());
             }
-            crate::traces::sampled_trace_id(&span)
-        };
+        }
         self.metrics.decision(decision, started.elapsed(), trace_id);
         if let Some(request) = request {
             self.account(request, decision, ledger);

@@ -150,6 +150,10 @@ impl Store for Backend {
         }
     }
 
+    fn in_process(&self) -> bool {
+        matches!(self, Backend::Memory(_))
+    }
+
     async fn decide(&self, batch: &Batch<'_>) -> Result<Decided, StoreError> {
         match self {
             Backend::Memory(store) => store.decide(batch).await,

@@ -386,6 +386,11 @@ fn bad_tracing_settings_are_refused_naming_the_field_or_variable() {
         ("queue: 0", "`tracing.queue`"),
         ("timeout: 5m", "`tracing.timeout`"),
         ("exporter: zipkin", "exporter"),
+        ("attributes: derived", "`tracing.attributes`"),
+        (
+            "protocol: grpc\n  endpoint: http://c:4317/v1/traces",
+            "`tracing.endpoint`",
+        ),
     ];
     for (field, named) in bad_fields {
         let config = temp_file("bad-tracing.yaml", &format!("tracing:\n  {field}\n"));

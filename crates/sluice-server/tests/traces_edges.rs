@@ -5,7 +5,8 @@
 //! no span holds tenant text whatever the door or its error, a caller's
 //! method text is not a span name, and a collector that never answers
 //! holds neither memory past the queue (whatever the `OTEL_BSP_*`
-//! variables say) nor the exit.
+//! variables say) nor the exit. On Redis Cluster, a store call's span
+//! counts the slots it touched.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::traces::{named, none_holds, of_trace, traceparent};
 use common::{Server, get_text, metric_total, temp_file};
 use serde_json::{Value, json};
-use sluice_testkit::{OtlpReceiver, RedisServer};
+use sluice_testkit::{OtlpReceiver, RedisCluster, RedisServer};
 
 const PEPPER: &str = "6e1f0c2b9e8a4f6d3c5b7a9e1f2d4c6b8a0e2f4d6c8b0a1e3f5d7c9b1a3e5f72";
 const TENANT: &str = "tenant-edge-secret";
@@ -245,4 +246,65 @@ async fn stopping_waits_for_a_collector_that_never_answers_a_bounded_time() {
     // No connection is open: nothing to drain; the last spans get
     // traces::SHUTDOWN (2 s), not the export's 10 s.
     assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+}
+
+#[tokio::test]
+async fn on_redis_cluster_a_store_calls_span_counts_its_slots() {
+    let cluster = RedisCluster::start(3, 0);
+    let receiver = OtlpReceiver::start();
+    let config = temp_file(
+        "edges-cluster.yaml",
+        &format!(
+            r#"
+storage: {{ backend: redis-cluster, nodes: [{}] }}
+keys: {{ pepper_env: TEST_EDGES_PEPPER }}
+tracing: {{ endpoint: {} }}
+default_plan: p
+plans:
+  p:
+    tenant: [{{ name: day, algorithm: fixed_window, limit: 1000, per: 1d }}]
+global:
+  "POST /v1/invoices-secret": [{{ name: valve, algorithm: fixed_window, limit: 100000, per: 1h }}]
+"#,
+            cluster.urls().join(", "),
+            receiver.http_endpoint()
+        ),
+    );
+    let env = [
+        ("TEST_EDGES_PEPPER", PEPPER),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let server = Server::start_with_env(&["--config", config.to_str().unwrap()], &env);
+    let route = json!({"tenant": TENANT, "route": "POST /v1/invoices-secret"});
+    let (header, trace, _) = traceparent(40, true);
+    assert_eq!(
+        post(&server, "/v1/check", &header, route.clone()).await.0,
+        200
+    );
+    let report = json!({"tenant": TENANT, "route": "POST /v1/invoices-secret", "cost": 2});
+    let (header, report_trace, _) = traceparent(41, true);
+    assert_eq!(post(&server, "/v1/report", &header, report).await.0, 200);
+    let spans = receiver.wait_for(Duration::from_secs(20), |spans| {
+        !named(&of_trace(spans, &trace), "sluice.store").is_empty()
+            && !named(&of_trace(spans, &report_trace), "sluice.store").is_empty()
+    });
+    // The tenant's rule in its slot, the valve's in another.
+    let decided = named(&of_trace(&spans, &trace), "sluice.store")[0];
+    assert_eq!(
+        decided.attribute("sluice.store.backend"),
+        Some("redis-cluster")
+    );
+    assert_eq!(
+        decided.attribute("sluice.store.slots"),
+        Some("2"),
+        "{decided:#?}"
+    );
+    let reported = named(&of_trace(&spans, &report_trace), "sluice.store")[0];
+    assert_eq!(reported.attribute("sluice.store.op"), Some("adjust"));
+    assert_eq!(
+        reported.attribute("sluice.store.slots"),
+        Some("1"),
+        "{reported:#?}"
+    );
+    none_holds(&spans, &[TENANT, "-secret"]);
 }

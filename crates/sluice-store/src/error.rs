@@ -26,14 +26,23 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Every kind [`kind`](Self::kind) names, at its
+    /// [`kind_index`](Self::kind_index).
+    pub const KINDS: [&'static str; 4] = ["timeout", "unavailable", "refused", "full"];
+
     /// The error's kind, as metrics and traces label it: `timeout`,
     /// `unavailable`, `refused` or `full`.
     pub fn kind(&self) -> &'static str {
+        StoreError::KINDS[self.kind_index()]
+    }
+
+    /// The index of its kind in [`KINDS`](Self::KINDS).
+    pub fn kind_index(&self) -> usize {
         match self {
-            StoreError::Timeout(_) => "timeout",
-            StoreError::Unavailable(_) => "unavailable",
-            StoreError::Refused(_) => "refused",
-            StoreError::Full(_) | StoreError::TenantFull(_) => "full",
+            StoreError::Timeout(_) => 0,
+            StoreError::Unavailable(_) => 1,
+            StoreError::Refused(_) => 2,
+            StoreError::Full(_) | StoreError::TenantFull(_) => 3,
         }
     }
 }

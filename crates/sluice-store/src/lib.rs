@@ -16,7 +16,8 @@
 //!   the failure policy.
 //! - [`adjust`]: changes after the fact (debits, give-backs, settle
 //!   markers) as stores apply them.
-//! - [`telemetry`]: the hooks metrics are fed from.
+//! - [`telemetry`]: the hooks metrics are fed from; [`trace`]: the spans
+//!   traces are made of.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]

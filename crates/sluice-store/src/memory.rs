@@ -522,6 +522,10 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn in_process(&self) -> bool {
+        true
+    }
+
     fn decide(
         &self,
         batch: &Batch<'_>,

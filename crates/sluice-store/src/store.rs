@@ -175,6 +175,12 @@ pub trait Store: Send + Sync {
         "custom"
     }
 
+    /// Whether the store is in this process (the memory store): its calls
+    /// are not timed, nor traced as calls.
+    fn in_process(&self) -> bool {
+        false
+    }
+
     /// Decides every rule of `batch` at once and commits all or none:
     /// either every outcome is allowed and every rule consumed `cost`, or
     /// nothing changed. Outcomes come back in the order of `batch.rules`.

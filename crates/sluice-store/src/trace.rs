@@ -8,11 +8,14 @@
 //!   made by the caller that answers it (the server's one tail, the tower
 //!   layer) around the limiter's door.
 //! - `sluice.settle`, `sluice.report`, `sluice.release`: one per change
-//!   after the fact, made by the limiter ([`change`]).
+//!   after the fact, made by the limiter ([`change_span`]).
 //! - `sluice.store`: one per call to a store across the network, a child of
 //!   the span it serves: the backend, the shard, the slots it touched, the
 //!   breaker's state, the error if any ([`store_call`]). The memory store
-//!   decides in the caller's own span, without a child.
+//!   decides and changes in the caller's own span, without a child.
+//!
+//! Background work (an expiry, slices given back) is in no request's span
+//! and starts no trace: its changes and store calls have no span.
 //!
 //! No tenant, route or subject text is on any span unless the deployment
 //! says so ([`Disclosure`], on decisions' spans only): `SECURITY.md` says
@@ -66,7 +69,7 @@ pub fn decision(cost: Option<u64>) -> Span {
         sluice.route = Empty,
         sluice.subject = Empty,
     );
-    if let Some(cost) = cost {
+    if let Some(cost) = cost.filter(|_| !span.is_disabled()) {
         span.record("sluice.cost", cost);
     }
     span
@@ -92,21 +95,21 @@ fn in_a_request() -> bool {
 /// `future`, a change of `kind` (of `cost` units where known), within its
 /// span, which records whether it `applied` or the error's kind.
 pub(crate) async fn changed<T, E>(
-    kind: Change,
+    kind: ChangeKind,
     cost: Option<u64>,
     future: impl std::future::Future<Output = Result<T, E>>,
     applied_of: impl Fn(&T) -> bool,
     kind_of: impl Fn(&E) -> &'static str,
 ) -> Result<T, E> {
-    let span = change(kind, cost);
+    let span = change_span(kind, cost);
     let result = within(&span, future).await;
-    applied(&span, result.as_ref().map(&applied_of).map_err(&kind_of));
+    record_applied(&span, result.as_ref().map(&applied_of).map_err(&kind_of));
     result
 }
 
 /// A change after the fact's span (tenant text is never on it): of `cost`
 /// units where known; none outside a request.
-pub fn change(kind: Change, cost: Option<u64>) -> Span {
+pub fn change_span(kind: ChangeKind, cost: Option<u64>) -> Span {
     if !in_a_request() {
         return Span::none();
     }
@@ -125,9 +128,9 @@ pub fn change(kind: Change, cost: Option<u64>) -> Span {
     span
 }
 
-/// What a [`change`] span is of.
+/// What a [`change_span`] is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub enum ChangeKind {
     /// `/v1/settle`: a reservation's estimate replaced by its cost.
     Settle,
     /// `/v1/report`: usage known after the fact, charged.
@@ -138,15 +141,15 @@ pub enum Change {
     Conclude,
 }
 
-impl Change {
+impl ChangeKind {
     /// Its span's name: `sluice.settle`, `sluice.report`, `sluice.release`,
     /// `sluice.conclude`.
     pub fn span_name(self) -> &'static str {
         match self {
-            Change::Settle => "sluice.settle",
-            Change::Report => "sluice.report",
-            Change::Release => "sluice.release",
-            Change::Conclude => "sluice.conclude",
+            ChangeKind::Settle => "sluice.settle",
+            ChangeKind::Report => "sluice.report",
+            ChangeKind::Release => "sluice.release",
+            ChangeKind::Conclude => "sluice.conclude",
         }
     }
 }
@@ -179,7 +182,7 @@ pub fn decided(span: &Span, decision: &Decision<'_>) {
 /// Records on `span` whether a change applied (`Ok(true)`), found nothing
 /// to change (`Ok(false)`) or failed (`Err`: the error's kind, a closed
 /// set such as [`StoreError::kind`]).
-pub fn applied(span: &Span, result: Result<bool, &'static str>) {
+fn record_applied(span: &Span, result: Result<bool, &'static str>) {
     if span.is_disabled() {
         return;
     }
@@ -268,5 +271,7 @@ pub(crate) fn answered<T>(span: &Span, result: &Result<T, StoreError>) {
 /// Cluster; one on a single node).
 #[cfg(feature = "redis")]
 pub(crate) fn slots(count: usize) {
-    Span::current().record("sluice.store.slots", count);
+    if tracing::enabled!(target: "sluice::trace", tracing::Level::INFO) {
+        Span::current().record("sluice.store.slots", count);
+    }
 }

@@ -1,8 +1,9 @@
 //! `tracing:` decisions' spans exported over OTLP. Every field stands for
 //! an `OTEL_*` environment variable of the same meaning: a field given
-//! here wins over its variable, an absent one falls back to it (the server
-//! reads them), then to the default. Each value is checked by the one
-//! parser below, whichever of the two it came from.
+//! here wins over its variable (headers aside: the variables' are sent
+//! too), an absent one falls back to it (the server reads them), then to
+//! the default. Each value is checked by the one function below, whichever
+//! of the two it came from.
 
 /// `tracing:`, as the file gives it (absent fields: `None`, the variable
 /// or the default decides).
@@ -50,14 +51,6 @@ impl OtlpProtocol {
             other => Err(format!(
                 "must be `grpc` or `http/protobuf` (`http/json` is not supported), got `{other}`"
             )),
-        }
-    }
-
-    /// The collector's address when none is given.
-    pub fn default_endpoint(self) -> &'static str {
-        match self {
-            OtlpProtocol::Grpc => "http://localhost:4317",
-            OtlpProtocol::HttpProtobuf => "http://localhost:4318",
         }
     }
 }
@@ -176,14 +169,57 @@ pub fn check_endpoint(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a collector's address has a path (only OTLP over HTTP takes
-/// one: gRPC's path is the service's).
-pub fn has_path(endpoint: &str) -> bool {
+/// Checks a collector's address for `protocol`: as [`check_endpoint`],
+/// and without a path over gRPC (its path is the service's).
+pub fn check_endpoint_for(text: &str, protocol: OtlpProtocol) -> Result<(), String> {
+    check_endpoint(text)?;
+    if protocol == OtlpProtocol::Grpc && has_path(text) {
+        return Err(format!(
+            "`{text}`: a path is for http/protobuf only (over gRPC the path is the service's)"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a collector's address has a path.
+fn has_path(endpoint: &str) -> bool {
     endpoint
         .strip_prefix("http://")
         .and_then(|rest| rest.find('/').map(|at| &rest[at..]))
         .is_some_and(|path| path != "/")
 }
+
+/// The most spans waiting for export, as text (`OTEL_BSP_MAX_QUEUE_SIZE`):
+/// a whole number from 1 to [`MAX_QUEUE`].
+pub fn check_queue(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|q| (1..=MAX_QUEUE).contains(q))
+        .ok_or_else(|| format!("must be a whole number from 1 to {MAX_QUEUE}, got `{text}`"))
+}
+
+/// Milliseconds, as text (`OTEL_EXPORTER_OTLP_TIMEOUT`,
+/// `OTEL_BSP_SCHEDULE_DELAY`): a whole number within `range`.
+pub fn check_ms(text: &str, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| range.contains(ms))
+        .ok_or_else(|| {
+            format!(
+                "must be milliseconds from {} to {}, got `{text}`",
+                range.start(),
+                range.end()
+            )
+        })
+}
+
+/// The shortest export timeout, in milliseconds.
+pub const MIN_TIMEOUT_MS: u64 = 100;
+/// How often batches leave at least, in milliseconds
+/// (`OTEL_BSP_SCHEDULE_DELAY`: shorter only spins).
+pub const SCHEDULE_DELAY_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
 
 /// The ratio of a `traceidratio` sampler: from 0 to 1.
 pub fn check_ratio(ratio: f64) -> Result<f64, String> {
@@ -272,9 +308,14 @@ mod tests {
         ] {
             assert!(check_endpoint(bad).is_err(), "{bad}");
         }
-        assert!(has_path("http://c:1/v1/traces"));
-        assert!(!has_path("http://c:1/"));
-        assert!(!has_path("http://c:1"));
+        let grpc = OtlpProtocol::Grpc;
+        assert!(check_endpoint_for("http://c:1/v1/traces", grpc).is_err());
+        assert!(check_endpoint_for("http://c:1/", grpc).is_ok());
+        assert!(check_endpoint_for("http://c:1/v1/traces", OtlpProtocol::HttpProtobuf).is_ok());
+        assert_eq!(check_queue("16"), Ok(16));
+        assert!(check_queue("0").is_err() && check_queue("lots").is_err());
+        assert_eq!(check_ms("250", 100..=1_000), Ok(250));
+        assert!(check_ms("50", 100..=1_000).is_err() && check_ms("-5", 0..=9).is_err());
     }
 
     #[test]

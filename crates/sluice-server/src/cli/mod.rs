@@ -303,8 +303,13 @@ fn init_logging_with(fallback: Option<&str>, tracer: Option<opentelemetry_sdk::t
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let spans = tracer.map(|tracer| {
+        // No source locations (they show the build's paths), threads or
+        // busy/idle times on spans: what OPERATIONS.md lists, no more.
         tracing_opentelemetry::layer()
             .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE))
     });
     let _ = tracing_subscriber::registry()

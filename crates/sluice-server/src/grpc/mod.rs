@@ -185,6 +185,9 @@ where
             let mut body = match unary::check_encoding(request.headers()) {
                 Ok(()) => request.into_body(),
                 Err(status) => {
+                    if let Some(span) = &span {
+                        crate::traces::grpc_answered(span, status.code());
+                    }
                     let refused = unary::respond::<RateLimitResponse>(Err(status));
                     return Box::pin(std::future::ready(Ok(refused.map(Either::Left))));
                 }

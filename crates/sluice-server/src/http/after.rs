@@ -154,12 +154,15 @@ pub(super) async fn settle(
     // settle off between the store applying it and its count in the
     // metrics and the ledger (its retry would find it applied, uncounted).
     // Within the request's span: the settle's is a child of it.
-    let settling = tokio::spawn(tracing::Instrument::in_current_span(settle_and_count(
+    let traced = app.traced;
+    let settle = settle_and_count(
         app,
         held.reservation,
         (cost, ttl),
         latency_ms.map(|l| (l, status)),
-    )));
+    );
+    let span = crate::traces::current_if(traced);
+    let settling = tokio::spawn(tracing::Instrument::instrument(settle, span));
     settling.await.unwrap_or_else(|error| {
         tracing::error!(%error, "a settle's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()

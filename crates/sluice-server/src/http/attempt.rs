@@ -61,12 +61,9 @@ pub(super) async fn conclude(
     // On a task of its own, as a settle: a client gone mid-way cannot cut
     // the conclusion off between the store and its count.
     // Within the request's span: the conclusion's is a child of it.
-    let concluding = tokio::spawn(tracing::Instrument::in_current_span(conclude_and_count(
-        app,
-        held,
-        (status, latency_ms),
-        ttl,
-    )));
+    let span = crate::traces::current_if(app.traced);
+    let conclude = conclude_and_count(app, held, (status, latency_ms), ttl);
+    let concluding = tokio::spawn(tracing::Instrument::instrument(conclude, span));
     concluding.await.unwrap_or_else(|error| {
         tracing::error!(%error, "an attempt's task failed");
         StatusCode::INTERNAL_SERVER_ERROR.into_response()

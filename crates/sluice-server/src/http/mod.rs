@@ -170,8 +170,6 @@ pub fn router(app: Arc<App>, limits: &ConnectionLimits) -> Router {
         .with_state(app)
 }
 
-/// A 404 problem naming the path (a client's typo, or the admin API
-/// without its token) and the endpoints there are.
 /// A decision endpoint's request within its server span, a child of the
 /// caller's (`traces`), named by the endpoint's path.
 async fn traced(
@@ -188,6 +186,8 @@ async fn traced(
     response
 }
 
+/// A 404 problem naming the path (a client's typo, or the admin API
+/// without its token) and the endpoints there are.
 async fn no_such_endpoint(uri: axum::http::Uri) -> axum::response::Response {
     let detail = format!(
         "no endpoint at `{}`; sluice answers POST /v1/check, POST /v1/acquire, \

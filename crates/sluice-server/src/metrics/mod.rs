@@ -225,8 +225,8 @@ impl Metrics {
             "Store calls that failed, by kind",
             errors.clone(),
         );
-        let store_errors = ["timeout", "unavailable", "refused", "full"]
-            .map(|kind| errors.get_or_create(&KindLabel { kind }).clone());
+        let store_errors =
+            StoreError::KINDS.map(|kind| errors.get_or_create(&KindLabel { kind }).clone());
         let policies = Family::<PolicyLabel, Counter>::default();
         registry.register(
             "failure_policy_decisions",
@@ -486,13 +486,7 @@ impl Telemetry for Metrics {
     }
 
     fn store_error(&self, error: &StoreError) {
-        let kind = match error {
-            StoreError::Timeout(_) => 0,
-            StoreError::Unavailable(_) => 1,
-            StoreError::Refused(_) => 2,
-            StoreError::Full(_) | StoreError::TenantFull(_) => 3,
-        };
-        self.store_errors[kind].inc();
+        self.store_errors[error.kind_index()].inc();
     }
 
     fn breaker_changed(&self, to: BreakerState) {

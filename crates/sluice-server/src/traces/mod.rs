@@ -20,24 +20,21 @@
 
 mod export;
 pub mod settings;
+mod spans;
 
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
-use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{TraceContextExt, TracerProvider};
+use opentelemetry::trace::TracerProvider;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, Sampler, SdkTracer, SdkTracerProvider};
 use sluice_core::config::tracing::{OtlpProtocol, SamplerKind};
-use tracing::Span;
-use tracing::field::Empty;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 pub use settings::Settings;
+pub use spans::{current_if, grpc_answered, grpc_span, http_answered, http_span, sampled_trace_id};
 
 use crate::metrics::SpanCounters;
 use export::{Bounded, Counting, Waiting};
@@ -81,7 +78,9 @@ impl Traces {
         )
         .with_batch_config(batches)
         .build();
-        let mut resource = Resource::builder();
+        // The version first: the operator's attributes win over it.
+        let mut resource = Resource::builder()
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
         if let Some(name) = &settings.service_name {
             resource = resource.with_service_name(name.clone());
         }
@@ -92,7 +91,6 @@ impl Traces {
                     .iter()
                     .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
             )
-            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(Bounded {
@@ -177,100 +175,4 @@ fn sampler(kind: SamplerKind, ratio: f64) -> Sampler {
         SamplerKind::ParentBasedAlwaysOff => parent_based(Sampler::AlwaysOff),
         SamplerKind::ParentBasedTraceIdRatio => parent_based(Sampler::TraceIdRatioBased(ratio)),
     }
-}
-
-/// The caller's trace context in `headers` (W3C `traceparent` and
-/// `tracestate`); empty when there is none, or it does not parse.
-fn parent(headers: &http::HeaderMap) -> opentelemetry::Context {
-    TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers))
-}
-
-/// The server span of an HTTP request to `route` (the endpoint's path:
-/// never one with tenant text), continuing the caller's trace. A method
-/// outside HTTP's own is `_OTHER` (forward-auth takes any: its text is the
-/// caller's).
-pub fn http_span(method: &http::Method, route: &str, headers: &http::HeaderMap) -> Span {
-    let method = match *method {
-        http::Method::GET
-        | http::Method::HEAD
-        | http::Method::POST
-        | http::Method::PUT
-        | http::Method::DELETE
-        | http::Method::CONNECT
-        | http::Method::OPTIONS
-        | http::Method::TRACE
-        | http::Method::PATCH => method.as_str(),
-        _ => "_OTHER",
-    };
-    let span = tracing::info_span!(
-        target: "sluice::trace",
-        "http",
-        otel.name = format!("{method} {route}"),
-        otel.kind = "server",
-        http.request.method = method,
-        http.route = route,
-        http.response.status_code = Empty,
-        otel.status_code = Empty,
-    );
-    let _ = span.set_parent(parent(headers));
-    span
-}
-
-/// Records an HTTP answer's status on its server span (a 5xx is an
-/// error, as OpenTelemetry's HTTP conventions say).
-pub fn http_answered(span: &Span, status: http::StatusCode) {
-    span.record("http.response.status_code", status.as_u16());
-    if status.is_server_error() {
-        span.record("otel.status_code", "error");
-    }
-}
-
-/// The server span of a gRPC call of `service`/`method`, continuing the
-/// caller's trace (Envoy sends `traceparent` in the call's metadata when
-/// its tracing is on).
-pub fn grpc_span(service: &str, method: &str, headers: &http::HeaderMap) -> Span {
-    let span = tracing::info_span!(
-        target: "sluice::trace",
-        "grpc",
-        otel.name = format!("{service}/{method}"),
-        otel.kind = "server",
-        rpc.system = "grpc",
-        rpc.service = service,
-        rpc.method = method,
-        rpc.grpc.status_code = Empty,
-        otel.status_code = Empty,
-    );
-    let _ = span.set_parent(parent(headers));
-    span
-}
-
-/// Records a gRPC answer's status code on its server span.
-pub fn grpc_answered(span: &Span, code: tonic::Code) {
-    span.record("rpc.grpc.status_code", code as i32);
-    if !matches!(
-        code,
-        tonic::Code::Ok
-            | tonic::Code::Cancelled
-            | tonic::Code::InvalidArgument
-            | tonic::Code::NotFound
-            | tonic::Code::AlreadyExists
-            | tonic::Code::PermissionDenied
-            | tonic::Code::FailedPrecondition
-            | tonic::Code::Aborted
-            | tonic::Code::OutOfRange
-            | tonic::Code::Unauthenticated
-    ) {
-        span.record("otel.status_code", "error");
-    }
-}
-
-/// The trace id of `span` when its trace is sampled: a decision's
-/// exemplar.
-pub fn sampled_trace_id(span: &Span) -> Option<String> {
-    let context = span.context();
-    let span = context.span();
-    let span_context = span.span_context();
-    span_context
-        .is_sampled()
-        .then(|| span_context.trace_id().to_string())
 }

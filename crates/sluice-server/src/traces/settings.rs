@@ -1,8 +1,8 @@
 //! Whether traces are exported, and how: the `tracing:` block over the
-//! `OTEL_*` variables it stands for. A field the block gives wins; the
-//! variables it does not give are left to the OpenTelemetry crates, which
-//! read them themselves (the exporter: endpoint, headers, timeout; the
-//! resource: service name and attributes). What sluice must know itself
+//! `OTEL_*` variables it stands for. A field the block gives wins (headers
+//! aside: both are sent); the variables it does not give are left to the
+//! OpenTelemetry crates, which read them themselves (the exporter: endpoint
+//! and headers; the resource: service name and attributes). What sluice must know itself
 //! (on or off, the protocol, the sampler, the queue it counts drops
 //! against, the export's timeout) it reads here; every variable either
 //! reads is checked here, and one that cannot be used stops the start
@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use sluice_core::config::tracing::{
-    self, DEFAULT_QUEUE, DEFAULT_TIMEOUT_MS, MAX_QUEUE, MAX_TIMEOUT_MS, OtlpProtocol, SamplerKind,
-    TraceAttributes, TracingConfig,
+    self as otlp, DEFAULT_QUEUE, DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, OtlpProtocol,
+    SCHEDULE_DELAY_MS, SamplerKind, TraceAttributes, TracingConfig,
 };
 
 /// What the tracer is built from.
@@ -24,9 +24,11 @@ pub struct Settings {
     /// How spans travel.
     pub protocol: OtlpProtocol,
     /// The collector's address from `tracing.endpoint`, whole (with
-    /// `/v1/traces` over HTTP); `None`: the exporter reads the variables.
+    /// `/v1/traces` over HTTP); `None`: the exporter reads the variables
+    /// (which it does not when this is given).
     pub endpoint: Option<String>,
-    /// `tracing.headers`; `None`: the exporter reads the variables.
+    /// `tracing.headers`, sent with the variables' headers (the exporter
+    /// reads those whatever this says; on a name in both, theirs wins).
     pub headers: Option<Vec<(String, String)>>,
     /// How long one export may take.
     pub timeout: Duration,
@@ -91,7 +93,7 @@ impl Settings {
         }
         let named = |name: &str| -> Result<Option<String>, String> {
             match var(name) {
-                Some(endpoint) => tracing::check_endpoint(endpoint.trim())
+                Some(endpoint) => otlp::check_endpoint(endpoint.trim())
                     .map(|()| Some(endpoint))
                     .map_err(|e| format!("{name} {e}")),
                 None => Ok(None),
@@ -124,15 +126,12 @@ impl Settings {
                 None => OtlpProtocol::HttpProtobuf,
             },
         };
-        if protocol == OtlpProtocol::Grpc {
-            // Over gRPC the path is the service's: a path given is a mistake.
-            let config_endpoint = ("tracing.endpoint", config.endpoint.clone());
-            for (name, endpoint) in endpoints.iter().cloned().chain([config_endpoint]) {
-                if let Some(endpoint) = endpoint.filter(|e| tracing::has_path(e)) {
-                    return Err(format!(
-                        "{name} `{endpoint}`: a path is for http/protobuf only (over gRPC the path is the service's)"
-                    ));
-                }
+        // Over gRPC the path is the service's: a path given is a mistake.
+        let config_endpoint = ("tracing.endpoint", config.endpoint.clone());
+        for (name, endpoint) in endpoints.iter().cloned().chain([config_endpoint]) {
+            if let Some(endpoint) = endpoint {
+                otlp::check_endpoint_for(endpoint.trim(), protocol)
+                    .map_err(|e| format!("{name} {e}"))?;
             }
         }
         let endpoint = config.endpoint.map(|base| match protocol {
@@ -146,16 +145,8 @@ impl Settings {
                 .or_else(|| {
                     var("OTEL_EXPORTER_OTLP_TIMEOUT").map(|t| ("OTEL_EXPORTER_OTLP_TIMEOUT", t))
                 }) {
-                Some((name, text)) => text
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| (100..=MAX_TIMEOUT_MS).contains(ms))
-                    .ok_or_else(|| {
-                        format!(
-                            "{name} must be milliseconds from 100 to {MAX_TIMEOUT_MS}, got `{text}`"
-                        )
-                    })?,
+                Some((name, text)) => otlp::check_ms(&text, MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS)
+                    .map_err(|e| format!("{name} {e}"))?,
                 None => DEFAULT_TIMEOUT_MS,
             },
         };
@@ -168,7 +159,7 @@ impl Settings {
                     let (key, value) = pair.split_once('=').ok_or_else(|| {
                         format!("{name} must be NAME=VALUE pairs separated by commas, got `{pair}`")
                     })?;
-                    tracing::check_header(key.trim(), value.trim())
+                    otlp::check_header(key.trim(), value.trim())
                         .map_err(|e| format!("{name}: {e}"))?;
                 }
             }
@@ -178,15 +169,12 @@ impl Settings {
                 let key = pair.split_once('=').map(|(k, _)| k.trim()).ok_or_else(|| {
                     format!("OTEL_RESOURCE_ATTRIBUTES must be NAME=VALUE pairs separated by commas, got `{pair}`")
                 })?;
-                tracing::check_key(key).map_err(|e| format!("OTEL_RESOURCE_ATTRIBUTES: {e}"))?;
+                otlp::check_key(key).map_err(|e| format!("OTEL_RESOURCE_ATTRIBUTES: {e}"))?;
             }
         }
-        if let Some(text) = var("OTEL_BSP_SCHEDULE_DELAY")
-            && text.trim().parse::<u64>().is_err()
-        {
-            return Err(format!(
-                "OTEL_BSP_SCHEDULE_DELAY must be milliseconds, got `{text}`"
-            ));
+        if let Some(text) = var("OTEL_BSP_SCHEDULE_DELAY") {
+            otlp::check_ms(&text, SCHEDULE_DELAY_MS)
+                .map_err(|e| format!("OTEL_BSP_SCHEDULE_DELAY {e}"))?;
         }
         for name in [
             "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
@@ -215,7 +203,7 @@ impl Settings {
                     .trim()
                     .parse::<f64>()
                     .map_err(|_| format!("must be a number from 0 to 1, got `{text}`"))
-                    .and_then(tracing::check_ratio)
+                    .and_then(otlp::check_ratio)
                     .map_err(|e| format!("OTEL_TRACES_SAMPLER_ARG {e}"))?,
                 None => 1.0,
             },
@@ -223,16 +211,9 @@ impl Settings {
         let queue = match config.queue {
             Some(queue) => queue,
             None => match var("OTEL_BSP_MAX_QUEUE_SIZE") {
-                Some(text) => text
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|q| (1..=MAX_QUEUE).contains(q))
-                    .ok_or_else(|| {
-                        format!(
-                            "OTEL_BSP_MAX_QUEUE_SIZE must be a whole number from 1 to {MAX_QUEUE}, got `{text}`"
-                        )
-                    })?,
+                Some(text) => {
+                    otlp::check_queue(&text).map_err(|e| format!("OTEL_BSP_MAX_QUEUE_SIZE {e}"))?
+                }
                 None => DEFAULT_QUEUE,
             },
         };
@@ -376,6 +357,7 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_HEADERS", "x(y)=1"),
             ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
             ("OTEL_BSP_SCHEDULE_DELAY", "soon"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "0"),
             ("OTEL_RESOURCE_ATTRIBUTES", "no-equals-sign"),
         ] {
             let error = resolve(Some(&block), &[(name, value)]).unwrap_err();

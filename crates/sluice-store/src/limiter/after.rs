@@ -332,7 +332,7 @@ impl<S: Store> Limiter<S> {
         marker_ttl_ms: u64,
     ) -> Result<Adjustment<'p>, StoreError> {
         trace::changed(
-            trace::Change::Settle,
+            trace::ChangeKind::Settle,
             Some(actual),
             self.settle_untraced(policy, reservation, actual, marker_ttl_ms),
             Adjustment::applied,
@@ -473,7 +473,7 @@ impl<S: Store> Limiter<S> {
         request: &Request<'_>,
     ) -> Result<Adjustment<'p>, AfterError> {
         trace::changed(
-            trace::Change::Report,
+            trace::ChangeKind::Report,
             Some(request.cost),
             self.report_untraced(policy, request),
             Adjustment::applied,
@@ -603,40 +603,6 @@ impl<S: Store> Limiter<S> {
             unfinished,
             ..last.expect("a tenant has at least one shard")
         })
-    }
-
-    /// [`Store::adjust`] within the time budget.
-    pub(super) async fn adjust_within_budget(
-        &self,
-        batch: &Batch<'_>,
-        change: Change,
-        marker: Option<&Marker>,
-    ) -> Result<crate::adjust::Adjusted, StoreError> {
-        if batch.rules.is_empty() && marker.is_none() {
-            return Ok(crate::adjust::Adjusted {
-                now: self.options.clock.now_ms(),
-                marker: MarkerAnswer::Applied,
-                outcomes: Default::default(),
-                forgiven: 0,
-                unfinished: None,
-            });
-        }
-        // A settle's change (with a marker) is not cut short from here:
-        // on Redis Cluster it is made once its lead slot applies, and what
-        // that call answered must reach the caller (each of its calls is
-        // bounded by the store's own response timeout).
-        let span =
-            crate::trace::store_call("adjust", self.store.name(), batch, self.breaker.state());
-        let call =
-            tracing::Instrument::instrument(self.store.adjust(batch, change, marker), span.clone());
-        let adjusted = match (self.options.timeout, marker) {
-            (Some(budget), None) => tokio::time::timeout(budget, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            _ => call.await,
-        };
-        crate::trace::answered(&span, &adjusted);
-        adjusted
     }
 }
 

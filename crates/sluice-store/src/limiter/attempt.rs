@@ -58,7 +58,7 @@ impl<S: Store> Limiter<S> {
         marker_ttl_ms: u64,
     ) -> Result<Adjustment<'p>, StoreError> {
         crate::trace::changed(
-            crate::trace::Change::Conclude,
+            crate::trace::ChangeKind::Conclude,
             None,
             self.conclude_untraced(policy, attempt, status, marker_ttl_ms),
             Adjustment::applied,

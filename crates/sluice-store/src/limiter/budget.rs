@@ -1,18 +1,20 @@
 //! One store call within the time budget: the over-limit cache first, then
 //! the slices of hot keys ([`super::slice`]), the circuit breaker around
-//! the call, and what the answer teaches all three.
+//! the call, and what the answer teaches all three. Every store call of
+//! the limiter's (decide, adjust, release) goes through
+//! [`Limiter::traced_call`]: its span, its deadline.
 
 use std::time::{Duration, Instant};
 
 use sluice_core::Decision;
 use sluice_core::policy::Applicable;
 use smallvec::SmallVec;
-use tracing::Instrument;
 
 use super::Limiter;
 use super::breaker::BreakerState;
 use super::denials::{DenialCache, Sharing};
 use super::slice::{self, Plan};
+use crate::adjust::{Adjusted, Change, Marker, MarkerAnswer};
 use crate::store::{Batch, Decided, Store, StoreError};
 use crate::trace;
 
@@ -217,17 +219,11 @@ impl<S: Store> Limiter<S> {
         } else {
             BreakerState::Closed
         };
-        let span = trace::store_call("decide", self.store.name(), batch, breaker);
         let started = Instant::now();
-        let call = self.store.decide(batch).instrument(span.clone());
-        let result = match (self.options.timeout, deadline) {
-            (Some(budget), Some(deadline)) => match tokio::time::timeout_at(deadline, call).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout(budget.as_millis() as u64)),
-            },
-            _ => call.await,
-        };
-        trace::answered(&span, &result);
+        let cut = self.options.timeout.zip(deadline);
+        let result = self
+            .traced_call("decide", batch, breaker, cut, self.store.decide(batch))
+            .await;
         self.options
             .telemetry
             .store_call(started.elapsed(), result.as_ref().err());
@@ -246,5 +242,61 @@ impl<S: Store> Limiter<S> {
             self.slices.clear();
         }
         result.map_err(Some)
+    }
+
+    /// `call`, a store call of `op` for `batch`, within its span (when
+    /// traced, in a request, on a store across the network), cut at the
+    /// deadline of `cut` (with its budget, for the error).
+    pub(super) async fn traced_call<T>(
+        &self,
+        op: &'static str,
+        batch: &Batch<'_>,
+        breaker: BreakerState,
+        cut: Option<(Duration, tokio::time::Instant)>,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let span = if self.store.in_process() {
+            tracing::Span::none()
+        } else {
+            trace::store_call(op, self.store.name(), batch, breaker)
+        };
+        let call = trace::within(&span, call);
+        let result = match cut {
+            Some((budget, deadline)) => tokio::time::timeout_at(deadline, call)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
+            None => call.await,
+        };
+        trace::answered(&span, &result);
+        result
+    }
+
+    /// [`Store::adjust`] within the time budget.
+    pub(super) async fn adjust_within_budget(
+        &self,
+        batch: &Batch<'_>,
+        change: Change,
+        marker: Option<&Marker>,
+    ) -> Result<Adjusted, StoreError> {
+        if batch.rules.is_empty() && marker.is_none() {
+            return Ok(Adjusted {
+                now: self.options.clock.now_ms(),
+                marker: MarkerAnswer::Applied,
+                outcomes: Default::default(),
+                forgiven: 0,
+                unfinished: None,
+            });
+        }
+        // A settle's change (with a marker) is not cut short from here:
+        // on Redis Cluster it is made once its lead slot applies, and what
+        // that call answered must reach the caller (each of its calls is
+        // bounded by the store's own response timeout).
+        let cut = match (self.options.timeout, marker) {
+            (Some(budget), None) => Some((budget, tokio::time::Instant::now() + budget)),
+            _ => None,
+        };
+        let call = self.store.adjust(batch, change, marker);
+        self.traced_call("adjust", batch, self.breaker.state(), cut, call)
+            .await
     }
 }

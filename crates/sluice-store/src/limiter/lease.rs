@@ -91,7 +91,7 @@ impl<S: Store> Limiter<S> {
         lease: &Lease,
     ) -> Result<bool, StoreError> {
         crate::trace::changed(
-            crate::trace::Change::Release,
+            crate::trace::ChangeKind::Release,
             None,
             self.release_untraced(tenant, subject, lease),
             |released| *released,
@@ -117,17 +117,15 @@ impl<S: Store> Limiter<S> {
         // Taken while the store was unreachable (`on_error: local`), the
         // lease is in the local fallback.
         let local = self.local.release_now(&batch);
-        let span =
-            crate::trace::store_call("release", self.store.name(), &batch, self.breaker.state());
-        let call = tracing::Instrument::instrument(self.store.release(&batch), span.clone());
-        let remote = match self.options.timeout {
-            Some(budget) => tokio::time::timeout(budget, call)
-                .await
-                .unwrap_or(Err(StoreError::Timeout(budget.as_millis() as u64))),
-            None => call.await,
-        };
-        crate::trace::answered(&span, &remote);
-        Ok(local || remote?)
+        let cut = self
+            .options
+            .timeout
+            .map(|budget| (budget, tokio::time::Instant::now() + budget));
+        let call = self.store.release(&batch);
+        let remote = self
+            .traced_call("release", &batch, self.breaker.state(), cut, call)
+            .await?;
+        Ok(local || remote)
     }
 }
 

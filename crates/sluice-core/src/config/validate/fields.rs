@@ -1,7 +1,10 @@
-//! Values any section takes: failure policies, bounded numbers and durations.
+//! Values any section takes: failure policies, bounded numbers and
+//! durations, text checked by a parser, maps of names to text.
 
 use super::Validator;
 use crate::config::OnError;
+use std::collections::BTreeMap;
+
 use crate::config::raw::S;
 use crate::duration::{HumanDuration, parse_duration_ms};
 
@@ -73,5 +76,40 @@ impl Validator<'_> {
                 default
             }
         }
+    }
+
+    /// `raw`'s text through `parse`; `None`, with the error pushed, when
+    /// it is refused.
+    pub(super) fn checked<T>(
+        &mut self,
+        raw: &S<String>,
+        field: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        match parse(&raw.value) {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.push(raw.referenced, format!("`{field}` {e}"));
+                None
+            }
+        }
+    }
+
+    /// A map of names to text (headers, resource attributes), each pair
+    /// checked by `check`.
+    pub(super) fn pairs(
+        &mut self,
+        raw: BTreeMap<String, S<String>>,
+        field: &str,
+        check: impl Fn(&str, &str) -> Result<(), String>,
+    ) -> Vec<(String, String)> {
+        let mut pairs = Vec::with_capacity(raw.len());
+        for (key, value) in raw {
+            match check(&key, &value.value) {
+                Ok(()) => pairs.push((key, value.value)),
+                Err(e) => self.push(value.referenced, format!("`{field}`: {e}")),
+            }
+        }
+        pairs
     }
 }

@@ -157,7 +157,7 @@ impl<'a> Validator<'a> {
         let admin = raw.admin.unwrap_or_default();
         let admin_token = self.secret(admin.token_env, admin.token_file, "admin.token");
         let ledger = raw.ledger.map(|l| self.ledger(l));
-        let tracing = raw.tracing.map(|t| self.tracing(t));
+        let tracing = raw.tracing.map(|t| self.tracing(t, &storage.backend));
         use crate::config::defaults::{
             ATTEMPT_TTL_MS, MAX_ATTEMPT_TTL_MS, MAX_RESERVATION_TTL_MS, RESERVATION_TTL_MS,
         };

@@ -2,28 +2,27 @@
 //! tell. Each value goes through the parser its `OTEL_*` variable uses
 //! (`config/tracing.rs`).
 
-use std::collections::BTreeMap;
-
 use super::Validator;
-use crate::config::raw::{RawTracing, S};
+use crate::config::Backend;
+use crate::config::raw::RawTracing;
 use crate::config::tracing::{
-    self, MAX_QUEUE, MAX_TIMEOUT_MS, OtlpProtocol, SamplerKind, TraceAttributes, TracingConfig,
+    self as otlp, MAX_QUEUE, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, OtlpProtocol, SamplerKind,
+    TraceAttributes, TracingConfig,
 };
 
 impl Validator<'_> {
-    pub(super) fn tracing(&mut self, raw: RawTracing) -> TracingConfig {
+    pub(super) fn tracing(&mut self, raw: RawTracing, backend: &Backend) -> TracingConfig {
         let protocol = raw
             .protocol
             .and_then(|p| self.checked(&p, "tracing.protocol", OtlpProtocol::parse));
         let endpoint = raw.endpoint.and_then(|e| {
             self.checked(&e, "tracing.endpoint", |t| {
-                tracing::check_endpoint(t)?;
-                if protocol == Some(OtlpProtocol::Grpc) && tracing::has_path(t) {
-                    return Err(format!(
-                        "`{t}`: a path is for http/protobuf only (over gRPC the path is the service's)"
-                    ));
+                match protocol {
+                    Some(protocol) => otlp::check_endpoint_for(t, protocol),
+                    // The protocol may come from a variable: checked then.
+                    None => otlp::check_endpoint(t),
                 }
-                Ok(t.to_owned())
+                .map(|()| t.to_owned())
             })
         });
         let sampler = raw
@@ -31,9 +30,18 @@ impl Validator<'_> {
             .and_then(|s| self.checked(&s, "tracing.sampler", SamplerKind::parse));
         let attributes = raw
             .attributes
-            .and_then(|a| self.checked(&a, "tracing.attributes", TraceAttributes::parse))
+            .and_then(|a| {
+                self.checked(&a, "tracing.attributes", |text| {
+                    match TraceAttributes::parse(text)? {
+                        TraceAttributes::Derived if *backend == Backend::Memory => Err(
+                            "`derived` needs a Redis backend's pepper (keys.pepper_env or keys.pepper_file): the memory store has none".to_owned(),
+                        ),
+                        attributes => Ok(attributes),
+                    }
+                })
+            })
             .unwrap_or_default();
-        let ratio = raw.ratio.and_then(|r| match tracing::check_ratio(r.value) {
+        let ratio = raw.ratio.and_then(|r| match otlp::check_ratio(r.value) {
             Ok(ratio) => Some(ratio),
             Err(e) => {
                 self.push(r.referenced, format!("`tracing.ratio` {e}"));
@@ -49,20 +57,16 @@ impl Validator<'_> {
                 }
             })
         });
-        let queue = raw.queue.as_ref().map(|q| {
-            self.integer_in(
-                Some(q),
-                "tracing.queue",
-                tracing::DEFAULT_QUEUE,
-                1..=MAX_QUEUE,
-            )
-        });
+        let queue = raw
+            .queue
+            .as_ref()
+            .map(|q| self.integer_in(Some(q), "tracing.queue", otlp::DEFAULT_QUEUE, 1..=MAX_QUEUE));
         let timeout_ms = raw.timeout.as_ref().map(|t| {
             self.duration_in(
                 Some(t),
                 "tracing.timeout",
-                tracing::DEFAULT_TIMEOUT_MS,
-                100..=MAX_TIMEOUT_MS,
+                otlp::DEFAULT_TIMEOUT_MS,
+                MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS,
             )
         });
         TracingConfig {
@@ -70,51 +74,16 @@ impl Validator<'_> {
             protocol,
             headers: raw
                 .headers
-                .map(|h| self.pairs(h, "tracing.headers", tracing::check_header)),
+                .map(|h| self.pairs(h, "tracing.headers", otlp::check_header)),
             sampler,
             ratio,
             service_name,
             resource: raw
                 .resource
-                .map(|r| self.pairs(r, "tracing.resource", |key, _| tracing::check_key(key))),
+                .map(|r| self.pairs(r, "tracing.resource", |key, _| otlp::check_key(key))),
             queue,
             timeout_ms,
             attributes,
         }
-    }
-
-    /// `raw`'s text through `parse`; `None`, with the error pushed, when
-    /// it is refused.
-    fn checked<T>(
-        &mut self,
-        raw: &S<String>,
-        field: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Option<T> {
-        match parse(&raw.value) {
-            Ok(value) => Some(value),
-            Err(e) => {
-                self.push(raw.referenced, format!("`{field}` {e}"));
-                None
-            }
-        }
-    }
-
-    /// A map of names to text (headers, resource attributes), each pair
-    /// checked by `check`.
-    fn pairs(
-        &mut self,
-        raw: BTreeMap<String, S<String>>,
-        field: &str,
-        check: impl Fn(&str, &str) -> Result<(), String>,
-    ) -> Vec<(String, String)> {
-        let mut pairs = Vec::with_capacity(raw.len());
-        for (key, value) in raw {
-            match check(&key, &value.value) {
-                Ok(()) => pairs.push((key, value.value)),
-                Err(e) => self.push(value.referenced, format!("`{field}`: {e}")),
-            }
-        }
-        pairs
     }
 }
