@@ -194,6 +194,7 @@ where
             };
             let (rls, max_message, read_timeout) =
                 (self.rls.clone(), self.max_message, self.read_timeout);
+            let traced = span.is_some();
             let answered = async move {
                 // A client trickling its message (or never sending it)
                 // holds a stream and a buffer: it gets as long as an HTTP
@@ -219,19 +220,19 @@ where
                     },
                     Err(status) => Err(status),
                 };
-                let code = answer
-                    .as_ref()
-                    .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
-                (unary::respond(answer).map(Either::Left), code)
+                if traced {
+                    let code = answer
+                        .as_ref()
+                        .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+                    crate::traces::grpc_answered(&tracing::Span::current(), code);
+                }
+                Ok(unary::respond(answer).map(Either::Left))
             };
+            // Untraced, the future is what it was before traces: nothing
+            // wraps it.
             return match span {
-                None => Box::pin(async move { Ok(answered.await.0) }),
-                Some(span) => Box::pin(async move {
-                    let (answer, code) =
-                        tracing::Instrument::instrument(answered, span.clone()).await;
-                    crate::traces::grpc_answered(&span, code);
-                    Ok(answer)
-                }),
+                None => Box::pin(answered),
+                Some(span) => Box::pin(tracing::Instrument::instrument(answered, span)),
             };
         }
         if service == H::NAME {

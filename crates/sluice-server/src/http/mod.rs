@@ -176,11 +176,10 @@ async fn traced(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let route = request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or("", |p| p.as_str());
-    let span = crate::traces::http_span(request.method(), route, request.headers());
+    // Every decision endpoint is a literal path, matched as sent: the
+    // path is the route (and axum's MatchedPath, which would cost every
+    // request an allocation, traced or not, is not needed).
+    let span = crate::traces::http_span(request.method(), request.uri().path(), request.headers());
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     crate::traces::http_answered(&span, response.status());
     response
