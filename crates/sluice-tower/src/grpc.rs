@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
 use sluice_core::{Decision, Reason};
+use sluice_store::trace::Disclosure;
 use sluice_store::{Limiter, Store};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
@@ -104,6 +105,7 @@ pub struct GrpcRateLimitLayer<S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
     usage: Option<Usage>,
+    disclosure: Option<Arc<Disclosure>>,
 }
 
 impl<S, E: Clone> Clone for GrpcRateLimitLayer<S, E> {
@@ -112,6 +114,7 @@ impl<S, E: Clone> Clone for GrpcRateLimitLayer<S, E> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             usage: self.usage.clone(),
+            disclosure: self.disclosure.clone(),
         }
     }
 }
@@ -125,7 +128,15 @@ impl<S: Store + 'static, E> GrpcRateLimitLayer<S, E> {
             limiter,
             extract,
             usage: None,
+            disclosure: None,
         }
+    }
+
+    /// What each decision's span tells of who asked (as
+    /// [`RateLimitLayer::with_trace_attributes`](crate::RateLimitLayer::with_trace_attributes)).
+    pub fn with_trace_attributes(mut self, disclosure: Disclosure) -> GrpcRateLimitLayer<S, E> {
+        self.disclosure = Some(Arc::new(disclosure));
+        self
     }
 
     /// The same layer, reading what each call cost from its response's
@@ -145,6 +156,7 @@ impl<T, S, E: Clone> Layer<T> for GrpcRateLimitLayer<S, E> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             usage: self.usage.clone(),
+            disclosure: self.disclosure.clone(),
         }
     }
 }
@@ -156,6 +168,7 @@ pub struct GrpcRateLimit<T, S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
     usage: Option<Usage>,
+    disclosure: Option<Arc<Disclosure>>,
 }
 
 impl<T: Clone, S, E: Clone> Clone for GrpcRateLimit<T, S, E> {
@@ -165,6 +178,7 @@ impl<T: Clone, S, E: Clone> Clone for GrpcRateLimit<T, S, E> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             usage: self.usage.clone(),
+            disclosure: self.disclosure.clone(),
         }
     }
 }
@@ -237,8 +251,11 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         let usage = self.usage.clone();
+        let disclosure = self.disclosure.clone();
         Box::pin(async move {
-            let mut admitted = match admit_reserving(limiter, keys, usage.is_some(), status).await {
+            let reserve = usage.is_some();
+            let admitting = admit_reserving(limiter, keys, reserve, disclosure.as_deref(), status);
+            let mut admitted = match admitting.await {
                 Ok(admitted) => admitted,
                 Err(Refusal::Invalid(problem)) => return answer(invalid(&problem)),
                 Err(Refusal::Denied(status)) => return answer(status),

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_store::trace::Disclosure;
 use sluice_store::{Limiter, Store};
 use tower::Layer;
 
@@ -16,6 +17,7 @@ pub struct RateLimitLayer<S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
     usage: Option<Usage>,
+    disclosure: Option<Arc<Disclosure>>,
 }
 
 impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
@@ -24,6 +26,7 @@ impl<S, E: Clone> Clone for RateLimitLayer<S, E> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             usage: self.usage.clone(),
+            disclosure: self.disclosure.clone(),
         }
     }
 }
@@ -42,7 +45,16 @@ impl<S: Store + 'static, E> RateLimitLayer<S, E> {
             limiter,
             extract,
             usage: None,
+            disclosure: None,
         }
+    }
+
+    /// What each decision's span (`sluice_store::trace`) tells of who
+    /// asked: nothing by default; the tenant's tag, or the request's own
+    /// text, as `disclosure` says.
+    pub fn with_trace_attributes(mut self, disclosure: Disclosure) -> RateLimitLayer<S, E> {
+        self.disclosure = Some(Arc::new(disclosure));
+        self
     }
 
     /// Reads what each request cost from its response (a header such as
@@ -61,5 +73,6 @@ impl<T, S, E: Clone> Layer<T> for RateLimitLayer<S, E> {
     fn layer(&self, inner: T) -> RateLimit<T, S, E> {
         RateLimit::new(inner, self.limiter.clone(), self.extract.clone())
             .with_usage(self.usage.clone())
+            .with_disclosure(self.disclosure.clone())
     }
 }

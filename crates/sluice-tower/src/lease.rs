@@ -92,11 +92,13 @@ async fn observe<S: Store>(
 /// Decides the request of `keys`, taking a lease of its concurrency rules
 /// and holding its cost as an estimate to settle (`reserve`), and as an
 /// attempt on the rules that count by outcome: what it holds, or why not
-/// (a denial answered by `denied`).
+/// (a denial answered by `denied`). Its span tells of who asked as
+/// `disclosure` says (`None`: nothing).
 pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     limiter: Arc<Limiter<S>>,
     keys: Keys,
     reserve: bool,
+    disclosure: Option<&trace::Disclosure>,
     denied: impl FnOnce(&Decision<'_>) -> R,
 ) -> Result<Admitted<S>, Refusal<R>> {
     let asked = sluice_core::Request::new(
@@ -112,6 +114,9 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     let span = trace::decision(Some(asked.cost));
     let (decision, lease) = trace::within(&span, limiter.acquire(&policy, &asked)).await;
     trace::decided(&span, &decision);
+    if let Some(disclosure) = disclosure {
+        trace::disclose(&span, disclosure, &asked, decision.class.route());
+    }
     if !decision.allowed {
         return Err(Refusal::Denied(denied(&decision)));
     }

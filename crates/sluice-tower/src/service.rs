@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
+use sluice_store::trace::Disclosure;
 use sluice_store::{Limiter, Store};
 use tower::Service;
 
@@ -43,6 +44,7 @@ pub struct RateLimit<T, S, E> {
     limiter: Arc<Limiter<S>>,
     extract: E,
     usage: Option<Usage>,
+    disclosure: Option<Arc<Disclosure>>,
 }
 
 impl<T: Clone, S, E: Clone> Clone for RateLimit<T, S, E> {
@@ -52,6 +54,7 @@ impl<T: Clone, S, E: Clone> Clone for RateLimit<T, S, E> {
             limiter: self.limiter.clone(),
             extract: self.extract.clone(),
             usage: self.usage.clone(),
+            disclosure: self.disclosure.clone(),
         }
     }
 }
@@ -64,6 +67,7 @@ impl<T, S, E> RateLimit<T, S, E> {
             limiter,
             extract,
             usage: None,
+            disclosure: None,
         }
     }
 
@@ -71,6 +75,13 @@ impl<T, S, E> RateLimit<T, S, E> {
     /// response (see [`Usage`]).
     pub fn with_usage(mut self, usage: Option<Usage>) -> RateLimit<T, S, E> {
         self.usage = usage;
+        self
+    }
+
+    /// The same service, its decisions' spans telling of who asked as
+    /// `disclosure` says (`None`: nothing).
+    pub fn with_disclosure(mut self, disclosure: Option<Arc<Disclosure>>) -> RateLimit<T, S, E> {
+        self.disclosure = disclosure;
         self
     }
 }
@@ -107,9 +118,12 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         let usage = self.usage.clone();
+        let disclosure = self.disclosure.clone();
         Box::pin(async move {
             let answer = |d: &sluice_core::Decision<'_>| decision_answer(d).map(LeaseBody::from);
-            let mut admitted = match admit_reserving(limiter, keys, usage.is_some(), answer).await {
+            let reserve = usage.is_some();
+            let admitting = admit_reserving(limiter, keys, reserve, disclosure.as_deref(), answer);
+            let mut admitted = match admitting.await {
                 Ok(admitted) => admitted,
                 Err(Refusal::Invalid(problem)) => {
                     return Ok(problem.answer().map(LeaseBody::from));

@@ -3,7 +3,8 @@
 //! exporter to a real receiver (the test kit's), the layer around an axum
 //! router on a real Redis. Each request's `sluice.decide` is a child of the
 //! app's span, its `sluice.store` a child of that, and no span carries the
-//! tenant's or the user's text.
+//! tenant's or the user's text, unless the app says so
+//! (`with_trace_attributes`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use opentelemetry_otlp::WithExportConfig;
 use sluice_core::config::OnError;
 use sluice_core::keys::{Keyer, Pepper};
 use sluice_core::{Config, Policy};
+use sluice_store::trace::Disclosure;
 use sluice_store::{ConnectOptions, KeySet, Limiter, RedisStore};
 use sluice_testkit::{OtlpReceiver, RedisServer};
 use sluice_tower::{FromHeaders, RateLimitLayer};
@@ -66,9 +68,14 @@ async fn the_layers_spans_are_children_of_the_apps_without_tenant_text() {
     let limiter = Arc::new(Limiter::new(policy, store, OnError::Deny));
     let extract = FromHeaders::new(HeaderName::from_static("x-tenant"))
         .subject(HeaderName::from_static("x-user"));
+    let layer = RateLimitLayer::new(limiter, extract);
     let app = Router::new()
         .route("/v1/invoices", post(|| async { StatusCode::CREATED }))
-        .layer(RateLimitLayer::new(limiter, extract));
+        .layer(layer.clone());
+    // The same limiter, its spans telling who asked (an app's choice).
+    let plain = Router::new()
+        .route("/v1/invoices", post(|| async { StatusCode::CREATED }))
+        .layer(layer.with_trace_attributes(Disclosure::Plain));
 
     let mut statuses = Vec::new();
     for n in 0..2 {
@@ -85,11 +92,18 @@ async fn the_layers_spans_are_children_of_the_apps_without_tenant_text() {
         statuses,
         [StatusCode::CREATED, StatusCode::TOO_MANY_REQUESTS]
     );
+    let request = Request::post("/v1/invoices")
+        .header("x-tenant", "tenant-shown")
+        .header("x-user", "user-shown")
+        .body(Body::empty())
+        .unwrap();
+    let span = tracing::info_span!("plain-request");
+    plain.oneshot(request).instrument(span).await.unwrap();
     drop(_default);
     let _ = provider.force_flush();
 
     let spans = receiver.wait_for(Duration::from_secs(20), |spans| {
-        spans.iter().filter(|s| s.name == "sluice.store").count() >= 2
+        spans.iter().filter(|s| s.name == "sluice.store").count() >= 3
     });
     let requests: Vec<_> = spans.iter().filter(|s| s.name == "request").collect();
     assert_eq!(requests.len(), 2, "{spans:#?}");
@@ -114,6 +128,17 @@ async fn the_layers_spans_are_children_of_the_apps_without_tenant_text() {
             .unwrap_or_else(|| panic!("a store call under the decision: {spans:#?}"));
         assert_eq!(store.attribute("sluice.store.backend"), Some("redis"));
     }
+    let shown = spans
+        .iter()
+        .find(|s| s.name == "plain-request")
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    let decide = spans
+        .iter()
+        .find(|s| s.name == "sluice.decide" && s.parent_span_id == shown.span_id)
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(decide.attribute("sluice.tenant"), Some("tenant-shown"));
+    assert_eq!(decide.attribute("sluice.subject"), Some("user-shown"));
+    assert_eq!(decide.attribute("sluice.route"), Some("POST /v1/invoices"));
     for span in &spans {
         let texts = span.attributes.values().chain(std::iter::once(&span.name));
         for text in texts {
