@@ -308,3 +308,40 @@ global:
     );
     none_holds(&spans, &[TENANT, "-secret"]);
 }
+
+#[tokio::test]
+async fn a_reload_that_changes_tracing_keeps_the_running_exporter_and_says_so() {
+    let redis = RedisServer::start();
+    let (first, second) = (OtlpReceiver::start(), OtlpReceiver::start());
+    let config = |receiver: &OtlpReceiver, limit: u32| {
+        format!(
+            "storage: {{ backend: redis, url: \"{}\" }}\nkeys: {{ pepper_env: TEST_EDGES_PEPPER }}\ntracing: {{ endpoint: {} }}\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]\n",
+            redis.url(),
+            receiver.http_endpoint()
+        )
+    };
+    let path = temp_file("edges-reload.yaml", &config(&first, 1));
+    let env = [
+        ("TEST_EDGES_PEPPER", PEPPER),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+    std::fs::write(&path, config(&second, 5)).unwrap();
+    server.wait_for_log("configuration reloaded");
+    let log = server.log.lock().unwrap().clone();
+    assert!(
+        log.contains("`tracing`") && log.contains("take effect on restart"),
+        "{log}"
+    );
+    // The limits changed; the exporter did not.
+    let route = json!({"tenant": TENANT, "route": "GET /"});
+    for n in 50..52 {
+        let (status, _) = post(&server, "/v1/check", &traceparent(n, true).0, route.clone()).await;
+        assert_eq!(status, 200, "the reloaded limit of 5 applies");
+    }
+    let (_, trace, _) = traceparent(51, true);
+    first.wait_for(Duration::from_secs(20), |spans| {
+        !of_trace(spans, &trace).is_empty()
+    });
+    assert!(second.spans().is_empty(), "{:#?}", second.spans());
+}
