@@ -112,7 +112,13 @@ pub(crate) async fn admit_reserving<S: Store + 'static, R>(
     let policy = limiter.policy();
     // The same span as the server's decisions, a child of the app's own.
     let span = trace::decision(Some(asked.cost));
-    let (decision, lease) = trace::within(&span, limiter.acquire(&policy, &asked)).await;
+    // Awaited in place when untraced: no layer to move through.
+    let acquiring = limiter.acquire(&policy, &asked);
+    let (decision, lease) = if span.is_disabled() {
+        acquiring.await
+    } else {
+        tracing::Instrument::instrument(acquiring, span.clone()).await
+    };
     trace::decided(&span, &decision);
     if let Some(disclosure) = disclosure {
         trace::disclose(&span, disclosure, &asked, decision.class.route());
