@@ -315,7 +315,7 @@ async fn a_reload_that_changes_tracing_keeps_the_running_exporter_and_says_so() 
     let (first, second) = (OtlpReceiver::start(), OtlpReceiver::start());
     let config = |receiver: &OtlpReceiver, limit: u32| {
         format!(
-            "storage: {{ backend: redis, url: \"{}\" }}\nkeys: {{ pepper_env: TEST_EDGES_PEPPER }}\ntracing: {{ endpoint: {} }}\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]\n",
+            "storage: {{ backend: redis, url: \"{}\" }}\nkeys: {{ pepper_env: TEST_EDGES_PEPPER }}\nreservation_ttl: 1s\ntracing: {{ endpoint: {} }}\ndefault_plan: p\nplans:\n  p:\n    tenant: [{{ name: t, algorithm: fixed_window, limit: {limit}, per: 1h }}]\n",
             redis.url(),
             receiver.http_endpoint()
         )
@@ -326,6 +326,14 @@ async fn a_reload_that_changes_tracing_keeps_the_running_exporter_and_says_so() 
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ];
     let server = Server::start_with_env(&["--config", path.to_str().unwrap()], &env);
+    // Changes first, in and out of requests (a reservation left to expire,
+    // a report): the reload after them is still applied and logged.
+    let reserve = json!({"tenant": "another", "route": "GET /", "reserve": true});
+    let (status, _) = post(&server, "/v1/check", &traceparent(48, true).0, reserve).await;
+    assert_eq!(status, 200);
+    let report = json!({"tenant": "a-third", "route": "GET /", "cost": 1});
+    post(&server, "/v1/report", &traceparent(49, true).0, report).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     std::fs::write(&path, config(&second, 5)).unwrap();
     server.wait_for_log("configuration reloaded");
     let log = server.log.lock().unwrap().clone();

@@ -84,12 +84,15 @@ pub async fn within<F: std::future::Future>(span: &Span, future: F) -> F::Output
     }
 }
 
-/// Whether spans are wanted here: traced, and within a request's span. A
-/// call made by background work (an expiry, slices given back) has none:
-/// it starts no trace of its own. With tracing off, one check of the call
-/// site's cached interest.
+/// Whether spans are wanted here: within a request's span (none exists
+/// when tracing is off). A call made by background work (an expiry,
+/// slices given back) has none: it starts no trace of its own.
+///
+/// Not `tracing::enabled!`: a dynamic `enabled` call leaves per-layer
+/// filters' state behind for the next event whose interest is cached, and
+/// that event is then lost to the log (tokio-rs/tracing#2519).
 fn in_a_request() -> bool {
-    tracing::enabled!(target: "sluice::trace", tracing::Level::INFO) && !Span::current().is_none()
+    !Span::current().is_none()
 }
 
 /// `future`, a change of `kind` (of `cost` units where known), within its
@@ -271,7 +274,8 @@ pub(crate) fn answered<T>(span: &Span, result: &Result<T, StoreError>) {
 /// Cluster; one on a single node).
 #[cfg(feature = "redis")]
 pub(crate) fn slots(count: usize) {
-    if tracing::enabled!(target: "sluice::trace", tracing::Level::INFO) {
-        Span::current().record("sluice.store.slots", count);
+    let span = Span::current();
+    if !span.is_none() {
+        span.record("sluice.store.slots", count);
     }
 }

@@ -302,23 +302,28 @@ fn init_logging_with(fallback: Option<&str>, tracer: Option<opentelemetry_sdk::t
         .with_target(TARGET, LevelFilter::OFF);
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let spans = tracer.map(|tracer| {
-        // No source locations (they show the build's paths), threads or
-        // busy/idle times on spans: what OPERATIONS.md lists, no more.
-        tracing_opentelemetry::layer()
-            .with_tracer(tracer)
-            .with_location(false)
-            .with_threads(false)
-            .with_tracked_inactivity(false)
-            .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE))
-    });
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let Some(tracer) = tracer else {
+        // One filter for the whole stack, as ever: no per-layer filter
+        // state to go stale.
+        let _ = tracing_subscriber::registry()
+            .with(fmt)
+            .with(filter)
+            .try_init();
+        return;
+    };
+    // No source locations (they show the build's paths), threads or
+    // busy/idle times on spans: what OPERATIONS.md lists, no more.
+    let spans = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_filter(Targets::new().with_target(TARGET, LevelFilter::TRACE));
     let _ = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(ansi)
-                .with_filter(filter),
-        )
+        .with(fmt.with_filter(filter))
         .with(spans)
         .try_init();
 }
