@@ -45,7 +45,12 @@ plans:
             redis.url()
         ),
     );
-    let mut vars = vec![("TEST_TRACES_PEPPER", PEPPER)];
+    // Batches leave within 100 ms (not the SDK's 5 s): a test waits no
+    // longer than that for its spans.
+    let mut vars = vec![
+        ("TEST_TRACES_PEPPER", PEPPER),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
     vars.extend_from_slice(env);
     Server::start_with_env(&["--config", config.to_str().unwrap()], &vars).keep(config)
 }
@@ -191,8 +196,14 @@ async fn a_decision_over_http_continues_the_callers_trace_without_tenant_text() 
 
     // The collector's answers are counted (once each export returns).
     let deadline = Instant::now() + Duration::from_secs(10);
+    // A connection of its own each time: a pooled one the server closed
+    // for idleness meanwhile would fail the request, not sluice.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let metrics = loop {
-        let metrics = get_text(&client, &server, "/metrics").await;
+        let metrics = get_text(&fresh, &server, "/metrics").await;
         if metric_total(&metrics, "sluice_trace_spans_exported_total") >= 9.0 {
             break metrics;
         }
